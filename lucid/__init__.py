@@ -1,0 +1,63 @@
+"""Lucid: a PyTorch-style deep-learning framework with an MLIR-style compiler (``lucid.compile``)."""
+
+from lucid import (
+    autograd,  # noqa: F401,E402
+    ops,  # noqa: F401
+)
+from lucid._autograd import enable_grad, no_grad, set_grad_enabled  # noqa: F401
+from lucid._dtype import (  # noqa: F401
+    bfloat16,
+    bool_,
+    double,
+    dtype,
+    float,
+    float16,
+    float32,
+    float64,
+    half,
+    int,
+    int8,
+    int16,
+    int32,
+    int64,
+    long,
+    short,
+    uint8,
+)
+from lucid._native_loader import _native
+from lucid._state import is_grad_enabled  # noqa: F401
+from lucid._tensor import Tensor, device  # noqa: F401
+from lucid.ops.activation import *  # noqa: F401,F403
+from lucid.ops.attention import *  # noqa: F401,F403
+from lucid.ops.conv import *  # noqa: F401,F403
+from lucid.ops.creation import *  # noqa: F401,F403
+
+# Every op family registers its ops on import and lists its public fronts in __all__.
+from lucid.ops.elementwise import *  # noqa: F401,F403
+from lucid.ops.embedding import *  # noqa: F401,F403
+from lucid.ops.indexing import *  # noqa: F401,F403
+from lucid.ops.linalg import *  # noqa: F401,F403
+from lucid.ops.loss import *  # noqa: F401,F403
+from lucid.ops.norm import *  # noqa: F401,F403
+from lucid.ops.pool import *  # noqa: F401,F403
+from lucid.ops.random import *  # noqa: F401,F403
+from lucid.ops.reduction import *  # noqa: F401,F403
+from lucid.ops.rnn import *  # noqa: F401,F403
+from lucid.ops.shape import *  # noqa: F401,F403
+
+__version__ = _native.__version__
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:  # noqa: F811
+    """A new tensor holding a copy of ``data`` (nested lists, scalars, numpy arrays, tensors)."""
+    if device is not None:
+        globals()["device"](device)
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def from_numpy(array) -> Tensor:
+    """A tensor sharing memory with a numpy array (dtype kept)."""
+    from lucid._dtype import from_numpy as _dt
+
+    _dt(array.dtype)
+    return Tensor._wrap(array)

@@ -1,0 +1,428 @@
+"""Reverse-mode autograd over the op registry's VJP rules."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from lucid._state import state
+from lucid.ops._registry import OpDef, VJPContext
+
+
+class Node:
+    """One recorded op application: the backward graph's vertex (``tensor.grad_fn``)."""
+
+    __slots__ = ("op", "operands", "attrs", "inputs", "versions", "outputs", "out_meta", "released")
+
+    def __init__(self, op: OpDef, operands: tuple, attrs: dict, inputs: list):
+        self.op = op
+        self.operands = operands
+        self.attrs = attrs
+        self.inputs = inputs  # flat list of operands (Tensors or scalars)
+        self.versions: list = []
+        self.outputs: list = []
+        self.out_meta: list = []
+        self.released = False
+
+    @property
+    def name(self) -> str:
+        return "".join(p.capitalize() for p in self.op.name.split("_")) + "Backward"
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+    @classmethod
+    def attach(cls, op: OpDef, operands: tuple, attrs: dict, outs: list) -> None:
+        if not op.differentiable:
+            return
+        flat = [*operands[:-1], *operands[-1]] if op.variadic else list(operands)
+        node = cls(op, operands, attrs, flat)
+        if op.saves_inputs:
+            node.versions = [(x, x._version[0]) for x in flat if hasattr(x, "_version")]
+        for i in range(len(outs)):
+            node.out_meta.append((t._data, t._version))
+            node.outputs.append(weakref.ref(t))
+            if t.dtype.is_floating_point:
+                t._node, t._out_idx, t._requires_grad = node, i, True
+        if op.saves_outputs:
+            node.versions += [(t, t._version[0]) for t in outs]
+
+    def saves(self, tensor) -> bool:
+        return self.op.saves_inputs and any(x is tensor for x in self.inputs)
+
+    def resave(self, tensor) -> None:
+        self.versions = [(x, x._version[0] if x is tensor else v) for x, v in self.versions]
+
+    def set_output(self, idx: int, tensor) -> None:
+        self.outputs[idx] = weakref.ref(tensor)
+        self.out_meta[idx] = (tensor._data, tensor._version)
+
+    def output_tensors(self) -> list:
+        from lucid._tensor import Tensor
+
+        outs = []
+        for ref, (data, version) in zip(self.outputs, self.out_meta, strict=True):
+            t = ref()
+            if t is None:
+                t = Tensor._wrap(data)
+                t._version = version
+            outs.append(t)
+        return outs
+
+    def check_versions(self) -> None:
+        for t, v in self.versions:
+            if t._version[0] != v:
+                raise RuntimeError(
+                    f"one of the tensors needed for gradient computation has been modified by an "
+                    f"in-place operation: {self.op.name}'s saved tensor of shape {tuple(t.shape)} "
+                    f"is at version {t._version[0]}, expected version {v}"
+                )
+
+
+class _GradMode:
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.prev: list[bool] = []
+
+    def __enter__(self):
+        self.prev.append(state.grad_enabled)
+        state.grad_enabled = self.enabled
+        return self
+
+    def __exit__(self, *exc):
+        state.grad_enabled = self.prev.pop()
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            with _GradMode(self.enabled):
+                return fn(*a, **k)
+
+        return wrapper
+
+
+def no_grad() -> _GradMode:
+    """Context manager (and decorator) that disables gradient recording on this thread."""
+    return _GradMode(False)
+
+
+def enable_grad() -> _GradMode:
+    return _GradMode(True)
+
+
+def set_grad_enabled(mode: bool) -> _GradMode:
+    return _GradMode(mode)
+
+
+def _topo_order(roots: list[Node]) -> list[Node]:
+    """Nodes reachable from ``roots``, every node before the nodes of its inputs."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    for root in roots:
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        stack = [(root, iter(root.inputs))]
+        while stack:
+            node, it = stack[-1]
+            for x in it:
+                child = getattr(x, "_node", None)
+                if child is not None and id(child) not in seen:
+                    seen.add(id(child))
+                    stack.append((child, iter(child.inputs)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    order.reverse()
+    return order
+
+
+def _accumulate(a, b):
+    return b if a is None else a + b
+
+
+def _reduce_to(g, tensor):
+    shape = tuple(tensor.shape)
+    if tuple(g.shape) != shape:
+        from lucid._dispatch import apply
+
+        g = apply("sum_to_size", g, shape=shape)
+    if g.dtype is not tensor.dtype:
+        g = g.type(tensor.dtype)
+    return g
+
+
+def run_backward(
+    roots: Sequence,
+    grads: Sequence,
+    retain_graph: bool,
+    create_graph: bool,
+    capture: list | None = None,
+    accumulate: bool = True,
+) -> list | None:
+    """The engine. ``capture``: tensors whose gradients are returned instead of accumulated."""
+    captured: dict[Any, Any] = {}
+    cap_leaf = {id(t): i for i, t in enumerate(capture or []) if t._node is None}
+    cap_out = {
+        (id(t._node), t._out_idx): i for i, t in enumerate(capture or []) if t._node is not None
+    }
+    pending: dict[int, list] = {}
+    root_nodes = []
+
+    def deliver_leaf(t, g):
+        if capture is not None:
+            i = cap_leaf.get(id(t))
+            if i is not None:
+                captured[i] = _accumulate(captured.get(i), g)
+            return
+        if not t._requires_grad:
+            return
+        if not create_graph:
+            g = g.detach()
+        t._grad = (
+            g if t._grad is None else (t._grad + g if create_graph else (t._grad + g).detach())
+        )
+
+    for r, g in zip(roots, grads, strict=True):
+        if r._node is None:
+            deliver_leaf(r, _reduce_to(g, r))
+        else:
+            slot = pending.setdefault(id(r._node), [None] * len(r._node.outputs))
+            slot[r._out_idx] = _accumulate(slot[r._out_idx], g)
+            root_nodes.append(r._node)
+
+    with _GradMode(create_graph):
+        for node in _topo_order(root_nodes):
+            gouts = pending.pop(id(node), None)
+            if gouts is None:
+                continue
+            if node.released:
+                raise RuntimeError(
+                    "trying to backward through the graph a second time (or to use saved tensors "
+                    "after they were freed); pass retain_graph=True to the first backward"
+                )
+            if capture is not None:
+                for i, g in enumerate(gouts):
+                    j = cap_out.get((id(node), i))
+                    if j is not None and g is not None:
+                        captured[j] = _accumulate(captured.get(j), g)
+            outs = node.output_tensors()
+            for i in range(len(outs)):
+                ref = node.outputs[i]()
+                if (
+                    ref is not None
+                    and ref._retains_grad
+                    and gouts[i] is not None
+                    and capture is None
+                ):
+                    ref._grad = _accumulate(ref._grad, gouts[i].detach())
+            if node.op.vjp is None:
+                raise RuntimeError(
+                    f"op {node.op.name!r} has no VJP rule; its gradient cannot be computed"
+                )
+            node.check_versions()
+            if any(g is None for g in gouts):
+                from lucid._dispatch import apply
+
+                gouts = [
+                    apply("zeros_like", o) if g is None else g
+                    for g, o in zip(gouts, outs, strict=True)
+                ]
+            needs = tuple(getattr(x, "_requires_grad", False) for x in node.inputs)
+            ctx = VJPContext(node.operands, outs, node.attrs, needs)
+            gins = node.op.vjp(ctx, *gouts)
+            if node.op.variadic:
+                gins = [*gins[:-1], *gins[-1]]
+            if len(gins) != len(node.inputs):
+                raise RuntimeError(
+                    f"VJP rule of {node.op.name!r} returned {len(gins)} gradients for "
+                    f"{len(node.inputs)} operands"
+                )
+            for x, g, need in zip(node.inputs, gins, needs, strict=True):
+                if g is None or not need:
+                    continue
+                g = _reduce_to(g, x)
+                if x._node is None:
+                    deliver_leaf(x, g)
+                else:
+                    slot = pending.setdefault(id(x._node), [None] * len(x._node.outputs))
+                    slot[x._out_idx] = _accumulate(slot[x._out_idx], g)
+            if not retain_graph:
+                node.released = True
+    if capture is not None:
+        return [captured.get(i) for i in range(len(capture))]
+    return None
+
+
+def _default_grads(roots, grads):
+    from lucid._tensor import Tensor
+
+    if grads is None:
+        grads = [None] * len(roots)
+    out = []
+    for r, g in zip(roots, grads, strict=True):
+        if not isinstance(r, Tensor):
+            raise TypeError(f"backward needs Tensors, got {type(r).__name__}")
+        if not r._requires_grad:
+            raise RuntimeError(
+                "element 0 of tensors does not require grad and does not have a grad_fn"
+            )
+        if g is None:
+            if r.ndim != 0 and r.numel() != 1:
+                raise RuntimeError(
+                    f"grad can be implicitly created only for scalar outputs; got shape "
+                    f"{tuple(r.shape)}: pass gradient= with the same shape"
+                )
+            from lucid._dispatch import apply
+
+            g = apply("ones_like", r)
+        elif not isinstance(g, Tensor):
+            g = Tensor(g, dtype=r.dtype)
+        elif tuple(g.shape) != tuple(r.shape):
+            raise RuntimeError(
+                f"gradient has shape {tuple(g.shape)} but the output has {tuple(r.shape)}"
+            )
+        out.append(g)
+    return out
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate gradients of ``tensors`` into the ``.grad`` of the leaves."""
+    from lucid._tensor import Tensor
+
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
+    if isinstance(grad_tensors, Tensor):
+        grad_tensors = [grad_tensors]
+    grads = _default_grads(list(tensors), grad_tensors)
+    if retain_graph is None:
+        retain_graph = create_graph
+    if inputs is not None:
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        got = run_backward(list(tensors), grads, retain_graph, create_graph, capture=inputs)
+        for t, g in zip(inputs, got, strict=True):
+            if g is not None:
+                t._grad = g if t._grad is None else t._grad + g
+        return
+    run_backward(list(tensors), grads, retain_graph, create_graph)
+
+
+def grad(
+    outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=False
+):
+    """Gradients of ``outputs`` with respect to ``inputs``, returned (not accumulated)."""
+    from lucid._tensor import Tensor
+
+    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    single = isinstance(inputs, Tensor)
+    inputs = [inputs] if single else list(inputs)
+    if isinstance(grad_outputs, Tensor):
+        grad_outputs = [grad_outputs]
+    for t in inputs:
+        if not t._requires_grad:
+            raise RuntimeError("one of the inputs does not require grad")
+    grads = _default_grads(outputs, grad_outputs)
+    if retain_graph is None:
+        retain_graph = create_graph
+    got = run_backward(outputs, grads, retain_graph, create_graph, capture=inputs)
+    for i, g in enumerate(got):
+        if g is None and not allow_unused:
+            raise RuntimeError(
+                f"input {i} was not used in the graph; pass allow_unused=True to get None for it"
+            )
+    return tuple(got)
+
+
+class FunctionCtx:
+    """The ``ctx`` of a custom ``autograd.Function``."""
+
+    def __init__(self):
+        self.saved_tensors: tuple = ()
+        self.needs_input_grad: tuple = ()
+        self._non_differentiable: set[int] = set()
+
+    def save_for_backward(self, *tensors) -> None:
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        self._non_differentiable.update(id(t) for t in tensors)
+
+
+class Function:
+    """A custom differentiable function, as ``torch.autograd.Function``.
+
+    >>> class Square(lucid.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x): ctx.save_for_backward(x); return x * x
+    ...     @staticmethod
+    ...     def backward(ctx, g): (x,) = ctx.saved_tensors; return 2 * x * g
+    """
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError("a Function subclass must define forward")
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("a Function subclass must define backward")
+
+    @classmethod
+    def apply(cls, *args):
+        from lucid._tensor import Tensor
+
+        if state.tracer is not None:
+            return state.tracer.graph_break(f"custom autograd.Function {cls.__name__}", None)
+        ctx = FunctionCtx()
+        tensor_args = [a for a in args if isinstance(a, Tensor)]
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a._requires_grad for a in args)
+        with no_grad():
+            result = cls.forward(ctx, *args)
+        single = isinstance(result, Tensor)
+        outs = [result] if single else list(result)
+        if state.grad_enabled and any(t._requires_grad for t in tensor_args):
+            saved = [t for t in ctx.saved_tensors if isinstance(t, Tensor)]
+            versions = [(t, t._version[0]) for t in saved]
+
+            def vjp(vctx, *gs):
+                grads = cls.backward(ctx, *gs)
+                if not isinstance(grads, tuple):
+                    grads = (grads,)
+                if len(grads) != len(args):
+                    raise RuntimeError(
+                        f"{cls.__name__}.backward returned {len(grads)} gradients for "
+                        f"{len(args)} inputs"
+                    )
+                return [g for g, a in zip(grads, args, strict=True) if isinstance(a, Tensor)]
+
+            op = OpDef(
+                name=cls.__name__,
+                operands=tuple(f"x{i}" for i in range(len(tensor_args))),
+                infer=lambda *a: None,
+                kernel=lambda *a: None,
+                vjp=vjp,
+                n_outputs=len(outs),
+                saves_inputs=False,
+                saves_outputs=False,
+            )
+            new_outs = []
+            for t in outs:
+                if id(t) in ctx._non_differentiable or not t.dtype.is_floating_point:
+                    new_outs.append(t)
+                    continue
+                if t._node is not None or any(t is a for a in tensor_args):
+                    t = Tensor._wrap(t._data)
+                new_outs.append(t)
+            Node.attach(op, tuple(tensor_args), {}, new_outs)
+            node = new_outs[0]._node if new_outs else None
+            if node is not None:
+                node.versions = versions
+            for t in new_outs:
+                if id(t) in ctx._non_differentiable:
+                    t._node, t._requires_grad = None, False
+            outs = new_outs
+        return outs[0] if single else tuple(outs)

@@ -1,0 +1,93 @@
+"""The one dispatch point every op goes through.
+
+``apply(name, *operands, **attrs)`` either records the op (a tracer is active on this thread) or
+runs it eagerly: shape/dtype inference, the numpy kernel, and an autograd node when a gradient is
+needed. Operands are Tensors or Python scalars; a variadic operand is a list of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lucid import _dtype
+from lucid._autograd import Node
+from lucid._state import state
+from lucid._tensor import Tensor
+from lucid.ops._registry import PROMOTE, REGISTRY, OpDef
+
+# Tests switch this on to check every kernel's result against the op's shape/dtype inference.
+CHECK_INFERENCE = False
+
+
+def apply(op: str | OpDef, *operands: Any, **attrs: Any) -> Any:
+    opdef = op if isinstance(op, OpDef) else REGISTRY[op]
+    attrs = opdef.bind_attrs(attrs)
+    tracer = state.tracer
+    if tracer is not None:
+        return tracer.record(opdef, operands, attrs)
+    return _run_eager(opdef, operands, attrs)
+
+
+def _flat_operands(opdef: OpDef, operands: tuple) -> list:
+    if opdef.variadic:
+        return [*operands[:-1], *operands[-1]]
+    return list(operands)
+
+
+def _to_array(x: Any, compute: _dtype.dtype | None) -> np.ndarray:
+    if isinstance(x, Tensor):
+        a = x._data
+        if compute is not None and a.dtype != compute.numpy:
+            a = a.astype(compute.numpy)
+        return a
+    np_dt = compute.numpy if compute is not None else _dtype.result_type(x).numpy
+    return np.asarray(x, dtype=np_dt)
+
+
+def _run_eager(opdef: OpDef, operands: tuple, attrs: dict) -> Any:
+    n_fixed = len(opdef.operands) - (1 if opdef.variadic else 0)
+    if len(operands) != len(opdef.operands):
+        raise TypeError(
+            f"{opdef.name}() takes {len(opdef.operands)} operands ({', '.join(opdef.operands)}), "
+            f"got {len(operands)}"
+        )
+    if opdef.variadic and not isinstance(operands[-1], (list, tuple)):
+        raise TypeError(f"{opdef.name}(): operand {opdef.operands[-1][:-1]!r} must be a sequence")
+    for x in _flat_operands(opdef, operands):
+        if isinstance(x, Tensor):
+            if x._data is None:
+                raise RuntimeError(
+                    f"{opdef.name}(): a trace tensor reached eager code outside its trace"
+                )
+        elif not isinstance(x, (bool, int, float, np.number, np.bool_)):
+            raise TypeError(
+                f"{opdef.name}(): expected a Tensor or a number as operand, got {type(x).__name__}"
+            )
+    avals = opdef.infer(*operands, **attrs)
+    compute = (
+        _dtype.result_type(*_flat_operands(opdef, operands)) if PROMOTE in opdef.props else None
+    )
+    if opdef.variadic:
+        arrays = [_to_array(x, compute) for x in operands[:n_fixed]]
+        arrays.append([_to_array(x, compute) for x in operands[-1]])
+    else:
+        arrays = [_to_array(x, compute) for x in operands]
+    result = opdef.kernel(*arrays, **attrs)
+    single = opdef.n_outputs == 1
+    if single:
+        result, avals = (result,), (avals,)
+    outs = []
+    for r, av in zip(result, avals, strict=True):
+        np_dt = av.dtype.numpy
+        if type(r) is not np.ndarray or r.dtype != np_dt:
+            r = np.asarray(r, dtype=np_dt)
+        if CHECK_INFERENCE and r.shape != tuple(av.shape):
+            raise AssertionError(f"{opdef.name}: kernel gave {r.shape}, inference {av.shape}")
+        outs.append(Tensor._wrap(r))
+    if state.grad_enabled:
+        flat = _flat_operands(opdef, operands)
+        if any(isinstance(x, Tensor) and x.requires_grad for x in flat):
+            Node.attach(opdef, operands, attrs, outs)
+    return outs[0] if single else tuple(outs)

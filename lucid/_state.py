@@ -1,0 +1,25 @@
+"""Per-thread state of the eager core: grad mode and the one compiler hook (the active tracer)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.grad_enabled = True
+        # The only thing the eager core knows about compilation: when a tracer is installed on this
+        # thread, the dispatch point hands every op to ``tracer.record`` instead of computing it.
+        self.tracer = None
+
+
+state = _ThreadState()
+
+
+def is_grad_enabled() -> bool:
+    return state.grad_enabled
+
+
+def current_tracer():
+    """The tracer recording on this thread, or None."""
+    return state.tracer

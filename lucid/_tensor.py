@@ -1,0 +1,467 @@
+"""The Tensor: a numpy array (or, under a tracer, a shape-only trace value) plus autograd state.
+
+Op methods (``x.exp()``, ``x + y``, ``x.sum(1)``) are attached by the op modules in ``lucid.ops``
+next to each op's registry entry; this file holds only what is not an op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lucid import _dtype
+from lucid._state import state
+
+
+class device:  # noqa: N801  (torch.device)
+    """Where a tensor lives: ``"cpu"`` everywhere, ``"metal"`` where the MPSGraph backend runs."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, type: str | device = "cpu"):  # noqa: A002
+        if isinstance(type, device):
+            type = type.type
+        if type not in ("cpu", "metal"):
+            raise ValueError(f"unknown device {type!r}; expected 'cpu' or 'metal'")
+        if type == "metal":
+            raise RuntimeError(
+                "device 'metal' needs the MPSGraph backend (Apple Silicon, macOS 14+); "
+                "it is not available on this machine"
+            )
+        self.type = type
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return self.type == other
+        return isinstance(other, device) and other.type == self.type
+
+    def __hash__(self) -> int:
+        return hash(self.type)
+
+    def __repr__(self) -> str:
+        return f"device(type='{self.type}')"
+
+    def __str__(self) -> str:
+        return self.type
+
+
+CPU = device("cpu")
+
+
+def _graph_break(t: Tensor, what: str):
+    tracer = state.tracer
+    if tracer is not None:
+        return tracer.graph_break(what, t)
+    raise RuntimeError(f"{what}: this is a trace tensor from a finished trace; it has no value")
+
+
+class Tensor:
+    """An n-dimensional array with reverse-mode autograd, the PyTorch way.
+
+    >>> x = lucid.tensor([1.0, 2.0], requires_grad=True)
+    >>> (x * x).sum().backward(); x.grad
+    tensor([2., 4.])
+    """
+
+    __slots__ = (
+        "_data",
+        "_trace",
+        "_requires_grad",
+        "_grad",
+        "_node",
+        "_out_idx",
+        "_version",
+        "_retains_grad",
+        "__weakref__",
+        "__dict__",
+    )
+    __array_priority__ = 1000  # numpy defers to Tensor's reflected operators
+
+    def __init__(self, data: Any = None, dtype: Any = None, requires_grad: bool = False):
+        arr = _as_array(data if data is not None else [], dtype)
+        self._data = arr
+        self._trace = None
+        self._grad = None
+        self._node = None
+        self._out_idx = 0
+        self._version = [0]
+        self._retains_grad = False
+        self._requires_grad = False
+        if requires_grad:
+            self.requires_grad = True
+
+    @classmethod
+    def _wrap(cls, arr: np.ndarray) -> Tensor:
+        t = object.__new__(cls)
+        t._data = arr
+        t._trace = None
+        t._requires_grad = False
+        t._grad = None
+        t._node = None
+        t._out_idx = 0
+        t._version = [0]
+        t._retains_grad = False
+        return t
+
+    @classmethod
+    def _traced(cls, trace_value: Any) -> Tensor:
+        """A shape-only tensor standing for ``trace_value`` (which has ``shape`` and ``dtype``)."""
+        t = cls._wrap(None)  # type: ignore[arg-type]
+        t._trace = trace_value
+        return t
+
+    # --- metadata -------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        d = self._data
+        return d.shape if d is not None else self._trace.shape
+
+    @property
+    def dtype(self) -> _dtype.dtype:
+        d = self._data
+        return _dtype._BY_NUMPY[d.dtype] if d is not None else self._trace.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def device(self) -> device:
+        return CPU
+
+    @property
+    def is_traced(self) -> bool:
+        return self._data is None
+
+    def size(self, dim: int | None = None):
+        s = self.shape
+        if dim is None:
+            return s
+        from lucid.ops._registry import normalize_dim
+
+        return s[normalize_dim(dim, len(s), "size")]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    # --- autograd state -------------------------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if value and not self.dtype.is_floating_point:
+            raise RuntimeError(
+                f"only floating point tensors can require gradients, not {self.dtype}"
+            )
+        if not value and self._node is not None:
+            raise RuntimeError(
+                "requires_grad can only be turned off on leaf tensors; use detach() instead"
+            )
+        self._requires_grad = bool(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def grad(self) -> Tensor | None:
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"grad must be a Tensor or None, not {type(value).__name__}")
+            if value.shape != self.shape:
+                raise RuntimeError(
+                    f"assigned grad has shape {tuple(value.shape)}, tensor has {tuple(self.shape)}"
+                )
+        self._grad = value
+
+    @property
+    def grad_fn(self):
+        return self._node
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    def retain_grad(self) -> None:
+        if not self._requires_grad:
+            raise RuntimeError("can't retain_grad on a tensor that does not require grad")
+        self._retains_grad = True
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    @property
+    def _version_count(self) -> int:
+        return self._version[0]
+
+    def backward(
+        self,
+        gradient: Tensor | None = None,
+        retain_graph: bool | None = None,
+        create_graph: bool = False,
+        inputs: Any = None,
+    ) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
+        from lucid._autograd import backward
+
+        backward(
+            [self],
+            None if gradient is None else [gradient],
+            retain_graph,
+            create_graph,
+            inputs=inputs,
+        )
+
+    def detach(self) -> Tensor:
+        if self._data is None:
+            from lucid._dispatch import apply
+
+            return apply("detach", self)
+        t = Tensor._wrap(self._data)
+        t._version = self._version
+        return t
+
+    def detach_(self) -> Tensor:
+        self._node = None
+        self._requires_grad = False
+        return self
+
+    @property
+    def data(self) -> Tensor:
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        if not isinstance(value, Tensor):
+            raise TypeError("data must be a Tensor")
+        self._data = value._data
+
+    # --- values ---------------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        if self._data is None:
+            return _graph_break(self, "Tensor.numpy()")
+        if self._requires_grad and state.grad_enabled and self._node is not None:
+            raise RuntimeError("can't call numpy() on a tensor that requires grad; use detach()")
+        return self._data
+
+    def item(self) -> Any:
+        if self._data is None:
+            return _graph_break(self, "Tensor.item()")
+        if self._data.size != 1:
+            raise RuntimeError(
+                f"item(): a tensor with {self._data.size} elements cannot be converted to a scalar"
+            )
+        return self._data.reshape(()).item()
+
+    def tolist(self) -> Any:
+        if self._data is None:
+            return _graph_break(self, "Tensor.tolist()")
+        return self._data.tolist()
+
+    def __bool__(self) -> bool:
+        if self._data is None:
+            return _graph_break(self, "Python control flow on a tensor (bool())")
+        if self._data.size != 1:
+            raise RuntimeError(
+                f"the truth value of a tensor with {self._data.size} elements is ambiguous"
+            )
+        return bool(self._data.reshape(()))
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.is_floating_point or self.ndim != 0:
+            raise TypeError("only integer 0-d tensors can be used as an index")
+        return int(self.item())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._data is None:
+            return _graph_break(self, "np.asarray(tensor)")
+        return self._data if dtype is None else self._data.astype(dtype)
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        if self._data is None:
+            return f"tensor(<traced>, shape={tuple(self.shape)}, dtype={self.dtype})"
+        body = np.array2string(
+            self._data, separator=", ", precision=4, threshold=200, prefix="tensor("
+        )
+        extras = []
+        if self._data.dtype not in (np.float32, np.int64, np.bool_):
+            extras.append(f"dtype={self.dtype}")
+        if self._node is not None:
+            extras.append(f"grad_fn=<{self._node.name}>")
+        elif self._requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    # --- in place -------------------------------------------------------------------------------
+    def _apply_inplace(self, fn, *args: Any, **kwargs: Any) -> Tensor:
+        """Run ``fn(self_alias, *args)`` out of place and write the result into ``self``.
+
+        Autograd history is rebased onto the new node; earlier nodes that saved ``self`` see its
+        version counter move and refuse to backward through the stale value.
+        """
+        tracer = state.tracer
+        if tracer is not None:
+            out = fn(self, *args, **kwargs)
+            tracer.record_inplace(self, out)
+            return self
+        if self._node is None and self._requires_grad and state.grad_enabled:
+            raise RuntimeError(
+                "a leaf tensor that requires grad is being used in an in-place operation"
+            )
+        alias = Tensor._wrap(self._data)
+        alias._version = self._version
+        alias._node, alias._out_idx = self._node, self._out_idx
+        alias._requires_grad = self._requires_grad
+        out = fn(alias, *args, **kwargs)
+        if tuple(out.shape) != tuple(self.shape):
+            raise RuntimeError(
+                f"in-place result has shape {tuple(out.shape)}, which does not match the "
+                f"tensor's shape {tuple(self.shape)}"
+            )
+        if out.dtype.category > self.dtype.category:
+            raise RuntimeError(
+                f"result type {out.dtype} can't be cast to the in-place output type {self.dtype}"
+            )
+        node = out._node
+        if node is not None and node.saves(alias):
+            # The new node needs the old value: give it a copy before the write below.
+            alias._data = self._data.copy()
+            alias._version = [0]
+            node.resave(alias)
+        np.copyto(self._data, out._data, casting="unsafe")
+        self._version[0] += 1
+        if node is not None:
+            self._node, self._out_idx = node, out._out_idx
+            self._requires_grad = True
+            node.set_output(out._out_idx, self)
+        return self
+
+    # Conversions that are not ops of their own live here; casts go through the registry.
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        target_dtype = kwargs.pop("dtype", None)
+        dev = kwargs.pop("device", None)
+        kwargs.pop("non_blocking", None)
+        kwargs.pop("copy", None)
+        if kwargs:
+            raise TypeError(f"to() got unexpected arguments {sorted(kwargs)}")
+        for a in args:
+            if isinstance(a, (str, device)) and str(a) in ("cpu", "metal"):
+                dev = a
+            elif isinstance(a, Tensor):
+                target_dtype = a.dtype
+            else:
+                target_dtype = a
+        if dev is not None:
+            device(dev)  # validates, raises for an unavailable device
+        if target_dtype is None:
+            return self
+        return self.type(target_dtype)
+
+    def cpu(self) -> Tensor:
+        return self
+
+    def contiguous(self) -> Tensor:
+        return self
+
+    def float(self) -> Tensor:
+        return self.type(_dtype.float32)
+
+    def double(self) -> Tensor:
+        return self.type(_dtype.float64)
+
+    def half(self) -> Tensor:
+        return self.type(_dtype.float16)
+
+    def long(self) -> Tensor:
+        return self.type(_dtype.int64)
+
+    def int(self) -> Tensor:
+        return self.type(_dtype.int32)
+
+    def bool(self) -> Tensor:
+        return self.type(_dtype.bool_)
+
+    def type(self, dtype: Any) -> Tensor:
+        dt = _dtype.canonical(dtype)
+        if dt is self.dtype:
+            return self
+        from lucid._dispatch import apply
+
+        return apply("cast", self, dtype=dt)
+
+
+def _as_array(data: Any, dtype: Any = None) -> np.ndarray:
+    if isinstance(data, Tensor):
+        if data._data is None:
+            raise RuntimeError("cannot build a concrete tensor from a trace tensor")
+        data = data._data
+    dt = _dtype.canonical(dtype) if dtype is not None else None
+    if isinstance(data, np.ndarray):
+        arr = data
+        if dt is None and arr.dtype not in _dtype._BY_NUMPY:
+            raise TypeError(f"numpy dtype {arr.dtype} has no Lucid equivalent")
+    elif isinstance(data, (np.generic,)):
+        arr = np.asarray(data)
+    else:
+        arr = np.asarray(_unwrap_nested(data))
+        if dt is None:
+            if arr.dtype.kind == "f":
+                arr = arr.astype(np.float32)
+            elif arr.dtype.kind in "iu":
+                arr = arr.astype(np.int64)
+            elif arr.dtype.kind == "b":
+                pass
+            elif arr.size == 0:
+                arr = arr.astype(np.float32)
+            else:
+                raise TypeError(f"cannot make a tensor from {type(data).__name__} data")
+    if dt is not None and arr.dtype != dt.numpy:
+        arr = arr.astype(dt.numpy)
+    return np.array(arr, copy=True) if arr is data else arr
+
+
+def _unwrap_nested(data: Any) -> Any:
+    if isinstance(data, Tensor):
+        return data.item() if data.ndim == 0 else data._data
+    if isinstance(data, (list, tuple)):
+        return [_unwrap_nested(x) for x in data]
+    return data

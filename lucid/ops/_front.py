@@ -1,0 +1,29 @@
+"""Helpers the op modules use to declare fronts: Tensor methods and operator overloads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lucid._tensor import Tensor
+
+
+def tensor_method(*names: str) -> Callable:
+    """Decorator: also expose the front function as ``Tensor.<name>`` for every name given."""
+
+    def deco(fn: Callable) -> Callable:
+        for n in names or (fn.__name__,):
+            setattr(Tensor, n, fn)
+        return fn
+
+    return deco
+
+
+def inplace_method(name: str, fn: Callable) -> None:
+    """``Tensor.<name>_``: the in-place form of an out-of-place front."""
+
+    def method(self: Tensor, *args, **kwargs) -> Tensor:
+        return self._apply_inplace(fn, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"In-place form of ``{fn.__name__}``."
+    setattr(Tensor, name, method)

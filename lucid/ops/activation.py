@@ -1,0 +1,5 @@
+"""Activation ops."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,5 @@
+"""Conv ops."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

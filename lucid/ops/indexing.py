@@ -1,0 +1,5 @@
+"""Indexing ops."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

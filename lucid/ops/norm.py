@@ -1,0 +1,5 @@
+"""Norm ops."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
