@@ -1,4 +1,4 @@
-"""Lucid: a PyTorch-style deep-learning framework with an MLIR-style compiler (``lucid.compile``)."""
+"""Lucid: a PyTorch-style deep-learning framework with an MLIR-style compiler, lucid.compile."""
 
 from lucid import (
     autograd,  # noqa: F401,E402

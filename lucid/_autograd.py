@@ -40,7 +40,7 @@ class Node:
         node = cls(op, operands, attrs, flat)
         if op.saves_inputs:
             node.versions = [(x, x._version[0]) for x in flat if hasattr(x, "_version")]
-        for i in range(len(outs)):
+        for i, t in enumerate(outs):
             node.out_meta.append((t._data, t._version))
             node.outputs.append(weakref.ref(t))
             if t.dtype.is_floating_point:
