@@ -77,6 +77,8 @@ class OpDef:
     # Which of the op's operands/outputs the VJP rule reads: only those are version-checked.
     saves_inputs: bool = True
     saves_outputs: bool = True
+    # Parts this op deliberately lacks, with the reason users see: {"vjp": "...", "cpu": "..."}.
+    unsupported: dict[str, str] = field(default_factory=dict)
     doc: str = ""
 
     @property
