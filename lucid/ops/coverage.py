@@ -1,0 +1,91 @@
+"""Op coverage: what every registry op has, for ``docs/ops.md`` and the registry-walking test.
+
+``python -m lucid.ops.coverage > docs/ops.md`` regenerates the table; it is never written by hand.
+Columns beyond the registry (lowering, backends) are filled from the tables of the later stages
+when those modules are importable, so the eager core never depends on them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+from lucid.ops._registry import GRAD_SINK, REGISTRY, OpDef
+
+# Where later stages keep a per-op table: (column, module, function(op_name) -> str | None).
+_STAGE_COLUMNS: list[tuple[str, str, str]] = [
+    ("lowers to prim", "lucid.passes.lower_to_prim", "lowering_status"),
+    ("cpu", "lucid.backends.cpu", "op_status"),
+    ("mpsgraph", "lucid.backends.mpsgraph", "op_status"),
+]
+
+
+def vjp_status(op: OpDef) -> str:
+    if GRAD_SINK in op.props:
+        return "grad sink"
+    if op.vjp is not None:
+        return "rule"
+    reason = op.unsupported.get("vjp")
+    return f"none: {reason}" if reason else "MISSING"
+
+
+def _stage_lookups() -> list[tuple[str, Callable[[str], str | None]]]:
+    found = []
+    for column, module, fn in _STAGE_COLUMNS:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        lookup = getattr(mod, fn, None)
+        if lookup is not None:
+            found.append((column, lookup))
+    return found
+
+
+def family(op: OpDef) -> str:
+    mod = getattr(op.kernel, "__module__", "") or ""
+    return mod.rsplit(".", 1)[-1] if mod.startswith("lucid.ops.") else "-"
+
+
+def rows() -> list[dict[str, str]]:
+    import lucid  # noqa: F401  (registers every op family)
+
+    stages = _stage_lookups()
+    out = []
+    for name in sorted(REGISTRY):
+        op = REGISTRY[name]
+        row = {
+            "op": name,
+            "operands": ", ".join(op.operands),
+            "attributes": ", ".join(op.attrs),
+            "properties": ", ".join(sorted(op.props)),
+            "vjp": vjp_status(op),
+        }
+        for column, lookup in stages:
+            row[column] = lookup(name) or "-"
+        out.append(row)
+    return out
+
+
+def markdown() -> str:
+    table = rows()
+    cols = list(table[0]) if table else ["op"]
+    lines = [
+        "# Op coverage",
+        "",
+        "Generated from the op registry by `python -m lucid.ops.coverage`; do not edit by hand.",
+        "",
+        f"{len(table)} ops. `vjp`: `rule` (a VJP rule), `grad sink` (the gradient deliberately "
+        "stops), `none: reason` (no rule, with the reason).",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    for r in table:
+        lines.append("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())
