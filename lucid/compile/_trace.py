@@ -1,0 +1,174 @@
+"""The Trace: what a traced call did, as plain data (stage 1's output, stage 2's input).
+
+A trace is a straight-line list of registry ops over numbered values. Values enter as feeds (each
+with a role: ``input:0``, ``param:fc1.weight``, ``buffer:bn.running_mean``, ``capture:0``,
+``rng``) or as op outputs, and leave as outputs (``output:0``, ``update:buffer:bn.running_mean``).
+Python scalars passed to an op stay inline as ``Const`` operands. It serialises to JSON
+(``lucid.compile.trace/v1``) and loads back losslessly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lucid import _dtype
+
+FORMAT = "lucid.compile.trace/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    """A Python scalar operand (bool, int or float), kept weakly typed as PyTorch does."""
+
+    value: bool | int | float
+
+
+@dataclass(slots=True)
+class Value:
+    """A value of the trace: ``shape`` has None for a symbolic dim."""
+
+    id: int
+    shape: tuple
+    dtype: _dtype.dtype
+    device: str = "cpu"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(slots=True)
+class Feed:
+    value: Value
+    role: str
+
+
+@dataclass(slots=True)
+class TraceOp:
+    """One recorded op. ``inputs`` holds Values and Consts (a list for a variadic operand)."""
+
+    name: str
+    inputs: list
+    outputs: list[Value]
+    attrs: dict[str, Any]
+
+
+@dataclass
+class Trace:
+    feeds: list[Feed] = field(default_factory=list)
+    ops: list[TraceOp] = field(default_factory=list)
+    outputs: list[tuple[str, Value]] = field(default_factory=list)
+
+    def feed(self, role: str) -> Feed:
+        for f in self.feeds:
+            if f.role == role:
+                return f
+        raise KeyError(f"the trace has no feed with role {role!r}")
+
+    def __repr__(self) -> str:
+        return f"<Trace: {len(self.feeds)} feeds, {len(self.ops)} ops, {len(self.outputs)} outputs>"
+
+    # --- JSON -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "feeds": [{"role": f.role, **_value_json(f.value)} for f in self.feeds],
+            "ops": [
+                {
+                    "name": op.name,
+                    "inputs": [_operand_json(x) for x in op.inputs],
+                    "outputs": [_value_json(v) for v in op.outputs],
+                    "attrs": {k: attr_to_json(v) for k, v in op.attrs.items()},
+                }
+                for op in self.ops
+            ],
+            "outputs": [{"role": role, "id": v.id} for role, v in self.outputs],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Trace:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"not a Lucid trace: expected format {FORMAT!r}, got {got!r}")
+        values: dict[int, Value] = {}
+
+        def new_value(d: dict) -> Value:
+            v = Value(
+                int(d["id"]),
+                tuple(None if s is None else int(s) for s in d["shape"]),
+                _dtype.from_name(d["dtype"]),
+                d.get("device", "cpu"),
+            )
+            if v.id in values:
+                raise ValueError(f"trace JSON defines value %{v.id} twice")
+            values[v.id] = v
+            return v
+
+        def operand(x: Any) -> Any:
+            if isinstance(x, list):
+                return [operand(e) for e in x]
+            if "const" in x:
+                return Const(x["const"])
+            try:
+                return values[int(x["id"])]
+            except KeyError:
+                raise ValueError(f"trace JSON uses value %{x['id']} before defining it") from None
+
+        trace = cls()
+        try:
+            for f in data["feeds"]:
+                trace.feeds.append(Feed(new_value(f), f["role"]))
+            for op in data["ops"]:
+                inputs = [operand(x) for x in op["inputs"]]
+                outputs = [new_value(v) for v in op["outputs"]]
+                attrs = {k: attr_from_json(v) for k, v in op.get("attrs", {}).items()}
+                trace.ops.append(TraceOp(op["name"], inputs, outputs, attrs))
+            for o in data["outputs"]:
+                trace.outputs.append((o["role"], operand(o)))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed trace JSON: missing or bad field {e}") from None
+        return trace
+
+    @classmethod
+    def from_json(cls, text: str) -> Trace:
+        return cls.from_dict(json.loads(text))
+
+
+def _value_json(v: Value) -> dict:
+    return {"id": v.id, "shape": list(v.shape), "dtype": v.dtype.name, "device": v.device}
+
+
+def _operand_json(x: Any) -> Any:
+    if isinstance(x, list):
+        return [_operand_json(e) for e in x]
+    if isinstance(x, Const):
+        return {"const": x.value}
+    return {"id": x.id}
+
+
+def attr_to_json(v: Any) -> Any:
+    """Attributes as JSON: tuples and dtypes are tagged so they load back as themselves."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, _dtype.dtype):
+        return {"dtype": v.name}
+    if isinstance(v, (tuple, list)):
+        return {"tuple": [attr_to_json(e) for e in v]}
+    raise TypeError(f"attribute value {v!r} of type {type(v).__name__} cannot go into a trace")
+
+
+def attr_from_json(v: Any) -> Any:
+    if isinstance(v, dict):
+        if "dtype" in v:
+            return _dtype.from_name(v["dtype"])
+        if "tuple" in v:
+            return tuple(attr_from_json(e) for e in v["tuple"])
+        raise ValueError(f"unknown attribute encoding {v!r}")
+    if isinstance(v, list):
+        return tuple(attr_from_json(e) for e in v)
+    return v

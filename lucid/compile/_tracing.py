@@ -1,0 +1,282 @@
+"""Stage 1: record a Python call as a Trace, computing nothing.
+
+``_tracing()`` installs a thread-local ``Tracer``; while it is installed the dispatch point hands
+every op to ``Tracer.record`` instead of running it. Trace tensors carry shape, dtype and device
+only. Concrete tensors reaching an op (parameters, buffers, anything captured) become feeds bound
+by identity, never constants. Reading a value (``item()``, ``bool()``, ``numpy()``, ``tolist()``,
+ops with data-dependent output shapes) raises ``GraphBreak`` naming the user's source line.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from lucid import _dtype
+from lucid._state import state
+from lucid._tensor import Tensor
+from lucid.compile._trace import Const, Feed, Trace, TraceOp, Value
+from lucid.ops._registry import DATA_DEPENDENT, GRAD_SINK, OpDef
+
+__all__ = ["GraphBreak", "Tracer", "_tracing", "trace"]
+
+_LUCID_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class GraphBreak(RuntimeError):
+    """A traced call read a tensor's value, so it cannot become one graph.
+
+    ``what`` names the operation; ``filename``/``lineno`` point at the user's code that did it.
+    """
+
+    def __init__(self, what: str, filename: str | None = None, lineno: int | None = None):
+        self.what = what
+        self.filename = filename
+        self.lineno = lineno
+        where = ""
+        if filename is not None:
+            where = f" at {filename}:{lineno}"
+            line = linecache.getline(filename, lineno or 0).strip()
+            if line:
+                where += f"\n    {line}"
+        super().__init__(f"graph break: {what}{where}")
+
+
+def user_location() -> tuple[str | None, int | None]:
+    """The innermost frame of the call stack that is not inside the ``lucid`` package."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if not os.path.abspath(fn).startswith(_LUCID_DIR) and not fn.startswith("<frozen"):
+            return fn, frame.f_lineno
+        frame = frame.f_back
+    return None, None
+
+
+class Tracer:
+    """Records the ops of one call. Get one from ``_tracing()``.
+
+    ``model`` (optional, an ``nn.Module``) names captured parameters and buffers
+    (``param:fc1.weight``, ``buffer:bn.running_mean``); other captured tensors are ``capture:N``.
+    """
+
+    def __init__(self, model: Any = None):
+        self.trace = Trace()
+        self._values: dict[int, Value] = {}  # value id -> Value, for "is it one of mine"
+        # id(tensor) -> (tensor, current Value): concrete tensors captured as feeds. The tensor is
+        # kept alive so its id cannot be reused during the trace.
+        self._captured: dict[int, tuple[Tensor, Value]] = {}
+        self._feed_roles: dict[int, str] = {}  # feed value id -> role
+        self._updates: dict[int, str] = {}  # id(tensor) -> role of the update output
+        self._names: dict[int, str] = _feed_names(model) if model is not None else {}
+        self._feed_tensors: dict[str, Tensor] = {}  # role -> captured tensor
+        self._n_inputs = 0
+        self._n_captures = 0
+        self.finished = False
+
+    # --- feeds ----------------------------------------------------------------------------------
+    def _new_value(self, shape: tuple, dt: _dtype.dtype) -> Value:
+        v = Value(len(self._values), tuple(shape), dt)
+        self._values[v.id] = v
+        return v
+
+    def _add_feed(self, shape: tuple, dt: _dtype.dtype, role: str) -> Value:
+        v = self._new_value(shape, dt)
+        self.trace.feeds.append(Feed(v, role))
+        self._feed_roles[v.id] = role
+        return v
+
+    def input(
+        self, shape: tuple, dtype: Any = _dtype.float32, *, role: str | None = None
+    ) -> Tensor:
+        """A new trace tensor fed by the caller (role ``input:N`` unless given). A None dim is
+        symbolic."""
+        if role is None:
+            role = f"input:{self._n_inputs}"
+            self._n_inputs += 1
+        return Tensor._traced(self._add_feed(tuple(shape), _dtype.canonical(dtype), role))
+
+    def input_like(self, example: Tensor, *, role: str | None = None) -> Tensor:
+        t = self.input(tuple(example.shape), example.dtype, role=role)
+        t._requires_grad = example.requires_grad
+        return t
+
+    def _capture(self, t: Tensor) -> Value:
+        hit = self._captured.get(id(t))
+        if hit is not None:
+            return hit[1]
+        role = self._names.get(id(t))
+        if role is None:
+            role = f"capture:{self._n_captures}"
+            self._n_captures += 1
+        v = self._add_feed(tuple(t.shape), t.dtype, role)
+        self._captured[id(t)] = (t, v)
+        self._feed_tensors[role] = t
+        return v
+
+    def _operand(self, x: Any) -> Value | Const:
+        if isinstance(x, Tensor):
+            tv = x._trace
+            if tv is not None and self._values.get(tv.id) is tv:
+                return tv
+            return self._capture(x)
+        if isinstance(x, (bool, int, float)):
+            return Const(x)
+        if isinstance(x, (np.bool_, np.integer, np.floating)):
+            return Const(x.item())
+        raise TypeError(
+            f"expected a Tensor or a number as operand, got {type(x).__name__} during tracing"
+        )
+
+    # --- the hooks the eager core calls ---------------------------------------------------------
+    def record(self, opdef: OpDef, operands: tuple, attrs: dict) -> Any:
+        """Record one op (called by ``lucid._dispatch.apply``) and return its trace tensors."""
+        if self.finished:
+            raise RuntimeError("this trace is finished; no more ops can be recorded into it")
+        if DATA_DEPENDENT in opdef.props:
+            self.graph_break(f"op {opdef.name!r} (its output shape depends on input values)")
+        if len(operands) != len(opdef.operands):
+            raise TypeError(
+                f"{opdef.name}() takes {len(opdef.operands)} operands "
+                f"({', '.join(opdef.operands)}), got {len(operands)}"
+            )
+        inputs: list = []
+        infer_args: list = []
+        needs_grad = False
+        last = len(operands) - 1
+        for i, x in enumerate(operands):
+            if opdef.variadic and i == last:
+                if not isinstance(x, (list, tuple)):
+                    raise TypeError(
+                        f"{opdef.name}(): operand {opdef.operands[-1][:-1]!r} must be a sequence"
+                    )
+                group = [self._operand(e) for e in x]
+                inputs.append(group)
+                infer_args.append([e.value if isinstance(e, Const) else e for e in group])
+                needs_grad = needs_grad or any(
+                    isinstance(e, Tensor) and e._requires_grad for e in x
+                )
+                continue
+            o = self._operand(x)
+            inputs.append(o)
+            infer_args.append(o.value if isinstance(o, Const) else o)
+            needs_grad = needs_grad or (isinstance(x, Tensor) and x._requires_grad)
+        avals = opdef.infer(*infer_args, **attrs)
+        single = opdef.n_outputs == 1
+        if single:
+            avals = (avals,)
+        outputs = [self._new_value(tuple(av.shape), av.dtype) for av in avals]
+        self.trace.ops.append(TraceOp(opdef.name, inputs, outputs, dict(attrs)))
+        needs_grad = needs_grad and state.grad_enabled and GRAD_SINK not in opdef.props
+        outs = []
+        for v in outputs:
+            t = Tensor._traced(v)
+            t._requires_grad = needs_grad and v.dtype.is_floating_point
+            outs.append(t)
+        return outs[0] if single else tuple(outs)
+
+    def record_inplace(self, tensor: Tensor, out: Tensor) -> None:
+        """``tensor`` was overwritten with ``out``: later reads see ``out``; a written feed
+        becomes an extra output (``update:<its role>``) so a backend can write it back."""
+        if tuple(out.shape) != tuple(tensor.shape):
+            raise RuntimeError(
+                f"in-place result has shape {tuple(out.shape)}, which does not match the "
+                f"tensor's shape {tuple(tensor.shape)}"
+            )
+        if out.dtype is not tensor.dtype:
+            from lucid._dispatch import apply
+
+            out = apply("cast", out, dtype=tensor.dtype)
+        new = self._operand(out)
+        tv = tensor._trace
+        if tv is not None and self._values.get(tv.id) is tv:
+            role = self._feed_roles.get(tv.id)
+            tensor._trace = new
+            if role is not None:
+                # An in-place write to a traced input: it is written back like a buffer.
+                self._captured[id(tensor)] = (tensor, new)
+                self._updates[id(tensor)] = "update:" + role
+            return
+        old = self._capture(tensor)
+        self._updates[id(tensor)] = "update:" + self._feed_roles[old.id]
+        self._captured[id(tensor)] = (tensor, new)
+
+    def graph_break(self, what: str, tensor: Tensor | None = None) -> Any:
+        """Raise ``GraphBreak`` for ``what``, pointing at the user's source line."""
+        raise GraphBreak(what, *user_location())
+
+    # --- result ---------------------------------------------------------------------------------
+    def finish(self, outputs: Any) -> Trace:
+        """Mark ``outputs`` (a tensor, or nested tuples/lists/dicts of them) as the trace's
+        results, append the in-place updates of feeds, and return the Trace."""
+        flat: list[Tensor] = []
+        _flatten(outputs, flat)
+        for i, t in enumerate(flat):
+            self.trace.outputs.append((f"output:{i}", self._operand(t)))
+        for key, role in self._updates.items():
+            self.trace.outputs.append((role, self._captured[key][1]))
+        self.finished = True
+        return self.trace
+
+    def feed_tensors(self) -> dict[str, Tensor]:
+        """The concrete tensors bound to the trace's captured feeds, by role (for binding)."""
+        return dict(self._feed_tensors)
+
+
+def _flatten(x: Any, out: list) -> None:
+    if isinstance(x, Tensor):
+        out.append(x)
+    elif isinstance(x, (tuple, list)):
+        for e in x:
+            _flatten(e, out)
+    elif isinstance(x, dict):
+        for e in x.values():
+            _flatten(e, out)
+    else:
+        raise TypeError(
+            f"a traced function must return tensors (or tuples/lists/dicts of them), "
+            f"got {type(x).__name__}"
+        )
+
+
+def _feed_names(model: Any) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for method, kind in (("named_parameters", "param"), ("named_buffers", "buffer")):
+        fn = getattr(model, method, None)
+        if fn is None:
+            continue
+        for name, t in fn():
+            if t is not None:
+                names.setdefault(id(t), f"{kind}:{name}")
+    return names
+
+
+@contextmanager
+def _tracing(model: Any = None) -> Iterator[Tracer]:
+    """Install a ``Tracer`` on this thread for the ``with`` block and yield it.
+
+    Traces nest (the inner one is active inside its block) and do not see other threads' ops.
+    """
+    tracer = Tracer(model)
+    prev = state.tracer
+    state.tracer = tracer
+    try:
+        yield tracer
+    finally:
+        state.tracer = prev
+
+
+def trace(fn: Callable, *example_inputs: Any, model: Any = None) -> Trace:
+    """Trace ``fn(*example_inputs)``: tensors become ``input:N`` feeds of their shape and dtype;
+    other arguments are passed through as Python constants."""
+    if model is None and hasattr(fn, "named_parameters"):
+        model = fn
+    with _tracing(model) as tracer:
+        args = [tracer.input_like(x) if isinstance(x, Tensor) else x for x in example_inputs]
+        return tracer.finish(fn(*args))

@@ -1,0 +1,129 @@
+"""The one place Lucid imports xDSL (pinned to 0.75.0): everything else imports from here.
+
+An xDSL upgrade should touch only this file. Names are re-exported as they are, so xDSL's own
+documentation applies to them.
+"""
+
+from xdsl.context import Context
+from xdsl.dialects import builtin, func
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    ArrayAttr,
+    BFloat16Type,
+    BoolAttr,
+    DenseArrayBase,
+    DenseIntOrFPElementsAttr,
+    DictionaryAttr,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    ModuleOp,
+    Signedness,
+    StringAttr,
+    TensorType,
+    UnitAttr,
+    bf16,
+    f16,
+    f32,
+    f64,
+    i1,
+    i8,
+    i16,
+    i32,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    ParsePropInAttrDict,
+    irdl_op_definition,
+    opt_prop_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.parser import Parser
+from xdsl.passes import ModulePass, PassPipeline
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+from xdsl.printer import Printer
+from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.traits import ConstantLike, Pure
+from xdsl.universe import Universe
+from xdsl.utils.arg_spec import parse_pipeline
+from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+
+ui8 = IntegerType(8, Signedness.UNSIGNED)
+
+__all__ = [
+    "DYNAMIC_INDEX",
+    "ArrayAttr",
+    "Attribute",
+    "BFloat16Type",
+    "Block",
+    "BoolAttr",
+    "ConstantLike",
+    "Context",
+    "DenseArrayBase",
+    "DenseIntOrFPElementsAttr",
+    "DiagnosticException",
+    "DictionaryAttr",
+    "Dialect",
+    "Float16Type",
+    "Float32Type",
+    "Float64Type",
+    "FloatAttr",
+    "GreedyRewritePatternApplier",
+    "IRDLOperation",
+    "InsertPoint",
+    "IntegerAttr",
+    "IntegerType",
+    "ModuleOp",
+    "ModulePass",
+    "Operation",
+    "ParseError",
+    "ParsePropInAttrDict",
+    "Parser",
+    "PassPipeline",
+    "PatternRewriteWalker",
+    "PatternRewriter",
+    "Printer",
+    "Pure",
+    "Region",
+    "RewritePattern",
+    "Rewriter",
+    "SSAValue",
+    "Signedness",
+    "StringAttr",
+    "TensorType",
+    "UnitAttr",
+    "Universe",
+    "VerifyException",
+    "bf16",
+    "builtin",
+    "f16",
+    "f32",
+    "f64",
+    "func",
+    "i1",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "irdl_op_definition",
+    "op_type_rewrite_pattern",
+    "opt_prop_def",
+    "parse_pipeline",
+    "traits_def",
+    "ui8",
+    "var_operand_def",
+    "var_result_def",
+]

@@ -1,0 +1,116 @@
+"""Lucid values in IR terms: dtypes as element types, shapes as ``tensor<...>`` types, and op
+attributes (ints, floats, bools, None, strings, dtypes, tuples of those) as typed properties.
+
+Every conversion here is lossless and has an inverse: ``attr_to_ir``/``attr_from_ir``,
+``dtype_to_ir``/``dtype_from_ir``, ``tensor_type``/``shape_of_type``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lucid import _dtype
+from lucid.ir import _xdsl as x
+
+_DTYPE_TO_IR = {
+    _dtype.bool_: x.i1,
+    _dtype.int8: x.i8,
+    _dtype.int16: x.i16,
+    _dtype.int32: x.i32,
+    _dtype.int64: x.i64,
+    _dtype.uint8: x.ui8,
+    _dtype.float16: x.f16,
+    _dtype.float32: x.f32,
+    _dtype.float64: x.f64,
+    _dtype.bfloat16: x.bf16,
+}
+_IR_TO_DTYPE = {v: k for k, v in _DTYPE_TO_IR.items()}
+
+
+def dtype_to_ir(dt: _dtype.dtype) -> x.Attribute:
+    return _DTYPE_TO_IR[dt]
+
+
+def dtype_from_ir(t: x.Attribute) -> _dtype.dtype:
+    try:
+        return _IR_TO_DTYPE[t]
+    except KeyError:
+        raise ValueError(f"element type {t} has no Lucid dtype") from None
+
+
+_TYPE_CACHE: dict[tuple, x.TensorType] = {}
+
+
+def tensor_type(shape: tuple, dt: _dtype.dtype) -> x.TensorType:
+    """``tensor<...>`` of a Lucid shape (None for a symbolic dim) and dtype; cached, because the
+    importer asks for the same few types over and over."""
+    key = (shape, dt)
+    t = _TYPE_CACHE.get(key)
+    if t is None:
+        dims = [x.DYNAMIC_INDEX if d is None else d for d in shape]
+        t = _TYPE_CACHE[key] = x.TensorType(_DTYPE_TO_IR[dt], dims)
+    return t
+
+
+def shape_of_type(t: x.Attribute) -> tuple:
+    if not isinstance(t, x.TensorType):
+        raise ValueError(f"expected a tensor type, got {t}")
+    return tuple(None if d == x.DYNAMIC_INDEX else d for d in t.get_shape())
+
+
+def dtype_of_type(t: x.Attribute) -> _dtype.dtype:
+    if not isinstance(t, x.TensorType):
+        raise ValueError(f"expected a tensor type, got {t}")
+    return dtype_from_ir(t.element_type)
+
+
+# --- attributes
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def attr_to_ir(v: Any) -> x.Attribute | None:
+    """A Python attribute value as an xDSL attribute; None maps to None (the property is left
+    out, and an absent property reads back as None)."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return x.BoolAttr.from_bool(v)
+    if _is_int(v):
+        return x.IntegerAttr(v, x.i64)
+    if isinstance(v, float):
+        return x.FloatAttr(v, x.f64)
+    if isinstance(v, str):
+        return x.StringAttr(v)
+    if isinstance(v, _dtype.dtype):
+        return _DTYPE_TO_IR[v]
+    if isinstance(v, (tuple, list)):
+        if all(_is_int(e) for e in v):
+            return x.DenseArrayBase.from_list(x.i64, list(v))
+        if all(isinstance(e, float) for e in v):
+            return x.DenseArrayBase.from_list(x.f64, list(v))
+        return x.ArrayAttr([x.UnitAttr() if e is None else attr_to_ir(e) for e in v])
+    raise TypeError(f"attribute value {v!r} of type {type(v).__name__} has no IR form")
+
+
+def attr_from_ir(a: x.Attribute) -> Any:
+    """The inverse of ``attr_to_ir``."""
+    if isinstance(a, x.IntegerAttr):
+        if a.type == x.i1:
+            return bool(a.value.data)
+        return int(a.value.data)
+    if isinstance(a, x.FloatAttr):
+        return float(a.value.data)
+    if isinstance(a, x.StringAttr):
+        return a.data
+    if isinstance(a, x.DenseArrayBase):
+        return tuple(a.get_values())
+    if isinstance(a, x.ArrayAttr):
+        return tuple(None if isinstance(e, x.UnitAttr) else attr_from_ir(e) for e in a.data)
+    if isinstance(a, x.UnitAttr):
+        return None
+    if a in _IR_TO_DTYPE:
+        return _IR_TO_DTYPE[a]
+    raise ValueError(f"attribute {a} has no Lucid value")
