@@ -1,0 +1,23 @@
+"""``lucid.nn``: modules, parameters, initialisation and the functional API, as ``torch.nn``."""
+
+from lucid.nn import init  # noqa: F401
+from lucid.nn.modules import *  # noqa: F403
+from lucid.nn.modules import (
+    activation,
+    container,
+    conv,
+    dropout,
+    flatten,
+    linear,
+    loss,
+    module,
+    normalization,
+    pooling,
+    sparse,
+)
+from lucid.nn.parameter import Parameter
+
+__all__ = ["Parameter", "init"]
+for _m in (activation, container, conv, dropout, flatten, linear, loss, module, normalization,
+           pooling, sparse):  # fmt: skip
+    __all__ += _m.__all__

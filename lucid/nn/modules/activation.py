@@ -1,0 +1,187 @@
+"""Activation modules: thin wrappers over ``lucid.nn.functional``."""
+
+from __future__ import annotations
+
+from lucid._tensor import Tensor
+from lucid.nn.modules._utils import F
+from lucid.nn.modules.module import Module
+
+__all__ = [
+    "ReLU",
+    "ReLU6",
+    "LeakyReLU",
+    "ELU",
+    "GELU",
+    "SiLU",
+    "Sigmoid",
+    "Tanh",
+    "Softplus",
+    "Hardtanh",
+    "Mish",
+    "Softmax",
+    "LogSoftmax",
+]
+
+
+class _Activation(Module):
+    """An activation with an ``inplace`` flag (the result is written back into the input).
+
+    Subclasses define ``_fn(input)``, the out-of-place computation.
+    """
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        if self.inplace:
+            return input._apply_inplace(self._fn)
+        return self._fn(input)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class ReLU(_Activation):
+    """``max(x, 0)``."""
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.relu(input)
+
+
+class ReLU6(_Activation):
+    """``min(max(x, 0), 6)``."""
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.relu6(input)
+
+
+class LeakyReLU(_Activation):
+    """``x`` for x >= 0, ``negative_slope * x`` otherwise."""
+
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
+        super().__init__(inplace)
+        self.negative_slope = negative_slope
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.leaky_relu(input, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
+
+class ELU(_Activation):
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__(inplace)
+        self.alpha = alpha
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.elu(input, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
+class SiLU(_Activation):
+    """``x * sigmoid(x)``."""
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.silu(input)
+
+
+class Hardtanh(_Activation):
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
+        super().__init__(inplace)
+        if max_val <= min_val:
+            raise ValueError(
+                f"Hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})"
+            )
+        self.min_val, self.max_val = min_val, max_val
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.hardtanh(input, self.min_val, self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}" + (
+            ", inplace=True" if self.inplace else ""
+        )
+
+
+class GELU(Module):
+    """Gaussian error linear unit; ``approximate='tanh'`` uses the tanh approximation."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.gelu(input, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class Sigmoid(Module):
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.sigmoid(input)
+
+
+class Tanh(Module):
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.tanh(input)
+
+
+class Mish(Module):
+    """``x * tanh(softplus(x))``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.mish(input)
+
+
+class Softplus(Module):
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+def _implicit_dim(ndim: int) -> int:
+    # torch's legacy rule for Softmax(dim=None).
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+class Softmax(Module):
+    """Softmax along ``dim`` (``dim=None`` follows torch's legacy implicit choice)."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        dim = _implicit_dim(input.ndim) if self.dim is None else self.dim
+        return F.softmax(input, dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Module):
+    """``log(softmax(x))`` along ``dim``, computed stably."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        dim = _implicit_dim(input.ndim) if self.dim is None else self.dim
+        return F.log_softmax(input, dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"

@@ -1,0 +1,28 @@
+"""``Dropout``: zero elements with probability p during training, scale the rest by 1/(1-p)."""
+
+from __future__ import annotations
+
+from lucid._tensor import Tensor
+from lucid.nn.modules._utils import F
+from lucid.nn.modules.module import Module
+
+__all__ = ["Dropout"]
+
+
+class Dropout(Module):
+    """Identity in eval mode; in training each element is kept with probability ``1 - p``."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = float(p)
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        if self.inplace and self.training and self.p > 0:
+            return input._apply_inplace(lambda x: F.dropout(x, self.p, True))
+        return F.dropout(input, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"

@@ -1,0 +1,237 @@
+"""Normalization layers: ``BatchNorm1d/2d``, ``LayerNorm``, ``RMSNorm``, ``GroupNorm``."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from lucid import _dtype
+from lucid._tensor import Tensor
+from lucid.nn import init
+from lucid.nn.modules._utils import F, buffer, check_positive_int, empty_parameter, factory_dtype
+from lucid.nn.modules.module import Module
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm"]
+
+
+class _BatchNorm(Module):
+    """Shared BatchNorm: ``running_mean``/``running_var``/``num_batches_tracked`` buffers, updated
+    in training mode only; ``momentum=None`` gives a cumulative moving average."""
+
+    _expected_ndims: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(num_features, "num_features", type(self).__name__)
+        dt = factory_dtype(device, dtype)
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        if affine:
+            self.weight = empty_parameter((num_features,), dt)
+            self.bias = empty_parameter((num_features,), dt)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", buffer([0.0] * num_features, dt))
+            self.register_buffer("running_var", buffer([1.0] * num_features, dt))
+            self.register_buffer("num_batches_tracked", buffer(0, _dtype.int64))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            init.zeros_(self.running_mean)
+            init.ones_(self.running_var)
+            init.zeros_(self.num_batches_tracked)
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        if input.ndim not in self._expected_ndims:
+            dims = " or ".join(f"{d}D" for d in self._expected_ndims)
+            raise ValueError(
+                f"{type(self).__name__}: expected {dims} input (got {input.ndim}D input)"
+            )
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        # Eval mode uses the running statistics, unless there are none to use.
+        use_batch_stats = self.training or self.running_mean is None
+        track = not self.training or self.track_running_stats
+        return F.batch_norm(
+            input,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            use_batch_stats,
+            factor,
+            self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    """BatchNorm over (N, C) or (N, C, L) inputs, per channel C."""
+
+    _expected_ndims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """BatchNorm over (N, C, H, W) inputs, per channel C."""
+
+    _expected_ndims = (4,)
+
+
+def _shape_tuple(normalized_shape: Any) -> tuple[int, ...]:
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    return tuple(int(d) for d in normalized_shape)
+
+
+class LayerNorm(Module):
+    """Normalizes over the last ``len(normalized_shape)`` dims, then ``* weight + bias``."""
+
+    def __init__(
+        self,
+        normalized_shape: Any,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        dt = factory_dtype(device, dtype)
+        self.normalized_shape = _shape_tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        if elementwise_affine:
+            self.weight = empty_parameter(self.normalized_shape, dt)
+            if bias:
+                self.bias = empty_parameter(self.normalized_shape, dt)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
+
+
+class RMSNorm(Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dims; ``eps=None`` uses the dtype's
+    machine epsilon, as torch."""
+
+    def __init__(
+        self,
+        normalized_shape: Any,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        dt = factory_dtype(device, dtype)
+        self.normalized_shape = _shape_tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        if elementwise_affine:
+            self.weight = empty_parameter(self.normalized_shape, dt)
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
+
+
+class GroupNorm(Module):
+    """Normalizes (N, C, *) inputs over groups of ``C / num_groups`` channels."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(num_groups, "num_groups", "GroupNorm")
+        check_positive_int(num_channels, "num_channels", "GroupNorm")
+        if num_channels % num_groups:
+            raise ValueError(
+                f"GroupNorm: num_channels ({num_channels}) must be divisible by "
+                f"num_groups ({num_groups})"
+            )
+        dt = factory_dtype(device, dtype)
+        self.num_groups, self.num_channels, self.eps, self.affine = (
+            num_groups,
+            num_channels,
+            eps,
+            affine,
+        )
+        if affine:
+            self.weight = empty_parameter((num_channels,), dt)
+            self.bias = empty_parameter((num_channels,), dt)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
