@@ -105,6 +105,8 @@ def attr_from_ir(a: x.Attribute) -> Any:
         return float(a.value.data)
     if isinstance(a, x.StringAttr):
         return a.data
+    if isinstance(a, x.BytesAttr):  # the parser reads a string with escapes as bytes
+        return a.data.decode("utf-8")
     if isinstance(a, x.DenseArrayBase):
         return tuple(a.get_values())
     if isinstance(a, x.ArrayAttr):
