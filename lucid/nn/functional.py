@@ -1,0 +1,323 @@
+"""``lucid.nn.functional`` (``F``): the functional forms of the layers, as ``torch.nn.functional``.
+
+Ops with a registry entry are called through ``lucid._dispatch.apply``; thin compositions (silu,
+mish, relu6, conv1d, group_norm, ...) are written here with Lucid ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lucid._dispatch import apply
+from lucid._tensor import Tensor
+from lucid.ops import activation as _act
+from lucid.ops.conv import conv1d, conv2d, linear
+
+__all__ = [
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "conv1d",
+    "conv2d",
+    "cross_entropy",
+    "dropout",
+    "elu",
+    "gelu",
+    "hardtanh",
+    "huber_loss",
+    "l1_loss",
+    "leaky_relu",
+    "linear",
+    "log_softmax",
+    "mish",
+    "mse_loss",
+    "nll_loss",
+    "relu",
+    "relu6",
+    "sigmoid",
+    "silu",
+    "smooth_l1_loss",
+    "softmax",
+    "softplus",
+    "tanh",
+]
+
+
+def _inplace(x: Tensor, fn, *args: Any) -> Tensor:
+    return x._apply_inplace(fn, *args)
+
+
+# --- activations
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """min(max(x, 0), 6)."""
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def hardtanh(
+    input: Tensor,  # noqa: A002
+    min_val: float = -1.0,
+    max_val: float = 1.0,
+    inplace: bool = False,
+) -> Tensor:
+    """x clamped to [min_val, max_val]; the gradient is 1 strictly inside, else 0."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val {min_val} is greater than max_val {max_val}")
+    fn = lambda x: apply("hardtanh", x, min_val=float(min_val), max_val=float(max_val))  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def leaky_relu(
+    input: Tensor,  # noqa: A002
+    negative_slope: float = 0.01,
+    inplace: bool = False,
+) -> Tensor:
+    """x where x > 0, else negative_slope * x."""
+    fn = lambda x: apply("leaky_relu", x, negative_slope=float(negative_slope))  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002
+    """x where x > 0, else alpha * (exp(x) - 1)."""
+    fn = lambda x: apply("elu", x, alpha=float(alpha))  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
+    """x * Phi(x) (Phi the standard normal CDF), or its tanh approximation."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return apply("gelu", input, approximate=approximate)
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:  # noqa: A002
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
+    return apply("softplus", input, beta=float(beta), threshold=float(threshold))
+
+
+def sigmoid(input: Tensor) -> Tensor:  # noqa: A002
+    """1 / (1 + exp(-x))."""
+    import lucid
+
+    return lucid.sigmoid(input)
+
+
+def tanh(input: Tensor) -> Tensor:  # noqa: A002
+    """Hyperbolic tangent."""
+    import lucid
+
+    return lucid.tanh(input)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """x * sigmoid(x)."""
+    fn = lambda x: x * sigmoid(x)  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def mish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """x * tanh(softplus(x))."""
+    fn = lambda x: x * tanh(softplus(x))  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """max(x, 0)."""
+    return _inplace(input, _act.relu) if inplace else _act.relu(input)
+
+
+def softmax(
+    input: Tensor,  # noqa: A002
+    dim: int | None = None,
+    _stacklevel: int = 3,
+    dtype: Any = None,
+) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``dim``."""
+    return _act.softmax(input, dim, dtype)
+
+
+def log_softmax(
+    input: Tensor,  # noqa: A002
+    dim: int | None = None,
+    _stacklevel: int = 3,
+    dtype: Any = None,
+) -> Tensor:
+    """log(softmax(x)) along ``dim``, computed stably."""
+    return _act.log_softmax(input, dim, dtype)
+
+
+# --- dropout (owned by lucid.ops.random)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:  # noqa: A002
+    """Zero each element with probability p and scale the rest by 1 / (1 - p), when training."""
+    from lucid.ops.random import dropout as _dropout
+
+    if inplace:
+        return _inplace(input, lambda x: _dropout(x, p, training))
+    return _dropout(input, p, training)
+
+
+# --- losses
+
+
+def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
+
+
+def _weight_operand(weight, default: float = 1.0):
+    return default if weight is None else weight
+
+
+def cross_entropy(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    ignore_index: int = -100,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross entropy between logits (N, C, ...) and class indices (N, ...) or probabilities."""
+    return apply(
+        "cross_entropy",
+        input,
+        target,
+        _weight_operand(weight),
+        ignore_index=int(ignore_index),
+        reduction=_legacy_reduction(size_average, reduce, reduction),
+        label_smoothing=float(label_smoothing),
+    )
+
+
+def nll_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    ignore_index: int = -100,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """Negative log likelihood of log-probabilities (N, C, ...) at class indices (N, ...)."""
+    return apply(
+        "nll_loss",
+        input,
+        target,
+        _weight_operand(weight),
+        ignore_index=int(ignore_index),
+        reduction=_legacy_reduction(size_average, reduce, reduction),
+    )
+
+
+def mse_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """Mean squared error (x - y)^2, reduced."""
+    return apply(
+        "mse_loss", input, target, reduction=_legacy_reduction(size_average, reduce, reduction)
+    )
+
+
+def l1_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """|x - y|, reduced."""
+    return apply(
+        "l1_loss", input, target, reduction=_legacy_reduction(size_average, reduce, reduction)
+    )
+
+
+def smooth_l1_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (d = x - y), reduced."""
+    if beta < 0:
+        raise ValueError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
+    return apply(
+        "smooth_l1_loss",
+        input,
+        target,
+        reduction=_legacy_reduction(size_average, reduce, reduction),
+        beta=float(beta),
+    )
+
+
+def huber_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    reduction: str = "mean",
+    delta: float = 1.0,
+) -> Tensor:
+    """0.5 d^2 where |d| <= delta, delta (|d| - 0.5 delta) elsewhere (d = x - y), reduced."""
+    if delta <= 0:
+        raise ValueError(f"huber_loss: delta must be positive, got {delta}")
+    return apply("huber_loss", input, target, reduction=reduction, delta=float(delta))
+
+
+def binary_cross_entropy(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """-w (y log x + (1 - y) log(1 - x)) with the logs clamped at -100, reduced."""
+    if tuple(input.shape) != tuple(target.shape):
+        raise ValueError(
+            f"binary_cross_entropy: target size {tuple(target.shape)} must be the same as input "
+            f"size {tuple(input.shape)}"
+        )
+    return apply(
+        "binary_cross_entropy",
+        input,
+        target,
+        _weight_operand(weight),
+        reduction=_legacy_reduction(size_average, reduce, reduction),
+    )
+
+
+def binary_cross_entropy_with_logits(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+    pos_weight: Tensor | None = None,
+) -> Tensor:
+    """-w (p y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))), p = pos_weight, reduced."""
+    if tuple(input.shape) != tuple(target.shape):
+        raise ValueError(
+            f"binary_cross_entropy_with_logits: target size {tuple(target.shape)} must be the "
+            f"same as input size {tuple(input.shape)}"
+        )
+    return apply(
+        "binary_cross_entropy_with_logits",
+        input,
+        target,
+        _weight_operand(weight),
+        _weight_operand(pos_weight),
+        reduction=_legacy_reduction(size_average, reduce, reduction),
+    )
