@@ -13,11 +13,13 @@ from lucid.nn.modules import (
     module,
     normalization,
     pooling,
+    rnn,
     sparse,
+    transformer,
 )
 from lucid.nn.parameter import Parameter
 
 __all__ = ["Parameter", "init"]
 for _m in (activation, container, conv, dropout, flatten, linear, loss, module, normalization,
-           pooling, sparse):  # fmt: skip
+           pooling, rnn, sparse, transformer):  # fmt: skip
     __all__ += _m.__all__

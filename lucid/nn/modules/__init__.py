@@ -10,4 +10,6 @@ from lucid.nn.modules.loss import *  # noqa: F403
 from lucid.nn.modules.module import *  # noqa: F403
 from lucid.nn.modules.normalization import *  # noqa: F403
 from lucid.nn.modules.pooling import *  # noqa: F403
+from lucid.nn.modules.rnn import *  # noqa: F403
 from lucid.nn.modules.sparse import *  # noqa: F403
+from lucid.nn.modules.transformer import *  # noqa: F403

@@ -1,0 +1,194 @@
+"""``LSTM``: multi-layer, optionally bidirectional, with torch's parameter names and layout."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lucid
+from lucid._tensor import Tensor
+from lucid.nn import init
+from lucid.nn.modules._utils import F, check_positive_int, empty_parameter, factory_dtype
+from lucid.nn.modules.module import Module
+
+__all__ = ["LSTM"]
+
+
+def _lstm_direction(
+    steps: list[Tensor],
+    h: Tensor | None,
+    c: Tensor | None,
+    w_hh: Tensor,
+    b_hh: Tensor | None,
+    w_hr: Tensor | None,
+    reverse: bool,
+) -> tuple[list[Tensor], Tensor, Tensor]:
+    """Run one direction of one layer over precomputed input projections ``steps[t]`` (N, 4H).
+
+    ``h``/``c`` None means a zero initial state: the first step then skips the recurrent matmul,
+    which keeps the unrolled graph free of shape-dependent constants.
+    """
+    outs: list[Tensor | None] = [None] * len(steps)
+    order = range(len(steps) - 1, -1, -1) if reverse else range(len(steps))
+    for t in order:
+        gates = steps[t]
+        if h is not None:
+            gates = gates + F.linear(h, w_hh, b_hh)
+        elif b_hh is not None:
+            gates = gates + b_hh
+        i, f, g, o = gates.chunk(4, -1)  # torch's gate order
+        i, f, g, o = lucid.sigmoid(i), lucid.sigmoid(f), lucid.tanh(g), lucid.sigmoid(o)
+        c = i * g if c is None else f * c + i * g
+        h = o * lucid.tanh(c)
+        if w_hr is not None:
+            h = F.linear(h, w_hr)
+        outs[t] = h
+    if h is None or c is None:
+        raise ValueError("LSTM: the input sequence has no time steps")
+    return [o for o in outs if o is not None], h, c
+
+
+class LSTM(Module):
+    """Long short-term memory over (T, N, input_size) inputs ((N, T, ...) with ``batch_first``).
+
+    ``forward(input, (h_0, c_0)=None)`` returns ``output, (h_n, c_n)`` as torch. Gates are ordered
+    i, f, g, o in ``weight_ih_l{k}`` (4*hidden_size, input) and ``weight_hh_l{k}``; every
+    parameter starts as U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        for name, v in (
+            ("input_size", input_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            check_positive_int(v, name, "LSTM")
+        if isinstance(dropout, bool) or not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout should be a number in range [0, 1], got {dropout}")
+        if isinstance(proj_size, bool) or not isinstance(proj_size, int):
+            raise TypeError(f"LSTM: proj_size must be an int, got {proj_size!r}")
+        if not 0 <= proj_size < hidden_size:
+            raise ValueError(
+                f"LSTM: proj_size ({proj_size}) must be in [0, hidden_size={hidden_size})"
+            )
+        dt = factory_dtype(device, dtype)
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional, self.proj_size = bidirectional, proj_size
+        out_size = proj_size if proj_size > 0 else hidden_size
+        dirs = 2 if bidirectional else 1
+        gate = 4 * hidden_size
+        for layer in range(num_layers):
+            layer_in = input_size if layer == 0 else out_size * dirs
+            for d in range(dirs):
+                sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
+                setattr(self, "weight_ih" + sfx, empty_parameter((gate, layer_in), dt))
+                setattr(self, "weight_hh" + sfx, empty_parameter((gate, out_size), dt))
+                if bias:
+                    setattr(self, "bias_ih" + sfx, empty_parameter((gate,), dt))
+                    setattr(self, "bias_hh" + sfx, empty_parameter((gate,), dt))
+                if proj_size > 0:
+                    setattr(self, "weight_hr" + sfx, empty_parameter((proj_size, hidden_size), dt))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            init.uniform_(p, -stdv, stdv)
+
+    def flatten_parameters(self) -> None:
+        """No-op (cuDNN weight packing has no meaning here); kept for torch compatibility."""
+
+    def _weights(self, layer: int, direction: int) -> tuple:
+        sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
+        get = self._parameters.get
+        return (
+            get("weight_ih" + sfx),
+            get("weight_hh" + sfx),
+            get("bias_ih" + sfx),
+            get("bias_hh" + sfx),
+            get("weight_hr" + sfx),
+        )
+
+    def forward(
+        self,
+        input: Tensor,
+        hx: tuple[Tensor, Tensor] | None = None,  # noqa: A002
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        if input.ndim not in (2, 3):
+            raise ValueError(f"LSTM: expected input to be 2-D or 3-D, got {input.ndim}-D")
+        if input.shape[-1] != self.input_size:
+            raise ValueError(
+                f"LSTM: input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                f"got {input.shape[-1]}"
+            )
+        batched = input.ndim == 3
+        x = input if not batched or not self.batch_first else input.transpose(0, 1)
+        if not batched:
+            x = x.unsqueeze(1)
+        dirs = 2 if self.bidirectional else 1
+        out_size = self.proj_size if self.proj_size > 0 else self.hidden_size
+        h0s: list[Any] = [None] * (self.num_layers * dirs)
+        c0s: list[Any] = [None] * (self.num_layers * dirs)
+        if hx is not None:
+            h0, c0 = hx
+            if not batched:
+                h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
+            n = x.shape[1]
+            for name, t, size in (("h_0", h0, out_size), ("c_0", c0, self.hidden_size)):
+                want = (self.num_layers * dirs, n, size)
+                if tuple(t.shape) != want:
+                    raise ValueError(f"LSTM: expected {name} of shape {want}, got {tuple(t.shape)}")
+            h0s, c0s = list(h0.unbind(0)), list(c0.unbind(0))
+        h_n, c_n = [], []
+        layer_input = x
+        for layer in range(self.num_layers):
+            dir_outputs = []
+            for d in range(dirs):
+                w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, d)
+                steps = list(F.linear(layer_input, w_ih, b_ih).unbind(0))
+                idx = layer * dirs + d
+                outs, h, c = _lstm_direction(
+                    steps, h0s[idx], c0s[idx], w_hh, b_hh, w_hr, reverse=d == 1
+                )
+                dir_outputs.append(lucid.stack(outs, 0))
+                h_n.append(h)
+                c_n.append(c)
+            layer_input = dir_outputs[0] if dirs == 1 else lucid.cat(dir_outputs, -1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                layer_input = F.dropout(layer_input, self.dropout, True)
+        output, h_n_t, c_n_t = layer_input, lucid.stack(h_n, 0), lucid.stack(c_n, 0)
+        if not batched:
+            return output.squeeze(1), (h_n_t.squeeze(1), c_n_t.squeeze(1))
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        return output, (h_n_t, c_n_t)
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if not self.bias:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s
