@@ -14,6 +14,12 @@ from lucid.ops import activation as _act
 from lucid.ops.conv import conv1d, conv2d, linear
 
 __all__ = [
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "max_pool1d",
+    "max_pool2d",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "conv1d",
@@ -321,3 +327,175 @@ def binary_cross_entropy_with_logits(
         _weight_operand(pos_weight),
         reduction=_legacy_reduction(size_average, reduce, reduction),
     )
+
+
+# --- pooling
+
+
+def _pool_pair(v, name: str, op: str) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    t = tuple(v)
+    if len(t) == 1:
+        t = t * 2
+    if len(t) != 2 or not all(isinstance(i, int) for i in t):
+        raise ValueError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+    return t
+
+
+def _batched(input: Tensor, spatial: int, op: str) -> tuple[Tensor, bool]:  # noqa: A002
+    """Adds the batch dim to an unbatched input; says whether it did."""
+    if input.ndim == spatial + 1:
+        return input.reshape(1, *input.shape), True
+    if input.ndim != spatial + 2:
+        raise ValueError(
+            f"{op}: expected a {spatial + 1}-d or {spatial + 2}-d input, got shape "
+            f"{tuple(input.shape)}"
+        )
+    return input, False
+
+
+def _unbatch(out: Tensor, unbatched: bool) -> Tensor:
+    return out.reshape(*out.shape[1:]) if unbatched else out
+
+
+def max_pool2d(
+    input: Tensor,  # noqa: A002
+    kernel_size: int | tuple[int, int],
+    stride: int | tuple[int, int] | None = None,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Max over (dilated) windows; with ``return_indices`` also each max's flat H*W index."""
+    kernel = _pool_pair(kernel_size, "kernel_size", "max_pool2d")
+    x, unbatched = _batched(input, 2, "max_pool2d")
+    values, indices = apply(
+        "max_pool2d",
+        x,
+        kernel_size=kernel,
+        stride=kernel
+        if stride is None or stride == ()
+        else _pool_pair(stride, "stride", "max_pool2d"),
+        padding=_pool_pair(padding, "padding", "max_pool2d"),
+        dilation=_pool_pair(dilation, "dilation", "max_pool2d"),
+        ceil_mode=bool(ceil_mode),
+    )
+    values, indices = _unbatch(values, unbatched), _unbatch(indices, unbatched)
+    return (values, indices) if return_indices else values
+
+
+def avg_pool2d(
+    input: Tensor,  # noqa: A002
+    kernel_size: int | tuple[int, int],
+    stride: int | tuple[int, int] | None = None,
+    padding: int | tuple[int, int] = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """Mean over windows (``count_include_pad``: padded zeros count in the divisor)."""
+    kernel = _pool_pair(kernel_size, "kernel_size", "avg_pool2d")
+    if divisor_override is not None and divisor_override <= 0:
+        raise ValueError(f"avg_pool2d: divisor_override must be positive, got {divisor_override}")
+    x, unbatched = _batched(input, 2, "avg_pool2d")
+    out = apply(
+        "avg_pool2d",
+        x,
+        kernel_size=kernel,
+        stride=kernel
+        if stride is None or stride == ()
+        else _pool_pair(stride, "stride", "avg_pool2d"),
+        padding=_pool_pair(padding, "padding", "avg_pool2d"),
+        ceil_mode=bool(ceil_mode),
+        count_include_pad=bool(count_include_pad),
+        divisor_override=divisor_override,
+    )
+    return _unbatch(out, unbatched)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: int | tuple[int | None, int | None]) -> Tensor:  # noqa: A002
+    """Mean over windows chosen so the output has ``output_size`` (None keeps that dim)."""
+    x, unbatched = _batched(input, 2, "adaptive_avg_pool2d")
+    sizes = (
+        (output_size, output_size)
+        if isinstance(output_size, int) or output_size is None
+        else tuple(output_size)
+    )
+    if len(sizes) != 2:
+        raise ValueError(
+            f"adaptive_avg_pool2d: output_size must be an int or a pair, got {output_size!r}"
+        )
+    sizes = tuple(x.shape[2 + i] if s is None else int(s) for i, s in enumerate(sizes))
+    return _unbatch(apply("adaptive_avg_pool2d", x, output_size=sizes), unbatched)
+
+
+def _as_1d(input: Tensor, op: str) -> tuple[Tensor, bool]:  # noqa: A002
+    x, unbatched = _batched(input, 1, op)
+    return x.reshape(x.shape[0], x.shape[1], 1, x.shape[2]), unbatched
+
+
+def _from_1d(out: Tensor, unbatched: bool) -> Tensor:
+    out = out.reshape(out.shape[0], out.shape[1], out.shape[3])
+    return _unbatch(out, unbatched)
+
+
+def _one(v, name: str, op: str) -> int:
+    if isinstance(v, int):
+        return v
+    t = tuple(v)
+    if len(t) != 1 or not isinstance(t[0], int):
+        raise ValueError(f"{op}: {name} must be an int or a 1-tuple, got {v!r}")
+    return t[0]
+
+
+def max_pool1d(
+    input: Tensor,  # noqa: A002
+    kernel_size: int | tuple[int],
+    stride: int | tuple[int] | None = None,
+    padding: int | tuple[int] = 0,
+    dilation: int | tuple[int] = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """1-d max pooling over (N, C, L) or (C, L), run as max_pool2d over a height of 1."""
+    k = _one(kernel_size, "kernel_size", "max_pool1d")
+    s = k if stride is None or stride == () else _one(stride, "stride", "max_pool1d")
+    x, unbatched = _as_1d(input, "max_pool1d")
+    values, indices = max_pool2d(
+        x,
+        (1, k),
+        (1, s),
+        (0, _one(padding, "padding", "max_pool1d")),
+        (1, _one(dilation, "dilation", "max_pool1d")),
+        ceil_mode,
+        return_indices=True,
+    )
+    values, indices = _from_1d(values, unbatched), _from_1d(indices, unbatched)
+    return (values, indices) if return_indices else values
+
+
+def avg_pool1d(
+    input: Tensor,  # noqa: A002
+    kernel_size: int | tuple[int],
+    stride: int | tuple[int] | None = None,
+    padding: int | tuple[int] = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """1-d average pooling over (N, C, L) or (C, L)."""
+    k = _one(kernel_size, "kernel_size", "avg_pool1d")
+    s = k if stride is None or stride == () else _one(stride, "stride", "avg_pool1d")
+    x, unbatched = _as_1d(input, "avg_pool1d")
+    out = avg_pool2d(
+        x, (1, k), (1, s), (0, _one(padding, "padding", "avg_pool1d")), ceil_mode, count_include_pad
+    )
+    return _from_1d(out, unbatched)
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size: int | tuple[int]) -> Tensor:  # noqa: A002
+    """1-d adaptive average pooling over (N, C, L) or (C, L)."""
+    x, unbatched = _as_1d(input, "adaptive_avg_pool1d")
+    out = adaptive_avg_pool2d(x, (1, _one(output_size, "output_size", "adaptive_avg_pool1d")))
+    return _from_1d(out, unbatched)
