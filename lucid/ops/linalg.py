@@ -1,5 +1,354 @@
-"""Linalg ops."""
+"""Linear algebra: matmul (``@``), mm, bmm, einsum, outer, dot.
+
+``matmul`` and ``einsum`` are registry ops; ``mm``, ``bmm``, ``dot`` and ``outer`` are composites
+that add PyTorch's stricter shape checks. ``einsum`` equations are canonicalised in the front
+(``...`` becomes explicit letters, the implicit output is spelled out), so the op's attribute is a
+plain equation whose VJP is an einsum too.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lucid._dispatch import apply
+from lucid._dtype import result_type
+from lucid._tensor import Tensor
+from lucid.ops._front import tensor_method
+from lucid.ops._registry import (
+    PROMOTE,
+    SYMBOLIC_BATCH_SAFE,
+    AVal,
+    OpDef,
+    broadcast_shapes,
+    register,
+)
+
+__all__ = ["matmul", "mm", "bmm", "einsum", "outer", "dot"]
+
+_PROPS = frozenset({PROMOTE, SYMBOLIC_BATCH_SAFE})
+
+
+# --- matmul -------------------------------------------------------------------------------------
+
+
+def _matmul_infer(x, y):
+    xs, ys = tuple(getattr(x, "shape", ())), tuple(getattr(y, "shape", ()))
+    if len(xs) == 0 or len(ys) == 0:
+        raise ValueError(f"matmul: both arguments need at least 1 dim, got shapes {xs} and {ys}")
+    x2 = (1, *xs) if len(xs) == 1 else xs
+    y2 = (*ys, 1) if len(ys) == 1 else ys
+    k1, k2 = x2[-1], y2[-2]
+    if k1 is not None and k2 is not None and k1 != k2:
+        raise ValueError(
+            f"matmul: shapes {xs} and {ys} cannot be multiplied ({k1} != {k2} in the contracted "
+            "dim)"
+        )
+    batch = broadcast_shapes(x2[:-2], y2[:-2], op=f"matmul of {xs} and {ys}: batch dims")
+    out = batch + ((x2[-2],) if len(xs) > 1 else ()) + ((y2[-1],) if len(ys) > 1 else ())
+    return AVal(out, result_type(x, y))
+
+
+def _matmul_kernel(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.matmul(x, y)
+
+
+def _matmul_vjp(c, g):
+    x, y = c.inputs
+    if x.ndim == 1 and y.ndim == 1:
+        return g * y, g * x
+    # Promote 1-d operands to matrices as matmul does, so one pair of products covers every case;
+    # autograd then sums broadcast batch dims back to each operand's shape.
+    x2 = x.unsqueeze(0) if x.ndim == 1 else x
+    y2 = y.unsqueeze(-1) if y.ndim == 1 else y
+    g2 = g.unsqueeze(-2) if x.ndim == 1 else g
+    g2 = g2.unsqueeze(-1) if y.ndim == 1 else g2
+    gx = gy = None
+    if c.needs_input_grad[0]:
+        gx = matmul(g2, y2.mT)
+        gx = gx.squeeze(-2) if x.ndim == 1 else gx
+    if c.needs_input_grad[1]:
+        gy = matmul(x2.mT, g2)
+        gy = gy.squeeze(-1) if y.ndim == 1 else gy
+    return gx, gy
+
+
+register(
+    OpDef(
+        "matmul",
+        ("x", "y"),
+        _matmul_infer,
+        _matmul_kernel,
+        _matmul_vjp,
+        props=_PROPS,
+        saves_outputs=False,
+    )
+)
+
+
+def _as_tensor(v: Any) -> Any:
+    if isinstance(v, (Tensor, bool, int, float)):
+        return v
+    return Tensor(v)
+
+
+@tensor_method("matmul", "__matmul__")
+def matmul(x: Tensor, y: Tensor) -> Tensor:
+    """Matrix product with PyTorch's rules: 1-d·1-d is a dot product, a 1-d operand is a row
+    (left) or column (right) vector that is dropped from the result, and leading dims are batch
+    dims that broadcast."""
+    return apply("matmul", x, _as_tensor(y))
+
+
+def _rmatmul(y: Tensor, x: Any) -> Tensor:
+    return apply("matmul", _as_tensor(x), y)
+
+
+Tensor.__rmatmul__ = _rmatmul
+
+
+@tensor_method()
+def mm(x: Tensor, y: Tensor) -> Tensor:
+    """Product of two matrices (both strictly 2-d)."""
+    if x.ndim != 2 or y.ndim != 2:
+        raise ValueError(
+            f"mm: both arguments must be 2-d matrices, got shapes {tuple(x.shape)} and "
+            f"{tuple(y.shape)}"
+        )
+    return matmul(x, y)
+
+
+@tensor_method()
+def bmm(x: Tensor, y: Tensor) -> Tensor:
+    """Batched product of (b, n, m) and (b, m, p) tensors: strictly 3-d, equal batch sizes."""
+    if x.ndim != 3 or y.ndim != 3:
+        raise ValueError(
+            f"bmm: both arguments must be 3-d, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    bx, by = x.shape[0], y.shape[0]
+    if bx is not None and by is not None and bx != by:
+        raise ValueError(
+            f"bmm: batch sizes differ: {tuple(x.shape)} and {tuple(y.shape)} ({bx} != {by})"
+        )
+    return matmul(x, y)
+
+
+@tensor_method()
+def dot(x: Tensor, y: Tensor) -> Tensor:
+    """Dot product of two 1-d tensors of the same length."""
+    if x.ndim != 1 or y.ndim != 1:
+        raise ValueError(
+            f"dot: both arguments must be 1-d, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    if x.shape[0] is not None and y.shape[0] is not None and x.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"dot: the lengths differ: {x.shape[0]} and {y.shape[0]} (shapes {tuple(x.shape)} "
+            f"and {tuple(y.shape)})"
+        )
+    return matmul(x, y)
+
+
+@tensor_method("outer", "ger")
+def outer(x: Tensor, y: Tensor) -> Tensor:
+    """The outer product ``x[i] * y[j]`` of two 1-d tensors."""
+    if x.ndim != 1 or y.ndim != 1:
+        raise ValueError(
+            f"outer: both arguments must be 1-d, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    return x.unsqueeze(1) * y.unsqueeze(0)
+
+
+# --- einsum -------------------------------------------------------------------------------------
+
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _tokens(term: str, equation: str) -> list[str]:
+    out, i = [], 0
+    while i < len(term):
+        if term.startswith("...", i):
+            out.append("...")
+            i += 3
+        elif term[i] in _LETTERS:
+            out.append(term[i])
+            i += 1
+        else:
+            raise ValueError(f"einsum: invalid subscript {term[i]!r} in equation {equation!r}")
+    if out.count("...") > 1:
+        raise ValueError(f"einsum: more than one '...' in term {term!r} of {equation!r}")
+    return out
+
+
+def canonical_equation(equation: str, ndims: Sequence[int]) -> str:
+    """``equation`` with ``...`` replaced by fresh letters and the output spelled out.
+
+    Ellipsis dims broadcast from the right, as numpy's; if the output omits ``...``, the
+    ellipsis dims are summed.
+    """
+    eq = equation.replace(" ", "")
+    if eq.count("->") > 1:
+        raise ValueError(f"einsum: more than one '->' in {equation!r}")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = [_tokens(t, equation) for t in lhs.split(",")]
+    if len(terms) != len(ndims):
+        raise ValueError(
+            f"einsum: the equation {equation!r} has {len(terms)} operand terms but "
+            f"{len(ndims)} operands were given"
+        )
+    used = {ch for ch in eq if ch in _LETTERS}
+    fresh = [ch for ch in _LETTERS if ch not in used]
+    n_ell = 0
+    for i, (term, nd) in enumerate(zip(terms, ndims, strict=True)):
+        n_labels = len(term) - ("..." in term)
+        if n_labels > nd or ("..." not in term and n_labels != nd):
+            raise ValueError(
+                f"einsum: term {''.join(term)!r} of {equation!r} has {n_labels} subscripts but "
+                f"operand {i} has {nd} dims"
+            )
+        if "..." in term:
+            n_ell = max(n_ell, nd - n_labels)
+    if n_ell > len(fresh):
+        raise ValueError(f"einsum: too many dims for {equation!r}")
+    ell = fresh[:n_ell]
+
+    def spell(term: list[str], nd: int) -> str:
+        k = nd - (len(term) - 1)
+        return "".join(("".join(ell[n_ell - k :]) if tok == "..." else tok) for tok in term)
+
+    ins = [spell(t, nd) for t, nd in zip(terms, ndims, strict=True)]
+    if arrow:
+        out_tokens = _tokens(rhs, equation)
+        labels = [t for t in out_tokens if t != "..."]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"einsum: an output subscript repeats in {equation!r}")
+        for t in labels:
+            if not any(t in term for term in terms):
+                raise ValueError(
+                    f"einsum: output subscript {t!r} appears in no input of {equation!r}"
+                )
+        out = spell(out_tokens, len(out_tokens) - 1 + n_ell) if "..." in out_tokens else rhs
+    else:
+        counts: dict[str, int] = {}
+        for term in terms:
+            for t in term:
+                if t != "...":
+                    counts[t] = counts.get(t, 0) + 1
+        out = "".join(ell) + "".join(sorted(t for t, n in counts.items() if n == 1))
+    return ",".join(ins) + "->" + out
+
+
+def _label_sizes(equation: str, shapes: Sequence[tuple]) -> dict[str, Any]:
+    lhs, _, _ = equation.partition("->")
+    sizes: dict[str, Any] = {}
+    for i, (term, shape) in enumerate(zip(lhs.split(","), shapes, strict=True)):
+        for label, n in zip(term, shape, strict=True):
+            have = sizes.get(label, 1)
+            if n == 1:
+                sizes.setdefault(label, 1)
+            elif n is None:
+                if have == 1:
+                    sizes[label] = None
+            elif have in (1, None):
+                sizes[label] = n
+            elif have != n:
+                raise ValueError(
+                    f"einsum: subscript {label!r} has size {have} in one operand and {n} in "
+                    f"operand {i} ({equation!r}, shapes {[tuple(s) for s in shapes]})"
+                )
+    return sizes
+
+
+def _einsum_infer(operands, equation):
+    if not operands:
+        raise ValueError("einsum: needs at least one operand")
+    shapes = [tuple(getattr(x, "shape", ())) for x in operands]
+    eq = canonical_equation(equation, [len(s) for s in shapes])
+    sizes = _label_sizes(eq, shapes)
+    out = eq.partition("->")[2]
+    return AVal(tuple(sizes[label] for label in out), result_type(*operands))
+
+
+def _einsum_kernel(operands: list, equation: str) -> np.ndarray:
+    eq = canonical_equation(equation, [a.ndim for a in operands])
+    r = np.einsum(eq, *operands, optimize=len(operands) > 2)
+    if any(np.may_share_memory(r, a) for a in operands):
+        r = r.copy()  # einsum may return a view (a transpose, a diagonal)
+    return r
+
+
+def _einsum_operand_grad(g, operands, k, eq, shape):
+    """The gradient of operand ``k`` of the canonical einsum ``eq``, as an einsum of ``g``."""
+    lhs, _, out = eq.partition("->")
+    terms = lhs.split(",")
+    term = terms[k]
+    others = [t for j, t in enumerate(terms) if j != k]
+    available = set(out).union(*others)
+    uniq = list(dict.fromkeys(term))
+    keep = "".join(label for label in uniq if label in available)
+    inputs = [g] + [x for j, x in enumerate(operands) if j != k]
+    grad = apply("einsum", inputs, equation=",".join([out, *others]) + "->" + keep)
+    first = {label: shape[term.index(label)] for label in uniq}
+    if len(keep) != len(uniq):
+        # Labels summed inside this operand alone: their gradient is g broadcast along them.
+        grad = grad.reshape(
+            tuple(grad.shape[keep.index(lab)] if lab in keep else 1 for lab in uniq)
+        )
+        grad = grad.expand(*(-1 if lab in keep else first[lab] for lab in uniq))
+    if len(uniq) != len(term):
+        # A repeated label reads a diagonal: its gradient lives on the diagonal, placed there by
+        # products with identity matrices.
+        used = set(eq)
+        fresh = iter(ch for ch in _LETTERS if ch not in used)
+        spelled, eyes, seen = [], [], set()
+        for label in term:
+            if label in seen:
+                new = next(fresh)
+                spelled.append(new)
+                n = first[label]
+                eyes.append((label + new, Tensor._wrap(np.eye(n, dtype=grad.dtype.numpy))))
+            else:
+                spelled.append(label)
+                seen.add(label)
+        sub = ",".join(["".join(uniq), *(s for s, _ in eyes)]) + "->" + "".join(spelled)
+        grad = apply("einsum", [grad, *(e for _, e in eyes)], equation=sub)
+    return grad
+
+
+def _einsum_vjp(c, g):
+    operands = c.inputs[0]
+    eq = canonical_equation(c.attrs["equation"], [x.ndim for x in operands])
+    grads = []
+    for k, (x, need) in enumerate(zip(operands, c.needs_input_grad, strict=True)):
+        grads.append(_einsum_operand_grad(g, operands, k, eq, tuple(x.shape)) if need else None)
+    return (grads,)
+
+
+register(
+    OpDef(
+        "einsum",
+        ("operands*",),
+        _einsum_infer,
+        _einsum_kernel,
+        _einsum_vjp,
+        attrs={"equation": ""},
+        props=frozenset({PROMOTE}),
+        saves_outputs=False,
+    )
+)
+
+
+def einsum(equation: str, *operands: Any) -> Tensor:
+    """Einstein summation, as ``torch.einsum``: ``einsum("bij,bjk->bik", a, b)``. Supports
+    ``...``, the implicit output (labels used once, in alphabetical order), repeated labels
+    (diagonals) and size-1 broadcasting."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    for i, x in enumerate(operands):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"einsum: operand {i} is a {type(x).__name__}, not a Tensor")
+    if not isinstance(equation, str):
+        raise TypeError(f"einsum: the equation must be a string, got {type(equation).__name__}")
+    eq = canonical_equation(equation, [x.ndim for x in operands])
+    return apply("einsum", list(operands), equation=eq)

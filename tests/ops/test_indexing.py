@@ -1,0 +1,352 @@
+"""Indexing: __getitem__/__setitem__ against numpy, gather/scatter/index_select/masked_fill
+against their documented formulas, gradients against finite differences, clear errors."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import lucid
+from lucid.ops import REGISTRY
+from lucid.ops._registry import DATA_DEPENDENT
+from lucid.testing import assert_close, gradcheck
+
+
+def rand(*shape, seed=0, grad=True):
+    data = np.random.default_rng(seed).standard_normal(shape)
+    return lucid.tensor(data, dtype=lucid.float64, requires_grad=grad)
+
+
+def arr(x):
+    return x.detach().numpy()
+
+
+IDX = lucid.tensor([2, 0, 2])  # repeats: gradients must add up
+IDX2 = lucid.tensor([[0, 1], [2, 2]])
+
+# (index as written for lucid, the same index for numpy)
+GETITEM_CASES = [
+    (1, 1),
+    (-1, -1),
+    ((0, 2), (0, 2)),
+    ((1, -1, 0), (1, -1, 0)),
+    (slice(1, None), slice(1, None)),
+    ((slice(None, None, 2), slice(-3, -1)), (slice(None, None, 2), slice(-3, -1))),
+    ((slice(None), slice(None, None, -1)), (slice(None), slice(None, None, -1))),
+    (None, None),
+    ((Ellipsis, 1), (Ellipsis, 1)),
+    ((0, Ellipsis, None, slice(1, 3)), (0, Ellipsis, None, slice(1, 3))),
+    (IDX, IDX.numpy()),
+    ((slice(None), IDX), (slice(None), IDX.numpy())),
+    ([0, 2], [0, 2]),
+    ((IDX, slice(None), lucid.tensor([1, 2, 3])), (IDX.numpy(), slice(None), [1, 2, 3])),
+    ((slice(None), IDX2, 1), (slice(None), IDX2.numpy(), 1)),  # int + tensor adjacent
+    ((0, slice(None), IDX2), (0, slice(None), IDX2.numpy())),  # separated: dims go first
+    ((IDX2[:, :1], IDX2[:1]), (IDX2.numpy()[:, :1], IDX2.numpy()[:1])),  # index broadcast
+    ((Ellipsis, lucid.tensor([0, 0])), (Ellipsis, [0, 0])),
+]
+
+
+@pytest.mark.parametrize(("index", "np_index"), GETITEM_CASES)
+def test_getitem_matches_numpy(index, np_index):
+    x = rand(3, 4, 5, grad=False)
+    assert_close(x[index], arr(x)[np_index])
+
+
+@pytest.mark.parametrize(("index", "np_index"), GETITEM_CASES)
+def test_getitem_gradient(index, np_index):
+    gradcheck(lambda t: t[index], rand(3, 4, 5))
+
+
+def test_getitem_bool_mask():
+    x = rand(3, 4)
+    mask = x.detach() > 0
+    assert_close(x[mask], arr(x)[arr(x) > 0])
+    row_mask = lucid.tensor([True, False, True])
+    assert_close(x[row_mask, 1:], arr(x)[[True, False, True], 1:])
+    assert_close(x[:, [True, False, False, True]], arr(x)[:, [True, False, False, True]])
+    gradcheck(lambda t: t[mask], x)
+    gradcheck(lambda t: t[row_mask], x)
+
+
+def test_bool_mask_goes_through_a_data_dependent_op():
+    assert DATA_DEPENDENT in REGISTRY["nonzero"].props
+    assert DATA_DEPENDENT not in REGISTRY["index"].props
+    x = lucid.tensor([[0.0, 1.0], [2.0, 0.0]])
+    assert_close(lucid.nonzero(x), np.argwhere(x.numpy()))
+    rows, cols = x.nonzero(as_tuple=True)
+    assert_close(rows, [0, 1])
+    assert_close(cols, [1, 0])
+
+
+def test_getitem_on_0d_and_scalar_results():
+    x = rand()
+    assert_close(x[None], arr(x)[None])
+    assert_close(x[...], arr(x))
+    y = rand(3)
+    assert y[1].shape == ()
+    assert_close(y[1], arr(y)[1])
+
+
+@given(data=st.data())
+def test_random_basic_and_advanced_indices_match_numpy(data):
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    x = rand(*shape, grad=False)
+    items, np_items = [], []
+    dim = 0
+    while dim < len(shape) and data.draw(st.booleans()):
+        n = shape[dim]
+        kind = data.draw(st.sampled_from(["int", "slice", "none", "tensor"]))
+        if kind == "int":
+            i = data.draw(st.integers(-n, n - 1))
+            items.append(i)
+            np_items.append(i)
+        elif kind == "slice":
+            start = data.draw(st.none() | st.integers(-n - 1, n + 1))
+            stop = data.draw(st.none() | st.integers(-n - 1, n + 1))
+            step = data.draw(st.none() | st.integers(-3, 3).filter(bool))
+            items.append(slice(start, stop, step))
+            np_items.append(slice(start, stop, step))
+        elif kind == "none":
+            items.append(None)
+            np_items.append(None)
+            continue
+        else:
+            ix = np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=3)))
+            items.append(lucid.tensor(ix))
+            np_items.append(ix)
+        dim += 1
+    assert_close(x[tuple(items)], arr(x)[tuple(np_items)])
+
+
+def test_getitem_errors():
+    x = rand(2, 3)
+    with pytest.raises(IndexError, match="too many indices"):
+        x[0, 1, 2]
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dim 1 with size 3"):
+        x[0, 3]
+    with pytest.raises(IndexError, match="single ellipsis"):
+        x[..., ...]
+    with pytest.raises(IndexError, match="integer or bool"):
+        x[lucid.tensor([0.0])]
+    with pytest.raises(ValueError, match="step cannot be zero"):
+        x[::0]
+    with pytest.raises(IndexError, match="does not match"):
+        x[lucid.tensor([True, False, True])]
+    with pytest.raises(IndexError, match="valid indices"):
+        x["a"]
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[lucid.tensor([5])]
+
+
+# --- setitem ------------------------------------------------------------------------------------
+
+
+SETITEM_CASES = [
+    (1, (5,)),
+    ((slice(None), 2), (3,)),
+    ((slice(0, 2), slice(1, None, 2)), (2, 2)),
+    ((Ellipsis, None, 0), (1,)),
+    (IDX, (3, 5)),
+    ((lucid.tensor([0, 2]), lucid.tensor([4, 1])), ()),
+    ((slice(None), [0, 3]), (1, 2)),  # values broadcast
+]
+
+
+def _to_numpy_index(index):
+    if isinstance(index, tuple):
+        return tuple(_to_numpy_index(i) for i in index)
+    return index.numpy() if isinstance(index, lucid.Tensor) else index
+
+
+@pytest.mark.parametrize(("index", "vshape"), SETITEM_CASES)
+def test_setitem_matches_numpy(index, vshape):
+    x = rand(3, 5, grad=False)
+    v = rand(*vshape, seed=1, grad=False)
+    expected = arr(x).copy()
+    expected[_to_numpy_index(index)] = arr(v)
+    version = x._version_count
+    x[index] = v
+    assert_close(x, expected)
+    assert x._version_count == version + 1
+
+
+@pytest.mark.parametrize(("index", "vshape"), SETITEM_CASES[:4] + SETITEM_CASES[5:])
+def test_setitem_gradient_reaches_tensor_and_value(index, vshape):
+    def f(t, v):
+        y = t * 1.0
+        y[index] = v
+        return y * y
+
+    gradcheck(f, rand(3, 5), rand(*vshape, seed=1))
+
+
+def test_setitem_scalar_mask_and_dtype_cast():
+    x = lucid.tensor([[1, 2], [3, 4]])
+    x[x > 2] = 0
+    assert_close(x, np.array([[1, 2], [0, 0]]))
+    assert x.dtype is lucid.int64
+    y = lucid.zeros(3) if hasattr(lucid, "zeros") else lucid.tensor([0.0, 0.0, 0.0])
+    y[1] = lucid.tensor(2.5, dtype=lucid.float64)
+    assert y.dtype is lucid.float32
+    assert_close(y, np.array([0.0, 2.5, 0.0], dtype=np.float32))
+    y[[0, 2]] = [7.0, 8.0]
+    assert_close(y, np.array([7.0, 2.5, 8.0], dtype=np.float32))
+
+
+def test_setitem_errors():
+    x = rand(3, 4, grad=False)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        x[0] = rand(3, grad=False)
+    leaf = rand(3)
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        leaf[0] = 1.0
+
+
+def test_index_put_accumulates_repeats():
+    x = lucid.tensor([0.0, 0.0, 0.0])
+    out = x.index_put((lucid.tensor([0, 2, 0]),), lucid.tensor([1.0, 2.0, 3.0]), accumulate=True)
+    assert_close(out, np.array([4.0, 0.0, 2.0], dtype=np.float32))
+    assert_close(x, np.zeros(3, dtype=np.float32))
+
+
+# --- gather / scatter ---------------------------------------------------------------------------
+
+
+def _gather_reference(x, dim, index):
+    out = np.empty(index.shape, x.dtype)
+    for pos in np.ndindex(*index.shape):
+        src = list(pos)
+        src[dim] = index[pos]
+        out[pos] = x[tuple(src)]
+    return out
+
+
+@given(dim=st.integers(-3, 2), seed=st.integers(0, 5))
+def test_gather_matches_documented_formula(dim, seed):
+    rng = np.random.default_rng(seed)
+    x = rand(3, 4, 2, seed=seed, grad=False)
+    ishape = [int(rng.integers(1, n + 1)) for n in (3, 4, 2)]
+    d = dim % 3
+    ishape[d] = 5  # the gathered dim may be longer than x's
+    index = rng.integers(0, x.shape[d], size=ishape)
+    out = lucid.gather(x, dim, lucid.tensor(index))
+    assert_close(out, _gather_reference(arr(x), d, index))
+
+
+def test_gather_gradient_and_errors():
+    x = rand(3, 4)
+    index = lucid.tensor([[0, 2], [1, 1], [3, 0]])
+    gradcheck(lambda t: t.gather(1, index), x)
+    gradcheck(lambda t: t.gather(0, lucid.tensor([[2, 0, 0, 1]])), x)
+    with pytest.raises(ValueError, match="same number of dims"):
+        x.gather(1, lucid.tensor([0, 1]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        x.gather(1, lucid.tensor([[0.0]]))
+    with pytest.raises(ValueError, match="larger than the tensor"):
+        x.gather(1, lucid.tensor([[0]] * 4))
+
+
+def _scatter_reference(x, dim, index, src, add):
+    out = x.copy()
+    for pos in np.ndindex(*index.shape):
+        dst = list(pos)
+        dst[dim] = index[pos]
+        value = src[pos] if np.ndim(src) else src
+        if add:
+            out[tuple(dst)] += value
+        else:
+            out[tuple(dst)] = value
+    return out
+
+
+def test_scatter_and_scatter_add_match_documented_formula():
+    x = rand(3, 4, grad=False)
+    index = lucid.tensor([[0, 2], [1, 1]])
+    src = rand(2, 3, seed=1, grad=False)
+    for dim in (0, 1):
+        expected = _scatter_reference(arr(x), dim, index.numpy(), arr(src), add=False)
+        assert_close(x.scatter(dim, index, src), expected)
+        expected = _scatter_reference(arr(x), dim, index.numpy(), arr(src), add=True)
+        assert_close(lucid.scatter_add(x, dim, index, src), expected)
+        assert_close(x.scatter(dim, index, src, reduce="add"), expected)
+    expected = _scatter_reference(arr(x), 1, index.numpy(), 9.0, add=False)
+    assert_close(x.scatter(1, index, value=9.0), expected)
+    assert_close(lucid.scatter(x, 1, index, 9.0), expected)
+
+
+def test_scatter_gradients():
+    index = lucid.tensor([[0, 2], [1, 3]])
+    gradcheck(lambda t, s: t.scatter(1, index, s), rand(3, 4), rand(2, 3, seed=1))
+    gradcheck(lambda t, s: t.scatter_add(1, index, s), rand(3, 4), rand(2, 2, seed=1))
+    repeated = lucid.tensor([[0, 0, 1]])
+    gradcheck(lambda t, s: t.scatter_add(0, repeated, s), rand(3, 3), rand(1, 3, seed=1))
+    gradcheck(lambda t: t.scatter(0, repeated, value=2.0), rand(3, 3))
+
+
+def test_scatter_inplace_and_errors():
+    x = lucid.tensor([0.0, 0.0, 0.0])
+    x.scatter_add_(0, lucid.tensor([1, 1]), lucid.tensor([1.0, 2.0]))
+    assert_close(x, np.array([0.0, 3.0, 0.0], dtype=np.float32))
+    x.scatter_(0, lucid.tensor([0]), lucid.tensor([5.0]))
+    assert_close(x, np.array([5.0, 3.0, 0.0], dtype=np.float32))
+    with pytest.raises(TypeError, match="exactly one of src and value"):
+        x.scatter(0, lucid.tensor([0]))
+    with pytest.raises(ValueError, match="must not be larger than src"):
+        x.scatter(0, lucid.tensor([0, 1]), lucid.tensor([1.0]))
+
+
+def test_take_along_dim():
+    x = rand(3, 4, grad=False)
+    idx = lucid.tensor(np.argsort(arr(x), axis=1))
+    assert_close(lucid.take_along_dim(x, idx, 1), np.take_along_axis(arr(x), idx.numpy(), 1))
+    flat = lucid.tensor([0, 5, 11])
+    assert_close(x.take_along_dim(flat), arr(x).reshape(-1)[[0, 5, 11]])
+    gradcheck(lambda t: lucid.take_along_dim(t, lucid.tensor([[1], [0], [3]]), 1), rand(3, 4))
+
+
+# --- index_select / masked_fill -----------------------------------------------------------------
+
+
+@given(dim=st.integers(-2, 1))
+def test_index_select_matches_numpy(dim):
+    x = rand(3, 4, grad=False)
+    index = lucid.tensor([2, 0, 2, 1])
+    expected = np.take(arr(x), index.numpy() % x.shape[dim], axis=dim)
+    assert_close(x.index_select(dim, index % x.shape[dim]), expected)
+
+
+def test_index_select_gradient_and_errors():
+    gradcheck(lambda t: lucid.index_select(t, 1, lucid.tensor([3, 3, 0])), rand(2, 4))
+    with pytest.raises(ValueError, match="must be 1-d"):
+        rand(2, 4).index_select(0, lucid.tensor([[0]]))
+
+
+def test_masked_fill_broadcasts_mask():
+    x = rand(2, 3, grad=False)
+    mask = lucid.tensor([True, False, True])
+    assert_close(x.masked_fill(mask, -1.0), np.where([True, False, True], -1.0, arr(x)))
+    value = lucid.tensor(4.0, dtype=lucid.float64)
+    assert_close(lucid.masked_fill(x, mask, value), np.where([True, False, True], 4.0, arr(x)))
+
+
+def test_masked_fill_gradients_to_tensor_and_value():
+    mask = lucid.tensor([[True, False, True], [False, False, True]])
+    gradcheck(lambda t, v: t.masked_fill(mask, v), rand(2, 3), rand(seed=1))
+    gradcheck(lambda t: t.masked_fill(mask[0], 0.0), rand(2, 3))
+
+
+def test_masked_fill_inplace_and_errors():
+    x = lucid.tensor([1.0, 2.0, 3.0])
+    x.masked_fill_(lucid.tensor([False, True, False]), 0.0)
+    assert_close(x, np.array([1.0, 0.0, 3.0], dtype=np.float32))
+    with pytest.raises(TypeError, match="mask must be a bool"):
+        x.masked_fill(lucid.tensor([0, 1, 0]), 1.0)
+    with pytest.raises(ValueError, match="0-d tensor"):
+        x.masked_fill(lucid.tensor([True, False, True]), lucid.tensor([1.0, 2.0]))
+
+
+def test_masked_select():
+    x = rand(2, 3, grad=False)
+    mask = lucid.tensor([True, False, True])
+    assert_close(x.masked_select(mask), arr(x)[np.broadcast_to([True, False, True], (2, 3))])
