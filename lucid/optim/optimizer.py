@@ -156,8 +156,10 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
+                state = self.state[p] if p in self.state else {}
                 fresh = self._init_state(p, group, state)
+                if state and p not in self.state:  # no empty entries (plain SGD), like torch
+                    self.state[p] = state
                 yield p, p.grad, state, self._step_scalars(group, state, fresh)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
