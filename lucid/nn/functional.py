@@ -6,6 +6,7 @@ mish, relu6, conv1d, group_norm, ...) are written here with Lucid ops.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from lucid._dispatch import apply
@@ -14,6 +15,12 @@ from lucid.ops import activation as _act
 from lucid.ops.conv import conv1d, conv2d, linear
 
 __all__ = [
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
+    "layer_norm",
+    "normalize",
+    "rms_norm",
     "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "avg_pool1d",
@@ -499,3 +506,186 @@ def adaptive_avg_pool1d(input: Tensor, output_size: int | tuple[int]) -> Tensor:
     x, unbatched = _as_1d(input, "adaptive_avg_pool1d")
     out = adaptive_avg_pool2d(x, (1, _one(output_size, "output_size", "adaptive_avg_pool1d")))
     return _from_1d(out, unbatched)
+
+
+# --- normalisation
+
+
+def _shape_tuple(shape: int | Sequence[int]) -> tuple[int, ...]:
+    return (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+
+
+def layer_norm(
+    input: Tensor,  # noqa: A002
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` dims (biased variance), then scale/shift."""
+    return apply(
+        "layer_norm",
+        input,
+        _weight_operand(weight, 1.0),
+        _weight_operand(bias, 0.0),
+        normalized_shape=_shape_tuple(normalized_shape),
+        eps=float(eps),
+    )[0]
+
+
+def rms_norm(
+    input: Tensor,  # noqa: A002
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the trailing dims (eps None: machine epsilon)."""
+    return apply(
+        "rms_norm",
+        input,
+        _weight_operand(weight, 1.0),
+        normalized_shape=_shape_tuple(normalized_shape),
+        eps=None if eps is None else float(eps),
+    )[0]
+
+
+def _channel_view(t: Tensor, ndim: int) -> Tensor:
+    return t.reshape(1, t.shape[0], *([1] * (ndim - 2)))
+
+
+def _update_running(running: Tensor, batch_value: Tensor, momentum: float) -> None:
+    from lucid._autograd import no_grad
+
+    with no_grad():
+        running.mul_(1.0 - momentum).add_(batch_value.detach().type(running.dtype) * momentum)
+
+
+def batch_norm(
+    input: Tensor,  # noqa: A002
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Batch normalisation over all dims but 1.
+
+    Training (or no running statistics): the batch's mean and biased variance normalise, and
+    ``running_mean`` / ``running_var`` (when given) are updated in place with the batch mean and
+    the unbiased variance: ``running = (1 - momentum) * running + momentum * batch``.
+    Otherwise the running statistics normalise.
+    """
+    if input.ndim < 2:
+        raise ValueError(
+            f"batch_norm: expected an input of at least 2 dims, got {tuple(input.shape)}"
+        )
+    c = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var)):
+        if t is not None and tuple(t.shape) != (c,):
+            raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
+    if training or running_mean is None or running_var is None:
+        n = input.numel() // c if c else 0
+        if training and n <= 1:
+            raise ValueError(
+                f"batch_norm: expected more than 1 value per channel when training, got input "
+                f"size {tuple(input.shape)}"
+            )
+        y, mean, var = apply(
+            "batch_norm",
+            input,
+            _weight_operand(weight, 1.0),
+            _weight_operand(bias, 0.0),
+            eps=float(eps),
+        )
+        if training and running_mean is not None:
+            _update_running(running_mean, mean, momentum)
+        if training and running_var is not None:
+            _update_running(running_var, var * (n / (n - 1)), momentum)
+        return y
+    rstd = (running_var + eps) ** -0.5
+    y = (input - _channel_view(running_mean, input.ndim)) * _channel_view(rstd, input.ndim)
+    if weight is not None:
+        y = y * _channel_view(weight, input.ndim)
+    if bias is not None:
+        y = y + _channel_view(bias, input.ndim)
+    return y
+
+
+def group_norm(
+    input: Tensor,  # noqa: A002
+    num_groups: int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise each group of ``C / num_groups`` channels (with all spatial dims) per sample."""
+    if input.ndim < 2:
+        raise ValueError(
+            f"group_norm: expected an input of at least 2 dims, got {tuple(input.shape)}"
+        )
+    n, c = input.shape[:2]
+    if num_groups < 1 or c % num_groups:
+        raise ValueError(
+            f"group_norm: num_channels {c} must be divisible by num_groups {num_groups}"
+        )
+    grouped = input.reshape(n, num_groups, -1)
+    y = layer_norm(grouped, grouped.shape[-1], eps=eps).reshape(*input.shape)
+    if weight is not None:
+        y = y * _channel_view(weight, input.ndim)
+    if bias is not None:
+        y = y + _channel_view(bias, input.ndim)
+    return y
+
+
+def instance_norm(
+    input: Tensor,  # noqa: A002
+    running_mean: Tensor | None = None,
+    running_var: Tensor | None = None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise each (sample, channel) over its spatial dims; running stats as batch_norm."""
+    if input.ndim < 3:
+        raise ValueError(
+            f"instance_norm: expected an input of at least 3 dims, got {tuple(input.shape)}"
+        )
+    if not use_input_stats:
+        if running_mean is None or running_var is None:
+            raise ValueError(
+                "instance_norm: use_input_stats=False needs running_mean and running_var"
+            )
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    n, c = input.shape[:2]
+    flat = input.reshape(n, c, -1)
+    length = flat.shape[-1]
+    y, mean, rstd = apply("layer_norm", flat, 1.0, 0.0, normalized_shape=(length,), eps=float(eps))
+    y = y.reshape(*input.shape)
+    if running_mean is not None:
+        _update_running(running_mean, mean.reshape(n, c).mean(0), momentum)
+    if running_var is not None and length > 1:
+        var = (rstd.reshape(n, c) ** -2 - eps) * (length / (length - 1))
+        _update_running(running_var, var.mean(0), momentum)
+    if weight is not None:
+        y = y * _channel_view(weight, input.ndim)
+    if bias is not None:
+        y = y + _channel_view(bias, input.ndim)
+    return y
+
+
+def normalize(
+    input: Tensor,  # noqa: A002
+    p: float = 2.0,
+    dim: int = 1,
+    eps: float = 1e-12,
+    out: None = None,
+) -> Tensor:
+    """x / max(||x||_p along dim, eps)."""
+    if out is not None:
+        raise TypeError("normalize: out= is not supported")
+    norm = (input.abs() ** p).sum(dim, keepdim=True) ** (1.0 / p)
+    return input / norm.clamp_min(eps)

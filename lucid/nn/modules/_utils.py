@@ -44,15 +44,3 @@ def ntuple(x: Any, n: int, name: str = "argument") -> tuple:
 def check_positive_int(value: Any, name: str, cls: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{cls}: {name} must be a positive integer, got {value!r}")
-
-
-class _LazyFunctional:
-    """``lucid.nn.functional``, imported on first use (TEMPORARY while it is being written)."""
-
-    def __getattr__(self, name: str) -> Any:
-        import lucid.nn.functional as functional
-
-        return getattr(functional, name)
-
-
-F = _LazyFunctional()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lucid._tensor import Tensor
-from lucid.nn.modules._utils import F
+from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 
 __all__ = [

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import lucid
 from lucid._tensor import Tensor
+from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import F, check_positive_int, empty_parameter, factory_dtype, ntuple
+from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory_dtype, ntuple
 from lucid.nn.modules.module import Module
 
 __all__ = ["Conv1d", "Conv2d"]
@@ -91,7 +93,7 @@ class _ConvNd(Module):
                 init.uniform_(self.bias, -bound, bound)
 
     def _explicit_padding(self) -> list[int]:
-        """F.pad's (last dim first) amounts for a non-zeros padding_mode."""
+        """``pad`` amounts (last dim first) amounts for a non-zeros padding_mode."""
         if self.padding == "valid":
             return [0] * (2 * self._n)
         if self.padding == "same":
@@ -113,7 +115,7 @@ class _ConvNd(Module):
                 f"{self._n + 2}D (batched) input, got {input.ndim}D with shape {tuple(input.shape)}"
             )
         if self.padding_mode != "zeros":
-            x = F.pad(input, self._explicit_padding(), mode=self.padding_mode)
+            x = lucid.pad(input, self._explicit_padding(), mode=self.padding_mode)
             return self._conv(x, 0)
         return self._conv(input, self.padding)
 

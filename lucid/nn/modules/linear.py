@@ -6,8 +6,9 @@ import math
 from typing import Any
 
 from lucid._tensor import Tensor
+from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import F, empty_parameter, factory_dtype
+from lucid.nn.modules._utils import empty_parameter, factory_dtype
 from lucid.nn.modules.module import Module
 
 __all__ = ["Identity", "Linear"]

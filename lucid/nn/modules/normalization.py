@@ -7,8 +7,9 @@ from typing import Any
 
 from lucid import _dtype
 from lucid._tensor import Tensor
+from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import F, buffer, check_positive_int, empty_parameter, factory_dtype
+from lucid.nn.modules._utils import buffer, check_positive_int, empty_parameter, factory_dtype
 from lucid.nn.modules.module import Module
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm"]

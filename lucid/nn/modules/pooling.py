@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lucid._tensor import Tensor
-from lucid.nn.modules._utils import F
+from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 
 __all__ = ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool2d"]

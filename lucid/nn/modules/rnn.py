@@ -7,8 +7,9 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
+from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import F, check_positive_int, empty_parameter, factory_dtype
+from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory_dtype
 from lucid.nn.modules.module import Module
 
 __all__ = ["LSTM"]

@@ -11,8 +11,9 @@ import numpy as np
 
 import lucid
 from lucid._tensor import Tensor
+from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import F, check_positive_int, empty_parameter, factory_dtype
+from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory_dtype
 from lucid.nn.modules.container import ModuleList
 from lucid.nn.modules.dropout import Dropout
 from lucid.nn.modules.linear import Linear
