@@ -77,6 +77,9 @@ class Tracer:
         self._names: dict[int, str] = _feed_names(model) if model is not None else {}
         self._feed_tensors: dict[str, Tensor] = {}  # role -> captured tensor
         self._n_inputs = 0
+        self._rng: Tensor | None = None  # the RNG-state feed, once a random op asked for it
+        self._rng_step: Tensor | None = None
+        self._rng_calls = 0
         self._n_captures = 0
         self.finished = False
 
@@ -207,6 +210,26 @@ class Tracer:
         self._updates[id(tensor)] = "update:" + self._feed_roles[old.id]
         self._captured[id(tensor)] = (tensor, new)
 
+    def next_rng(self) -> Tensor:
+        """The RNG state for one random op (``lucid._random.next_rng`` asks here under a trace).
+
+        The global state becomes one feed with role ``rng``; the k-th random op gets the feed with
+        its counter advanced by k, as eager runs would, and the advanced state is written back
+        through an ``update:rng`` output.
+        """
+        if self._rng is None:
+            self._rng = Tensor._traced(self._add_feed((2,), _dtype.int64, "rng"))
+        k = self._rng_calls
+        self._rng_calls += 1
+        return self._rng if k == 0 else self._advanced_rng(k)
+
+    def _advanced_rng(self, k: int) -> Tensor:
+        from lucid._dispatch import apply
+
+        if self._rng_step is None:
+            self._rng_step = apply("iota", self._rng, dim=0)  # (0, 1): moves the counter only
+        return apply("add", self._rng, apply("mul", self._rng_step, k))
+
     def graph_break(self, what: str, tensor: Tensor | None = None) -> Any:
         """Raise ``GraphBreak`` for ``what``, pointing at the user's source line."""
         raise GraphBreak(what, *user_location())
@@ -221,6 +244,9 @@ class Tracer:
             self.trace.outputs.append((f"output:{i}", self._operand(t)))
         for key, role in self._updates.items():
             self.trace.outputs.append((role, self._captured[key][1]))
+        if self._rng is not None:
+            advanced = self._advanced_rng(self._rng_calls)
+            self.trace.outputs.append(("update:rng", advanced._trace))
         self.finished = True
         return self.trace
 

@@ -58,14 +58,22 @@ from xdsl.pattern_rewriter import (
 from xdsl.printer import Printer
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.traits import ConstantLike, Pure
+from xdsl.transforms.common_subexpression_elimination import cse
+from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.universe import Universe
 from xdsl.utils.arg_spec import parse_pipeline
-from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+from xdsl.utils.exceptions import (
+    ArgSpecParseError,
+    DiagnosticException,
+    ParseError,
+    VerifyException,
+)
 
 ui8 = IntegerType(8, Signedness.UNSIGNED)
 
 __all__ = [
     "DYNAMIC_INDEX",
+    "ArgSpecParseError",
     "ArrayAttr",
     "Attribute",
     "BFloat16Type",
@@ -111,6 +119,7 @@ __all__ = [
     "VerifyException",
     "bf16",
     "builtin",
+    "cse",
     "f16",
     "f32",
     "f64",
@@ -124,6 +133,7 @@ __all__ = [
     "op_type_rewrite_pattern",
     "opt_prop_def",
     "parse_pipeline",
+    "region_dce",
     "traits_def",
     "ui8",
     "var_operand_def",
