@@ -530,7 +530,7 @@ def layer_norm(
         _weight_operand(bias, 0.0),
         normalized_shape=_shape_tuple(normalized_shape),
         eps=float(eps),
-    )[0]
+    )
 
 
 def rms_norm(
@@ -546,7 +546,7 @@ def rms_norm(
         _weight_operand(weight, 1.0),
         normalized_shape=_shape_tuple(normalized_shape),
         eps=None if eps is None else float(eps),
-    )[0]
+    )
 
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
@@ -663,13 +663,18 @@ def instance_norm(
     n, c = input.shape[:2]
     flat = input.reshape(n, c, -1)
     length = flat.shape[-1]
-    y, mean, rstd = apply("layer_norm", flat, 1.0, 0.0, normalized_shape=(length,), eps=float(eps))
-    y = y.reshape(*input.shape)
-    if running_mean is not None:
-        _update_running(running_mean, mean.reshape(n, c).mean(0), momentum)
-    if running_var is not None and length > 1:
-        var = (rstd.reshape(n, c) ** -2 - eps) * (length / (length - 1))
-        _update_running(running_var, var.mean(0), momentum)
+    y = layer_norm(flat, length, eps=eps).reshape(*input.shape)
+    if running_mean is not None or running_var is not None:
+        from lucid._autograd import no_grad
+
+        with no_grad():
+            stats = flat.detach()
+            mean = stats.sum(-1, keepdim=True) * (1.0 / length)
+            if running_mean is not None:
+                _update_running(running_mean, mean.reshape(n, c).sum(0) * (1.0 / n), momentum)
+            if running_var is not None and length > 1:
+                var = ((stats - mean) ** 2).sum(-1) * (1.0 / (length - 1))
+                _update_running(running_var, var.sum(0) * (1.0 / n), momentum)
     if weight is not None:
         y = y * _channel_view(weight, input.ndim)
     if bias is not None:
