@@ -7,7 +7,6 @@ Every conversion here is lossless and has an inverse: ``attr_to_ir``/``attr_from
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from lucid import _dtype
@@ -90,9 +89,8 @@ def attr_to_ir(v: Any) -> x.Attribute | None:
     if isinstance(v, (tuple, list)):
         if all(_is_int(e) for e in v):
             return x.DenseArrayBase.from_list(x.i64, list(v))
-        # array<f64: ...> cannot spell inf/nan; such tuples fall through to an ArrayAttr
-        if all(isinstance(e, float) and math.isfinite(e) for e in v) and v:
-            return x.DenseArrayBase.from_list(x.f64, list(v))
+        # Float tuples stay an ArrayAttr of f64 attributes: xDSL 0.75 prints some values of an
+        # array<f64: ...> (e.g. 1000001.0) in a hex form its own parser rejects.
         return x.ArrayAttr([x.UnitAttr() if e is None else attr_to_ir(e) for e in v])
     raise TypeError(f"attribute value {v!r} of type {type(v).__name__} has no IR form")
 
