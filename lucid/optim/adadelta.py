@@ -30,10 +30,10 @@ def adadelta_update(
     if use_weight_decay:
         grad = grad + param * weight_decay
     square_avg, acc_delta = state["square_avg"], state["acc_delta"]
-    square_avg.mul_(rho).add_(grad * grad * one_minus_rho)
+    square_avg.copy_(square_avg * rho + grad * grad * one_minus_rho)
     std = lucid.sqrt(square_avg + eps)
     delta = lucid.sqrt(acc_delta + eps) / std * grad
-    acc_delta.mul_(rho).add_(delta * delta * one_minus_rho)
+    acc_delta.copy_(acc_delta * rho + delta * delta * one_minus_rho)
     param.sub_(delta * lr)
 
 

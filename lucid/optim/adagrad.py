@@ -29,7 +29,7 @@ def adagrad_update(
     if use_weight_decay:
         grad = grad + param * weight_decay
     state_sum = state["sum"]
-    state_sum.add_(grad * grad)
+    state_sum.copy_(state_sum + grad * grad)
     std = lucid.sqrt(state_sum) + eps
     param.sub_(grad / std * clr)
 

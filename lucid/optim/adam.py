@@ -39,20 +39,21 @@ def adam_update(
     if maximize:
         grad = -grad
     state["step"].add_(1)
+    decayed = param
     if use_weight_decay:
         if decoupled_weight_decay:
-            param.mul_(decay_factor)
+            decayed = param * decay_factor
         else:
             grad = grad + param * weight_decay
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.mul_(beta1).add_(grad * one_minus_beta1)
-    exp_avg_sq.mul_(beta2).add_(grad * grad * one_minus_beta2)
+    exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
+    exp_avg_sq.copy_(exp_avg_sq * beta2 + grad * grad * one_minus_beta2)
     second_moment = exp_avg_sq
     if amsgrad:
         second_moment = state["max_exp_avg_sq"]
         second_moment.copy_(lucid.maximum(second_moment, exp_avg_sq))
     denom = lucid.sqrt(second_moment) / bias_correction2_sqrt + eps
-    param.sub_(exp_avg / denom * step_size)
+    param.copy_(decayed - exp_avg / denom * step_size)
 
 
 def adam_scalars(group: dict[str, Any], step: float) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def adamax_update(
     if use_weight_decay:
         grad = grad + param * weight_decay
     exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
-    exp_avg.mul_(beta1).add_(grad * one_minus_beta1)
+    exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
     exp_inf.copy_(lucid.maximum(exp_inf * beta2, lucid.abs(grad) + eps))
     param.sub_(exp_avg / exp_inf * clr)
 

@@ -44,18 +44,18 @@ def nadam_update(
     if maximize:
         grad = -grad
     state["step"].add_(1)
+    decayed = param
     if use_weight_decay:
         if decoupled_weight_decay:
-            param.mul_(decay_factor)
+            decayed = param * decay_factor
         else:
             grad = grad + param * weight_decay
     state["mu_product"].mul_(mu)
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.mul_(beta1).add_(grad * one_minus_beta1)
-    exp_avg_sq.mul_(beta2).add_(grad * grad * one_minus_beta2)
+    exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
+    exp_avg_sq.copy_(exp_avg_sq * beta2 + grad * grad * one_minus_beta2)
     denom = lucid.sqrt(exp_avg_sq / bias_correction2) + eps
-    param.sub_(grad / denom * grad_step_size)
-    param.sub_(exp_avg / denom * exp_avg_step_size)
+    param.copy_(decayed - grad / denom * grad_step_size - exp_avg / denom * exp_avg_step_size)
 
 
 def nadam_scalars(group: dict[str, Any], step: float, mu_product: float) -> dict[str, Any]:

@@ -16,7 +16,9 @@ Each optimizer splits one step into three pieces:
 3. ``_update(param, grad, state, **scalars) -> None``: a pure function of its arguments that
    updates ``param`` and the state tensors in place (``state['step']`` included), written with
    Lucid ops and in-place tensor methods only, never numpy, so the same code runs eagerly and
-   under ``lucid.compile``'s tracer.
+   under ``lucid.compile``'s tracer. It writes each tensor exactly once (``t.copy_(new value)``
+   rather than a chain such as ``t.mul_(a).add_(b)``), so a traced step has one update output per
+   tensor, and it never branches on a tensor's value.
 
 ``step()`` is those three pieces run under ``lucid.no_grad()`` for every parameter that has a
 gradient; ``_param_updates()`` yields the pieces' inputs for a tracer to drive the same loop.

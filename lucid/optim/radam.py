@@ -43,19 +43,20 @@ def radam_update(
     if maximize:
         grad = -grad
     state["step"].add_(1)
+    decayed = param
     if use_weight_decay:
         if decoupled_weight_decay:
-            param.mul_(decay_factor)
+            decayed = param * decay_factor
         else:
             grad = grad + param * weight_decay
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.mul_(beta1).add_(grad * one_minus_beta1)
-    exp_avg_sq.mul_(beta2).add_(grad * grad * one_minus_beta2)
+    exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
+    exp_avg_sq.copy_(exp_avg_sq * beta2 + grad * grad * one_minus_beta2)
     update = exp_avg / bias_correction1 * lr
     if rectify:
         adaptive_lr = bias_correction2_sqrt / (lucid.sqrt(exp_avg_sq) + eps)
         update = update * adaptive_lr * rect
-    param.sub_(update)
+    param.copy_(decayed - update)
 
 
 def radam_scalars(group: dict[str, Any], step: float) -> dict[str, Any]:

@@ -33,16 +33,16 @@ def rmsprop_update(
     if use_weight_decay:
         grad = grad + param * weight_decay
     square_avg = state["square_avg"]
-    square_avg.mul_(alpha).add_(grad * grad * one_minus_alpha)
+    square_avg.copy_(square_avg * alpha + grad * grad * one_minus_alpha)
     if centered:
         grad_avg = state["grad_avg"]
-        grad_avg.mul_(alpha).add_(grad * one_minus_alpha)
+        grad_avg.copy_(grad_avg * alpha + grad * one_minus_alpha)
         avg = lucid.sqrt(square_avg - grad_avg * grad_avg) + eps
     else:
         avg = lucid.sqrt(square_avg) + eps
     if use_momentum:
         buf = state["momentum_buffer"]
-        buf.mul_(momentum).add_(grad / avg)
+        buf.copy_(buf * momentum + grad / avg)
         param.sub_(buf * lr)
     else:
         param.sub_(grad / avg * lr)

@@ -37,7 +37,7 @@ def sgd_update(
         grad = grad + param * weight_decay
     if use_momentum:
         buf = state["momentum_buffer"]
-        buf.mul_(buf_keep).add_(grad * buf_grad_scale)
+        buf.copy_(buf * buf_keep + grad * buf_grad_scale)
         grad = grad + buf * momentum if nesterov else buf
     param.sub_(grad * lr)
 
