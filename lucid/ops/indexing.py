@@ -97,7 +97,10 @@ def _index_shape(shape: tuple, index_shapes: list, index: tuple, op: str = "inde
     rest = tuple(shape[dim:])
     if not adv_at:
         return tuple(d for p in parts for d in p) + rest
-    bshape = broadcast_shapes(*adv_shapes, op=f"{op} (shape mismatch in indexing tensors)")
+    try:
+        bshape = broadcast_shapes(*adv_shapes, op=f"{op}: indexing tensors")
+    except ValueError as e:
+        raise IndexError(str(e)) from None
     adjacent = adv_at == list(range(adv_at[0], adv_at[0] + len(adv_at)))
     basic = [p for p in parts if p != "adv"]
     if adjacent:

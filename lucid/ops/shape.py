@@ -103,12 +103,16 @@ def _resolve_shape(src: Sequence, shape: Sequence, op: str) -> tuple:
     neg = [i for i, d in enumerate(shape) if d == -1]
     if len(neg) > 1:
         raise ValueError(f"{op}: only one dimension can be -1, got {tuple(shape)}")
-    if list(src).count(None) != shape.count(None):
+    total = _mul(*(d for d in src if d is not None))
+    known = _mul(*(d for d in shape if d not in (-1, None)))
+    n_symbolic = list(src).count(None)
+    if n_symbolic == 1 and neg and None not in shape and known and total % known == 0:
+        shape[neg[0]] = None  # the -1 absorbs the symbolic dim (x.reshape(-1, 12))
+        return tuple(shape)
+    if n_symbolic != shape.count(None):
         raise ValueError(
             f"{op}: cannot reshape {tuple(src)} into {tuple(shape)}: symbolic dims must be kept"
         )
-    total = _mul(*(d for d in src if d is not None))
-    known = _mul(*(d for d in shape if d not in (-1, None)))
     if neg:
         if known == 0 or total % known:
             raise ValueError(f"{op}: cannot reshape {tuple(src)} into {tuple(shape)}")

@@ -93,6 +93,7 @@ def test_random_basic_and_advanced_indices_match_numpy(data):
     shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
     x = rand(*shape, grad=False)
     items, np_items = [], []
+    n_index = data.draw(st.integers(1, 3))  # index tensors must broadcast together
     dim = 0
     while dim < len(shape) and data.draw(st.booleans()):
         n = shape[dim]
@@ -112,7 +113,8 @@ def test_random_basic_and_advanced_indices_match_numpy(data):
             np_items.append(None)
             continue
         else:
-            ix = np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=3)))
+            size = data.draw(st.sampled_from([1, n_index]))
+            ix = np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=size, max_size=size)))
             items.append(lucid.tensor(ix))
             np_items.append(ix)
         dim += 1
@@ -137,6 +139,8 @@ def test_getitem_errors():
         x["a"]
     with pytest.raises(IndexError, match="out of bounds"):
         x[lucid.tensor([5])]
+    with pytest.raises(IndexError, match="cannot be broadcast"):
+        x[lucid.tensor([0, 1]), lucid.tensor([0, 1, 2])]
 
 
 # --- setitem ------------------------------------------------------------------------------------
@@ -350,3 +354,82 @@ def test_masked_select():
     x = rand(2, 3, grad=False)
     mask = lucid.tensor([True, False, True])
     assert_close(x.masked_select(mask), arr(x)[np.broadcast_to([True, False, True], (2, 3))])
+
+
+# --- the ops trace: static index parts are attributes, index tensors operands -------------------
+
+
+def _traced_family_ops(x, y):
+    a = x[0, 1:, ::2]
+    b = x[:, None, lucid.tensor([0, 2])]
+    c = lucid.cat([x, x * 2.0], dim=-1).permute(2, 0, 1)
+    d = x @ y
+    e = lucid.einsum("...ij,jk->...ik", x, y)
+    f = lucid.pad(x, (1, 2), mode="reflect")
+    g = x.gather(2, lucid.tensor(np.zeros((2, 3, 1), np.int64)))
+    h = x.masked_fill(x > 0, 0.0).tril().flip(0).roll(1, 1)
+    z = x * 1.0
+    z[:, 0] = 5.0
+    s = lucid.stack(x.split(2, -1), 0)
+    return a, b, c, d, e, f, g, h, z, s, x.unbind(1)[2], x.flatten(1).T
+
+
+def test_family_ops_trace_and_interpret_like_eager():
+    from lucid.compile import _tracing
+    from lucid.ir import import_trace, interpret, parse_ir, print_ir
+
+    rng = np.random.default_rng(0)
+    xa = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    ya = rng.standard_normal((4, 5)).astype(np.float32)
+    eager = _traced_family_ops(lucid.tensor(xa), lucid.tensor(ya))
+    with _tracing() as tracer:
+        outs = _traced_family_ops(tracer.input(xa.shape), tracer.input(ya.shape))
+        tr = tracer.finish(outs)
+        captured = tracer.feed_tensors()
+    index_ops = [op for op in tr.ops if op.name == "index"]
+    assert index_ops[0].attrs["index"] == (("int", 0), ("slice", 1, None, None), _slice(2))
+    assert len(index_ops[1].inputs[1]) == 1  # the index tensor is an operand
+    module = parse_ir(print_ir(import_trace(tr)))
+    feeds = {"input:0": xa, "input:1": ya}
+    feeds.update({role: t.numpy() for role, t in captured.items()})
+    got = interpret(module, feeds)
+    assert len(got) == len(eager)
+    for g, e in zip(got, eager, strict=True):
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-6)
+
+
+def _slice(step):
+    return ("slice", None, None, step)
+
+
+def test_bool_mask_index_is_a_graph_break_under_a_trace():
+    from lucid.compile import GraphBreak, _tracing
+
+    with _tracing() as tracer:
+        x = tracer.input((3,))
+        with pytest.raises(GraphBreak, match="nonzero"):
+            x[x > 0]
+
+
+def test_index_inference_keeps_symbolic_dims():
+    from lucid.ops._registry import AVal
+
+    x = AVal((None, 4, 5), lucid.float32)
+    i = AVal((7,), lucid.int64)
+    infer = REGISTRY["index"].infer
+    assert infer(x, [], index=(_slice(None), ("int", 1))).shape == (None, 5)
+    assert infer(x, [i], index=(_slice(None), ("tensor",))).shape == (None, 7, 5)
+    assert infer(x, [i], index=(("tensor",), ("new",), ("int", 0))).shape == (7, 1, 5)
+
+
+def test_second_order_gradients_through_index_and_gather():
+    x = rand(3, 4)
+    idx = lucid.tensor([[0, 1], [2, 2], [3, 0]])
+
+    def grad_of(t):
+        y = (t[:, 1:] * t[:, 1:] * t[:, 1:]).sum()
+        y = y + (t.gather(1, idx) * t.gather(1, idx)).sum()
+        (g,) = lucid.autograd.grad(y, t, create_graph=True)
+        return g
+
+    gradcheck(grad_of, x)

@@ -382,3 +382,21 @@ def test_inplace_write_through_a_view_is_seen_by_autograd():
     v.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an in-place operation"):
         z.sum().backward()
+
+
+def test_shape_inference_keeps_a_symbolic_batch_dim():
+    from lucid.compile import _tracing
+
+    with _tracing() as tracer:
+        x = tracer.input((None, 3, 4))
+        assert x.flatten(1).shape == (None, 12)
+        assert x.reshape(-1, 12).shape == (None, 12)
+        assert x.view(x.shape[0], -1).shape == (None, 12)
+        assert x.permute(0, 2, 1).shape == (None, 4, 3)
+        assert lucid.cat([x, x], 1).shape == (None, 6, 4)
+        assert lucid.stack([x, x], 1).shape == (None, 2, 3, 4)
+        assert x.unsqueeze(1).squeeze().shape == (None, 3, 4)
+        assert x.split(2, -1)[1].shape == (None, 3, 2)
+        assert lucid.pad(x, (1, 1)).shape == (None, 3, 6)
+        with pytest.raises(ValueError, match="symbolic dims must be kept"):
+            x.reshape(12, 2, -1)
