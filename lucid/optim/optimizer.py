@@ -277,6 +277,8 @@ def check_nonnegative(group: dict[str, Any], *names: str) -> None:
     messages = {"lr": "learning rate", "eps": "epsilon value"}
     for name in names:
         value = group[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__}")
         if not value >= 0.0:
             raise ValueError(f"Invalid {messages.get(name, name + ' value')}: {value} ({name})")
 
@@ -287,6 +289,8 @@ def check_betas(group: dict[str, Any]) -> None:
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"Invalid betas: {betas!r}; expected a pair of floats")
     for i, b in enumerate(betas):
+        if isinstance(b, bool) or not isinstance(b, (int, float)):
+            raise TypeError(f"betas[{i}] must be a number, got {type(b).__name__}")
         if not 0.0 <= b < 1.0:
             raise ValueError(f"Invalid beta parameter at index {i}: {b} (betas must be in [0, 1))")
 

@@ -310,3 +310,13 @@ def test_repr_lists_groups():
     a = lucid.tensor([1.0], requires_grad=True)
     text = repr(optim.Adam([a], lr=0.5))
     assert text.startswith("Adam (") and "Parameter Group 0" in text and "lr: 0.5" in text
+
+
+def test_non_numeric_hyperparameters_raise_type_error():
+    a = lucid.tensor([1.0], requires_grad=True)
+    with pytest.raises(TypeError, match="lr must be a number"):
+        optim.SGD([a], lr="0.1")
+    with pytest.raises(TypeError, match=r"betas\[1\] must be a number"):
+        optim.Adam([a], betas=(0.9, None))
+    with pytest.raises(ValueError, match="learning rate"):
+        optim.Adam([a], lr=float("nan"))
