@@ -49,15 +49,12 @@ def _write(tensor: Tensor, values: np.ndarray) -> Tensor:
 def _draw(kind: str, shape: tuple, a: float, b: float) -> np.ndarray:
     """float64 draws from the global RNG: ``uniform`` on [a, b), or ``normal`` (mean a, std b)."""
     scratch = Tensor._wrap(np.zeros(shape, dtype=np.float64))
-    method = getattr(scratch, kind + "_", None)
-    if method is None:  # TEMPORARY until lucid.ops.random lands its in-place methods
-        gen = _FALLBACK_RNG
-        return gen.uniform(a, b, shape) if kind == "uniform" else gen.normal(a, b, shape)
-    method(a, b)
+    with no_grad():
+        if kind == "uniform":
+            scratch.uniform_(a, b)
+        else:
+            scratch.normal_(a, b)
     return scratch._data
-
-
-_FALLBACK_RNG = np.random.default_rng(0)
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -116,7 +113,7 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = No
     if generator is not None:
         raise TypeError("uniform_: Lucid has one global generator; pass generator=None")
     with no_grad():
-        return _write(tensor, _draw("uniform", tensor.shape, a, b))
+        return tensor.uniform_(a, b)
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
@@ -127,7 +124,7 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any 
     if std < 0:
         raise ValueError(f"normal_: std must be non-negative, got {std}")
     with no_grad():
-        return _write(tensor, _draw("normal", tensor.shape, mean, std))
+        return tensor.normal_(mean, std)
 
 
 def _norm_ppf(p: np.ndarray) -> np.ndarray:

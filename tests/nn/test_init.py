@@ -136,7 +136,6 @@ def test_bad_input():
         init.trunc_normal_(_t(3), a=1.0, b=0.0)
 
 
-@pytest.mark.skipif(not hasattr(lucid, "manual_seed"), reason="lucid.manual_seed not available")
 def test_manual_seed_reproduces_models():
     lucid.manual_seed(123)
     a = nn.Sequential(nn.Linear(4, 3), nn.Conv2d(2, 2, 3), nn.Embedding(5, 2))
