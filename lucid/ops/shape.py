@@ -100,6 +100,11 @@ def _resolve_shape(src: Sequence, shape: Sequence, op: str) -> tuple:
     must reappear one for one in the target; the known dims must hold the same element count."""
     shape = list(shape)
     _check_dims_arg(tuple(shape), op)
+    if None in shape and None not in src:
+        # A symbolic-shape graph run at a concrete size: its symbolic dim is the unknown one.
+        if shape.count(None) + shape.count(-1) > 1:
+            raise ValueError(f"{op}: more than one unknown dim in {tuple(shape)}")
+        shape = [-1 if d is None else d for d in shape]
     neg = [i for i, d in enumerate(shape) if d == -1]
     if len(neg) > 1:
         raise ValueError(f"{op}: only one dimension can be -1, got {tuple(shape)}")
@@ -126,7 +131,8 @@ def _resolve_shape(src: Sequence, shape: Sequence, op: str) -> tuple:
 
 
 def _reshape_kernel(x: np.ndarray, shape: tuple) -> np.ndarray:
-    return np.reshape(x, shape)
+    # A symbolic-shape trace writes its one symbolic dim as None: numpy infers it like -1.
+    return np.reshape(x, tuple(-1 if d is None else d for d in shape))
 
 
 register(
@@ -154,7 +160,10 @@ def _alias_version(out: Tensor, x: Tensor) -> Tensor:
 @tensor_method("reshape", "view")
 def reshape(x: Tensor, *shape: Any) -> Tensor:
     """``x`` with a new shape holding the same elements; one dim may be -1."""
-    return _alias_version(apply("reshape", x, shape=_shape_args(shape)), x)
+    shape = _shape_args(shape)
+    if None in shape and -1 in shape:
+        shape = _resolve_shape(x.shape, shape, "reshape")  # leave numpy one unknown dim
+    return _alias_version(apply("reshape", x, shape=shape), x)
 
 
 def _view_as(x: Tensor, other: Tensor) -> Tensor:
@@ -222,6 +231,8 @@ def _expand_infer(x, shape):
     out = []
     for i, d in enumerate(shape):
         src = x.shape[i - lead] if i >= lead else 1
+        if d is None and i >= lead and src != 1:
+            d = -1  # a symbolic dim of the target is the operand's own (symbolic) dim
         if d == -1:
             if i < lead:
                 raise ValueError(f"expand: -1 is not allowed in a new leading dim ({shape})")
@@ -238,6 +249,8 @@ def _expand_infer(x, shape):
 
 
 def _expand_kernel(x: np.ndarray, shape: tuple) -> np.ndarray:
+    # A symbolic dim (None, from a symbolic-shape trace) keeps the operand's size, like -1.
+    shape = tuple(-1 if d is None else d for d in shape)
     return np.broadcast_to(x, _expand_infer(_aval(x), shape).shape)
 
 

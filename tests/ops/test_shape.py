@@ -400,3 +400,19 @@ def test_shape_inference_keeps_a_symbolic_batch_dim():
         assert lucid.pad(x, (1, 1)).shape == (None, 3, 6)
         with pytest.raises(ValueError, match="symbolic dims must be kept"):
             x.reshape(12, 2, -1)
+
+
+@given(batch=st.integers(1, 4))
+def test_symbolic_trace_of_shape_ops_runs_at_any_batch_size(batch):
+    from lucid.compile import _tracing
+    from lucid.ir import import_trace, interpret
+
+    def fn(x):
+        y = x.flatten(1).reshape(x.shape[0], -1, 2).repeat(1, 2, 1)
+        return y.view(-1, 12).expand(x.shape[0], 12) + lucid.cat([x, x], 1).reshape(-1, 12)
+
+    with _tracing() as tracer:
+        tr = tracer.finish(fn(tracer.input((None, 3, 2), lucid.float64)))
+    data = np.random.default_rng(batch).standard_normal((batch, 3, 2))
+    got = interpret(import_trace(tr), [data])[0]
+    np.testing.assert_allclose(got, fn(lucid.tensor(data)).numpy())
