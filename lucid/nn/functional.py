@@ -13,8 +13,15 @@ from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ops import activation as _act
 from lucid.ops.conv import conv1d, conv2d, linear
+from lucid.ops.rnn import lstm, lstm_cell
 
 __all__ = [
+    "lstm",
+    "lstm_cell",
+    "scaled_dot_product_attention",
+    "embedding",
+    "one_hot",
+    "pad",
     "batch_norm",
     "group_norm",
     "instance_norm",
@@ -694,3 +701,129 @@ def normalize(
         raise TypeError("normalize: out= is not supported")
     norm = (input.abs() ** p).sum(dim, keepdim=True) ** (1.0 / p)
     return input / norm.clamp_min(eps)
+
+
+# --- embedding, one_hot, pad
+
+
+def embedding(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    padding_idx: int | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Tensor:
+    """Rows of ``weight`` at the integer ``input``; ``padding_idx``'s row gets no gradient.
+
+    ``max_norm`` renormalises (in place, without gradient) each looked-up row whose
+    ``norm_type``-norm exceeds it, as torch does.
+    """
+    if sparse:
+        raise ValueError("embedding: sparse gradients are not supported; use sparse=False")
+    n = weight.shape[0]
+    if padding_idx is not None:
+        if not -n <= padding_idx < n:
+            raise ValueError(f"embedding: padding_idx {padding_idx} must be within [-{n}, {n})")
+        padding_idx = padding_idx % n
+    if max_norm is not None:
+        _embedding_renorm(input, weight, max_norm, norm_type)
+    return apply(
+        "embedding",
+        input,
+        weight,
+        padding_idx=padding_idx,
+        scale_grad_by_freq=bool(scale_grad_by_freq),
+    )
+
+
+def _embedding_renorm(input: Tensor, weight: Tensor, max_norm: float, norm_type: float) -> None:  # noqa: A002
+    import numpy as np
+
+    rows = np.unique(np.asarray(input.numpy()).reshape(-1))
+    if rows.size and (rows.min() < -weight.shape[0] or rows.max() >= weight.shape[0]):
+        raise IndexError(f"embedding: an index is out of range for {weight.shape[0]} embeddings")
+    data = weight.detach().numpy()
+    norms = np.linalg.norm(data[rows], ord=norm_type, axis=1)
+    scale = np.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
+    data[rows] *= scale[:, None].astype(data.dtype)
+    weight._version[0] += 1
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 one-hot encoding along a new last dim; num_classes -1 means max(tensor) + 1."""
+    if num_classes == -1:
+        import numpy as np
+
+        values = np.asarray(tensor.numpy())
+        num_classes = int(values.max()) + 1 if values.size else 0
+    if num_classes < 0:
+        raise ValueError(f"one_hot: num_classes must be -1 or non-negative, got {num_classes}")
+    return apply("one_hot", tensor, num_classes=int(num_classes))
+
+
+def pad(
+    input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None
+) -> Tensor:  # noqa: A002
+    """Pad the last dims (amounts listed from the last dim backwards), as torch's F.pad."""
+    from lucid.ops.shape import pad as _pad
+
+    return _pad(input, pad, mode=mode, value=value)
+
+
+# --- attention
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """softmax(q @ k^T * scale + mask) @ v over (..., L, E) x (..., S, E) x (..., S, Ev).
+
+    ``attn_mask``: bool (True = attend) or additive float, broadcast to (..., L, S);
+    ``is_causal``: position i attends to j <= i; ``scale`` defaults to 1 / sqrt(E). With
+    ``dropout_p > 0`` the attention weights go through dropout (always, as torch's function).
+    The mask receives no gradient.
+    """
+    if enable_gqa:
+        raise ValueError("scaled_dot_product_attention: enable_gqa=True is not supported")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(
+            f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}"
+        )
+    mask = 0.0 if attn_mask is None else attn_mask
+    if dropout_p == 0.0:
+        return apply(
+            "scaled_dot_product_attention",
+            query,
+            key,
+            value,
+            mask,
+            is_causal=bool(is_causal),
+            scale=None if scale is None else float(scale),
+        )
+    import lucid
+
+    # With dropout, attention is a composition: the fused op stays deterministic.
+    if attn_mask is not None and is_causal:
+        raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal=True")
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = query.matmul(key.transpose(-2, -1)) * scale
+    if attn_mask is not None:
+        if attn_mask.dtype is lucid.bool_:
+            scores = scores.masked_fill(lucid.logical_not(attn_mask), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    if is_causal:
+        length, size = scores.shape[-2:]
+        causal = lucid.tril(lucid.ones(length, size, dtype=lucid.bool_))
+        scores = scores.masked_fill(lucid.logical_not(causal), float("-inf"))
+    weights = dropout(softmax(scores, -1), dropout_p, True)
+    return weights.matmul(value)
