@@ -320,3 +320,36 @@ def test_non_numeric_hyperparameters_raise_type_error():
         optim.Adam([a], betas=(0.9, None))
     with pytest.raises(ValueError, match="learning rate"):
         optim.Adam([a], lr=float("nan"))
+
+
+@pytest.mark.parametrize(
+    "cls, options",
+    [
+        (optim.SGD, dict(lr=0.1, momentum=0.9)),
+        (optim.Adam, dict(lr=0.02)),
+        (optim.AdamW, dict(lr=0.02)),
+        (optim.RMSprop, dict(lr=0.005)),
+        (optim.Adagrad, dict(lr=0.1)),
+        (optim.Adadelta, dict(lr=1.0)),
+        (optim.Adamax, dict(lr=0.02)),
+        (optim.NAdam, dict(lr=0.02)),
+        (optim.RAdam, dict(lr=0.05)),
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else "",
+)
+def test_trains_an_nn_module(cls, options):
+    nn = pytest.importorskip("lucid.nn")
+    functional = pytest.importorskip("lucid.nn.functional")
+    rng = np.random.default_rng(0)
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    x = lucid.tensor(rng.standard_normal((32, 3)).astype(np.float32))
+    y = lucid.tensor(np.sin(x.numpy().sum(1, keepdims=True)))
+    opt = cls(model.parameters(), **options)
+    first = functional.mse_loss(model(x), y).item()
+    for _ in range(40):
+        opt.zero_grad()
+        loss = functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+    assert functional.mse_loss(model(x), y).item() < 0.7 * first
