@@ -161,8 +161,13 @@ def _alias_version(out: Tensor, x: Tensor) -> Tensor:
 def reshape(x: Tensor, *shape: Any) -> Tensor:
     """``x`` with a new shape holding the same elements; one dim may be -1."""
     shape = _shape_args(shape)
-    if None in shape and -1 in shape:
-        shape = _resolve_shape(x.shape, shape, "reshape")  # leave numpy one unknown dim
+    if None in shape:
+        # x.view(x.shape[0], -1) under a symbolic trace: record the symbolic dim as the one -1,
+        # so the op runs at any size.
+        if -1 in shape:
+            shape = _resolve_shape(x.shape, shape, "reshape")
+        if shape.count(None) == 1:
+            shape = tuple(-1 if d is None else d for d in shape)
     return _alias_version(apply("reshape", x, shape=shape), x)
 
 
@@ -231,8 +236,8 @@ def _expand_infer(x, shape):
     out = []
     for i, d in enumerate(shape):
         src = x.shape[i - lead] if i >= lead else 1
-        if d is None and i >= lead and src != 1:
-            d = -1  # a symbolic dim of the target is the operand's own (symbolic) dim
+        if d is None and i >= lead:
+            d = -1  # a symbolic target dim is the operand's own dim (see ``expand``)
         if d == -1:
             if i < lead:
                 raise ValueError(f"expand: -1 is not allowed in a new leading dim ({shape})")
@@ -280,7 +285,22 @@ x_aval = _aval  # kept for callers of the scaffold's name
 @tensor_method()
 def expand(x: Tensor, *shape: Any) -> Tensor:
     """Broadcast ``x`` to ``shape`` without copying; -1 keeps a dim's size."""
-    return apply("expand", x, shape=_shape_args(shape))
+    shape = _shape_args(shape)
+    if None in shape:
+        # Under a symbolic trace a None target is the operand's own symbolic dim (-1); growing a
+        # concrete dim to a symbolic size cannot be written as a static attribute.
+        lead = len(shape) - x.ndim
+        fixed = []
+        for i, d in enumerate(shape):
+            if d is None:
+                if i < lead or x.shape[i - lead] is not None:
+                    raise ValueError(
+                        f"expand: cannot broadcast {tuple(x.shape)} to the symbolic shape {shape}"
+                    )
+                d = -1
+            fixed.append(d)
+        shape = tuple(fixed)
+    return apply("expand", x, shape=shape)
 
 
 @tensor_method()
@@ -565,7 +585,7 @@ def _repeat(x: Tensor, sizes: tuple, op: str) -> Tensor:
             raise ValueError(f"{op}: repeats must be non-negative ints, got {sizes}")
     shape = (1,) * (len(sizes) - x.ndim) + tuple(x.shape)
     interleaved = tuple(v for d in shape for v in (1, d))
-    target = tuple(v for r, d in zip(sizes, shape, strict=True) for v in (r, d))
+    target = tuple(v for r in sizes for v in (r, -1))
     y = reshape(x, interleaved).expand(target)
     return reshape(y, tuple(_mul(r, d) for r, d in zip(sizes, shape, strict=True)))
 
