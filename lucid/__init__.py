@@ -61,3 +61,15 @@ def from_numpy(array) -> Tensor:
 
     _dt(array.dtype)
     return Tensor._wrap(array)
+
+
+from lucid import nn, optim  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
+
+
+def __getattr__(name: str):
+    # The compiler is imported on first use, so `import lucid` stays light (xDSL loads lazily).
+    if name == "compile":
+        import importlib
+
+        return importlib.import_module("lucid.compile")
+    raise AttributeError(f"module 'lucid' has no attribute {name!r}")

@@ -1,10 +1,35 @@
 """lucid.compile: trace, import, optimize and run compiled graphs.
 
-Only the tracing entry points live here for now; the user-facing ``lucid.compile(...)`` API is
-built on top of them in its own module.
+``lucid.compile`` is both this namespace and a callable: ``lucid.compile(model)`` (or
+``@lucid.compile``) wraps a model in a ``CompiledModule``. The tracing entry points
+(``_tracing``, ``trace``) are the unstable low-level surface the rest is built on.
 """
+
+import sys
+import types
 
 from lucid.compile._trace import Trace
 from lucid.compile._tracing import GraphBreak, Tracer, _tracing, trace
+from lucid.compile.api import CacheKey, CompiledModule, CompileError, compile
 
-__all__ = ["GraphBreak", "Trace", "Tracer", "_tracing", "trace"]
+__all__ = [
+    "CacheKey",
+    "CompileError",
+    "CompiledModule",
+    "GraphBreak",
+    "Trace",
+    "Tracer",
+    "_tracing",
+    "compile",
+    "trace",
+]
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``lucid.compile(model)`` call ``lucid.compile.compile``."""
+
+    def __call__(self, target=None, **kwargs):
+        return compile(target, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

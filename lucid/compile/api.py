@@ -1,0 +1,505 @@
+"""``lucid.compile``: the user-facing wrapper and its per-signature executable cache.
+
+A call computes a cache key from its arguments (see ``CompiledModule``); a hit binds the inputs,
+parameters and buffers to the cached executable's feeds and runs it; a miss traces, compiles,
+stores and runs. Anything the compiler cannot handle makes that signature eager-only, with the
+reason kept in ``cache_info()["reasons"]`` and one warning on the ``lucid.compile`` logger.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lucid import _random
+from lucid._state import state
+from lucid._tensor import Tensor
+from lucid.compile import _pipeline, _pytree
+from lucid.compile._tracing import GraphBreak, _tracing
+
+logger = logging.getLogger("lucid.compile")
+
+__all__ = ["CacheKey", "CompileError", "CompiledModule", "compile"]
+
+
+class CompileError(RuntimeError):
+    """Compilation of a signature failed (raised instead of falling back when ``strict``)."""
+
+
+class CacheKey(tuple):
+    """What a compiled executable is specialised on: the tensor arguments' shapes, dtypes and
+    ``requires_grad``, the values of the other arguments, keyword names, the training flag,
+    whether gradients are needed, and the parameters' dtypes."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        args, kwargs, training, grad, params = self
+        parts = [_sig_repr(a) for a in args] + [f"{k}={_sig_repr(v)}" for k, v in kwargs]
+        mode = "train" if training else "eval"
+        return f"CacheKey(({', '.join(parts)}), {mode}{', grad' if grad else ''})"
+
+
+def _sig_repr(sig: tuple) -> str:
+    if sig[0] == "T":
+        _, shape, dt, rg = sig
+        dims = "x".join("?" if d is None else str(d) for d in shape)
+        return f"tensor<{dims}x{np.dtype(dt).name}>{'+grad' if rg else ''}"
+    return repr(sig[2])
+
+
+class _Unhashable(Exception):
+    pass
+
+
+def _arg_sig(a: Any) -> tuple:
+    if isinstance(a, Tensor):
+        d = a._data
+        if d is None:
+            raise _Unhashable("a trace tensor")
+        return ("T", d.shape, d.dtype.str, a._requires_grad)
+    try:
+        hash(a)
+    except TypeError:
+        raise _Unhashable(type(a).__name__) from None
+    return ("V", type(a).__name__, a)
+
+
+@dataclass
+class _Entry:
+    """One cached signature: the executable and how to bind and unpack it."""
+
+    graph: Any  # _pipeline.CompiledGraph
+    bind: Callable[[tuple, dict], list]
+    finish: Callable[[tuple, dict, list], Any]
+    trace: Any
+    compile_ms: float
+    passes_ms: dict[str, float]
+    n_hits: int = 0
+    last_run_ms: float = 0.0
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        t0 = time.perf_counter()
+        results = self.graph.run(self.bind(args, kwargs))
+        out = self.finish(args, kwargs, results)
+        self.last_run_ms = (time.perf_counter() - t0) * 1e3
+        return out
+
+
+@dataclass
+class _Options:
+    backend: str = "auto"
+    strict: bool = False
+    pipeline: str | None = None
+    print_ir_after_all: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+class CompiledModule:
+    """A model (or callable) whose calls run as cached native executables.
+
+    >>> cm = lucid.compile(model)
+    >>> y = cm(x)                  # traces, compiles and runs
+    >>> y = cm(x)                  # a cache hit: binds and runs the executable
+    >>> cm.cache_info()["entries"]
+    1
+    """
+
+    def __init__(self, target: Any, *, dynamic: bool = False, backend: str = "auto",
+                 strict: bool = False, options: dict[str, Any] | None = None):
+        if not callable(target):
+            raise TypeError(f"lucid.compile needs an nn.Module or a callable, got "
+                            f"{type(target).__name__}")
+        opts = dict(options or {})
+        backend = os.environ.get("LUCID_COMPILE_BACKEND", backend) if backend == "auto" else backend
+        self.__dict__["_model"] = target
+        self.__dict__["_dynamic"] = bool(dynamic)
+        self.__dict__["_options"] = _Options(
+            backend=_pipeline.resolve_backend(backend),
+            strict=strict or _env_flag("LUCID_COMPILE_STRICT"),
+            pipeline=opts.pop("pipeline", None),
+            print_ir_after_all=bool(opts.pop("print_ir_after_all", False)),
+            extra=opts,
+        )
+        self.__dict__["_lock"] = threading.RLock()
+        self._reset()
+        functools.update_wrapper(self, target, updated=())
+
+    def _reset(self) -> None:
+        d = self.__dict__
+        d["_entries"] = {}
+        d["_eager_only"] = {}
+        d["_n_calls"] = {}
+        d["_params"] = None
+        d["_steps"] = {}
+
+    # --- properties and delegation --------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        return self._model
+
+    @property
+    def dynamic(self) -> bool:
+        """The requested flag (see the user guide: per-shape executables unless
+        ``LUCID_COMPILE_DYNAMIC=1`` and the graph is proven safe)."""
+        return self._dynamic
+
+    @property
+    def training(self) -> bool:
+        return bool(getattr(self._model, "training", False))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_model"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in type(self).__dict__ or name in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._model, name, value)
+
+    def __repr__(self) -> str:
+        return f"CompiledModule({self._model!r})"
+
+    def train(self, mode: bool = True) -> CompiledModule:
+        self._model.train(mode)
+        self.clear_cache()
+        return self
+
+    def eval(self) -> CompiledModule:
+        return self.train(False)
+
+    def to(self, *args: Any, **kwargs: Any) -> CompiledModule:
+        self._model.to(*args, **kwargs)
+        self.clear_cache()
+        return self
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False):
+        result = self._model.load_state_dict(state_dict, strict=strict, assign=assign)
+        self.clear_cache()
+        return result
+
+    def parameters(self, recurse: bool = True):
+        return self._model.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any):
+        return self._model.named_parameters(*args, **kwargs)
+
+    def buffers(self, recurse: bool = True):
+        return self._model.buffers(recurse)
+
+    def state_dict(self, *args: Any, **kwargs: Any):
+        return self._model.state_dict(*args, **kwargs)
+
+    # --- the cache ------------------------------------------------------------------------------
+    def _param_list(self) -> list[Tensor]:
+        params = self.__dict__["_params"]
+        if params is None:
+            fn = getattr(self._model, "parameters", None)
+            params = list(fn()) if fn is not None else []
+            self.__dict__["_params"] = params
+        return params
+
+    def _key(self, args: tuple, kwargs: dict) -> CacheKey:
+        sig = tuple(_arg_sig(a) for a in args)
+        kw = tuple(sorted((k, _arg_sig(v)) for k, v in kwargs.items())) if kwargs else ()
+        params = self._param_list()
+        grad = state.grad_enabled and (
+            any(p._requires_grad for p in params)
+            or any(s[0] == "T" and s[3] for s in sig)
+            or any(s[0] == "T" and s[3] for _, s in kw)
+        )
+        fingerprint = tuple(p._data.dtype.str for p in params)
+        return CacheKey((sig, kw, self.training, grad, fingerprint))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            key = self._key(args, kwargs)
+        except _Unhashable:
+            return self._model(*args, **kwargs)
+        n_calls = self._n_calls
+        n_calls[key] = n_calls.get(key, 0) + 1
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.n_hits += 1
+            try:
+                return entry(args, kwargs)
+            except _pipeline.FeedMismatch:
+                # A parameter or buffer changed shape or dtype behind our back: recompile.
+                with self._lock:
+                    self._entries.pop(key, None)
+                    self.__dict__["_params"] = None
+        if key in self._eager_only:
+            return self._model(*args, **kwargs)
+        return self._miss(key, args, kwargs)
+
+    def _miss(self, key: CacheKey, args: tuple, kwargs: dict) -> Any:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None and key not in self._eager_only:
+                try:
+                    entry = self._compile(key, args, kwargs)
+                except (GraphBreak, _pipeline.Unsupported) as e:
+                    return self._fall_back(key, args, kwargs, e)
+                except Exception as e:
+                    if self._options.strict:
+                        raise
+                    return self._fall_back(key, args, kwargs, e, unexpected=True)
+                self._entries[key] = entry
+        if entry is None:
+            return self._model(*args, **kwargs)
+        return entry(args, kwargs)
+
+    def _fall_back(self, key: CacheKey, args: tuple, kwargs: dict, err: BaseException,
+                   unexpected: bool = False) -> Any:
+        reason = f"{type(err).__name__}: {err}"
+        if self._options.strict:
+            raise CompileError(f"lucid.compile (strict): cannot compile {key!r}: {reason}") from err
+        # The eager result decides: if the model itself rejects the input, the user gets that
+        # error and the signature is not marked.
+        out = self._model(*args, **kwargs)
+        self._eager_only[key] = reason
+        logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
+        return out
+
+    def _compile(self, key: CacheKey, args: tuple, kwargs: dict) -> _Entry:
+        t0 = time.perf_counter()
+        training, needs_grad = key[2], key[3]
+        if needs_grad:
+            raise _pipeline.Unsupported(
+                "gradients are needed (grad mode is on and parameters require grad): run under "
+                "lucid.no_grad() for inference, or train with lucid.compile.make_step/fused_step"
+            )
+        del training
+        with _tracing(self._model) as tracer:
+            tensor_pos: list[int] = []
+            targs = []
+            for i, a in enumerate(args):
+                if isinstance(a, Tensor):
+                    tensor_pos.append(i)
+                    targs.append(tracer.input_like(a))
+                else:
+                    targs.append(a)
+            tkwargs = {
+                k: tracer.input_like(v, role=f"input:{k}") if isinstance(v, Tensor) else v
+                for k, v in kwargs.items()
+            }
+            out = self._model(*targs, **tkwargs)
+            leaves: list[Tensor] = []
+            rebuild = _pytree.flatten(out, leaves)
+            # An input returned unchanged comes back as itself, not as a copy.
+            passthrough: dict[int, tuple[str, Any]] = {}
+            computed: list[Tensor] = []
+            for j, t in enumerate(leaves):
+                hit = next((("arg", tensor_pos[n]) for n, ta in enumerate(
+                    targs[i] for i in tensor_pos) if ta is t), None)
+                if hit is None:
+                    hit = next((("kw", k) for k, v in tkwargs.items() if v is t), None)
+                if hit is not None:
+                    passthrough[j] = hit
+                else:
+                    computed.append(t)
+            trace = tracer.finish(computed)
+            captured = tracer.feed_tensors()
+        graph = _pipeline.compile_trace(trace, backend=self._options.backend,
+                                        pipeline=self._options.pipeline,
+                                        print_ir_after_all=self._options.print_ir_after_all,
+                                        dynamic=self._dynamic)
+        bind = _make_binder(graph.feed_roles, tensor_pos, captured)
+        finish = _make_finisher(graph.result_roles, leaves, passthrough, rebuild, captured,
+                                len(computed))
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        if _env_flag("LUCID_COMPILE_VERBOSE"):
+            split = ", ".join(f"{k} {v:.1f}" for k, v in graph.passes_ms.items())
+            logger.warning("lucid.compile: compiled %r: %d ops, %.1f ms (%s), backend %s",
+                           key, len(trace.ops), compile_ms, split, self._options.backend)
+        if _env_flag("LUCID_COMPILE_DEBUG"):
+            _pipeline.dump_trace(trace)
+        return _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
+
+    # --- introspection --------------------------------------------------------------------------
+    def cache_info(self) -> dict[str, Any]:
+        """``entries``, ``keys``, ``eager_only``, ``n_calls`` and ``reasons`` (why each
+        eager-only signature fell back)."""
+        return {
+            "entries": len(self._entries),
+            "keys": tuple(self._entries),
+            "eager_only": tuple(self._eager_only),
+            "n_calls": dict(self._n_calls),
+            "reasons": dict(self._eager_only),
+        }
+
+    def timing(self) -> list[dict[str, Any]]:
+        """One row per cached signature: ``key``, ``compile_ms``, ``last_run_ms``, ``n_hits``
+        (calls served from the cache) and ``passes_ms`` (time per compiler stage)."""
+        return [
+            {"key": k, "compile_ms": e.compile_ms, "last_run_ms": e.last_run_ms,
+             "n_hits": e.n_hits, "passes_ms": dict(e.passes_ms)}
+            for k, e in self._entries.items()
+        ]
+
+    def clear_cache(self) -> None:
+        """Drop every entry, the eager-only list, the call counters, the parameter fingerprint
+        and the training-step callables."""
+        with self._lock:
+            self._reset()
+
+    def graph_dump(self, key: CacheKey | None = None) -> str:
+        """The trace JSON of every cached signature (a list of ``{sig, graph}``), or of one."""
+        import json
+
+        if key is not None:
+            e = self._entries.get(key)
+            return "" if e is None else e.trace.to_json()
+        return json.dumps([{"sig": repr(k), "graph": e.trace.to_dict()}
+                           for k, e in self._entries.items()])
+
+    dump_trace = graph_dump
+
+    def ir(self, key: CacheKey | None = None, stage: str = "final") -> str:
+        """The MLIR text of a cached signature at ``stage``: ``imported``, ``optimized``,
+        ``prim`` or ``final``. Without ``key``: the most recently compiled signature."""
+        if key is None:
+            if not self._entries:
+                raise KeyError("no compiled signature yet: call the module first")
+            key = list(self._entries)[-1]
+        entry = self._entries.get(key)
+        if entry is None:
+            raise KeyError(f"no compiled signature {key!r}")
+        return _pipeline.stage_ir(entry.trace, stage, backend=self._options.backend,
+                                  pipeline=self._options.pipeline)
+
+    # --- training ------------------------------------------------------------------------------
+    def step(self, *args: Any, loss_fn: Callable[..., Tensor]) -> Tensor:
+        """One compiled training step (forward + backward); the loss has a working grad_fn."""
+        steps = self.__dict__["_steps"]
+        fn = steps.get(loss_fn)
+        if fn is None:
+            from lucid.compile import make_step
+
+            fn = steps[loss_fn] = make_step(self._model, loss_fn, dynamic=self._dynamic)
+        return fn(*args)
+
+
+def _make_binder(feed_roles: list[str], tensor_pos: list[int], captured: dict[str, Tensor]):
+    """A function (args, kwargs) -> the feed arrays, in the executable's feed order."""
+    plan: list[tuple[str, Any]] = []
+    for role in feed_roles:
+        kind, _, name = role.partition(":")
+        if kind == "input":
+            if name.isdigit():
+                plan.append(("arg", tensor_pos[int(name)]))
+            else:
+                plan.append(("kw", name))
+        elif role == "rng":
+            plan.append(("rng", None))
+        else:
+            plan.append(("tensor", captured[role]))
+    if all(k == "arg" for k, _ in plan[: len(tensor_pos)]) and all(
+        k == "tensor" for k, _ in plan[len(tensor_pos):]
+    ):
+        # The common case (positional inputs, then parameters and buffers) gets a tight loop.
+        positions = [p for _, p in plan[: len(tensor_pos)]]
+        tensors = [t for _, t in plan[len(tensor_pos):]]
+
+        def bind_fast(args: tuple, kwargs: dict) -> list:
+            return [args[i]._data for i in positions] + [t._data for t in tensors]
+
+        return bind_fast
+
+    def bind(args: tuple, kwargs: dict) -> list:
+        feeds = []
+        for kind, ref in plan:
+            if kind == "arg":
+                feeds.append(args[ref]._data)
+            elif kind == "kw":
+                feeds.append(kwargs[ref]._data)
+            elif kind == "rng":
+                feeds.append(_random.get_rng_state()._data)
+            else:
+                feeds.append(ref._data)
+        return feeds
+
+    return bind
+
+
+def _make_finisher(result_roles: list[str], leaves: list, passthrough: dict, rebuild,
+                   captured: dict[str, Tensor], n_outputs: int):
+    """A function (args, kwargs, result arrays) -> the model's return structure; it also writes
+    buffer updates (BatchNorm running statistics) and the advanced RNG state back."""
+    out_index: list[int] = []
+    writebacks: list[tuple[int, Any]] = []
+    for i, role in enumerate(result_roles):
+        if role.startswith("output:"):
+            out_index.append(i)
+        elif role == "update:rng":
+            writebacks.append((i, "rng"))
+        elif role.startswith("update:"):
+            target = role[len("update:"):]
+            writebacks.append((i, captured.get(target, target)))
+        else:
+            raise ValueError(f"unknown result role {role!r}")
+    if len(out_index) != n_outputs:
+        raise _pipeline.Unsupported(
+            f"the executable returns {len(out_index)} outputs, the trace {n_outputs}")
+    n_leaves = len(leaves)
+    slots = [None] * n_leaves
+    computed_slots = [j for j in range(n_leaves) if j not in passthrough]
+    wrap = Tensor._wrap
+
+    if not passthrough and not writebacks:
+        if n_leaves == 1 and len(out_index) == 1:
+            i0 = out_index[0]
+            return lambda args, kwargs, res: rebuild([wrap(res[i0])])
+
+        def finish_plain(args, kwargs, res):
+            return rebuild([wrap(res[i]) for i in out_index])
+
+        return finish_plain
+
+    def finish(args: tuple, kwargs: dict, res: list) -> Any:
+        for i, target in writebacks:
+            if target == "rng":
+                _random.set_rng_state(res[i])
+            elif isinstance(target, Tensor):
+                np.copyto(target._data, res[i])
+                target._version[0] += 1
+            elif target.startswith("input:"):
+                name = target[len("input:"):]
+                t = kwargs[name] if not name.isdigit() else [
+                    a for a in args if isinstance(a, Tensor)][int(name)]
+                np.copyto(t._data, res[i])
+                t._version[0] += 1
+        vals = list(slots)
+        for j, i in zip(computed_slots, out_index, strict=True):
+            vals[j] = wrap(res[i])
+        for j, (kind, ref) in passthrough.items():
+            vals[j] = args[ref] if kind == "arg" else kwargs[ref]
+        return rebuild(vals)
+
+    return finish
+
+
+def compile(target: Any = None, *, dynamic: bool = False, backend: str = "auto",  # noqa: A001
+            strict: bool = False, options: dict[str, Any] | None = None):
+    """Wrap an ``nn.Module`` or a callable so its calls run as cached native executables.
+
+    Usable directly (``lucid.compile(model)``) and as a decorator (``@lucid.compile``,
+    ``@lucid.compile(dynamic=True)``).
+    """
+    if target is None:
+        return lambda t: CompiledModule(t, dynamic=dynamic, backend=backend, strict=strict,
+                                        options=options)
+    return CompiledModule(target, dynamic=dynamic, backend=backend, strict=strict,
+                          options=options)

@@ -1,0 +1,319 @@
+"""Acceptance tests of lucid.compile's CompiledModule (issue: CompiledModule and the cache)."""
+
+import collections
+import dataclasses
+import importlib.util
+import logging
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import lucid
+import lucid.nn as nn
+import lucid.nn.functional as F
+
+_spec = importlib.util.spec_from_file_location(
+    "compile_models", os.path.join(os.path.dirname(__file__), "models.py"))
+models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(models)
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def randn(*shape, seed=0):
+    return lucid.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+@pytest.fixture(autouse=True)
+def _inference_mode():
+    with lucid.no_grad():
+        yield
+
+
+def assert_matches_eager(model, *inputs):
+    cm = lucid.compile(model)
+    got = cm(*inputs)
+    want = model(*inputs)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=ATOL)
+    info = cm.cache_info()
+    assert info["eager_only"] == (), info["reasons"]
+    assert info["entries"] == 1
+    return cm
+
+
+def test_cache_accounting_five_calls_one_entry_four_hits():
+    cm = lucid.compile(models.MLP())
+    x = randn(8, 16)
+    for _ in range(5):
+        cm(x)
+    info = cm.cache_info()
+    assert info["entries"] == 1
+    (key,) = info["keys"]
+    assert info["n_calls"][key] == 5
+    (row,) = cm.timing()
+    assert row["n_hits"] == 4
+    assert row["compile_ms"] > 0
+    assert set(row["passes_ms"]) >= {"import", "canonicalize", "cse", "dce"}
+
+
+def test_four_batch_sizes_four_entries():
+    cm = lucid.compile(models.MLP())
+    for b in (1, 2, 3, 4):
+        cm(randn(b, 16))
+    assert cm.cache_info()["entries"] == 4
+
+
+@pytest.mark.parametrize("action", ["train", "eval", "load_state_dict", "to", "clear_cache"])
+def test_cache_is_emptied_by(action):
+    model = models.MLP()
+    cm = lucid.compile(model)
+    cm(randn(2, 16))
+    assert cm.cache_info()["entries"] == 1
+    if action == "load_state_dict":
+        cm.load_state_dict(model.state_dict())
+    elif action == "to":
+        cm.to(lucid.float32)
+    else:
+        getattr(cm, action)()
+    info = cm.cache_info()
+    assert info["entries"] == 0 and info["n_calls"] == {}
+
+
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (models.MLP, (5, 16)),
+        (lambda: models.LeNet().eval(), (2, 1, 12, 12)),
+        (lambda: models.BasicBlock().eval(), (2, 4, 6, 6)),
+        (models.LSTMModel, (3, 5, 6)),
+    ],
+    ids=["mlp", "lenet-bn", "resnet-block", "lstm"],
+)
+def test_models_compile_and_match_eager(make, shape):
+    lucid.manual_seed(0)
+    assert_matches_eager(make(), randn(*shape))
+
+
+def test_tiny_gpt_compiles_and_matches_eager():
+    lucid.manual_seed(0)
+    idx = lucid.tensor(np.random.default_rng(1).integers(0, 20, (2, 8)))
+    assert_matches_eager(models.TinyGPT(), idx)
+
+
+def test_different_input_gives_different_output_nothing_baked():
+    model = models.MLP()
+    cm = lucid.compile(model)
+    a, b = randn(4, 16, seed=1), randn(4, 16, seed=2)
+    ya, yb = cm(a), cm(b)
+    assert not np.allclose(ya.numpy(), yb.numpy())
+    np.testing.assert_allclose(yb.numpy(), model(b).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_parameter_change_in_place_is_seen_without_recompile():
+    model = models.MLP()
+    cm = lucid.compile(model)
+    x = randn(4, 16)
+    before = cm(x).numpy().copy()
+    model.fc2.bias.add_(1.0)
+    after = cm(x).numpy()
+    np.testing.assert_allclose(after, before + 1.0, rtol=RTOL, atol=ATOL)
+    assert cm.cache_info()["entries"] == 1
+    assert cm.timing()[0]["n_hits"] == 1
+
+
+def test_attribute_sensitive_models_do_not_share_executables():
+    class SoftmaxModel(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.dim = dim
+
+        def forward(self, x):
+            return F.softmax(x, dim=self.dim)
+
+    x = randn(3, 4)
+    a, b = lucid.compile(SoftmaxModel(0)), lucid.compile(SoftmaxModel(1))
+    np.testing.assert_allclose(a(x).numpy(), F.softmax(x, dim=0).numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(b(x).numpy(), F.softmax(x, dim=1).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_dropout_p_changes_the_graph():
+    x = lucid.ones(64, 64)
+    outs = []
+    for p in (0.1, 0.9):
+        m = nn.Dropout(p)
+        m.train()
+        cm = lucid.compile(m)
+        outs.append(float((cm(x).numpy() == 0).mean()))
+    assert outs[0] < 0.3 < 0.7 < outs[1]
+
+
+def test_item_in_forward_falls_back_with_reason_and_warns(caplog):
+    class UsesItem(nn.Module):
+        def forward(self, x):
+            return x * x.sum().item()
+
+    cm = lucid.compile(UsesItem())
+    x = randn(3)
+    with caplog.at_level(logging.WARNING, logger="lucid.compile"):
+        y = cm(x)
+    np.testing.assert_allclose(y.numpy(), (x * x.sum().item()).numpy(), rtol=RTOL)
+    info = cm.cache_info()
+    assert len(info["eager_only"]) == 1 and info["entries"] == 0
+    (reason,) = info["reasons"].values()
+    assert "item()" in reason and "test_compiled_module.py" in reason
+    assert any("eagerly" in r.getMessage() for r in caplog.records)
+    cm(x)  # the second call goes straight to eager
+    assert info["eager_only"] == cm.cache_info()["eager_only"]
+
+
+def test_strict_raises_instead_of_falling_back():
+    class UsesItem(nn.Module):
+        def forward(self, x):
+            return x * x.sum().item()
+
+    with pytest.raises(lucid.compile.CompileError, match="item"):
+        lucid.compile(UsesItem(), strict=True)(randn(3))
+
+
+def test_output_structures_round_trip():
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @dataclasses.dataclass
+    class Out:
+        y: lucid.Tensor
+        tag: str
+
+    def fn(x):
+        return {"t": (x * 2.0, [x + 1.0]), "p": Pair(x.exp(), 3), "d": Out(x - 1.0, "hi"), "x": x}
+
+    x = randn(2, 3)
+    got = lucid.compile(fn)(x)
+    assert isinstance(got["p"], Pair) and got["p"].b == 3
+    assert isinstance(got["d"], Out) and got["d"].tag == "hi"
+    assert got["x"] is x
+    np.testing.assert_allclose(got["t"][1][0].numpy(), x.numpy() + 1.0, rtol=RTOL)
+    np.testing.assert_allclose(got["p"].a.numpy(), np.exp(x.numpy()), rtol=RTOL)
+
+
+def test_keyword_tensors_compile_and_scalar_keywords_rekey():
+    def fn(x, *, bias, scale=1.0):
+        return x * scale + bias
+
+    cm = lucid.compile(fn)
+    x, b = randn(2, 3), randn(3, seed=4)
+    np.testing.assert_allclose(cm(x, bias=b).numpy(), (x + b).numpy(), rtol=RTOL)
+    np.testing.assert_allclose(cm(x, bias=b, scale=2.0).numpy(), (x * 2.0 + b).numpy(),
+                               rtol=RTOL)
+    info = cm.cache_info()
+    assert info["entries"] == 2 and info["eager_only"] == ()
+
+
+def test_unhashable_argument_runs_eagerly_without_polluting_the_cache():
+    def fn(x, opts):
+        return x * opts["k"]
+
+    cm = lucid.compile(fn)
+    x = randn(3)
+    np.testing.assert_allclose(cm(x, {"k": 2.0}).numpy(), x.numpy() * 2.0, rtol=RTOL)
+    info = cm.cache_info()
+    assert info["entries"] == 0 and info["eager_only"] == () and info["n_calls"] == {}
+
+
+def test_non_callable_target_is_a_type_error():
+    with pytest.raises(TypeError, match="callable"):
+        lucid.compile(42)
+
+
+def test_decorator_forms():
+    @lucid.compile
+    def f(x):
+        return x + 1.0
+
+    @lucid.compile(dynamic=True)
+    def g(x):
+        return x * 3.0
+
+    x = randn(4)
+    np.testing.assert_allclose(f(x).numpy(), x.numpy() + 1.0, rtol=RTOL)
+    np.testing.assert_allclose(g(x).numpy(), x.numpy() * 3.0, rtol=RTOL)
+    assert g.dynamic and not f.dynamic
+
+
+def test_attribute_fall_through_and_delegation():
+    model = models.MLP()
+    cm = lucid.compile(model)
+    assert cm.fc1 is model.fc1
+    assert cm.model is model
+    assert [id(p) for p in cm.parameters()] == [id(p) for p in model.parameters()]
+    assert cm.training == model.training
+    cm.eval()
+    assert not model.training and not cm.training
+
+
+def test_batchnorm_training_mode_updates_running_stats_in_place():
+    lucid.manual_seed(0)
+    ref, model = nn.BatchNorm2d(3), nn.BatchNorm2d(3)
+    model.load_state_dict(ref.state_dict())
+    ref.train(), model.train()
+    cm = lucid.compile(model)
+    mean_buffer = model.running_mean
+    for seed in range(3):
+        x = randn(4, 3, 5, 5, seed=seed)
+        np.testing.assert_allclose(cm(x).numpy(), ref(x).numpy(), rtol=RTOL, atol=ATOL)
+    assert model.running_mean is mean_buffer
+    np.testing.assert_allclose(model.running_mean.numpy(), ref.running_mean.numpy(), rtol=RTOL)
+    np.testing.assert_allclose(model.running_var.numpy(), ref.running_var.numpy(), rtol=RTOL)
+    assert cm.cache_info()["eager_only"] == ()
+
+
+def test_dropout_training_is_random_per_call_and_reproducible():
+    m = nn.Dropout(0.5)
+    m.train()
+    cm = lucid.compile(m)
+    x = lucid.ones(32, 32)
+    lucid.manual_seed(7)
+    a, b = cm(x).numpy().copy(), cm(x).numpy().copy()
+    assert not np.array_equal(a, b)
+    lucid.manual_seed(7)
+    np.testing.assert_array_equal(cm(x).numpy(), a)
+    assert cm.cache_info()["eager_only"] == ()
+
+
+def test_ir_stages_and_graph_dump():
+    cm = lucid.compile(models.MLP())
+    cm(randn(2, 16))
+    imported = cm.ir(stage="imported")
+    assert "lucid.linear" in imported or "lucid.matmul" in imported
+    assert "prim." in cm.ir(stage="prim")
+    dump = cm.graph_dump()
+    assert "lucid.compile.trace/v1" in dump
+    key = cm.cache_info()["keys"][0]
+    assert "lucid.compile.trace/v1" in cm.graph_dump(key)
+    assert cm.dump_trace(("no", "such")) == ""
+
+
+def test_concurrent_calls_agree_with_eager_and_compile_once_per_shape():
+    model = models.MLP()
+    cm = lucid.compile(model)
+    inputs = [randn(b, 16, seed=b) for b in (2, 3, 5)]
+    expected = [model(x).numpy() for x in inputs]
+    errors = []
+
+    def worker(tid):
+        try:
+            for i in range(200):
+                k = (i + tid) % 3
+                np.testing.assert_allclose(cm(inputs[k]).numpy(), expected[k], rtol=RTOL,
+                                           atol=ATOL)
+        except Exception as e:  # collected and re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert cm.cache_info()["entries"] == 3
