@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from lucid.ops._registry import AVal, OpDef, broadcast_shapes, register
+from lucid.ops._registry import SYMBOLIC_BATCH_SAFE, AVal, OpDef, broadcast_shapes, register
 
 __all__: list[str] = []
 
@@ -95,6 +95,7 @@ register(
         _kernel,
         _vjp,
         attrs={"is_causal": False, "scale": None},
+        props=frozenset({SYMBOLIC_BATCH_SAFE}),
         saves_outputs=False,
         doc="softmax(q @ k^T * scale + mask) @ v; bool masks say where to attend.",
     )

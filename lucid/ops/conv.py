@@ -14,7 +14,7 @@ import numpy as np
 
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
-from lucid.ops._registry import AVal, OpDef, register
+from lucid.ops._registry import SYMBOLIC_BATCH_SAFE, AVal, OpDef, register
 
 __all__ = ["conv1d", "conv2d"]
 
@@ -80,6 +80,7 @@ register(
         _linear_infer,
         _linear_kernel,
         _linear_vjp,
+        props=frozenset({SYMBOLIC_BATCH_SAFE}),
         saves_outputs=False,
         doc="``x @ weight.T + bias``; weight is (out_features, in_features).",
     )
@@ -221,6 +222,7 @@ register(
         _conv2d_kernel,
         _conv2d_vjp,
         attrs=dict(_CONV_ATTRS),
+        props=frozenset({SYMBOLIC_BATCH_SAFE}),
         saves_outputs=False,
         doc="2-d cross-correlation; padding is (top, bottom, left, right).",
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lucid.ops._registry import AVal, OpDef, register
+from lucid.ops._registry import SYMBOLIC_BATCH_SAFE, AVal, OpDef, register
 
 __all__: list[str] = []
 
@@ -97,6 +97,7 @@ register(
         _layer_norm_kernel,
         _layer_norm_vjp,
         attrs={"normalized_shape": None, "eps": 1e-5},
+        props=frozenset({SYMBOLIC_BATCH_SAFE}),
         saves_outputs=False,
         doc="Normalise over the trailing ``normalized_shape`` dims (biased variance), then "
         "scale and shift.",
@@ -217,6 +218,7 @@ register(
         _rms_norm_kernel,
         _rms_norm_vjp,
         attrs={"normalized_shape": None, "eps": None},
+        props=frozenset({SYMBOLIC_BATCH_SAFE}),
         saves_outputs=False,
         doc="x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps None means the "
         "dtype's machine epsilon.",

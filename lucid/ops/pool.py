@@ -12,7 +12,9 @@ import numpy as np
 
 from lucid import _dtype
 from lucid._dispatch import apply
-from lucid.ops._registry import AVal, OpDef, register
+from lucid.ops._registry import SYMBOLIC_BATCH_SAFE, AVal, OpDef, register
+
+_SAFE = frozenset({SYMBOLIC_BATCH_SAFE})
 
 __all__: list[str] = []
 
@@ -122,6 +124,7 @@ register(
         _max_kernel,
         _max_vjp,
         attrs=dict(_POOL_ATTRS),
+        props=_SAFE,
         n_outputs=2,
         saves_inputs=False,
         doc="Max over windows; the second output is each maximum's flat index into H*W.",
@@ -244,6 +247,7 @@ register(
             apply("avg_pool2d_backward", g, input_shape=tuple(c.inputs[0].shape), **c.attrs),
         ),
         attrs=dict(_AVG_ATTRS),
+        props=_SAFE,
         saves_inputs=False,
         saves_outputs=False,
     )
@@ -324,6 +328,7 @@ register(
             ),
         ),
         attrs={"output_size": (1, 1)},
+        props=_SAFE,
         saves_inputs=False,
         saves_outputs=False,
     )
