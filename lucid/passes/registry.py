@@ -23,6 +23,7 @@ _BUILTIN = {
     "canonicalize": "lucid.passes.canonicalize:Canonicalize",
     "cse": "lucid.passes.cse:CSE",
     "dce": "lucid.passes.dce:DCE",
+    "lower-to-prim": "lucid.passes.lower_to_prim:LowerToPrim",
 }
 
 _PASSES: dict[str, Callable[[], type[x.ModulePass]]] = {}

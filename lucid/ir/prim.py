@@ -1,0 +1,201 @@
+"""The ``prim`` dialect: one IRDL op per entry of the prim op table (``lucid.backends.prim_ops``).
+
+The table is the single definition of every primitive (operands, attributes, shape/dtype rule,
+numpy semantics); this module only gives each entry an xDSL face. Operands and results are builtin
+tensors of exact dtypes (``f32 f64 i32 i64 i1``), attributes are typed properties, and the verifier
+reruns the table's rule on the operand types.
+
+Custom form: ``%2 = prim.reduce_sum %1 {axes = array<i64: 1>} : (tensor<4x8xf32>) ->
+tensor<4xf32>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from lucid.backends import prim_ops as P
+from lucid.ir import _xdsl as x
+
+__all__ = [
+    "PrimIROp",
+    "attr_from_prim",
+    "attr_to_prim",
+    "aval_of_type",
+    "create_prim",
+    "get_prim_class",
+    "make_prim_context",
+    "prim_attrs",
+    "prim_dialect",
+    "prim_type",
+]
+
+_DTYPE_TO_ELEM = {"f32": x.f32, "f64": x.f64, "i32": x.i32, "i64": x.i64, "bool": x.i1}
+_ELEM_TO_DTYPE = {v: k for k, v in _DTYPE_TO_ELEM.items()}
+_TYPE_CACHE: dict[tuple, x.TensorType] = {}
+
+
+def prim_type(shape: Sequence[int], dtype: str) -> x.TensorType:
+    """``tensor<...>`` of a static shape and a prim dtype name."""
+    key = (tuple(shape), dtype)
+    t = _TYPE_CACHE.get(key)
+    if t is None:
+        t = _TYPE_CACHE[key] = x.TensorType(_DTYPE_TO_ELEM[dtype], list(shape))
+    return t
+
+
+def aval_of_type(t: x.Attribute) -> P.Aval:
+    """The prim ``Aval`` of a tensor type; symbolic dims and non-prim element types raise."""
+    if not isinstance(t, x.TensorType):
+        raise P.PrimError(f"expected a tensor type, got {t}")
+    dtype = _ELEM_TO_DTYPE.get(t.element_type)
+    if dtype is None:
+        raise P.PrimError(f"element type {t.element_type} has no prim dtype; expected {P.DTYPES}")
+    shape = tuple(t.get_shape())
+    if any(d == x.DYNAMIC_INDEX for d in shape):
+        raise P.PrimError(f"prim needs static shapes, got {t}")
+    return P.Aval(shape, dtype)
+
+
+# --- attributes: kind-directed, so every kind has exactly one IR form
+
+
+def attr_to_prim(kind: str, value: Any) -> x.Attribute:
+    if kind == "int":
+        return x.IntegerAttr(int(value), x.i64)
+    if kind == "bool":
+        return x.BoolAttr.from_bool(bool(value))
+    if kind == "float":
+        return x.FloatAttr(float(value), x.f64)
+    if kind == "ints":
+        return x.DenseArrayBase.from_list(x.i64, [int(v) for v in value])
+    if kind == "floats":
+        # An ArrayAttr of f64 attributes: xDSL 0.75 prints some array<f64> values unparseably.
+        return x.ArrayAttr([x.FloatAttr(float(v), x.f64) for v in value])
+    if kind == "dtype":
+        return _DTYPE_TO_ELEM[value]
+    raise AssertionError(kind)
+
+
+def attr_from_prim(kind: str, a: x.Attribute) -> Any:
+    if kind == "int" and isinstance(a, x.IntegerAttr) and a.type != x.i1:
+        return int(a.value.data)
+    if kind == "bool" and isinstance(a, x.IntegerAttr) and a.type == x.i1:
+        return bool(a.value.data)
+    if kind == "float" and isinstance(a, x.FloatAttr):
+        return float(a.value.data)
+    if kind == "ints" and isinstance(a, x.DenseArrayBase):
+        return tuple(int(v) for v in a.get_values())
+    if kind == "floats" and isinstance(a, x.ArrayAttr):
+        if all(isinstance(e, x.FloatAttr) for e in a.data):
+            return tuple(float(e.value.data) for e in a.data)
+    if kind == "dtype" and a in _ELEM_TO_DTYPE:
+        return _ELEM_TO_DTYPE[a]
+    raise P.PrimError(f"attribute {a} is not of kind {kind}")
+
+
+class PrimIROp(x.IRDLOperation):
+    """Base of every generated ``prim.<name>`` op; ``PRIM`` is its table entry."""
+
+    PRIM: ClassVar[P.PrimOp]
+
+    def given_attrs(self) -> dict[str, Any]:
+        """The attributes present on the op, as Python values."""
+        spec = self.PRIM.attrs
+        return {k: attr_from_prim(spec[k].kind, a) for k, a in self.properties.items() if k in spec}
+
+    def prim_attrs(self) -> dict[str, Any]:
+        """Every attribute of the op (defaults filled in), checked by the table."""
+        return P.check_attrs(self.PRIM, self.given_attrs())
+
+    def verify_(self) -> None:
+        op = self.PRIM
+        try:
+            unknown = set(self.properties) - set(op.attrs)
+            if unknown:
+                raise P.PrimError(f"prim.{op.name}: unknown attribute(s) {sorted(unknown)}")
+            avals = [aval_of_type(v.type) for v in self.operands]
+            outs = P.infer(op.name, avals, self.given_attrs())
+        except (P.PrimError, ValueError) as e:
+            raise x.VerifyException(f"{self.name}: {e}") from e
+        if len(outs) != len(self.results):
+            raise x.VerifyException(
+                f"{self.name} has {len(self.results)} results; the op gives {len(outs)}"
+            )
+        for i, (r, av) in enumerate(zip(self.results, outs, strict=True)):
+            want = prim_type(av.shape, av.dtype)
+            if r.type != want:
+                raise x.VerifyException(f"{self.name}: result {i} is declared {r.type}, not {want}")
+
+
+def prim_attrs(op: PrimIROp) -> dict[str, Any]:
+    return op.prim_attrs()
+
+
+_CLASSES: dict[str, type[PrimIROp]] = {}
+
+
+def _class_name(name: str) -> str:
+    return "Prim" + "".join(p.capitalize() for p in name.split("_")) + "Op"
+
+
+def _make_class(op: P.PrimOp) -> type[PrimIROp]:
+    random = "RANDOM" in op.props
+    ns: dict[str, Any] = {
+        "__module__": __name__,
+        "__doc__": f"``prim.{op.name}`` (MPSGraph: {op.mps}; CPU: {op.cpu_kernel})",
+        "name": f"prim.{op.name}",
+        "args": x.var_operand_def(x.TensorType),
+        "res": x.var_result_def(x.TensorType),
+        "assembly_format": "$args attr-dict `:` functional-type($args, $res)",
+        "irdl_options": (x.ParsePropInAttrDict(),),
+        # Random ops stay out of CSE/DCE: two draws from one state are deliberate.
+        "traits": x.traits_def() if random else x.traits_def(x.Pure()),
+    }
+    for attr in op.attrs:
+        ns[f"prop_{attr}"] = x.opt_prop_def(x.Attribute, prop_name=attr)
+    cls = x.irdl_op_definition(type(_class_name(op.name), (PrimIROp,), ns))
+    cls.PRIM = op
+    return cls
+
+
+def get_prim_class(name: str) -> type[PrimIROp]:
+    """The op class of prim op ``name``."""
+    cls = _CLASSES.get(name)
+    if cls is None:
+        cls = _CLASSES[name] = _make_class(P.lookup(name))
+    return cls
+
+
+def create_prim(name: str, operands: Sequence[x.SSAValue], attrs: dict[str, Any]) -> PrimIROp:
+    """A ``prim.<name>`` op on ``operands`` with result types from the table's rule (which raises
+    ``PrimError`` when the operands or attributes do not fit). Attributes equal to their default
+    are left out of the op."""
+    op = P.lookup(name)
+    avals = [aval_of_type(v.type) for v in operands]
+    full = P.check_attrs(op, attrs)
+    outs = P.infer(name, avals, full)
+    props = {}
+    for k, v in full.items():
+        spec = op.attrs[k]
+        if spec.default is P.REQUIRED or v != spec.default:
+            props[k] = attr_to_prim(spec.kind, v)
+    return get_prim_class(name).create(
+        operands=list(operands),
+        result_types=[prim_type(a.shape, a.dtype) for a in outs],
+        properties=props,
+    )
+
+
+def prim_dialect() -> x.Dialect:
+    """The ``prim`` dialect: one op per table entry."""
+    return x.Dialect("prim", [get_prim_class(n) for n in P.PRIM_OPS])
+
+
+def make_prim_context() -> x.Context:
+    """A context with ``builtin``, ``func``, ``lucid`` and ``prim`` loaded."""
+    from lucid.ir.text import make_context
+
+    ctx = make_context()
+    ctx.load_dialect(prim_dialect())
+    return ctx

@@ -1,0 +1,157 @@
+"""``lower-to-prim``: rewrite every ``lucid`` op into ``prim`` ops.
+
+Each lucid op is lowered by the one rule registered for its name in ``lucid.passes.lowering``
+(a table per op family). Promotion becomes explicit ``prim.cast``; Python scalar constants become
+``prim.constant`` of the dtype they are used in; composite ops (linear, layer_norm, gelu,
+cross_entropy, attention, ...) decompose into primitives. After the pass the function holds only
+``prim`` ops and ``func.return``; its signature is unchanged.
+
+An op that cannot lower makes the pass raise ``LoweringError`` naming the op and the reason
+(``lucid.compile`` turns it into an eager fallback carrying that reason). ``lowering_status(name)``
+says, per registry op, ``"yes"`` or ``"no: <reason>"`` (for the coverage table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lucid.ir import _xdsl as x
+from lucid.ir.dialect import ConstantOp, LucidOp, constant_value
+from lucid.ir.types import dtype_of_type, shape_of_type
+from lucid.ops._registry import AVal
+from lucid.passes.lowering import RULES, UNSUPPORTED
+from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, lower_dtype
+
+__all__ = ["LowerToPrim", "LoweringError", "lower_module", "lowering_status"]
+
+
+class LoweringError(ValueError):
+    """A ``lucid`` op could not be lowered to ``prim``; ``op`` names it, ``reason`` says why."""
+
+    def __init__(self, op: str, reason: str):
+        self.op = op
+        self.reason = reason
+        super().__init__(f"cannot lower lucid.{op} to prim: {reason}")
+
+
+def lowering_status(op_name: str) -> str:
+    """``"yes"`` when registry op ``op_name`` has a lowering rule, else ``"no: <reason>"``."""
+    if op_name in RULES:
+        return "yes"
+    reason = UNSUPPORTED.get(op_name)
+    return f"no: {reason}" if reason else "no: no lowering rule"
+
+
+def _static_aval(t: x.Attribute, what: str) -> AVal:
+    shape = shape_of_type(t)
+    if any(d is None for d in shape):
+        raise LoweringUnsupported(
+            f"{what} has a symbolic dimension ({t}); specialize shapes before lowering"
+        )
+    dt = dtype_of_type(t)
+    lower_dtype(dt)
+    return AVal(shape, dt)
+
+
+def _lower_func(fn: x.func.FuncOp) -> None:
+    block = fn.body.blocks.first
+    env: dict[x.SSAValue, Any] = {}
+    for i, a in enumerate(block.args):
+        try:
+            av = _static_aval(a.type, f"argument {i}")
+        except LoweringUnsupported as e:
+            raise LoweringError("func", e.reason) from None
+        env[a] = PV(a, av.shape, av.dtype)
+    old_ops = list(block.ops)
+    current: list[x.Operation] = []
+
+    def insert(new: x.Operation) -> None:
+        block.insert_op_before(new, current[0])
+
+    b = Builder(insert)
+    for op in old_ops:
+        current[:] = [op]
+        if isinstance(op, ConstantOp):
+            value = constant_value(op)
+            if op.scalar() is not None:
+                env[op.results[0]] = value
+            else:
+                av = _static_aval(op.results[0].type, "a constant")
+                env[op.results[0]] = b.const(value, av.dtype, av.shape)
+        elif isinstance(op, LucidOp):
+            _lower_op(b, op, env)
+        elif isinstance(op, x.func.ReturnOp):
+            values = []
+            for v, t in zip(op.operands, fn.function_type.outputs.data, strict=True):
+                pv = env[v]
+                if not isinstance(pv, PV):
+                    av = _static_aval(t, "a result")
+                    pv = b.const(pv, av.dtype, av.shape)
+                values.append(pv.ssa)
+            new_ret = x.func.ReturnOp(*values)
+            block.insert_op_before(new_ret, op)
+        else:
+            raise LoweringError(op.name, "only lucid ops and func.return can be lowered")
+    for op in reversed(old_ops):
+        for r in op.results:
+            if r.uses:
+                raise AssertionError(f"{op.name} still used after lowering")
+        block.erase_op(op)
+
+
+def _lower_op(b: Builder, op: LucidOp, env: dict) -> None:
+    opdef = op.OPDEF
+    name = opdef.name
+    fn = RULES.get(name)
+    if fn is None:
+        raise LoweringError(name, UNSUPPORTED.get(name, "no lowering rule"))
+    try:
+        outs = tuple(_static_aval(r.type, "a result") for r in op.results)
+        for v in op.operands:
+            if isinstance(env[v], PV):
+                lower_dtype(env[v].dtype)
+        operands = op.operand_groups([env[v] for v in op.operands])
+        b.outs, b.op_name = outs, name
+        b.used = tuple(bool(r.uses) for r in op.results)
+        result = fn(b, *operands, **op.lucid_attrs())
+    except LoweringUnsupported as e:
+        raise LoweringError(name, e.reason) from None
+    results = result if isinstance(result, tuple) else (result,)
+    if len(results) != len(op.results):
+        raise AssertionError(
+            f"lowering of {name} gave {len(results)} results, not {len(op.results)}"
+        )
+    for r, pv, av in zip(op.results, results, outs, strict=True):
+        if pv is None:  # an output the rule leaves out because nothing reads it
+            if r.uses:
+                raise LoweringError(name, "the rule cannot produce a result that is used")
+            continue
+        if not isinstance(pv, PV):
+            pv = b.const(pv, av.dtype, av.shape)
+        if pv.shape != av.shape:
+            raise AssertionError(f"lowering of {name} gave shape {pv.shape}, expected {av.shape}")
+        env[r] = b.cast(pv, av.dtype)
+
+
+def lower_module(module: x.ModuleOp) -> x.ModuleOp:
+    """Lower every function of ``module`` in place; returns it."""
+    for fn in module.ops:
+        if isinstance(fn, x.func.FuncOp):
+            _lower_func(fn)
+    return module
+
+
+@dataclass(frozen=True)
+class LowerToPrim(x.ModulePass):
+    """Lower every ``lucid`` op to ``prim`` ops (promotion made explicit, composites decomposed).
+    Fails with a ``LoweringError`` naming the first op that cannot lower."""
+
+    name = "lower-to-prim"
+
+    def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
+        from lucid.ir.prim import prim_dialect
+
+        if ctx.get_optional_dialect("prim") is None:
+            ctx.load_dialect(prim_dialect())
+        lower_module(op)

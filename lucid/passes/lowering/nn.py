@@ -1,0 +1,474 @@
+"""Lowering rules of linear algebra and network layers: matmul, linear, einsum, conv2d and its
+gradients, pooling, normalization, activations and scaled dot-product attention."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lucid import _dtype
+from lucid.ops._registry import normalize_dim
+from lucid.ops.pool import _adaptive_matrix, _avg_divisor, _geometry
+from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, is_scalar, rule
+
+# --- linear algebra
+
+
+def _matmul(b: Builder, a: PV, c: PV, out_shape: tuple, transpose_b: bool = False) -> PV:
+    if a.ndim == 1:
+        a = b.reshape(a, (1, a.shape[0]))
+    if c.ndim == 1:
+        c = b.reshape(c, (c.shape[0], 1) if not transpose_b else (1, c.shape[0]))
+    return b.reshape(b.op("matmul", a, c, transpose_b=transpose_b), out_shape)
+
+
+def _numeric(dt: _dtype.dtype) -> _dtype.dtype:
+    return _dtype.int64 if dt is _dtype.bool_ else dt
+
+
+@rule("matmul")
+def _matmul_rule(b: Builder, a, c):
+    out = b.outs[0]
+    dt = _numeric(out.dtype)
+    return _matmul(b, b.cast(a, dt), b.cast(c, dt), out.shape)
+
+
+@rule("linear")
+def _linear(b: Builder, v, weight, bias):
+    out = b.outs[0]
+    y = _matmul(b, b.cast(v, out.dtype), b.cast(weight, out.dtype), out.shape, transpose_b=True)
+    if isinstance(bias, PV):
+        y = b.op("add", y, b.cast(bias, out.dtype))
+    return y
+
+
+@rule("einsum")
+def _einsum(b: Builder, operands, equation):
+    eq = equation.replace(" ", "")
+    if "." in eq:
+        raise LoweringUnsupported("einsum with an ellipsis")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow:
+        counts = {ch: lhs.count(ch) for ch in lhs if ch.isalpha()}
+        rhs = "".join(sorted(ch for ch, n in counts.items() if n == 1))
+    if any(len(set(t)) != len(t) for t in terms):
+        raise LoweringUnsupported("einsum with a repeated index inside one operand (a diagonal)")
+    dt = _numeric(b.outs[0].dtype)
+    letters = list(rhs) + sorted({ch for t in terms for ch in t} - set(rhs))
+    sizes: dict[str, int] = {}
+    for t, v in zip(terms, operands, strict=True):
+        for ch, d in zip(t, v.shape, strict=True):
+            if sizes.get(ch, 1) == 1:
+                sizes[ch] = d
+    # Each operand in the common index order (missing letters as size-1 dims), multiplied with
+    # broadcasting, then summed over the contracted letters.
+    product = None
+    for t, v in zip(terms, operands, strict=True):
+        v = b.cast(v, dt)
+        mine = [ch for ch in letters if ch in t]
+        v = b.transpose(v, [t.index(ch) for ch in mine])
+        v = b.reshape(v, [v.shape[mine.index(ch)] if ch in t else 1 for ch in letters])
+        product = v if product is None else b.op("mul", product, v)
+    product = b.broadcast_to(product, [sizes[ch] for ch in letters])
+    return b.reshape(
+        b.reduce("reduce_sum", product, range(len(rhs), len(letters))), b.outs[0].shape
+    )
+
+
+# --- convolution
+
+
+def _conv_attrs(stride, padding, dilation, groups) -> dict:
+    return {"strides": stride, "padding": padding, "dilation": dilation, "groups": groups}
+
+
+@rule("conv2d")
+def _conv2d(b: Builder, v, weight, bias, stride, padding, dilation, groups):
+    dt = b.outs[0].dtype
+    y = b.op(
+        "conv2d",
+        b.cast(v, dt),
+        b.cast(weight, dt),
+        **_conv_attrs(stride, padding, dilation, groups),
+    )
+    if isinstance(bias, PV):
+        y = b.op("add", y, b.reshape(b.cast(bias, dt), (1, bias.size, 1, 1)))
+    return y
+
+
+@rule("conv2d_input_grad")
+def _conv2d_input_grad(b: Builder, grad, weight, input_shape, stride, padding, dilation, groups):
+    dt = b.outs[0].dtype
+    return b.op(
+        "conv2d_data_grad", b.cast(grad, dt), b.cast(weight, dt), input_shape=input_shape,
+        **_conv_attrs(stride, padding, dilation, groups),
+    )  # fmt: skip
+
+
+@rule("conv2d_weight_grad")
+def _conv2d_weight_grad(b: Builder, v, grad, weight_shape, stride, padding, dilation, groups):
+    dt = b.outs[0].dtype
+    return b.op(
+        "conv2d_weights_grad", b.cast(v, dt), b.cast(grad, dt), weight_shape=weight_shape,
+        **_conv_attrs(stride, padding, dilation, groups),
+    )  # fmt: skip
+
+
+# --- pooling
+
+
+def _pool_padding(shape, out_hw, kernel_size, stride, padding, dilation) -> tuple:
+    """prim's (top, bottom, left, right) padding that yields ``out_hw`` (ceil mode pads the
+    bottom/right further, as eager's windows do)."""
+    pads = []
+    for size, o, k, s, p, d in zip(
+        shape[2:], out_hw, kernel_size, stride, padding, dilation, strict=True
+    ):
+        need = (o - 1) * s + d * (k - 1) + 1
+        pads += [p, max(need - size - p, 0)]
+    return tuple(pads)
+
+
+def _need_float(b: Builder, v: PV) -> None:
+    if not v.dtype.is_floating_point:
+        raise LoweringUnsupported(f"{b.op_name} of a {v.dtype.name} tensor (prim pools floats)")
+
+
+@rule("max_pool2d")
+def _max_pool2d(b: Builder, v, kernel_size, stride, padding, dilation, ceil_mode):
+    _need_float(b, v)
+    out_hw = b.outs[0].shape[2:]
+    pads = _pool_padding(v.shape, out_hw, kernel_size, stride, padding, dilation)
+    values = b.op(
+        "max_pool2d", v, kernel=kernel_size, strides=stride, padding=pads, dilation=dilation
+    )
+    if not b.used[1]:
+        return values, None
+    # Indices: stack every window tap, take the first maximum (eager's tie rule), and map the
+    # winning tap to its flat H*W position through a constant table.
+    n, c, h, w = v.shape
+    ho, wo = out_hw
+    (kh, kw), (sh, sw), (dh, dw) = kernel_size, stride, dilation
+    pt, pb, pl, pr = pads
+    xp = b.op("pad", v, low=(0, 0, pt, pl), high=(0, 0, pb, pr), value=-math.inf)
+    taps, table = [], []
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dh, j * dw
+            tap = b.op(
+                "slice", xp, starts=(0, 0, r0, c0),
+                ends=(n, c, r0 + sh * (ho - 1) + 1, c0 + sw * (wo - 1) + 1), strides=(1, 1, sh, sw),
+            )  # fmt: skip
+            taps.append(b.reshape(tap, (1, n, c, ho, wo)))
+            rows = np.arange(ho)[:, None] * sh - pt + r0
+            cols = np.arange(wo)[None, :] * sw - pl + c0
+            table.append(rows * w + cols)
+    winner = b.op("argmax", b.concat(taps, 0), axis=0, keepdims=True)
+    table_v = b.const(np.stack(table)[:, None, None], _dtype.int64, (kh * kw, 1, 1, ho, wo))
+    flat = b.op(
+        "gather_along_axis", b.broadcast_to(table_v, (kh * kw, n, c, ho, wo)), winner, axis=0
+    )
+    return values, b.reshape(flat, (n, c, ho, wo))
+
+
+@rule("max_pool2d_backward")
+def _max_pool2d_backward(b: Builder, grad, indices, input_shape):
+    n, c, h, w = input_shape
+    g = b.reshape(grad, (n, c, grad.size // max(n * c, 1)))
+    idx = b.reshape(b.cast(indices, _dtype.int64), g.shape)
+    zeros = b.full(0, (n, c, h * w), grad.dtype)
+    return b.reshape(b.op("scatter_add_along_axis", zeros, idx, g, axis=2), tuple(input_shape))
+
+
+def _avg_prim_attrs(kernel_size, stride, pads, count_include_pad) -> dict:
+    return {"kernel": kernel_size, "strides": stride, "padding": pads,
+            "count_include_pad": count_include_pad}  # fmt: skip
+
+
+def _avg_plan(shape, out_hw, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor):
+    """(prim attrs, divisor map or None): a direct prim pool when its divisor is eager's, else a
+    window sum (count_include_pad mean times the window size) over an explicit divisor map."""
+    pads = _pool_padding(shape, out_hw, kernel_size, stride, padding, (1, 1))
+    if not ceil_mode and not divisor:
+        return _avg_prim_attrs(kernel_size, stride, pads, count_include_pad), None
+    div = _avg_divisor(shape, kernel_size, stride, padding, out_hw, count_include_pad, divisor)
+    return _avg_prim_attrs(kernel_size, stride, pads, True), div
+
+
+@rule("avg_pool2d")
+def _avg_pool2d(b, v, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    _need_float(b, v)
+    out_hw = b.outs[0].shape[2:]
+    attrs, div = _avg_plan(
+        v.shape,
+        out_hw,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+    )
+    y = b.op("avg_pool2d", v, **attrs)
+    if div is not None:
+        scale = float(kernel_size[0] * kernel_size[1]) / div
+        y = b.op("mul", y, b.const(scale, v.dtype, div.shape))
+    return y
+
+
+@rule("avg_pool2d_backward")
+def _avg_pool2d_backward(
+    b, grad, input_shape, kernel_size, stride, padding, ceil_mode, count_include_pad,
+    divisor_override,
+):  # fmt: skip
+    _need_float(b, grad)
+    out_hw = grad.shape[2:]
+    attrs, div = _avg_plan(
+        input_shape, out_hw, kernel_size, stride, padding, ceil_mode, count_include_pad,
+        divisor_override,
+    )  # fmt: skip
+    if div is not None:
+        scale = float(kernel_size[0] * kernel_size[1]) / div
+        grad = b.op("mul", grad, b.const(scale, grad.dtype, div.shape))
+    return b.op("avg_pool2d_grad", grad, input_shape=tuple(input_shape), **attrs)
+
+
+@rule("adaptive_avg_pool2d")
+def _adaptive_avg_pool2d(b: Builder, v, output_size):
+    _need_float(b, v)
+    a_h = b.const(_adaptive_matrix(v.shape[2], output_size[0]), v.dtype)
+    a_w = b.const(_adaptive_matrix(v.shape[3], output_size[1]), v.dtype)
+    return b.op("matmul", b.op("matmul", a_h, v), a_w, transpose_b=True)
+
+
+@rule("adaptive_avg_pool2d_backward")
+def _adaptive_avg_pool2d_backward(b: Builder, grad, input_shape, output_size):
+    _need_float(b, grad)
+    a_h = b.const(_adaptive_matrix(input_shape[2], output_size[0]), grad.dtype)
+    a_w = b.const(_adaptive_matrix(input_shape[3], output_size[1]), grad.dtype)
+    return b.op("matmul", b.op("matmul", a_h, grad, transpose_a=True), a_w)
+
+
+_ = _geometry  # eager's geometry is the reference the pool rules follow
+
+# --- normalization
+
+
+def _affine(b: Builder, t, dt, shape, default: float) -> PV:
+    if isinstance(t, PV):
+        return b.reshape(b.cast(t, dt), shape)
+    return b.const(default, dt, ())
+
+
+@rule("layer_norm")
+def _layer_norm(b: Builder, v, weight, bias, normalized_shape, eps):
+    axes = tuple(range(v.ndim - len(normalized_shape), v.ndim))
+    mean = b.reduce("reduce_mean", v, axes, True)
+    centered = b.op("sub", v, mean)
+    var = b.reduce("reduce_mean", b.op("mul", centered, centered), axes, True)
+    gamma = _affine(b, weight, v.dtype, tuple(normalized_shape), 1.0)
+    beta = _affine(b, bias, v.dtype, tuple(normalized_shape), 0.0)
+    return b.op("normalize", v, mean, var, gamma, beta, epsilon=float(eps))
+
+
+@rule("batch_norm")
+def _batch_norm(b: Builder, v, weight, bias, eps):
+    axes = (0, *range(2, v.ndim))
+    stat = (1, v.shape[1]) + (1,) * (v.ndim - 2)
+    mean = b.reduce("reduce_mean", v, axes, True)
+    centered = b.op("sub", v, mean)
+    var = b.reduce("reduce_mean", b.op("mul", centered, centered), axes, True)
+    gamma = _affine(b, weight, v.dtype, stat, 1.0)
+    beta = _affine(b, bias, v.dtype, stat, 0.0)
+    y = b.op("normalize", v, mean, var, gamma, beta, epsilon=float(eps))
+    return y, b.reshape(mean, (v.shape[1],)), b.reshape(var, (v.shape[1],))
+
+
+@rule("rms_norm")
+def _rms_norm(b: Builder, v, weight, normalized_shape, eps):
+    axes = tuple(range(v.ndim - len(normalized_shape), v.ndim))
+    eps = float(np.finfo(v.dtype.numpy).eps) if eps is None else float(eps)
+    ms = b.reduce("reduce_mean", b.op("mul", v, v), axes, True)
+    y = b.op("div", v, b.op("sqrt", b.binary("add", ms, eps, v.dtype)))
+    if isinstance(weight, PV):
+        y = b.op("mul", y, b.cast(weight, v.dtype))
+    return y
+
+
+# --- activations (float tensors; eager computes each in the input's dtype)
+
+
+def _gt0(b: Builder, v: PV) -> PV:
+    return b.binary("gt", v, 0, v.dtype)
+
+
+@rule("elu")
+def _elu(b: Builder, v, alpha):
+    neg = b.binary("mul", b.op("expm1", b.binary("minimum", v, 0, v.dtype)), alpha, v.dtype)
+    return b.op("select", _gt0(b, v), v, neg)
+
+
+@rule("elu_backward")
+def _elu_backward(b: Builder, grad, v, alpha):
+    dt = grad.dtype
+    v = b.cast(v, dt)
+    scaled = b.op(
+        "mul", b.binary("mul", grad, alpha, dt), b.op("exp", b.binary("minimum", v, 0, dt))
+    )
+    return b.op("select", _gt0(b, v), grad, scaled)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_parts(b: Builder, v: PV, approximate: str) -> tuple[PV, PV | None]:
+    """(cdf-like factor, tanh value or None)."""
+    dt = v.dtype
+    if approximate == "tanh":
+        cube = b.op("mul", b.op("mul", v, v), v)
+        inner = b.binary(
+            "mul", b.op("add", v, b.binary("mul", cube, 0.044715, dt)), _SQRT_2_OVER_PI, dt
+        )
+        t = b.op("tanh", inner)
+        return b.binary("mul", b.binary("add", t, 1.0, dt), 0.5, dt), t
+    if approximate != "none":
+        raise LoweringUnsupported(f"gelu approximate={approximate!r}")
+    e = b.op("erf", b.binary("mul", v, 1.0 / math.sqrt(2.0), dt))
+    return b.binary("mul", b.binary("add", e, 1.0, dt), 0.5, dt), None
+
+
+@rule("gelu")
+def _gelu(b: Builder, v, approximate):
+    cdf, _ = _gelu_parts(b, v, approximate)
+    return b.op("mul", v, cdf)
+
+
+@rule("gelu_backward")
+def _gelu_backward(b: Builder, grad, v, approximate):
+    dt = grad.dtype
+    v = b.cast(v, dt)
+    cdf, t = _gelu_parts(b, v, approximate)
+    if t is not None:
+        d_inner = b.binary(
+            "mul",
+            b.binary("add", b.binary("mul", b.op("mul", v, v), 3 * 0.044715, dt), 1.0, dt),
+            _SQRT_2_OVER_PI,
+            dt,
+        )
+        one_minus_t2 = b.binary("sub", 1.0, b.op("mul", t, t), dt)
+        d = b.op(
+            "add", cdf, b.op("mul", b.binary("mul", v, 0.5, dt), b.op("mul", one_minus_t2, d_inner))
+        )
+    else:
+        pdf = b.binary(
+            "mul",
+            b.op("exp", b.binary("mul", b.op("mul", v, v), -0.5, dt)),
+            1.0 / math.sqrt(2.0 * math.pi),
+            dt,
+        )
+        d = b.op("add", cdf, b.op("mul", v, pdf))
+    return b.op("mul", grad, d)
+
+
+@rule("hardtanh")
+def _hardtanh(b: Builder, v, min_val, max_val):
+    return b.binary("minimum", b.binary("maximum", v, min_val, v.dtype), max_val, v.dtype)
+
+
+@rule("hardtanh_backward")
+def _hardtanh_backward(b: Builder, grad, v, min_val, max_val):
+    inside = b.op(
+        "logical_and", b.binary("gt", v, min_val, v.dtype), b.binary("lt", v, max_val, v.dtype)
+    )
+    return b.select(inside, grad, 0, grad.dtype)
+
+
+@rule("leaky_relu")
+def _leaky_relu(b: Builder, v, negative_slope):
+    return b.op("select", _gt0(b, v), v, b.binary("mul", v, negative_slope, v.dtype))
+
+
+@rule("leaky_relu_backward")
+def _leaky_relu_backward(b: Builder, grad, v, negative_slope):
+    return b.op("select", _gt0(b, v), grad, b.binary("mul", grad, negative_slope, grad.dtype))
+
+
+@rule("threshold_backward")
+def _threshold_backward(b: Builder, grad, v, threshold):
+    return b.select(b.binary("gt", v, threshold, v.dtype), grad, 0, grad.dtype)
+
+
+@rule("softplus")
+def _softplus(b: Builder, v, beta, threshold):
+    dt = v.dtype
+    bx = b.binary("mul", v, beta, dt)
+    # log(1 + e^bx) without overflow: max(bx, 0) + log1p(e^-|bx|).
+    soft = b.op(
+        "add",
+        b.binary("maximum", bx, 0, dt),
+        b.op("log1p", b.op("exp", b.op("neg", b.op("abs", bx)))),
+    )
+    return b.op("select", b.binary("gt", bx, threshold, dt), v, b.binary("div", soft, beta, dt))
+
+
+@rule("softplus_backward")
+def _softplus_backward(b: Builder, grad, v, beta, threshold):
+    dt = grad.dtype
+    bx = b.binary("mul", b.cast(v, dt), beta, dt)
+    return b.op(
+        "select", b.binary("gt", bx, threshold, dt), grad, b.op("mul", grad, b.op("sigmoid", bx))
+    )
+
+
+def _softmax(prim: str, zero_d: float):
+    def lower(b: Builder, v, dim):
+        if v.ndim == 0:
+            return b.full(zero_d, (), v.dtype)
+        return b.op(prim, v, axis=normalize_dim(dim, v.ndim))
+
+    return lower
+
+
+rule("softmax")(_softmax("softmax", 1.0))
+rule("log_softmax")(_softmax("log_softmax", 0.0))
+
+# --- attention
+
+
+def _attention_weights(b: Builder, q: PV, k: PV, mask, is_causal, scale) -> tuple[PV, float]:
+    dt = q.dtype
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = b.binary("mul", b.op("matmul", q, k, transpose_b=True), scale, dt)
+    if isinstance(mask, PV):
+        if mask.dtype is _dtype.bool_:
+            s = b.select(mask, s, -math.inf, dt)
+        else:
+            s = b.op("add", s, b.cast(mask, dt))
+    elif not is_scalar(mask):
+        raise LoweringUnsupported("attn_mask must be a tensor or the scalar 0.0")
+    if is_causal:
+        length, size = s.shape[-2:]
+        keep = b.const(np.tril(np.ones((length, size), dtype=bool)), _dtype.bool_)
+        s = b.select(keep, s, -math.inf, dt)
+    return b.op("softmax", s, axis=-1), scale
+
+
+@rule("scaled_dot_product_attention")
+def _sdpa(b: Builder, q, k, v, attn_mask, is_causal, scale):
+    p, _ = _attention_weights(b, q, k, attn_mask, is_causal, scale)
+    return b.reshape(b.op("matmul", p, v), b.outs[0].shape)
+
+
+@rule("scaled_dot_product_attention_backward")
+def _sdpa_backward(b: Builder, grad, q, k, v, attn_mask, is_causal, scale):
+    p, scale = _attention_weights(b, q, k, attn_mask, is_causal, scale)
+    dt = q.dtype
+    dv = b.op("matmul", p, grad, transpose_a=True)
+    dp = b.op("matmul", grad, v, transpose_b=True)
+    row = b.reduce("reduce_sum", b.op("mul", dp, p), (-1 % dp.ndim,), True)
+    ds = b.op("mul", p, b.op("sub", dp, row))
+    dq = b.binary("mul", b.op("matmul", ds, k), scale, dt)
+    dk = b.binary("mul", b.op("matmul", ds, q, transpose_a=True), scale, dt)
+    return tuple(b.broadcast_to(t, o.shape) for t, o in zip((dq, dk, dv), b.outs, strict=True))
