@@ -5,6 +5,10 @@
 
 namespace py = pybind11;
 
+namespace lucid {
+void init_runtime(py::module_& m);
+}
+
 #ifndef LUCID_VERSION
 #define LUCID_VERSION "0.0.0"
 #endif
@@ -28,4 +32,5 @@ PYBIND11_MODULE(_native, m) {
     LUCID_SGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 4, 1.0f, a, 4, b, 1, 0.0f, c, 1);
     return c[0];
   });
+  lucid::init_runtime(m);
 }

@@ -1,0 +1,192 @@
+"""The native program model, built in Python: typed value slots + instructions + feeds and results.
+
+A :class:`Program` is what the CPU backend hands to ``lucid._native.compile`` in one call (through
+:meth:`Program.describe`). Building it runs each op's shape/dtype rule from ``prim_ops`` so mistakes
+surface early with the op's name; the native validator checks the same rules again, so a
+description assembled by hand can never crash the process either.
+
+:meth:`Program.interpret` is the numpy reference interpreter: it runs every instruction through the
+op's reference semantics in ``prim_ops`` and is what native results are tested against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lucid.backends import prim_ops
+from lucid.backends.prim_ops import NUMPY_DTYPES, Aval, PrimError
+
+FUSED = "fused"
+
+
+@dataclass(frozen=True)
+class FusedNode:
+    """One sub-op of a fused instruction; args index the instruction's inputs, then its nodes."""
+
+    op: str
+    args: tuple[int, ...]
+    dtype: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Instr:
+    """One instruction: an opcode, input and output slots, attributes (defaults filled in)."""
+
+    op: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    nodes: tuple[FusedNode, ...] = ()  # only for `fused`
+
+
+class Program:
+    """A straight-line program over typed value slots with static shapes."""
+
+    def __init__(self) -> None:
+        self.slots: list[Aval] = []
+        self.instrs: list[Instr] = []
+        self.feeds: list[int] = []
+        self.results: list[int] = []
+        self.inplace: dict[int, int] = {}
+
+    def new_slot(self, shape: Sequence[int], dtype: str) -> int:
+        if dtype not in NUMPY_DTYPES:
+            raise PrimError(f"unknown dtype {dtype!r}; expected one of {prim_ops.DTYPES}")
+        self.slots.append(Aval(tuple(int(d) for d in shape), dtype))
+        return len(self.slots) - 1
+
+    def feed(self, shape: Sequence[int], dtype: str = "f32") -> int:
+        """A new input slot; feeds are passed to ``run`` in creation order."""
+        slot = self.new_slot(shape, dtype)
+        self.feeds.append(slot)
+        return slot
+
+    def op(self, name: str, *inputs: int, **attrs: Any) -> int:
+        """Append prim op ``name`` on ``inputs``; returns its output slot."""
+        op = prim_ops.lookup(name)
+        full = prim_ops.check_attrs(op, attrs)
+        (out,) = prim_ops.infer(name, [self._aval(s) for s in inputs], full)
+        slot = self.new_slot(out.shape, out.dtype)
+        self.instrs.append(Instr(name, tuple(inputs), (slot,), full))
+        return slot
+
+    def fused(self, inputs: Sequence[int], nodes: Sequence[FusedNode]) -> int:
+        """Append a fused elementwise instruction (its value is the last node's)."""
+        avals = [self._aval(s) for s in inputs]
+        values = list(avals)
+        for k, node in enumerate(nodes):
+            if node.op not in prim_ops.ELEMENTWISE_OPS:
+                raise PrimError(f"fused node {k}: {node.op!r} is not an elementwise prim op")
+            if any(not 0 <= a < len(values) for a in node.args):
+                raise PrimError(f"fused node {k}: arguments {node.args} out of range")
+            (out,) = prim_ops.infer(node.op, [values[a] for a in node.args], node.attrs)
+            if out.dtype != node.dtype:
+                raise PrimError(
+                    f"fused node {k}: dtype {node.dtype} but {node.op} gives {out.dtype}"
+                )
+            values.append(out)
+        out = values[-1]
+        slot = self.new_slot(out.shape, out.dtype)
+        self.instrs.append(Instr(FUSED, tuple(inputs), (slot,), {}, tuple(nodes)))
+        return slot
+
+    def result(self, *slots: int) -> None:
+        """Mark slots as results, in order."""
+        for s in slots:
+            self._aval(s)
+            self.results.append(s)
+
+    def inplace_result(self, result_index: int, feed_index: int) -> None:
+        """Result ``result_index`` is written into feed ``feed_index``'s array after the run."""
+        self.inplace[result_index] = feed_index
+
+    def _aval(self, slot: int) -> Aval:
+        if not isinstance(slot, int) or not 0 <= slot < len(self.slots):
+            raise PrimError(f"slot {slot!r} does not exist")
+        return self.slots[slot]
+
+    # -- the description passed to C++ --------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The compact description ``lucid._native.compile`` takes."""
+        return {
+            "slots": [(a.shape, a.dtype) for a in self.slots],
+            "instrs": [_describe_instr(i) for i in self.instrs],
+            "feeds": list(self.feeds),
+            "results": list(self.results),
+            "inplace": dict(self.inplace),
+        }
+
+    def dump(self) -> str:
+        """Readable text, one instruction a line."""
+
+        def slot(s: int) -> str:
+            return f"%{s}"
+
+        def ty(s: int) -> str:
+            a = self.slots[s]
+            return f"{a.dtype}[{','.join(map(str, a.shape))}]"
+
+        lines = ["program(" + ", ".join(f"{slot(s)}: {ty(s)}" for s in self.feeds) + ")"]
+        for ins in self.instrs:
+            attrs = ", ".join(f"{k}={v}" for k, v in ins.attrs.items())
+            if ins.nodes:
+                attrs = "; ".join(f"{n.op}{list(n.args)}" for n in ins.nodes)
+            args = ", ".join(map(slot, ins.inputs))
+            lines.append(
+                f"  {slot(ins.outputs[0])}: {ty(ins.outputs[0])} = {ins.op}"
+                + (f"{{{attrs}}}" if attrs else "")
+                + f"({args})"
+            )
+        lines.append("  return " + ", ".join(map(slot, self.results)))
+        return "\n".join(lines)
+
+    # -- the numpy reference interpreter -------------------------------------------------------
+    def interpret(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run with numpy reference semantics; same contract as the native ``run``."""
+        if len(feeds) != len(self.feeds):
+            raise ValueError(f"expected {len(self.feeds)} feed(s), got {len(feeds)}")
+        env: dict[int, np.ndarray] = {}
+        for i, (slot, array) in enumerate(zip(self.feeds, feeds, strict=True)):
+            aval = self.slots[slot]
+            if array.dtype != NUMPY_DTYPES[aval.dtype]:
+                raise TypeError(f"feed {i} has dtype {array.dtype}, expected {aval.dtype}")
+            if array.shape != aval.shape:
+                raise ValueError(f"feed {i} has shape {array.shape}, expected {aval.shape}")
+            env[slot] = array
+        for ins in self.instrs:
+            args = [env[s] for s in ins.inputs]
+            if ins.op == FUSED:
+                values = list(args)
+                for node in ins.nodes:
+                    values.extend(
+                        prim_ops.evaluate(node.op, [values[a] for a in node.args], node.attrs)
+                    )
+                out = np.broadcast_to(values[-1], self.slots[ins.outputs[0]].shape)
+            else:
+                (out,) = prim_ops.evaluate(ins.op, args, ins.attrs)
+            env[ins.outputs[0]] = np.array(out, order="C")
+        results = [env[s].copy() for s in self.results]
+        for r, f in self.inplace.items():
+            np.copyto(feeds[f], results[r])
+            results[r] = feeds[f]
+        return results
+
+
+def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, Any]]:
+    if ins.op != FUSED:
+        return (ins.op, list(ins.inputs), list(ins.outputs), dict(ins.attrs))
+    attrs = {
+        "sub_ops": [n.op for n in ins.nodes],
+        "sub_args": [a for n in ins.nodes for a in n.args],
+        "sub_dtypes": [n.dtype for n in ins.nodes],
+        "sub_floats": [float(n.attrs.get("epsilon", 0.0)) for n in ins.nodes],
+    }
+    return (FUSED, list(ins.inputs), list(ins.outputs), attrs)
+
+
+__all__ = ["FUSED", "FusedNode", "Instr", "Program"]

@@ -1,0 +1,59 @@
+"""Test helpers: run one prim op natively and through the numpy reference interpreter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lucid.backends.cpu import CPUBackend, Program
+from lucid.backends.prim_ops import dtype_of
+
+TOLERANCE = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
+
+
+def run_both(
+    name: str, arrays: list[np.ndarray], attrs: dict[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(native result, reference result) of one prim op on ``arrays``."""
+    program = Program()
+    slots = [program.feed(a.shape, dtype_of(a)) for a in arrays]
+    program.result(program.op(name, *slots, **(attrs or {})))
+    native = CPUBackend(cache=False).compile(program).run(arrays)[0]
+    return native, program.interpret(arrays)[0]
+
+
+def assert_match(native: np.ndarray, ref: np.ndarray, scale: float = 1.0) -> None:
+    assert native.dtype == ref.dtype, (native.dtype, ref.dtype)
+    assert native.shape == ref.shape, (native.shape, ref.shape)
+    if native.dtype.kind == "f":
+        rtol, atol = TOLERANCE[dtype_of(native)]
+        np.testing.assert_allclose(
+            native, ref, rtol=rtol * scale, atol=atol * scale, equal_nan=True
+        )
+    else:
+        np.testing.assert_array_equal(native, ref)
+
+
+def check(
+    name: str, arrays: list[np.ndarray], attrs: dict[str, Any] | None = None, scale: float = 1.0
+) -> np.ndarray:
+    native, ref = run_both(name, arrays, attrs)
+    assert_match(native, ref, scale)
+    return native
+
+
+def random_array(
+    rng: np.random.Generator, shape: tuple[int, ...], dtype: str, positive: bool = False
+) -> np.ndarray:
+    if dtype == "bool":
+        return np.asarray(rng.random(shape) < 0.5)
+    if dtype in ("i32", "i64"):
+        low = 1 if positive else -20
+        return np.asarray(
+            rng.integers(low, 21, size=shape), np.int32 if dtype == "i32" else np.int64
+        )
+    values = rng.standard_normal(shape) * 3
+    if positive:
+        values = np.abs(values) + 0.1
+    return np.asarray(values, np.float32 if dtype == "f32" else np.float64)

@@ -1,0 +1,36 @@
+// CPU kernels: each instruction of a validated program becomes one Step, built once at compile time.
+#pragma once
+
+#include <functional>
+
+#include "lucid/program.h"
+
+namespace lucid {
+
+// A step reads and writes slot buffers through the table of slot pointers of one run.
+using Step = std::function<void(void* const* slots)>;
+
+Step make_elementwise_step(const Program& p, const Instr& in);  // elementwise.cpp (incl. fused)
+Step make_linalg_step(const Program& p, const Instr& in);       // linalg.cpp: matmul, conv, pool
+Step make_reduce_step(const Program& p, const Instr& in);       // reduce.cpp: reductions, softmax
+Step make_shape_step(const Program& p, const Instr& in);        // shape.cpp: layout, gather, random
+
+// Writes a `constant` instruction's value into `out` (done once, at compile time).
+void materialize_constant(const Instr& in, const Slot& out_slot, void* out);
+
+// Calls fn(T{}) with T the C++ type of a dtype (bool is uint8_t).
+template <class Fn>
+void dispatch_dtype(DType d, Fn&& fn) {
+  switch (d) {
+    case DType::F32: fn(float{}); break;
+    case DType::F64: fn(double{}); break;
+    case DType::I32: fn(int32_t{}); break;
+    case DType::I64: fn(int64_t{}); break;
+    case DType::Bool: fn(uint8_t{}); break;
+  }
+}
+
+void blas_set_threads(int n);
+int blas_get_threads();
+
+}  // namespace lucid

@@ -1,0 +1,120 @@
+// The program model: typed value slots + instructions + feed and result slots, and its validator.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace lucid {
+
+enum class DType : uint8_t { F32, F64, I32, I64, Bool };
+
+size_t dtype_size(DType d);
+const char* dtype_name(DType d);
+bool parse_dtype(const std::string& name, DType* out);
+inline bool is_float(DType d) { return d == DType::F32 || d == DType::F64; }
+inline bool is_int(DType d) { return d == DType::I32 || d == DType::I64; }
+inline bool is_numeric(DType d) { return d != DType::Bool; }
+
+using Shape = std::vector<int64_t>;
+int64_t numel(const Shape& s);
+std::string shape_str(const Shape& s);
+
+struct Slot {
+  Shape shape;
+  DType dtype = DType::F32;
+  int64_t size() const { return numel(shape); }
+  size_t bytes() const { return static_cast<size_t>(size()) * dtype_size(dtype); }
+};
+
+struct AttrValue {
+  enum Kind { Int, Float, Bool, Str, Ints, Floats, Strs, EmptyList } kind = Int;
+  int64_t i = 0;
+  double f = 0.0;
+  bool b = false;
+  std::string s;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::vector<std::string> strs;
+};
+using Attrs = std::map<std::string, AttrValue>;
+
+// Every prim op, plus `fused` (a CPU-only elementwise expression tree).
+#define LUCID_UNARY_OPS(X)                                                                       \
+  X(neg) X(abs) X(sign) X(square) X(relu) X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(rsqrt)       \
+  X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sigmoid) X(erf) X(floor) X(ceil) X(round)         \
+  X(logical_not) X(isnan) X(isinf) X(isfinite)
+#define LUCID_BINARY_OPS(X)                                                                      \
+  X(add) X(sub) X(mul) X(div) X(pow) X(atan2) X(maximum) X(minimum) X(floor_divide) X(remainder) \
+  X(eq) X(ne) X(lt) X(le) X(gt) X(ge) X(logical_and) X(logical_or) X(logical_xor)
+#define LUCID_OTHER_OPS(X)                                                                       \
+  X(select) X(cast) X(normalize) X(matmul) X(reduce_sum) X(reduce_mean) X(reduce_max)            \
+  X(reduce_min) X(reduce_prod) X(variance) X(argmax) X(argmin) X(softmax) X(log_softmax)         \
+  X(cumsum) X(reshape) X(transpose) X(broadcast_to) X(slice) X(concat) X(pad) X(gather)          \
+  X(gather_along_axis) X(scatter_add) X(scatter_add_along_axis) X(one_hot) X(conv2d)             \
+  X(conv2d_data_grad) X(conv2d_weights_grad) X(max_pool2d) X(max_pool2d_grad) X(avg_pool2d)      \
+  X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused)
+#define LUCID_ALL_OPS(X) LUCID_UNARY_OPS(X) LUCID_BINARY_OPS(X) LUCID_OTHER_OPS(X)
+
+enum class Op : uint16_t {
+#define LUCID_ENUM(name) name,
+  LUCID_ALL_OPS(LUCID_ENUM)
+#undef LUCID_ENUM
+      kCount
+};
+
+const char* op_name(Op op);
+bool parse_op(const std::string& name, Op* out);
+bool is_unary(Op op);
+bool is_binary(Op op);
+// Ops the elementwise evaluator runs (and that `fused` may contain).
+bool is_elementwise(Op op);
+int elementwise_arity(Op op);
+
+struct Instr {
+  Op op = Op::add;
+  std::vector<int> in, out;
+  Attrs attrs;
+};
+
+struct Program {
+  std::vector<Slot> slots;
+  std::vector<Instr> instrs;
+  std::vector<int> feeds, results;
+  std::vector<std::pair<int, int>> inplace;  // (result index, feed index)
+};
+
+// Checks everything; throws std::invalid_argument (ValueError in Python) naming the problem.
+void validate(const Program& p);
+// A canonical text of the program: equal programs (ops, attrs, shapes, dtypes) give equal keys.
+std::string structural_key(const Program& p);
+uint64_t fnv1a(const std::string& s);
+std::string dump(const Program& p);
+
+// Attribute access for validated programs (they throw std::invalid_argument otherwise).
+int64_t attr_int(const Instr& in, const char* name);
+double attr_float(const Instr& in, const char* name);
+bool attr_bool(const Instr& in, const char* name);
+DType attr_dtype(const Instr& in, const char* name);
+const std::vector<int64_t>& attr_ints(const Instr& in, const char* name);
+const std::vector<double>& attr_floats(const Instr& in, const char* name);
+const std::vector<std::string>& attr_strs(const Instr& in, const char* name);
+
+// Shared shape helpers.
+int64_t normalize_axis(int64_t axis, int64_t ndim);  // throws on out-of-range
+bool broadcast_shapes(const Shape& a, const Shape& b, Shape* out);
+std::vector<int64_t> contiguous_strides(const Shape& s);
+
+// Decoded expression of an elementwise or fused instruction.
+struct ExprNode {
+  Op op;
+  DType dtype;             // output dtype of the node
+  std::vector<int> args;   // < n_inputs: instruction input; else node (index - n_inputs)
+  double fparam = 0.0;     // normalize epsilon
+};
+std::vector<ExprNode> decode_expr(const Program& p, const Instr& in);
+
+}  // namespace lucid

@@ -1,0 +1,69 @@
+// Executables (a validated program with planned buffers and one kernel step per instruction) and
+// the process-wide executable cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lucid/kernels.h"
+#include "lucid/program.h"
+
+namespace lucid {
+
+class Executable {
+ public:
+  // Validates (std::invalid_argument on a malformed program), plans buffers, builds the steps.
+  explicit Executable(Program program);
+  ~Executable();
+
+  // feeds[i]: feed i's data (C-contiguous, exact dtype and shape, checked by the caller);
+  // results[j]: result j's output buffer, or for an in-place result the buffer of its feed.
+  // Thread-safe: concurrent runs use separate scratch arenas.
+  void run(const std::vector<void*>& feeds, const std::vector<void*>& results) const;
+
+  const Program& program() const { return program_; }
+  const std::string& key() const { return key_; }
+  uint64_t hash() const { return hash_; }
+  size_t arena_bytes() const { return arena_bytes_; }
+  // What the intermediates would take without buffer reuse.
+  size_t unplanned_bytes() const { return unplanned_bytes_; }
+  // Arena offset of each slot, or -1 when the slot is not in the arena.
+  std::vector<int64_t> arena_offsets() const;
+  // Index of the feed that result j is written into, or -1.
+  int inplace_feed(int result) const { return inplace_feed_[result]; }
+
+ private:
+  enum class Loc : uint8_t { Feed, Arena, Const, Result };
+  struct Arena;
+  Arena* acquire() const;
+  void release(Arena* a) const;
+
+  Program program_;
+  std::string key_;
+  uint64_t hash_ = 0;
+  std::vector<Step> steps_;
+  std::vector<int> step_instr_;
+  std::vector<Loc> loc_;
+  std::vector<int64_t> where_;
+  std::vector<int> inplace_feed_;
+  std::vector<std::pair<int, int>> copies_;  // (result index, source slot) copied after the run
+  std::vector<double> consts_;               // 8-byte aligned storage of constant slots
+  size_t arena_bytes_ = 0, unplanned_bytes_ = 0;
+  mutable std::mutex pool_mu_;
+  mutable std::vector<Arena*> pool_;
+};
+
+struct CacheStats {
+  size_t size, capacity, hits, misses, evictions;
+};
+
+// Returns the cached executable of an equal program, or compiles and caches it (LRU).
+std::shared_ptr<Executable> cache_get_or_compile(Program program, bool* hit = nullptr);
+void cache_clear();
+void cache_set_capacity(size_t n);
+CacheStats cache_stats();
+
+}  // namespace lucid

@@ -1,0 +1,268 @@
+// Python bindings of the program model, the CPU runtime and the executable cache.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "lucid/runtime.h"
+
+namespace py = pybind11;
+
+namespace lucid {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& msg) { throw py::value_error(msg); }
+
+AttrValue parse_attr(const std::string& name, const py::handle& v) {
+  AttrValue a;
+  if (py::isinstance<py::bool_>(v)) { a.kind = AttrValue::Bool; a.b = v.cast<bool>(); return a; }
+  if (py::isinstance<py::int_>(v)) {
+    a.kind = AttrValue::Int;
+    try { a.i = v.cast<int64_t>(); } catch (const py::cast_error&) { bad("attribute '" + name + "': int out of range"); }
+    return a;
+  }
+  if (py::isinstance<py::float_>(v)) { a.kind = AttrValue::Float; a.f = v.cast<double>(); return a; }
+  if (py::isinstance<py::str>(v)) { a.kind = AttrValue::Str; a.s = v.cast<std::string>(); return a; }
+  if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+    py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+    if (seq.size() == 0) { a.kind = AttrValue::EmptyList; return a; }
+    py::handle first = seq[0];
+    bool is_str = py::isinstance<py::str>(first);
+    bool is_float = py::isinstance<py::float_>(first);
+    for (py::handle e : seq) {
+      bool ok = is_str ? py::isinstance<py::str>(e)
+                : is_float ? (py::isinstance<py::float_>(e) || py::isinstance<py::int_>(e))
+                           : (py::isinstance<py::int_>(e) && !py::isinstance<py::bool_>(e));
+      if (!ok) bad("attribute '" + name + "': list mixes element types");
+      if (is_str) a.strs.push_back(e.cast<std::string>());
+      else if (is_float) a.floats.push_back(e.cast<double>());
+      else {
+        try { a.ints.push_back(e.cast<int64_t>()); } catch (const py::cast_error&) { bad("attribute '" + name + "': int out of range"); }
+      }
+    }
+    a.kind = is_str ? AttrValue::Strs : is_float ? AttrValue::Floats : AttrValue::Ints;
+    return a;
+  }
+  bad("attribute '" + name + "' has unsupported type " + std::string(py::str(py::type::of(v))));
+}
+
+std::vector<int> parse_slots(const py::handle& v, const std::string& what) {
+  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad(what + " must be a list of slot indices");
+  std::vector<int> out;
+  for (py::handle e : py::reinterpret_borrow<py::sequence>(v)) {
+    if (!py::isinstance<py::int_>(e) || py::isinstance<py::bool_>(e)) bad(what + " must hold ints");
+    int64_t s = e.cast<int64_t>();
+    if (s < INT32_MIN || s > INT32_MAX) bad(what + ": slot " + std::to_string(s) + " out of range");
+    out.push_back(static_cast<int>(s));
+  }
+  return out;
+}
+
+// desc: {"slots": [(shape, dtype)], "instrs": [(opcode, inputs, outputs, attrs)],
+//        "feeds": [slot], "results": [slot], "inplace": {result index: feed index}}
+Program parse_program(const py::dict& desc) {
+  Program p;
+  for (const char* key : {"slots", "instrs", "feeds", "results"})
+    if (!desc.contains(key)) bad(std::string("program description lacks '") + key + "'");
+  size_t i = 0;
+  for (py::handle s : desc["slots"].cast<py::sequence>()) {
+    std::string where = "slot " + std::to_string(i++);
+    if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) bad(where + " must be (shape, dtype)");
+    py::sequence pair = py::reinterpret_borrow<py::sequence>(s);
+    Slot slot;
+    for (int64_t d : parse_slots(pair[0], where + " shape")) slot.shape.push_back(d);
+    if (!py::isinstance<py::str>(pair[1]) || !parse_dtype(pair[1].cast<std::string>(), &slot.dtype))
+      bad(where + ": unknown dtype " + std::string(py::repr(pair[1])) + " (expected f32, f64, i32, i64, bool)");
+    p.slots.push_back(slot);
+  }
+  i = 0;
+  for (py::handle t : desc["instrs"].cast<py::sequence>()) {
+    std::string where = "instruction " + std::to_string(i++);
+    if (!py::isinstance<py::sequence>(t) || py::len(t) != 4) bad(where + " must be (opcode, inputs, outputs, attrs)");
+    py::sequence parts = py::reinterpret_borrow<py::sequence>(t);
+    Instr in;
+    if (!py::isinstance<py::str>(parts[0])) bad(where + ": opcode must be a string");
+    std::string name = parts[0].cast<std::string>();
+    if (!parse_op(name, &in.op)) bad(where + ": unknown opcode '" + name + "'");
+    in.in = parse_slots(parts[1], where + " inputs");
+    in.out = parse_slots(parts[2], where + " outputs");
+    if (!py::isinstance<py::dict>(parts[3])) bad(where + ": attrs must be a dict");
+    for (auto kv : parts[3].cast<py::dict>()) {
+      if (!py::isinstance<py::str>(kv.first)) bad(where + ": attribute names must be strings");
+      std::string an = kv.first.cast<std::string>();
+      try {
+        in.attrs[an] = parse_attr(an, kv.second);
+      } catch (const py::value_error& e) {
+        bad(where + " (" + name + "): " + e.what());
+      }
+    }
+    p.instrs.push_back(std::move(in));
+  }
+  p.feeds = parse_slots(desc["feeds"], "feeds");
+  p.results = parse_slots(desc["results"], "results");
+  if (desc.contains("inplace")) {
+    py::object inplace = desc["inplace"];
+    if (!py::isinstance<py::dict>(inplace)) bad("inplace must be a dict {result index: feed index}");
+    for (auto kv : inplace.cast<py::dict>()) {
+      if (!py::isinstance<py::int_>(kv.first) || !py::isinstance<py::int_>(kv.second))
+        bad("inplace keys and values must be ints");
+      p.inplace.push_back({kv.first.cast<int>(), kv.second.cast<int>()});
+    }
+  }
+  return p;
+}
+
+py::dtype numpy_dtype(DType d) {
+  switch (d) {
+    case DType::F32: return py::dtype::of<float>();
+    case DType::F64: return py::dtype::of<double>();
+    case DType::I32: return py::dtype::of<int32_t>();
+    case DType::I64: return py::dtype::of<int64_t>();
+    case DType::Bool: return py::dtype::of<bool>();
+  }
+  return py::dtype::of<float>();
+}
+
+// The Python face of an executable: numpy dtypes and shapes prepared once, so a run only checks
+// the feeds, allocates the results and calls into C++ with the GIL released.
+struct PyExecutable {
+  std::shared_ptr<Executable> ex;
+  bool cache_hit = false;
+  std::vector<py::dtype> feed_dtypes, result_dtypes;
+  std::vector<int> feed_type_nums;
+  std::vector<std::vector<py::ssize_t>> feed_shapes, result_shapes;
+
+  explicit PyExecutable(std::shared_ptr<Executable> e, bool hit) : ex(std::move(e)), cache_hit(hit) {
+    const Program& p = ex->program();
+    for (int s : p.feeds) {
+      feed_dtypes.push_back(numpy_dtype(p.slots[s].dtype));
+      feed_type_nums.push_back(feed_dtypes.back().num());
+      feed_shapes.emplace_back(p.slots[s].shape.begin(), p.slots[s].shape.end());
+    }
+    for (int s : p.results) {
+      result_dtypes.push_back(numpy_dtype(p.slots[s].dtype));
+      result_shapes.emplace_back(p.slots[s].shape.begin(), p.slots[s].shape.end());
+    }
+  }
+
+  py::list run(const py::sequence& feeds) const {
+    const size_t nf = feed_dtypes.size();
+    if (static_cast<size_t>(py::len(feeds)) != nf)
+      bad("expected " + std::to_string(nf) + " feed(s), got " + std::to_string(py::len(feeds)));
+    std::vector<void*> fptr(nf);
+    std::vector<py::array> held(nf);
+    for (size_t i = 0; i < nf; ++i) {
+      py::handle h = feeds[i];
+      if (!py::isinstance<py::array>(h))
+        throw py::type_error("feed " + std::to_string(i) + " must be a numpy array, got " +
+                             std::string(py::str(py::type::of(h))));
+      py::array a = py::reinterpret_borrow<py::array>(h);
+      if (a.dtype().num() != feed_type_nums[i])
+        throw py::type_error("feed " + std::to_string(i) + " has dtype " + std::string(py::str(a.dtype())) +
+                             ", expected " + std::string(py::str(feed_dtypes[i])));
+      bool shape_ok = a.ndim() == static_cast<py::ssize_t>(feed_shapes[i].size());
+      for (py::ssize_t d = 0; shape_ok && d < a.ndim(); ++d) shape_ok = a.shape(d) == feed_shapes[i][d];
+      if (!shape_ok) {
+        std::vector<py::ssize_t> got(a.shape(), a.shape() + a.ndim());
+        bad("feed " + std::to_string(i) + " has shape " + std::string(py::str(py::cast(got))) +
+            ", expected " + std::string(py::str(py::cast(feed_shapes[i]))));
+      }
+      if (!(a.flags() & py::array::c_style))
+        bad("feed " + std::to_string(i) + " must be C-contiguous (use numpy.ascontiguousarray)");
+      fptr[i] = const_cast<void*>(a.data());
+      held[i] = a;
+    }
+    const size_t nr = result_dtypes.size();
+    std::vector<void*> rptr(nr);
+    py::list out(nr);
+    for (size_t j = 0; j < nr; ++j) {
+      int f = ex->inplace_feed(static_cast<int>(j));
+      if (f >= 0) {
+        if (!held[f].writeable()) bad("feed " + std::to_string(f) + " is updated in place but is read-only");
+        rptr[j] = fptr[f];
+        out[j] = held[f];
+      } else {
+        py::array r(result_dtypes[j], result_shapes[j]);
+        rptr[j] = r.mutable_data();
+        out[j] = std::move(r);
+      }
+    }
+    {
+      py::gil_scoped_release release;
+      ex->run(fptr, rptr);
+    }
+    return out;
+  }
+};
+
+py::dict stats_dict() {
+  CacheStats s = cache_stats();
+  py::dict d;
+  d["size"] = s.size;
+  d["capacity"] = s.capacity;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["evictions"] = s.evictions;
+  return d;
+}
+
+}  // namespace
+
+void init_runtime(py::module_& m) {
+  py::class_<PyExecutable>(m, "Executable", "A compiled program: run(feeds) -> list of arrays.")
+      .def("run", &PyExecutable::run, py::arg("feeds"),
+           "Run on a sequence of numpy arrays (C-contiguous, exact dtype and shape; not copied). "
+           "Returns new arrays, or the feed array itself for an in-place result.")
+      .def_property_readonly("hash", [](const PyExecutable& e) { return e.ex->hash(); },
+                             "Structural hash of the program (ops, attributes, shapes, dtypes).")
+      .def_property_readonly("cache_hit", [](const PyExecutable& e) { return e.cache_hit; },
+                             "Whether compile() found this executable in the cache.")
+      .def_property_readonly("arena_bytes", [](const PyExecutable& e) { return e.ex->arena_bytes(); },
+                             "Scratch bytes of one run after buffer reuse.")
+      .def_property_readonly("unplanned_bytes", [](const PyExecutable& e) { return e.ex->unplanned_bytes(); },
+                             "Scratch bytes the intermediates would take without reuse.")
+      .def_property_readonly("arena_offsets", [](const PyExecutable& e) { return e.ex->arena_offsets(); },
+                             "Arena offset of each slot (-1 when not in the arena).")
+      .def_property_readonly("num_feeds", [](const PyExecutable& e) { return e.feed_dtypes.size(); })
+      .def_property_readonly("num_results", [](const PyExecutable& e) { return e.result_dtypes.size(); })
+      .def("dump", [](const PyExecutable& e) { return dump(e.ex->program()); },
+           "The program as readable text.");
+
+  m.def("compile", [](const py::dict& desc, bool use_cache) {
+        Program p = parse_program(desc);
+        std::shared_ptr<Executable> ex;
+        bool hit = false;
+        {
+          py::gil_scoped_release release;
+          if (use_cache) ex = cache_get_or_compile(std::move(p), &hit);
+          else ex = std::make_shared<Executable>(std::move(p));
+        }
+        return PyExecutable(ex, hit);
+      }, py::arg("program"), py::arg("cache") = true,
+      "Validate and compile a program description (ValueError names what is malformed); "
+      "with cache=True an equal program already compiled is reused.");
+  m.def("validate", [](const py::dict& desc) { validate(parse_program(desc)); }, py::arg("program"),
+        "Raise ValueError if the program description is malformed.");
+  m.def("structural_hash", [](const py::dict& desc) { return fnv1a(structural_key(parse_program(desc))); },
+        py::arg("program"), "The cache key's hash of a program description.");
+  m.def("dump_program", [](const py::dict& desc) { return dump(parse_program(desc)); }, py::arg("program"));
+  m.def("op_names", []() {
+        std::vector<std::string> names;
+        for (int i = 0; i < static_cast<int>(Op::kCount); ++i) names.push_back(op_name(static_cast<Op>(i)));
+        return names;
+      }, "Opcodes the CPU runtime implements.");
+  m.def("cache_stats", &stats_dict, "Executable cache: size, capacity, hits, misses, evictions.");
+  m.def("cache_size", []() { return cache_stats().size; });
+  m.def("cache_clear", &cache_clear, "Drop every cached executable and reset the counters.");
+  m.def("cache_set_capacity", [](py::ssize_t n) {
+        if (n < 0) bad("cache capacity must be >= 0");
+        cache_set_capacity(static_cast<size_t>(n));
+      }, py::arg("capacity"), "Change the LRU cap (evicts down to it).");
+  m.def("set_num_threads", [](int n) {
+        if (n < 1) bad("number of threads must be >= 1");
+        blas_set_threads(n);
+      }, py::arg("n"), "Threads the native BLAS (GEMM in matmul and conv) may use.");
+  m.def("get_num_threads", &blas_get_threads);
+}
+
+}  // namespace lucid

@@ -1,0 +1,387 @@
+// The elementwise evaluator: one pass over blocks of output elements evaluates an expression tree
+// (a single op, or a `fused` chain) over broadcasting inputs, so intermediates stay in cache.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "lucid/kernels.h"
+
+namespace lucid {
+
+namespace {
+
+constexpr int64_t kBlock = 1024;
+constexpr int kMaxDims = 16;
+
+template <class T>
+using U = std::make_unsigned_t<T>;
+
+// Signed integer overflow wraps (two's complement) instead of being undefined.
+template <class T>
+inline T wrap_add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<U<T>>(a) + static_cast<U<T>>(b));
+  else return a + b;
+}
+template <class T>
+inline T wrap_sub(T a, T b) {
+  if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<U<T>>(a) - static_cast<U<T>>(b));
+  else return a - b;
+}
+template <class T>
+inline T wrap_mul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<U<T>>(a) * static_cast<U<T>>(b));
+  else return a * b;
+}
+
+template <class T>
+void unary_numeric(Op op, const T* a, T* o, int64_t n) {
+  switch (op) {
+    case Op::neg: for (int64_t i = 0; i < n; ++i) o[i] = wrap_sub(T(0), a[i]); break;
+    case Op::abs: for (int64_t i = 0; i < n; ++i) o[i] = a[i] < 0 ? wrap_sub(T(0), a[i]) : a[i]; break;
+    case Op::sign:
+      for (int64_t i = 0; i < n; ++i) o[i] = a[i] > 0 ? T(1) : (a[i] < 0 ? T(-1) : a[i]);
+      break;
+    case Op::square: for (int64_t i = 0; i < n; ++i) o[i] = wrap_mul(a[i], a[i]); break;
+    case Op::relu: for (int64_t i = 0; i < n; ++i) o[i] = a[i] < 0 ? T(0) : a[i]; break;
+    default: throw std::logic_error("unary op not handled");
+  }
+}
+
+template <class T>
+void unary_float(Op op, const T* a, void* out, int64_t n) {
+  T* o = static_cast<T*>(out);
+  uint8_t* ob = static_cast<uint8_t*>(out);
+  switch (op) {
+    case Op::exp: for (int64_t i = 0; i < n; ++i) o[i] = std::exp(a[i]); break;
+    case Op::expm1: for (int64_t i = 0; i < n; ++i) o[i] = std::expm1(a[i]); break;
+    case Op::log: for (int64_t i = 0; i < n; ++i) o[i] = std::log(a[i]); break;
+    case Op::log1p: for (int64_t i = 0; i < n; ++i) o[i] = std::log1p(a[i]); break;
+    case Op::sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(a[i]); break;
+    case Op::rsqrt: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / std::sqrt(a[i]); break;
+    case Op::reciprocal: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / a[i]; break;
+    case Op::sin: for (int64_t i = 0; i < n; ++i) o[i] = std::sin(a[i]); break;
+    case Op::cos: for (int64_t i = 0; i < n; ++i) o[i] = std::cos(a[i]); break;
+    case Op::tan: for (int64_t i = 0; i < n; ++i) o[i] = std::tan(a[i]); break;
+    case Op::tanh: for (int64_t i = 0; i < n; ++i) o[i] = std::tanh(a[i]); break;
+    case Op::sigmoid: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / (T(1) + std::exp(-a[i])); break;
+    case Op::erf: for (int64_t i = 0; i < n; ++i) o[i] = std::erf(a[i]); break;
+    case Op::floor: for (int64_t i = 0; i < n; ++i) o[i] = std::floor(a[i]); break;
+    case Op::ceil: for (int64_t i = 0; i < n; ++i) o[i] = std::ceil(a[i]); break;
+    case Op::round: for (int64_t i = 0; i < n; ++i) o[i] = std::nearbyint(a[i]); break;
+    case Op::isnan: for (int64_t i = 0; i < n; ++i) ob[i] = std::isnan(a[i]); break;
+    case Op::isinf: for (int64_t i = 0; i < n; ++i) ob[i] = std::isinf(a[i]); break;
+    case Op::isfinite: for (int64_t i = 0; i < n; ++i) ob[i] = std::isfinite(a[i]); break;
+    default: unary_numeric<T>(op, a, o, n);
+  }
+}
+
+template <class T>
+inline T floor_div(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    if (b == 0) return 0;
+    if (b == -1) return wrap_sub(T(0), a);
+    T q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+    return q;
+  } else {
+    return std::floor(a / b);
+  }
+}
+
+template <class T>
+inline T py_mod(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    if (b == 0 || b == -1) return 0;
+    T r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return r;
+  } else {
+    T r = std::fmod(a, b);
+    if (r != 0 && ((b < 0) != (r < 0))) r += b;
+    return r;
+  }
+}
+
+template <class T>
+inline T nan_max(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return a > b ? a : b;
+}
+template <class T>
+inline T nan_min(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return a < b ? a : b;
+}
+
+template <class T>
+void binary(Op op, const T* a, const T* b, void* out, int64_t n) {
+  T* o = static_cast<T*>(out);
+  uint8_t* ob = static_cast<uint8_t*>(out);
+  switch (op) {
+    case Op::add: for (int64_t i = 0; i < n; ++i) o[i] = wrap_add(a[i], b[i]); return;
+    case Op::sub: for (int64_t i = 0; i < n; ++i) o[i] = wrap_sub(a[i], b[i]); return;
+    case Op::mul: for (int64_t i = 0; i < n; ++i) o[i] = wrap_mul(a[i], b[i]); return;
+    case Op::maximum: for (int64_t i = 0; i < n; ++i) o[i] = nan_max(a[i], b[i]); return;
+    case Op::minimum: for (int64_t i = 0; i < n; ++i) o[i] = nan_min(a[i], b[i]); return;
+    case Op::floor_divide: for (int64_t i = 0; i < n; ++i) o[i] = floor_div(a[i], b[i]); return;
+    case Op::remainder: for (int64_t i = 0; i < n; ++i) o[i] = py_mod(a[i], b[i]); return;
+    case Op::eq: for (int64_t i = 0; i < n; ++i) ob[i] = a[i] == b[i]; return;
+    case Op::ne: for (int64_t i = 0; i < n; ++i) ob[i] = a[i] != b[i]; return;
+    case Op::lt: for (int64_t i = 0; i < n; ++i) ob[i] = a[i] < b[i]; return;
+    case Op::le: for (int64_t i = 0; i < n; ++i) ob[i] = a[i] <= b[i]; return;
+    case Op::gt: for (int64_t i = 0; i < n; ++i) ob[i] = a[i] > b[i]; return;
+    case Op::ge: for (int64_t i = 0; i < n; ++i) ob[i] = a[i] >= b[i]; return;
+    case Op::logical_and: for (int64_t i = 0; i < n; ++i) ob[i] = (a[i] != 0) & (b[i] != 0); return;
+    case Op::logical_or: for (int64_t i = 0; i < n; ++i) ob[i] = (a[i] != 0) | (b[i] != 0); return;
+    case Op::logical_xor: for (int64_t i = 0; i < n; ++i) ob[i] = (a[i] != 0) ^ (b[i] != 0); return;
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case Op::div: for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b[i]; return;
+      case Op::pow: for (int64_t i = 0; i < n; ++i) o[i] = std::pow(a[i], b[i]); return;
+      case Op::atan2: for (int64_t i = 0; i < n; ++i) o[i] = std::atan2(a[i], b[i]); return;
+      default: break;
+    }
+  }
+  throw std::logic_error("binary op not handled");
+}
+
+template <class S, class D>
+inline D convert(S x) {
+  if constexpr (std::is_same_v<D, uint8_t>) {
+    return x != S(0);
+  } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
+    // NaN -> 0 and saturation: defined results where a plain C++ cast is undefined.
+    constexpr double hi = static_cast<double>(std::numeric_limits<D>::max());
+    constexpr double lo = static_cast<double>(std::numeric_limits<D>::min());
+    double v = static_cast<double>(x);
+    if (v != v) return 0;
+    if (v >= hi) return std::numeric_limits<D>::max();
+    if (v <= lo) return std::numeric_limits<D>::min();
+    return static_cast<D>(v);
+  } else {
+    return static_cast<D>(x);
+  }
+}
+
+template <class S>
+void cast_from(const S* a, DType to, void* out, int64_t n) {
+  dispatch_dtype(to, [&](auto d) {
+    using D = decltype(d);
+    D* o = static_cast<D*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] = convert<S, D>(a[i]);
+  });
+}
+
+template <class T>
+void select_bytes(const uint8_t* c, const void* a, const void* b, void* out, int64_t n) {
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  T* o = static_cast<T*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? x[i] : y[i];
+}
+
+template <class T>
+void normalize(const void* const* a, T eps, void* out, int64_t n) {
+  const T *x = static_cast<const T*>(a[0]), *m = static_cast<const T*>(a[1]),
+          *v = static_cast<const T*>(a[2]), *g = static_cast<const T*>(a[3]),
+          *b = static_cast<const T*>(a[4]);
+  T* o = static_cast<T*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = (x[i] - m[i]) / std::sqrt(v[i] + eps) * g[i] + b[i];
+}
+
+void eval_node(const ExprNode& node, const DType* arg_dtypes, const void* const* args, void* out,
+               int64_t n) {
+  DType d = arg_dtypes[0];
+  if (node.op == Op::cast) {
+    dispatch_dtype(d, [&](auto t) {
+      using T = decltype(t);
+      cast_from<T>(static_cast<const T*>(args[0]), node.dtype, out, n);
+    });
+    return;
+  }
+  if (node.op == Op::select) {
+    const uint8_t* c = static_cast<const uint8_t*>(args[0]);
+    switch (dtype_size(arg_dtypes[1])) {
+      case 1: select_bytes<uint8_t>(c, args[1], args[2], out, n); break;
+      case 4: select_bytes<uint32_t>(c, args[1], args[2], out, n); break;
+      default: select_bytes<uint64_t>(c, args[1], args[2], out, n); break;
+    }
+    return;
+  }
+  if (node.op == Op::normalize) {
+    if (d == DType::F32) normalize<float>(args, static_cast<float>(node.fparam), out, n);
+    else normalize<double>(args, node.fparam, out, n);
+    return;
+  }
+  if (node.op == Op::logical_not) {
+    const uint8_t* a = static_cast<const uint8_t*>(args[0]);
+    uint8_t* o = static_cast<uint8_t*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] = !a[i];
+    return;
+  }
+  dispatch_dtype(d, [&](auto t) {
+    using T = decltype(t);
+    const T* a = static_cast<const T*>(args[0]);
+    if (is_unary(node.op)) {
+      if constexpr (std::is_floating_point_v<T>) unary_float<T>(node.op, a, out, n);
+      else unary_numeric<T>(node.op, a, static_cast<T*>(out), n);
+    } else {
+      binary<T>(node.op, a, static_cast<const T*>(args[1]), out, n);
+    }
+  });
+}
+
+// An input's broadcast view over the collapsed output dimensions.
+struct InputView {
+  int slot;
+  size_t esize;
+  bool direct;  // same shape as the output: read in place
+  bool scalar;  // one element: filled once
+  std::vector<int64_t> strides;
+};
+
+void fill_elements(uint8_t* dst, const uint8_t* src, int64_t count, size_t esize) {
+  switch (esize) {
+    case 1: std::memset(dst, *src, static_cast<size_t>(count)); break;
+    case 4: { uint32_t v; std::memcpy(&v, src, 4); std::fill_n(reinterpret_cast<uint32_t*>(dst), count, v); break; }
+    default: { uint64_t v; std::memcpy(&v, src, 8); std::fill_n(reinterpret_cast<uint64_t*>(dst), count, v); break; }
+  }
+}
+
+void load_block(const InputView& v, const std::vector<int64_t>& dims, const uint8_t* base,
+                int64_t start, int64_t n, uint8_t* dst) {
+  int r = static_cast<int>(dims.size());
+  int64_t idx[kMaxDims];
+  int64_t off = 0, rem = start;
+  for (int d = r - 1; d >= 0; --d) {
+    idx[d] = rem % dims[d];
+    rem /= dims[d];
+    off += idx[d] * v.strides[d];
+  }
+  const int64_t inner = dims[r - 1], s = v.strides[r - 1];
+  while (n > 0) {
+    int64_t run = std::min(n, inner - idx[r - 1]);
+    if (s == 1) std::memcpy(dst, base + off * v.esize, run * v.esize);
+    else fill_elements(dst, base + off * v.esize, run, v.esize);
+    dst += run * v.esize;
+    n -= run;
+    idx[r - 1] += run;
+    off += run * s;
+    for (int d = r - 1; d > 0 && idx[d] == dims[d]; --d) {
+      idx[d] = 0;
+      off -= dims[d] * v.strides[d];
+      ++idx[d - 1];
+      off += v.strides[d - 1];
+    }
+  }
+}
+
+struct ElementwisePlan {
+  std::vector<int64_t> dims;  // collapsed output dims
+  int64_t total = 0;
+  std::vector<InputView> inputs;
+  std::vector<ExprNode> nodes;
+  std::vector<DType> dtypes;  // per value: inputs then nodes
+  int out_slot = 0;
+
+  void run(void* const* slots) const {
+    if (total == 0) return;
+    const size_t n_in = inputs.size(), n_val = n_in + nodes.size();
+    thread_local std::vector<uint64_t> scratch;
+    if (scratch.size() < n_val * kBlock) scratch.resize(n_val * kBlock);
+    auto region = [&](size_t v) { return reinterpret_cast<uint8_t*>(scratch.data() + v * kBlock); };
+    std::vector<const void*> ptr(n_val);
+    const void* args[5];
+    DType arg_dtypes[5];
+    for (size_t i = 0; i < n_in; ++i)
+      if (inputs[i].scalar) {
+        fill_elements(region(i), static_cast<const uint8_t*>(slots[inputs[i].slot]),
+                      std::min(total, kBlock), inputs[i].esize);
+        ptr[i] = region(i);
+      }
+    uint8_t* out = static_cast<uint8_t*>(slots[out_slot]);
+    const size_t out_esize = dtype_size(nodes.back().dtype);
+    for (int64_t start = 0; start < total; start += kBlock) {
+      const int64_t n = std::min(kBlock, total - start);
+      for (size_t i = 0; i < n_in; ++i) {
+        const InputView& v = inputs[i];
+        const uint8_t* base = static_cast<const uint8_t*>(slots[v.slot]);
+        if (v.direct) ptr[i] = base + start * v.esize;
+        else if (!v.scalar) { load_block(v, dims, base, start, n, region(i)); ptr[i] = region(i); }
+      }
+      for (size_t k = 0; k < nodes.size(); ++k) {
+        const ExprNode& node = nodes[k];
+        for (size_t j = 0; j < node.args.size(); ++j) {
+          args[j] = ptr[node.args[j]];
+          arg_dtypes[j] = dtypes[node.args[j]];
+        }
+        void* dst = k + 1 == nodes.size() ? out + start * out_esize : region(n_in + k);
+        eval_node(node, arg_dtypes, args, dst, n);
+        ptr[n_in + k] = dst;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+Step make_elementwise_step(const Program& p, const Instr& in) {
+  auto plan = std::make_shared<ElementwisePlan>();
+  const Slot& out = p.slots[in.out[0]];
+  plan->out_slot = in.out[0];
+  plan->nodes = decode_expr(p, in);
+  plan->total = out.size();
+  const size_t rank = out.shape.size();
+  // Broadcast strides of every input, right-aligned on the output shape (0 on broadcast dims).
+  std::vector<std::vector<int64_t>> strides;
+  for (int s : in.in) {
+    const Shape& sh = p.slots[s].shape;
+    std::vector<int64_t> cs = contiguous_strides(sh), st(rank, 0);
+    for (size_t d = 0; d < sh.size(); ++d)
+      st[rank - sh.size() + d] = sh[d] == 1 ? 0 : cs[d];
+    strides.push_back(st);
+    plan->dtypes.push_back(p.slots[s].dtype);
+  }
+  for (const ExprNode& node : plan->nodes) plan->dtypes.push_back(node.dtype);
+  // Collapse dims: drop size-1 dims, merge neighbours that are contiguous for every input.
+  std::vector<int64_t> dims;
+  std::vector<std::vector<int64_t>> cst(in.in.size());
+  for (size_t d = 0; d < rank; ++d) {
+    if (out.shape[d] == 1) continue;
+    bool merge = !dims.empty();
+    for (size_t i = 0; merge && i < in.in.size(); ++i)
+      if (cst[i].back() != strides[i][d] * out.shape[d]) merge = false;
+    if (merge) {
+      dims.back() *= out.shape[d];
+      for (size_t i = 0; i < in.in.size(); ++i) cst[i].back() = strides[i][d];
+    } else {
+      dims.push_back(out.shape[d]);
+      for (size_t i = 0; i < in.in.size(); ++i) cst[i].push_back(strides[i][d]);
+    }
+  }
+  if (dims.empty()) {
+    dims.push_back(1);
+    for (auto& c : cst) c.push_back(0);
+  }
+  plan->dims = dims;
+  for (size_t i = 0; i < in.in.size(); ++i) {
+    const Slot& s = p.slots[in.in[i]];
+    InputView v{in.in[i], dtype_size(s.dtype), s.size() == out.size(), s.size() == 1, cst[i]};
+    if (v.direct && v.scalar) v.scalar = false;
+    plan->inputs.push_back(v);
+  }
+  return [plan](void* const* slots) { plan->run(slots); };
+}
+
+}  // namespace lucid

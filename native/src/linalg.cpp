@@ -1,0 +1,370 @@
+// Matmul and convolution on BLAS (im2col + gemm), and 2-D pooling.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "lucid/blas.h"
+#include "lucid/kernels.h"
+
+namespace lucid {
+
+void blas_set_threads(int n) {
+#ifdef LUCID_BLAS_SET_THREADS
+  LUCID_BLAS_SET_THREADS(n);
+#else
+  (void)n;
+#endif
+}
+
+int blas_get_threads() {
+#ifdef LUCID_BLAS_GET_THREADS
+  return LUCID_BLAS_GET_THREADS();
+#else
+  return 1;
+#endif
+}
+
+namespace {
+
+// C[M,N] = op(A) @ op(B) + beta * C, row-major.
+template <class T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = beta == T(0) ? T(0) : C[m * ldc + n] * beta;
+    return;
+  }
+  auto A_ = ta ? CblasTrans : CblasNoTrans;
+  auto B_ = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  } else if constexpr (std::is_same_v<T, double>) {
+    LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
+  } else {
+    using UT = std::make_unsigned_t<T>;  // integer products wrap, never overflow UB
+    for (int64_t m = 0; m < M; ++m) {
+      UT* c = reinterpret_cast<UT*>(C + m * ldc);
+      for (int64_t n = 0; n < N; ++n) c[n] = beta == T(0) ? 0 : c[n] * static_cast<UT>(beta);
+      for (int64_t k = 0; k < K; ++k) {
+        UT a = static_cast<UT>(ta ? A[k * lda + m] : A[m * lda + k]);
+        for (int64_t n = 0; n < N; ++n)
+          c[n] += a * static_cast<UT>(tb ? B[n * ldb + k] : B[k * ldb + n]);
+      }
+    }
+  }
+}
+
+struct MatmulPlan {
+  int a, b, out;
+  DType dtype;
+  bool ta, tb;
+  int64_t M, N, K, batch;
+  std::vector<int64_t> a_off, b_off;  // matrix offsets per batch entry (elements)
+  bool fold_batch_into_m = false;
+};
+
+template <class T>
+void run_matmul(const MatmulPlan& p, void* const* slots) {
+  const T* A = static_cast<const T*>(slots[p.a]);
+  const T* B = static_cast<const T*>(slots[p.b]);
+  T* C = static_cast<T*>(slots[p.out]);
+  int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
+  if (p.fold_batch_into_m) {
+    gemm<T>(false, p.tb, p.M * p.batch, p.N, p.K, A, p.K, B, ldb, T(0), C, p.N);
+    return;
+  }
+  for (int64_t i = 0; i < p.batch; ++i)
+    gemm<T>(p.ta, p.tb, p.M, p.N, p.K, A + p.a_off[i], lda, B + p.b_off[i], ldb, T(0),
+            C + i * p.M * p.N, p.N);
+}
+
+Step make_matmul(const Program& prog, const Instr& in) {
+  auto p = std::make_shared<MatmulPlan>();
+  const Slot &a = prog.slots[in.in[0]], &b = prog.slots[in.in[1]], &o = prog.slots[in.out[0]];
+  p->a = in.in[0];
+  p->b = in.in[1];
+  p->out = in.out[0];
+  p->dtype = o.dtype;
+  p->ta = attr_bool(in, "transpose_a");
+  p->tb = attr_bool(in, "transpose_b");
+  size_t r = o.shape.size();
+  p->M = o.shape[r - 2];
+  p->N = o.shape[r - 1];
+  p->K = p->ta ? a.shape[a.shape.size() - 2] : a.shape.back();
+  Shape batch(o.shape.begin(), o.shape.end() - 2);
+  p->batch = numel(batch);
+  auto offsets = [&](const Shape& s, int64_t mat) {
+    Shape bs(s.begin(), s.end() - 2);
+    std::vector<int64_t> cs = contiguous_strides(bs), st(batch.size(), 0), off;
+    for (size_t d = 0; d < bs.size(); ++d)
+      st[batch.size() - bs.size() + d] = bs[d] == 1 ? 0 : cs[d] * mat;
+    std::vector<int64_t> idx(batch.size(), 0);
+    for (int64_t i = 0; i < p->batch; ++i) {
+      int64_t o_ = 0, rem = i;
+      for (size_t d = batch.size(); d-- > 0;) {
+        o_ += (rem % batch[d]) * st[d];
+        rem /= batch[d];
+      }
+      off.push_back(o_);
+    }
+    return off;
+  };
+  p->a_off = offsets(a.shape, p->M * p->K);
+  p->b_off = offsets(b.shape, p->K * p->N);
+  p->fold_batch_into_m = !p->ta && numel(Shape(b.shape.begin(), b.shape.end() - 2)) == 1 &&
+                         numel(Shape(a.shape.begin(), a.shape.end() - 2)) == p->batch;
+  return [p](void* const* slots) {
+    dispatch_dtype(p->dtype, [&](auto t) {
+      using T = decltype(t);
+      if constexpr (!std::is_same_v<T, uint8_t>) run_matmul<T>(*p, slots);
+    });
+  };
+}
+
+// ---- convolution -------------------------------------------------------------------------------
+
+struct ConvGeom {
+  int64_t N, C, H, W, O, KH, KW, HO, WO, G, sh, sw, dh, dw, pt, pl;
+  int64_t cg() const { return C / G; }
+  int64_t og() const { return O / G; }
+  int64_t ckk() const { return cg() * KH * KW; }
+  int64_t howo() const { return HO * WO; }
+};
+
+ConvGeom conv_geom(const Instr& in, const Shape& x, const Shape& w, const Shape& y) {
+  const auto &st = attr_ints(in, "strides"), &dl = attr_ints(in, "dilation"),
+             &pd = attr_ints(in, "padding");
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], attr_int(in, "groups"),
+          st[0], st[1], dl[0], dl[1], pd[0], pd[2]};
+}
+
+// col[(c*KH + i)*KW + j][oh*WO + ow] = x[c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] (0 outside).
+template <class T>
+void im2col(const ConvGeom& g, const T* x, T* col) {
+  for (int64_t c = 0; c < g.cg(); ++c)
+    for (int64_t i = 0; i < g.KH; ++i)
+      for (int64_t j = 0; j < g.KW; ++j) {
+        T* row = col + ((c * g.KH + i) * g.KW + j) * g.howo();
+        for (int64_t oh = 0; oh < g.HO; ++oh) {
+          int64_t ih = oh * g.sh - g.pt + i * g.dh;
+          T* dst = row + oh * g.WO;
+          if (ih < 0 || ih >= g.H) { std::fill_n(dst, g.WO, T(0)); continue; }
+          const T* src = x + (c * g.H + ih) * g.W;
+          for (int64_t ow = 0; ow < g.WO; ++ow) {
+            int64_t iw = ow * g.sw - g.pl + j * g.dw;
+            dst[ow] = (iw >= 0 && iw < g.W) ? src[iw] : T(0);
+          }
+        }
+      }
+}
+
+template <class T>
+void col2im(const ConvGeom& g, const T* col, T* x) {
+  for (int64_t c = 0; c < g.cg(); ++c)
+    for (int64_t i = 0; i < g.KH; ++i)
+      for (int64_t j = 0; j < g.KW; ++j) {
+        const T* row = col + ((c * g.KH + i) * g.KW + j) * g.howo();
+        for (int64_t oh = 0; oh < g.HO; ++oh) {
+          int64_t ih = oh * g.sh - g.pt + i * g.dh;
+          if (ih < 0 || ih >= g.H) continue;
+          T* dst = x + (c * g.H + ih) * g.W;
+          for (int64_t ow = 0; ow < g.WO; ++ow) {
+            int64_t iw = ow * g.sw - g.pl + j * g.dw;
+            if (iw >= 0 && iw < g.W) dst[iw] += row[oh * g.WO + ow];
+          }
+        }
+      }
+}
+
+bool is_pointwise(const ConvGeom& g) {
+  return g.KH == 1 && g.KW == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 &&
+         g.HO == g.H && g.WO == g.W;
+}
+
+template <class T>
+T* scratch(size_t n) {
+  thread_local std::vector<double> buf;
+  size_t words = (n * sizeof(T) + sizeof(double) - 1) / sizeof(double);
+  if (buf.size() < words) buf.resize(words);
+  return reinterpret_cast<T*>(buf.data());
+}
+
+template <class T>
+void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y) {
+  T* col = is_pointwise(g) ? nullptr : scratch<T>(g.ckk() * g.howo());
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t gr = 0; gr < g.G; ++gr) {
+      const T* xg = x + (n * g.C + gr * g.cg()) * g.H * g.W;
+      const T* src = xg;
+      if (col) { im2col(g, xg, col); src = col; }
+      gemm<T>(false, false, g.og(), g.howo(), g.ckk(), w + gr * g.og() * g.ckk(), g.ckk(), src,
+              g.howo(), T(0), y + (n * g.O + gr * g.og()) * g.howo(), g.howo());
+    }
+}
+
+template <class T>
+void conv_data_grad(const ConvGeom& g, const T* dy, const T* w, T* dx) {
+  std::fill_n(dx, g.N * g.C * g.H * g.W, T(0));
+  T* col = scratch<T>(g.ckk() * g.howo());
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t gr = 0; gr < g.G; ++gr) {
+      gemm<T>(true, false, g.ckk(), g.howo(), g.og(), w + gr * g.og() * g.ckk(), g.ckk(),
+              dy + (n * g.O + gr * g.og()) * g.howo(), g.howo(), T(0), col, g.howo());
+      col2im(g, col, dx + (n * g.C + gr * g.cg()) * g.H * g.W);
+    }
+}
+
+template <class T>
+void conv_weights_grad(const ConvGeom& g, const T* x, const T* dy, T* dw) {
+  std::fill_n(dw, g.O * g.ckk(), T(0));
+  T* col = scratch<T>(g.ckk() * g.howo());
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t gr = 0; gr < g.G; ++gr) {
+      im2col(g, x + (n * g.C + gr * g.cg()) * g.H * g.W, col);
+      gemm<T>(false, true, g.og(), g.ckk(), g.howo(), dy + (n * g.O + gr * g.og()) * g.howo(),
+              g.howo(), col, g.howo(), T(1), dw + gr * g.og() * g.ckk(), g.ckk());
+    }
+}
+
+Step make_conv(const Program& p, const Instr& in) {
+  int a = in.in[0], b = in.in[1], o = in.out[0];
+  DType d = p.slots[o].dtype;
+  ConvGeom g;
+  if (in.op == Op::conv2d) g = conv_geom(in, p.slots[a].shape, p.slots[b].shape, p.slots[o].shape);
+  else if (in.op == Op::conv2d_data_grad)
+    g = conv_geom(in, p.slots[o].shape, p.slots[b].shape, p.slots[a].shape);
+  else g = conv_geom(in, p.slots[a].shape, p.slots[o].shape, p.slots[b].shape);
+  Op op = in.op;
+  return [=](void* const* s) {
+    if (d == DType::F32) {
+      auto* x = static_cast<const float*>(s[a]);
+      auto* y = static_cast<const float*>(s[b]);
+      auto* out = static_cast<float*>(s[o]);
+      if (op == Op::conv2d) conv_forward(g, x, y, out);
+      else if (op == Op::conv2d_data_grad) conv_data_grad(g, x, y, out);
+      else conv_weights_grad(g, x, y, out);
+    } else {
+      auto* x = static_cast<const double*>(s[a]);
+      auto* y = static_cast<const double*>(s[b]);
+      auto* out = static_cast<double*>(s[o]);
+      if (op == Op::conv2d) conv_forward(g, x, y, out);
+      else if (op == Op::conv2d_data_grad) conv_data_grad(g, x, y, out);
+      else conv_weights_grad(g, x, y, out);
+    }
+  };
+}
+
+// ---- pooling -------------------------------------------------------------------------------------
+
+struct PoolGeom {
+  int64_t NC, H, W, HO, WO, KH, KW, sh, sw, dh, dw, pt, pl;
+  bool include_pad;
+};
+
+PoolGeom pool_geom(const Instr& in, const Shape& x, const Shape& y) {
+  const auto &k = attr_ints(in, "kernel"), &st = attr_ints(in, "strides"),
+             &pd = attr_ints(in, "padding");
+  bool is_max = in.op == Op::max_pool2d || in.op == Op::max_pool2d_grad;
+  std::vector<int64_t> dl = is_max ? attr_ints(in, "dilation") : std::vector<int64_t>{1, 1};
+  bool include = is_max ? true : attr_bool(in, "count_include_pad");
+  return {x[0] * x[1], x[2], x[3], y[2], y[3], k[0], k[1], st[0], st[1], dl[0], dl[1],
+          pd[0], pd[2], include};
+}
+
+// Index (in the plane) of the window's winner: the first maximum in row-major tap order; a padded
+// tap counts as -inf and gives -1.
+template <class T>
+int64_t max_tap(const PoolGeom& g, const T* x, int64_t oh, int64_t ow, T* best_out) {
+  T best = -std::numeric_limits<T>::infinity();
+  int64_t arg = -1;
+  bool first = true;
+  for (int64_t i = 0; i < g.KH; ++i) {
+    int64_t ih = oh * g.sh - g.pt + i * g.dh;
+    for (int64_t j = 0; j < g.KW; ++j) {
+      int64_t iw = ow * g.sw - g.pl + j * g.dw;
+      bool inside = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W;
+      T v = inside ? x[ih * g.W + iw] : -std::numeric_limits<T>::infinity();
+      if (first || v > best || (v != v && best == best)) {
+        best = v;
+        arg = inside ? ih * g.W + iw : -1;
+      }
+      first = false;
+    }
+  }
+  *best_out = best;
+  return arg;
+}
+
+template <class T>
+T avg_divisor(const PoolGeom& g, int64_t oh, int64_t ow) {
+  if (g.include_pad) return T(g.KH * g.KW);
+  int64_t h0 = oh * g.sh - g.pt, w0 = ow * g.sw - g.pl;
+  int64_t rows = std::min(h0 + g.KH, g.H) - std::max<int64_t>(h0, 0);
+  int64_t cols = std::min(w0 + g.KW, g.W) - std::max<int64_t>(w0, 0);
+  return T(std::max<int64_t>(std::max<int64_t>(rows, 0) * std::max<int64_t>(cols, 0), 1));
+}
+
+template <class T>
+void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out) {
+  const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
+  if (op == Op::max_pool2d_grad || op == Op::avg_pool2d_grad)
+    std::fill_n(out, g.NC * plane, T(0));
+  for (int64_t nc = 0; nc < g.NC; ++nc)
+    for (int64_t oh = 0; oh < g.HO; ++oh)
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        int64_t o = nc * oplane + oh * g.WO + ow;
+        if (op == Op::max_pool2d) {
+          max_tap(g, a + nc * plane, oh, ow, &out[o]);
+        } else if (op == Op::max_pool2d_grad) {  // a = grad, b = x
+          T best;
+          int64_t arg = max_tap(g, b + nc * plane, oh, ow, &best);
+          if (arg >= 0) out[nc * plane + arg] += a[o];
+        } else {
+          int64_t h0 = oh * g.sh - g.pt, w0 = ow * g.sw - g.pl;
+          T div = avg_divisor<T>(g, oh, ow), sum = 0;
+          for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + g.KH, g.H); ++ih)
+            for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + g.KW, g.W); ++iw) {
+              if (op == Op::avg_pool2d) sum += a[nc * plane + ih * g.W + iw];
+              else out[nc * plane + ih * g.W + iw] += a[o] / div;
+            }
+          if (op == Op::avg_pool2d) out[o] = sum / div;
+        }
+      }
+}
+
+Step make_pool(const Program& p, const Instr& in) {
+  Op op = in.op;
+  int a = in.in[0], b = in.in.size() > 1 ? in.in[1] : in.in[0], o = in.out[0];
+  const Shape& xs = (op == Op::max_pool2d || op == Op::avg_pool2d) ? p.slots[a].shape
+                    : p.slots[o].shape;
+  const Shape& ys = (op == Op::max_pool2d || op == Op::avg_pool2d) ? p.slots[o].shape
+                    : p.slots[a].shape;
+  PoolGeom g = pool_geom(in, xs, ys);
+  DType d = p.slots[o].dtype;
+  return [=](void* const* s) {
+    if (d == DType::F32)
+      pool<float>(op, g, static_cast<const float*>(s[a]), static_cast<const float*>(s[b]),
+                  static_cast<float*>(s[o]));
+    else
+      pool<double>(op, g, static_cast<const double*>(s[a]), static_cast<const double*>(s[b]),
+                   static_cast<double*>(s[o]));
+  };
+}
+
+}  // namespace
+
+Step make_linalg_step(const Program& p, const Instr& in) {
+  switch (in.op) {
+    case Op::matmul: return make_matmul(p, in);
+    case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad:
+      return make_conv(p, in);
+    default: return make_pool(p, in);
+  }
+}
+
+}  // namespace lucid

@@ -1,0 +1,276 @@
+// Reductions (sum, mean, max, min, prod, variance, argmax/argmin), softmax and cumsum.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "lucid/kernels.h"
+
+namespace lucid {
+
+namespace {
+
+constexpr int kMaxDims = 16;
+
+// The input's dims merged into alternating kept/reduced groups; the input is walked in memory order.
+struct ReducePlan {
+  Op op;
+  int in, out;
+  DType dtype;
+  std::vector<int64_t> dims, out_strides;  // out_strides is 0 on reduced groups
+  int64_t in_total = 0, out_total = 0, count = 1;
+};
+
+std::shared_ptr<ReducePlan> plan_reduce(const Program& p, const Instr& in) {
+  auto r = std::make_shared<ReducePlan>();
+  const Slot& x = p.slots[in.in[0]];
+  r->op = in.op;
+  r->in = in.in[0];
+  r->out = in.out[0];
+  r->dtype = x.dtype;
+  std::vector<bool> red(x.shape.size(), false);
+  for (int64_t a : attr_ints(in, "axes")) {
+    if (x.shape.empty()) break;
+    red[normalize_axis(a, static_cast<int64_t>(x.shape.size()))] = true;
+  }
+  std::vector<bool> kinds;
+  for (size_t d = 0; d < x.shape.size(); ++d) {
+    if (red[d]) r->count *= x.shape[d];
+    if (x.shape[d] == 1) continue;
+    if (!kinds.empty() && kinds.back() == red[d]) r->dims.back() *= x.shape[d];
+    else { r->dims.push_back(x.shape[d]); kinds.push_back(red[d]); }
+  }
+  if (r->dims.empty()) { r->dims.push_back(1); kinds.push_back(false); }
+  r->out_strides.assign(r->dims.size(), 0);
+  int64_t acc = 1;
+  for (size_t d = r->dims.size(); d-- > 0;)
+    if (!kinds[d]) { r->out_strides[d] = acc; acc *= r->dims[d]; }
+  r->in_total = x.size();
+  r->out_total = p.slots[r->out].size();
+  return r;
+}
+
+// Calls fn(out_offset, in_offset, run, out_step) for runs along the innermost group.
+template <class Fn>
+void walk(const ReducePlan& r, Fn&& fn) {
+  if (r.in_total == 0) return;
+  const int nd = static_cast<int>(r.dims.size());
+  int64_t idx[kMaxDims] = {0};
+  int64_t o = 0, i = 0;
+  const int64_t inner = r.dims[nd - 1], step = r.out_strides[nd - 1];
+  while (i < r.in_total) {
+    fn(o, i, inner, step);
+    i += inner;
+    for (int d = nd - 2; d >= 0; --d) {
+      o += r.out_strides[d];
+      if (++idx[d] < r.dims[d]) break;
+      idx[d] = 0;
+      o -= r.dims[d] * r.out_strides[d];
+    }
+  }
+}
+
+template <class T>
+void run_reduce(const ReducePlan& r, void* const* slots) {
+  const T* x = static_cast<const T*>(slots[r.in]);
+  T* y = static_cast<T*>(slots[r.out]);
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  using UAcc = std::make_unsigned_t<int64_t>;
+  std::vector<Acc> acc(r.out_total);
+  switch (r.op) {
+    case Op::reduce_sum: case Op::reduce_mean: case Op::variance: {
+      std::fill(acc.begin(), acc.end(), Acc(0));
+      walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
+        if (step == 0) {
+          Acc s = 0;
+          for (int64_t k = 0; k < n; ++k) {
+            if constexpr (std::is_integral_v<Acc>) s = static_cast<Acc>(UAcc(s) + UAcc(x[i + k]));
+            else s += x[i + k];
+          }
+          if constexpr (std::is_integral_v<Acc>) acc[o] = static_cast<Acc>(UAcc(acc[o]) + UAcc(s));
+          else acc[o] += s;
+        } else {
+          for (int64_t k = 0; k < n; ++k) {
+            if constexpr (std::is_integral_v<Acc>) acc[o + k] = static_cast<Acc>(UAcc(acc[o + k]) + UAcc(x[i + k]));
+            else acc[o + k] += x[i + k];
+          }
+        }
+      });
+      if (r.op == Op::reduce_sum) {
+        for (int64_t k = 0; k < r.out_total; ++k) y[k] = static_cast<T>(acc[k]);
+        return;
+      }
+      const double cnt = static_cast<double>(r.count);
+      if constexpr (std::is_floating_point_v<T>) {
+        for (auto& a : acc) a /= cnt;
+        if (r.op == Op::reduce_mean) {
+          for (int64_t k = 0; k < r.out_total; ++k) y[k] = static_cast<T>(acc[k]);
+          return;
+        }
+        std::vector<double> sq(r.out_total, 0.0);
+        walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
+          for (int64_t k = 0; k < n; ++k) {
+            double dlt = x[i + k] - acc[o + k * step];
+            sq[o + k * step] += dlt * dlt;
+          }
+        });
+        for (int64_t k = 0; k < r.out_total; ++k) y[k] = static_cast<T>(sq[k] / cnt);
+      }
+      return;
+    }
+    case Op::reduce_prod: {
+      std::fill(acc.begin(), acc.end(), Acc(1));
+      walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
+        for (int64_t k = 0; k < n; ++k) {
+          Acc& a = acc[o + k * step];
+          if constexpr (std::is_integral_v<Acc>) a = static_cast<Acc>(UAcc(a) * UAcc(x[i + k]));
+          else a *= x[i + k];
+        }
+      });
+      for (int64_t k = 0; k < r.out_total; ++k) y[k] = static_cast<T>(acc[k]);
+      return;
+    }
+    default: {  // max / min keep T: NaN propagates as in numpy
+      bool is_max = r.op == Op::reduce_max;
+      T init = is_max ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+      if constexpr (std::is_floating_point_v<T>)
+        init = is_max ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+      std::fill_n(y, r.out_total, init);
+      walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
+        for (int64_t k = 0; k < n; ++k) {
+          T& a = y[o + k * step];
+          T v = x[i + k];
+          if (is_max ? (v > a || v != v) : (v < a || v != v)) {
+            if (a == a) a = v;
+          }
+        }
+      });
+    }
+  }
+}
+
+// [outer, axis, inner] view of one axis.
+struct AxisGeom {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+
+AxisGeom axis_geom(const Shape& s, int64_t axis_attr) {
+  AxisGeom g;
+  if (s.empty()) return g;
+  int64_t axis = normalize_axis(axis_attr, static_cast<int64_t>(s.size()));
+  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
+    if (d < axis) g.outer *= s[d];
+    else if (d == axis) g.len = s[d];
+    else g.inner *= s[d];
+  }
+  return g;
+}
+
+template <class T>
+void run_arg(bool is_max, const AxisGeom& g, const T* x, int64_t* y) {
+  for (int64_t o = 0; o < g.outer; ++o)
+    for (int64_t in = 0; in < g.inner; ++in) {
+      const T* col = x + o * g.len * g.inner + in;
+      T best = col[0];
+      int64_t arg = 0;
+      for (int64_t a = 1; a < g.len; ++a) {
+        T v = col[a * g.inner];
+        if (best != best) break;  // the first NaN wins
+        if (v != v || (is_max ? v > best : v < best)) { best = v; arg = a; }
+      }
+      y[o * g.inner + in] = arg;
+    }
+}
+
+template <class T>
+void run_softmax(bool log, const AxisGeom& g, const T* x, T* y) {
+  std::vector<double> mx(g.inner), sum(g.inner);
+  for (int64_t o = 0; o < g.outer; ++o) {
+    const T* xs = x + o * g.len * g.inner;
+    T* ys = y + o * g.len * g.inner;
+    std::fill(mx.begin(), mx.end(), -std::numeric_limits<double>::infinity());
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (int64_t a = 0; a < g.len; ++a)
+      for (int64_t i = 0; i < g.inner; ++i) mx[i] = std::max<double>(mx[i], xs[a * g.inner + i]);
+    for (int64_t a = 0; a < g.len; ++a)
+      for (int64_t i = 0; i < g.inner; ++i) {
+        T e = std::exp(static_cast<T>(xs[a * g.inner + i] - mx[i]));
+        if (!log) ys[a * g.inner + i] = e;
+        sum[i] += e;
+      }
+    for (int64_t i = 0; i < g.inner; ++i) sum[i] = log ? std::log(sum[i]) : 1.0 / sum[i];
+    for (int64_t a = 0; a < g.len; ++a)
+      for (int64_t i = 0; i < g.inner; ++i) {
+        T* v = &ys[a * g.inner + i];
+        if (log) *v = static_cast<T>(xs[a * g.inner + i] - mx[i] - sum[i]);
+        else *v = static_cast<T>(*v * sum[i]);
+      }
+  }
+}
+
+template <class T>
+void run_cumsum(bool exclusive, bool reverse, const AxisGeom& g, const T* x, T* y) {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, uint64_t>;
+  for (int64_t o = 0; o < g.outer; ++o)
+    for (int64_t in = 0; in < g.inner; ++in) {
+      Acc acc = 0;
+      for (int64_t k = 0; k < g.len; ++k) {
+        int64_t a = reverse ? g.len - 1 - k : k;
+        int64_t at = (o * g.len + a) * g.inner + in;
+        Acc v = static_cast<Acc>(x[at]);
+        if (exclusive) { y[at] = static_cast<T>(acc); acc += v; }
+        else { acc += v; y[at] = static_cast<T>(acc); }
+      }
+    }
+}
+
+}  // namespace
+
+Step make_reduce_step(const Program& p, const Instr& in) {
+  const Slot& x = p.slots[in.in[0]];
+  int a = in.in[0], o = in.out[0];
+  DType d = x.dtype;
+  switch (in.op) {
+    case Op::argmax: case Op::argmin: {
+      AxisGeom g = axis_geom(x.shape, attr_int(in, "axis"));
+      bool is_max = in.op == Op::argmax;
+      return [=](void* const* s) {
+        dispatch_dtype(d, [&](auto t) {
+          using T = decltype(t);
+          run_arg<T>(is_max, g, static_cast<const T*>(s[a]), static_cast<int64_t*>(s[o]));
+        });
+      };
+    }
+    case Op::softmax: case Op::log_softmax: {
+      AxisGeom g = axis_geom(x.shape, attr_int(in, "axis"));
+      bool log = in.op == Op::log_softmax;
+      return [=](void* const* s) {
+        if (d == DType::F32) run_softmax<float>(log, g, static_cast<const float*>(s[a]), static_cast<float*>(s[o]));
+        else run_softmax<double>(log, g, static_cast<const double*>(s[a]), static_cast<double*>(s[o]));
+      };
+    }
+    case Op::cumsum: {
+      AxisGeom g = axis_geom(x.shape, attr_int(in, "axis"));
+      bool ex = attr_bool(in, "exclusive"), rev = attr_bool(in, "reverse");
+      return [=](void* const* s) {
+        dispatch_dtype(d, [&](auto t) {
+          using T = decltype(t);
+          if constexpr (!std::is_same_v<T, uint8_t>)
+            run_cumsum<T>(ex, rev, g, static_cast<const T*>(s[a]), static_cast<T*>(s[o]));
+        });
+      };
+    }
+    default: {
+      auto r = plan_reduce(p, in);
+      return [r](void* const* s) {
+        dispatch_dtype(r->dtype, [&](auto t) {
+          using T = decltype(t);
+          if constexpr (!std::is_same_v<T, uint8_t>) run_reduce<T>(*r, s);
+        });
+      };
+    }
+  }
+}
+
+}  // namespace lucid

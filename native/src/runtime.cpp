@@ -1,0 +1,292 @@
+// The CPU runtime: buffer planning by liveness, running the steps, and the executable cache.
+#include "lucid/runtime.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <unordered_map>
+
+namespace lucid {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Best-fit allocator over one arena: freed blocks are reused and coalesced.
+class ArenaPlanner {
+ public:
+  size_t allocate(size_t bytes) {
+    bytes = align_up(std::max<size_t>(bytes, 1));
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->second >= bytes && (best == free_.end() || it->second < best->second)) best = it;
+    if (best == free_.end()) {
+      // Grow into a free block that ends the arena, if any.
+      for (auto it = free_.begin(); it != free_.end(); ++it)
+        if (it->first + it->second == end_) {
+          size_t off = it->first;
+          end_ = off + bytes;
+          free_.erase(it);
+          return off;
+        }
+      size_t off = end_;
+      end_ += bytes;
+      return off;
+    }
+    size_t off = best->first;
+    if (best->second > bytes) { best->first += bytes; best->second -= bytes; }
+    else free_.erase(best);
+    return off;
+  }
+  void release(size_t off, size_t bytes) {
+    bytes = align_up(std::max<size_t>(bytes, 1));
+    free_.push_back({off, bytes});
+    std::sort(free_.begin(), free_.end());
+    std::vector<std::pair<size_t, size_t>> merged;
+    for (auto& b : free_) {
+      if (!merged.empty() && merged.back().first + merged.back().second == b.first) merged.back().second += b.second;
+      else merged.push_back(b);
+    }
+    free_ = merged;
+  }
+  size_t end() const { return end_; }
+
+ private:
+  std::vector<std::pair<size_t, size_t>> free_;  // (offset, size)
+  size_t end_ = 0;
+};
+
+Step make_step(const Program& p, const Instr& in) {
+  if (is_elementwise(in.op) || in.op == Op::fused) return make_elementwise_step(p, in);
+  switch (in.op) {
+    case Op::matmul: case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad:
+    case Op::max_pool2d: case Op::max_pool2d_grad: case Op::avg_pool2d: case Op::avg_pool2d_grad:
+      return make_linalg_step(p, in);
+    case Op::reduce_sum: case Op::reduce_mean: case Op::reduce_max: case Op::reduce_min:
+    case Op::reduce_prod: case Op::variance: case Op::argmax: case Op::argmin: case Op::softmax:
+    case Op::log_softmax: case Op::cumsum:
+      return make_reduce_step(p, in);
+    default:
+      return make_shape_step(p, in);
+  }
+}
+
+}  // namespace
+
+struct Executable::Arena {
+  std::vector<double> memory;  // 8-byte aligned; offsets are 64-byte multiples
+  std::vector<void*> ptrs;
+};
+
+Executable::Executable(Program program) : program_(std::move(program)) {
+  validate(program_);
+  key_ = structural_key(program_);
+  hash_ = fnv1a(key_);
+  const Program& p = program_;
+  const int n = static_cast<int>(p.slots.size());
+  loc_.assign(n, Loc::Arena);
+  where_.assign(n, -1);
+  for (size_t i = 0; i < p.feeds.size(); ++i) { loc_[p.feeds[i]] = Loc::Feed; where_[p.feeds[i]] = i; }
+  // Constants are materialised once, here.
+  size_t const_bytes = 0;
+  for (const Instr& in : p.instrs)
+    if (in.op == Op::constant) {
+      loc_[in.out[0]] = Loc::Const;
+      where_[in.out[0]] = const_bytes;
+      const_bytes += align_up(p.slots[in.out[0]].bytes());
+    }
+  consts_.assign(const_bytes / sizeof(double) + 1, 0.0);
+  for (const Instr& in : p.instrs)
+    if (in.op == Op::constant)
+      materialize_constant(in, p.slots[in.out[0]], reinterpret_cast<uint8_t*>(consts_.data()) + where_[in.out[0]]);
+  inplace_feed_.assign(p.results.size(), -1);
+  for (auto [r, f] : p.inplace) inplace_feed_[r] = f;
+  // Results are computed straight into their output arrays unless they must be copied there.
+  std::vector<bool> seen(n, false);
+  for (size_t j = 0; j < p.results.size(); ++j) {
+    int s = p.results[j];
+    if (loc_[s] == Loc::Arena && !seen[s] && inplace_feed_[j] < 0) {
+      loc_[s] = Loc::Result;
+      where_[s] = j;
+    } else {
+      copies_.push_back({static_cast<int>(j), s});
+    }
+    seen[s] = true;
+  }
+  // In-place writes go last, so copies that read a feed see its old value.
+  std::stable_sort(copies_.begin(), copies_.end(), [&](auto a, auto b) {
+    return (inplace_feed_[a.first] >= 0) < (inplace_feed_[b.first] >= 0);
+  });
+  // Liveness: a slot lives from its defining instruction to its last reader.
+  const int forever = static_cast<int>(p.instrs.size());
+  std::vector<int> last(n, -1);
+  for (int k = 0; k < forever; ++k)
+    for (int s : p.instrs[k].in) last[s] = k;
+  for (auto& c : copies_) last[c.second] = forever;
+  ArenaPlanner planner;
+  for (int k = 0; k < forever; ++k) {
+    const Instr& in = p.instrs[k];
+    int o = in.out[0];
+    if (loc_[o] == Loc::Arena) {
+      unplanned_bytes_ += align_up(p.slots[o].bytes());
+      where_[o] = planner.allocate(p.slots[o].bytes());
+    }
+    // Inputs are freed after the outputs are placed: a kernel never reads and writes one buffer.
+    std::vector<int> dead(in.in.begin(), in.in.end());
+    dead.push_back(o);
+    std::sort(dead.begin(), dead.end());
+    dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+    for (int s : dead)
+      if (loc_[s] == Loc::Arena && last[s] <= k) planner.release(where_[s], p.slots[s].bytes());
+  }
+  arena_bytes_ = planner.end();
+  for (int k = 0; k < forever; ++k)
+    if (p.instrs[k].op != Op::constant) {
+      steps_.push_back(make_step(p, p.instrs[k]));
+      step_instr_.push_back(k);
+    }
+}
+
+Executable::~Executable() {
+  for (Arena* a : pool_) delete a;
+}
+
+std::vector<int64_t> Executable::arena_offsets() const {
+  std::vector<int64_t> out(loc_.size(), -1);
+  for (size_t s = 0; s < loc_.size(); ++s)
+    if (loc_[s] == Loc::Arena) out[s] = where_[s];
+  return out;
+}
+
+Executable::Arena* Executable::acquire() const {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!pool_.empty()) {
+      Arena* a = pool_.back();
+      pool_.pop_back();
+      return a;
+    }
+  }
+  auto* a = new Arena;
+  a->memory.assign(arena_bytes_ / sizeof(double) + 1, 0.0);
+  a->ptrs.assign(loc_.size(), nullptr);
+  auto* base = reinterpret_cast<uint8_t*>(a->memory.data());
+  auto* cbase = reinterpret_cast<uint8_t*>(const_cast<double*>(consts_.data()));
+  for (size_t s = 0; s < loc_.size(); ++s) {
+    if (loc_[s] == Loc::Arena) a->ptrs[s] = base + where_[s];
+    else if (loc_[s] == Loc::Const) a->ptrs[s] = cbase + where_[s];
+  }
+  return a;
+}
+
+void Executable::release(Arena* a) const {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  pool_.push_back(a);
+}
+
+void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results) const {
+  Arena* a = acquire();
+  struct Giveback {
+    const Executable* ex;
+    Arena* a;
+    ~Giveback() { ex->release(a); }
+  } giveback{this, a};
+  void** ptrs = a->ptrs.data();
+  for (size_t i = 0; i < feeds.size(); ++i) ptrs[program_.feeds[i]] = feeds[i];
+  for (size_t s = 0; s < loc_.size(); ++s)
+    if (loc_[s] == Loc::Result) ptrs[s] = results[where_[s]];
+  for (const Step& step : steps_) step(ptrs);
+  for (auto [j, s] : copies_) std::memmove(results[j], ptrs[s], program_.slots[s].bytes());
+}
+
+// ---- the process-wide cache ---------------------------------------------------------------------
+
+namespace {
+
+size_t initial_capacity() {
+  const char* env = std::getenv("LUCID_COMPILE_MAX_CACHE");
+  if (env && *env) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end && *end == '\0' && v >= 0) return static_cast<size_t>(v);
+  }
+  return 32;
+}
+
+struct Cache {
+  std::mutex mu;
+  size_t capacity = initial_capacity();
+  size_t hits = 0, misses = 0, evictions = 0;
+  std::list<std::shared_ptr<Executable>> lru;  // most recent first
+  std::unordered_map<std::string, std::list<std::shared_ptr<Executable>>::iterator> index;
+
+  void evict_to(size_t cap) {
+    while (lru.size() > cap) {
+      index.erase(lru.back()->key());
+      lru.pop_back();
+      ++evictions;
+    }
+  }
+};
+
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: executables may outlive static teardown
+  return *c;
+}
+
+}  // namespace
+
+std::shared_ptr<Executable> cache_get_or_compile(Program program, bool* hit) {
+  Cache& c = cache();
+  std::string key = structural_key(program);
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.index.find(key);
+    if (it != c.index.end()) {
+      c.lru.splice(c.lru.begin(), c.lru, it->second);
+      ++c.hits;
+      if (hit) *hit = true;
+      return *it->second;
+    }
+  }
+  // Compile outside the lock: other threads keep hitting the cache meanwhile.
+  auto ex = std::make_shared<Executable>(std::move(program));
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (hit) *hit = false;
+  auto it = c.index.find(key);
+  if (it != c.index.end()) {  // another thread compiled the same program first
+    ++c.hits;
+    return *it->second;
+  }
+  ++c.misses;
+  if (c.capacity == 0) return ex;
+  c.lru.push_front(ex);
+  c.index[key] = c.lru.begin();
+  c.evict_to(c.capacity);
+  return ex;
+}
+
+void cache_clear() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.lru.clear();
+  c.index.clear();
+  c.hits = c.misses = c.evictions = 0;
+}
+
+void cache_set_capacity(size_t n) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.capacity = n;
+  c.evict_to(n);
+}
+
+CacheStats cache_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return {c.lru.size(), c.capacity, c.hits, c.misses, c.evictions};
+}
+
+}  // namespace lucid

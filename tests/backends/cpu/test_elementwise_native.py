@@ -1,0 +1,131 @@
+"""Elementwise prim ops: native kernels against the numpy reference over generated shapes."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from lucid.backends import prim_ops
+from lucid.backends.cpu.testing import check, random_array
+
+POSITIVE_DOMAIN = {"log", "sqrt", "rsqrt", "log1p", "reciprocal"}
+FEW = settings(max_examples=8)
+
+
+def _dtypes(allowed):
+    return st.sampled_from(sorted(allowed))
+
+
+@pytest.mark.parametrize("name", sorted(prim_ops.UNARY))
+@FEW
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5), data=st.data())
+def test_unary_matches_reference(name, shape, data):
+    allowed = prim_ops.UNARY[name][0]
+    dtype = data.draw(_dtypes(allowed))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    x = random_array(rng, shape, dtype, positive=name in POSITIVE_DOMAIN)
+    check(name, [x])
+
+
+@pytest.mark.parametrize("name", sorted(prim_ops.BINARY))
+@FEW
+@given(
+    shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=4, max_side=4), data=st.data()
+)
+def test_binary_broadcasting_matches_reference(name, shapes, data):
+    dtype = data.draw(_dtypes(prim_ops.BINARY[name][0]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    a, b = (random_array(rng, s, dtype, positive=name == "pow") for s in shapes.input_shapes)
+    check(name, [a, b], scale=10.0 if name == "pow" else 1.0)
+
+
+def test_integer_division_by_zero_gives_zero_and_floors():
+    a = np.array([7, -7, 7, -7, 5, np.iinfo(np.int32).min], np.int32)
+    b = np.array([2, 2, -2, -2, 0, -1], np.int32)
+    q = check("floor_divide", [a, b])
+    np.testing.assert_array_equal(q[:4], [3, -4, -4, 3])
+    assert q[4] == 0
+    r = check("remainder", [a, b])
+    np.testing.assert_array_equal(r[:5], [1, 1, -1, -1, 0])
+
+
+def test_float_remainder_follows_the_divisor_sign():
+    a = np.array([5.5, -5.5, 5.5, -5.5], np.float32)
+    b = np.array([2.0, 2.0, -2.0, -2.0], np.float32)
+    np.testing.assert_allclose(check("remainder", [a, b]), [1.5, 0.5, -0.5, -1.5])
+
+
+def test_nan_propagates_through_maximum_and_minimum():
+    a = np.array([np.nan, 1.0, 2.0], np.float32)
+    b = np.array([0.0, np.nan, 1.0], np.float32)
+    assert np.isnan(check("maximum", [a, b])[:2]).all()
+    assert np.isnan(check("minimum", [a, b])[:2]).all()
+
+
+@FEW
+@given(
+    shapes=hnp.mutually_broadcastable_shapes(num_shapes=3, max_dims=3, max_side=4),
+    dtype=_dtypes(prim_ops.ANY),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_select_broadcasts_all_three_operands(shapes, dtype, seed):
+    rng = np.random.default_rng(seed)
+    c = random_array(rng, shapes.input_shapes[0], "bool")
+    a = random_array(rng, shapes.input_shapes[1], dtype)
+    b = random_array(rng, shapes.input_shapes[2], dtype)
+    check("select", [c, a, b])
+
+
+@settings(max_examples=25)
+@given(
+    src=_dtypes(prim_ops.ANY),
+    dst=_dtypes(prim_ops.ANY),
+    shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=5),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_cast_between_every_dtype_pair(src, dst, shape, seed):
+    x = random_array(np.random.default_rng(seed), shape, src)
+    check("cast", [x], {"dtype": dst})
+
+
+def test_cast_float_to_int_saturates_and_maps_nan_to_zero():
+    x = np.array([np.nan, 1e20, -1e20, -2.7, 2.7], np.float32)
+    out = check("cast", [x], {"dtype": "i32"})
+    np.testing.assert_array_equal(out, [0, 2**31 - 1, -(2**31), -2, 2])
+
+
+@FEW
+@given(
+    shape=hnp.array_shapes(min_dims=1, max_dims=4, max_side=5),
+    dtype=_dtypes(prim_ops.FLOAT),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_normalize_matches_the_batch_norm_formula(shape, dtype, seed, data):
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    stat_shape = tuple(d if i == axis else 1 for i, d in enumerate(shape))
+    x = random_array(rng, shape, dtype)
+    mean = random_array(rng, stat_shape, dtype)
+    var = random_array(rng, stat_shape, dtype, positive=True)
+    gamma, beta = random_array(rng, stat_shape, dtype), random_array(rng, stat_shape, dtype)
+    out = check("normalize", [x, mean, var, gamma, beta], {"epsilon": 1e-3})
+    expect = (x - mean) / np.sqrt(var + 1e-3) * gamma + beta
+    np.testing.assert_allclose(out, expect, rtol=1e-4, atol=1e-5)
+
+
+def test_non_contiguous_broadcast_patterns():
+    rng = np.random.default_rng(0)
+    # size-1 dims in the middle and at both ends exercise the dimension collapsing.
+    for sa, sb in [((3, 1, 5), (1, 4, 1)), ((1, 4, 1, 6), (2, 1, 3, 1)), ((7,), ()), ((), (2, 3))]:
+        check("add", [random_array(rng, sa, "f32"), random_array(rng, sb, "f32")])
+
+
+def test_large_input_spans_many_blocks_with_broadcast():
+    rng = np.random.default_rng(1)
+    a = random_array(rng, (37, 1000), "f32")
+    b = random_array(rng, (1000,), "f32")
+    c = random_array(rng, (37, 1), "f32")
+    check("mul", [a, b])
+    check("sub", [c, b])
