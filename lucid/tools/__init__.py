@@ -1,0 +1,1 @@
+"""Command-line tools: ``lucid-opt`` and ``lucid-inspect-trace``."""

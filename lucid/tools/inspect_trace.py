@@ -1,0 +1,97 @@
+"""``lucid-inspect-trace``: summarise a trace dump, or diff two.
+
+lucid-inspect-trace trace.json            feeds, op counts, outputs
+lucid-inspect-trace old.json new.json     what changed between two traces
+lucid-inspect-trace trace.json --mlir     the trace imported into the lucid dialect
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections import Counter
+from collections.abc import Sequence
+
+
+def _load(path: str):
+    from lucid.compile._trace import Trace
+
+    with open(path) as f:
+        return Trace.from_json(f.read())
+
+
+def _shape(v) -> str:
+    dims = "x".join("?" if d is None else str(d) for d in v.shape)
+    return f"{v.dtype.name}[{dims}]"
+
+
+def summary(trace) -> str:
+    """A readable summary: feeds, op histogram, outputs."""
+    lines = [f"{len(trace.feeds)} feeds, {len(trace.ops)} ops, {len(trace.outputs)} outputs", ""]
+    lines.append("feeds:")
+    lines += [f"  %{f.value.id:<5} {f.role:<40} {_shape(f.value)}" for f in trace.feeds]
+    lines.append("ops:")
+    for name, n in sorted(Counter(op.name for op in trace.ops).items(), key=lambda t: -t[1]):
+        lines.append(f"  {n:>6}  {name}")
+    lines.append("outputs:")
+    lines += [f"  %{v.id:<5} {role:<40} {_shape(v)}" for role, v in trace.outputs]
+    return "\n".join(lines) + "\n"
+
+
+def _op_lines(trace) -> list[str]:
+    """One line per op, with value ids renumbered away so unrelated edits do not show."""
+    from lucid.compile._trace import Const
+
+    def operand(x) -> str:
+        if isinstance(x, list):
+            return "[" + ", ".join(operand(e) for e in x) + "]"
+        return repr(x.value) if isinstance(x, Const) else _shape(x)
+
+    out = [f"feed {f.role} {_shape(f.value)}" for f in trace.feeds]
+    for op in trace.ops:
+        args = [operand(x) for x in op.inputs] + [f"{k}={v!r}" for k, v in op.attrs.items()]
+        outs = ", ".join(_shape(v) for v in op.outputs)
+        out.append(f"{op.name}({', '.join(args)}) -> {outs}")
+    out += [f"output {role} {_shape(v)}" for role, v in trace.outputs]
+    return out
+
+
+def diff(a, b, names: tuple[str, str] = ("a", "b")) -> str:
+    """A unified diff of two traces' feeds, ops (name, attributes, result types) and outputs."""
+    return "".join(
+        line if line.endswith("\n") else line + "\n"
+        for line in difflib.unified_diff(
+            _op_lines(a), _op_lines(b), fromfile=names[0], tofile=names[1], lineterm=""
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lucid-inspect-trace", description=__doc__.splitlines()[0])
+    p.add_argument("trace", help="a trace JSON file (lucid.compile.trace/v1)")
+    p.add_argument("other", nargs="?", help="a second trace to diff against")
+    p.add_argument("--mlir", action="store_true", help="print the trace as lucid-dialect IR")
+    args = p.parse_args(argv)
+    try:
+        first = _load(args.trace)
+        second = _load(args.other) if args.other else None
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"lucid-inspect-trace: error: {e}\n")
+        return 1
+    if second is not None:
+        text = diff(first, second, (args.trace, args.other))
+        sys.stdout.write(text or "traces are identical\n")
+        return 1 if text else 0
+    if args.mlir:
+        import lucid  # noqa: F401  (registers every op)
+        from lucid.ir import import_trace, print_ir
+
+        sys.stdout.write(print_ir(import_trace(first)))
+        return 0
+    sys.stdout.write(summary(first))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
