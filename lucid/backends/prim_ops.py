@@ -1274,7 +1274,7 @@ def philox4x32(counter_lo: np.ndarray, key: int, counter_hi: int) -> np.ndarray:
 
 
 def random_words(state: np.ndarray, count: int) -> np.ndarray:
-    """``count`` uint32 words from an int64[2] (key, counter) state; word i: block i//4, lane i%4."""
+    """``count`` uint32 words from an int64[2] (key, counter) state: block i//4, lane i%4."""
     key, counter = (int(v) & 0xFFFFFFFFFFFFFFFF for v in np.asarray(state).reshape(2))
     blocks = (count + 3) // 4
     return philox4x32(np.arange(blocks, dtype=np.uint64), key, counter).ravel()[:count]
