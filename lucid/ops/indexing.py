@@ -9,9 +9,12 @@ already expanded), each a tuple a trace can print:
 - ``("new",)``: insert a size-1 dim (``None`` in Python);
 - ``("tensor",)``: an integer index tensor, the next operand of ``indices``.
 
-Index tensors follow numpy's advanced-indexing rules (their shapes broadcast; the result dims go
-where the first one stands when they are adjacent, else first). A bool mask becomes integer index
-tensors through the ``nonzero`` op, the one op here whose output shape depends on data.
+PyTorch's rule, which differs from numpy's in one corner: integers select first (as
+``Tensor.select``), then index tensors follow numpy's advanced indexing on what remains (their
+shapes broadcast; their result dims stand where they are when adjacent, or go first when a slice
+or a new axis separates them). So ``x[0, :, idx]`` has shape ``(x.shape[1], len(idx))``, where
+numpy gives the transpose. ``True``/``False`` add a dim of size 1/0. A bool mask becomes integer
+index tensors through the ``nonzero`` op, the one op here whose output shape depends on data.
 """
 
 from __future__ import annotations
@@ -58,75 +61,74 @@ def _size_of_slice(n: Any, start: Any, stop: Any, step: Any) -> Any:
 
 
 def _index_shape(shape: tuple, index_shapes: list, index: tuple, op: str = "index") -> tuple:
-    """The result shape of ``x[index]`` by numpy's rules, from shapes alone."""
-    has_tensor = any(item[0] == "tensor" for item in index)
+    """The result shape of ``x[index]`` by PyTorch's rules, from shapes alone.
+
+    Integers select first (their dims disappear, as ``select``); the rest follows numpy's
+    advanced indexing on what remains: index tensors broadcast together, and their result dims
+    replace them in place when they are adjacent, or go first when a slice or a new axis
+    separates them.
+    """
     consumed = sum(item[0] != "new" for item in index)
     if consumed > len(shape):
         raise IndexError(
             f"{op}: too many indices for a tensor of {len(shape)} dims (shape {tuple(shape)})"
         )
-    parts: list = []  # per item: a tuple of result dims, or "adv" for an advanced index
-    adv_at: list[int] = []
-    adv_shapes = list(index_shapes)
+    parts: list = []  # per non-int item: a tuple of result dims, or "adv" for an index tensor
     dim = 0
-    for pos, item in enumerate(index):
+    for item in index:
         tag = item[0]
         if tag == "new":
             parts.append((1,))
             continue
         n = shape[dim]
+        dim += 1
         if tag == "int":
             i = item[1]
             if n is not None and not -n <= i < n:
-                raise IndexError(f"{op}: index {i} is out of bounds for dim {dim} with size {n}")
-            if has_tensor:
-                adv_at.append(pos)
-                parts.append("adv")
-            else:
-                parts.append(())
+                raise IndexError(
+                    f"{op}: index {i} is out of bounds for dim {dim - 1} with size {n}"
+                )
         elif tag == "slice":
             if item[3] == 0:
                 raise ValueError(f"{op}: slice step cannot be zero")
             parts.append((_size_of_slice(n, *item[1:]),))
         elif tag == "tensor":
-            adv_at.append(pos)
             parts.append("adv")
         else:
             raise ValueError(f"{op}: unknown index item {item!r}")
-        dim += 1
     rest = tuple(shape[dim:])
+    adv_at = [i for i, p in enumerate(parts) if p == "adv"]
     if not adv_at:
         return tuple(d for p in parts for d in p) + rest
     try:
-        bshape = broadcast_shapes(*adv_shapes, op=f"{op}: indexing tensors")
+        bshape = broadcast_shapes(*index_shapes, op=f"{op}: indexing tensors")
     except ValueError as e:
         raise IndexError(str(e)) from None
-    adjacent = adv_at == list(range(adv_at[0], adv_at[0] + len(adv_at)))
     basic = [p for p in parts if p != "adv"]
-    if adjacent:
-        first = adv_at[0]
-        before = [p for p in parts[:first] if p != "adv"]
-        after = [p for p in parts[first:] if p != "adv"]
-        return (
-            tuple(d for p in before for d in p) + bshape + tuple(d for p in after for d in p) + rest
-        )
+    if adv_at == list(range(adv_at[0], adv_at[0] + len(adv_at))):
+        before = tuple(d for p in parts[: adv_at[0]] for d in p)
+        after = tuple(d for p in parts[adv_at[-1] + 1 :] for d in p)
+        return before + bshape + after + rest
     return bshape + tuple(d for p in basic for d in p) + rest
 
 
-def _numpy_index(index: tuple, indices: Sequence) -> tuple:
+def _split_index(index: tuple, indices: Sequence) -> tuple[tuple, list]:
+    """numpy keys for PyTorch's rule: ``x[select][rest]``. ``select`` holds the integers (and
+    full slices elsewhere, ending in an ellipsis so it always gives a view); ``rest`` is a list
+    of the other items, ``None`` for a new axis."""
     it = iter(indices)
-    out: list = []
+    select: list = []
+    rest: list = []
     for item in index:
         tag = item[0]
         if tag == "int":
-            out.append(item[1])
-        elif tag == "slice":
-            out.append(slice(*item[1:]))
+            select.append(item[1])
         elif tag == "new":
-            out.append(None)
+            rest.append(None)
         else:
-            out.append(next(it))
-    return tuple(out)
+            select.append(slice(None))
+            rest.append(slice(*item[1:]) if tag == "slice" else next(it))
+    return (*select, Ellipsis), rest
 
 
 def _check_index_tensors(indices: Sequence, op: str) -> None:
@@ -147,7 +149,8 @@ def _index_infer(x, indices, index):
 
 
 def _index_kernel(x: np.ndarray, indices: list, index: tuple) -> np.ndarray:
-    return x[_numpy_index(index, indices)]
+    select, rest = _split_index(index, indices)
+    return x[select][tuple(rest)]
 
 
 def _index_vjp(c, g):
@@ -197,25 +200,11 @@ def _index_put_kernel(
     x: np.ndarray, values: np.ndarray, indices: list, index: tuple, accumulate: bool
 ) -> np.ndarray:
     out = x.copy()
-    # np.add.at takes no newaxis: index a view with the new axes made real size-1 dims instead.
-    view_shape, np_index, dim = [], [], 0
-    it = iter(indices)
-    for item in index:
-        tag = item[0]
-        if tag == "new":
-            view_shape.append(1)
-            np_index.append(slice(None))
-            continue
-        view_shape.append(x.shape[dim])
-        dim += 1
-        if tag == "int":
-            np_index.append(item[1])
-        elif tag == "slice":
-            np_index.append(slice(*item[1:]))
-        else:
-            np_index.append(next(it))
-    view = out.reshape((*view_shape, *x.shape[dim:]))
-    key = tuple(np_index)
+    select, rest = _split_index(index, indices)
+    # np.add.at takes no newaxis: index a view whose new axes are real size-1 dims instead.
+    new_axes = [i for i, r in enumerate(rest) if r is None]
+    view = np.expand_dims(out[select], new_axes) if new_axes else out[select]
+    key = tuple(slice(None) if r is None else r for r in rest)
     values = np.asarray(values, dtype=out.dtype)
     if accumulate:
         target_ndim = len(_index_shape(x.shape, [t.shape for t in indices], index))
@@ -319,8 +308,9 @@ def _as_index_tensor(obj: Any) -> Tensor:
     )
 
 
-def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list]:
-    """A Python index as (items, index tensors); bool masks become index tensors via nonzero."""
+def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list, tuple]:
+    """A Python index as (items, index tensors, result dims that ``False`` makes empty). Bool
+    masks become index tensors through the ``nonzero`` op."""
     if not isinstance(idx, tuple):
         idx = (idx,)
     raw: list = []
@@ -330,7 +320,7 @@ def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list]:
         elif it is Ellipsis:
             raw.append(("...",))
         elif isinstance(it, (bool, np.bool_)):
-            raise IndexError("a Python bool is not a valid index; use a bool tensor as a mask")
+            raw.append(("bool", bool(it)))
         elif isinstance(it, (int, np.integer)):
             raw.append(("int", int(it)))
         elif isinstance(it, slice):
@@ -340,7 +330,8 @@ def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list]:
             raw.append(("slice", _to_int(it.start, "start"), _to_int(it.stop, "stop"), step))
         elif isinstance(it, Tensor):
             if it.dtype is _dtype.bool_:
-                raw.append(("mask", it))
+                # A 0-d mask is a Python bool read from data (a graph break under a trace).
+                raw.append(("bool", bool(it)) if it.ndim == 0 else ("mask", it))
             elif it.dtype.category == 1:
                 raw.append(("tensor", it))
             else:
@@ -365,6 +356,7 @@ def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list]:
         )
     items: list = []
     tensors: list = []
+    empty: list[int] = []
     dim = 0
     for r in raw:
         tag = r[0]
@@ -374,8 +366,6 @@ def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list]:
             dim += fill
         elif tag == "mask":
             mask = r[1]
-            if mask.ndim == 0:
-                raise IndexError("a 0-d bool tensor is not supported as an index here")
             covered = tuple(x.shape[dim : dim + mask.ndim])
             for j, (a, b) in enumerate(zip(mask.shape, covered, strict=True)):
                 if a is not None and b is not None and a != b:
@@ -392,19 +382,32 @@ def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list]:
             items.append(("tensor",))
             tensors.append(r[1])
             dim += 1
+        elif tag == "bool":
+            # torch: True adds a size-1 dim, False a size-0 dim (sliced off afterwards).
+            if not r[1]:
+                empty.append(sum(item[0] in ("slice", "new") for item in items))
+            items.append(("new",))
         else:
             items.append(r)
             dim += tag != "new"
-    return tuple(items), tensors
+    if empty and tensors:
+        raise IndexError("indexing with False together with index tensors is not supported")
+    return tuple(items), tensors, tuple(empty)
 
 
 def _getitem(x: Tensor, idx: Any) -> Tensor:
-    items, tensors = _parse_index(x, idx)
-    return _alias_version(apply("index", x, tensors, index=items), x)
+    items, tensors, empty = _parse_index(x, idx)
+    out = _alias_version(apply("index", x, tensors, index=items), x)
+    if empty:
+        cut = tuple(("slice", 0, 0, None) if d in empty else _FULL for d in range(max(empty) + 1))
+        out = apply("index", out, [], index=cut)
+    return out
 
 
 def _setitem(x: Tensor, idx: Any, value: Any) -> None:
-    items, tensors = _parse_index(x, idx)
+    items, tensors, empty = _parse_index(x, idx)
+    if empty:
+        return  # x[False] = v selects nothing
     if not isinstance(value, (Tensor, bool, int, float, np.number, np.bool_)):
         value = Tensor(value, dtype=x.dtype)
 
@@ -420,7 +423,9 @@ Tensor.__setitem__ = _setitem
 
 def _index_put(x: Tensor, indices: Sequence, values: Any, accumulate: bool = False) -> Tensor:
     """``torch.index_put``: ``x`` with ``x[indices]`` set to (or increased by) ``values``."""
-    items, tensors = _parse_index(x, tuple(indices))
+    items, tensors, empty = _parse_index(x, tuple(indices))
+    if empty:
+        raise IndexError("index_put: a False index selects nothing; use a bool mask tensor")
     return apply("index_put", x, values, tensors, index=items, accumulate=accumulate)
 
 

@@ -28,6 +28,8 @@ IDX2 = lucid.tensor([[0, 1], [2, 2]])
 GETITEM_CASES = [
     (1, 1),
     (-1, -1),
+    (True, True),
+    ((0, False), (0, False)),
     ((0, 2), (0, 2)),
     ((1, -1, 0), (1, -1, 0)),
     (slice(1, None), slice(1, None)),
@@ -41,16 +43,47 @@ GETITEM_CASES = [
     ([0, 2], [0, 2]),
     ((IDX, slice(None), lucid.tensor([1, 2, 3])), (IDX.numpy(), slice(None), [1, 2, 3])),
     ((slice(None), IDX2, 1), (slice(None), IDX2.numpy(), 1)),  # int + tensor adjacent
-    ((0, slice(None), IDX2), (0, slice(None), IDX2.numpy())),  # separated: dims go first
+    ((0, slice(None), IDX2), (0, slice(None), IDX2.numpy())),  # ints select first
+    ((IDX, slice(1, 3), IDX), (IDX.numpy(), slice(1, 3), IDX.numpy())),  # separated: go first
+    ((IDX, 1, IDX), (IDX.numpy(), 1, IDX.numpy())),  # an int does not separate
     ((IDX2[:, :1], IDX2[:1]), (IDX2.numpy()[:, :1], IDX2.numpy()[:1])),  # index broadcast
     ((Ellipsis, lucid.tensor([0, 0])), (Ellipsis, [0, 0])),
+    ((slice(None), None, IDX), (slice(None), None, IDX.numpy())),  # new axis separates
+    ((IDX, None, 1, IDX), (IDX.numpy(), None, 1, IDX.numpy())),
 ]
+
+
+def torch_rule(a, index):
+    """PyTorch's documented order on a numpy array: integers select first, then numpy indexing
+    of what remains (where slices and new axes separate index arrays)."""
+    index = index if isinstance(index, tuple) else (index,)
+    consumed = sum(i is not None and i is not Ellipsis for i in index)
+    full = []
+    for i in index:
+        full.extend([slice(None)] * (a.ndim - consumed) if i is Ellipsis else [i])
+    select = tuple(i if isinstance(i, int) else slice(None) for i in full if i is not None)
+    rest = tuple(i for i in full if not isinstance(i, int))
+    return a[select + (Ellipsis,)][rest]
+
+
+def test_torch_rule_differs_from_numpy_where_torch_documents_it():
+    # Shapes reported for PyTorch in pytorch/pytorch#157676, #158134 and #141563.
+    x = rand(5, 3, 7, 9, grad=False)
+    assert x[:, [0], :, 0].shape == (5, 1, 7)
+    y = rand(2, 3, 5, 7, grad=False)
+    assert y[:, True].shape == (2, 1, 3, 5, 7)
+    assert y[:, False].shape == (2, 0, 3, 5, 7)
+    assert y[:, True, :, :, 0].shape == (2, 1, 3, 5)
+    assert y[:, False, :, :, 0].shape == (2, 0, 3, 5)
+    assert rand(3, 4, 5, grad=False)[:, (0, 1), ..., (0, 1)].shape == (3, 2)
+    assert_close(x[:, [0], :, 0], arr(x)[..., 0][:, [0]])
+    assert_close(y[:, True, 1], arr(y)[:, 1][:, None])
 
 
 @pytest.mark.parametrize(("index", "np_index"), GETITEM_CASES)
 def test_getitem_matches_numpy(index, np_index):
     x = rand(3, 4, 5, grad=False)
-    assert_close(x[index], arr(x)[np_index])
+    assert_close(x[index], torch_rule(arr(x), np_index))
 
 
 @pytest.mark.parametrize(("index", "np_index"), GETITEM_CASES)
@@ -118,7 +151,7 @@ def test_random_basic_and_advanced_indices_match_numpy(data):
             items.append(lucid.tensor(ix))
             np_items.append(ix)
         dim += 1
-    assert_close(x[tuple(items)], arr(x)[tuple(np_items)])
+    assert_close(x[tuple(items)], torch_rule(arr(x), tuple(np_items)))
 
 
 def test_getitem_errors():
@@ -190,12 +223,31 @@ def test_setitem_scalar_mask_and_dtype_cast():
     x[x > 2] = 0
     assert_close(x, np.array([[1, 2], [0, 0]]))
     assert x.dtype is lucid.int64
-    y = lucid.zeros(3) if hasattr(lucid, "zeros") else lucid.tensor([0.0, 0.0, 0.0])
+    y = lucid.tensor([0.0, 0.0, 0.0])
     y[1] = lucid.tensor(2.5, dtype=lucid.float64)
     assert y.dtype is lucid.float32
     assert_close(y, np.array([0.0, 2.5, 0.0], dtype=np.float32))
     y[[0, 2]] = [7.0, 8.0]
     assert_close(y, np.array([7.0, 2.5, 8.0], dtype=np.float32))
+
+
+def test_setitem_with_int_and_index_tensor_follows_torch_placement():
+    x = rand(3, 4, 5, grad=False)
+    v = rand(4, 2, seed=1, grad=False)  # x[0, :, [1, 2]] has shape (4, 2) in PyTorch
+    expected = arr(x).copy()
+    expected[0][:, [1, 2]] = arr(v)
+    x[0, :, [1, 2]] = v
+    assert_close(x, expected)
+    gradcheck(lambda t: t[0, :, [1, 2]] * 2.0, rand(3, 4, 5))
+
+
+def test_setitem_false_and_true():
+    x = rand(2, 3, grad=False)
+    before = arr(x).copy()
+    x[False] = 1.0
+    assert_close(x, before)
+    x[True] = 2.0
+    assert_close(x, np.full((2, 3), 2.0))
 
 
 def test_setitem_errors():
