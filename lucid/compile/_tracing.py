@@ -76,6 +76,7 @@ class Tracer:
         self._updates: dict[int, str] = {}  # id(tensor) -> role of the update output
         self._names: dict[int, str] = _feed_names(model) if model is not None else {}
         self._feed_tensors: dict[str, Tensor] = {}  # role -> captured tensor
+        self._tensor_roles: dict[int, str] = {}  # id(tensor) -> its feed role, kept across writes
         self._n_inputs = 0
         self._rng: Tensor | None = None  # the RNG-state feed, once a random op asked for it
         self._rng_step: Tensor | None = None
@@ -120,6 +121,7 @@ class Tracer:
             self._n_captures += 1
         v = self._add_feed(tuple(t.shape), t.dtype, role)
         self._captured[id(t)] = (t, v)
+        self._tensor_roles[id(t)] = role
         self._feed_tensors[role] = t
         return v
 
@@ -197,18 +199,20 @@ class Tracer:
 
             out = apply("cast", out, dtype=tensor.dtype)
         new = self._operand(out)
+        key = id(tensor)
         tv = tensor._trace
         if tv is not None and self._values.get(tv.id) is tv:
-            role = self._feed_roles.get(tv.id)
+            role = self._tensor_roles.get(key) or self._feed_roles.get(tv.id)
             tensor._trace = new
             if role is not None:
                 # An in-place write to a traced input: it is written back like a buffer.
-                self._captured[id(tensor)] = (tensor, new)
-                self._updates[id(tensor)] = "update:" + role
+                self._tensor_roles[key] = role
+                self._captured[key] = (tensor, new)
+                self._updates[key] = "update:" + role
             return
-        old = self._capture(tensor)
-        self._updates[id(tensor)] = "update:" + self._feed_roles[old.id]
-        self._captured[id(tensor)] = (tensor, new)
+        self._capture(tensor)
+        self._updates[key] = "update:" + self._tensor_roles[key]
+        self._captured[key] = (tensor, new)
 
     def next_rng(self) -> Tensor:
         """The RNG state for one random op (``lucid._random.next_rng`` asks here under a trace).

@@ -249,3 +249,20 @@ def test_graph_break_message_includes_source_text():
         trace(lambda t: t.item(), lucid.tensor(1.0))  # MARK-src
     assert "MARK-src" in str(e.value)
     assert sys.modules[__name__] is not None
+
+
+def test_repeated_inplace_writes_give_one_update_with_the_last_value():
+    buf = lucid.tensor(np.zeros(2, np.float32))
+
+    def f(x):
+        buf.add_(x)
+        buf.mul_(3)
+        x.add_(1)
+        x.mul_(2)
+        return x * 1
+
+    tr = trace(f, lucid.tensor(np.ones(2, np.float32)))
+    outs = dict(tr.outputs)
+    assert sorted(outs) == ["output:0", "update:capture:0", "update:input:0"]
+    assert outs["update:capture:0"] is tr.ops[1].outputs[0]  # the mul_ result
+    assert outs["update:input:0"] is tr.ops[3].outputs[0]
