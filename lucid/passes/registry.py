@@ -24,6 +24,7 @@ _BUILTIN = {
     "cse": "lucid.passes.cse:CSE",
     "dce": "lucid.passes.dce:DCE",
     "lower-to-prim": "lucid.passes.lower_to_prim:LowerToPrim",
+    "vjp": "lucid.passes.vjp:VJP",
 }
 
 _PASSES: dict[str, Callable[[], type[x.ModulePass]]] = {}
