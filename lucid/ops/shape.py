@@ -300,7 +300,7 @@ def expand(x: Tensor, *shape: Any) -> Tensor:
                 d = -1
             fixed.append(d)
         shape = tuple(fixed)
-    return apply("expand", x, shape=shape)
+    return _alias_version(apply("expand", x, shape=shape), x)
 
 
 @tensor_method()
@@ -515,7 +515,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 def _slice_dim(x: Tensor, dim: int, start: int, stop: int) -> Tensor:
     """``x`` restricted to ``start:stop`` along ``dim`` (the ``index`` op's attribute encoding)."""
     items = (("slice", None, None, None),) * dim + (("slice", start, stop, None),)
-    return apply("index", x, [], index=items)
+    return _alias_version(apply("index", x, [], index=items), x)
 
 
 @tensor_method()
@@ -573,7 +573,8 @@ def unbind(x: Tensor, dim: int = 0) -> tuple:
         raise ValueError("unbind: a 0-d tensor has no dim to unbind")
     d = normalize_dim(dim, x.ndim, "unbind")
     pre = (("slice", None, None, None),) * d
-    return tuple(apply("index", x, [], index=(*pre, ("int", i))) for i in range(x.shape[d]))
+    rows = (apply("index", x, [], index=(*pre, ("int", i))) for i in range(x.shape[d]))
+    return tuple(_alias_version(r, x) for r in rows)
 
 
 # --- tile / repeat ------------------------------------------------------------------------------
@@ -768,7 +769,7 @@ def _flip_infer(x, dims):
 
 def _flip_kernel(x: np.ndarray, dims: tuple) -> np.ndarray:
     axes = normalize_dims(dims, x.ndim) if x.ndim else ()
-    return np.flip(x, axis=axes) if axes else x.copy()
+    return np.flip(x, axis=axes).copy() if axes else x.copy()  # a copy: torch.flip copies
 
 
 register(

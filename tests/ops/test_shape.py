@@ -416,3 +416,23 @@ def test_symbolic_trace_of_shape_ops_runs_at_any_batch_size(batch):
     data = np.random.default_rng(batch).standard_normal((batch, 3, 2))
     got = interpret(import_trace(tr), [data])[0]
     np.testing.assert_allclose(got, fn(lucid.tensor(data)).numpy())
+
+
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        lambda t: t.expand(2, 2, 3),
+        lambda t: t.transpose(0, 1),
+        lambda t: t.split(1, 0)[0],
+        lambda t: t.unbind(1)[0],
+        lambda t: t.flatten(),
+    ],
+)
+def test_inplace_write_to_base_is_seen_by_nodes_that_saved_a_view(make_view):
+    w = rand(2, 3, seed=1)
+    x = rand(2, 3, grad=False)
+    v = make_view(x)
+    z = v * w.sum()  # saves v to compute w's gradient
+    x.add_(1.0)  # the view's values changed under z's node
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        z.sum().backward()
