@@ -1,0 +1,249 @@
+"""Lowering rules of indexing: ``x[...]`` (``index``), ``index_put``, gather/scatter_add,
+masked_fill, embedding and one_hot.
+
+Basic items (ints, slices, new axes) become slices, reshapes and constant-index gathers. Integer
+index tensors become one ``prim.gather`` on a flat position: the indexed dims are moved to the
+front and merged, and each index tensor (negative entries wrapped) is scaled by its dim's stride.
+Writes (``index_put`` with accumulate, ``scatter_add``, the embedding gradient) are
+``prim.scatter_add`` on flat positions computed the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lucid import _dtype
+from lucid.ops._registry import normalize_dim
+from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, rule, unsupported
+
+_I64 = _dtype.int64
+
+
+def _wrap(b: Builder, idx: PV, n: int) -> PV:
+    idx = b.cast(idx, _I64)
+    return b.select(b.binary("lt", idx, 0, _I64), b.binary("add", idx, n, _I64), idx, _I64)
+
+
+def _slice_dim(b: Builder, v: PV, axis: int, start, stop, step) -> PV:
+    n = v.shape[axis]
+    lo, hi, st = slice(start, stop, step).indices(n)
+    if st > 0:
+        return b.slice_axis(v, axis, lo, max(hi, lo), st)
+    positions = np.arange(lo, hi, st, dtype=np.int64)
+    if positions.size == 0:
+        return b.slice_axis(v, axis, 0, 0)
+    return b.op("gather", v, b.const(positions, _I64, positions.shape), axis=axis)
+
+
+def _apply_index(b: Builder, v: PV, indices: list, index: tuple, out_shape: tuple) -> PV:
+    """``v[index]`` by eager's rule: integers first (``x[ints][rest]``), then slices, new axes and
+    index tensors with numpy's advanced-indexing layout."""
+    it = iter(indices)
+    ints: list[tuple[int, int]] = []  # (dim, position)
+    rest: list[
+        tuple[str, object]
+    ] = []  # per remaining item: ("slice", ...), ("new",), ("tensor", pv)
+    dim = 0
+    for item in index:
+        tag = item[0]
+        if tag == "int":
+            ints.append((dim, item[1]))
+            dim += 1
+        elif tag == "new":
+            rest.append(("new", None))
+        elif tag == "slice":
+            rest.append(("slice", (dim, item[1:])))
+            dim += 1
+        else:
+            rest.append(("tensor", (dim, next(it))))
+            dim += 1
+    # 1. integer items: one-wide slices, then drop those dims.
+    for d, i in ints:
+        i = i % v.shape[d]
+        v = b.slice_axis(v, d, i, i + 1)
+    keep = [d for d in range(v.ndim) if d not in {d for d, _ in ints}]
+    v = b.reshape(v, [v.shape[d] for d in keep])
+    remap = {old: new for new, old in enumerate(keep)}
+    # 2. slices on their own dims.
+    for tag, payload in rest:
+        if tag == "slice":
+            d, (start, stop, step) = payload
+            v = _slice_dim(b, v, remap[d], start, stop, step)
+    tensors = [(remap[d], t) for tag, (d, t) in ((r[0], r[1]) for r in rest if r[0] == "tensor")]
+    if not tensors:
+        return b.reshape(v, out_shape)  # new axes are size-1 dims in place
+    # 3. index tensors: merge their dims at the front and gather one flat position.
+    adv_dims = [d for d, _ in tensors]
+    others = [d for d in range(v.ndim) if d not in adv_dims]
+    moved = b.transpose(v, adv_dims + others)
+    sizes = [v.shape[d] for d in adv_dims]
+    merged = b.reshape(moved, (math.prod(sizes), *[v.shape[d] for d in others]))
+    strides = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
+    flat = None
+    for (d, t), n, stride in zip(tensors, sizes, strides, strict=True):
+        term = b.binary("mul", _wrap(b, t, n), stride, _I64)
+        flat = term if flat is None else b.op("add", flat, term)
+    bshape = np.broadcast_shapes(*(t.shape for _, t in tensors))
+    flat = b.broadcast_to(flat, bshape)
+    g = b.op("gather", merged, flat, axis=0)  # dims: bshape + others
+    # 4. numpy's layout: the index dims stand where the first index item is when the items are
+    # adjacent in the remaining index, else first; new axes are size-1 dims.
+    labels = [("adv", i) for i in range(len(bshape))] + [("dim", d) for d in others]
+    positions = [i for i, r in enumerate(rest) if r[0] == "tensor"]
+    adjacent = positions == list(range(positions[0], positions[-1] + 1))
+    target: list = []
+    placed = False
+    body: list = []
+    new_count = 0
+    for tag, payload in rest:
+        if tag == "tensor":
+            if not placed:
+                body.append("ADV")
+                placed = True
+        elif tag == "new":
+            body.append(("new", new_count))
+            new_count += 1
+        else:
+            body.append(("dim", remap[payload[0]]))
+    used_dims = {lbl[1] for lbl in body if isinstance(lbl, tuple) and lbl[0] == "dim"} | set(
+        adv_dims
+    )
+    trailing = [("dim", d) for d in range(v.ndim) if d not in used_dims]
+    adv_labels = [("adv", i) for i in range(len(bshape))]
+    if adjacent:
+        for lbl in body:
+            target.extend(adv_labels if lbl == "ADV" else [lbl])
+    else:
+        target = adv_labels + [lbl for lbl in body if lbl != "ADV"]
+    target += trailing
+    # add the new axes as trailing size-1 dims, then permute into place.
+    with_new = labels + [("new", i) for i in range(new_count)]
+    g = b.reshape(g, (*g.shape, *([1] * new_count)))
+    g = b.transpose(g, [with_new.index(lbl) for lbl in target])
+    return b.reshape(g, out_shape)
+
+
+@rule("index")
+def _index(b: Builder, v, indices, index):
+    return _apply_index(b, v, list(indices), tuple(index), b.outs[0].shape)
+
+
+def _positions(b: Builder, x: PV, indices: list, index: tuple) -> tuple[PV, bool]:
+    """The flat positions in ``x`` that ``x[index]`` reads, and whether they are compile-time
+    constants (no index tensors: positions are then distinct)."""
+    from lucid.ops.indexing import _index_shape
+
+    target = _index_shape(x.shape, [t.shape for t in indices], index)
+    iota = b.const(np.arange(x.size, dtype=np.int64).reshape(x.shape), _I64, x.shape)
+    return _apply_index(b, iota, indices, index, target), not indices
+
+
+@rule("index_put")
+def _index_put(b: Builder, v, values, indices, index, accumulate):
+    pos, distinct = _positions(b, v, list(indices), tuple(index))
+    if not accumulate and not distinct:
+        raise LoweringUnsupported(
+            "index_put with index tensors and accumulate=False (prim has no scatter-assign; "
+            "repeated indices would need last-write-wins)"
+        )
+    vals = b.cast(values, v.dtype)
+    vshape = vals.shape
+    while len(vshape) > pos.ndim and vshape[0] == 1:
+        vshape = vshape[1:]
+    vals = b.broadcast_to(b.reshape(vals, vshape), pos.shape)
+    flat_pos = b.reshape(pos, (pos.size,))
+    flat_vals = b.reshape(vals, (pos.size,))
+    work = v if v.dtype is not _dtype.bool_ else b.cast(v, _dtype.int32)
+    flat_vals = b.cast(flat_vals, work.dtype)
+    flat_x = b.reshape(work, (v.size,))
+    if accumulate:
+        out = b.op("scatter_add", flat_x, flat_pos, flat_vals, axis=0)
+    else:
+        zeros = b.full(0, (v.size,), work.dtype)
+        written = b.op("scatter_add", zeros, flat_pos, flat_vals, axis=0)
+        mask = np.zeros(v.size, dtype=bool)
+        # distinct constant positions: recompute them in numpy for the mask
+        from lucid.ops.indexing import _index_kernel
+
+        mask[_index_kernel(np.arange(v.size).reshape(v.shape), [], tuple(index)).reshape(-1)] = True
+        out = b.op("select", b.const(mask, _dtype.bool_, (v.size,)), written, flat_x)
+    return b.cast(b.reshape(out, v.shape), v.dtype)
+
+
+def _along_dim_positions(b: Builder, x: PV, idx: PV, dim: int) -> PV:
+    """Flat positions in ``x`` of torch's gather/scatter index ``idx`` along ``dim``."""
+    strides = [math.prod(x.shape[i + 1 :]) for i in range(x.ndim)]
+    coords = np.indices(idx.shape, dtype=np.int64)
+    base = sum(coords[i] * strides[i] for i in range(x.ndim) if i != dim)
+    base = np.asarray(base, dtype=np.int64) if x.ndim > 1 else np.zeros(idx.shape, np.int64)
+    along = b.binary("mul", _wrap(b, idx, x.shape[dim]), strides[dim], _I64)
+    return b.op("add", along, b.const(base, _I64, idx.shape))
+
+
+@rule("gather")
+def _gather(b: Builder, v, idx, dim):
+    d = normalize_dim(dim, v.ndim)
+    if v.ndim == 0:
+        return b.reshape(v, b.outs[0].shape)
+    pos = _along_dim_positions(b, v, idx, d)
+    return b.op("gather", b.reshape(v, (v.size,)), pos, axis=0)
+
+
+@rule("scatter_add")
+def _scatter_add(b: Builder, v, idx, src, dim):
+    d = normalize_dim(dim, v.ndim)
+    if v.ndim == 0:
+        raise LoweringUnsupported("scatter_add into a 0-d tensor")
+    src = b.cast(src, v.dtype)
+    if src.shape != idx.shape:  # torch reads only the leading index.shape block of src
+        src = b.op(
+            "slice", src, starts=[0] * src.ndim, ends=list(idx.shape), strides=[1] * src.ndim
+        )
+    pos = b.reshape(_along_dim_positions(b, v, idx, d), (math.prod(idx.shape),))
+    flat = b.op("scatter_add", b.reshape(v, (v.size,)), pos, b.reshape(src, pos.shape), axis=0)
+    return b.reshape(flat, v.shape)
+
+
+unsupported(
+    "scatter",
+    "prim has no scatter-assign (eager's last-write-wins for repeated indices cannot be expressed)",
+)
+unsupported("nonzero", "its output shape depends on the input's values (a graph break)")
+
+
+@rule("masked_fill")
+def _masked_fill(b: Builder, v, mask, value):
+    return b.select(mask, value, v, v.dtype)
+
+
+@rule("embedding")
+def _embedding(b: Builder, indices, weight, padding_idx, scale_grad_by_freq):
+    return b.op("gather", weight, b.cast(indices, _I64), axis=0)
+
+
+@rule("embedding_backward")
+def _embedding_backward(b: Builder, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    dim = grad.shape[-1]
+    n = indices.size
+    flat_idx = b.reshape(b.cast(indices, _I64), (n,))
+    rows = b.reshape(grad, (n, dim))
+    out = b.op("scatter_add", b.full(0, (num_weights, dim), grad.dtype), flat_idx, rows, axis=0)
+    if scale_grad_by_freq:
+        ones = b.full(1, (n,), grad.dtype)
+        counts = b.op("scatter_add", b.full(0, (num_weights,), grad.dtype), flat_idx, ones, axis=0)
+        counts = b.binary("maximum", counts, 1, grad.dtype)
+        out = b.op("div", out, b.reshape(counts, (num_weights, 1)))
+    if padding_idx is not None:
+        keep = np.ones((num_weights, 1), dtype=bool)
+        keep[padding_idx] = False
+        out = b.select(b.const(keep, _dtype.bool_, (num_weights, 1)), out, 0, grad.dtype)
+    return out
+
+
+@rule("one_hot")
+def _one_hot(b: Builder, v, num_classes):
+    if num_classes is None or num_classes < 0:
+        raise LoweringUnsupported("one_hot without num_classes (the depth depends on the values)")
+    return b.op("one_hot", b.cast(v, _I64), depth=num_classes, axis=-1, dtype="i64")
