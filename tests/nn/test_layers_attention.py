@@ -130,6 +130,8 @@ def test_mha_float_3d_mask_and_causal_flag():
     ref, _ = _mha_ref(mha, _np(x), _np(x), _np(x), tri)
     assert_close(causal, ref, atol=1e-10)
     assert not np.triu(_np(w)[0], 1).any()
+    fused, _ = mha(x, x, x, is_causal=True, need_weights=False)
+    assert_close(fused, ref, atol=1e-10)
 
 
 def test_mha_without_weights_matches_and_unbatched_input():
@@ -344,3 +346,16 @@ def test_lstm_gradients():
     lstm = nn.LSTM(2, 2, num_layers=2).double()
     x = _x(3, 1, 2)
     gradcheck(lambda *_: lstm(x)[0], *lstm.parameters())
+
+
+def test_lstm_unbatched_matches_batch_of_one():
+    lstm = nn.LSTM(3, 4, num_layers=2, bidirectional=True).double()
+    x = _x(4, 3)
+    out, (h, c) = lstm(x)
+    ref, rh, rc = _lstm_ref(lstm, _np(x)[:, None])
+    assert out.shape == (4, 8) and h.shape == (4, 4)
+    assert_close(out, ref[:, 0], atol=1e-12)
+    assert_close(c, rc[:, 0], atol=1e-12)
+    out2, _ = lstm(x, (h, c))
+    ref2, _, _ = _lstm_ref(lstm, _np(x)[:, None], rh, rc)
+    assert_close(out2, ref2[:, 0], atol=1e-12)

@@ -1,4 +1,8 @@
-"""``LSTM``: multi-layer, optionally bidirectional, with torch's parameter names and layout."""
+"""``LSTM``: multi-layer, optionally bidirectional, with torch's parameter names and layout.
+
+The maths is the functional ``lucid.nn.functional.lstm`` (unrolled Lucid ops); only LSTMs with
+projections (``proj_size > 0``), which it does not cover, are unrolled here.
+"""
 
 from __future__ import annotations
 
@@ -124,6 +128,17 @@ class LSTM(Module):
             get("weight_hr" + sfx),
         )
 
+    def _flat_weights(self) -> list[Tensor]:
+        """Parameters in the functional form's order: per layer and direction, w_ih, w_hh[, b_ih,
+        b_hh]."""
+        dirs = 2 if self.bidirectional else 1
+        flat = []
+        for layer in range(self.num_layers):
+            for d in range(dirs):
+                w_ih, w_hh, b_ih, b_hh, _ = self._weights(layer, d)
+                flat += [w_ih, w_hh] + ([b_ih, b_hh] if self.bias else [])
+        return flat
+
     def forward(
         self,
         input: Tensor,
@@ -154,6 +169,23 @@ class LSTM(Module):
                 if tuple(t.shape) != want:
                     raise ValueError(f"LSTM: expected {name} of shape {want}, got {tuple(t.shape)}")
             h0s, c0s = list(h0.unbind(0)), list(c0.unbind(0))
+        if self.proj_size == 0:
+            if hx is None:
+                # Zeros built from the input (not from its shape) stay valid under a symbolic batch.
+                zero = lucid.zeros_like(x[0, :, :1]).expand(self.num_layers * dirs, -1, out_size)
+                hx = (zero, zero) if batched else (zero.squeeze(1), zero.squeeze(1))
+            return F.lstm(
+                input,
+                hx,
+                self._flat_weights(),
+                self.num_layers,
+                self.batch_first,
+                self.bias,
+                self.dropout,
+                self.training,
+                self.bidirectional,
+            )
+        # Projections (proj_size > 0) are not in the functional form: unroll here.
         h_n, c_n = [], []
         layer_input = x
         for layer in range(self.num_layers):

@@ -177,7 +177,10 @@ class MultiheadAttention(Module):
             return x.reshape(n, length, h, hd).transpose(1, 2)
 
         q, k, v = heads(q, n_query), heads(k, n_key), heads(v, n_key)
-        if is_causal and attn_mask is None:
+        # With no other mask and no weights wanted, the fused attention applies causality itself.
+        sdpa_causal = is_causal and attn_mask is None and key_padding_mask is None
+        sdpa_causal = sdpa_causal and not need_weights
+        if is_causal and attn_mask is None and not sdpa_causal:
             attn_mask = _causal_mask(n_query, n_key)
         mask = _additive(attn_mask, q.dtype, "attn_mask")
         if mask is not None:
@@ -207,7 +210,9 @@ class MultiheadAttention(Module):
                 weights = F.dropout(weights, dropout_p, True)
             out = weights.matmul(v)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=sdpa_causal
+            )
             weights = None
         out = self.out_proj(out.transpose(1, 2).reshape(n, n_query, self.embed_dim))
         if not batched:
