@@ -44,6 +44,7 @@ __all__ = [
     "clamp_max",
     "clamp_min",
     "clip",
+    "clone",
     "cos",
     "div",
     "divide",
@@ -57,6 +58,7 @@ __all__ = [
     "greater",
     "greater_equal",
     "gt",
+    "isclose",
     "isfinite",
     "isinf",
     "isnan",
@@ -670,84 +672,42 @@ def lerp(start, end, weight) -> Tensor:
     return add(start, mul(weight, sub(end, start)))
 
 
+def clone(x) -> Tensor:
+    """A copy of ``x`` with its own storage; the gradient passes through unchanged."""
+    return apply("cast", x, dtype=x.dtype)
+
+
+def isclose(x, y, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """``|x - y| <= atol + rtol * |y|`` elementwise (equal infinities are close), as PyTorch."""
+    error = abs(sub(x, y))
+    within = logical_and(isfinite(error), le(error, add(mul(abs(y), rtol), atol)))
+    close = logical_or(eq(x, y), within)
+    if equal_nan:
+        close = logical_or(close, logical_and(isnan(x), isnan(y)))
+    return close
+
+
+def _type_as(self: Tensor, other: Tensor) -> Tensor:
+    """``self`` cast to ``other``'s dtype."""
+    return self.type(other.dtype)
+
+
 # PyTorch's aliases
 true_divide = divide = div
 multiply, subtract, negative, absolute, clip = mul, sub, neg, abs, clamp
 greater, greater_equal, less, less_equal, not_equal = gt, ge, lt, le, ne
 
 # --- methods and operators
-for _fn in (
-    add,
-    sub,
-    mul,
-    div,
-    true_divide,
-    floor_divide,
-    remainder,
-    pow,
-    maximum,
-    minimum,
-    neg,
-    exp,
-    log,
-    log1p,
-    expm1,
-    sqrt,
-    rsqrt,
-    reciprocal,
-    abs,
-    sign,
-    floor,
-    ceil,
-    trunc,
-    round,
-    sin,
-    cos,
-    tan,
-    tanh,
-    sigmoid,
-    erf,
-    square,
-    nan_to_num,
-    clamp,
-    clamp_min,
-    clamp_max,
-    isfinite,
-    isnan,
-    isinf,
-    eq,
-    ne,
-    lt,
-    le,
-    gt,
-    ge,
-    logical_and,
-    logical_or,
-    logical_xor,
-    logical_not,
-    bitwise_and,
-    bitwise_or,
-    bitwise_xor,
-    bitwise_not,
-    addcmul,
-    addcdiv,
-    lerp,
-):
-    setattr(Tensor, _fn.__name__, _fn)
-for _alias, _fn in (
-    ("divide", div),
-    ("multiply", mul),
-    ("subtract", sub),
-    ("negative", neg),
-    ("absolute", abs),
-    ("clip", clamp),
-    ("greater", gt),
-    ("greater_equal", ge),
-    ("less", lt),
-    ("less_equal", le),
-    ("not_equal", ne),
-):
-    setattr(Tensor, _alias, _fn)
+_METHODS = """
+    add sub mul div true_divide floor_divide remainder pow maximum minimum neg exp log log1p expm1
+    sqrt rsqrt reciprocal abs sign floor ceil trunc round sin cos tan tanh sigmoid erf square
+    nan_to_num clamp clamp_min clamp_max isfinite isnan isinf isclose eq ne lt le gt ge logical_and
+    logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor bitwise_not addcmul
+    addcdiv lerp clone divide multiply subtract negative absolute clip greater greater_equal less
+    less_equal not_equal
+""".split()
+for _name in _METHODS:
+    setattr(Tensor, _name, globals()[_name])
 
 
 @tensor_method("where")
@@ -802,56 +762,14 @@ Tensor.__abs__ = abs
 Tensor.__invert__ = bitwise_not
 
 # --- in place
-for _fn in (
-    add,
-    sub,
-    mul,
-    div,
-    true_divide,
-    floor_divide,
-    remainder,
-    pow,
-    neg,
-    exp,
-    log,
-    log1p,
-    expm1,
-    sqrt,
-    rsqrt,
-    reciprocal,
-    abs,
-    sign,
-    floor,
-    ceil,
-    trunc,
-    round,
-    sin,
-    cos,
-    tan,
-    tanh,
-    sigmoid,
-    erf,
-    square,
-    nan_to_num,
-    clamp,
-    clamp_min,
-    clamp_max,
-    addcmul,
-    addcdiv,
-    lerp,
-    logical_and,
-    logical_or,
-    logical_xor,
-    logical_not,
-    bitwise_and,
-    bitwise_or,
-    bitwise_xor,
-    bitwise_not,
-    maximum,
-    minimum,
-):
-    inplace_method(_fn.__name__ + "_", _fn)
-inplace_method("clip_", clamp)
+_INPLACE = """
+    add sub mul div true_divide floor_divide remainder pow neg exp log log1p expm1 sqrt rsqrt
+    reciprocal abs sign floor ceil trunc round sin cos tan tanh sigmoid erf square nan_to_num
+    clamp clamp_min clamp_max addcmul addcdiv lerp logical_and logical_or logical_xor logical_not
+    bitwise_and bitwise_or bitwise_xor bitwise_not maximum minimum clip
+""".split()
+for _name in _INPLACE:
+    inplace_method(_name + "_", globals()[_name])
 for _dunder, _name in (
     ("add", "add_"),
     ("sub", "sub_"),
@@ -899,6 +817,7 @@ def _copy_(self: Tensor, src: Any, non_blocking: bool = False) -> Tensor:
     return self._apply_inplace(lambda a: apply("fill", a, src))
 
 
+Tensor.type_as = _type_as
 Tensor.fill_ = _fill_
 Tensor.zero_ = _zero_
 Tensor.copy_ = _copy_

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections import namedtuple
 from typing import Any
@@ -30,6 +31,7 @@ from lucid.ops.elementwise import (
     div,
     eq,
     exp,
+    isclose,
     logical_and,
     maximum,
     minimum,
@@ -42,6 +44,7 @@ from lucid.ops.elementwise import (
 
 __all__ = [
     "all",
+    "allclose",
     "amax",
     "amin",
     "any",
@@ -49,6 +52,7 @@ __all__ = [
     "argmin",
     "count_nonzero",
     "cumsum",
+    "equal",
     "logsumexp",
     "max",
     "mean",
@@ -719,5 +723,17 @@ def count_nonzero(x, dim=None) -> Tensor:
     return sum(ne(x, 0), dim)
 
 
+def equal(x, y) -> bool:
+    """True when both have the same shape and the same values (a Python bool)."""
+    return tuple(x.shape) == tuple(y.shape) and builtins.bool(all(eq(x, y)))
+
+
+def allclose(x, y, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """True when ``isclose`` holds everywhere (a Python bool)."""
+    return builtins.bool(all(isclose(x, y, rtol, atol, equal_nan)))
+
+
+Tensor.equal = equal
+Tensor.allclose = allclose
 Tensor.var_mean = var_mean
 Tensor.std_mean = std_mean

@@ -601,3 +601,29 @@ def test_abs_neg_keep_dtype(dtype):
     t = lucid.tensor([-1, 2, -3], dtype=dtype)
     assert t.abs().dtype == dtype and (-t).dtype == dtype
     np.testing.assert_array_equal(t.abs().numpy(), [1, 2, 3])
+
+
+def test_clone_copies_storage_and_passes_gradient():
+    x = t64([1.0, 2.0])
+    y = x.clone()
+    assert y.dtype == x.dtype and y._data is not x._data
+    (y * 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 3.0])
+    ints = lucid.tensor([1, 2])
+    copy = lucid.clone(ints)
+    copy.add_(1)
+    np.testing.assert_array_equal(ints.numpy(), [1, 2])
+
+
+def test_isclose_matches_numpy():
+    a = np.array([1.0, 1.0, np.inf, np.nan, 0.0, -np.inf], dtype=np.float64)
+    b = np.array([1.0 + 1e-9, 1.1, np.inf, np.nan, 1e-9, np.inf], dtype=np.float64)
+    ta, tb = lucid.tensor(a), lucid.tensor(b)
+    np.testing.assert_array_equal(lucid.isclose(ta, tb).numpy(), np.isclose(a, b))
+    np.testing.assert_array_equal(
+        ta.isclose(tb, rtol=0.2, equal_nan=True).numpy(), np.isclose(a, b, rtol=0.2, equal_nan=True)
+    )
+
+
+def test_type_as():
+    assert lucid.tensor([1.5]).type_as(lucid.tensor([1])).dtype == lucid.int64

@@ -291,3 +291,12 @@ def test_second_order_gradient_through_mean_and_var():
     xn = x.detach().numpy()
     # g = 2 (x - mean) / (n - 1); d/dx sum(g^2) = 8/(n-1)^2 * (x - mean) (centering is idempotent)
     np.testing.assert_allclose(x.grad.numpy(), 8 / (n - 1) ** 2 * (xn - xn.mean()), rtol=1e-10)
+
+
+def test_equal_and_allclose_give_python_bools():
+    a = lucid.tensor([1.0, 2.0])
+    assert lucid.equal(a, lucid.tensor([1.0, 2.0])) is True
+    assert a.equal(lucid.tensor([1.0, 2.5])) is False
+    assert lucid.equal(a, lucid.tensor([[1.0, 2.0]])) is False  # shapes differ
+    assert lucid.allclose(a, a + 1e-7) is True
+    assert a.allclose(a + 1e-3) is False
