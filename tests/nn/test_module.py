@@ -424,3 +424,16 @@ def test_parameter_list_and_dict():
     holder = nn.Module()
     holder.pl, holder.pd = pl, pd
     assert [n for n, _ in holder.named_parameters()] == ["pl.0", "pl.1", "pd.a"]
+
+
+def test_pickle_round_trip_keeps_values_and_types():
+    import pickle
+
+    net = Net()
+    net.head.grad = lucid.tensor([1.0, 1.0, 1.0])
+    twin = pickle.loads(pickle.dumps(net))
+    assert isinstance(twin.head, Parameter) and twin.head.requires_grad
+    np.testing.assert_array_equal(twin.a.scale._data, net.a.scale._data)
+    assert twin.a.count.item() == 0
+    x = lucid.tensor([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(twin(x)._data, net(x)._data)
