@@ -47,7 +47,7 @@ AttrValue parse_attr(const std::string& name, const py::handle& v) {
 }
 
 std::vector<int> parse_slots(const py::handle& v, const std::string& what) {
-  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad(what + " must be a list of slot indices");
+  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad(what + " must be a list of ints");
   std::vector<int> out;
   for (py::handle e : py::reinterpret_borrow<py::sequence>(v)) {
     if (!py::isinstance<py::int_>(e) || py::isinstance<py::bool_>(e)) bad(what + " must hold ints");

@@ -301,7 +301,8 @@ struct ElementwisePlan {
     thread_local std::vector<uint64_t> scratch;
     if (scratch.size() < n_val * kBlock) scratch.resize(n_val * kBlock);
     auto region = [&](size_t v) { return reinterpret_cast<uint8_t*>(scratch.data() + v * kBlock); };
-    std::vector<const void*> ptr(n_val);
+    thread_local std::vector<const void*> ptr;
+    if (ptr.size() < n_val) ptr.resize(n_val);
     const void* args[5];
     DType arg_dtypes[5];
     for (size_t i = 0; i < n_in; ++i)
