@@ -284,13 +284,16 @@ _unary(
 )
 
 _erf_exact = np.frompyfunc(math.erf, 1, 1)
+# Numerical Recipes' erfc fit: erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), |err| < 1.2e-7.
+_ERFC_FIT = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+             -1.13520398, 1.48851587, -0.82215223, 0.17087277)  # fmt: skip
 
 
 def _erf_kernel(x):
     if x.dtype == np.float64:
-        return _erf_exact(x).astype(np.float64)
-    # Below float64 a vectorised approximation is as good as the output: a Taylor series near 0
-    # (where relative accuracy matters) and Numerical Recipes' erfc fit (|err| < 1.2e-7) beyond.
+        return np.asarray(_erf_exact(x), dtype=np.float64)
+    # Below float64 a vectorised approximation is as good as the output: the Taylor series near 0
+    # (where relative accuracy matters), the erfc fit beyond.
     z = np.abs(x.astype(np.float64))
     z2 = z * z
     term, series = z.copy(), z.copy()
@@ -299,26 +302,9 @@ def _erf_kernel(x):
         series = series + term / (2 * n + 1)
     series *= 2 / math.sqrt(math.pi)
     t = 1 / (1 + 0.5 * z)
-    poly = -1.26551223 + t * (
-        1.00002368
-        + t
-        * (
-            0.37409196
-            + t
-            * (
-                0.09678418
-                + t
-                * (
-                    -0.18628806
-                    + t
-                    * (
-                        0.27886807
-                        + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
-                    )
-                )
-            )
-        )
-    )
+    poly = np.zeros_like(t)
+    for coeff in reversed(_ERFC_FIT):
+        poly = poly * t + coeff
     tail = 1 - t * np.exp(-z2 + poly)
     return np.sign(x) * np.where(z < 0.5, series, tail)
 

@@ -69,11 +69,12 @@ def test_unary_gradients_match_finite_differences(name, fn, ref, domain):
     gradcheck(fn, x)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name,fn,ref,domain", UNARY, ids=[u[0] for u in UNARY])
-def test_unary_method_form_and_zero_dim(name, fn, ref, domain):
-    x = np.float32(rand((), *domain, dtype=np.float32))
+def test_unary_method_form_and_zero_dim(name, fn, ref, domain, dtype):
+    x = rand((), *domain, dtype=dtype)
     out = getattr(lucid.tensor(x), name)()
-    assert out.shape == ()
+    assert out.shape == () and out.dtype == lucid._dtype.from_numpy(dtype)
     np.testing.assert_allclose(out.item(), ref(np.float64(x)), rtol=1e-5, atol=1e-6)
 
 
