@@ -228,10 +228,12 @@ def test_malformed_programs_in_a_subprocess_leave_it_alive():
     script = textwrap.dedent(
         """
         from lucid import _native
+        one = [((2,), "f32")]
+        two = [((2,), "f32"), ((3,), "f32")]
         for desc in [
-            {"slots": [((2,), "f32")], "instrs": [("exp", [5], [0], {})], "feeds": [], "results": [0]},
-            {"slots": [((2,), "f32")], "instrs": [("nope", [], [0], {})], "feeds": [], "results": [0]},
-            {"slots": [((2,), "f32"), ((3,), "f32")], "instrs": [("reshape", [0], [1], {"shape": [3]})],
+            {"slots": one, "instrs": [("exp", [5], [0], {})], "feeds": [], "results": [0]},
+            {"slots": one, "instrs": [("nope", [], [0], {})], "feeds": [], "results": [0]},
+            {"slots": two, "instrs": [("reshape", [0], [1], {"shape": [3]})],
              "feeds": [0], "results": [1]},
         ]:
             try:
