@@ -628,3 +628,31 @@ def test_isclose_matches_numpy():
 
 def test_type_as():
     assert lucid.tensor([1.5]).type_as(lucid.tensor([1])).dtype == lucid.int64
+
+
+INT_BINARY = [
+    ("add", lambda a, b: a + b, np.add),
+    ("sub", lambda a, b: a - b, np.subtract),
+    ("mul", lambda a, b: a * b, np.multiply),
+    ("floor_divide", lambda a, b: a // b, np.floor_divide),
+    ("remainder", lambda a, b: a % b, np.remainder),
+    ("maximum", lucid.maximum, np.maximum),
+    ("minimum", lucid.minimum, np.minimum),
+    ("pow", lambda a, b: a ** lucid.abs(b), lambda a, b: a ** np.abs(b)),
+]
+
+
+@given(
+    shapes=mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=3),
+    dtype=st.sampled_from([np.int8, np.int16, np.int32, np.int64]),
+)
+@pytest.mark.parametrize("name,fn,ref", INT_BINARY, ids=[b[0] for b in INT_BINARY])
+def test_integer_binary_values_and_dtype(name, fn, ref, shapes, dtype):
+    (sx, sy), _ = shapes
+    rng = np.random.default_rng(21)
+    x = rng.integers(-5, 6, size=sx).astype(dtype)
+    y = rng.integers(1, 4, size=sy).astype(dtype) * rng.choice([-1, 1], size=sy).astype(dtype)
+    out = fn(lucid.tensor(x), lucid.tensor(y))
+    expected = ref(x, y)
+    assert out.dtype == lucid._dtype.from_numpy(dtype)
+    np.testing.assert_array_equal(out.numpy(), expected)

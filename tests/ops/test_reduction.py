@@ -300,3 +300,16 @@ def test_equal_and_allclose_give_python_bools():
     assert lucid.equal(a, lucid.tensor([[1.0, 2.0]])) is False  # shapes differ
     assert lucid.allclose(a, a + 1e-7) is True
     assert a.allclose(a + 1e-3) is False
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int32, np.uint8, np.bool_])
+def test_sum_prod_amax_over_dtypes(dtype):
+    x = (np.random.default_rng(13).integers(0, 3, size=(3, 4))).astype(dtype)
+    t = lucid.tensor(x)
+    int_like = np.dtype(dtype).kind in "iub"
+    acc = np.int64 if int_like else dtype
+    np.testing.assert_allclose(t.sum(1).numpy(), x.sum(1, dtype=acc), rtol=1e-3)
+    assert t.sum().dtype == lucid._dtype.from_numpy(acc)
+    np.testing.assert_allclose(t.prod(0).numpy(), x.prod(0, dtype=acc), rtol=1e-3)
+    np.testing.assert_array_equal(t.amax(0).numpy(), x.max(0))
+    assert t.amax().dtype == t.dtype
