@@ -1,0 +1,145 @@
+"""The program builder, fuse-elementwise, buffer planning and result placement."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from lucid.backends.cpu import CPUBackend, FusedNode, Program, fuse_elementwise
+from lucid.backends.cpu.program import FUSED
+from lucid.backends.prim_ops import PrimError
+
+CHAIN_UNARY = ["neg", "abs", "tanh", "sigmoid", "relu", "square", "sin"]
+CHAIN_BINARY = ["add", "sub", "mul", "maximum", "minimum"]
+
+
+@settings(max_examples=25)
+@given(
+    shapes=hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=1, max_dims=3, max_side=5),
+    steps=st.lists(
+        st.tuples(st.sampled_from(CHAIN_UNARY + CHAIN_BINARY), st.integers(0, 2)),
+        min_size=1,
+        max_size=8,
+    ),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_fused_chains_match_unfused_and_reference(shapes, steps, seed):
+    rng = np.random.default_rng(seed)
+    p = Program()
+    inputs = [p.feed(s) for s in shapes.input_shapes]
+    value = p.op("add", inputs[0], inputs[1])
+    for op, which in steps:
+        value = p.op(op, value, inputs[which]) if op in CHAIN_BINARY else p.op(op, value)
+    value = p.op("cast", p.op("gt", value, inputs[2]), dtype="f32")
+    p.result(value)
+    fused = fuse_elementwise(p)
+    assert sum(i.op == FUSED for i in fused.instrs) >= 1
+    feeds = [rng.standard_normal(s).astype(np.float32) for s in shapes.input_shapes]
+    fused_out = CPUBackend(fuse=True, cache=False).compile(p).run(feeds)[0]
+    plain_out = CPUBackend(fuse=False, cache=False).compile(p).run(feeds)[0]
+    np.testing.assert_array_equal(fused_out, plain_out)
+    # the comparison at the end makes tiny rounding differences flip a few elements at most
+    assert np.mean(fused_out != p.interpret(feeds)[0]) < 0.05
+
+
+def test_fusion_stops_at_shared_values_results_and_shape_changes():
+    p = Program()
+    x, b = p.feed((4, 8)), p.feed((8,))
+    shared = p.op("exp", x)  # used twice: stays its own instruction
+    y = p.op("add", p.op("mul", shared, shared), b)
+    s = p.op("reduce_sum", y, axes=[1], keepdims=True)  # not elementwise
+    z = p.op("tanh", p.op("sub", y, s))
+    p.result(z, y)  # y is a result: cannot be absorbed into z's group
+    fused = fuse_elementwise(p)
+    ops = [i.op for i in fused.instrs]
+    assert ops == ["exp", FUSED, "reduce_sum", FUSED]
+    feeds = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in ((4, 8), (8,))]
+    out = CPUBackend(cache=False).compile(p).run(feeds)
+    for got, want in zip(out, p.interpret(feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_buffer_planning_reuses_dead_intermediates_without_overlap():
+    p = Program()
+    x = p.feed((64, 64))
+    values = [x]
+    for k in range(12):
+        values.append(p.op("matmul", values[-1], x) if k % 2 else p.op("tanh", values[-1]))
+    p.result(values[-1])
+    ex = CPUBackend(fuse=False, cache=False).compile(p)
+    assert ex.arena_bytes <= ex.unplanned_bytes // 4
+    offsets = ex.arena_offsets
+    nbytes = 64 * 64 * 4
+    for k, ins in enumerate(p.instrs):  # an instruction's output never overlaps its inputs
+        out = ins.outputs[0]
+        for s in ins.inputs:
+            if offsets[s] >= 0 and offsets[out] >= 0:
+                assert abs(offsets[s] - offsets[out]) >= nbytes, (k, s, out)
+    feed = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32) / 8
+    np.testing.assert_allclose(ex.run([feed])[0], p.interpret([feed])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_results_that_are_feeds_constants_or_repeated_are_copied():
+    p = Program()
+    x = p.feed((3,))
+    c = p.op("constant", shape=(3,), dtype="f32", value=[1.0, 2.0, 3.0])
+    y = p.op("add", x, c)
+    p.result(y, x, c, y)
+    x_in = np.array([10.0, 20.0, 30.0], np.float32)
+    y1, x1, c1, y2 = CPUBackend(cache=False).compile(p).run([x_in])
+    np.testing.assert_array_equal(y1, [11, 22, 33])
+    np.testing.assert_array_equal(y2, y1)
+    assert y1 is not y2 and x1 is not x_in
+    np.testing.assert_array_equal(x1, x_in)
+    np.testing.assert_array_equal(c1, [1, 2, 3])
+
+
+def test_inplace_results_write_into_the_feed_after_everything_read_it():
+    # An SGD step: w <- w - lr * g, and the loss still reads the old w.
+    p = Program()
+    w, g, lr = p.feed((4,)), p.feed((4,)), p.feed(())
+    new_w = p.op("sub", w, p.op("mul", lr, g))
+    old_sum = p.op("reduce_sum", w, axes=[0])
+    p.result(new_w, old_sum)
+    p.inplace_result(0, 0)
+    ex = CPUBackend(cache=False).compile(p)
+    weights = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    grads = np.ones(4, np.float32)
+    updated, total = ex.run([weights, grads, np.array(0.5, np.float32)])
+    assert updated is weights
+    np.testing.assert_array_equal(weights, [0.5, 1.5, 2.5, 3.5])
+    assert total == pytest.approx(10.0)
+    ref_w = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    p.interpret([ref_w, grads, np.array(0.5, np.float32)])
+    np.testing.assert_array_equal(ref_w, weights)
+
+
+def test_builder_rejects_bad_programs_early_with_the_op_name():
+    p = Program()
+    x = p.feed((2, 3))
+    with pytest.raises(PrimError, match="prim.matmul"):
+        p.op("matmul", x, x)
+    with pytest.raises(PrimError, match="unknown prim op"):
+        p.op("nope", x)
+    with pytest.raises(PrimError, match="missing attribute 'axes'"):
+        p.op("reduce_sum", x)
+    with pytest.raises(PrimError, match="slot 7"):
+        p.op("exp", 7)
+    with pytest.raises(PrimError, match="dtype bool but exp gives f32"):
+        p.fused([x], [FusedNode("exp", (0,), "bool")])
+
+
+def test_dump_is_readable():
+    p = Program()
+    x = p.feed((2,))
+    p.result(p.op("exp", x))
+    text = p.dump()
+    assert "%1: f32[2] = exp(%0)" in text and "return %1" in text
+    assert "exp(%0)" in CPUBackend(cache=False).compile(p).dump()
+
+
+def test_backend_reports_every_prim_op_as_supported():
+    from lucid.backends import prim_ops
+
+    assert CPUBackend().supported_ops() == frozenset(prim_ops.PRIM_OPS)
