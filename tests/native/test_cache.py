@@ -88,10 +88,10 @@ def test_capacity_comes_from_the_environment(env, expected):
     environ = {k: v for k, v in os.environ.items() if k != "LUCID_COMPILE_MAX_CACHE"}
     if env is not None:
         environ["LUCID_COMPILE_MAX_CACHE"] = env
+    script = "from lucid import _native; print(_native.cache_stats()['capacity'])"
     proc = subprocess.run(
-        [sys.executable, "-c", "from lucid import _native; print(_native.cache_stats()['capacity'])"],
-        capture_output=True, text=True, env=environ, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environ, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.strip()) == expected
 
