@@ -25,6 +25,7 @@ _BUILTIN = {
     "dce": "lucid.passes.dce:DCE",
     "lower-to-prim": "lucid.passes.lower_to_prim:LowerToPrim",
     "vjp": "lucid.passes.vjp:VJP",
+    "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
 }
 
 _PASSES: dict[str, Callable[[], type[x.ModulePass]]] = {}

@@ -1,0 +1,235 @@
+"""One call that builds a whole training step as a module in the ``lucid`` dialect.
+
+``build_training_module(model, loss_fn, example_inputs, optimizer=None)`` traces
+``loss_fn(model(x), *extra)`` (and, with an optimizer, the optimizer's update against ghost
+gradient feeds) into one function, then runs ``vjp`` (and ``ghost-grads``,
+``optimizer-fusion``) and ``canonicalize,cse,dce``. The entry points (``make_step``,
+``fused_step``, ``compile_optimizer``) build on it; the result is returned as a
+``TrainingModule`` that knows how to feed the function and write its updates back:
+
+>>> tm = build_training_module(model, F.cross_entropy, (x, target), optimizer=opt)
+>>> results = interpret(tm.module, tm.feed_values(x, target))   # or a backend executable
+>>> loss = tm.write_back(results)        # parameters, optimizer state and buffers updated
+>>> tm.refresh_scalars()                 # the next step's learning rate, bias corrections...
+
+Feeds: ``input:N`` (the example inputs, in order), ``param:<name>``, ``buffer:<name>``,
+``state:<param name>.<key>`` (optimizer state), ``scalar:<k>:<key>`` (0-d float32 step scalars:
+learning rate, bias corrections; fed, never baked in, so a scheduler never forces a rebuild),
+``rng`` when the model draws random numbers. Results: ``output:0`` (the loss), then either
+``grad:param:<name>`` (no optimizer) or the in-place updates ``update:param:<name>``,
+``update:state:<name>.<key>`` (with an optimizer), plus ``update:buffer:<name>`` and
+``update:rng`` when the forward writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import lucid
+from lucid._state import state as _state
+from lucid._tensor import Tensor
+from lucid.compile._tracing import _tracing
+from lucid.ir import _xdsl as x
+from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
+from lucid.passes import PassManager
+from lucid.passes.ghost_grads import GhostGrads
+from lucid.passes.vjp import VJP
+
+__all__ = ["TrainingModule", "build_training_module"]
+
+
+@dataclass
+class _ScalarSource:
+    role: str
+    group: dict
+    param: Tensor
+    key: str
+
+
+@dataclass
+class TrainingModule:
+    """A traced training step and what is needed to run it.
+
+    ``feeds`` holds the concrete tensors bound to the captured feeds (parameters, buffers,
+    optimizer state, other captured tensors) by role; ``scalars`` the current value of every
+    ``scalar:`` feed. ``n_inputs`` feeds ``input:0..n-1`` come from the caller.
+    """
+
+    module: x.ModuleOp
+    feed_roles: list[str]
+    result_roles: list[str]
+    feeds: dict[str, Tensor]
+    scalars: dict[str, float]
+    n_inputs: int
+    optimizer: Any = None
+    params: dict[str, Tensor] = field(default_factory=dict)
+    _scalar_sources: list[_ScalarSource] = field(default_factory=list)
+
+    def feed_values(self, *inputs: Any) -> dict[str, np.ndarray]:
+        """Every feed's current value, by role (the inputs given, then captured tensors,
+        step scalars and the RNG state)."""
+        if len(inputs) != self.n_inputs:
+            raise TypeError(f"the training step takes {self.n_inputs} inputs, got {len(inputs)}")
+        values: dict[str, np.ndarray] = {}
+        for i, t in enumerate(inputs):
+            values[f"input:{i}"] = t._data if isinstance(t, Tensor) else np.asarray(t)
+        for role, t in self.feeds.items():
+            values[role] = t._data
+        for role, v in self.scalars.items():
+            values[role] = np.asarray(v, dtype=np.float32)
+        if "rng" in self.feed_roles:
+            from lucid import _random
+
+            values["rng"] = _random.get_rng_state()._data
+        return {r: values[r] for r in self.feed_roles}
+
+    def write_back(self, results: Sequence[Any]) -> np.ndarray:
+        """Write every ``update:<role>`` result into the tensor bound to ``<role>`` (in place);
+        return the loss (``output:0``)."""
+        loss = None
+        for role, value in zip(self.result_roles, results, strict=True):
+            if role == "output:0":
+                loss = np.asarray(value)
+            elif role.startswith("update:"):
+                target = role[len("update:") :]
+                if target == "rng":
+                    from lucid import _random
+
+                    _random.set_rng_state(np.asarray(value))
+                    continue
+                t = self.feeds[target]
+                t._data[...] = np.asarray(value, dtype=t._data.dtype)
+                t._version[0] += 1
+        return loss
+
+    def refresh_scalars(self) -> dict[str, float]:
+        """Recompute the step scalars from the optimizer (after a step was written back, or the
+        learning rate changed) and return them."""
+        if self.optimizer is None:
+            return self.scalars
+        cache: dict[int, dict] = {}
+        for src in self._scalar_sources:
+            key = id(src.param)
+            if key not in cache:
+                st = self.optimizer.state.get(src.param, {})
+                cache[key] = self.optimizer._step_scalars(src.group, st, False)
+            self.scalars[src.role] = float(cache[key][src.key])
+        return self.scalars
+
+
+def _outside_trace(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` eagerly although a tracer is installed (optimizer state creation)."""
+    prev = _state.tracer
+    _state.tracer = None
+    try:
+        with lucid.no_grad():
+            return fn()
+    finally:
+        _state.tracer = prev
+
+
+def build_training_module(
+    model: Any,
+    loss_fn: Callable[..., Tensor],
+    example_inputs: Sequence[Any],
+    optimizer: Any = None,
+    *,
+    fuse_optimizer: bool = False,
+    keep_grads: bool = False,
+    pipeline: str = "canonicalize,cse,dce",
+) -> TrainingModule:
+    """Trace and differentiate one training step of ``model``.
+
+    The loss is ``loss_fn(model(example_inputs[0]), *example_inputs[1:])``. Without an optimizer
+    the module returns the loss and the gradient of every parameter that requires grad; with
+    one, it also applies the optimizer's update (gradients reach it through ghost feeds bound by
+    ``ghost-grads``) and returns the parameters' and state's new values as ``update:`` results
+    (``keep_grads=True`` keeps the gradients too). ``pipeline`` runs last.
+    """
+    example_inputs = tuple(example_inputs)
+    if not example_inputs:
+        raise TypeError("build_training_module needs at least one example input (the model's)")
+    names = {id(p): n for n, p in model.named_parameters()}
+    with _tracing(model) as tracer:
+        args = [tracer.input_like(t) if isinstance(t, Tensor) else t for t in example_inputs]
+        loss = loss_fn(model(args[0]), *args[1:])
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise ValueError("build_training_module: loss_fn must return a one-element tensor")
+        used = {r for r in (f.role for f in tracer.trace.feeds) if r.startswith("param:")}
+        trained = [
+            p for n, p in model.named_parameters() if p.requires_grad and f"param:{n}" in used
+        ]
+        scalars: dict[str, float] = {}
+        sources: list[_ScalarSource] = []
+        if optimizer is not None:
+            sources = _trace_update(tracer, optimizer, trained, names, scalars)
+        trace = tracer.finish([loss])
+    module = import_trace(trace)
+    fn = forward_func(module)
+    wrt = " ".join(f"param:{names[id(p)]}" for p in trained)
+    passes: list[x.ModulePass] = [VJP(wrt=wrt)] if trained else []
+    if optimizer is not None and trained:
+        passes.append(GhostGrads(keep_grads=keep_grads))
+        if fuse_optimizer:
+            from lucid.passes.optimizer_fusion import OptimizerFusion
+
+            passes.append(OptimizerFusion())
+    PassManager(passes).run(module)
+    if pipeline:
+        PassManager(pipeline).run(module)
+    fn = forward_func(module)
+    feeds = {r: t for r, t in tracer.feed_tensors().items() if r in feed_roles(fn)}
+    return TrainingModule(
+        module=module,
+        feed_roles=feed_roles(fn),
+        result_roles=result_roles(fn),
+        feeds=feeds,
+        scalars=scalars,
+        n_inputs=sum(isinstance(t, Tensor) for t in example_inputs),
+        optimizer=optimizer,
+        params={f"param:{names[id(p)]}": p for p in trained},
+        _scalar_sources=sources,
+    )
+
+
+def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSource]:
+    """Record the optimizer's update of ``trained`` against ghost gradient feeds."""
+    trained_ids = {id(p) for p in trained}
+    saved = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            saved[id(p)] = (p, p._grad)
+            # Placeholders so _param_updates yields exactly the parameters that get a gradient.
+            p._grad = lucid.zeros_like(p) if id(p) in trained_ids else None
+    try:
+        items = _outside_trace(lambda: list(optimizer._param_updates()))
+    finally:
+        for p, g in saved.values():
+            p._grad = g
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    static = type(optimizer)._static_keys
+    sources = []
+    with lucid.no_grad():
+        for k, (param, _placeholder, st, step_scalars) in enumerate(items):
+            if id(param) not in names:
+                raise ValueError("the optimizer holds a parameter that is not the model's")
+            pname = names[id(param)]
+            for key, t in st.items():
+                if isinstance(t, Tensor):
+                    tracer._names[id(t)] = f"state:{pname}.{key}"
+            ghost = tracer.input(tuple(param.shape), param.dtype, role=f"ghost:param:{pname}")
+            fed = {}
+            for key, value in step_scalars.items():
+                if key in static:
+                    fed[key] = value
+                    continue
+                role = f"scalar:{k}:{key}"
+                scalars[role] = float(value)
+                sources.append(_ScalarSource(role, group_of[id(param)], param, key))
+                fed[key] = tracer.input((), lucid.float32, role=role)
+            optimizer._update(param, ghost, st, **fed)
+    return sources

@@ -1,0 +1,144 @@
+"""``ghost-grads`` and ``build_training_module``: an optimizer update traced against ghost
+gradient feeds, bound to the ``vjp`` pass's gradients, computes what eager backward + step do."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import lucid
+from lucid import optim
+from lucid.compile import _tracing
+from lucid.compile._training import build_training_module
+from lucid.ir import feed_roles, forward_func, import_trace, interpret, result_roles
+from lucid.passes import PassFailure, PassManager
+from lucid.testing import assert_close
+
+_spec = importlib.util.spec_from_file_location(
+    "training_models", os.path.join(os.path.dirname(__file__), "_training_models.py")
+)
+models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(models)
+
+OPTIMIZERS = [
+    (optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    (optim.Adam, dict(lr=0.01, amsgrad=True, weight_decay=0.01)),
+    (optim.AdamW, dict(lr=0.01)),
+    (optim.RMSprop, dict(lr=0.01, centered=True, momentum=0.5)),
+    (optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
+    (optim.Adadelta, dict(lr=1.0, weight_decay=0.01)),
+    (optim.Adamax, dict(lr=0.01)),
+    (optim.NAdam, dict(lr=0.01)),
+    (optim.RAdam, dict(lr=0.01)),
+]
+
+
+def _sgd_step_module():
+    """forward + loss + a hand-written SGD update reading ghost gradient feeds."""
+    w0 = np.random.default_rng(0).standard_normal((3, 2))
+    b0 = np.random.default_rng(1).standard_normal((2,))
+    with _tracing() as tr:
+        x = tr.input((4, 3), lucid.float64)
+        w = tr.input((3, 2), lucid.float64, role="param:w")
+        b = tr.input((2,), lucid.float64, role="param:b")
+        loss = ((x @ w + b).tanh() ** 2).mean()
+        gw = tr.input((3, 2), lucid.float64, role="ghost:param:w")
+        gb = tr.input((2,), lucid.float64, role="ghost:param:b")
+        trace = tr.finish([loss, w - gw * 0.5, b - gb * 0.5])
+    module = import_trace(trace)
+    return module, w0, b0
+
+
+def test_ghost_feeds_are_bound_to_the_vjp_gradients():
+    module, w0, b0 = _sgd_step_module()
+    xa = np.random.default_rng(2).standard_normal((4, 3))
+    x = lucid.tensor(xa)
+    w, b = lucid.tensor(w0, requires_grad=True), lucid.tensor(b0, requires_grad=True)
+    gw, gb = lucid.autograd.grad(((x @ w + b).tanh() ** 2).mean(), [w, b])
+    before = interpret(
+        module,
+        {
+            "input:0": xa,
+            "param:w": w0,
+            "param:b": b0,
+            "ghost:param:w": gw.numpy(),
+            "ghost:param:b": gb.numpy(),
+        },
+    )
+    PassManager("vjp{wrt=params},ghost-grads,canonicalize,cse,dce", verify_each=True).run(module)
+    fn = forward_func(module)
+    assert feed_roles(fn) == ["input:0", "param:w", "param:b"]
+    assert result_roles(fn) == ["output:0", "output:1", "output:2"]
+    after = interpret(module, {"input:0": xa, "param:w": w0, "param:b": b0})
+    for a, e in zip(after, before, strict=True):
+        assert_close(a, e, rtol=1e-12)
+    assert_close(after[1], w0 - 0.5 * gw.numpy(), rtol=1e-12)
+
+
+def test_keep_grads_keeps_the_gradient_results():
+    module, w0, b0 = _sgd_step_module()
+    PassManager("vjp{wrt=params},ghost-grads{keep-grads=true}", verify_each=True).run(module)
+    roles = result_roles(forward_func(module))
+    assert roles[-2:] == ["grad:param:w", "grad:param:b"]
+    assert not any(r.startswith("ghost:") for r in feed_roles(forward_func(module)))
+
+
+def test_ghost_without_gradient_is_an_error_naming_it():
+    module, _, _ = _sgd_step_module()
+    with pytest.raises(PassFailure, match=r"ghost:param:b"):
+        PassManager('vjp{wrt="param:w"},ghost-grads').run(module)
+
+
+def _state_arrays(opt, params):
+    return [{k: np.array(v.numpy(), copy=True) for k, v in opt.state[p].items()} for p in params]
+
+
+@pytest.mark.parametrize("kind", models.MODEL_KINDS)
+@pytest.mark.parametrize("cls, options", OPTIMIZERS, ids=[c.__name__ for c, _ in OPTIMIZERS])
+def test_training_module_step_matches_eager_backward_and_step(kind, cls, options):
+    model, loss_fn, inputs = models.make(kind)
+    eager_model, _, _ = models.make(kind)
+    opt, eager_opt = cls(model.parameters(), **options), cls(eager_model.parameters(), **options)
+    tm = build_training_module(model, loss_fn, inputs, opt)
+    assert all(not r.startswith(("ghost:", "grad:")) for r in tm.feed_roles + tm.result_roles)
+    for _ in range(2):  # the second step checks the refreshed scalars and written-back state
+        loss = tm.write_back(interpret(tm.module, tm.feed_values(*inputs)))
+        tm.refresh_scalars()
+        eager_opt.zero_grad()
+        eager_loss = loss_fn(eager_model(inputs[0]), *inputs[1:])
+        eager_loss.backward()
+        eager_opt.step()
+        assert_close(loss, eager_loss.detach().numpy(), rtol=1e-5)
+        params, eager_params = list(model.parameters()), list(eager_model.parameters())
+        for p, ep in zip(params, eager_params, strict=True):
+            assert_close(p.detach().numpy(), ep.detach().numpy(), rtol=1e-4, atol=1e-6)
+        for st, est in zip(
+            _state_arrays(opt, params), _state_arrays(eager_opt, eager_params), strict=True
+        ):
+            assert st.keys() == est.keys()
+            for k in st:
+                assert_close(st[k], est[k], rtol=1e-4, atol=1e-6)
+        for (_, b), (_, eb) in zip(
+            model.named_buffers(), eager_model.named_buffers(), strict=True
+        ):
+            assert_close(b.numpy(), eb.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", models.MODEL_KINDS)
+def test_training_module_without_optimizer_returns_gradients(kind):
+    model, loss_fn, inputs = models.make(kind)
+    tm = build_training_module(model, loss_fn, inputs)
+    got = dict(zip(tm.result_roles, interpret(tm.module, tm.feed_values(*inputs)), strict=True))
+    named = list(model.named_parameters())
+    expected = lucid.autograd.grad(loss_fn(model(inputs[0]), *inputs[1:]), [p for _, p in named])
+    for (name, _), g in zip(named, expected, strict=True):
+        assert_close(got[f"grad:param:{name}"], g.numpy(), rtol=2e-4, atol=2e-6)
+
+
+def test_training_module_rejects_a_non_scalar_loss():
+    model, _, inputs = models.make("mlp")
+    with pytest.raises(ValueError, match="one-element"):
+        build_training_module(model, lambda out, t: out, inputs)
