@@ -5,7 +5,15 @@ Each family module registers its rules (``@rule("name")``) and its reasoned refu
 exactly one family.
 """
 
-from lucid.passes.lowering import elementwise, indexing, nn, reduction, shape  # noqa: F401  (registers rules)
+from lucid.passes.lowering import (  # noqa: F401  (registers rules)
+    elementwise,
+    indexing,
+    loss,
+    nn,
+    random,
+    reduction,
+    shape,
+)
 from lucid.passes.lowering._core import RULES, UNSUPPORTED, LoweringUnsupported
 
 __all__ = ["RULES", "UNSUPPORTED", "LoweringUnsupported"]

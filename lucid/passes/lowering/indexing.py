@@ -82,7 +82,7 @@ def _apply_index(b: Builder, v: PV, indices: list, index: tuple, out_shape: tupl
     merged = b.reshape(moved, (math.prod(sizes), *[v.shape[d] for d in others]))
     strides = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
     flat = None
-    for (d, t), n, stride in zip(tensors, sizes, strides, strict=True):
+    for (_d, t), n, stride in zip(tensors, sizes, strides, strict=True):
         term = b.binary("mul", _wrap(b, t, n), stride, _I64)
         flat = term if flat is None else b.op("add", flat, term)
     bshape = np.broadcast_shapes(*(t.shape for _, t in tensors))

@@ -1,0 +1,59 @@
+"""Lowering rules of random ops onto prim's counter-based draws (Philox-4x32-10), fed by the
+graph's RNG-state operand.
+
+Compiled draws follow the same distributions as eager ones and are reproducible for a given
+(key, counter) state, but they are not the same numbers: eager draws through numpy's Philox
+generator, whose distribution algorithms prim does not reproduce.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lucid import _dtype
+from lucid.passes.lowering._core import Builder, LoweringUnsupported, lower_dtype, rule, unsupported
+
+
+def _float_dtype(dt: _dtype.dtype) -> _dtype.dtype:
+    return _dtype.float64 if dt is _dtype.float64 else _dtype.float32
+
+
+@rule("uniform")
+def _uniform(b: Builder, rng, shape, dtype, low, high):
+    dt = b.outs[0].dtype
+    u = b.op("random_uniform", rng, shape=tuple(shape), dtype=lower_dtype(dt), low=low, high=high)
+    if high > low:  # rounding must not reach the open upper bound (as eager)
+        top = float(np.nextafter(dt.numpy.type(high), dt.numpy.type(low)))
+        u = b.binary("minimum", u, top, dt)
+    return u
+
+
+@rule("normal")
+def _normal(b: Builder, rng, shape, dtype, mean, std):
+    dt = b.outs[0].dtype
+    return b.op("random_normal", rng, shape=tuple(shape), dtype=lower_dtype(dt), mean=mean, std=std)
+
+
+@rule("randint")
+def _randint(b: Builder, rng, shape, dtype, low, high):
+    if high - low > 2**53:
+        raise LoweringUnsupported("randint over a range wider than 2**53 (drawn through float64)")
+    u = b.op(
+        "random_uniform", rng, shape=tuple(shape), dtype="f64", low=float(low), high=float(high)
+    )
+    drawn = b.binary("minimum", b.op("floor", u), float(high - 1), _dtype.float64)
+    return b.cast(drawn, b.outs[0].dtype)
+
+
+@rule("bernoulli_mask")
+def _bernoulli_mask(b: Builder, rng, v, p):
+    out = b.outs[0]
+    if p >= 1:
+        return b.full(0, out.shape, out.dtype)
+    draw_dt = _float_dtype(out.dtype)
+    u = b.op("random_uniform", rng, shape=out.shape, dtype=lower_dtype(draw_dt))
+    keep = b.cast(b.binary("ge", u, p, draw_dt), out.dtype)
+    return b.binary("mul", keep, float(out.dtype.numpy.type(1 / (1 - p))), out.dtype)
+
+
+unsupported("randperm", "prim has no sort or shuffle to draw a permutation with")
