@@ -188,6 +188,31 @@ def test_adaptive_avg_pool2d():
     )
 
 
+def test_pool_options_ceil_mode_count_include_pad_and_indices():
+    x = _x(1, 2, 5, 5)
+    xd = _np(x)
+    padded = np.pad(xd, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=-np.inf)
+    assert_close(nn.MaxPool2d(2, ceil_mode=True)(x), _pool_ref(padded, 2, 2, 0, np.max, -np.inf))
+    sums = _pool_ref(xd, 3, 2, 1, np.sum, 0.0)
+    counts = _pool_ref(np.ones_like(xd), 3, 2, 1, np.sum, 0.0)
+    assert_close(nn.AvgPool2d(3, 2, 1, count_include_pad=False)(x), sums / counts, atol=1e-12)
+    assert_close(nn.AvgPool2d(3, 2, 1, divisor_override=2)(x), sums / 2, atol=1e-12)
+    values, indices = nn.MaxPool2d(2, return_indices=True)(x)
+    flat = xd.reshape(1, 2, 25)
+    np.testing.assert_array_equal(np.take_along_axis(flat, _np(indices).reshape(1, 2, -1), 2),
+                                  _np(values).reshape(1, 2, -1))  # fmt: skip
+
+
+def test_pool1d_and_adaptive_pool1d():
+    x = _x(2, 3, 6)
+    xd = _np(x)
+    assert_close(nn.MaxPool1d(2)(x), xd.reshape(2, 3, 3, 2).max(-1))
+    padded = np.pad(xd, ((0, 0), (0, 0), (1, 1)))
+    windows = np.stack([padded[..., i : i + 3] for i in range(6)], axis=2)
+    assert_close(nn.AvgPool1d(3, stride=1, padding=1)(x), windows.sum(-1) / 3, atol=1e-12)
+    assert_close(nn.AdaptiveAvgPool1d(2)(x), xd.reshape(2, 3, 2, 3).mean(-1))
+
+
 # --- normalization
 def _bn_ref(x, w, b, eps, axes):
     mean = x.mean(axis=axes, keepdims=True)

@@ -81,6 +81,22 @@ def _compare(ours, theirs, *arrays, train=False):
         (lambda: nn.MaxPool2d(3, 2, 1), lambda: tnn.MaxPool2d(3, 2, 1), (1, 2, 7, 7)),
         (lambda: nn.AvgPool2d(2), lambda: tnn.AvgPool2d(2), (1, 2, 6, 6)),
         (lambda: nn.AdaptiveAvgPool2d(3), lambda: tnn.AdaptiveAvgPool2d(3), (1, 2, 6, 6)),
+        (
+            lambda: nn.MaxPool2d(3, 2, 1, ceil_mode=True),
+            lambda: tnn.MaxPool2d(3, 2, 1, ceil_mode=True),
+            (1, 2, 6, 6),
+        ),
+        (
+            lambda: nn.AvgPool2d(3, 2, 1, count_include_pad=False),
+            lambda: tnn.AvgPool2d(3, 2, 1, count_include_pad=False),
+            (1, 2, 6, 5),
+        ),
+        (lambda: nn.MaxPool1d(2), lambda: tnn.MaxPool1d(2), (2, 3, 7)),
+        (lambda: nn.AvgPool1d(3, 1, 1), lambda: tnn.AvgPool1d(3, 1, 1), (2, 3, 7)),
+        (lambda: nn.AdaptiveAvgPool1d(3), lambda: tnn.AdaptiveAvgPool1d(3), (2, 3, 7)),
+        (lambda: nn.Flatten(), lambda: tnn.Flatten(), (2, 3, 4)),
+        (lambda: nn.Softmax(), lambda: tnn.Softmax(), (2, 3, 4)),
+        (lambda: nn.LeakyReLU(0.3), lambda: tnn.LeakyReLU(0.3), (3, 4)),
         (lambda: nn.GELU("tanh"), lambda: tnn.GELU("tanh"), (3, 4)),
         (lambda: nn.LogSoftmax(1), lambda: tnn.LogSoftmax(1), (3, 4)),
     ],
@@ -238,3 +254,27 @@ def test_default_init_statistics_match_torch_bounds():
     ob = np.abs(ours.weight._data).max()
     tb = theirs.weight.detach().abs().max().item()
     assert ob == pytest.approx(tb, rel=0.05)
+
+
+def test_repr_matches_torch():
+    # Norm layers are left out: newer torch versions add "bias=" to their reprs.
+    def build(ns):
+        return ns.Sequential(
+            ns.Conv2d(1, 2, 3, stride=2, padding=1, bias=False),
+            ns.Conv1d(2, 3, 3),
+            ns.ReLU(),
+            ns.MaxPool2d(2),
+            ns.AvgPool2d(2),
+            ns.AdaptiveAvgPool2d(1),
+            ns.Flatten(),
+            ns.Linear(2, 3),
+            ns.Dropout(0.25),
+            ns.GELU(),
+            ns.LeakyReLU(),
+            ns.Softmax(dim=1),
+            ns.Embedding(5, 3, padding_idx=4),
+            ns.LSTM(3, 4, num_layers=2, bidirectional=True),
+            ns.CrossEntropyLoss(),
+        )
+
+    assert repr(build(nn)) == repr(build(tnn))

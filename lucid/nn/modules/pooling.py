@@ -1,4 +1,4 @@
-"""Pooling modules: ``MaxPool1d/2d``, ``AvgPool1d/2d``, ``AdaptiveAvgPool2d``."""
+"""Pooling modules: ``MaxPool1d/2d``, ``AvgPool1d/2d``, ``AdaptiveAvgPool1d/2d``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 
-__all__ = ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool2d"]
+__all__ = [
+    "MaxPool1d",
+    "MaxPool2d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+]
 
 
 class _MaxPoolNd(Module):
@@ -27,15 +34,6 @@ class _MaxPoolNd(Module):
         self.padding, self.dilation = padding, dilation
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
-    def _kwargs(self) -> dict:
-        kw: dict = {"stride": self.stride, "padding": self.padding, "dilation": self.dilation}
-        # Only non-default flags are passed, so the functional form needs only what is used.
-        if self.ceil_mode:
-            kw["ceil_mode"] = True
-        if self.return_indices:
-            kw["return_indices"] = True
-        return kw
-
     def extra_repr(self) -> str:
         return (
             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -44,18 +42,55 @@ class _MaxPoolNd(Module):
 
 
 class MaxPool1d(_MaxPoolNd):
+    """Max over windows of ``kernel_size`` along the last dim of (N, C, L) inputs."""
+
     def forward(self, input: Tensor) -> Any:  # noqa: A002
-        return F.max_pool1d(input, self.kernel_size, **self._kwargs())
+        return F.max_pool1d(
+            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+            self.return_indices,
+        )  # fmt: skip
 
 
 class MaxPool2d(_MaxPoolNd):
-    """Max over ``kernel_size`` windows; ``stride`` defaults to ``kernel_size``."""
+    """Max over ``kernel_size`` windows of (N, C, H, W) inputs; ``stride`` defaults to
+    ``kernel_size``. With ``return_indices`` it returns ``(values, flat indices)`` as torch."""
 
     def forward(self, input: Tensor) -> Any:  # noqa: A002
-        return F.max_pool2d(input, self.kernel_size, **self._kwargs())
+        return F.max_pool2d(
+            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+            self.return_indices,
+        )  # fmt: skip
 
 
-class _AvgPoolNd(Module):
+class AvgPool1d(Module):
+    """Mean over windows of ``kernel_size`` along the last dim of (N, C, L) inputs."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.avg_pool1d(
+            input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+            self.count_include_pad,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool2d(Module):
+    """Mean over ``kernel_size`` windows; ``count_include_pad`` counts padding in the divisor."""
+
     def __init__(
         self,
         kernel_size: Any,
@@ -68,35 +103,31 @@ class _AvgPoolNd(Module):
         super().__init__()
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
-        self.padding, self.ceil_mode = padding, ceil_mode
-        self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
+        self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
+        self.divisor_override = divisor_override
 
-    def _kwargs(self) -> dict:
-        kw: dict = {
-            "stride": self.stride,
-            "padding": self.padding,
-            "count_include_pad": self.count_include_pad,
-        }
-        if self.ceil_mode:
-            kw["ceil_mode"] = True
-        if self.divisor_override is not None:
-            kw["divisor_override"] = self.divisor_override
-        return kw
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.avg_pool2d(
+            input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+            self.count_include_pad, self.divisor_override,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class AvgPool1d(_AvgPoolNd):
+class AdaptiveAvgPool1d(Module):
+    """Average pooling of (N, C, L) inputs to a fixed length ``output_size``."""
+
+    def __init__(self, output_size: int) -> None:
+        super().__init__()
+        self.output_size = output_size
+
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.avg_pool1d(input, self.kernel_size, **self._kwargs())
+        return F.adaptive_avg_pool1d(input, self.output_size)
 
-
-class AvgPool2d(_AvgPoolNd):
-    """Mean over ``kernel_size`` windows; ``count_include_pad`` counts padding in the divisor."""
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.avg_pool2d(input, self.kernel_size, **self._kwargs())
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
 
 
 class AdaptiveAvgPool2d(Module):

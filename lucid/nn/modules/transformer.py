@@ -226,9 +226,6 @@ class MultiheadAttention(Module):
                 weights = weights.squeeze(0)
         return out, weights
 
-    def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}"
-
 
 def _activation(activation: str | Callable) -> Callable:
     if activation == "relu":
