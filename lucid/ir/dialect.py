@@ -21,6 +21,7 @@ from lucid.ir import _xdsl as x
 from lucid.ir.types import (
     attr_from_ir,
     attr_to_ir,
+    aval_of_type,
     dtype_of_type,
     shape_of_type,
     tensor_type,
@@ -83,7 +84,7 @@ class LucidOp(x.IRDLOperation):
                 f"{self.name} has {len(self.results)} results; the op gives {len(avals)}"
             )
         for i, (r, av) in enumerate(zip(self.results, avals, strict=True)):
-            if not _type_matches(r.type, av):
+            if not _type_matches(aval_of_type(r.type), av):
                 want = tensor_type(tuple(av.shape), av.dtype)
                 operands = ", ".join(str(v.type) for v in self.operands)
                 raise x.VerifyException(
@@ -92,10 +93,10 @@ class LucidOp(x.IRDLOperation):
                 )
 
 
-def _type_matches(t: x.Attribute, av: AVal) -> bool:
-    if not isinstance(t, x.TensorType) or dtype_of_type(t) is not av.dtype:
+def _type_matches(declared: AVal, av: AVal) -> bool:
+    if declared.dtype is not av.dtype:
         return False
-    shape = shape_of_type(t)
+    shape = declared.shape
     if len(shape) != len(av.shape):
         return False
     return all(a is None or b is None or a == b for a, b in zip(shape, av.shape, strict=True))
@@ -109,7 +110,7 @@ def operand_aval(v: x.SSAValue) -> Any:
         scalar = owner.scalar()
         if scalar is not None:
             return scalar
-    return AVal(shape_of_type(v.type), dtype_of_type(v.type))
+    return aval_of_type(v.type)
 
 
 @x.irdl_op_definition

@@ -5,17 +5,31 @@ from __future__ import annotations
 import io
 
 from lucid.ir import _xdsl as x
-from lucid.ir.dialect import lucid_dialect
+from lucid.ir.dialect import ConstantOp, get_op_class
+from lucid.ops._registry import REGISTRY
 
 __all__ = ["make_context", "print_ir", "parse_ir"]
 
 
+class LucidContext(x.Context):
+    """A context that generates ``lucid.<op>`` classes on first use, so a parse or a pass run
+    pays only for the ops it meets (generating all of them costs a noticeable fraction of a
+    second), and sees ops registered after it was made."""
+
+    def get_optional_op(self, name: str, *, dialect_stack=()):
+        op = super().get_optional_op(name, dialect_stack=dialect_stack)
+        if op is None and name.startswith("lucid.") and name[6:] in REGISTRY:
+            op = get_op_class(name[6:])
+            self.load_op(op)
+        return op
+
+
 def make_context() -> x.Context:
-    """A context with ``builtin``, ``func`` and ``lucid`` (every op registered now) loaded."""
-    ctx = x.Context()
+    """A context with ``builtin``, ``func`` and ``lucid`` (ops generated as they are met)."""
+    ctx = LucidContext()
     ctx.load_dialect(x.builtin.Builtin)
     ctx.load_dialect(x.func.Func)
-    ctx.load_dialect(lucid_dialect())
+    ctx.load_op(ConstantOp)
     return ctx
 
 

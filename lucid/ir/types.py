@@ -11,6 +11,7 @@ from typing import Any
 
 from lucid import _dtype
 from lucid.ir import _xdsl as x
+from lucid.ops._registry import AVal
 
 _DTYPE_TO_IR = {
     _dtype.bool_: x.i1,
@@ -50,6 +51,22 @@ def tensor_type(shape: tuple, dt: _dtype.dtype) -> x.TensorType:
         dims = [x.DYNAMIC_INDEX if d is None else d for d in shape]
         t = _TYPE_CACHE[key] = x.TensorType(_DTYPE_TO_IR[dt], dims)
     return t
+
+
+_AVAL_CACHE: dict[int, tuple[x.Attribute, AVal]] = {}
+
+
+def aval_of_type(t: x.Attribute) -> AVal:
+    """The AVal of a tensor type. Cached by object identity (the importer reuses type objects,
+    and hashing an xDSL attribute costs more than the conversion)."""
+    hit = _AVAL_CACHE.get(id(t))
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    av = AVal(shape_of_type(t), dtype_of_type(t))
+    if len(_AVAL_CACHE) > 65536:
+        _AVAL_CACHE.clear()
+    _AVAL_CACHE[id(t)] = (t, av)  # holding t keeps its id from being reused
+    return av
 
 
 def shape_of_type(t: x.Attribute) -> tuple:
