@@ -11,16 +11,20 @@ import types
 from lucid.compile._trace import Trace
 from lucid.compile._tracing import GraphBreak, Tracer, _tracing, trace
 from lucid.compile.api import CacheKey, CompiledModule, CompileError, compile
+from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
 
 __all__ = [
     "CacheKey",
     "CompileError",
     "CompiledModule",
+    "DiagnosisReport",
     "GraphBreak",
+    "OpInfo",
     "Trace",
     "Tracer",
     "_tracing",
     "compile",
+    "diagnose",
     "trace",
 ]
 

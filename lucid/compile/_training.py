@@ -33,9 +33,10 @@ import lucid
 from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile._tracing import _tracing
+from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
-from lucid.passes import PassManager
+from lucid.passes import PassFailure, PassManager
 from lucid.passes.ghost_grads import GhostGrads
 from lucid.passes.vjp import VJP
 
@@ -168,6 +169,7 @@ def build_training_module(
         if optimizer is not None:
             sources = _trace_update(tracer, optimizer, trained, names, scalars)
         trace = tracer.finish([loss])
+    check_vjp_coverage(trace)
     module = import_trace(trace)
     fn = forward_func(module)
     wrt = " ".join(f"param:{names[id(p)]}" for p in trained)
@@ -178,7 +180,10 @@ def build_training_module(
             from lucid.passes.optimizer_fusion import OptimizerFusion
 
             passes.append(OptimizerFusion())
-    PassManager(passes).run(module)
+    try:
+        PassManager(passes).run(module)
+    except PassFailure as e:  # the pass's own error (e.g. an op with no VJP rule) is the message
+        raise e.cause from None
     if pipeline:
         PassManager(pipeline).run(module)
     fn = forward_func(module)

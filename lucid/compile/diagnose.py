@@ -1,0 +1,273 @@
+"""``diagnose(fn, *example_inputs)``: what the compiler will make of a function, before compiling.
+
+It traces ``fn`` once (computing nothing) and reports, for the ops recorded:
+
+- gradient coverage: ops with a VJP rule (``registered``), ops whose gradient deliberately stops
+  (``grad_sinks``: comparisons, argmax, integer casts, factories) and ops with no rule
+  (``uncovered``), each with its count and the shape/dtype of its first result at first use;
+- per op, whether it lowers to ``prim`` and whether each backend compiles it (from the same
+  per-stage tables as ``docs/ops.md``), and whether it is safe under a symbolic batch axis;
+- a graph break (a value read such as ``.item()``), with the user's source line; coverage then
+  describes the ops recorded before the break.
+
+``LUCID_MANUAL_VJP_REQUIRE=1`` turns a coverage gap into an error when a training graph is
+built: ``check_vjp_coverage`` raises ``VJPCoverageError`` naming every uncovered op.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lucid._tensor import Tensor
+from lucid.compile._tracing import GraphBreak, _tracing
+from lucid.ops._registry import GRAD_SINK, REGISTRY, SYMBOLIC_BATCH_SAFE
+
+__all__ = [
+    "DiagnosisReport",
+    "GraphBreakInfo",
+    "OpInfo",
+    "OpSupport",
+    "VJPCoverageError",
+    "check_vjp_coverage",
+    "diagnose",
+]
+
+REQUIRE_ENV = "LUCID_MANUAL_VJP_REQUIRE"
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One op of the traced graph: how often it occurs and its first result's shape/dtype.
+    ``reason`` says why an uncovered op has no VJP rule, when the registry says."""
+
+    name: str
+    count: int
+    sample_shape: tuple
+    sample_dtype: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    """Per op: each later stage's status (``"yes"`` or ``"no: <reason>"``; keys such as
+    ``lowers to prim``, ``cpu``, ``mpsgraph``) and symbolic-batch safety."""
+
+    name: str
+    stages: dict[str, str]
+    symbolic_batch_safe: bool
+
+
+@dataclass(frozen=True)
+class GraphBreakInfo:
+    """A value read that stops tracing: what it was and the user's source line."""
+
+    what: str
+    filename: str | None
+    lineno: int | None
+    source: str
+
+
+@dataclass(frozen=True)
+class DiagnosisReport:
+    """What ``diagnose`` found; ``str()`` is a readable report, ``to_dict()`` JSON-ready."""
+
+    total_ops: int
+    registered: list[OpInfo]
+    grad_sinks: list[OpInfo]
+    uncovered: list[OpInfo]
+    recommendation: str
+    support: list[OpSupport] = field(default_factory=list)
+    graph_breaks: list[GraphBreakInfo] = field(default_factory=list)
+
+    @property
+    def covered(self) -> bool:
+        """True when every op has a VJP rule or is a gradient sink."""
+        return not self.uncovered
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("registered", "grad_sinks", "uncovered"):
+            for info in data[key]:
+                info["sample_shape"] = list(info["sample_shape"])
+        return data
+
+    def __str__(self) -> str:
+        lines = [f"Lucid diagnosis: {self.total_ops} ops traced"]
+        if self.graph_breaks:
+            lines.append("")
+            lines.append("Graph breaks (tracing stopped; the ops below are those before it):")
+            for b in self.graph_breaks:
+                where = f"{b.filename}:{b.lineno}" if b.filename else "unknown location"
+                lines.append(f"  {b.what} at {where}")
+                if b.source:
+                    lines.append(f"      {b.source}")
+        sections = (
+            ("Gradient coverage: registered VJP rules", self.registered),
+            ("Gradient sinks (the gradient deliberately stops)", self.grad_sinks),
+            ("UNCOVERED (no VJP rule: backward through them fails)", self.uncovered),
+        )
+        for title, infos in sections:
+            lines.append("")
+            lines.append(f"{title}: {len(infos)} ops, {sum(i.count for i in infos)} uses")
+            for i in infos:
+                shape = "x".join(str("?" if d is None else d) for d in i.sample_shape) or "scalar"
+                extra = f"  ({i.reason})" if i.reason else ""
+                lines.append(f"  {i.name:<32} x{i.count:<4} {shape} {i.sample_dtype}{extra}")
+        if self.support:
+            stages = list(self.support[0].stages)
+            lines.append("")
+            lines.append("Backend support:")
+            header = ["op", *stages, "symbolic batch"]
+            rows = [
+                [
+                    s.name,
+                    *(_short(s.stages[k]) for k in stages),
+                    "yes" if s.symbolic_batch_safe else "no",
+                ]
+                for s in self.support
+            ]
+            widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+            for r in [header, *rows]:
+                cells = "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True))
+                lines.append(("  " + cells).rstrip())
+            notes = [
+                f"  {s.name}: {k}: {v[4:]}"
+                for s in self.support
+                for k, v in s.stages.items()
+                if v.startswith("no: ")
+            ]
+            if notes:
+                lines.append("Not supported:")
+                lines.extend(notes)
+        lines.append("")
+        lines.append(f"Recommendation: {self.recommendation}")
+        return "\n".join(lines)
+
+
+def _short(status: str) -> str:
+    return "no" if status.startswith("no") else status
+
+
+class VJPCoverageError(RuntimeError):
+    """``LUCID_MANUAL_VJP_REQUIRE=1`` and the graph has ops with no VJP rule."""
+
+    def __init__(self, uncovered: list[OpInfo]):
+        self.uncovered = uncovered
+        listed = ", ".join(f"{i.name} (x{i.count}, shape {i.sample_shape})" for i in uncovered)
+        super().__init__(
+            f"{REQUIRE_ENV}=1 and these ops have no VJP rule: {listed}; add a rule to the op's "
+            "registry entry or unset the variable"
+        )
+
+
+def require_vjp() -> bool:
+    return os.environ.get(REQUIRE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _coverage(ops: Iterable[tuple[str, tuple, Any]]) -> tuple[list, list, list, int]:
+    counts: Counter[str] = Counter()
+    first: dict[str, tuple[tuple, str]] = {}
+    total = 0
+    for name, shape, dtype in ops:
+        total += 1
+        counts[name] += 1
+        first.setdefault(name, (tuple(shape), getattr(dtype, "name", str(dtype))))
+    registered, sinks, uncovered = [], [], []
+    for name in sorted(counts):
+        op = REGISTRY.get(name)
+        shape, dt = first[name]
+        if op is not None and GRAD_SINK in op.props:
+            sinks.append(OpInfo(name, counts[name], shape, dt))
+        elif op is not None and op.vjp is not None:
+            registered.append(OpInfo(name, counts[name], shape, dt))
+        else:
+            reason = op.unsupported.get("vjp", "") if op is not None else "not in the registry"
+            uncovered.append(OpInfo(name, counts[name], shape, dt, reason))
+    return registered, sinks, uncovered, total
+
+
+def _trace_ops(trace: Any) -> list[tuple[str, tuple, Any]]:
+    out = []
+    for top in trace.ops:
+        v = top.outputs[0] if top.outputs else None
+        out.append((top.name, v.shape if v is not None else (), v.dtype if v is not None else ""))
+    return out
+
+
+def check_vjp_coverage(trace: Any) -> None:
+    """Raise ``VJPCoverageError`` when ``LUCID_MANUAL_VJP_REQUIRE`` is set and ``trace`` (a
+    Trace) records an op with no VJP rule; do nothing otherwise."""
+    if not require_vjp():
+        return
+    _, _, uncovered, _ = _coverage(_trace_ops(trace))
+    if uncovered:
+        raise VJPCoverageError(uncovered)
+
+
+def _support(names: Iterable[str]) -> list[OpSupport]:
+    from lucid.ops.coverage import _stage_lookups
+
+    lookups = _stage_lookups()
+    out = []
+    for name in names:
+        op = REGISTRY.get(name)
+        stages = {column: (lookup(name) or "no: unknown") for column, lookup in lookups}
+        safe = op is not None and SYMBOLIC_BATCH_SAFE in op.props
+        out.append(OpSupport(name, stages, safe))
+    return out
+
+
+def _recommendation(uncovered, breaks, support) -> str:
+    parts = []
+    if breaks:
+        b = breaks[0]
+        where = f" at {b.filename}:{b.lineno}" if b.filename else ""
+        parts.append(
+            f"remove the graph break ({b.what}{where}): compute it outside the compiled function "
+            "or keep the value as a tensor"
+        )
+    if uncovered:
+        names = ", ".join(i.name for i in uncovered)
+        parts.append(
+            f"add a VJP rule for {names} (or mark it a gradient sink) before training through "
+            f"it; set {REQUIRE_ENV}=1 to make this an error at compile time"
+        )
+    missing = sorted({s.name for s in support for v in s.stages.values() if v.startswith("no")})
+    if missing:
+        parts.append(
+            f"{', '.join(missing)} cannot run on every backend: such graphs fall back to eager"
+        )
+    if not parts:
+        return "every op is covered and compiles: ready for lucid.compile and compiled training"
+    return "; ".join(parts)
+
+
+def diagnose(fn: Callable, *example_inputs: Any) -> DiagnosisReport:
+    """Trace ``fn(*example_inputs)`` once (nothing runs) and report gradient coverage, backend
+    support, symbolic-batch safety and graph breaks."""
+    model = fn if hasattr(fn, "named_parameters") else None
+    breaks: list[GraphBreakInfo] = []
+    with _tracing(model) as tracer:
+        args = [tracer.input_like(x) if isinstance(x, Tensor) else x for x in example_inputs]
+        try:
+            fn(*args)
+        except GraphBreak as e:
+            source = linecache.getline(e.filename, e.lineno or 0).strip() if e.filename else ""
+            breaks.append(GraphBreakInfo(e.what, e.filename, e.lineno, source))
+    registered, sinks, uncovered, total = _coverage(_trace_ops(tracer.trace))
+    names = sorted({i.name for i in (*registered, *sinks, *uncovered)})
+    support = _support(names)
+    return DiagnosisReport(
+        total_ops=total,
+        registered=registered,
+        grad_sinks=sinks,
+        uncovered=uncovered,
+        recommendation=_recommendation(uncovered, breaks, support),
+        support=support,
+        graph_breaks=breaks,
+    )
