@@ -29,15 +29,15 @@ from lucid.passes.lower_to_prim import LoweringError, lower_module, lowering_sta
 
 
 def f(rng, *shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
+    return np.asarray(rng.standard_normal(shape), dtype=dtype)
 
 
 def pos(rng, *shape, dtype=np.float32):
-    return (rng.random(shape) + 0.5).astype(dtype)
+    return np.asarray(rng.random(shape) + 0.5, dtype=dtype)
 
 
 def unit(rng, *shape):
-    return (rng.random(shape) * 0.9 + 0.05).astype(np.float32)
+    return np.asarray(rng.random(shape) * 0.9 + 0.05, dtype=np.float32)
 
 
 def ints(rng, *shape, lo=-5, hi=6, dtype=np.int64):
