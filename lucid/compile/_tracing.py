@@ -154,9 +154,9 @@ class Tracer:
         inputs: list = []
         infer_args: list = []
         needs_grad = False
-        last = len(operands) - 1
+        last = len(operands) - 1 if opdef.variadic else -1
         for i, x in enumerate(operands):
-            if opdef.variadic and i == last:
+            if i == last:
                 if not isinstance(x, (list, tuple)):
                     raise TypeError(
                         f"{opdef.name}(): operand {opdef.operands[-1][:-1]!r} must be a sequence"

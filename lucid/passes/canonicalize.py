@@ -170,6 +170,8 @@ def _fold(op: LucidOp, rewriter: x.PatternRewriter, limit: int) -> bool:
     opdef = op.OPDEF
     if RANDOM in opdef.props or not op.operands:
         return False
+    if not all(isinstance(v.owner, ConstantOp) for v in op.operands):
+        return False
     values = []
     for v in op.operands:
         c = _const(v)
