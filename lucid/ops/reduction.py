@@ -166,6 +166,26 @@ register(
 )
 
 
+def _n_reduced_array(x: np.ndarray, dim) -> int:
+    if dim is None:
+        return x.size
+    return math.prod(x.shape[d] for d in ((dim,) if isinstance(dim, int) else dim))
+
+
+def _float_sum(x: np.ndarray, dim, keepdim: bool) -> np.ndarray:
+    # float16 accumulates in float32, as PyTorch does.
+    acc = np.float32 if x.dtype == np.float16 else x.dtype
+    return np.sum(x, axis=_axis(dim), keepdims=keepdim, dtype=acc)
+
+
+def _mean_kernel(x, dim, keepdim, dtype):
+    # sum / n rather than np.mean: an empty slice gives NaN silently, as PyTorch.
+    if dtype is not None:
+        x = x.astype(dtype.numpy)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _float_sum(x, dim, keepdim) / _n_reduced_array(x, dim)
+
+
 def _mean_vjp(c, g):
     x, dim, keepdim = c.inputs[0], c.attrs["dim"], c.attrs["keepdim"]
     return (div(_expand_back(g, x, dim, keepdim), _n_reduced(x, dim)),)
@@ -176,9 +196,7 @@ register(
         "mean",
         ("x",),
         _reduce_infer("mean", _mean_dtype),
-        lambda x, dim, keepdim, dtype: np.mean(
-            x if dtype is None else x.astype(dtype.numpy), axis=_axis(dim), keepdims=keepdim
-        ),
+        _mean_kernel,
         _mean_vjp,
         attrs={"dim": None, "keepdim": False, "dtype": None},
         saves_outputs=False,
@@ -262,8 +280,11 @@ def _var_vjp(c, g):
 
 
 def _var_kernel(x, dim, correction, keepdim):
+    # Written out rather than np.var, which warns where PyTorch returns inf/NaN silently.
+    n = _n_reduced_array(x, dim)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.var(x, axis=_axis(dim), ddof=correction, keepdims=keepdim)
+        centered = x - _float_sum(x, dim, True) / n
+        return _float_sum(centered * centered, dim, keepdim) / (n - correction)
 
 
 register(

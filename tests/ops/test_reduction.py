@@ -313,3 +313,18 @@ def test_sum_prod_amax_over_dtypes(dtype):
     np.testing.assert_allclose(t.prod(0).numpy(), x.prod(0, dtype=acc), rtol=1e-3)
     np.testing.assert_array_equal(t.amax(0).numpy(), x.max(0))
     assert t.amax().dtype == t.dtype
+
+
+def test_mean_var_of_empty_or_underdetermined_slices_are_nan_without_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(lucid.zeros(0).mean().item())
+        assert np.isnan(lucid.tensor([1.0]).var().item())
+        np.testing.assert_array_equal(np.isnan(lucid.zeros(2, 0).mean(1).numpy()), [True, True])
+
+
+def test_float16_mean_accumulates_beyond_float16_range():
+    x = lucid.full((4096,), 30.0, dtype=lucid.float16)  # the float16 sum (122880) overflows
+    assert x.mean().dtype == lucid.float16 and x.mean().item() == 30.0
