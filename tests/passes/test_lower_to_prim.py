@@ -1,0 +1,225 @@
+"""The ``lower-to-prim`` pass: registration, explicit promotion, refusals with reasons, and random
+graphs (chains and DAGs of registry ops with random shapes) that agree with eager."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import lucid
+from lucid import _native
+from lucid._dispatch import apply
+from lucid._tensor import Tensor
+from lucid.compile import trace
+from lucid.compile._tracing import _tracing
+from lucid.ir import import_trace, parse_ir, print_ir
+from lucid.ir.importer import forward_func
+from lucid.ir.prim import make_prim_context
+from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ops.coverage import rows
+from lucid.passes import PassFailure, PassManager, get_pass
+from lucid.passes.lower_to_prim import LoweringError, LowerToPrim, lower_module, lowering_status
+
+DTYPES = [np.bool_, np.int32, np.int64, np.float32, np.float64]
+
+
+def _lowered(fn, *arrays):
+    module = import_trace(trace(fn, *(Tensor._wrap(a) for a in arrays)))
+    PassManager("lower-to-prim").run(module)
+    module.verify()
+    return module
+
+
+def _prim_names(module) -> list[str]:
+    return [op.name for op in forward_func(module).body.blocks.first.ops]
+
+
+def test_pass_is_registered_under_its_name():
+    assert get_pass("lower-to-prim") is LowerToPrim
+
+
+@given(
+    st.sampled_from(DTYPES),
+    st.sampled_from(DTYPES),
+    st.sampled_from(["add", "mul", "maximum", "lt", "eq", "div"]),
+    st.sampled_from([None, 2, 1.5, True]),
+)
+def test_promotion_is_explicit_and_matches_eager(dt_a, dt_b, op, scalar):
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((2, 3)) * 3).astype(dt_a)
+    b = (rng.standard_normal((3,)) * 3 + 4).astype(dt_b)
+    if op == "div":
+        b = np.where(b == 0, 1, b).astype(dt_b)
+
+    def fn(x, y):
+        return apply(op, x, y if scalar is None else scalar)
+
+    want = fn(Tensor._wrap(a), Tensor._wrap(b)).numpy()
+    module = _lowered(fn, a, b)
+    (got,) = interpret_prim(module, [a, b])
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    names = _prim_names(module)
+    assert not any(n.startswith("lucid.") for n in names)
+    # prim ops take exact dtypes: mixed operands mean an explicit cast or a typed constant.
+    if scalar is None and dt_a != dt_b:
+        assert "prim.cast" in names
+
+
+def test_weak_scalar_becomes_a_constant_of_the_compute_dtype():
+    module = _lowered(lambda t: t * 0.1, np.ones(3, np.float64))
+    text = print_ir(module)
+    assert "prim.constant" in text and "tensor<f64>" in text
+    (got,) = interpret_prim(module, [np.ones(3)])
+    np.testing.assert_array_equal(got, np.full(3, 0.1))
+
+
+def test_lowered_module_round_trips_through_text():
+    module = _lowered(lambda t: lucid.softmax(t * 2, dim=-1).sum(0), np.ones((2, 3), np.float32))
+    text = print_ir(module)
+    again = parse_ir(text, ctx=make_prim_context())
+    again.verify()
+    assert print_ir(again) == text
+
+
+def test_unsupported_op_is_named_with_its_reason():
+    def fn(x, idx, src):
+        return apply("scatter", x, idx, src, dim=0)
+
+    arrays = [np.zeros((3, 4), np.float32), np.zeros((2, 4), np.int64), np.ones((2, 4), np.float32)]
+    module = import_trace(trace(fn, *(Tensor._wrap(a) for a in arrays)))
+    with pytest.raises(PassFailure) as info:
+        PassManager("lower-to-prim").run(module)
+    cause = info.value.cause
+    assert isinstance(cause, LoweringError)
+    assert cause.op == "scatter" and "scatter-assign" in str(cause)
+    assert lowering_status("scatter") == f"no: {cause.reason}"
+
+
+def test_a_conditional_refusal_names_the_op_and_the_condition():
+    module = import_trace(
+        trace(lambda a, b: a & b, *(Tensor._wrap(np.arange(3, dtype=np.int64)) for _ in range(2)))
+    )
+    with pytest.raises(LoweringError, match=r"lucid.bitwise_and .*no integer bitwise"):
+        lower_module(module)
+
+
+def test_dtype_without_a_prim_type_is_refused():
+    module = import_trace(trace(lambda t: t + 1, Tensor._wrap(np.ones(3, np.float16))))
+    with pytest.raises(LoweringError, match="float16 has no prim type"):
+        lower_module(module)
+
+
+def test_symbolic_dimension_is_refused_until_shapes_are_specialized():
+    with _tracing() as tracer:
+        t = tracer.input((None, 3))
+        out = tracer.finish(lucid.exp(t))
+    module = import_trace(out)
+    with pytest.raises(LoweringError, match="symbolic dimension"):
+        lower_module(module)
+
+
+def test_unused_pool_indices_are_not_computed():
+    module = _lowered(
+        lambda t: apply("max_pool2d", t, kernel_size=(2, 2), stride=(2, 2))[0],
+        np.ones((1, 1, 4, 4), np.float32),
+    )
+    names = _prim_names(module)
+    assert "prim.max_pool2d" in names and "prim.argmax" not in names
+
+
+def test_coverage_table_has_a_lowering_column():
+    table = {r["op"]: r for r in rows()}
+    assert table["add"]["lowers to prim"] == "yes"
+    assert table["randperm"]["lowers to prim"].startswith("no: ")
+
+
+# --- random graphs: chains and DAGs of registry ops on random shapes
+
+_UNARY = [
+    lambda t: lucid.exp(-lucid.abs(t)),
+    lambda t: lucid.tanh(t),
+    lambda t: lucid.sigmoid(t),
+    lambda t: apply("relu", t),
+    lambda t: -t,
+    lambda t: t * 0.5 + 1,
+    lambda t: apply("gelu", t),
+    lambda t: lucid.sqrt(lucid.abs(t) + 1e-3),
+]
+_BINARY = [
+    lambda a, b: a + b,
+    lambda a, b: a - b,
+    lambda a, b: a * b,
+    lambda a, b: apply("maximum", a, b),
+    lambda a, b: apply("where", apply("gt", a, b), a, b),
+]
+
+
+@st.composite
+def graphs(draw):
+    """(fn, input shapes): a random DAG over broadcast-compatible inputs."""
+    rank = draw(st.integers(1, 3))
+    full = tuple(draw(st.integers(1, 4)) for _ in range(rank))
+    n_inputs = draw(st.integers(1, 3))
+    shapes = []
+    for _ in range(n_inputs):
+        shapes.append(tuple(d if draw(st.booleans()) else 1 for d in full))
+    steps = []
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "reshape", "permute"]))
+        picks = (draw(st.integers(0, 99)), draw(st.integers(0, 99)))
+        steps.append((kind, picks, draw(st.integers(0, 99))))
+
+    def fn(*inputs):
+        values = list(inputs)
+        for kind, (i, j), k in steps:
+            a, b = values[i % len(values)], values[j % len(values)]
+            if kind == "unary":
+                v = _UNARY[k % len(_UNARY)](a)
+            elif kind == "binary":
+                try:
+                    np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+                except ValueError:
+                    continue
+                v = _BINARY[k % len(_BINARY)](a, b)
+            elif kind == "reduce":
+                dim = k % a.ndim
+                v = [
+                    lambda: a.sum(dim, keepdim=True),
+                    lambda: a.mean(dim, keepdim=True),
+                    lambda: apply("amax", a, dim=dim, keepdim=True),
+                    lambda: lucid.softmax(a, dim=dim),
+                    lambda: apply("logsumexp", a, dim=dim, keepdim=True),
+                ][k % 5]()
+            elif kind == "reshape":
+                v = a.reshape(-1).reshape(*a.shape)
+            else:
+                perm = list(range(a.ndim))[::-1]
+                v = a.permute(*perm).permute(*perm)
+            values.append(v)
+        return values[-1], values[len(inputs) :][0] if len(values) > len(inputs) else values[0]
+
+    return fn, shapes
+
+
+@given(graphs(), st.sampled_from([np.float32, np.float64]))
+def test_random_graphs_agree_with_eager(graph, dtype):
+    fn, shapes = graph
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    eager = [t.numpy() for t in fn(*(Tensor._wrap(a) for a in arrays))]
+    module = import_trace(trace(fn, *(Tensor._wrap(a) for a in arrays)))
+    PassManager("canonicalize,cse,dce,lower-to-prim").run(module)
+    got = interpret_prim(module, arrays)
+    tol = 1e-5 if dtype == np.float32 else 1e-11
+    for g, e in zip(got, eager, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=tol, atol=tol)
+    if hasattr(_native, "compile"):
+        from lucid.backends.cpu.emit import compile_program, emit_program
+
+        native = compile_program(emit_program(module)).run(arrays)
+        for n, e in zip(native, eager, strict=True):
+            np.testing.assert_allclose(n, e, rtol=10 * tol, atol=10 * tol)
