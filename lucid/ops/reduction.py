@@ -151,16 +151,22 @@ def _to_float(x, attrs):
 # --- sum, mean, prod
 
 
+def _sum_kernel(x, dim, keepdim, dtype):
+    if dtype is None and x.dtype == np.float16:
+        dtype = _dtype.float32  # accumulate in float32, as PyTorch; the result is cast back
+    acc = _accumulate_dtype(x) if dtype is None else dtype.numpy
+    return np.sum(x, axis=_axis(dim), keepdims=keepdim, dtype=acc)
+
+
 register(
     OpDef(
         "sum",
         ("x",),
         _reduce_infer("sum", _int_to_long),
-        lambda x, dim, keepdim, dtype: np.sum(
-            x, axis=_axis(dim), keepdims=keepdim, dtype=None if dtype is None else dtype.numpy
-        ),
+        _sum_kernel,
         lambda c, g: (_expand_back(g, c.inputs[0], c.attrs["dim"], c.attrs["keepdim"]),),
         attrs={"dim": None, "keepdim": False, "dtype": None},
+        saves_inputs=False,  # the rule reads only the input's shape
         saves_outputs=False,
     )
 )
@@ -199,6 +205,7 @@ register(
         _mean_kernel,
         _mean_vjp,
         attrs={"dim": None, "keepdim": False, "dtype": None},
+        saves_inputs=False,
         saves_outputs=False,
     )
 )

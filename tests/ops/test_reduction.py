@@ -328,3 +328,13 @@ def test_mean_var_of_empty_or_underdetermined_slices_are_nan_without_warnings():
 def test_float16_mean_accumulates_beyond_float16_range():
     x = lucid.full((4096,), 30.0, dtype=lucid.float16)  # the float16 sum (122880) overflows
     assert x.mean().dtype == lucid.float16 and x.mean().item() == 30.0
+
+
+def test_sum_and_mean_do_not_save_their_input():
+    # Their gradients need only the input's shape, so a later in-place write is harmless (torch).
+    x = t64([1.0, 2.0, 3.0])
+    y = x * 1.0
+    total = y.sum() + y.mean()
+    y.add_(1.0)
+    total.backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 1 + 1 / 3))
