@@ -157,6 +157,19 @@ _BINARY = [
 ]
 
 
+def _reduce_step(a, dim: int, k: int):
+    kind = k % 5
+    if kind == 0:
+        return a.sum(dim, keepdim=True)
+    if kind == 1:
+        return a.mean(dim, keepdim=True)
+    if kind == 2:
+        return apply("amax", a, dim=dim, keepdim=True)
+    if kind == 3:
+        return lucid.softmax(a, dim=dim)
+    return apply("logsumexp", a, dim=dim, keepdim=True)
+
+
 @st.composite
 def graphs(draw):
     """(fn, input shapes): a random DAG over broadcast-compatible inputs."""
@@ -185,14 +198,7 @@ def graphs(draw):
                     continue
                 v = _BINARY[k % len(_BINARY)](a, b)
             elif kind == "reduce":
-                dim = k % a.ndim
-                v = [
-                    lambda: a.sum(dim, keepdim=True),
-                    lambda: a.mean(dim, keepdim=True),
-                    lambda: apply("amax", a, dim=dim, keepdim=True),
-                    lambda: lucid.softmax(a, dim=dim),
-                    lambda: apply("logsumexp", a, dim=dim, keepdim=True),
-                ][k % 5]()
+                v = _reduce_step(a, k % a.ndim, k)
             elif kind == "reshape":
                 v = a.reshape(-1).reshape(*a.shape)
             else:
