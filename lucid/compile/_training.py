@@ -13,8 +13,9 @@ gradient feeds) into one function, then runs ``vjp`` (and ``ghost-grads``,
 >>> tm.refresh_scalars()                 # the next step's learning rate, bias corrections...
 
 Feeds: ``input:N`` (the example inputs, in order), ``param:<name>``, ``buffer:<name>``,
-``state:<param name>.<key>`` (optimizer state), ``scalar:<k>:<key>`` (0-d float32 step scalars:
-learning rate, bias corrections; fed, never baked in, so a scheduler never forces a rebuild),
+``state:<param name>.<key>`` (optimizer state), ``scalar:<group>:<key>`` (0-d float32 step
+scalars: learning rate, bias corrections; fed, never baked in, so a scheduler never forces a
+rebuild; ``scalar:<group>.<k>:<key>`` when parameters of a group disagree),
 ``rng`` when the model draws random numbers. Results: ``output:0`` (the loss), then either
 ``grad:param:<name>`` (no optimizer) or the in-place updates ``update:param:<name>``,
 ``update:state:<name>.<key>`` (with an optimizer), plus ``update:buffer:<name>`` and
@@ -38,6 +39,7 @@ from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
 from lucid.passes import PassFailure, PassManager
 from lucid.passes.ghost_grads import GhostGrads
+from lucid.passes.optimizer_fusion import OptimizerFusion
 from lucid.passes.vjp import VJP
 
 __all__ = ["TrainingModule", "build_training_module"]
@@ -113,12 +115,20 @@ class TrainingModule:
         if self.optimizer is None:
             return self.scalars
         cache: dict[int, dict] = {}
+        fresh: dict[str, float] = {}
         for src in self._scalar_sources:
             key = id(src.param)
             if key not in cache:
                 st = self.optimizer.state.get(src.param, {})
                 cache[key] = self.optimizer._step_scalars(src.group, st, False)
-            self.scalars[src.role] = float(cache[key][src.key])
+            value = float(cache[key][src.key])
+            if fresh.setdefault(src.role, value) != value:
+                raise RuntimeError(
+                    f"step scalar {src.role!r} is shared by the group's parameters but now "
+                    f"differs between them ({fresh[src.role]} vs {value}): rebuild the training "
+                    "module"
+                )
+        self.scalars.update(fresh)
         return self.scalars
 
 
@@ -139,7 +149,7 @@ def build_training_module(
     example_inputs: Sequence[Any],
     optimizer: Any = None,
     *,
-    fuse_optimizer: bool = False,
+    fuse_optimizer: bool = True,
     keep_grads: bool = False,
     pipeline: str = "canonicalize,cse,dce",
 ) -> TrainingModule:
@@ -175,11 +185,11 @@ def build_training_module(
     wrt = " ".join(f"param:{names[id(p)]}" for p in trained)
     passes: list[x.ModulePass] = [VJP(wrt=wrt)] if trained else []
     if optimizer is not None and trained:
-        passes.append(GhostGrads(keep_grads=keep_grads))
         if fuse_optimizer:
-            from lucid.passes.optimizer_fusion import OptimizerFusion
-
+            # Before ghost-grads, the gradients are still feeds: each update chain starts at
+            # them and never absorbs part of the backward graph, so all chains look alike.
             passes.append(OptimizerFusion())
+        passes.append(GhostGrads(keep_grads=keep_grads))
     try:
         PassManager(passes).run(module)
     except PassFailure as e:  # the pass's own error (e.g. an op with no VJP rule) is the message
@@ -202,7 +212,11 @@ def build_training_module(
 
 
 def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSource]:
-    """Record the optimizer's update of ``trained`` against ghost gradient feeds."""
+    """Record the optimizer's update of ``trained`` against ghost gradient feeds.
+
+    A step scalar with the same value for every parameter of a group (the usual case: they
+    share their options and step count) is one feed ``scalar:<group>:<key>``; otherwise each
+    parameter gets its own, ``scalar:<group>.<k>:<key>``."""
     trained_ids = {id(p) for p in trained}
     saved = {}
     for group in optimizer.param_groups:
@@ -215,14 +229,21 @@ def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSou
     finally:
         for p, g in saved.values():
             p._grad = g
-    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    group_index = {id(p): gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
     static = type(optimizer)._static_keys
+    values_by_key: dict[tuple[int, str], set] = {}
+    for param, _, _, step_scalars in items:
+        for key, value in step_scalars.items():
+            if key not in static:
+                values_by_key.setdefault((group_index[id(param)], key), set()).add(float(value))
+    fed_tensors: dict[str, Tensor] = {}
     sources = []
     with lucid.no_grad():
         for k, (param, _placeholder, st, step_scalars) in enumerate(items):
             if id(param) not in names:
                 raise ValueError("the optimizer holds a parameter that is not the model's")
             pname = names[id(param)]
+            gi = group_index[id(param)]
             for key, t in st.items():
                 if isinstance(t, Tensor):
                     tracer._names[id(t)] = f"state:{pname}.{key}"
@@ -232,9 +253,12 @@ def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSou
                 if key in static:
                     fed[key] = value
                     continue
-                role = f"scalar:{k}:{key}"
-                scalars[role] = float(value)
-                sources.append(_ScalarSource(role, group_of[id(param)], param, key))
-                fed[key] = tracer.input((), lucid.float32, role=role)
+                shared = len(values_by_key[(gi, key)]) == 1
+                role = f"scalar:{gi}:{key}" if shared else f"scalar:{gi}.{k}:{key}"
+                if role not in fed_tensors:
+                    scalars[role] = float(value)
+                    fed_tensors[role] = tracer.input((), lucid.float32, role=role)
+                sources.append(_ScalarSource(role, optimizer.param_groups[gi], param, key))
+                fed[key] = fed_tensors[role]
             optimizer._update(param, ghost, st, **fed)
     return sources

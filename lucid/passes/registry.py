@@ -26,6 +26,7 @@ _BUILTIN = {
     "lower-to-prim": "lucid.passes.lower_to_prim:LowerToPrim",
     "vjp": "lucid.passes.vjp:VJP",
     "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
+    "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",
 }
 
 _PASSES: dict[str, Callable[[], type[x.ModulePass]]] = {}

@@ -1,0 +1,171 @@
+"""``optimizer-fusion``: identical per-parameter update chains become one flat chain; the
+module computes the same updates (interpreted before/after), keeps its signature and in-place
+result roles, and chains that differ stay apart."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import lucid
+from lucid import optim
+from lucid.compile import _tracing
+from lucid.compile._training import build_training_module
+from lucid.ir import feed_roles, forward_func, import_trace, interpret, result_roles
+from lucid.ir.types import dtype_of_type, shape_of_type
+from lucid.passes import PassManager
+from lucid.passes.optimizer_fusion import fuse_optimizer_updates
+
+_spec = importlib.util.spec_from_file_location(
+    "training_models", os.path.join(os.path.dirname(__file__), "_training_models.py")
+)
+models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(models)
+
+OPTIMIZERS = [
+    (optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    (optim.Adam, dict(lr=0.01, amsgrad=True)),
+    (optim.AdamW, dict(lr=0.01)),
+    (optim.RMSprop, dict(lr=0.01, centered=True, momentum=0.5)),
+    (optim.Adagrad, dict(lr=0.1)),
+    (optim.Adadelta, dict(lr=1.0)),
+    (optim.Adamax, dict(lr=0.01)),
+    (optim.NAdam, dict(lr=0.01)),
+    (optim.RAdam, dict(lr=0.01)),
+]
+
+
+def _op_names(module) -> list[str]:
+    return [op.name for op in forward_func(module).body.blocks.first.ops]
+
+
+def _random_feeds(module, seed=0) -> dict:
+    rng = np.random.default_rng(seed)
+    fn = forward_func(module)
+    feeds = {}
+    for role, arg in zip(feed_roles(fn), fn.body.blocks.first.args, strict=True):
+        dt = dtype_of_type(arg.type)
+        # positive values: second-moment state and step counts must be valid
+        feeds[role] = rng.uniform(0.5, 1.5, shape_of_type(arg.type)).astype(dt.numpy)
+    return feeds
+
+
+def _traced_step(cls, options, params, seed=0):
+    """The optimizer update alone, traced against ghost gradient feeds (roles as
+    ``build_training_module`` gives them)."""
+    opt = cls(params, **options)
+    for p in params:
+        p.grad = lucid.zeros_like(p)
+    with lucid.no_grad():
+        items = list(opt._param_updates())
+        with _tracing() as tr:
+            for k, (p, _, st, scalars) in enumerate(items):
+                for key, t in st.items():
+                    tr._names[id(t)] = f"state:p{k}.{key}"
+                tr._names[id(p)] = f"param:p{k}"
+                ghost = tr.input(tuple(p.shape), p.dtype, role=f"ghost:param:p{k}")
+                fed = {
+                    key: v
+                    if key in cls._static_keys
+                    else tr.input((), lucid.float32, role=f"scalar:{k}:{key}")
+                    for key, v in scalars.items()
+                }
+                opt._update(p, ghost, st, **fed)
+            trace = tr.finish([])
+    return import_trace(trace)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS, ids=[c.__name__ for c, _ in OPTIMIZERS])
+def test_fused_update_computes_the_same_as_per_parameter_chains(cls, options):
+    params = [lucid.ones(s, requires_grad=True) for s in ((3, 4), (4,), (2, 2, 2), (5,))]
+    module = _traced_step(cls, options, params)
+    fn = forward_func(module)
+    roles_before, args_before = result_roles(fn), feed_roles(fn)
+    feeds = _random_feeds(module)
+    before = interpret(module, feeds)
+    PassManager("optimizer-fusion,canonicalize,cse,dce", verify_each=True).run(module)
+    after = interpret(module, feeds)
+    assert result_roles(forward_func(module)) == roles_before  # in-place outputs kept
+    assert feed_roles(forward_func(module)) == args_before
+    for role, b, a in zip(roles_before, before, after, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, role
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=role)
+    names = _op_names(module)
+    assert names.count("lucid.cat") >= 2  # flat buffers of parameters, gradients, state
+    assert "lucid.index" in names  # split back into each tensor's update
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS, ids=[c.__name__ for c, _ in OPTIMIZERS])
+def test_training_module_is_the_same_with_and_without_fusion(cls, options):
+    results = []
+    counts = []
+    for fuse in (False, True):
+        model, loss_fn, inputs = models.make("cnn")
+        tm = build_training_module(
+            model, loss_fn, inputs, cls(model.parameters(), **options), fuse_optimizer=fuse
+        )
+        results.append(
+            dict(zip(tm.result_roles, interpret(tm.module, tm.feed_values(*inputs)), strict=True))
+        )
+        names = _op_names(tm.module)
+        counts.append(sum(n in ("lucid.div", "lucid.sqrt", "lucid.mul") for n in names))
+    unfused, fused = results
+    assert unfused.keys() == fused.keys()
+    for role in unfused:
+        np.testing.assert_allclose(fused[role], unfused[role], rtol=1e-6, atol=1e-7, err_msg=role)
+    assert counts[1] < counts[0]  # one chain instead of one per parameter
+
+
+def test_all_parameters_of_one_optimizer_form_one_chain():
+    params = [lucid.ones(s, requires_grad=True) for s in ((3, 4), (4,), (2, 5))]
+    module = _traced_step(optim.Adam, dict(lr=0.01), params)
+    n_sqrt_before = _op_names(module).count("lucid.sqrt")
+    assert fuse_optimizer_updates(forward_func(module)) == 3
+    assert n_sqrt_before == 3 and _op_names(module).count("lucid.sqrt") == 1
+
+
+def test_different_chains_are_not_fused_together():
+    a = [lucid.ones((3,), requires_grad=True), lucid.ones((2, 2), requires_grad=True)]
+    b = [lucid.ones((4,), requires_grad=True), lucid.ones((5,), requires_grad=True)]
+    # weight decay changes the chain's structure: two groups, each fused on its own
+    opt_groups = [{"params": a, "weight_decay": 0.1}, {"params": b}]
+    opt = optim.SGD(opt_groups, lr=0.1, momentum=0.9)
+    with lucid.no_grad():
+        for p in a + b:
+            p.grad = lucid.zeros_like(p)
+        items = list(opt._param_updates())
+        with _tracing() as tr:
+            for k, (p, _, st, scalars) in enumerate(items):
+                tr._names[id(p)] = f"param:p{k}"
+                for key, t in st.items():
+                    tr._names[id(t)] = f"state:p{k}.{key}"
+                ghost = tr.input(tuple(p.shape), p.dtype, role=f"ghost:param:p{k}")
+                opt._update(p, ghost, st, **scalars)
+            module = import_trace(tr.finish([]))
+    feeds = _random_feeds(module, seed=1)
+    before = interpret(module, feeds)
+    assert fuse_optimizer_updates(forward_func(module)) == 4
+    module.verify()
+    cats = [op for op in forward_func(module).body.blocks.first.ops if op.name == "lucid.cat"]
+    sizes = {shape_of_type(op.results[0].type) for op in cats}
+    assert sizes == {(7,), (9,)}  # 3 + 4 (with decay) and 4 + 5 (without)
+    for b_, a_ in zip(before, interpret(module, feeds), strict=True):
+        np.testing.assert_allclose(a_, b_, rtol=1e-6)
+
+
+def test_mixed_dtypes_stay_apart_and_min_group_is_honoured():
+    params = [
+        lucid.ones((3,), requires_grad=True),
+        lucid.ones((2,), dtype=lucid.float64, requires_grad=True),
+    ]
+    module = _traced_step(optim.Adam, dict(lr=0.01), params)
+    n_ops = len(_op_names(module))
+    assert fuse_optimizer_updates(forward_func(module)) == 0  # float32 and float64 chains
+    assert len(_op_names(module)) == n_ops
+    params = [lucid.ones((3,), requires_grad=True), lucid.ones((2,), requires_grad=True)]
+    module = _traced_step(optim.Adam, dict(lr=0.01), params)
+    PassManager("optimizer-fusion{min-group=3}").run(module)
+    assert "lucid.cat" not in _op_names(module)
