@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from lucid.ir import forward_func, import_trace, print_ir, result_roles
 from lucid.ir import feed_roles as _feed_roles
+from lucid.ir import forward_func, import_trace, print_ir, result_roles
 from lucid.passes import Instrumentation, PassManager
 
 GRAPH_PIPELINE = "canonicalize,cse,dce"
@@ -31,14 +31,72 @@ class FeedMismatch(Exception):
     """A bound feed no longer has the shape/dtype the executable was compiled for."""
 
 
-def resolve_backend(name: str) -> str:
-    from lucid.backends import available_backends, default_backend
+class _CPUTarget:
+    """Stages 4–6 on the CPU: lower-to-prim, emit the native program, fuse-elementwise, compile
+    (the native module plans buffers and caches the executable process-wide)."""
 
+    name = "cpu"
+
+    def lower(self, module: Any, inst: Instrumentation | None = None) -> dict[str, float]:
+        return PassManager("lower-to-prim", inst or Instrumentation()).run(module).passes_ms()
+
+    def program(self, module: Any) -> Any:
+        from lucid.backends.cpu import Program, fuse_elementwise
+        from lucid.backends.cpu.emit import emit_program
+        from lucid.backends.cpu.program import Instr
+        from lucid.backends.prim_ops import Aval
+
+        desc = emit_program(module, inplace_updates=True).desc
+        program = Program()
+        program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
+        program.instrs = [Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]]
+        program.feeds = list(desc["feeds"])
+        program.results = list(desc["results"])
+        program.inplace = dict(desc.get("inplace", {}))
+        return fuse_elementwise(program)
+
+    def compile_module(self, module: Any, inst: Instrumentation | None = None):
+        from lucid import _native
+        from lucid.passes import PassFailure
+
+        timings: dict[str, float] = {}
+        try:
+            timings.update(self.lower(module, inst))
+        except PassFailure as e:
+            raise Unsupported(str(e.cause)) from e
+        t0 = time.perf_counter()
+        program = self.program(module)
+        timings["emit"] = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        executable = _native.compile(program.describe(), True)
+        timings["native-compile"] = (time.perf_counter() - t0) * 1e3
+        return executable, timings
+
+    def stage_ir(self, module: Any, stage: str) -> str:
+        self.lower(module)
+        if stage == "prim":
+            return print_ir(module)
+        return print_ir(module) + "\n// native program\n" + self.program(module).dump()
+
+
+_TARGETS = {"cpu": _CPUTarget()}
+
+
+def available_backends() -> tuple[str, ...]:
+    return tuple(_TARGETS)
+
+
+def resolve_backend(name: str) -> str:
+    """``auto`` is MPSGraph on Apple Silicon with Metal, the CPU everywhere else."""
     if name == "auto":
-        return default_backend()
-    if name not in available_backends():
-        raise ValueError(f"unknown or unavailable backend {name!r}; available: "
-                         f"{sorted(available_backends())}")
+        return "cpu"
+    if name == "mpsgraph":
+        raise ValueError(
+            "backend 'mpsgraph' needs Apple Silicon with macOS 14+; it is not "
+            "available on this machine (use backend='cpu' or 'auto')"
+        )
+    if name not in _TARGETS:
+        raise ValueError(f"unknown backend {name!r}; expected 'auto', 'cpu' or 'mpsgraph'")
     return name
 
 
@@ -60,10 +118,14 @@ def _graph_passes(pipeline: str | None) -> str:
     return pipeline if pipeline is not None else GRAPH_PIPELINE
 
 
-def compile_trace(trace: Any, *, backend: str, pipeline: str | None = None,
-                  print_ir_after_all: bool = False, dynamic: bool = False) -> CompiledGraph:
-    from lucid.backends import get_backend
-
+def compile_trace(
+    trace: Any,
+    *,
+    backend: str,
+    pipeline: str | None = None,
+    print_ir_after_all: bool = False,
+    dynamic: bool = False,
+) -> CompiledGraph:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     module = import_trace(trace)
@@ -72,22 +134,17 @@ def compile_trace(trace: Any, *, backend: str, pipeline: str | None = None,
     if print_ir_after_all:
         inst.print_ir_after_all = True
     graph = PassManager(_graph_passes(pipeline), inst).run(module)
-    for name, ms in graph.passes_ms.items():
+    for name, ms in graph.passes_ms().items():
         timings[name] = timings.get(name, 0.0) + ms
-    impl = get_backend(backend)
-    try:
-        executable, backend_ms = impl.compile_module(module, instrumentation=inst)
-    except impl.Unsupported as e:  # the backend says why it cannot take this graph
-        raise Unsupported(str(e)) from e
-    timings.update(backend_ms)
     fn = forward_func(module)
-    return CompiledGraph(executable, _feed_roles(fn), result_roles(fn), timings)
+    roles = (_feed_roles(fn), result_roles(fn))
+    executable, backend_ms = _TARGETS[backend].compile_module(module, inst)
+    timings.update(backend_ms)
+    return CompiledGraph(executable, roles[0], roles[1], timings)
 
 
 def stage_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = None) -> str:
     """The module of ``trace`` at ``stage`` (see ``STAGES``), as MLIR text."""
-    from lucid.backends import get_backend
-
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
     module = import_trace(trace)
@@ -96,7 +153,7 @@ def stage_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = Non
     PassManager(_graph_passes(pipeline)).run(module)
     if stage == "optimized":
         return print_ir(module)
-    return get_backend(backend).stage_ir(module, stage)
+    return _TARGETS[backend].stage_ir(module, stage)
 
 
 def dump_trace(trace: Any) -> str:

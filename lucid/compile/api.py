@@ -8,7 +8,6 @@ reason kept in ``cache_info()["reasons"]`` and one warning on the ``lucid.compil
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -117,11 +116,19 @@ class CompiledModule:
     1
     """
 
-    def __init__(self, target: Any, *, dynamic: bool = False, backend: str = "auto",
-                 strict: bool = False, options: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        target: Any,
+        *,
+        dynamic: bool = False,
+        backend: str = "auto",
+        strict: bool = False,
+        options: dict[str, Any] | None = None,
+    ):
         if not callable(target):
-            raise TypeError(f"lucid.compile needs an nn.Module or a callable, got "
-                            f"{type(target).__name__}")
+            raise TypeError(
+                f"lucid.compile needs an nn.Module or a callable, got {type(target).__name__}"
+            )
         opts = dict(options or {})
         backend = os.environ.get("LUCID_COMPILE_BACKEND", backend) if backend == "auto" else backend
         self.__dict__["_model"] = target
@@ -135,7 +142,12 @@ class CompiledModule:
         )
         self.__dict__["_lock"] = threading.RLock()
         self._reset()
-        functools.update_wrapper(self, target, updated=())
+        # Like functools.wraps, but without routing through __setattr__ (which forwards to the
+        # model: a model must never gain itself as an attribute).
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            if hasattr(target, attr):
+                self.__dict__[attr] = getattr(target, attr)
+        self.__dict__["__wrapped__"] = target
 
     def _reset(self) -> None:
         d = self.__dict__
@@ -261,8 +273,9 @@ class CompiledModule:
             return self._model(*args, **kwargs)
         return entry(args, kwargs)
 
-    def _fall_back(self, key: CacheKey, args: tuple, kwargs: dict, err: BaseException,
-                   unexpected: bool = False) -> Any:
+    def _fall_back(
+        self, key: CacheKey, args: tuple, kwargs: dict, err: BaseException, unexpected: bool = False
+    ) -> Any:
         reason = f"{type(err).__name__}: {err}"
         if self._options.strict:
             raise CompileError(f"lucid.compile (strict): cannot compile {key!r}: {reason}") from err
@@ -302,8 +315,14 @@ class CompiledModule:
             passthrough: dict[int, tuple[str, Any]] = {}
             computed: list[Tensor] = []
             for j, t in enumerate(leaves):
-                hit = next((("arg", tensor_pos[n]) for n, ta in enumerate(
-                    targs[i] for i in tensor_pos) if ta is t), None)
+                hit = next(
+                    (
+                        ("arg", tensor_pos[n])
+                        for n, ta in enumerate(targs[i] for i in tensor_pos)
+                        if ta is t
+                    ),
+                    None,
+                )
                 if hit is None:
                     hit = next((("kw", k) for k, v in tkwargs.items() if v is t), None)
                 if hit is not None:
@@ -312,18 +331,28 @@ class CompiledModule:
                     computed.append(t)
             trace = tracer.finish(computed)
             captured = tracer.feed_tensors()
-        graph = _pipeline.compile_trace(trace, backend=self._options.backend,
-                                        pipeline=self._options.pipeline,
-                                        print_ir_after_all=self._options.print_ir_after_all,
-                                        dynamic=self._dynamic)
+        graph = _pipeline.compile_trace(
+            trace,
+            backend=self._options.backend,
+            pipeline=self._options.pipeline,
+            print_ir_after_all=self._options.print_ir_after_all,
+            dynamic=self._dynamic,
+        )
         bind = _make_binder(graph.feed_roles, tensor_pos, captured)
-        finish = _make_finisher(graph.result_roles, leaves, passthrough, rebuild, captured,
-                                len(computed))
+        finish = _make_finisher(
+            graph.result_roles, leaves, passthrough, rebuild, captured, len(computed)
+        )
         compile_ms = (time.perf_counter() - t0) * 1e3
         if _env_flag("LUCID_COMPILE_VERBOSE"):
             split = ", ".join(f"{k} {v:.1f}" for k, v in graph.passes_ms.items())
-            logger.warning("lucid.compile: compiled %r: %d ops, %.1f ms (%s), backend %s",
-                           key, len(trace.ops), compile_ms, split, self._options.backend)
+            logger.warning(
+                "lucid.compile: compiled %r: %d ops, %.1f ms (%s), backend %s",
+                key,
+                len(trace.ops),
+                compile_ms,
+                split,
+                self._options.backend,
+            )
         if _env_flag("LUCID_COMPILE_DEBUG"):
             _pipeline.dump_trace(trace)
         return _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
@@ -344,8 +373,13 @@ class CompiledModule:
         """One row per cached signature: ``key``, ``compile_ms``, ``last_run_ms``, ``n_hits``
         (calls served from the cache) and ``passes_ms`` (time per compiler stage)."""
         return [
-            {"key": k, "compile_ms": e.compile_ms, "last_run_ms": e.last_run_ms,
-             "n_hits": e.n_hits, "passes_ms": dict(e.passes_ms)}
+            {
+                "key": k,
+                "compile_ms": e.compile_ms,
+                "last_run_ms": e.last_run_ms,
+                "n_hits": e.n_hits,
+                "passes_ms": dict(e.passes_ms),
+            }
             for k, e in self._entries.items()
         ]
 
@@ -362,8 +396,9 @@ class CompiledModule:
         if key is not None:
             e = self._entries.get(key)
             return "" if e is None else e.trace.to_json()
-        return json.dumps([{"sig": repr(k), "graph": e.trace.to_dict()}
-                           for k, e in self._entries.items()])
+        return json.dumps(
+            [{"sig": repr(k), "graph": e.trace.to_dict()} for k, e in self._entries.items()]
+        )
 
     dump_trace = graph_dump
 
@@ -377,8 +412,9 @@ class CompiledModule:
         entry = self._entries.get(key)
         if entry is None:
             raise KeyError(f"no compiled signature {key!r}")
-        return _pipeline.stage_ir(entry.trace, stage, backend=self._options.backend,
-                                  pipeline=self._options.pipeline)
+        return _pipeline.stage_ir(
+            entry.trace, stage, backend=self._options.backend, pipeline=self._options.pipeline
+        )
 
     # --- training ------------------------------------------------------------------------------
     def step(self, *args: Any, loss_fn: Callable[..., Tensor]) -> Tensor:
@@ -407,11 +443,11 @@ def _make_binder(feed_roles: list[str], tensor_pos: list[int], captured: dict[st
         else:
             plan.append(("tensor", captured[role]))
     if all(k == "arg" for k, _ in plan[: len(tensor_pos)]) and all(
-        k == "tensor" for k, _ in plan[len(tensor_pos):]
+        k == "tensor" for k, _ in plan[len(tensor_pos) :]
     ):
         # The common case (positional inputs, then parameters and buffers) gets a tight loop.
         positions = [p for _, p in plan[: len(tensor_pos)]]
-        tensors = [t for _, t in plan[len(tensor_pos):]]
+        tensors = [t for _, t in plan[len(tensor_pos) :]]
 
         def bind_fast(args: tuple, kwargs: dict) -> list:
             return [args[i]._data for i in positions] + [t._data for t in tensors]
@@ -434,8 +470,14 @@ def _make_binder(feed_roles: list[str], tensor_pos: list[int], captured: dict[st
     return bind
 
 
-def _make_finisher(result_roles: list[str], leaves: list, passthrough: dict, rebuild,
-                   captured: dict[str, Tensor], n_outputs: int):
+def _make_finisher(
+    result_roles: list[str],
+    leaves: list,
+    passthrough: dict,
+    rebuild,
+    captured: dict[str, Tensor],
+    n_outputs: int,
+):
     """A function (args, kwargs, result arrays) -> the model's return structure; it also writes
     buffer updates (BatchNorm running statistics) and the advanced RNG state back."""
     out_index: list[int] = []
@@ -446,13 +488,14 @@ def _make_finisher(result_roles: list[str], leaves: list, passthrough: dict, reb
         elif role == "update:rng":
             writebacks.append((i, "rng"))
         elif role.startswith("update:"):
-            target = role[len("update:"):]
+            target = role[len("update:") :]
             writebacks.append((i, captured.get(target, target)))
         else:
             raise ValueError(f"unknown result role {role!r}")
     if len(out_index) != n_outputs:
         raise _pipeline.Unsupported(
-            f"the executable returns {len(out_index)} outputs, the trace {n_outputs}")
+            f"the executable returns {len(out_index)} outputs, the trace {n_outputs}"
+        )
     n_leaves = len(leaves)
     slots = [None] * n_leaves
     computed_slots = [j for j in range(n_leaves) if j not in passthrough]
@@ -476,9 +519,12 @@ def _make_finisher(result_roles: list[str], leaves: list, passthrough: dict, reb
                 np.copyto(target._data, res[i])
                 target._version[0] += 1
             elif target.startswith("input:"):
-                name = target[len("input:"):]
-                t = kwargs[name] if not name.isdigit() else [
-                    a for a in args if isinstance(a, Tensor)][int(name)]
+                name = target[len("input:") :]
+                t = (
+                    kwargs[name]
+                    if not name.isdigit()
+                    else [a for a in args if isinstance(a, Tensor)][int(name)]
+                )
                 np.copyto(t._data, res[i])
                 t._version[0] += 1
         vals = list(slots)
@@ -491,15 +537,21 @@ def _make_finisher(result_roles: list[str], leaves: list, passthrough: dict, reb
     return finish
 
 
-def compile(target: Any = None, *, dynamic: bool = False, backend: str = "auto",  # noqa: A001
-            strict: bool = False, options: dict[str, Any] | None = None):
+def compile(
+    target: Any = None,
+    *,
+    dynamic: bool = False,
+    backend: str = "auto",  # noqa: A001
+    strict: bool = False,
+    options: dict[str, Any] | None = None,
+):
     """Wrap an ``nn.Module`` or a callable so its calls run as cached native executables.
 
     Usable directly (``lucid.compile(model)``) and as a decorator (``@lucid.compile``,
     ``@lucid.compile(dynamic=True)``).
     """
     if target is None:
-        return lambda t: CompiledModule(t, dynamic=dynamic, backend=backend, strict=strict,
-                                        options=options)
-    return CompiledModule(target, dynamic=dynamic, backend=backend, strict=strict,
-                          options=options)
+        return lambda t: CompiledModule(
+            t, dynamic=dynamic, backend=backend, strict=strict, options=options
+        )
+    return CompiledModule(target, dynamic=dynamic, backend=backend, strict=strict, options=options)

@@ -15,7 +15,8 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 
 _spec = importlib.util.spec_from_file_location(
-    "compile_models", os.path.join(os.path.dirname(__file__), "models.py"))
+    "compile_models", os.path.join(os.path.dirname(__file__), "models.py")
+)
 models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(models)
 
@@ -204,8 +205,7 @@ def test_keyword_tensors_compile_and_scalar_keywords_rekey():
     cm = lucid.compile(fn)
     x, b = randn(2, 3), randn(3, seed=4)
     np.testing.assert_allclose(cm(x, bias=b).numpy(), (x + b).numpy(), rtol=RTOL)
-    np.testing.assert_allclose(cm(x, bias=b, scale=2.0).numpy(), (x * 2.0 + b).numpy(),
-                               rtol=RTOL)
+    np.testing.assert_allclose(cm(x, bias=b, scale=2.0).numpy(), (x * 2.0 + b).numpy(), rtol=RTOL)
     info = cm.cache_info()
     assert info["entries"] == 2 and info["eager_only"] == ()
 
@@ -303,10 +303,10 @@ def test_concurrent_calls_agree_with_eager_and_compile_once_per_shape():
 
     def worker(tid):
         try:
+            lucid.set_grad_enabled(False).__enter__()  # grad mode is per thread, as in PyTorch
             for i in range(200):
                 k = (i + tid) % 3
-                np.testing.assert_allclose(cm(inputs[k]).numpy(), expected[k], rtol=RTOL,
-                                           atol=ATOL)
+                np.testing.assert_allclose(cm(inputs[k]).numpy(), expected[k], rtol=RTOL, atol=ATOL)
         except Exception as e:  # collected and re-raised in the main thread
             errors.append(e)
 
