@@ -137,39 +137,45 @@ def _conv_geometry(op: str, x_shape, w_shape, stride, padding, dilation, groups)
 
 
 def _columns(x, kh, kw, stride, padding, dilation, ho, wo, groups):
-    """im2col: (G, N*Ho*Wo, Cg*kh*kw) patches of the padded input."""
+    """im2col, channels last: (G, N*Ho*Wo, kh*kw*Cg) patches of the padded input.
+
+    The input goes to NHWC first so that the big copy below reads runs of contiguous channels.
+    """
     pt, pb, pl, pr = padding
-    if any(padding):
-        x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xt = x.transpose(0, 2, 3, 1)
+    xt = np.pad(xt, ((0, 0), (pt, pb), (pl, pr), (0, 0))) if any(padding) else xt.copy()
     n, c = x.shape[:2]
-    s_n, s_c, s_h, s_w = x.strides
+    s_n, s_h, s_w, s_c = xt.strides
     windows = np.lib.stride_tricks.as_strided(
-        x,
-        shape=(n, groups, c // groups, kh, kw, ho, wo),
-        strides=(
-            s_n,
-            s_c * (c // groups),
-            s_c,
-            s_h * dilation[0],
-            s_w * dilation[1],
-            s_h * stride[0],
-            s_w * stride[1],
-        ),
+        xt,
+        shape=(n, ho, wo, kh, kw, c),
+        strides=(s_n, s_h * stride[0], s_w * stride[1], s_h * dilation[0], s_w * dilation[1], s_c),
         writeable=False,
     )
-    # -> (G, N, Ho, Wo, Cg, kh, kw): one row per output pixel
-    cols = windows.transpose(1, 0, 5, 6, 2, 3, 4)
-    return cols.reshape(groups, n * ho * wo, (c // groups) * kh * kw)
+    if groups == 1:
+        return windows.reshape(1, n * ho * wo, kh * kw * c)
+    cg = c // groups
+    windows = windows.reshape(n, ho, wo, kh, kw, groups, cg).transpose(5, 0, 1, 2, 3, 4, 6)
+    return windows.reshape(groups, n * ho * wo, kh * kw * cg)
+
+
+def _weight_matrix(weight, groups):
+    """(O, Cg, kh, kw) -> (G, kh*kw*Cg, O/G), rows ordered as the columns of ``_columns``."""
+    o, cg, kh, kw = weight.shape
+    w = weight.reshape(groups, o // groups, cg, kh, kw).transpose(0, 3, 4, 2, 1)
+    return w.reshape(groups, kh * kw * cg, o // groups)
 
 
 def _grad_rows(g, groups):
     """(N, O, Ho, Wo) -> (G, N*Ho*Wo, O/G)."""
     n, o, ho, wo = g.shape
-    return (
-        g.reshape(n, groups, o // groups, ho * wo)
-        .transpose(1, 0, 3, 2)
-        .reshape(groups, -1, o // groups)
-    )
+    rows = g.transpose(0, 2, 3, 1).reshape(n, ho, wo, groups, o // groups)
+    return rows.transpose(3, 0, 1, 2, 4).reshape(groups, n * ho * wo, o // groups)
+
+
+def _grouped_matmul(a, b):
+    """Per-group 2-d matmuls (BLAS), (G, M, K) @ (G, K, N) -> (G, M, N)."""
+    return np.stack([np.matmul(a[i], b[i]) for i in range(a.shape[0])])
 
 
 def _conv2d_infer(x, weight, bias, stride, padding, dilation, groups) -> AVal:
@@ -182,16 +188,15 @@ def _conv2d_infer(x, weight, bias, stride, padding, dilation, groups) -> AVal:
 
 
 def _conv2d_kernel(x, weight, bias, stride, padding, dilation, groups):
-    (n, *_), (o, cg, kh, kw), (ho, wo) = _conv_geometry(
+    (n, *_), (o, _, kh, kw), (ho, wo) = _conv_geometry(
         "conv2d", x.shape, weight.shape, stride, padding, dilation, groups
     )
     cols = _columns(x, kh, kw, stride, padding, dilation, ho, wo, groups)
-    wmat = weight.reshape(groups, o // groups, cg * kh * kw).transpose(0, 2, 1)
-    out = np.matmul(cols, wmat)  # (G, N*Ho*Wo, O/G)
+    out = _grouped_matmul(cols, _weight_matrix(weight, groups))  # (G, N*Ho*Wo, O/G)
     out = out.reshape(groups, n, ho, wo, o // groups).transpose(1, 0, 4, 2, 3).reshape(n, o, ho, wo)
     if bias.ndim:
-        out = out + bias.reshape(1, o, 1, 1)
-    return np.ascontiguousarray(out)
+        out += bias.reshape(1, o, 1, 1)
+    return out
 
 
 def _conv_attrs(attrs: dict) -> dict:
@@ -245,21 +250,22 @@ def _input_grad_kernel(grad, weight, input_shape, stride, padding, dilation, gro
     (n, c, h, w), (o, cg, kh, kw), (ho, wo) = _conv_geometry(
         "conv2d_input_grad", input_shape, weight.shape, stride, padding, dilation, groups
     )
-    wmat = weight.reshape(groups, o // groups, cg * kh * kw)
-    dcols = np.matmul(_grad_rows(grad, groups), wmat)  # (G, N*Ho*Wo, Cg*kh*kw)
-    dcols = dcols.reshape(groups, n, ho, wo, cg, kh, kw).transpose(1, 0, 4, 5, 6, 2, 3)
-    dcols = dcols.reshape(n, c, kh, kw, ho, wo)
+    wmat = _weight_matrix(weight, groups).transpose(0, 2, 1)
+    dcols = _grouped_matmul(_grad_rows(grad, groups), wmat)  # (G, N*Ho*Wo, kh*kw*Cg)
+    dcols = dcols.reshape(groups, n, ho, wo, kh, kw, cg)
+    dcols = dcols[0] if groups == 1 else dcols.transpose(1, 2, 3, 4, 5, 0, 6)
+    dcols = dcols.reshape(n, ho, wo, kh, kw, c)
     pt, pb, pl, pr = padding
-    dxp = np.zeros((n, c, h + pt + pb, w + pl + pr), dtype=grad.dtype)
+    dxp = np.zeros((n, h + pt + pb, w + pl + pr, c), dtype=grad.dtype)
     sh, sw = stride
     for i in range(kh):
         r0 = i * dilation[0]
         for j in range(kw):
             c0 = j * dilation[1]
-            dxp[:, :, r0 : r0 + sh * (ho - 1) + 1 : sh, c0 : c0 + sw * (wo - 1) + 1 : sw] += dcols[
-                :, :, i, j
+            dxp[:, r0 : r0 + sh * (ho - 1) + 1 : sh, c0 : c0 + sw * (wo - 1) + 1 : sw] += dcols[
+                :, :, :, i, j
             ]
-    return dxp[:, :, pt : pt + h, pl : pl + w]
+    return np.ascontiguousarray(dxp[:, pt : pt + h, pl : pl + w].transpose(0, 3, 1, 2))
 
 
 def _input_grad_vjp(c, gg):
@@ -304,7 +310,8 @@ def _weight_grad_kernel(x, grad, weight_shape, stride, padding, dilation, groups
         "conv2d_weight_grad", x.shape, weight_shape, stride, padding, dilation, groups
     )
     cols = _columns(x, kh, kw, stride, padding, dilation, ho, wo, groups)
-    dw = np.matmul(_grad_rows(grad, groups).transpose(0, 2, 1), cols)  # (G, O/G, Cg*kh*kw)
+    dw = _grouped_matmul(cols.transpose(0, 2, 1), _grad_rows(grad, groups))  # (G, kh*kw*Cg, O/G)
+    dw = dw.reshape(groups, kh, kw, cg, o // groups).transpose(0, 4, 3, 1, 2)
     return dw.reshape(o, cg, kh, kw)
 
 

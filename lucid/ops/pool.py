@@ -102,13 +102,25 @@ def _max_kernel(x, kernel_size, stride, padding, dilation, ceil_mode):
     out_hw = _geometry("max_pool2d", x.shape, kernel_size, stride, padding, dilation, ceil_mode)
     fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     win = _windows(x, kernel_size, stride, padding, dilation, out_hw, fill)
-    n, c, ho, wo, kh, kw = win.shape
-    flat = win.reshape(n, c, ho, wo, kh * kw)
-    arg = np.argmax(flat, axis=-1)
-    values = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    kh, kw = kernel_size
+    # One pass per window offset over output-sized arrays: no (..., kh*kw) copy. The first
+    # maximum wins, and any NaN replaces the running maximum (torch's CPU rule).
+    values = win[..., 0, 0].copy()
+    arg = np.zeros(values.shape, dtype=np.int64)
+    for a in range(kh):
+        for b in range(kw):
+            if a == 0 and b == 0:
+                continue
+            v = win[..., a, b]
+            better = v > values
+            if x.dtype.kind == "f":
+                better |= np.isnan(v)
+            np.copyto(values, v, where=better)
+            arg[better] = a * kw + b
+    ho, wo = out_hw
     rows = np.arange(ho)[:, None] * stride[0] - padding[0] + (arg // kw) * dilation[0]
     cols = np.arange(wo)[None, :] * stride[1] - padding[1] + (arg % kw) * dilation[1]
-    return values, (rows * x.shape[3] + cols).astype(np.int64)
+    return values, rows * x.shape[3] + cols
 
 
 def _max_vjp(c, g, _g_indices):
