@@ -121,9 +121,7 @@ def test_training_module_step_matches_eager_backward_and_step(kind, cls, options
             assert st.keys() == est.keys()
             for k in st:
                 assert_close(st[k], est[k], rtol=1e-4, atol=1e-6)
-        for (_, b), (_, eb) in zip(
-            model.named_buffers(), eager_model.named_buffers(), strict=True
-        ):
+        for (_, b), (_, eb) in zip(model.named_buffers(), eager_model.named_buffers(), strict=True):
             assert_close(b.numpy(), eb.numpy(), rtol=1e-5, atol=1e-6)
 
 
