@@ -130,20 +130,24 @@ def _index(b: Builder, v, indices, index):
     return _apply_index(b, v, list(indices), tuple(index), b.outs[0].shape)
 
 
-def _positions(b: Builder, x: PV, indices: list, index: tuple) -> tuple[PV, bool]:
-    """The flat positions in ``x`` that ``x[index]`` reads, and whether they are compile-time
-    constants (no index tensors: positions are then distinct)."""
-    from lucid.ops.indexing import _index_shape
+def _positions(b: Builder, x: PV, indices: list, index: tuple) -> tuple[PV, np.ndarray | None]:
+    """The flat positions in ``x`` that ``x[index]`` reads, and, when the index holds no tensors,
+    the same positions as a numpy array (compile-time constants, all distinct)."""
+    from lucid.ops.indexing import _index_kernel, _index_shape
 
+    if not indices:
+        known = _index_kernel(np.arange(x.size, dtype=np.int64).reshape(x.shape), [], index)
+        known = np.ascontiguousarray(known)
+        return b.const(known, _I64, known.shape), known
     target = _index_shape(x.shape, [t.shape for t in indices], index)
     iota = b.const(np.arange(x.size, dtype=np.int64).reshape(x.shape), _I64, x.shape)
-    return _apply_index(b, iota, indices, index, target), not indices
+    return _apply_index(b, iota, indices, index, target), None
 
 
 @rule("index_put")
 def _index_put(b: Builder, v, values, indices, index, accumulate):
-    pos, distinct = _positions(b, v, list(indices), tuple(index))
-    if not accumulate and not distinct:
+    pos, known = _positions(b, v, list(indices), tuple(index))
+    if not accumulate and known is None:
         raise LoweringUnsupported(
             "index_put with index tensors and accumulate=False (prim has no scatter-assign; "
             "repeated indices would need last-write-wins)"
@@ -163,12 +167,10 @@ def _index_put(b: Builder, v, values, indices, index, accumulate):
     else:
         zeros = b.full(0, (v.size,), work.dtype)
         written = b.op("scatter_add", zeros, flat_pos, flat_vals, axis=0)
-        mask = np.zeros(v.size, dtype=bool)
-        # distinct constant positions: recompute them in numpy for the mask
-        from lucid.ops.indexing import _index_kernel
-
-        mask[_index_kernel(np.arange(v.size).reshape(v.shape), [], tuple(index)).reshape(-1)] = True
-        out = b.op("select", b.const(mask, _dtype.bool_, (v.size,)), written, flat_x)
+        # The positions are distinct, so a count of 1 marks exactly the written ones.
+        ones = b.full(1, (pos.size,), _dtype.int32)
+        hits = b.op("scatter_add", b.full(0, (v.size,), _dtype.int32), flat_pos, ones, axis=0)
+        out = b.op("select", b.binary("ne", hits, 0, _dtype.int32), written, flat_x)
     return b.cast(b.reshape(out, v.shape), v.dtype)
 
 
