@@ -13,13 +13,30 @@ from lucid.ops._registry import OpDef, VJPContext
 class Node:
     """One recorded op application: the backward graph's vertex (``tensor.grad_fn``)."""
 
-    __slots__ = ("op", "operands", "attrs", "inputs", "versions", "outputs", "out_meta", "released")
+    __slots__ = (
+        "op",
+        "operands",
+        "attrs",
+        "inputs",
+        "edges",
+        "versions",
+        "outputs",
+        "out_meta",
+        "released",
+    )
 
     def __init__(self, op: OpDef, operands: tuple, attrs: dict, inputs: list):
         self.op = op
         self.operands = operands
         self.attrs = attrs
         self.inputs = inputs  # flat list of operands (Tensors or scalars)
+        # Per input, its (grad_fn, output index, requires_grad) when this op ran: an in-place op
+        # later rebases the tensor's own history, but gradients of this op must still reach the
+        # history the value had when it was read (``y[0] = y[1] * 3``).
+        self.edges = [
+            (x._node, x._out_idx, x._requires_grad) if hasattr(x, "_node") else (None, 0, False)
+            for x in inputs
+        ]
         self.versions: list = []
         self.outputs: list = []
         self.out_meta: list = []
@@ -126,14 +143,13 @@ def _topo_order(roots: list[Node]) -> list[Node]:
         if id(root) in seen:
             continue
         seen.add(id(root))
-        stack = [(root, iter(root.inputs))]
+        stack = [(root, iter(root.edges))]
         while stack:
             node, it = stack[-1]
-            for x in it:
-                child = getattr(x, "_node", None)
+            for child, _, _ in it:
                 if child is not None and id(child) not in seen:
                     seen.add(id(child))
-                    stack.append((child, iter(child.inputs)))
+                    stack.append((child, iter(child.edges)))
                     break
             else:
                 stack.pop()
@@ -233,7 +249,7 @@ def run_backward(
                     apply("zeros_like", o) if g is None else g
                     for g, o in zip(gouts, outs, strict=True)
                 ]
-            needs = tuple(getattr(x, "_requires_grad", False) for x in node.inputs)
+            needs = tuple(need for _, _, need in node.edges)
             ctx = VJPContext(node.operands, outs, node.attrs, needs)
             gins = node.op.vjp(ctx, *gouts)
             if node.op.variadic:
@@ -243,15 +259,15 @@ def run_backward(
                     f"VJP rule of {node.op.name!r} returned {len(gins)} gradients for "
                     f"{len(node.inputs)} operands"
                 )
-            for x, g, need in zip(node.inputs, gins, needs, strict=True):
+            for x, g, (child, out_idx, need) in zip(node.inputs, gins, node.edges, strict=True):
                 if g is None or not need:
                     continue
                 g = _reduce_to(g, x)
-                if x._node is None:
+                if child is None:
                     deliver_leaf(x, g)
                 else:
-                    slot = pending.setdefault(id(x._node), [None] * len(x._node.outputs))
-                    slot[x._out_idx] = _accumulate(slot[x._out_idx], g)
+                    slot = pending.setdefault(id(child), [None] * len(child.outputs))
+                    slot[out_idx] = _accumulate(slot[out_idx], g)
             if not retain_graph:
                 node.released = True
     if capture is not None:

@@ -485,3 +485,18 @@ def test_second_order_gradients_through_index_and_gather():
         return g
 
     gradcheck(grad_of, x)
+
+
+def test_setitem_with_a_value_read_from_the_same_tensor():
+    # The value's history must reach y's history from before the write (autograd edges are
+    # captured when an op runs, not read from the tensor at backward time).
+    x = rand(2, 2)
+
+    def f(t):
+        y = t * 1.0
+        y[0, 0] = y[1, 1] * 3.0
+        return y
+
+    gradcheck(f, x)
+    f(x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [[0.0, 1.0], [1.0, 4.0]])
