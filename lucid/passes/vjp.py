@@ -26,6 +26,7 @@ Each gradient becomes a new result with role ``grad:<feed role>`` (``grad:param:
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from lucid.passes._graph import Emitter, append_results, block_of, return_op, se
 __all__ = ["VJP", "VJPError", "differentiate", "select_wrt"]
 
 SEED_ROLE = "grad_seed"
+REQUIRE_ENV = "LUCID_MANUAL_VJP_REQUIRE"  # set: any op without a rule fails the pass
 
 
 class VJPError(ValueError):
@@ -126,6 +128,10 @@ def differentiate(
             on_path.append(op)
             needed.update(v for v in op.operands if v in active)
     missing = Counter(op.OPDEF.name for op in on_path if op.OPDEF.vjp is None)
+    if _require_vjp():  # any op without a rule is an error, on the loss path or not
+        missing = Counter(
+            op.OPDEF.name for op in ops if op.OPDEF.vjp is None and GRAD_SINK not in op.OPDEF.props
+        )
     if missing:
         listed = ", ".join(f"{n} (x{c})" for n, c in sorted(missing.items()))
         raise VJPError(
@@ -154,6 +160,11 @@ def differentiate(
     new_roles = [f"grad:{roles[i]}" for i in wrt_idx]
     append_results(fn, values, new_roles)
     return new_roles
+
+
+def _require_vjp() -> bool:
+    value = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
 
 
 def _numel(shape: tuple) -> int:

@@ -208,3 +208,29 @@ def test_gradients_keep_the_feed_dtype_under_mixed_precision():
     assert got["grad:input:0"].dtype == np.float32 and got["grad:input:1"].dtype == np.float64
     assert_close(got["grad:input:0"], ga.numpy(), rtol=1e-6)
     assert_close(got["grad:input:1"], gb.numpy(), rtol=1e-6)
+
+
+def test_require_env_fails_on_an_uncovered_op_off_the_loss_path(monkeypatch):
+    op = register(
+        OpDef(
+            name="test_vjp_offpath",
+            operands=("x",),
+            infer=lambda x: AVal(tuple(x.shape), x.dtype),
+            kernel=lambda x: x * 2,
+        )
+    )
+    try:
+        from lucid._dispatch import apply
+
+        def f(x):
+            return x.sum(), apply(op, x)  # the op feeds a side output, not the loss
+
+        def build():
+            return import_trace(trace(f, lucid.tensor(np.ones(3))))
+
+        differentiate(forward_func(build()), wrt="inputs")  # not needed: fine by default
+        monkeypatch.setenv("LUCID_MANUAL_VJP_REQUIRE", "1")
+        with pytest.raises(VJPError, match=r"test_vjp_offpath \(x1\)"):
+            differentiate(forward_func(build()), wrt="inputs")
+    finally:
+        del REGISTRY[op.name]
