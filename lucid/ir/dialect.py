@@ -57,6 +57,40 @@ class LucidOp(x.IRDLOperation):
         n_fixed = len(opdef.operands) - 1
         return [*values[:n_fixed], list(values[n_fixed:])]
 
+    # The custom form is written by hand rather than as an IRDL assembly format: every generated
+    # class would otherwise parse its own copy of the same format string when it is defined.
+    def print(self, printer: x.Printer) -> None:
+        if self.operands:
+            printer.print_string(" ")
+            printer.print_list(self.operands, printer.print_operand)
+        attrs = {**self.properties, **self.attributes}
+        if attrs:
+            printer.print_string(" ")
+            printer.print_attr_dict(attrs)
+        printer.print_string(" : ")
+        printer.print_function_type(self.operand_types, self.result_types)
+
+    @classmethod
+    def parse(cls, parser: x.Parser) -> LucidOp:
+        pos = parser.pos
+        unresolved = (
+            parser.parse_optional_undelimited_comma_separated_list(
+                parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
+            )
+            or []
+        )
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        ftype = parser.parse_function_type()
+        operands = parser.resolve_operands(unresolved, ftype.inputs.data, pos)
+        known = cls.OPDEF.attrs
+        return cls.create(
+            operands=operands,
+            result_types=list(ftype.outputs.data),
+            properties={k: v for k, v in attrs.items() if k in known},
+            attributes={k: v for k, v in attrs.items() if k not in known},
+        )
+
     def verify_(self) -> None:
         opdef = self.OPDEF
         n_fixed = len(opdef.operands) - (1 if opdef.variadic else 0)
@@ -200,8 +234,6 @@ def _make_op_class(opdef: OpDef) -> type[LucidOp]:
         "name": f"lucid.{opdef.name}",
         "args": x.var_operand_def(x.TensorType),
         "res": x.var_result_def(x.TensorType),
-        "assembly_format": "$args attr-dict `:` functional-type($args, $res)",
-        "irdl_options": (x.ParsePropInAttrDict(),),
         # A random op is pure given its RNG operand, but it stays out of CSE/DCE on purpose.
         "traits": x.traits_def() if RANDOM in opdef.props else x.traits_def(x.Pure()),
     }
