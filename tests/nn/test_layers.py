@@ -46,6 +46,17 @@ def test_linear_matches_numpy(bias):
     assert repr(layer) == f"Linear(in_features=4, out_features=3, bias={bias})"
 
 
+@given(lead=st.lists(st.integers(1, 3), max_size=3), features=st.integers(1, 4))
+def test_linear_and_layer_norm_over_any_leading_dims(lead, features):
+    layer = nn.Linear(features, 2).double()
+    norm = nn.LayerNorm(features).double()
+    x = _x(*lead, features)
+    xd = _np(x)
+    assert_close(layer(x), xd @ _np(layer.weight).T + _np(layer.bias))
+    centred = xd - xd.mean(-1, keepdims=True)
+    assert_close(norm(x), centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5))
+
+
 def test_linear_gradients():
     _check_param_grads(nn.Linear(3, 2), _x(4, 3))
 

@@ -270,8 +270,10 @@ def test_to_dtype_casts_in_place_keeping_identity():
         assert p.dtype == lucid.float64 and p.requires_grad
     assert net.a.scratch.dtype == lucid.float64
     assert net.a.count.dtype == lucid.int64  # integer buffers are left alone
+    net.head.grad = lucid.tensor([1.0, 2.0, 3.0], dtype=lucid.float64)
     net.float()
     assert net.head.dtype == lucid.float32
+    assert net.head.grad.dtype == lucid.float32  # gradients follow their parameter
     net.double()
     assert net.head.dtype == lucid.float64
     net.to("cpu", dtype=lucid.float32)
