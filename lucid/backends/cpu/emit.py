@@ -17,7 +17,7 @@ from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, result_roles
 from lucid.ir.prim import PrimIROp, aval_of_type
 
-__all__ = ["EmitError", "NativeProgram", "compile_program", "emit_program"]
+__all__ = ["EmitError", "NativeProgram", "compile_program", "emit_program", "run_program"]
 
 
 class EmitError(ValueError):
@@ -115,5 +115,3 @@ def run_program(executable: Any, feeds: Mapping[str, Any] | list, program: Nativ
         feeds = [feeds[r] for r in program.feed_roles]
     return executable.run(list(feeds))
 
-
-__all__ += ["run_program"]
