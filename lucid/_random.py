@@ -1,11 +1,15 @@
-"""The process-wide random state: a counter-based generator's (key, counter) pair.
+"""The process-wide random state and the counter-based stream every random op draws from.
 
 Random ops never hold hidden state. Each takes an explicit ``rng`` operand, an int64 tensor of
-shape (2,) holding (key, counter), and derives its draws from that pair alone (numpy's Philox, the
-counter in the second 64-bit word, so each counter value owns a stream of 2**64 blocks). A front
-takes the current pair and advances the counter by one. The same pair always gives the same
-numbers, so ``manual_seed`` reproduces eager runs, and a compiled graph can take the pair as a feed
-and be random per call.
+shape (2,) holding (key, counter), and derives its draws from that pair alone. A front takes the
+current pair and advances the counter by one, so ``manual_seed`` reproduces eager runs, and a
+compiled graph can take the pair as a feed and be random per call.
+
+The stream is Philox-4x32-10 (Salmon et al., SC'11), laid out as the native CPU backend's
+``random_words``: word ``i`` is lane ``i % 4`` of the block whose 128-bit counter is
+``(i // 4, counter)`` under the 64-bit ``key``. Uniforms take the top 24 bits of one word (below
+float64) or 53 bits of two (float64); normals are Box-Muller pairs. Eager and compiled draws from
+the same state are therefore the same numbers.
 
 Under a tracer that offers ``next_rng()``, the fronts ask it for the state tensor instead, so the
 compiled graph reads the RNG state as a feed rather than baking in a constant.
@@ -89,7 +93,51 @@ def next_rng() -> Tensor:
     return Tensor._wrap(out)
 
 
-def generator(rng: np.ndarray) -> np.random.Generator:
-    """The numpy generator a kernel draws from: a pure function of the (key, counter) pair."""
+_MASK32 = 0xFFFFFFFF
+_PHILOX_M = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+def philox4x32(blocks: np.ndarray, key: int, counter: int) -> np.ndarray:
+    """Philox-4x32-10 of the counters ``(block, counter)`` (two 64-bit halves) under ``key``:
+    uint32 of shape ``(len(blocks), 4)``."""
+    blocks = np.asarray(blocks, dtype=np.uint64)
+    mask = np.uint64(_MASK32)
+    c0, c1 = blocks & mask, blocks >> np.uint64(32)
+    c2 = np.full_like(blocks, counter & _MASK32)
+    c3 = np.full_like(blocks, (counter >> 32) & _MASK32)
+    k0, k1 = key & _MASK32, (key >> 32) & _MASK32
+    for _ in range(10):
+        p0, p1 = _PHILOX_M[0] * c0, _PHILOX_M[1] * c2  # 32 x 32 -> 64 bits, no overflow
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0),
+            p1 & mask,
+            (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1),
+            p0 & mask,
+        )
+        k0, k1 = (k0 + _PHILOX_W[0]) & _MASK32, (k1 + _PHILOX_W[1]) & _MASK32
+    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
+
+
+def random_words(rng: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` uint32 words of the stream of a (key, counter) state."""
     key, counter = (int(v) & _MASK64 for v in np.asarray(rng).reshape(2))
-    return np.random.Generator(np.random.Philox(key=key, counter=counter << 64))
+    blocks = np.arange((count + 3) // 4, dtype=np.uint64)
+    return philox4x32(blocks, key, counter).reshape(-1)[:count]
+
+
+def uniform01(rng: np.ndarray, n: int, double: bool) -> np.ndarray:
+    """``n`` float64 uniforms in [0, 1) with 53 random bits (``double``) or 24."""
+    if not double:
+        return (random_words(rng, n) >> np.uint32(8)).astype(np.float64) * 2.0**-24
+    w = random_words(rng, 2 * n).astype(np.uint64).reshape(n, 2)
+    return ((w[:, 0] << np.uint64(21)) ^ (w[:, 1] >> np.uint64(11))).astype(np.float64) * 2.0**-53
+
+
+def normal01(rng: np.ndarray, n: int, double: bool) -> np.ndarray:
+    """``n`` standard normals: Box-Muller on consecutive pairs of uniforms."""
+    pairs = (n + 1) // 2
+    u = uniform01(rng, 2 * pairs, double).reshape(pairs, 2)
+    radius = np.sqrt(-2.0 * np.log(1.0 - u[:, 0]))  # as the native kernel, for equal numbers
+    theta = 2.0 * np.pi * u[:, 1]
+    return np.stack([radius * np.cos(theta), radius * np.sin(theta)], axis=-1).reshape(-1)[:n]

@@ -7,6 +7,7 @@ depend on that pair alone; the fronts take the global pair and advance its count
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -70,13 +71,9 @@ def _factory_infer(op: str, float_only: bool):
     return infer
 
 
-def _draw_dtype(dtype: _dtype.dtype) -> type:
-    return np.float64 if dtype is _dtype.float64 else np.float32
-
-
 def _uniform_kernel(rng, shape, dtype, low, high):
-    u = _random.generator(rng).random(tuple(shape), dtype=_draw_dtype(dtype))
-    out = (low + (high - low) * u).astype(dtype.numpy)
+    u = _random.uniform01(rng, math.prod(shape), double=dtype is _dtype.float64)
+    out = (low + (high - low) * u).reshape(shape).astype(dtype.numpy)
     if high > low:  # rounding to a narrow dtype must not reach the open upper bound
         top = np.nextafter(dtype.numpy.type(high), dtype.numpy.type(low))
         out = np.minimum(out, top)
@@ -84,12 +81,19 @@ def _uniform_kernel(rng, shape, dtype, low, high):
 
 
 def _normal_kernel(rng, shape, dtype, mean, std):
-    z = _random.generator(rng).standard_normal(tuple(shape), dtype=_draw_dtype(dtype))
-    return (z * std + mean).astype(dtype.numpy)
+    z = _random.normal01(rng, math.prod(shape), double=dtype is _dtype.float64)
+    return (mean + std * z).reshape(shape).astype(dtype.numpy)
 
 
 def _randint_kernel(rng, shape, dtype, low, high):
-    return _random.generator(rng).integers(low, high, size=tuple(shape), dtype=np.int64)
+    n, span = math.prod(shape), high - low
+    if span <= 2**53:  # floor of a float64 uniform: exact and the same numbers as compiled code
+        u = low + span * _random.uniform01(rng, n, double=True)
+        return np.minimum(np.floor(u), high - 1).astype(np.int64).reshape(shape)
+    words = _random.random_words(rng, 2 * n).astype(np.uint64).reshape(n, 2)
+    wide = (words[:, 0] << np.uint64(32)) | words[:, 1]
+    # int64 arithmetic wraps modulo 2**64, and the true result lies in [low, high).
+    return ((wide % np.uint64(span)).astype(np.int64) + np.int64(low)).reshape(shape)
 
 
 register(
@@ -140,7 +144,9 @@ register(
         "randperm",
         ("rng",),
         _randperm_infer,
-        lambda rng, n, dtype: _random.generator(rng).permutation(n).astype(dtype.numpy),
+        lambda rng, n, dtype: np.argsort(_random.random_words(rng, n), kind="stable").astype(
+            dtype.numpy
+        ),
         None,
         attrs={"n": 0, "dtype": _dtype.int64},
         props=_RANDOM,
@@ -161,7 +167,9 @@ def _bernoulli_mask_kernel(rng, x, p):
     dt = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
     if p >= 1:
         return np.zeros(x.shape, dt)
-    keep = _random.generator(rng).random(x.shape) >= p
+    draw = np.float64 if dt == np.float64 else np.float32
+    u = _random.uniform01(rng, x.size, double=draw is np.float64).astype(draw)
+    keep = (u >= draw(p)).reshape(x.shape)
     return keep.astype(dt) * dt.type(1 / (1 - p))
 
 

@@ -231,3 +231,61 @@ def test_random_factories_options():
         lucid.rand(2, dtype=lucid.int64)
     with pytest.raises(ValueError, match="unknown device"):
         lucid.randn(2, device="gpu")
+
+
+# Known-answer vectors of Philox-4x32-10 (Random123's kat_vectors): counter words c0..c3, key words
+# k0, k1 -> output words.
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((2**32 - 1,) * 4, (2**32 - 1,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+
+
+@pytest.mark.parametrize("counter,key,expected", PHILOX_KAT)
+def test_philox_matches_known_answers(counter, key, expected):
+    block = counter[1] << 32 | counter[0]
+    ctr = counter[3] << 32 | counter[2]
+    got = _random.philox4x32(np.array([block], dtype=np.uint64), key[1] << 32 | key[0], ctr)
+    assert tuple(int(w) for w in got[0]) == expected
+
+
+def test_stream_layout_word_i_is_lane_i_mod_4_of_block_i_div_4():
+    rng = np.array([99, -3], dtype=np.int64)
+    words = _random.random_words(rng, 10)
+    key, ctr = 99, (-3) & (2**64 - 1)
+    blocks = _random.philox4x32(np.arange(3, dtype=np.uint64), key, ctr)
+    np.testing.assert_array_equal(words, blocks.reshape(-1)[:10])
+
+
+def test_float32_uniforms_use_24_bits_and_float64_use_53():
+    rng = np.array([1, 2], dtype=np.int64)
+    u32 = _random.uniform01(rng, 1000, double=False)
+    np.testing.assert_array_equal(u32 * 2**24, np.floor(u32 * 2**24))
+    u64 = _random.uniform01(rng, 1000, double=True)
+    assert np.mean(u64 * 2**24 != np.floor(u64 * 2**24)) > 0.99
+
+
+@pytest.mark.parametrize("dtype,prim_dtype", [(lucid.float32, "f32"), (lucid.float64, "f64")])
+def test_eager_draws_equal_the_backend_reference_stream(dtype, prim_dtype):
+    prim_ops = pytest.importorskip("lucid.backends.prim_ops")
+    state = np.array([2024, 5], dtype=np.int64)
+    attrs = {"shape": (3, 5), "dtype": prim_dtype, "low": -1.0, "high": 2.0}
+    eager = apply("uniform", lucid.tensor(state), shape=(3, 5), dtype=dtype, low=-1.0, high=2.0)
+    ref = prim_ops._random_uniform_ref([state], attrs)[0].astype(dtype.numpy)
+    np.testing.assert_array_equal(eager.numpy(), ref)
+    attrs = {"shape": (7,), "dtype": prim_dtype, "mean": 1.0, "std": 2.0}
+    eager = apply("normal", lucid.tensor(state), shape=(7,), dtype=dtype, mean=1.0, std=2.0)
+    ref = prim_ops._random_normal_ref([state], attrs)[0].astype(dtype.numpy)
+    np.testing.assert_allclose(eager.numpy(), ref, rtol=1e-12)
+
+
+def test_randint_over_a_range_wider_than_float64_precision():
+    x = apply("randint", lucid.tensor([8, 9]), shape=(50_000,), low=-(2**62), high=2**62)
+    values = x.numpy()
+    assert values.min() >= -(2**62) and values.max() < 2**62
+    assert values.min() < -(2**61) and values.max() > 2**61  # spread over the whole range
