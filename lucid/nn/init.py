@@ -46,15 +46,17 @@ def _write(tensor: Tensor, values: np.ndarray) -> Tensor:
     return tensor
 
 
-def _draw(kind: str, shape: tuple, a: float, b: float) -> np.ndarray:
-    """float64 draws from the global RNG: ``uniform`` on [a, b), or ``normal`` (mean a, std b)."""
-    scratch = Tensor._wrap(np.zeros(shape, dtype=np.float64))
+def _draw(kind: str, like: Tensor, shape: tuple, a: float, b: float) -> np.ndarray:
+    """Draws from the global RNG (float64 for a float64 ``like``, float32 otherwise): ``uniform``
+    on [a, b), or ``normal`` (mean a, std b)."""
+    np_dt = np.float64 if like._data.dtype == np.float64 else np.float32
+    scratch = Tensor._wrap(np.zeros(shape, dtype=np_dt))
     with no_grad():
         if kind == "uniform":
             scratch.uniform_(a, b)
         else:
             scratch.normal_(a, b)
-    return scratch._data
+    return scratch._data.astype(np.float64)
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -128,7 +130,7 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any 
 
 
 def _norm_ppf(p: np.ndarray) -> np.ndarray:
-    """Inverse standard normal CDF (Acklam's rational approximation, one Newton step)."""
+    """Inverse standard normal CDF (Acklam's rational approximation, relative error < 1.2e-9)."""
     a = (-39.69683028665376, 220.9460984245205, -275.9285104469687,
          138.3577518672690, -30.66479806614716, 2.506628277459239)  # fmt: skip
     b = (-54.47609879822406, 161.5858368580409, -155.6989798598866,
@@ -154,11 +156,7 @@ def _norm_ppf(p: np.ndarray) -> np.ndarray:
             * (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5])
             / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
         )
-    # One Halley step against the exact CDF brings the error to ~1e-15.
-    erf = np.vectorize(math.erf, otypes=[np.float64])
-    e = 0.5 * (1 + erf(x / math.sqrt(2))) - p
-    u = e * math.sqrt(2 * math.pi) * np.exp(x * x / 2)
-    return x - u / (1 + x * u / 2)
+    return x
 
 
 def trunc_normal_(
@@ -181,7 +179,7 @@ def trunc_normal_(
 
     lo, hi = cdf((a - mean) / std), cdf((b - mean) / std)
     with no_grad():
-        u = _draw("uniform", tensor.shape, lo, hi)
+        u = _draw("uniform", tensor, tensor.shape, lo, hi)
         values = np.clip(mean + std * _norm_ppf(u), a, b)
         return _write(tensor, values)
 
@@ -287,7 +285,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Ten
         return tensor
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    flat = _draw("normal", (rows, cols), 0.0, 1.0)
+    flat = _draw("normal", tensor, (rows, cols), 0.0, 1.0)
     if rows < cols:
         flat = flat.T
     q, r = np.linalg.qr(flat)
