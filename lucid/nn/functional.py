@@ -16,49 +16,61 @@ from lucid.ops.conv import conv1d, conv2d, linear
 from lucid.ops.rnn import lstm, lstm_cell
 
 __all__ = [
-    "lstm",
-    "lstm_cell",
-    "scaled_dot_product_attention",
-    "embedding",
-    "one_hot",
-    "pad",
-    "batch_norm",
-    "group_norm",
-    "instance_norm",
-    "layer_norm",
-    "normalize",
-    "rms_norm",
     "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "avg_pool1d",
     "avg_pool2d",
-    "max_pool1d",
-    "max_pool2d",
+    "batch_norm",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
+    "celu",
     "conv1d",
     "conv2d",
+    "cosine_similarity",
     "cross_entropy",
     "dropout",
     "elu",
+    "embedding",
     "gelu",
+    "glu",
+    "group_norm",
+    "hardsigmoid",
+    "hardswish",
     "hardtanh",
     "huber_loss",
+    "instance_norm",
+    "kl_div",
     "l1_loss",
+    "layer_norm",
     "leaky_relu",
     "linear",
     "log_softmax",
+    "logsigmoid",
+    "lstm",
+    "lstm_cell",
+    "max_pool1d",
+    "max_pool2d",
     "mish",
     "mse_loss",
     "nll_loss",
+    "normalize",
+    "one_hot",
+    "pad",
     "relu",
     "relu6",
+    "rms_norm",
+    "scaled_dot_product_attention",
+    "selu",
     "sigmoid",
     "silu",
     "smooth_l1_loss",
     "softmax",
+    "softmin",
     "softplus",
+    "softsign",
     "tanh",
+    "tanhshrink",
+    "threshold",
 ]
 
 
@@ -166,6 +178,78 @@ def log_softmax(
     return _act.log_softmax(input, dim, dtype)
 
 
+def logsigmoid(input: Tensor) -> Tensor:  # noqa: A002
+    """log(sigmoid(x)) = -softplus(-x), stable for large |x|."""
+    return -softplus(-input)
+
+
+def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """0 for x <= -3, 1 for x >= 3, x / 6 + 1 / 2 between."""
+    fn = lambda x: hardtanh(x * (1.0 / 6.0) + 0.5, 0.0, 1.0)  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def hardswish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """x * hardsigmoid(x)."""
+    fn = lambda x: x * hardsigmoid(x)  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def selu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """scale * elu(x, alpha) with the self-normalising constants."""
+    fn = lambda x: elu(x, _SELU_ALPHA) * _SELU_SCALE  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    if alpha == 0:
+        raise ValueError("celu: alpha must not be 0")
+    fn = lambda x: elu(x * (1.0 / alpha), 1.0) * alpha  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def softsign(input: Tensor) -> Tensor:  # noqa: A002
+    """x / (1 + |x|)."""
+    return input / (input.abs() + 1.0)
+
+
+def tanhshrink(input: Tensor) -> Tensor:  # noqa: A002
+    """x - tanh(x)."""
+    return input - tanh(input)
+
+
+def threshold(input: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:  # noqa: A002
+    """x where x > threshold, else value."""
+    import lucid
+
+    fn = lambda x: lucid.where(x > threshold, x, value)  # noqa: E731
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def glu(input: Tensor, dim: int = -1) -> Tensor:  # noqa: A002
+    """a * sigmoid(b) where a, b are the two halves of ``input`` along ``dim``."""
+    size = input.shape[dim]
+    if size % 2:
+        raise ValueError(f"glu: halving dim {dim} needs an even size, got {size}")
+    a, b = input.chunk(2, dim)
+    return a * sigmoid(b)
+
+
+def softmin(
+    input: Tensor,  # noqa: A002
+    dim: int | None = None,
+    _stacklevel: int = 3,
+    dtype: Any = None,
+) -> Tensor:
+    """softmax(-x) along ``dim``."""
+    return _act.softmax(-input, dim, dtype)
+
+
 # --- dropout (owned by lucid.ops.random)
 
 
@@ -173,9 +257,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     """Zero each element with probability p and scale the rest by 1 / (1 - p), when training."""
     from lucid.ops.random import dropout as _dropout
 
-    if inplace:
-        return _inplace(input, lambda x: _dropout(x, p, training))
-    return _dropout(input, p, training)
+    return _dropout(input, p, training, inplace)
 
 
 # --- losses
@@ -827,3 +909,41 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill(lucid.logical_not(causal), float("-inf"))
     weights = dropout(softmax(scores, -1), dropout_p, True)
     return weights.matmul(value)
+
+
+def kl_div(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """KL divergence with ``input`` as log-probabilities: target * (log(target) - input),
+    0 where target is 0 (or exp(t) * (t - input) for log targets); reduction 'batchmean'
+    divides the sum by the batch size."""
+    import lucid
+
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if reduction not in ("none", "mean", "sum", "batchmean"):
+        raise ValueError(f"kl_div: unknown reduction {reduction!r}")
+    if log_target:
+        pointwise = target.exp() * (target - input)
+    else:
+        positive = target > 0
+        safe = lucid.where(positive, target, 1.0)
+        pointwise = lucid.where(positive, target * (safe.log() - input), 0.0)
+    if reduction == "none":
+        return pointwise
+    if reduction == "sum":
+        return pointwise.sum()
+    if reduction == "batchmean":
+        return pointwise.sum() * (1.0 / (input.shape[0] if input.ndim else 1))
+    return pointwise.mean()
+
+
+def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    """x1 . x2 / max(||x1|| * ||x2||, eps) along ``dim`` (inputs broadcast)."""
+    dot = (x1 * x2).sum(dim)
+    norms = ((x1 * x1).sum(dim) * (x2 * x2).sum(dim)) ** 0.5
+    return dot / norms.clamp_min(eps)

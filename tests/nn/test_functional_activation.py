@@ -57,6 +57,17 @@ ACTIVATIONS = {
     "mish": (F.mish, lambda x: x * np.tanh(np.log1p(np.exp(x)))),
     "sigmoid": (F.sigmoid, _sigmoid),
     "tanh": (F.tanh, np.tanh),
+    "logsigmoid": (F.logsigmoid, lambda x: np.log(_sigmoid(x))),
+    "hardsigmoid": (F.hardsigmoid, lambda x: np.clip(x / 6 + 0.5, 0, 1)),
+    "hardswish": (F.hardswish, lambda x: x * np.clip(x + 3, 0, 6) / 6),
+    "selu": (
+        F.selu,
+        lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(x)),
+    ),
+    "celu": (lambda x: F.celu(x, 0.7), lambda x: np.where(x > 0, x, 0.7 * np.expm1(x / 0.7))),
+    "softsign": (F.softsign, lambda x: x / (1 + np.abs(x))),
+    "tanhshrink": (F.tanhshrink, lambda x: x - np.tanh(x)),
+    "threshold": (lambda x: F.threshold(x, 0.3, -2.0), lambda x: np.where(x > 0.3, x, -2.0)),
 }
 
 
@@ -77,7 +88,8 @@ def test_activation_gradients_match_finite_differences(name):
     x = f64(3, 4, seed=2, scale=2.0)
     # keep points away from the kinks, where finite differences are meaningless
     x._data[np.abs(x._data) < 1e-2] = 0.5
-    x._data[np.abs(x._data - 6) < 1e-2] = 5.0
+    for kink in (6.0, 3.0, -3.0, 0.3):
+        x._data[np.abs(x._data - kink) < 1e-2] = kink - 0.5
     gradcheck(front, x)
 
 
@@ -191,3 +203,38 @@ def test_linear_names_the_mismatched_features():
         F.linear(randn(2, 3), randn(5, 4))
     with pytest.raises(ValueError, match="bias must have shape"):
         F.linear(randn(2, 4), randn(5, 4), randn(4))
+
+
+def test_glu_and_softmin():
+    x = f64(2, 6, seed=4)
+    a, b = x.detach().numpy()[:, :3], x.detach().numpy()[:, 3:]
+    assert_close(F.glu(x), a * _sigmoid(b), rtol=1e-12)
+    gradcheck(lambda t: F.glu(t, dim=1), x)
+    with pytest.raises(ValueError, match="even size"):
+        F.glu(f64(2, 5))
+    assert_close(F.softmin(x, 1), _np_softmax(-x.detach().numpy(), 1), rtol=1e-12)
+    gradcheck(lambda t: F.softmin(t, 0), x)
+
+
+def test_kl_div_reductions_and_log_target():
+    rng = np.random.default_rng(5)
+    logq = np.log(_np_softmax(rng.standard_normal((3, 4)), 1))
+    p = _np_softmax(rng.standard_normal((3, 4)), 1)
+    p[0, 1] = 0.0  # zero targets contribute 0, as torch's xlogy
+    pointwise = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1)) - logq), 0.0)
+    inp, tgt = lucid.tensor(logq, dtype=lucid.float64), lucid.tensor(p, dtype=lucid.float64)
+    assert_close(F.kl_div(inp, tgt, reduction="none"), pointwise, rtol=1e-12)
+    assert_close(F.kl_div(inp, tgt, reduction="batchmean"), np.asarray(pointwise.sum() / 3))
+    assert_close(F.kl_div(inp, tgt), np.asarray(pointwise.mean()))
+    logp = np.log(_np_softmax(rng.standard_normal((3, 4)), 1))
+    got = F.kl_div(inp, lucid.tensor(logp, dtype=lucid.float64), reduction="sum", log_target=True)
+    assert_close(got, np.asarray((np.exp(logp) * (logp - logq)).sum()), rtol=1e-12)
+    gradcheck(lambda t: F.kl_div(t, tgt, reduction="batchmean"), f64(3, 4, seed=6))
+
+
+def test_cosine_similarity_values_and_gradients():
+    a, b = f64(3, 4, seed=1), f64(1, 4, seed=2)
+    an, bn = a.detach().numpy(), b.detach().numpy()
+    expected = (an * bn).sum(1) / (np.linalg.norm(an, axis=1) * np.linalg.norm(bn, axis=1))
+    assert_close(F.cosine_similarity(a, b), expected, rtol=1e-12)
+    gradcheck(F.cosine_similarity, a, b)

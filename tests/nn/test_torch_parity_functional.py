@@ -71,6 +71,16 @@ def check(lucid_fn, torch_fn, *arrays, rtol=1e-7, atol=1e-9, grad=True, const=()
         ("hardtanh", {"min_val": -0.3, "max_val": 0.8}),
         ("softmax", {"dim": 1}),
         ("log_softmax", {"dim": 0}),
+        ("softmin", {"dim": 1}),
+        ("logsigmoid", {}),
+        ("hardsigmoid", {}),
+        ("hardswish", {}),
+        ("selu", {}),
+        ("celu", {"alpha": 0.6}),
+        ("softsign", {}),
+        ("tanhshrink", {}),
+        ("threshold", {"threshold": 0.4, "value": -1.5}),
+        ("glu", {"dim": 0}),
     ],
 )
 def test_activations(name, kwargs):
@@ -324,3 +334,25 @@ def test_lstm_matches_torch_module(bidirectional):
     assert_close(lout, tout.detach().numpy(), rtol=1e-10)
     assert_close(lh, th.detach().numpy(), rtol=1e-10)
     assert_close(lc, tc.detach().numpy(), rtol=1e-10)
+
+
+@pytest.mark.filterwarnings("ignore:reduction. 'mean' divides")
+def test_kl_div_and_cosine_similarity():
+    logq = TF.log_softmax(torch.tensor(normal(3, 4)), 1).numpy()
+    p = TF.softmax(torch.tensor(normal(3, 4)), 1).numpy()
+    p[1, 2] = 0.0
+    for reduction in ("none", "mean", "sum", "batchmean"):
+        check(
+            lambda a, b, r=reduction: F.kl_div(a, b, reduction=r),
+            lambda a, b, r=reduction: TF.kl_div(a, b, reduction=r),
+            logq,
+            p,
+            const=(1,),
+        )
+    check(
+        lambda a, b: F.kl_div(a, b, reduction="sum", log_target=True),
+        lambda a, b: TF.kl_div(a, b, reduction="sum", log_target=True),
+        logq,
+        np.log(p + 0.1),
+    )
+    check(F.cosine_similarity, TF.cosine_similarity, normal(3, 4), normal(1, 4))
