@@ -155,3 +155,22 @@ def test_require_env_turns_a_coverage_gap_into_an_error(no_rule_op, monkeypatch)
 
     with pytest.raises(VJPError, match="test_diag_norule"):  # still caught, by the vjp pass
         build_training_module(model, lambda out: out, (x,))
+
+
+def test_docs_sample_report_is_what_diagnose_prints(capsys):
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "diagnose.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    sample = re.search(r"```text\n(.*?)```", doc, re.S).group(1)
+    try:
+        exec(code, {})
+    finally:
+        REGISTRY.pop("my_scale", None)
+    printed = capsys.readouterr().out
+    # Coverage is fixed by the registry; the support table grows as backends publish theirs.
+    cut = "Backend support:"
+    assert printed.split(cut)[0] == sample.split(cut)[0]
+    assert printed.splitlines()[-1].startswith("Recommendation: add a VJP rule for my_scale")
+    assert printed.splitlines()[-1] == sample.splitlines()[-1]

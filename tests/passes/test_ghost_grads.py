@@ -140,3 +140,28 @@ def test_training_module_rejects_a_non_scalar_loss():
     model, _, inputs = models.make("mlp")
     with pytest.raises(ValueError, match="one-element"):
         build_training_module(model, lambda out, t: out, inputs)
+
+
+def test_docs_training_example_runs_and_matches_eager_steps():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "passes.md").read_text()
+    section = doc[doc.index("## Training passes") :]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    ns: dict = {}
+    exec(code, ns)
+    # the same three steps eagerly, from the same seed
+    lucid.manual_seed(0)
+    nn, F = ns["nn"], ns["F"]
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    x, target = lucid.randn(5, 4), ns["target"]
+    for _ in range(3):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), target)
+        loss.backward()
+        opt.step()
+    assert_close(ns["loss"], loss.detach().numpy(), rtol=1e-5)
+    for p, ep in zip(ns["model"].parameters(), model.parameters(), strict=True):
+        assert_close(p.detach().numpy(), ep.detach().numpy(), rtol=1e-5, atol=1e-7)
