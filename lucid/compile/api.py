@@ -48,11 +48,11 @@ class CacheKey(tuple):
 
 
 def _sig_repr(sig: tuple) -> str:
-    if sig[0] == "T":
-        _, shape, dt, rg = sig
+    if len(sig) == 3:
+        shape, dt, rg = sig
         dims = "x".join("?" if d is None else str(d) for d in shape)
         return f"tensor<{dims}x{np.dtype(dt).name}>{'+grad' if rg else ''}"
-    return repr(sig[2])
+    return repr(sig[1])
 
 
 class _Unhashable(Exception):
@@ -60,16 +60,18 @@ class _Unhashable(Exception):
 
 
 def _arg_sig(a: Any) -> tuple:
+    """A tensor's signature is ``(shape, numpy dtype, requires_grad)``; any other argument's is
+    ``(type, value)`` (so 1, 1.0 and True differ)."""
     if isinstance(a, Tensor):
         d = a._data
         if d is None:
             raise _Unhashable("a trace tensor")
-        return ("T", d.shape, d.dtype.str, a._requires_grad)
+        return (d.shape, d.dtype, a._requires_grad)
     try:
         hash(a)
     except TypeError:
         raise _Unhashable(type(a).__name__) from None
-    return ("V", type(a).__name__, a)
+    return (type(a), a)
 
 
 @dataclass
@@ -155,6 +157,7 @@ class CompiledModule:
         d["_eager_only"] = {}
         d["_n_calls"] = {}
         d["_params"] = None
+        d["_fingerprint"] = ()
         d["_steps"] = {}
 
     # --- properties and delegation --------------------------------------------------------------
@@ -221,19 +224,22 @@ class CompiledModule:
             fn = getattr(self._model, "parameters", None)
             params = list(fn()) if fn is not None else []
             self.__dict__["_params"] = params
+            # Parameters' dtypes are part of the key; a later change of dtype or shape is caught
+            # by the executable's feed check (FeedMismatch), which refreshes this.
+            self.__dict__["_fingerprint"] = tuple(p._data.dtype for p in params)
         return params
 
-    def _key(self, args: tuple, kwargs: dict) -> CacheKey:
-        sig = tuple(_arg_sig(a) for a in args)
-        kw = tuple(sorted((k, _arg_sig(v)) for k, v in kwargs.items())) if kwargs else ()
-        params = self._param_list()
+    def _key(self, args: tuple, kwargs: dict) -> tuple:
+        """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored)."""
+        sig = tuple([_arg_sig(a) for a in args])
+        kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()])) if kwargs else ()
+        params = self.__dict__["_params"] or self._param_list()
         grad = state.grad_enabled and (
-            any(p._requires_grad for p in params)
-            or any(s[0] == "T" and s[3] for s in sig)
-            or any(s[0] == "T" and s[3] for _, s in kw)
+            any([p._requires_grad for p in params])
+            or any([len(s) == 3 and s[2] for s in sig])
+            or any([len(s) == 3 and s[2] for _, s in kw])
         )
-        fingerprint = tuple(p._data.dtype.str for p in params)
-        return CacheKey((sig, kw, self.training, grad, fingerprint))
+        return (sig, kw, self.training, grad, self.__dict__["_fingerprint"])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -252,11 +258,14 @@ class CompiledModule:
                 with self._lock:
                     self._entries.pop(key, None)
                     self.__dict__["_params"] = None
+                    self._param_list()
+                    key = self._key(args, kwargs)
         if key in self._eager_only:
             return self._model(*args, **kwargs)
         return self._miss(key, args, kwargs)
 
-    def _miss(self, key: CacheKey, args: tuple, kwargs: dict) -> Any:
+    def _miss(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+        key = CacheKey(key)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None and key not in self._eager_only:
@@ -365,7 +374,7 @@ class CompiledModule:
             "entries": len(self._entries),
             "keys": tuple(self._entries),
             "eager_only": tuple(self._eager_only),
-            "n_calls": dict(self._n_calls),
+            "n_calls": {CacheKey(k): n for k, n in self._n_calls.items()},
             "reasons": dict(self._eager_only),
         }
 
