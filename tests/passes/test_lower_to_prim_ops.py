@@ -24,6 +24,7 @@ from lucid.ir.prim_interpreter import interpret_prim
 from lucid.ops._registry import REGISTRY
 from lucid.passes import PassManager
 from lucid.passes.lower_to_prim import LoweringError, lower_module, lowering_status
+from lucid.passes.lowering import RULES, UNSUPPORTED
 
 # --- operand makers (numpy arrays become traced inputs; Python scalars stay weak constants)
 
@@ -539,6 +540,7 @@ def test_op_lowers_and_matches_lucid_interpreter_and_eager(name, i):
 
 def test_every_registry_op_has_a_sample_or_a_reasoned_refusal():
     for name in REGISTRY:
+        assert (name in RULES) != (name in UNSUPPORTED), f"{name}: needs a rule or a reasoned mark"
         status = lowering_status(name)
         assert status == "yes" or status.startswith("no: "), (name, status)
         if status == "yes":
