@@ -445,6 +445,10 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
         index = index.reshape(1)
     if x.ndim == 0:
         normalize_dim(dim, 0, "index_select")
+        if index.shape[0] != 1:
+            raise IndexError(
+                f"index_select: a 0-d tensor takes an index of one value, got {index.shape[0]}"
+            )
         return apply("index", x.reshape(1), [index], index=(("tensor",),)).reshape(())
     d = normalize_dim(dim, x.ndim, "index_select")
     return apply("index", x, [index], index=(*((_FULL,) * d), ("tensor",)))

@@ -272,7 +272,8 @@ def _einsum_infer(operands, equation):
 
 def _einsum_kernel(operands: list, equation: str) -> np.ndarray:
     eq = canonical_equation(equation, [a.ndim for a in operands])
-    r = np.einsum(eq, *operands, optimize=len(operands) > 2)
+    # optimize=True contracts pairs through BLAS (tensordot) instead of einsum's own C loop.
+    r = np.einsum(eq, *operands, optimize=len(operands) > 1)
     if any(np.may_share_memory(r, a) for a in operands):
         r = r.copy()  # einsum may return a view (a transpose, a diagonal)
     return r

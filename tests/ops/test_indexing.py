@@ -500,3 +500,10 @@ def test_setitem_with_a_value_read_from_the_same_tensor():
     gradcheck(f, x)
     f(x).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [[0.0, 1.0], [1.0, 4.0]])
+
+
+def test_index_select_on_a_0d_tensor():
+    s = lucid.tensor(3.0)
+    assert_close(s.index_select(0, lucid.tensor([0])), np.float32(3.0))
+    with pytest.raises(IndexError, match="one value"):
+        s.index_select(0, lucid.tensor([0, 0]))
