@@ -153,7 +153,8 @@ class Builder:
             flat: tuple = (float(arr.reshape(-1)[0]),)
         else:
             flat = tuple(float(v) for v in np.broadcast_to(arr, shape).reshape(-1))
-        key = (flat, pdt, shape)
+        # Keyed by the exact bits, so -0.0 and 0.0 (equal as floats) stay apart.
+        key = (np.asarray(flat, dtype=np.float64).tobytes(), pdt, shape)
         hit = self._consts.get(key)
         if hit is not None:
             return hit
