@@ -613,7 +613,7 @@ def _cumsum_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]
 
 
 for _name, _ref, _mps, _allowed, _kernel in (
-    ("softmax", _softmax_ref, "softMaxWithTensor:axis:name:", FLOAT, "softmax.cpp: row softmax"),
+    ("softmax", _softmax_ref, "softMaxWithTensor:axis:name:", FLOAT, "reduce.cpp: row softmax"),
     (
         "log_softmax", _log_softmax_ref,
         "softMaxWithTensor:axis:name: + logarithmWithTensor:name: (or reduction + subtraction)",
@@ -861,7 +861,7 @@ for _name, _operands, _infer, _ref, _mps in (
         PrimOp(
             _name, _operands, {"axis": Attr("int")}, _infer, _ref, "gather", _mps,
             "12.3" if "AlongAxis" in _mps else "12.0",
-            "gather.cpp: index walk with range check (IndexError)",
+            "shape.cpp: index walk with range check (IndexError)",
         )
     )  # fmt: skip
 
@@ -893,7 +893,7 @@ _register(
         {"depth": Attr("int"), "axis": Attr("int", -1), "dtype": Attr("dtype", "f32")},
         _one_hot_infer, _one_hot_ref, "gather",
         "oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:", "12.0",
-        "gather.cpp: one_hot", props=frozenset({"GRAD_SINK"}),
+        "shape.cpp: one_hot", props=frozenset({"GRAD_SINK"}),
     )
 )  # fmt: skip
 
@@ -1037,7 +1037,7 @@ _register(
     PrimOp(
         "conv2d", ("x", "weight"), dict(_CONV_ATTRS), _conv_infer, _conv_ref, "convolution",
         "convolution2DWithSourceTensor:weightsTensor:descriptor:name:", "12.0",
-        "conv.cpp: im2col + sgemm per (image, group)",
+        "linalg.cpp: im2col + sgemm per (image, group)",
     )
 )  # fmt: skip
 _register(
@@ -1046,7 +1046,7 @@ _register(
         {**_CONV_ATTRS, "input_shape": Attr("ints")}, _conv_data_grad_infer, _conv_data_grad_ref,
         "convolution",
         "convolution2DDataGradientWithIncomingGradientTensor:weightsTensor:outputShape:"
-        "forwardConvolutionDescriptor:name:", "12.0", "conv.cpp: sgemm + col2im",
+        "forwardConvolutionDescriptor:name:", "12.0", "linalg.cpp: sgemm + col2im",
     )
 )  # fmt: skip
 _register(
@@ -1055,7 +1055,7 @@ _register(
         {**_CONV_ATTRS, "weight_shape": Attr("ints")}, _conv_weights_grad_infer,
         _conv_weights_grad_ref, "convolution",
         "convolution2DWeightsGradientWithIncomingGradientTensor:sourceTensor:outputShape:"
-        "forwardConvolutionDescriptor:name:", "12.0", "conv.cpp: im2col + sgemm",
+        "forwardConvolutionDescriptor:name:", "12.0", "linalg.cpp: im2col + sgemm",
     )
 )  # fmt: skip
 
@@ -1179,7 +1179,7 @@ def _avg_pool_grad_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.n
 _register(
     PrimOp(
         "max_pool2d", ("x",), dict(_MAX_POOL_ATTRS), _max_pool_infer, _max_pool_ref, "pooling",
-        "maxPooling2DWithSourceTensor:descriptor:name:", "12.0", "pool.cpp: window max",
+        "maxPooling2DWithSourceTensor:descriptor:name:", "12.0", "linalg.cpp: window max",
     )
 )  # fmt: skip
 _register(
@@ -1187,13 +1187,13 @@ _register(
         "max_pool2d_grad", ("grad", "x"), dict(_MAX_POOL_ATTRS), _max_pool_grad_infer,
         _max_pool_grad_ref, "pooling",
         "maxPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:", "12.0",
-        "pool.cpp: route to first window maximum",
+        "linalg.cpp: route to first window maximum",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "avg_pool2d", ("x",), dict(_AVG_POOL_ATTRS), _avg_pool_infer, _avg_pool_ref, "pooling",
-        "avgPooling2DWithSourceTensor:descriptor:name:", "12.0", "pool.cpp: window mean",
+        "avgPooling2DWithSourceTensor:descriptor:name:", "12.0", "linalg.cpp: window mean",
     )
 )  # fmt: skip
 _register(
@@ -1201,7 +1201,7 @@ _register(
         "avg_pool2d_grad", ("grad",), {**_AVG_POOL_ATTRS, "input_shape": Attr("ints")},
         _avg_pool_grad_infer, _avg_pool_grad_ref, "pooling",
         "avgPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:", "12.0",
-        "pool.cpp: spread window share",
+        "linalg.cpp: spread window share",
     )
 )  # fmt: skip
 
@@ -1324,7 +1324,7 @@ _register(
          "high": Attr("float", 1.0)},
         _random_infer("random_uniform"), _random_uniform_ref, "random",
         "randomUniformTensorWithShape:stateTensor:name: (state adapted to MPSGraph's int32[7])",
-        "12.3", "random.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK"}),
+        "12.3", "shape.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK"}),
     )
 )  # fmt: skip
 _register(
@@ -1334,7 +1334,7 @@ _register(
          "std": Attr("float", 1.0)},
         _random_infer("random_normal"), _random_normal_ref, "random",
         "randomTensorWithShape:descriptor:stateTensor:name: (normal descriptor)", "12.3",
-        "random.cpp: Philox-4x32-10 + Box-Muller", props=frozenset({"RANDOM", "GRAD_SINK"}),
+        "shape.cpp: Philox-4x32-10 + Box-Muller", props=frozenset({"RANDOM", "GRAD_SINK"}),
     )
 )  # fmt: skip
 
@@ -1357,3 +1357,33 @@ __all__ = [
     "infer",
     "lookup",
 ]
+
+
+_FAMILY_ORDER = (
+    "unary", "binary", "select", "cast", "normalization", "linalg", "reduction", "softmax",
+    "shape", "gather", "convolution", "pooling", "factory", "random",
+)  # fmt: skip
+
+
+def markdown_table() -> str:
+    """The prim op table as markdown (docs/prim.md embeds it; a test keeps the two equal)."""
+
+    def attrs_of(op: PrimOp) -> str:
+        parts = []
+        for name, spec in op.attrs.items():
+            default = "" if spec.default is REQUIRED else f"={spec.default}"
+            parts.append(f"{name}: {spec.kind}{default}")
+        return ", ".join(parts)
+
+    lines = [
+        "| prim op | operands | attributes | MPSGraph method | min macOS | CPU kernel |",
+        "|---|---|---|---|---|---|",
+    ]
+    ops = sorted(PRIM_OPS.values(), key=lambda o: (_FAMILY_ORDER.index(o.family), o.name))
+    for op in ops:
+        operands = ", ".join(op.operands) + ("..." if op.variadic else "")
+        lines.append(
+            f"| `{op.name}` | {operands} | {attrs_of(op)} | `{op.mps}` | {op.macos} "
+            f"| {op.cpu_kernel} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "lucid/fastmath.h"
 #include "lucid/kernels.h"
 
 namespace lucid {
@@ -55,7 +56,10 @@ void unary_float(Op op, const T* a, void* out, int64_t n) {
   T* o = static_cast<T*>(out);
   uint8_t* ob = static_cast<uint8_t*>(out);
   switch (op) {
-    case Op::exp: for (int64_t i = 0; i < n; ++i) o[i] = std::exp(a[i]); break;
+    case Op::exp:
+      if constexpr (std::is_same_v<T, float>) for (int64_t i = 0; i < n; ++i) o[i] = fast_expf(a[i]);
+      else for (int64_t i = 0; i < n; ++i) o[i] = std::exp(a[i]);
+      break;
     case Op::expm1: for (int64_t i = 0; i < n; ++i) o[i] = std::expm1(a[i]); break;
     case Op::log: for (int64_t i = 0; i < n; ++i) o[i] = std::log(a[i]); break;
     case Op::log1p: for (int64_t i = 0; i < n; ++i) o[i] = std::log1p(a[i]); break;
@@ -66,7 +70,11 @@ void unary_float(Op op, const T* a, void* out, int64_t n) {
     case Op::cos: for (int64_t i = 0; i < n; ++i) o[i] = std::cos(a[i]); break;
     case Op::tan: for (int64_t i = 0; i < n; ++i) o[i] = std::tan(a[i]); break;
     case Op::tanh: for (int64_t i = 0; i < n; ++i) o[i] = std::tanh(a[i]); break;
-    case Op::sigmoid: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / (T(1) + std::exp(-a[i])); break;
+    case Op::sigmoid:
+      if constexpr (std::is_same_v<T, float>)
+        for (int64_t i = 0; i < n; ++i) o[i] = 1.0f / (1.0f + fast_expf(-a[i]));
+      else for (int64_t i = 0; i < n; ++i) o[i] = T(1) / (T(1) + std::exp(-a[i]));
+      break;
     case Op::erf: for (int64_t i = 0; i < n; ++i) o[i] = std::erf(a[i]); break;
     case Op::floor: for (int64_t i = 0; i < n; ++i) o[i] = std::floor(a[i]); break;
     case Op::ceil: for (int64_t i = 0; i < n; ++i) o[i] = std::ceil(a[i]); break;

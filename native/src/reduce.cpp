@@ -5,6 +5,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "lucid/fastmath.h"
 #include "lucid/kernels.h"
 
 namespace lucid {
@@ -12,6 +13,38 @@ namespace lucid {
 namespace {
 
 constexpr int kMaxDims = 16;
+
+// Sum of a contiguous run with independent partial sums, so the adds pipeline and vectorize.
+template <class T>
+double sum_run(const T* x, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(x[k + l]);
+  double s = 0;
+  for (; k < n; ++k) s += static_cast<double>(x[k]);
+  return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+template <class T>
+double sq_dev_run(const T* x, int64_t n, double mean) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; ++l) {
+      double d = static_cast<double>(x[k + l]) - mean;
+      acc[l] += d * d;
+    }
+  double s = 0;
+  for (; k < n; ++k) s += (static_cast<double>(x[k]) - mean) * (static_cast<double>(x[k]) - mean);
+  return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+template <class T>
+T exp_t(T x) {
+  if constexpr (std::is_same_v<T, float>) return fast_expf(x);
+  else return std::exp(x);
+}
 
 // The input's dims merged into alternating kept/reduced groups; the input is walked in memory order.
 struct ReducePlan {
@@ -84,9 +117,10 @@ void run_reduce(const ReducePlan& r, void* const* slots) {
       walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
         if (step == 0) {
           Acc s = 0;
-          for (int64_t k = 0; k < n; ++k) {
-            if constexpr (std::is_integral_v<Acc>) s = static_cast<Acc>(UAcc(s) + UAcc(x[i + k]));
-            else s += x[i + k];
+          if constexpr (std::is_integral_v<Acc>) {
+            for (int64_t k = 0; k < n; ++k) s = static_cast<Acc>(UAcc(s) + UAcc(x[i + k]));
+          } else {
+            s = sum_run(x + i, n);
           }
           if constexpr (std::is_integral_v<Acc>) acc[o] = static_cast<Acc>(UAcc(acc[o]) + UAcc(s));
           else acc[o] += s;
@@ -110,9 +144,13 @@ void run_reduce(const ReducePlan& r, void* const* slots) {
         }
         std::vector<double> sq(r.out_total, 0.0);
         walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
+          if (step == 0) {
+            sq[o] += sq_dev_run(x + i, n, acc[o]);
+            return;
+          }
           for (int64_t k = 0; k < n; ++k) {
-            double dlt = x[i + k] - acc[o + k * step];
-            sq[o + k * step] += dlt * dlt;
+            double dlt = x[i + k] - acc[o + k];
+            sq[o + k] += dlt * dlt;
           }
         });
         for (int64_t k = 0; k < r.out_total; ++k) y[k] = static_cast<T>(sq[k] / cnt);
@@ -184,7 +222,38 @@ void run_arg(bool is_max, const AxisGeom& g, const T* x, int64_t* y) {
 }
 
 template <class T>
+void softmax_row(bool log, const T* xs, T* ys, int64_t n) {
+  T part[8];
+  for (auto& p : part) p = -std::numeric_limits<T>::infinity();
+  bool nan = false;
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; ++l) {
+      T v = xs[k + l];
+      nan |= v != v;
+      part[l] = v > part[l] ? v : part[l];
+    }
+  T m = -std::numeric_limits<T>::infinity();
+  for (; k < n; ++k) { nan |= xs[k] != xs[k]; m = xs[k] > m ? xs[k] : m; }
+  for (T p : part) m = p > m ? p : m;
+  if (nan) m = std::numeric_limits<T>::quiet_NaN();
+  for (k = 0; k < n; ++k) ys[k] = exp_t<T>(xs[k] - m);
+  double total = sum_run(ys, n);
+  if (log) {
+    const T shift = static_cast<T>(m + std::log(total));
+    for (k = 0; k < n; ++k) ys[k] = xs[k] - shift;
+  } else {
+    const T inv = static_cast<T>(1.0 / total);
+    for (k = 0; k < n; ++k) ys[k] *= inv;
+  }
+}
+
+template <class T>
 void run_softmax(bool log, const AxisGeom& g, const T* x, T* y) {
+  if (g.inner == 1) {
+    for (int64_t o = 0; o < g.outer; ++o) softmax_row(log, x + o * g.len, y + o * g.len, g.len);
+    return;
+  }
   std::vector<double> mx(g.inner), sum(g.inner);
   for (int64_t o = 0; o < g.outer; ++o) {
     const T* xs = x + o * g.len * g.inner;
@@ -195,7 +264,7 @@ void run_softmax(bool log, const AxisGeom& g, const T* x, T* y) {
       for (int64_t i = 0; i < g.inner; ++i) mx[i] = std::max<double>(mx[i], xs[a * g.inner + i]);
     for (int64_t a = 0; a < g.len; ++a)
       for (int64_t i = 0; i < g.inner; ++i) {
-        T e = std::exp(static_cast<T>(xs[a * g.inner + i] - mx[i]));
+        T e = exp_t<T>(static_cast<T>(xs[a * g.inner + i] - mx[i]));
         if (!log) ys[a * g.inner + i] = e;
         sum[i] += e;
       }

@@ -1,0 +1,35 @@
+// Branch-free float math the compiler can vectorize (libm's scalar expf cannot be).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace lucid {
+
+// exp(x) for float with ~1 ulp error (Cephes polynomial); NaN propagates, overflow gives inf,
+// results below about 2.4e-38 flush to 0.
+inline float fast_expf(float x) {
+  const float hi = 88.72283905206835f, lo = -86.6f;
+  float c = x > hi ? hi : (x < lo ? lo : x);
+  float n = std::floor(c * 1.44269504088896341f + 0.5f);
+  float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n as 2 * 2^(n-1): n reaches 128 near the overflow bound, where 2^n itself is not a float.
+  int32_t e = static_cast<int32_t>(n) + 126;
+  int32_t bits = e << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  float y = p * scale * 2.0f;
+  y = x > hi ? INFINITY : y;
+  y = x < lo ? 0.0f : y;
+  return x != x ? x : y;
+}
+
+}  // namespace lucid

@@ -1,0 +1,20 @@
+"""docs/prim.md carries the prim op table generated from prim_ops."""
+
+from pathlib import Path
+
+from lucid.backends import prim_ops
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "prim.md"
+
+
+def test_prim_table_in_docs_is_current():
+    assert prim_ops.markdown_table() in DOC.read_text(), (
+        "docs/prim.md is stale: regenerate its table with prim_ops.markdown_table()"
+    )
+
+
+def test_every_prim_op_names_an_mpsgraph_method_and_a_cpu_kernel():
+    for op in prim_ops.PRIM_OPS.values():
+        assert op.mps and ":" in op.mps, op.name
+        assert op.cpu_kernel.split(":")[0].endswith(".cpp"), op.name
+        assert (DOC.parent.parent / "native" / "src" / op.cpu_kernel.split(":")[0]).exists()
