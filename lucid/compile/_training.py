@@ -37,6 +37,7 @@ from lucid.compile._tracing import _tracing
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
+from lucid.ops._registry import GRAD_SINK, REGISTRY
 from lucid.passes import PassFailure, PassManager
 from lucid.passes.ghost_grads import GhostGrads
 from lucid.passes.optimizer_fusion import OptimizerFusion
@@ -170,7 +171,7 @@ def build_training_module(
         loss = loss_fn(model(args[0]), *args[1:])
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             raise ValueError("build_training_module: loss_fn must return a one-element tensor")
-        used = {r for r in (f.role for f in tracer.trace.feeds) if r.startswith("param:")}
+        used = _feeds_the_loss_depends_on(tracer.trace, loss._trace)
         trained = [
             p for n, p in model.named_parameters() if p.requires_grad and f"param:{n}" in used
         ]
@@ -209,6 +210,20 @@ def build_training_module(
         params={f"param:{names[id(p)]}": p for p in trained},
         _scalar_sources=sources,
     )
+
+
+def _feeds_the_loss_depends_on(trace: Any, loss_value: Any) -> set[str]:
+    """Roles of the feeds the loss depends on through differentiable ops: exactly the tensors
+    eager backward gives a gradient (others keep ``grad=None`` and the optimizer skips them)."""
+    needed = {loss_value.id}
+    for op in reversed(trace.ops):
+        if GRAD_SINK in REGISTRY[op.name].props or not any(v.id in needed for v in op.outputs):
+            continue
+        for inp in op.inputs:
+            for v in inp if isinstance(inp, list) else (inp,):
+                if hasattr(v, "id"):
+                    needed.add(v.id)
+    return {f.role for f in trace.feeds if f.value.id in needed}
 
 
 def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSource]:

@@ -165,3 +165,61 @@ def test_docs_training_example_runs_and_matches_eager_steps():
     assert_close(ns["loss"], loss.detach().numpy(), rtol=1e-5)
     for p, ep in zip(ns["model"].parameters(), model.parameters(), strict=True):
         assert_close(p.detach().numpy(), ep.detach().numpy(), rtol=1e-5, atol=1e-7)
+
+
+class _PartlyUsed(lucid.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = lucid.nn.Linear(3, 2)
+        self.side = lucid.nn.Linear(3, 2)  # only reaches the loss through a comparison
+        self.frozen = lucid.nn.Linear(2, 2)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        gate = (self.side(x) > 0).float()
+        return self.frozen(self.used(x) * gate)
+
+
+def test_only_parameters_with_an_eager_gradient_are_updated():
+    lucid.manual_seed(0)
+    model = _PartlyUsed()
+    lucid.manual_seed(0)
+    eager_model = _PartlyUsed()
+    x = lucid.randn(4, 3)
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    eager_opt = optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    tm = build_training_module(model, lambda out: out.sum(), (x,), opt)
+    updated = {r for r in tm.result_roles if r.startswith("update:param:")}
+    assert updated == {"update:param:used.weight", "update:param:used.bias"}
+    tm.write_back(interpret(tm.module, tm.feed_values(x)))
+    eager_model(x).sum().backward()
+    eager_opt.step()
+    for p, ep in zip(model.parameters(), eager_model.parameters(), strict=True):
+        assert_close(p.detach().numpy(), ep.detach().numpy(), rtol=1e-6)
+    assert set(opt.state) == {model.used.weight, model.used.bias}
+
+
+def test_dropout_draws_from_the_rng_feed_as_eager_does():
+    def make():
+        lucid.manual_seed(0)
+        return lucid.nn.Sequential(
+            lucid.nn.Linear(4, 16), lucid.nn.Dropout(0.3), lucid.nn.ReLU(), lucid.nn.Linear(16, 2)
+        )
+
+    model, eager_model = make(), make()
+    x, t = lucid.randn(6, 4), lucid.randn(6, 2)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    eager_opt = optim.SGD(eager_model.parameters(), lr=0.1)
+    tm = build_training_module(model, lucid.nn.functional.mse_loss, (x, t), opt)
+    assert "rng" in tm.feed_roles and "update:rng" in tm.result_roles
+    lucid.manual_seed(5)
+    losses = [tm.write_back(interpret(tm.module, tm.feed_values(x, t))) for _ in range(2)]
+    lucid.manual_seed(5)
+    for loss in losses:  # different masks each step, as eager draws them
+        eager_opt.zero_grad()
+        eager_loss = lucid.nn.functional.mse_loss(eager_model(x), t)
+        eager_loss.backward()
+        eager_opt.step()
+        assert_close(loss, eager_loss.detach().numpy(), rtol=1e-6)
+    for p, ep in zip(model.parameters(), eager_model.parameters(), strict=True):
+        assert_close(p.detach().numpy(), ep.detach().numpy(), rtol=1e-6)
