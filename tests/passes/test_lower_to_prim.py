@@ -229,3 +229,65 @@ def test_random_graphs_agree_with_eager(graph, dtype):
         native = compile_program(emit_program(module)).run(arrays)
         for n, e in zip(native, eager, strict=True):
             np.testing.assert_allclose(n, e, rtol=10 * tol, atol=10 * tol)
+
+
+@st.composite
+def broadcast_pair(draw):
+    rank = draw(st.integers(0, 4))
+    full = [draw(st.integers(1, 4)) for _ in range(rank)]
+    a = tuple(d if draw(st.booleans()) else 1 for d in full)
+    b = tuple(d if draw(st.booleans()) else 1 for d in full)
+    return a[draw(st.integers(0, rank)) :], b
+
+
+@given(
+    broadcast_pair(),
+    st.sampled_from(["add", "sub", "mul", "div", "maximum", "minimum", "remainder", "ge"]),
+    st.sampled_from([np.float32, np.float64, np.int64]),
+)
+def test_broadcast_elementwise_on_random_shapes(shapes, op, dtype):
+    rng = np.random.default_rng(2)
+    a = np.asarray(rng.standard_normal(shapes[0]) * 4, dtype=dtype)
+    b = np.asarray(rng.standard_normal(shapes[1]) * 4, dtype=dtype)
+    if op in ("div", "remainder"):
+        b = np.asarray(np.where(b == 0, 3, b), dtype=dtype)
+
+    def fn(x, y):
+        return apply(op, x, y)
+
+    want = fn(Tensor._wrap(a), Tensor._wrap(b)).numpy()
+    module = _lowered(fn, a, b)
+    outs = [interpret_prim(module, [a, b])[0]]
+    if hasattr(_native, "compile"):
+        from lucid.backends.cpu.emit import compile_program, emit_program
+
+        outs.append(compile_program(emit_program(module)).run([a, b])[0])
+    for got in outs:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    st.data(),
+    st.sampled_from(["sum", "mean", "amax", "amin", "prod", "var", "logsumexp", "argmax"]),
+)
+def test_reductions_on_random_shapes_and_dims(shape, data, op):
+    ndim = len(shape)
+    dims = data.draw(
+        st.lists(
+            st.integers(-ndim, ndim - 1), min_size=1, max_size=ndim, unique_by=lambda d: d % ndim
+        )
+    )
+    keepdim = data.draw(st.booleans())
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    attrs = {"dim": dims[0] if op == "argmax" else tuple(dims), "keepdim": keepdim}
+
+    def fn(t):
+        return apply(op, t, **attrs)
+
+    want = fn(Tensor._wrap(x)).numpy()
+    module = _lowered(fn, x)
+    (got,) = interpret_prim(module, [x])
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
