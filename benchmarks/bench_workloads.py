@@ -1,0 +1,398 @@
+"""The PERF.md workloads (A–E) for Lucid eager, Lucid compiled and the peers, side by side.
+
+Every framework runs in this one process, interleaved workload by workload, so machine noise hits
+them alike. Reported per row: the median time per call (of ``--rounds`` rounds, each long enough
+to time reliably), the ratio of Lucid compiled to the best peer, the PERF.md target and whether it
+holds, and the first-call (compile) latency. Peers that are not installed are marked missing.
+
+    python benchmarks/bench_workloads.py [--mode infer|train|all] [--workloads ABCDE]
+        [--threads 2] [--rounds 7] [--json results.json] [--chart chart.png] [--quick]
+
+Training rows need ``lucid.compile.fused_step``; they are skipped (and say so) without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["infer", "train", "all"], default="all")
+    ap.add_argument("--workloads", default="ABCDE")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--min-round-s", type=float, default=0.05)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--chart", default=None)
+    ap.add_argument(
+        "--no-torch-compile",
+        action="store_true",
+        help="skip torch.compile (its first call takes seconds per workload)",
+    )
+    ap.add_argument("--quick", action="store_true", help="few rounds: a smoke test, not a result")
+    return ap.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:
+    # Before any BLAS loads: the same thread count everywhere; idle pools stop spinning quickly.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "1")
+    os.environ.setdefault(
+        "XLA_FLAGS",
+        f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={ARGS.threads}",
+    )
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads as W  # noqa: E402
+
+# PERF.md: target ratio of Lucid compiled to the best peer, per (mode, workload).
+TARGETS = {
+    ("infer", "A"): 0.9,
+    ("infer", "B"): 1.0,
+    ("infer", "C"): 0.9,
+    ("infer", "D"): 0.9,
+    ("train", "A"): 0.9,
+    ("train", "B"): 1.0,
+    ("train", "C"): 0.9,
+    ("train", "D"): 0.9,
+}
+# E is measured against JAX jit only: infer at most 0.7x, train at most 1.0x.
+E_TARGETS = {"infer": 0.7, "train": 1.0}
+# PERF.md's reference numbers (ms), used only when a peer is missing from this run.
+REFERENCE_MS = {
+    ("train", "A"): {"torch": 0.67, "torch.compile": 0.73, "jax": 0.50},
+    ("infer", "A"): {"torch": 0.18, "torch.compile": 0.20, "jax": 0.20},
+    ("train", "B"): {"torch": 18.0, "torch.compile": 15.4, "jax": 13.3},
+    ("infer", "B"): {"torch": 5.7, "torch.compile": 6.0, "jax": 5.1},
+    ("train", "C"): {"torch": 8.1, "torch.compile": 16.4, "jax": 23.0},
+    ("infer", "C"): {"torch": 5.7, "torch.compile": 4.8, "jax": 3.8},
+    ("train", "D"): {"torch": 10.9, "torch.compile": 10.6, "jax": 12.9},
+    ("infer", "D"): {"torch": 3.8, "torch.compile": 3.1, "jax": 3.3},
+    ("train", "E"): {"torch": 0.185, "torch.compile": 0.223, "jax": 0.012},
+    ("infer", "E"): {"torch": 0.0118, "torch.compile": 0.021, "jax": 0.0072},
+}
+PEERS = ("torch", "torch.compile", "jax")
+
+
+def per_call_seconds(fn, rounds: int, min_round_s: float) -> float:
+    """Median over ``rounds`` of the mean time per call in a round of calibrated length."""
+    fn()
+    n, elapsed = 1, 0.0
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_round_s or n >= 1 << 20:
+            break
+        n *= 2
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n)
+    return float(np.median(times))
+
+
+def first_call_seconds(make) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    fn = make()
+    fn()
+    return time.perf_counter() - t0, fn
+
+
+# --- inference --------------------------------------------------------------------------------
+def infer_cases(wl: str, args) -> dict[str, tuple]:
+    """name -> (make() returning a zero-argument callable; it is called once to compile)."""
+    import lucid
+
+    x_np, _ = W.data(wl)
+    cases: dict[str, object] = {}
+    model = W.lucid_model(wl).eval()
+    x = lucid.tensor(x_np) if wl != "D" else lucid.tensor(x_np)
+
+    def lucid_eager():
+        def run():
+            with lucid.no_grad():
+                return model(x)
+
+        return run
+
+    def lucid_compiled():
+        cm = lucid.compile(model)
+
+        def run():
+            with lucid.no_grad():
+                return cm(x)
+
+        return run
+
+    cases["lucid eager"] = lucid_eager
+    cases["lucid compiled"] = lucid_compiled
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        tm = W.torch_model(wl, lucid_ref=model).eval()
+        tx = torch.from_numpy(x_np)
+
+        def torch_eager():
+            def run():
+                with torch.no_grad():
+                    return tm(tx)
+
+            return run
+
+        cases["torch"] = torch_eager
+        if not args.no_torch_compile:
+
+            def torch_compiled():
+                cm = torch.compile(tm)
+
+                def run():
+                    with torch.no_grad():
+                        return cm(tx)
+
+                return run
+
+            cases["torch.compile"] = torch_compiled
+    except ImportError:
+        pass
+    try:
+        import jax
+
+        apply, params = W.jax_forward(wl)
+        jx = jax.numpy.asarray(x_np)
+
+        def jax_jit():
+            f = jax.jit(apply)
+            return lambda: f(params, jx).block_until_ready()
+
+        cases["jax"] = jax_jit
+    except ImportError:
+        pass
+    return cases
+
+
+def train_cases(wl: str, args) -> dict[str, object]:
+    import lucid
+
+    x_np, y_np = W.data(wl)
+    cases: dict[str, object] = {}
+    model = W.lucid_model(wl)
+    loss_fn = W.lucid_loss(wl)
+    x = lucid.tensor(x_np)
+    extra = (lucid.tensor(y_np),) if y_np is not None else ()
+
+    def lucid_eager():
+        opt = lucid.optim.SGD(model.parameters(), lr=0.01)
+
+        def run():
+            opt.zero_grad()
+            loss = loss_fn(model(x), *extra)
+            loss.backward()
+            opt.step()
+
+        return run
+
+    cases["lucid eager"] = lucid_eager
+    fused_step = getattr(lucid.compile, "fused_step", None)
+    if fused_step is not None:
+
+        def lucid_fused():
+            opt = lucid.optim.SGD(model.parameters(), lr=0.01)
+            step = fused_step(model, loss_fn, opt)
+            return lambda: step(x, *extra)
+
+        cases["lucid compiled"] = lucid_fused
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        tm = W.torch_model(wl, lucid_ref=model)
+        tl = W.torch_loss(wl)
+        tx = torch.from_numpy(x_np)
+        textra = (torch.from_numpy(y_np),) if y_np is not None else ()
+
+        def torch_step(m):
+            opt = torch.optim.SGD(m.parameters(), lr=0.01)
+
+            def run():
+                opt.zero_grad()
+                loss = tl(m(tx), *textra)
+                loss.backward()
+                opt.step()
+
+            return run
+
+        cases["torch"] = lambda: torch_step(tm)
+        if not args.no_torch_compile:
+
+            def torch_compiled():
+                opt = torch.optim.SGD(tm.parameters(), lr=0.01)
+
+                @torch.compile
+                def step():
+                    opt.zero_grad()
+                    loss = tl(tm(tx), *textra)
+                    loss.backward()
+                    opt.step()
+
+                return step
+
+            cases["torch.compile"] = torch_compiled
+    except ImportError:
+        pass
+    try:
+        import jax
+
+        apply, params = W.jax_forward(wl)
+        jl = W.jax_loss(wl)
+        jx = jax.numpy.asarray(x_np)
+        jextra = (jax.numpy.asarray(y_np),) if y_np is not None else ()
+
+        def jax_jit():
+            def loss(p, x, *e):
+                return jl(apply(p, x), *e)
+
+            @jax.jit
+            def step(p, x, *e):
+                g = jax.grad(loss)(p, x, *e)
+                return jax.tree_util.tree_map(lambda a, b: a - 0.01 * b, p, g)
+
+            state = {"p": params}
+
+            def run():
+                state["p"] = step(state["p"], jx, *jextra)
+                jax.block_until_ready(state["p"])
+
+            return run
+
+        cases["jax"] = jax_jit
+    except ImportError:
+        pass
+    return cases
+
+
+def run_row(mode: str, wl: str, args) -> dict:
+    cases = (infer_cases if mode == "infer" else train_cases)(wl, args)
+    row: dict = {"mode": mode, "workload": wl, "what": W.WORKLOADS[wl], "ms": {}, "compile_s": {}}
+    for name, make in cases.items():
+        try:
+            first, fn = first_call_seconds(make)
+            row["compile_s"][name] = first
+            row["ms"][name] = per_call_seconds(fn, args.rounds, args.min_round_s) * 1e3
+        except Exception as e:  # a peer failing must not hide the other rows
+            row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
+    ref = REFERENCE_MS.get((mode, wl), {})
+    peers = {p: row["ms"][p] for p in PEERS if p in row["ms"]}
+    row["peer_source"] = "measured" if peers else "PERF.md reference"
+    if not peers:
+        peers = dict(ref)
+    compiled = row["ms"].get("lucid compiled")
+    if wl == "E":
+        base_name = "jax"
+        target = E_TARGETS[mode]
+    else:
+        base_name = min(peers, key=peers.get) if peers else None
+        target = TARGETS.get((mode, wl))
+    base = peers.get(base_name) if base_name else None
+    if compiled is not None and base:
+        row["vs"] = base_name
+        row["ratio"] = compiled / base
+        row["target"] = target
+        row["holds"] = row["ratio"] <= target
+    eager = row["ms"].get("lucid eager")
+    if compiled is not None and eager:
+        row["speedup_vs_eager"] = eager / compiled
+    return row
+
+
+def fmt_ms(v) -> str:
+    if v is None:
+        return "missing"
+    return f"{v * 1e3:.1f} µs" if v < 0.1 else f"{v:.3f} ms"
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["lucid eager", "lucid compiled", "torch", "torch.compile", "jax"]
+    print(
+        "| mode | wl | " + " | ".join(cols) + " | ratio (vs) | target | holds | vs eager |"
+        " compile s (lucid / torch.compile / jax) |"
+    )
+    print("|" + "---|" * (len(cols) + 7))
+    for r in rows:
+        cells = [fmt_ms(r["ms"].get(c)) for c in cols]
+        ratio = f"{r['ratio']:.2f} ({r['vs']})" if "ratio" in r else "-"
+        holds = ("yes" if r["holds"] else "NO") if "holds" in r else "-"
+        sp = f"{r['speedup_vs_eager']:.1f}x" if "speedup_vs_eager" in r else "-"
+        cs = " / ".join(
+            f"{r['compile_s'][c]:.3f}" if c in r["compile_s"] else "-"
+            for c in ("lucid compiled", "torch.compile", "jax")
+        )
+        tgt = f"<= {r['target']}" if r.get("target") else "-"
+        print(
+            f"| {r['mode']} | {r['workload']} | "
+            + " | ".join(cells)
+            + f" | {ratio} | {tgt} | {holds} | {sp} | {cs} |"
+        )
+    for r in rows:
+        for name, err in r.get("errors", {}).items():
+            print(f"note: {r['mode']} {r['workload']} {name}: {err}")
+
+
+def chart(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib missing, no chart written")
+        return
+    cols = ["lucid eager", "lucid compiled", "torch", "torch.compile", "jax"]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    labels = [f"{r['mode']} {r['workload']}" for r in rows]
+    width = 0.16
+    for k, c in enumerate(cols):
+        vals = [r["ms"].get(c, np.nan) for r in rows]
+        ax.bar(np.arange(len(rows)) + (k - 2) * width, vals, width, label=c)
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(rows)), labels)
+    ax.set_ylabel("ms per call (log)")
+    ax.set_title("Lucid vs peers, median time per call (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    args = ARGS
+    if args.quick:
+        args.rounds, args.min_round_s = 3, 0.01
+    modes = ["infer", "train"] if args.mode == "all" else [args.mode]
+    rows = []
+    for mode in modes:
+        for wl in args.workloads:
+            rows.append(run_row(mode, wl, args))
+            print(f"done {mode} {wl}", file=sys.stderr)
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "rounds": args.rounds, "rows": rows}, f, indent=1)
+    if args.chart:
+        chart(rows, args.chart)
+
+
+if __name__ == "__main__":
+    main()
