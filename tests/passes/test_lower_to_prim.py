@@ -291,3 +291,62 @@ def test_reductions_on_random_shapes_and_dims(shape, data, op):
     (got,) = interpret_prim(module, [x])
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@st.composite
+def index_cases(draw):
+    """(x shape, index items, index tensors) for ``x[index]`` with ints, slices (any step), new
+    axes and integer index tensors in any arrangement."""
+    shape = tuple(draw(st.integers(1, 4)) for _ in range(draw(st.integers(1, 4))))
+    items, tensors = [], []
+    bshape = tuple(draw(st.integers(1, 3)) for _ in range(draw(st.integers(0, 2))))
+    for n in shape[: draw(st.integers(0, len(shape)))]:
+        kind = draw(st.sampled_from(["int", "slice", "new", "tensor"]))
+        if kind == "new":  # a new axis consumes no dim: index the same one next
+            items.append(("new",))
+            kind = draw(st.sampled_from(["int", "slice", "tensor"]))
+        if kind == "int":
+            items.append(("int", draw(st.integers(-n, n - 1))))
+        elif kind == "tensor":
+            items.append(("tensor",))
+            sub = bshape[draw(st.integers(0, len(bshape))) :]
+            tensors.append(np.asarray(np.random.default_rng(len(tensors)).integers(-n, n, sub)))
+        else:
+            start = draw(st.none() | st.integers(-n - 1, n + 1))
+            stop = draw(st.none() | st.integers(-n - 1, n + 1))
+            step = draw(st.sampled_from([None, 1, 2, -1, -2]))
+            items.append(("slice", start, stop, step))
+    return shape, tuple(items), tensors
+
+
+@given(index_cases())
+def test_indexing_matches_eager_for_any_index(case):
+    shape, index, tensors = case
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+
+    def fn(t, *idx):
+        return apply("index", t, list(idx), index=index)
+
+    want = fn(Tensor._wrap(x), *(Tensor._wrap(t) for t in tensors)).numpy()
+    module = _lowered(fn, x, *tensors)
+    (got,) = interpret_prim(module, [x, *tensors])
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@given(index_cases(), st.booleans())
+def test_index_put_matches_eager_for_any_index(case, accumulate):
+    shape, index, tensors = case
+    if tensors and not accumulate:
+        accumulate = True  # assignment through index tensors is refused (tested above)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    target = apply("index", Tensor._wrap(x), [Tensor._wrap(t) for t in tensors], index=index).shape
+    values = np.random.default_rng(5).standard_normal(target).astype(np.float32)
+
+    def fn(t, v, *idx):
+        return apply("index_put", t, v, list(idx), index=index, accumulate=accumulate)
+
+    want = fn(*(Tensor._wrap(a) for a in (x, values, *tensors))).numpy()
+    module = _lowered(fn, x, values, *tensors)
+    (got,) = interpret_prim(module, [x, values, *tensors])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
