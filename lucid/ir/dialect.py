@@ -91,7 +91,9 @@ class LucidOp(x.IRDLOperation):
             attributes={k: v for k, v in attrs.items() if k not in known},
         )
 
-    def verify_(self) -> None:
+    def _verify_lucid(self) -> None:
+        """The whole verifier of a generated op (it replaces IRDL's generic one, whose checks
+        for these ops are: operands and results are tensors, properties are known)."""
         opdef = self.OPDEF
         n_fixed = len(opdef.operands) - (1 if opdef.variadic else 0)
         n = len(self.operands)
@@ -113,12 +115,16 @@ class LucidOp(x.IRDLOperation):
             raise x.VerifyException(f"{self.name}: {e}") from e
         if opdef.n_outputs == 1:
             avals = (avals,)
+        try:
+            declared = [aval_of_type(r.type) for r in self.results]
+        except ValueError as e:
+            raise x.VerifyException(f"{self.name}: results must be tensors ({e})") from e
         if len(avals) != len(self.results):
             raise x.VerifyException(
                 f"{self.name} has {len(self.results)} results; the op gives {len(avals)}"
             )
-        for i, (r, av) in enumerate(zip(self.results, avals, strict=True)):
-            if not _type_matches(aval_of_type(r.type), av):
+        for i, (r, d, av) in enumerate(zip(self.results, declared, avals, strict=True)):
+            if not _type_matches(d, av):
                 want = tensor_type(tuple(av.shape), av.dtype)
                 operands = ", ".join(str(v.type) for v in self.operands)
                 raise x.VerifyException(
@@ -242,6 +248,7 @@ def _make_op_class(opdef: OpDef) -> type[LucidOp]:
         ns[f"prop_{attr}"] = x.opt_prop_def(x.Attribute, prop_name=attr)
     cls = x.irdl_op_definition(type(_class_name(opdef.name), (LucidOp,), ns))
     cls.OPDEF = opdef  # set after definition: IRDL accepts only its own fields in the body
+    cls.verify_ = LucidOp._verify_lucid  # one pass over the op instead of IRDL's generic checks
     return cls
 
 

@@ -1,7 +1,8 @@
 """``dce``: dead-code elimination.
 
-Removes ops whose results are unused and that have no side effects (``Pure``), iterating until
-nothing changes, so whole dead chains go at once. Random ops are kept (they are not ``Pure``).
+Removes ops whose results are unused and that have no side effects (``Pure``), last to first,
+so whole dead chains go at once. Random ops are kept (they are not ``Pure``), and so is every
+function result.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lucid.ir import _xdsl as x
+from lucid.passes._blocks import blocks_of, erase_dead
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,5 @@ class DCE(x.ModulePass):
     name = "dce"
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
-        for fn in op.ops:
-            for region in fn.regions:
-                x.region_dce(region)
+        for block in blocks_of(op):
+            erase_dead(block)
