@@ -51,6 +51,7 @@ __all__ = [
     "concatenate",
     "stack",
     "narrow",
+    "select",
     "split",
     "chunk",
     "unbind",
@@ -564,6 +565,14 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple:
         raise ValueError(f"chunk: chunks must be a positive int, got {chunks!r}")
     n = x.shape[normalize_dim(dim, x.ndim, "chunk")]
     return split(x, max(math.ceil(n / chunks), 1), dim)
+
+
+@tensor_method()
+def select(x: Tensor, dim: int, index: int) -> Tensor:
+    """The slice of ``x`` at position ``index`` of ``dim`` (that dim removed): ``x[..., index]``."""
+    d = normalize_dim(dim, x.ndim, "select")
+    out = apply("index", x, [], index=(*((("slice", None, None, None),) * d), ("int", int(index))))
+    return _alias_version(out, x)
 
 
 @tensor_method()

@@ -53,9 +53,7 @@ GETITEM_CASES = [
 ]
 
 
-def torch_rule(a, index):
-    """PyTorch's documented order on a numpy array: integers select first, then numpy indexing
-    of what remains (where slices and new axes separate index arrays)."""
+def _torch_rule_keys(a, index):
     index = index if isinstance(index, tuple) else (index,)
     consumed = sum(i is not None and i is not Ellipsis for i in index)
     full = []
@@ -63,7 +61,21 @@ def torch_rule(a, index):
         full.extend([slice(None)] * (a.ndim - consumed) if i is Ellipsis else [i])
     select = tuple(i if isinstance(i, int) else slice(None) for i in full if i is not None)
     rest = tuple(i for i in full if not isinstance(i, int))
-    return a[select + (Ellipsis,)][rest]
+    return select + (Ellipsis,), rest
+
+
+def torch_rule(a, index):
+    """PyTorch's documented order on a numpy array: integers select first, then numpy indexing
+    of what remains (where slices and new axes separate index arrays)."""
+    select, rest = _torch_rule_keys(a, index)
+    return a[select][rest]
+
+
+def torch_rule_set(a, index, value):
+    out = a.copy()
+    select, rest = _torch_rule_keys(out, index)
+    out[select][rest] = value  # out[select] is a view: the write lands in out
+    return out
 
 
 def test_torch_rule_differs_from_numpy_where_torch_documents_it():
@@ -151,7 +163,14 @@ def test_random_basic_and_advanced_indices_match_numpy(data):
             items.append(lucid.tensor(ix))
             np_items.append(ix)
         dim += 1
-    assert_close(x[tuple(items)], torch_rule(arr(x), tuple(np_items)))
+    expected = torch_rule(arr(x), tuple(np_items))
+    assert_close(x[tuple(items)], expected)
+    # the same index written to: values broadcast from a trailing slice of the indexed shape
+    keep = data.draw(st.integers(0, expected.ndim))
+    value = rand(*expected.shape[expected.ndim - keep :], seed=1, grad=False)
+    y = x.detach() * 1.0
+    y[tuple(items)] = value
+    assert_close(y, torch_rule_set(arr(x), tuple(np_items), arr(value)))
 
 
 def test_getitem_errors():

@@ -62,6 +62,16 @@ def test_flatten_matches_numpy(shape, data):
     assert_close(out, expected)
 
 
+def test_flatten_gradient_and_select():
+    x = rand(2, 3, 4)
+    gradcheck(lambda t: t.flatten(1), x)
+    assert_close(x.select(1, -1), arr(x)[:, -1])
+    assert_close(lucid.select(x, -1, 2), arr(x)[..., 2])
+    gradcheck(lambda t: t.select(2, 1), x)
+    with pytest.raises(IndexError, match="out of bounds"):
+        x.select(1, 3)
+
+
 def test_unflatten():
     x = rand(2, 12)
     assert_close(x.unflatten(1, (3, -1)), arr(x).reshape(2, 3, 4))
