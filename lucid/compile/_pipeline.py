@@ -124,7 +124,6 @@ def compile_trace(
     backend: str,
     pipeline: str | None = None,
     print_ir_after_all: bool = False,
-    dynamic: bool = False,
 ) -> CompiledGraph:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -165,3 +164,41 @@ def dump_trace(trace: Any) -> str:
         json.dump(trace.to_dict(), f, indent=1)
     sys.stderr.write(f"lucid.compile: trace written to {path}\n")
     return path
+
+
+def specialize_batch(trace: Any, batch: int) -> Any:
+    """A copy of a symbolic-batch trace with the batch dim (None) set to ``batch``, in value
+    shapes and in shape-like attributes (tuples of dims)."""
+    from lucid.compile._trace import Feed, Trace, TraceOp, Value
+
+    values: dict[int, Value] = {}
+
+    def value(v: Any) -> Any:
+        if isinstance(v, Value):
+            new = values.get(v.id)
+            if new is None:
+                shape = tuple(batch if d is None else d for d in v.shape)
+                new = values[v.id] = Value(v.id, shape, v.dtype, v.device)
+            return new
+        if isinstance(v, list):
+            return [value(e) for e in v]
+        return v
+
+    def attr(a: Any) -> Any:
+        if isinstance(a, (tuple, list)):
+            return type(a)(batch if e is None else attr(e) for e in a)
+        return a
+
+    return Trace(
+        feeds=[Feed(value(f.value), f.role) for f in trace.feeds],
+        ops=[
+            TraceOp(
+                op.name,
+                [value(i) for i in op.inputs],
+                [value(o) for o in op.outputs],
+                {k: attr(v) for k, v in op.attrs.items()},
+            )
+            for op in trace.ops
+        ],
+        outputs=[(role, value(v)) for role, v in trace.outputs],
+    )

@@ -8,6 +8,7 @@ reason kept in ``cache_info()["reasons"]`` and one warning on the ``lucid.compil
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -135,6 +136,8 @@ class CompiledModule:
         backend = os.environ.get("LUCID_COMPILE_BACKEND", backend) if backend == "auto" else backend
         self.__dict__["_model"] = target
         self.__dict__["_dynamic"] = bool(dynamic)
+        # The shared symbolic-batch executable is opt-in (see the user guide, "dynamic").
+        self.__dict__["_symbolic"] = bool(dynamic) and _env_flag("LUCID_COMPILE_DYNAMIC")
         self.__dict__["_options"] = _Options(
             backend=_pipeline.resolve_backend(backend),
             strict=strict or _env_flag("LUCID_COMPILE_STRICT"),
@@ -158,6 +161,7 @@ class CompiledModule:
         d["_n_calls"] = {}
         d["_params"] = None
         d["_fingerprint"] = ()
+        d["_not_symbolic"] = {}
         d["_steps"] = {}
 
     # --- properties and delegation --------------------------------------------------------------
@@ -229,9 +233,13 @@ class CompiledModule:
             self.__dict__["_fingerprint"] = tuple(p._data.dtype for p in params)
         return params
 
-    def _key(self, args: tuple, kwargs: dict) -> tuple:
-        """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored)."""
+    def _key(self, args: tuple, kwargs: dict, symbolic: bool = False) -> tuple:
+        """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored).
+
+        With ``symbolic``, the tensor arguments' shared leading (batch) dim is None."""
         sig = tuple([_arg_sig(a) for a in args])
+        if symbolic:
+            sig = _symbolic_sig(sig)
         kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()])) if kwargs else ()
         params = self.__dict__["_params"] or self._param_list()
         grad = state.grad_enabled and (
@@ -244,6 +252,8 @@ class CompiledModule:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             key = self._key(args, kwargs)
+            if self._symbolic:
+                key = self._symbolic_key(key, args, kwargs)
         except _Unhashable:
             return self._model(*args, **kwargs)
         n_calls = self._n_calls
@@ -264,6 +274,12 @@ class CompiledModule:
             return self._model(*args, **kwargs)
         return self._miss(key, args, kwargs)
 
+    def _symbolic_key(self, key: tuple, args: tuple, kwargs: dict) -> tuple:
+        sym = (_symbolic_sig(key[0]), *key[1:])
+        if sym == key or sym in self._not_symbolic:
+            return key
+        return sym
+
     def _miss(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         key = CacheKey(key)
         with self._lock:
@@ -271,6 +287,17 @@ class CompiledModule:
             if entry is None and key not in self._eager_only:
                 try:
                     entry = self._compile(key, args, kwargs)
+                except _NotSymbolic as e:
+                    # This graph cannot share one executable across batch sizes: per-shape.
+                    self._not_symbolic[key] = str(e)
+                    static = self._key(args, kwargs)
+                    self._n_calls.pop(key, None)
+                    self._n_calls[static] = self._n_calls.get(static, 0) + 1
+                    return (
+                        self._miss(static, args, kwargs)
+                        if static not in self._entries
+                        else (self._entries[static](args, kwargs))
+                    )
                 except (GraphBreak, _pipeline.Unsupported) as e:
                     return self._fall_back(key, args, kwargs, e)
                 except Exception as e:
@@ -307,17 +334,25 @@ class CompiledModule:
         with _tracing(self._model) as tracer:
             tensor_pos: list[int] = []
             targs = []
-            for i, a in enumerate(args):
+            for i, (a, sig) in enumerate(zip(args, key[0], strict=True)):
                 if isinstance(a, Tensor):
                     tensor_pos.append(i)
-                    targs.append(tracer.input_like(a))
+                    t = tracer.input(sig[0], a.dtype)
+                    t._requires_grad = a._requires_grad
+                    targs.append(t)
                 else:
                     targs.append(a)
             tkwargs = {
                 k: tracer.input_like(v, role=f"input:{k}") if isinstance(v, Tensor) else v
                 for k, v in kwargs.items()
             }
-            out = self._model(*targs, **tkwargs)
+            symbolic = _is_symbolic(key)
+            try:
+                out = self._model(*targs, **tkwargs)
+            except (TypeError, ValueError, IndexError, GraphBreak) as e:
+                if symbolic:
+                    raise _NotSymbolic(f"tracing with a symbolic batch failed: {e}") from e
+                raise
             leaves: list[Tensor] = []
             rebuild = _pytree.flatten(out, leaves)
             # An input returned unchanged comes back as itself, not as a copy.
@@ -340,13 +375,19 @@ class CompiledModule:
                     computed.append(t)
             trace = tracer.finish(computed)
             captured = tracer.feed_tensors()
-        graph = _pipeline.compile_trace(
-            trace,
-            backend=self._options.backend,
-            pipeline=self._options.pipeline,
-            print_ir_after_all=self._options.print_ir_after_all,
-            dynamic=self._dynamic,
-        )
+        if symbolic:
+            unsafe = sorted({op.name for op in trace.ops if op.name not in _SYMBOLIC_SAFE_OPS()})
+            if unsafe:
+                raise _NotSymbolic(f"ops not safe under a symbolic batch: {', '.join(unsafe)}")
+            batch = next(a.shape[0] for a in args if isinstance(a, Tensor))
+            graph = _SymbolicGraph(trace, self._options, batch)
+        else:
+            graph = _pipeline.compile_trace(
+                trace,
+                backend=self._options.backend,
+                pipeline=self._options.pipeline,
+                print_ir_after_all=self._options.print_ir_after_all,
+            )
         bind = _make_binder(graph.feed_roles, tensor_pos, captured)
         finish = _make_finisher(
             graph.result_roles, leaves, passthrough, rebuild, captured, len(computed)
@@ -376,6 +417,8 @@ class CompiledModule:
             "eager_only": tuple(self._eager_only),
             "n_calls": {CacheKey(k): n for k, n in self._n_calls.items()},
             "reasons": dict(self._eager_only),
+            # With LUCID_COMPILE_DYNAMIC=1: symbolic keys served per shape instead, and why.
+            "not_symbolic": dict(self._not_symbolic),
         }
 
     def timing(self) -> list[dict[str, Any]]:
@@ -435,6 +478,60 @@ class CompiledModule:
 
             fn = steps[loss_fn] = make_step(self._model, loss_fn, dynamic=self._dynamic)
         return fn(*args)
+
+
+class _NotSymbolic(Exception):
+    """The graph cannot share one executable across batch sizes (served per shape instead)."""
+
+
+def _symbolic_sig(sig: tuple) -> tuple:
+    """``sig`` with the leading dim of every tensor argument set to None, when all tensor
+    arguments share one leading dim; else unchanged."""
+    leads = {s[0][0] if s[0] else -1 for s in sig if len(s) == 3}
+    if len(leads) != 1 or -1 in leads or None in leads:
+        return sig
+    return tuple((((None,) + s[0][1:]), s[1], s[2]) if len(s) == 3 else s for s in sig)
+
+
+def _is_symbolic(key: tuple) -> bool:
+    return any(len(s) == 3 and s[0] and s[0][0] is None for s in key[0])
+
+
+@functools.cache
+def _SYMBOLIC_SAFE_OPS() -> frozenset[str]:  # noqa: N802
+    from lucid.ops import REGISTRY
+    from lucid.ops._registry import SYMBOLIC_BATCH_SAFE
+
+    return frozenset(n for n, op in REGISTRY.items() if SYMBOLIC_BATCH_SAFE in op.props)
+
+
+class _SymbolicGraph:
+    """One compiled graph for every batch size: the trace is taken once with a symbolic batch
+    and proven safe; the native program is specialised per batch size on first sight (no retrace)
+    and kept, so later calls of any seen batch size only bind and run."""
+
+    def __init__(self, trace: Any, options: _Options, batch: int):
+        self.trace = trace
+        self.options = options
+        self.by_batch: dict[int, Any] = {}
+        first = self._specialize(batch)
+        self.feed_roles, self.result_roles = first.feed_roles, first.result_roles
+        self.passes_ms = first.passes_ms
+
+    def _specialize(self, batch: int) -> Any:
+        graph = _pipeline.compile_trace(
+            _pipeline.specialize_batch(self.trace, batch),
+            backend=self.options.backend,
+            pipeline=self.options.pipeline,
+        )
+        self.by_batch[batch] = graph
+        return graph
+
+    def run(self, feeds: list) -> list:
+        graph = self.by_batch.get(feeds[0].shape[0]) if feeds[0].ndim else None
+        if graph is None:
+            graph = self._specialize(feeds[0].shape[0])
+        return graph.run(feeds)
 
 
 def _make_binder(feed_roles: list[str], tensor_pos: list[int], captured: dict[str, Tensor]):
