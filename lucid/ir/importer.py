@@ -23,9 +23,16 @@ ROLE = "lucid.role"
 _PROPS_CACHE: dict[tuple, dict] = {}
 
 
+def _typed_key(v: Any) -> Any:
+    # 1, 1.0 and True are equal as dict keys but are different attributes
+    if isinstance(v, (tuple, list)):
+        return (tuple, tuple(_typed_key(e) for e in v))
+    return (type(v), v)
+
+
 def _props(attrs: dict[str, Any]) -> dict[str, x.Attribute]:
     try:
-        key = tuple(attrs.items())
+        key = tuple((k, _typed_key(v)) for k, v in attrs.items())
         hit = _PROPS_CACHE.get(key)
     except TypeError:  # an unhashable attribute value: convert without the cache
         key, hit = None, None

@@ -183,3 +183,30 @@ def test_generic_form_parses_with_upstream_mlir_opt():
         text=True,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_equal_python_values_of_different_types_stay_distinct_attributes():
+    from lucid.compile._trace import Const, Feed, Trace, TraceOp, Value
+
+    def module_with(keepdim):
+        v = Value(0, (2, 3), lucid.float32)
+        out = Value(1, (2,), lucid.float32)
+        tr = Trace(
+            [Feed(v, "input:0")], [TraceOp("sum", [v], [out], {"dim": 1, "keepdim": keepdim})]
+        )
+        tr.outputs.append(("output:0", out))
+        return print_ir(import_trace(tr))
+
+    assert "keepdim = false" in module_with(False)
+    assert "keepdim = 0 : i64" in module_with(0)  # not served the cached bool form
+    assert Const(1) == Const(1.0)  # why the importer keys constants by type as well
+
+
+def test_non_tensor_operand_is_a_verify_error():
+    text = """
+    func.func @f(%a: i32) -> tensor<3xf32> {
+      %e = lucid.exp %a : (i32) -> tensor<3xf32>
+      func.return %e : tensor<3xf32>
+    }"""
+    with pytest.raises(x.VerifyException, match="lucid.exp: expected a tensor type, got i32"):
+        parse_ir(text).verify()
