@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lucid
 from lucid import optim
@@ -169,3 +171,24 @@ def test_mixed_dtypes_stay_apart_and_min_group_is_honoured():
     module = _traced_step(optim.Adam, dict(lr=0.01), params)
     PassManager("optimizer-fusion{min-group=3}").run(module)
     assert "lucid.cat" not in _op_names(module)
+
+
+@settings(max_examples=10)
+@given(
+    shapes=st.lists(
+        st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple), min_size=2, max_size=4
+    ),
+    dtype=st.sampled_from([lucid.float32, lucid.float64]),
+    which=st.integers(0, len(OPTIMIZERS) - 1),
+)
+def test_fusion_preserves_results_for_any_parameter_shapes(shapes, dtype, which):
+    cls, options = OPTIMIZERS[which]
+    params = [lucid.ones(s, dtype=dtype, requires_grad=True) for s in shapes]
+    module = _traced_step(cls, options, params)
+    feeds = _random_feeds(module, seed=which)
+    before = interpret(module, feeds)
+    fuse_optimizer_updates(forward_func(module))
+    module.verify()
+    for b, a in zip(before, interpret(module, feeds), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
