@@ -100,23 +100,28 @@ _PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 
 def philox4x32(blocks: np.ndarray, key: int, counter: int) -> np.ndarray:
     """Philox-4x32-10 of the counters ``(block, counter)`` (two 64-bit halves) under ``key``:
-    uint32 of shape ``(len(blocks), 4)``."""
+    uint32 of shape ``(len(blocks), 4)``. Lanes live in uint64 so the 32 x 32-bit products fit."""
     blocks = np.asarray(blocks, dtype=np.uint64)
-    mask = np.uint64(_MASK32)
-    c0, c1 = blocks & mask, blocks >> np.uint64(32)
+    shift, mask = np.uint64(32), np.uint64(_MASK32)
+    c0, c1 = blocks & mask, blocks >> shift
     c2 = np.full_like(blocks, counter & _MASK32)
     c3 = np.full_like(blocks, (counter >> 32) & _MASK32)
     k0, k1 = key & _MASK32, (key >> 32) & _MASK32
     for _ in range(10):
-        p0, p1 = _PHILOX_M[0] * c0, _PHILOX_M[1] * c2  # 32 x 32 -> 64 bits, no overflow
-        c0, c1, c2, c3 = (
-            (p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0),
-            p1 & mask,
-            (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1),
-            p0 & mask,
-        )
+        p0, p1 = np.multiply(c0, _PHILOX_M[0]), np.multiply(c2, _PHILOX_M[1])
+        # In place: (c0, c1, c2, c3) <- (hi(p1) ^ c1 ^ k0, lo(p1), hi(p0) ^ c3 ^ k1, lo(p0))
+        np.right_shift(p1, shift, out=c0)
+        np.bitwise_xor(c0, c1, out=c0)
+        np.bitwise_xor(c0, np.uint64(k0), out=c0)
+        np.right_shift(p0, shift, out=c2)
+        np.bitwise_xor(c2, c3, out=c2)
+        np.bitwise_xor(c2, np.uint64(k1), out=c2)
+        c1 = np.bitwise_and(p1, mask, out=p1)
+        c3 = np.bitwise_and(p0, mask, out=p0)
         k0, k1 = (k0 + _PHILOX_W[0]) & _MASK32, (k1 + _PHILOX_W[1]) & _MASK32
-    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
+    out = np.empty((blocks.size, 4), np.uint32)
+    out[:, 0], out[:, 1], out[:, 2], out[:, 3] = c0, c1, c2, c3
+    return out
 
 
 def random_words(rng: np.ndarray, count: int) -> np.ndarray:
