@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import mutually_broadcastable_shapes
+from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes
 
 import lucid
 from lucid.testing import assert_close, gradcheck
@@ -61,6 +61,16 @@ def test_unary_values_match_numpy(name, fn, ref, domain, dtype):
     assert out.dtype == lucid._dtype.from_numpy(dtype)
     tol = 1e-6 if dtype == np.float32 else 1e-12
     assert_close(out, ref(x.astype(np.float64)).astype(dtype), rtol=tol * 10, atol=tol)
+
+
+@settings(max_examples=8)
+@given(shape=array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=3))
+@pytest.mark.parametrize("name,fn,ref,domain", UNARY, ids=[u[0] for u in UNARY])
+def test_unary_any_shape_including_empty_and_size_one(name, fn, ref, domain, shape):
+    x = rand(shape, *domain, dtype=np.float32, seed=0)
+    out = fn(lucid.tensor(x))
+    assert out.shape == shape
+    assert_close(out, ref(x.astype(np.float64)).astype(np.float32), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name,fn,ref,domain", SMOOTH_UNARY, ids=[u[0] for u in SMOOTH_UNARY])
