@@ -12,6 +12,12 @@ from lucid.compile._trace import Trace
 from lucid.compile._tracing import GraphBreak, Tracer, _tracing, trace
 from lucid.compile.api import CacheKey, CompiledModule, CompileError, compile
 from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
+from lucid.compile.training import (
+    compile_optimizer,
+    compiled_step,
+    fused_step,
+    make_step,
+)
 
 __all__ = [
     "CacheKey",
@@ -24,7 +30,11 @@ __all__ = [
     "Tracer",
     "_tracing",
     "compile",
+    "compile_optimizer",
+    "compiled_step",
     "diagnose",
+    "fused_step",
+    "make_step",
     "trace",
 ]
 

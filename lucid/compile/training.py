@@ -1,0 +1,794 @@
+"""Compiled training: ``make_step``, ``compiled_step``, ``compile_optimizer`` and ``fused_step``.
+
+All four build on ``build_training_module`` (``lucid.compile._training``): one traced module in
+the ``lucid`` dialect with roles on its feeds and results, lowered and compiled by the CPU
+target into one native executable. Results with role ``update:<feed role>`` are written by the
+native runtime straight into that feed's array (parameters, optimizer state, BatchNorm running
+statistics, the RNG state), at the end of a successful run, so a run that raises leaves them
+untouched.
+
+>>> step = lucid.compile.fused_step(model, F.cross_entropy, opt)
+>>> loss = step(x, target)            # forward + loss + backward + optimizer update, one call
+
+The per-step path does no dict work: feeds are bound by a plan computed once per cache entry (a
+list of tensor references read in feed order), and step scalars (learning rate, bias
+corrections...) are preallocated 0-d float32 arrays overwritten each step, so a learning-rate
+scheduler takes effect without recompiling.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import lucid
+from lucid import _random
+from lucid._autograd import Node
+from lucid._state import state as _state
+from lucid._tensor import Tensor
+from lucid.compile import _pipeline
+from lucid.compile._tracing import GraphBreak, _tracing
+from lucid.compile._training import TrainingModule, _trace_update, build_training_module
+from lucid.compile.api import CompileError
+from lucid.ir import feed_roles as _feed_roles
+from lucid.ir import forward_func, import_trace, result_roles
+from lucid.ops._registry import OpDef
+from lucid.passes import PassFailure, PassManager
+
+__all__ = [
+    "CompiledOptimizerStep",
+    "FusedStep",
+    "TrainStep",
+    "compile_optimizer",
+    "compiled_step",
+    "fused_step",
+    "make_step",
+]
+
+# Errors that mean "the compiler cannot do this" (as opposed to the user's model or loss
+# rejecting its inputs, which surface unchanged, exactly as eager would raise them).
+_COMPILER_ERRORS = (GraphBreak, _pipeline.Unsupported, PassFailure, NotImplementedError)
+
+
+class _Slot:
+    """A mutable holder with the ``_data`` attribute feeds are read from (scalars, RNG)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: np.ndarray):
+        self._data = data
+
+
+class _GradRef:
+    """Reads a parameter's current gradient array (compile_optimizer's gradient feeds)."""
+
+    __slots__ = ("param", "name")
+
+    def __init__(self, param: Tensor, name: str):
+        self.param = param
+        self.name = name
+
+    @property
+    def _data(self) -> np.ndarray:
+        g = self.param._grad
+        if g is None:
+            raise RuntimeError(f"compiled optimizer step: parameter {self.name} lost its gradient")
+        return g._data
+
+
+def _compile_native(module: Any, *, inplace: bool) -> Any:
+    """Lower ``module`` and compile it for the CPU; with ``inplace`` the ``update:`` results are
+    written into their feeds' arrays by the runtime (after the run succeeded)."""
+    from lucid import _native
+
+    target = _pipeline._TARGETS["cpu"]
+    try:
+        target.lower(module)
+    except PassFailure as e:
+        raise _pipeline.Unsupported(str(e.cause)) from e
+    if inplace:
+        program = target.program(module)
+    else:
+        from lucid.backends.cpu import Program, fuse_elementwise
+        from lucid.backends.cpu.emit import emit_program
+        from lucid.backends.cpu.program import Instr
+        from lucid.backends.prim_ops import Aval
+
+        desc = emit_program(module, inplace_updates=False).desc
+        program = Program()
+        program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
+        program.instrs = [Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]]
+        program.feeds = list(desc["feeds"])
+        program.results = list(desc["results"])
+        program = fuse_elementwise(program)
+    return _native.compile(program.describe(), True)
+
+
+def _input_sig(inputs: tuple) -> tuple:
+    sig = []
+    for a in inputs:
+        if isinstance(a, Tensor):
+            d = a._data
+            if d is None:
+                raise TypeError("a training step cannot take a trace tensor as input")
+            sig.append((d.shape, d.dtype))
+        else:
+            try:
+                hash(a)
+            except TypeError:
+                raise TypeError(
+                    f"a training step's non-tensor inputs must be hashable (they are baked into "
+                    f"the compiled step), got {type(a).__name__}"
+                ) from None
+            sig.append((type(a), a))
+    return tuple(sig)
+
+
+def _describe(inputs: tuple) -> str:
+    parts = []
+    for a in inputs:
+        if isinstance(a, Tensor):
+            parts.append(f"tensor{tuple(a.shape)}:{a.dtype}")
+        else:
+            parts.append(repr(a))
+    return "(" + ", ".join(parts) + ")"
+
+
+def _contiguous_inputs(inputs: tuple) -> tuple:
+    """Inputs whose arrays the runtime accepts (C-contiguous, aligned): copies only if needed."""
+    out = []
+    for a in inputs:
+        if isinstance(a, Tensor) and not a._data.flags.c_contiguous:
+            a = Tensor._wrap(np.ascontiguousarray(a._data))
+        out.append(a)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# One compiled entry: executable + binding plan
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Entry:
+    """One compiled training step for one signature, with its feed and result plans."""
+
+    executable: Any
+    feed_roles: list[str]
+    result_roles: list[str]
+    refs: list[Any]  # one object with ``_data`` per feed (None at input positions)
+    input_pos: list[tuple[int, int]]  # (feed index, index among the step's tensor inputs)
+    scalar_slots: dict[str, _Slot]
+    scalar_plan: list[tuple[np.ndarray, int, Tensor | None, str]]
+    rng_slot: _Slot | None
+    loss_index: int | None
+    grad_index: list[tuple[int, Tensor]]
+    updated: list[Tensor]  # tensors the run writes in place (their versions are bumped)
+    commits: list[tuple[int, Any]]  # (result index, target) when not in place
+    inplace: bool
+    compile_ms: float
+    first_scalars: dict[str, float] | None = None
+    n_runs: int = 0
+    tm: Any = None
+
+    def set_scalars(self, values: dict[str, float]) -> None:
+        for role, v in values.items():
+            self.scalar_slots[role]._data[()] = v
+
+    def run(self, tensor_inputs: Sequence[Tensor]) -> list:
+        feeds = [r._data if r is not None else None for r in self.refs]
+        for fi, ii in self.input_pos:
+            feeds[fi] = tensor_inputs[ii]._data
+        rng = self.rng_slot
+        if rng is not None:
+            rng._data = _random.get_rng_state()._data
+            feeds[self._rng_index] = rng._data
+        results = self.executable.run(feeds)
+        self.n_runs += 1
+        return results
+
+    _rng_index: int = -1
+
+    def after_success(self, results: list) -> None:
+        """Commit the non-in-place results, bump versions, advance the RNG."""
+        for i, target in self.commits:
+            if target == "rng":
+                continue
+            np.copyto(target._data, results[i])
+        for t in self.updated:
+            t._version[0] += 1
+        if self.rng_slot is not None:
+            _random.set_rng_state(
+                self.rng_slot._data if self.inplace else self._rng_result(results)
+            )
+
+    def _rng_result(self, results: list) -> np.ndarray:
+        return results[self.result_roles.index("update:rng")]
+
+
+def _make_entry(
+    tm: TrainingModule,
+    executable: Any,
+    *,
+    inplace: bool,
+    compile_ms: float,
+    extra_refs: dict[str, Any] | None = None,
+) -> _Entry:
+    refs: list[Any] = []
+    input_pos: list[tuple[int, int]] = []
+    scalar_slots: dict[str, _Slot] = {}
+    rng_slot = None
+    rng_index = -1
+    extra_refs = extra_refs or {}
+    for fi, role in enumerate(tm.feed_roles):
+        if role.startswith("input:"):
+            input_pos.append((fi, int(role[len("input:") :])))
+            refs.append(None)
+        elif role.startswith("scalar:"):
+            slot = _Slot(np.array(tm.scalars[role], dtype=np.float32))
+            scalar_slots[role] = slot
+            refs.append(slot)
+        elif role == "rng":
+            rng_slot = _Slot(np.zeros(2, np.int64))
+            rng_index = fi
+            refs.append(None)
+        elif role in extra_refs:
+            refs.append(extra_refs[role])
+        elif role in tm.feeds:
+            refs.append(tm.feeds[role])
+        else:
+            raise CompileError(f"the training step has a feed {role!r} nothing is bound to")
+    # Scalar refresh plan: a role shared by a group is computed once from the group's
+    # representative parameter; a per-parameter role from its own parameter's state.
+    scalar_plan: list[tuple[np.ndarray, int, Tensor | None, str]] = []
+    seen: set[str] = set()
+    group_index = {}
+    if tm.optimizer is not None:
+        group_index = {id(g): gi for gi, g in enumerate(tm.optimizer.param_groups)}
+    for src in tm._scalar_sources:
+        if src.role in seen:
+            continue
+        seen.add(src.role)
+        gi = group_index[id(src.group)]
+        shared = src.role.startswith(f"scalar:{gi}:")
+        scalar_plan.append(
+            (scalar_slots[src.role]._data, gi, None if shared else src.param, src.key)
+        )
+    loss_index = None
+    grad_index: list[tuple[int, Tensor]] = []
+    updated: list[Tensor] = []
+    commits: list[tuple[int, Any]] = []
+    for ri, role in enumerate(tm.result_roles):
+        if role == "output:0":
+            loss_index = ri
+        elif role.startswith("grad:"):
+            grad_index.append((ri, tm.params[role[len("grad:") :]]))
+        elif role == "update:rng":
+            if not inplace:
+                commits.append((ri, "rng"))
+        elif role.startswith("update:"):
+            target_role = role[len("update:") :]
+            target = tm.feeds.get(target_role)
+            if target is None:
+                raise CompileError(f"the training step updates {target_role!r}, which is not fed")
+            updated.append(target)
+            if not inplace:
+                commits.append((ri, target))
+    entry = _Entry(
+        executable=executable,
+        feed_roles=list(tm.feed_roles),
+        result_roles=list(tm.result_roles),
+        refs=refs,
+        input_pos=input_pos,
+        scalar_slots=scalar_slots,
+        scalar_plan=scalar_plan,
+        rng_slot=rng_slot,
+        loss_index=loss_index,
+        grad_index=grad_index,
+        updated=updated,
+        commits=commits,
+        inplace=inplace,
+        compile_ms=compile_ms,
+        first_scalars=dict(tm.scalars),
+        tm=tm,
+    )
+    entry._rng_index = rng_index
+    return entry
+
+
+def _run_checked(entry: _Entry, tensor_inputs: Sequence[Tensor], what: str) -> list:
+    try:
+        return entry.run(tensor_inputs)
+    except (TypeError, ValueError) as e:
+        contiguous = _contiguous_inputs(tuple(tensor_inputs))
+        if any(a is not b for a, b in zip(contiguous, tensor_inputs, strict=True)):
+            return entry.run(contiguous)
+        raise _pipeline.FeedMismatch(f"{what}: {e}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer bookkeeping shared by fused_step and compile_optimizer
+# ---------------------------------------------------------------------------------------------
+class _OptimizerView:
+    """Per-step reads of an optimizer: the step scalars of each group (from a representative
+    parameter's state), the static options the compiled update branches on, and detection of
+    ``load_state_dict`` (which replaces ``state`` and ``param_groups``)."""
+
+    def __init__(self, optimizer: Any):
+        self.opt = optimizer
+        self.static_keys = tuple(sorted(type(optimizer)._static_keys))
+        self.reset()
+
+    def reset(self) -> None:
+        self.state_obj = self.opt.state
+        self.groups_obj = self.opt.param_groups
+        self.reps: list[Tensor | None] = [None] * len(self.opt.param_groups)
+        self.find_reps()
+
+    def find_reps(self) -> None:
+        st = self.opt.state
+        self.reps = [next((p for p in g["params"] if p in st), None) for g in self.opt.param_groups]
+
+    def changed(self) -> bool:
+        return self.opt.state is not self.state_obj or self.opt.param_groups is not self.groups_obj
+
+    def group_scalars(self) -> list[dict | None]:
+        opt = self.opt
+        st = opt.state
+        out = []
+        for group, rep in zip(opt.param_groups, self.reps, strict=False):
+            if rep is None or rep not in st:
+                out.append(None)
+            else:
+                out.append(opt._step_scalars(group, st[rep], False))
+        return out
+
+    def statics(self, scalars: list[dict | None]) -> tuple:
+        keys = self.static_keys
+        groups = self.opt.param_groups
+        return tuple(
+            (len(g["params"]), None if s is None else tuple([s[k] for k in keys]))
+            for g, s in zip(groups, scalars, strict=True)
+        )
+
+    def refresh(self, entry: _Entry, scalars: list[dict | None]) -> None:
+        opt = self.opt
+        for arr, gi, param, key in entry.scalar_plan:
+            if param is None:
+                s = scalars[gi]
+                if s is None:  # the representative lost its state: read the group's first
+                    raise RuntimeError("optimizer state was removed; call the step again")
+                v = s[key]
+            else:
+                v = opt._step_scalars(opt.param_groups[gi], opt.state[param], False)[key]
+            if arr[()] != v:
+                arr[()] = v
+
+    def snapshot(self) -> dict:
+        return {p: set(s) for p, s in self.opt.state.items()}
+
+    def restore(self, snap: dict) -> None:
+        """Undo state a failed build created (so a later eager step still sees a first step)."""
+        st = self.opt.state
+        for p in list(st.keys()):
+            if p not in snap:
+                del st[p]
+            else:
+                for k in set(st[p]) - snap[p]:
+                    del st[p][k]
+
+
+# ---------------------------------------------------------------------------------------------
+# make_step / compiled_step
+# ---------------------------------------------------------------------------------------------
+class TrainStep:
+    """``step(x, *extra) -> loss``: compiled forward + backward of ``loss_fn(model(x), *extra)``.
+
+    The returned loss carries a ``grad_fn``: ``loss.backward()`` accumulates the compiled
+    gradients into ``p.grad`` (scaled by the upstream gradient), so an eager ``opt.step()``
+    works after it. BatchNorm running statistics and the RNG state advance as in eager training.
+    One executable per input signature (shapes, dtypes), training flag and set of trained
+    parameters.
+    """
+
+    def __init__(self, model: Any, loss_fn: Callable[..., Tensor], *, dynamic: bool = False):
+        if not callable(model) or not hasattr(model, "named_parameters"):
+            raise TypeError(f"make_step needs an nn.Module, got {type(model).__name__}")
+        if not callable(loss_fn):
+            raise TypeError(f"make_step needs a callable loss_fn, got {type(loss_fn).__name__}")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.dynamic = dynamic
+        self._entries: dict[tuple, _Entry] = {}
+        self._params = list(model.parameters())
+
+    def _key(self, inputs: tuple) -> tuple:
+        return (
+            _input_sig(inputs),
+            bool(getattr(self.model, "training", False)),
+            tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
+        )
+
+    def _build(self, key: tuple, inputs: tuple) -> _Entry:
+        t0 = time.perf_counter()
+        try:
+            tm = build_training_module(self.model, self.loss_fn, inputs)
+            executable = _compile_native(tm.module, inplace=True)
+        except _COMPILER_ERRORS as e:
+            raise CompileError(
+                f"make_step: cannot compile the training step for inputs {_describe(inputs)}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        entry = _make_entry(
+            tm, executable, inplace=True, compile_ms=(time.perf_counter() - t0) * 1e3
+        )
+        self._entries[key] = entry
+        return entry
+
+    def run(self, inputs: tuple) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
+        """Run one step: the loss array and ``(param, gradient array)`` pairs."""
+        key = self._key(inputs)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._build(key, inputs)
+        tensors = [a for a in inputs if isinstance(a, Tensor)]
+        try:
+            res = _run_checked(entry, tensors, "make_step")
+        except _pipeline.FeedMismatch:
+            self._entries.pop(key, None)
+            self._params = list(self.model.parameters())
+            entry = self._build(self._key(inputs), inputs)
+            res = entry.run(tensors)
+        entry.after_success(res)
+        return res[entry.loss_index], [(p, res[i]) for i, p in entry.grad_index]
+
+    def __call__(self, x: Any, *extra: Any) -> Tensor:
+        inputs = (x, *extra)
+        loss_arr, grads = self.run(inputs)
+        loss = Tensor._wrap(loss_arr)
+        if _state.grad_enabled and grads:
+            _attach_grads(loss, grads)
+        return loss
+
+    def cache_info(self) -> dict[str, Any]:
+        return {
+            "entries": len(self._entries),
+            "keys": tuple(self._entries),
+            "compile_ms": [e.compile_ms for e in self._entries.values()],
+        }
+
+
+def _attach_grads(loss: Tensor, grads: list[tuple[Tensor, np.ndarray]]) -> None:
+    """Give ``loss`` a grad_fn whose backward hands each parameter ``upstream * gradient``."""
+    params = tuple(p for p, _ in grads)
+    grad_tensors = [Tensor._wrap(g) for _, g in grads]
+
+    def vjp(ctx, g):
+        return [g * gt for gt in grad_tensors]
+
+    op = OpDef(
+        name="CompiledTrainStep",
+        operands=tuple(f"p{i}" for i in range(len(params))),
+        infer=lambda *a: None,
+        kernel=lambda *a: None,
+        vjp=vjp,
+        n_outputs=1,
+        saves_inputs=False,
+        saves_outputs=False,
+    )
+    Node.attach(op, params, {}, [loss])
+
+
+def make_step(model: Any, loss_fn: Callable[..., Tensor], *, dynamic: bool = False) -> TrainStep:
+    """A compiled forward + backward: ``step(x, *extra)`` returns ``loss_fn(model(x), *extra)``
+    with a working ``grad_fn`` (``loss.backward()`` fills ``p.grad``)."""
+    return TrainStep(model, loss_fn, dynamic=dynamic)
+
+
+_COMPILED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model: Any, x: Any, loss_fn: Callable[..., Tensor], *extra: Any) -> Tensor:
+    """One compiled forward + backward: accumulates the gradient of
+    ``loss_fn(model(x), *extra)`` into every trained parameter's ``.grad`` and returns the loss
+    (detached). The compiled step is cached per model and loss function; compilation errors
+    raise ``CompileError`` (no eager fallback)."""
+    per_model = _COMPILED_STEPS.setdefault(model, {})
+    step = per_model.get(loss_fn)
+    if step is None:
+        step = per_model[loss_fn] = TrainStep(model, loss_fn)
+    loss_arr, grads = step.run((x, *extra))
+    for p, g in grads:
+        if p._grad is None:
+            p._grad = Tensor._wrap(g)
+        else:
+            p._grad._data += g
+            p._grad._version[0] += 1
+    return Tensor._wrap(loss_arr)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_step
+# ---------------------------------------------------------------------------------------------
+class FusedStep:
+    """``step(x, *extra) -> loss``: forward + loss + backward + optimizer update as one native
+    executable; parameters, optimizer state, BatchNorm buffers and the RNG state are updated in
+    place. See ``fused_step``."""
+
+    def __init__(
+        self,
+        model: Any,
+        loss_fn: Callable[..., Tensor],
+        optimizer: Any,
+        *,
+        check_finite: bool = False,
+    ):
+        if not hasattr(model, "named_parameters"):
+            raise TypeError(f"fused_step needs an nn.Module, got {type(model).__name__}")
+        if not hasattr(optimizer, "_update") or not hasattr(optimizer, "_static_keys"):
+            raise TypeError(
+                f"fused_step needs a lucid.optim optimizer, got {type(optimizer).__name__}"
+            )
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.check_finite = bool(check_finite)
+        self._view = _OptimizerView(optimizer)
+        self._params = list(model.parameters())
+        self._entries: dict[tuple, _Entry] = {}
+
+    def _key(self, inputs: tuple, scalars: list) -> tuple:
+        return (
+            _input_sig(inputs),
+            bool(getattr(self.model, "training", False)),
+            self._view.statics(scalars),
+            tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
+        )
+
+    def _build(self, inputs: tuple) -> tuple[tuple, _Entry]:
+        t0 = time.perf_counter()
+        snap = self._view.snapshot()
+        try:
+            tm = build_training_module(self.model, self.loss_fn, inputs, optimizer=self.optimizer)
+            executable = _compile_native(tm.module, inplace=not self.check_finite)
+        except _COMPILER_ERRORS as e:
+            self._view.restore(snap)
+            raise CompileError(
+                f"fused_step: cannot compile the training step for inputs {_describe(inputs)}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        except BaseException:
+            self._view.restore(snap)
+            raise
+        entry = _make_entry(
+            tm,
+            executable,
+            inplace=not self.check_finite,
+            compile_ms=(time.perf_counter() - t0) * 1e3,
+        )
+        self._view.find_reps()
+        key = self._key(inputs, self._view.group_scalars())
+        self._entries[key] = entry
+        return key, entry
+
+    def __call__(self, x: Any, *extra: Any) -> Tensor:
+        inputs = (x, *extra)
+        view = self._view
+        if view.changed():  # load_state_dict: the bound state tensors are gone
+            view.reset()
+            self._entries.clear()
+        scalars = view.group_scalars()
+        key = self._key(inputs, scalars)
+        entry = self._entries.get(key)
+        if entry is None:
+            key, entry = self._build(inputs)
+        if entry.n_runs == 0 and entry.first_scalars is not None:
+            entry.set_scalars(entry.first_scalars)  # a first step may differ (SGD's buffer)
+        else:
+            view.refresh(entry, scalars)
+        tensors = [a for a in inputs if isinstance(a, Tensor)]
+        try:
+            res = _run_checked(entry, tensors, "fused_step")
+        except _pipeline.FeedMismatch:
+            # A parameter changed dtype or storage behind our back: rebuild once.
+            self._entries.pop(key, None)
+            self._params = list(self.model.parameters())
+            key, entry = self._build(inputs)
+            entry.set_scalars(entry.first_scalars)
+            res = entry.run(tensors)
+        loss_arr = res[entry.loss_index]
+        if self.check_finite and not np.isfinite(loss_arr).all():
+            raise FloatingPointError(
+                f"fused_step: the loss is {float(loss_arr)}; parameters and optimizer state "
+                "were left unchanged"
+            )
+        entry.after_success(res)
+        entry.first_scalars = None
+        return Tensor._wrap(loss_arr)
+
+    def cache_info(self) -> dict[str, Any]:
+        """``entries`` (compiled signatures), ``keys`` and ``compile_ms`` per entry."""
+        return {
+            "entries": len(self._entries),
+            "keys": tuple(self._entries),
+            "compile_ms": [e.compile_ms for e in self._entries.values()],
+        }
+
+    def module(self, index: int = -1) -> Any:
+        """The ``lucid``-dialect training module of a compiled entry (after lowering, it is in
+        the ``prim`` dialect); print it with ``lucid.ir.print_ir``."""
+        return list(self._entries.values())[index].tm.module
+
+
+def fused_step(
+    model: Any,
+    loss_fn: Callable[..., Tensor],
+    optimizer: Any,
+    *,
+    check_finite: bool = False,
+) -> FusedStep:
+    """Forward + loss + backward + ``optimizer`` update as one cached executable.
+
+    ``step(x, *extra)`` computes ``loss_fn(model(x), *extra)``, updates the parameters and the
+    optimizer's state in place (and BatchNorm running statistics, and the RNG for dropout) and
+    returns the loss. A new input shape compiles a new entry. What cannot be compiled raises
+    ``CompileError`` (no eager fallback). With ``check_finite=True`` a non-finite loss raises
+    ``FloatingPointError`` before anything is written. ``p.grad`` is not filled.
+    """
+    return FusedStep(model, loss_fn, optimizer, check_finite=check_finite)
+
+
+# ---------------------------------------------------------------------------------------------
+# compile_optimizer
+# ---------------------------------------------------------------------------------------------
+class CompiledOptimizerStep:
+    """Replaces ``optimizer.step``: the update of every parameter with a gradient as one cached
+    native executable writing parameters and state in place. ``optimizer.step.eager`` is the
+    original method."""
+
+    def __init__(self, optimizer: Any):
+        self.optimizer = optimizer
+        self.eager = optimizer.step
+        self._view = _OptimizerView(optimizer)
+        self._entries: dict[tuple, _Entry] = {}
+
+    def _key(self, scalars: list) -> tuple:
+        return (
+            self._view.statics(scalars),
+            tuple([p._grad is not None for g in self.optimizer.param_groups for p in g["params"]]),
+        )
+
+    def _build(self) -> tuple[tuple, _Entry]:
+        opt = self.optimizer
+        t0 = time.perf_counter()
+        snap = self._view.snapshot()
+        try:
+            tm, refs = _build_optimizer_module(opt)
+            executable = _compile_native(tm.module, inplace=True)
+        except _COMPILER_ERRORS as e:
+            self._view.restore(snap)
+            raise CompileError(
+                f"compile_optimizer: cannot compile {type(opt).__name__}.step: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        except BaseException:
+            self._view.restore(snap)
+            raise
+        entry = _make_entry(
+            tm,
+            executable,
+            inplace=True,
+            compile_ms=(time.perf_counter() - t0) * 1e3,
+            extra_refs=refs,
+        )
+        self._view.find_reps()
+        key = self._key(self._view.group_scalars())
+        self._entries[key] = entry
+        return key, entry
+
+    def __call__(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with lucid.enable_grad():
+                loss = closure()
+        view = self._view
+        if view.changed():
+            view.reset()
+            self._entries.clear()
+        scalars = view.group_scalars()
+        key = self._key(scalars)
+        if not any(key[1]):
+            return loss
+        entry = self._entries.get(key)
+        if entry is None:
+            key, entry = self._build()
+        if entry.n_runs == 0 and entry.first_scalars is not None:
+            entry.set_scalars(entry.first_scalars)
+        else:
+            view.refresh(entry, scalars)
+        try:
+            res = entry.run(())
+        except (TypeError, ValueError) as e:
+            # A gradient with another dtype/layout than at compile time: rebuild once.
+            self._entries.pop(key, None)
+            for g in self.optimizer.param_groups:
+                for p in g["params"]:
+                    if p._grad is not None and not p._grad._data.flags.c_contiguous:
+                        p._grad = Tensor._wrap(np.ascontiguousarray(p._grad._data))
+            try:
+                key, entry = self._build()
+                entry.set_scalars(entry.first_scalars)
+                res = entry.run(())
+            except (TypeError, ValueError):
+                raise RuntimeError(f"compiled optimizer step: cannot bind the feeds: {e}") from e
+        entry.after_success(res)
+        entry.first_scalars = None
+        return loss
+
+    def cache_info(self) -> dict[str, Any]:
+        return {
+            "entries": len(self._entries),
+            "keys": tuple(self._entries),
+            "compile_ms": [e.compile_ms for e in self._entries.values()],
+        }
+
+
+def _build_optimizer_module(opt: Any) -> tuple[TrainingModule, dict[str, Any]]:
+    """Trace ``opt``'s update of every parameter that has a gradient, gradients as feeds."""
+    names: dict[int, str] = {}
+    for gi, g in enumerate(opt.param_groups):
+        for k, p in enumerate(g["params"]):
+            names[id(p)] = f"{gi}.{k}"
+    trained = [p for g in opt.param_groups for p in g["params"] if p._grad is not None]
+    for p in trained:
+        if p._grad.shape != p.shape:
+            raise ValueError(
+                f"parameter {names[id(p)]} has shape {tuple(p.shape)} but its gradient "
+                f"{tuple(p._grad.shape)}"
+            )
+    with _tracing() as tracer:
+        for p in trained:
+            tracer._names[id(p)] = f"param:{names[id(p)]}"
+        scalars: dict[str, float] = {}
+        sources = _trace_update(tracer, opt, trained, names, scalars)
+        trace = tracer.finish([])
+        feeds = tracer.feed_tensors()
+    module = import_trace(trace)
+    PassManager("canonicalize,cse,dce").run(module)
+    fn = forward_func(module)
+    roles = _feed_roles(fn)
+    refs = {
+        f"ghost:param:{names[id(p)]}": _GradRef(p, names[id(p)])
+        for p in trained
+        if f"ghost:param:{names[id(p)]}" in roles
+    }
+    tm = TrainingModule(
+        module=module,
+        feed_roles=roles,
+        result_roles=result_roles(fn),
+        feeds={r: t for r, t in feeds.items() if r in roles},
+        scalars=scalars,
+        n_inputs=0,
+        optimizer=opt,
+        params={f"param:{names[id(p)]}": p for p in trained},
+        _scalar_sources=sources,
+    )
+    return tm, refs
+
+
+def compile_optimizer(optimizer: Any) -> Any:
+    """Make ``optimizer.step()`` one cached native executable (in-place parameter and state
+    writes) and return the optimizer. Hyperparameters and per-step scalars are fed each step,
+    so schedulers take effect without recompiling; ``state``/``state_dict()`` hold the real
+    buffers. Raises ``CompileError`` for what cannot be compiled."""
+    if not hasattr(optimizer, "_update") or not hasattr(optimizer, "_static_keys"):
+        raise TypeError(
+            f"compile_optimizer needs a lucid.optim optimizer, got {type(optimizer).__name__}"
+        )
+    if isinstance(optimizer.__dict__.get("step"), CompiledOptimizerStep):
+        return optimizer
+    optimizer.step = CompiledOptimizerStep(optimizer)
+    return optimizer
