@@ -20,6 +20,9 @@ rebuild; ``scalar:<group>.<k>:<key>`` when parameters of a group disagree),
 ``grad:param:<name>`` (no optimizer) or the in-place updates ``update:param:<name>``,
 ``update:state:<name>.<key>`` (with an optimizer), plus ``update:buffer:<name>`` and
 ``update:rng`` when the forward writes them.
+
+``build_optimizer_module(optimizer)`` builds the optimizer step alone (gradients as
+``grad:param:<g>.<i>`` feeds read from each parameter's ``.grad``), for ``compile_optimizer``.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from lucid.passes.ghost_grads import GhostGrads
 from lucid.passes.optimizer_fusion import OptimizerFusion
 from lucid.passes.vjp import VJP
 
-__all__ = ["TrainingModule", "build_training_module"]
+__all__ = ["TrainingModule", "build_optimizer_module", "build_training_module"]
 
 
 @dataclass
@@ -72,6 +75,8 @@ class TrainingModule:
     optimizer: Any = None
     params: dict[str, Tensor] = field(default_factory=dict)
     _scalar_sources: list[_ScalarSource] = field(default_factory=list)
+    # grad:param:<name> feeds of an optimizer-only module: role -> the parameter (its .grad)
+    grad_feeds: dict[str, Tensor] = field(default_factory=dict)
 
     def feed_values(self, *inputs: Any) -> dict[str, np.ndarray]:
         """Every feed's current value, by role (the inputs given, then captured tensors,
@@ -83,6 +88,10 @@ class TrainingModule:
             values[f"input:{i}"] = t._data if isinstance(t, Tensor) else np.asarray(t)
         for role, t in self.feeds.items():
             values[role] = t._data
+        for role, p in self.grad_feeds.items():
+            if p.grad is None:
+                raise RuntimeError(f"{role}: the parameter has no gradient to feed")
+            values[role] = p.grad._data
         for role, v in self.scalars.items():
             values[role] = np.asarray(v, dtype=np.float32)
         if "rng" in self.feed_roles:
@@ -226,7 +235,9 @@ def _feeds_the_loss_depends_on(trace: Any, loss_value: Any) -> set[str]:
     return {f.role for f in trace.feeds if f.value.id in needed}
 
 
-def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSource]:
+def _trace_update(
+    tracer, optimizer, trained, names, scalars, grad_role: str = "ghost:param:"
+) -> list[_ScalarSource]:
     """Record the optimizer's update of ``trained`` against ghost gradient feeds.
 
     A step scalar with the same value for every parameter of a group (the usual case: they
@@ -262,7 +273,7 @@ def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSou
             for key, t in st.items():
                 if isinstance(t, Tensor):
                     tracer._names[id(t)] = f"state:{pname}.{key}"
-            ghost = tracer.input(tuple(param.shape), param.dtype, role=f"ghost:param:{pname}")
+            ghost = tracer.input(tuple(param.shape), param.dtype, role=f"{grad_role}{pname}")
             fed = {}
             for key, value in step_scalars.items():
                 if key in static:
@@ -277,3 +288,47 @@ def _trace_update(tracer, optimizer, trained, names, scalars) -> list[_ScalarSou
                 fed[key] = fed_tensors[role]
             optimizer._update(param, ghost, st, **fed)
     return sources
+
+
+def build_optimizer_module(optimizer: Any, *, fuse_optimizer: bool = True) -> TrainingModule:
+    """The optimizer's step alone as a module (what ``compile_optimizer`` runs): it takes
+    ``param:<g>.<i>`` (parameter ``i`` of group ``g``), ``grad:param:<g>.<i>`` (its ``.grad``),
+    ``state:<g>.<i>.<key>`` and ``scalar:`` feeds and returns the ``update:`` results, for the
+    parameters that have a gradient now (as ``step()`` skips the others). Identical update
+    chains are fused unless ``fuse_optimizer=False``."""
+    names = {
+        id(p): f"{gi}.{i}"
+        for gi, g in enumerate(optimizer.param_groups)
+        for i, p in enumerate(g["params"])
+    }
+    trained = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if not trained:
+        raise ValueError("build_optimizer_module: no parameter has a gradient")
+    scalars: dict[str, float] = {}
+    with _tracing() as tracer:
+        for p in trained:
+            tracer._names[id(p)] = f"param:{names[id(p)]}"
+        sources = _trace_update(tracer, optimizer, trained, names, scalars, grad_role="grad:param:")
+        trace = tracer.finish([])
+    module = import_trace(trace)
+    passes = "optimizer-fusion,canonicalize,cse,dce" if fuse_optimizer else "canonicalize,cse,dce"
+    PassManager(passes).run(module)
+    fn = forward_func(module)
+    roles = feed_roles(fn)
+    feeds = {r: t for r, t in tracer.feed_tensors().items() if r in roles}
+    return TrainingModule(
+        module=module,
+        feed_roles=roles,
+        result_roles=result_roles(fn),
+        feeds=feeds,
+        scalars=scalars,
+        n_inputs=0,
+        optimizer=optimizer,
+        params={f"param:{names[id(p)]}": p for p in trained},
+        _scalar_sources=sources,
+        grad_feeds={
+            f"grad:param:{names[id(p)]}": p
+            for p in trained
+            if f"grad:param:{names[id(p)]}" in roles
+        },
+    )

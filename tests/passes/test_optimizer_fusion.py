@@ -192,3 +192,31 @@ def test_fusion_preserves_results_for_any_parameter_shapes(shapes, dtype, which)
     for b, a in zip(before, interpret(module, feeds), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS, ids=[c.__name__ for c, _ in OPTIMIZERS])
+def test_optimizer_module_steps_like_eager(cls, options):
+    from lucid.compile._training import build_optimizer_module
+
+    rng = np.random.default_rng(0)
+    shapes = ((3, 2), (2,), (4,))
+    data = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    params = [lucid.tensor(d, requires_grad=True) for d in data]
+    eager = [lucid.tensor(d, requires_grad=True) for d in data]
+    opt, eager_opt = cls(params, **options), cls(eager, **options)
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(2)]
+    for p, g in zip(params[:2], grads[0], strict=False):  # the last parameter has no gradient
+        p.grad = lucid.tensor(g)
+    om = build_optimizer_module(opt)
+    assert "update:param:0.2" not in om.result_roles
+    assert "lucid.cat" in _op_names(om.module)
+    for step in range(2):
+        for p, ep, g in zip(params[:2], eager[:2], grads[step], strict=False):
+            p.grad, ep.grad = lucid.tensor(g), lucid.tensor(g)
+        om.write_back(interpret(om.module, om.feed_values()))
+        om.refresh_scalars()
+        eager_opt.step()
+        for p, ep in zip(params, eager, strict=True):
+            np.testing.assert_allclose(
+                p.detach().numpy(), ep.detach().numpy(), rtol=1e-5, atol=1e-7
+            )
