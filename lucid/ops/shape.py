@@ -458,12 +458,28 @@ def _cat_kernel(tensors: list, dim: int) -> np.ndarray:
 def _cat_vjp(c, g):
     tensors = c.inputs[0]
     d = normalize_dim(c.attrs["dim"], tensors[0].ndim)
-    grads, start = [], 0
-    for x, need in zip(tensors, c.needs_input_grad, strict=True):
-        size = x.shape[d]
-        grads.append(_slice_dim(g, d, start, start + size) if need else None)
-        start += size
-    return (grads,)
+    sizes = [x.shape[d] for x in tensors]
+    if sizes.count(None) > 1:
+        raise ValueError("cat: the gradient needs at most one symbolic size along the cat dim")
+    # Offsets count from the front up to a symbolic piece, and from the end after it.
+    split = sizes.index(None) if None in sizes else len(sizes)
+    bounds, start = [], 0
+    for n in sizes[:split]:
+        bounds.append((start, start + n))
+        start += n
+    tail, stop = [], 0
+    for n in reversed(sizes[split + 1 :]):
+        tail.append((-stop - n, -stop or None))
+        stop += n
+    if split < len(sizes):
+        bounds.append((start, -stop or None))
+    bounds += reversed(tail)
+    return (
+        [
+            _slice_dim(g, d, *b) if need else None
+            for b, need in zip(bounds, c.needs_input_grad, strict=True)
+        ],
+    )
 
 
 register(

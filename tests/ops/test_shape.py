@@ -446,3 +446,26 @@ def test_inplace_write_to_base_is_seen_by_nodes_that_saved_a_view(make_view):
     x.add_(1.0)  # the view's values changed under z's node
     with pytest.raises(RuntimeError, match="modified by an in-place operation"):
         z.sum().backward()
+
+
+def test_cat_gradient_along_a_symbolic_dim_slices_from_both_ends():
+    from lucid.compile import _tracing
+    from lucid.ir import import_trace, interpret
+    from lucid.ops._registry import REGISTRY, VJPContext
+
+    with _tracing() as tracer:
+        a, b, c = tracer.input((2, 3)), tracer.input((None, 3)), tracer.input((1, 3))
+        out = lucid.cat([a, b, c])
+        g = tracer.input((None, 3))
+        ctx = VJPContext(([a, b, c],), [out], {"dim": 0}, (True, True, True))
+        (grads,) = REGISTRY["cat"].vjp(ctx, g)
+        # a slice of a symbolic dim has a symbolic size (its bounds may be clamped)
+        assert [t.shape for t in grads] == [(None, 3)] * 3
+        tr = tracer.finish(grads)
+    for n in (1, 4):
+        data = [np.zeros((2, 3)), np.zeros((n, 3)), np.zeros((1, 3))]
+        gval = np.arange((n + 3) * 3, dtype=np.float32).reshape(n + 3, 3)
+        got = interpret(import_trace(tr), [*data, gval])
+        np.testing.assert_array_equal(got[0], gval[:2])
+        np.testing.assert_array_equal(got[1], gval[2 : 2 + n])
+        np.testing.assert_array_equal(got[2], gval[2 + n :])
