@@ -107,6 +107,9 @@ def differentiate(
             "one-element loss: pass seed=true to feed the output gradient"
         )
     wrt_idx = select_wrt(roles, wrt)
+    again = [f"grad:{roles[i]}" for i in wrt_idx if f"grad:{roles[i]}" in res_roles]
+    if again:
+        raise VJPError(f"vjp: the function already returns {again}; differentiate once")
     args = block.args
     bad = [roles[i] for i in wrt_idx if not _is_float(args[i])]
     if bad:

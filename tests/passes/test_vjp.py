@@ -234,3 +234,10 @@ def test_require_env_fails_on_an_uncovered_op_off_the_loss_path(monkeypatch):
             differentiate(forward_func(build()), wrt="inputs")
     finally:
         del REGISTRY[op.name]
+
+
+def test_differentiating_twice_is_an_error():
+    module = import_trace(trace(lambda x: x.exp().sum(), lucid.tensor(np.ones(2))))
+    differentiate(forward_func(module), wrt="inputs")
+    with pytest.raises(VJPError, match="already returns"):
+        differentiate(forward_func(module), wrt="inputs")
