@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from time import perf_counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,11 +89,15 @@ class _Entry:
     n_hits: int = 0
     last_run_ms: float = 0.0
 
+    def __post_init__(self) -> None:
+        # The executable's own run, without the CompiledGraph wrapper frame (hot path).
+        exe = getattr(self.graph, "executable", None)
+        self.run_graph = exe.run if exe is not None else self.graph.run
+
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        t0 = time.perf_counter()
-        results = self.graph.run(self.bind(args, kwargs))
-        out = self.finish(args, kwargs, results)
-        self.last_run_ms = (time.perf_counter() - t0) * 1e3
+        t0 = perf_counter()
+        out = self.finish(args, kwargs, self.run_graph(self.bind(args, kwargs)))
+        self.last_run_ms = (perf_counter() - t0) * 1e3
         return out
 
 
@@ -263,8 +268,12 @@ class CompiledModule:
             entry.n_hits += 1
             try:
                 return entry(args, kwargs)
-            except _pipeline.FeedMismatch:
-                # A parameter or buffer changed shape or dtype behind our back: recompile.
+            except (TypeError, ValueError, _pipeline.FeedMismatch):
+                if not _all_contiguous(args, kwargs):
+                    # The native run takes C-contiguous arrays only (no hidden copies): copy here.
+                    return entry(*_contiguous(args, kwargs))
+                # Otherwise a parameter or buffer changed shape or dtype behind our back (the
+                # native run checks every feed): refresh the fingerprint and recompile.
                 with self._lock:
                     self._entries.pop(key, None)
                     self.__dict__["_params"] = None
@@ -307,6 +316,8 @@ class CompiledModule:
                 self._entries[key] = entry
         if entry is None:
             return self._model(*args, **kwargs)
+        if not _all_contiguous(args, kwargs):
+            args, kwargs = _contiguous(args, kwargs)
         return entry(args, kwargs)
 
     def _fall_back(
@@ -478,6 +489,21 @@ class CompiledModule:
 
             fn = steps[loss_fn] = make_step(self._model, loss_fn, dynamic=self._dynamic)
         return fn(*args)
+
+
+def _all_contiguous(args: tuple, kwargs: dict) -> bool:
+    return all(
+        a._data.flags.c_contiguous for a in (*args, *kwargs.values()) if isinstance(a, Tensor)
+    )
+
+
+def _contiguous(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def c(a: Any) -> Any:
+        if isinstance(a, Tensor) and not a._data.flags.c_contiguous:
+            return Tensor._wrap(np.ascontiguousarray(a._data))
+        return a
+
+    return tuple(c(a) for a in args), {k: c(v) for k, v in kwargs.items()}
 
 
 class _NotSymbolic(Exception):

@@ -317,3 +317,13 @@ def test_concurrent_calls_agree_with_eager_and_compile_once_per_shape():
         t.join()
     assert not errors, errors[0]
     assert cm.cache_info()["entries"] == 3
+
+
+def test_non_contiguous_input_gives_the_eager_result():
+    model = models.MLP()
+    cm = lucid.compile(model)
+    base = randn(16, 6)
+    cm(base.T.contiguous() if hasattr(base.T, "contiguous") else base.T)
+    xt = base.T  # a transposed view: not C-contiguous
+    np.testing.assert_allclose(cm(xt).numpy(), model(xt).numpy(), rtol=RTOL, atol=ATOL)
+    assert cm.cache_info()["entries"] == 1
