@@ -13,9 +13,9 @@ import logging
 import os
 import threading
 import time
-from time import perf_counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 import numpy as np
