@@ -54,6 +54,31 @@ def _list_passes(out) -> None:
             out.write(f"      {f.name.replace('_', '-')}: {f.type}{default}\n")
 
 
+def _locate_failure(module, text: str, name: str) -> str | None:
+    """``file:line`` of the first op that fails to verify. The parser keeps no locations, but it
+    keeps result names, which find the defining line in the source."""
+    import re
+
+    failing = None
+    for op in module.walk():
+        try:
+            op.verify(verify_nested_ops=False)
+        except Exception:
+            failing = op
+            break
+    if failing is None:
+        return None
+    hints = [r.name_hint for r in failing.results if r.name_hint]
+    patterns = [rf"%{re.escape(h)}\b[^=]*=\s*\"?{re.escape(failing.name)}" for h in hints]
+    patterns.append(rf"\b\"?{re.escape(failing.name)}\b")
+    lines = text.splitlines()
+    for pattern in patterns:
+        for i, line in enumerate(lines, 1):
+            if re.search(pattern, line):
+                return f"{name}:{i}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.list_passes:
@@ -100,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             module.verify()
         except x.VerifyException as e:
-            return fail(f"{name} does not verify: {e}")
+            return fail(f"{_locate_failure(module, text, name) or name} does not verify: {e}")
     try:
         pm.run(module, ctx)
     except PassFailure as e:

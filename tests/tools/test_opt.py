@@ -141,6 +141,7 @@ def test_invalid_module_is_reported(run, tmp_path):
     )
     r = run([str(bad)])
     assert r.returncode == 1 and "does not verify" in r.stderr and "lucid.exp" in r.stderr
+    assert f"{bad}:2 does not verify" in r.stderr  # the line of the failing op
 
 
 def test_list_passes(run):
