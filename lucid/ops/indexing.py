@@ -45,6 +45,9 @@ __all__ = [
     "scatter",
     "scatter_add",
     "index_select",
+    "index_add",
+    "index_copy",
+    "index_fill",
     "masked_fill",
     "masked_select",
     "nonzero",
@@ -338,7 +341,7 @@ def _parse_index(x: Tensor, idx: Any) -> tuple[tuple, list, tuple]:
                 raise IndexError(
                     f"tensors used as indices must be integer or bool tensors, got {it.dtype}"
                 )
-        elif isinstance(it, (list, tuple, np.ndarray)):
+        elif isinstance(it, (list, tuple, range, np.ndarray)):
             t = _as_index_tensor(it)
             raw.append(("mask", t) if t.dtype is _dtype.bool_ else ("tensor", t))
         else:
@@ -452,6 +455,47 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
         return apply("index", x.reshape(1), [index], index=(("tensor",),)).reshape(())
     d = normalize_dim(dim, x.ndim, "index_select")
     return apply("index", x, [index], index=(*((_FULL,) * d), ("tensor",)))
+
+
+def _index_along(x: Tensor, dim: int, index: Any, values: Any, accumulate: bool, op: str):
+    """``x`` with the positions ``index`` of ``dim`` written (or increased) by ``values``."""
+    if not isinstance(index, Tensor):
+        index = _as_index_tensor(index)
+    _check_index_tensors([index], op)
+    if index.ndim > 1:
+        raise ValueError(f"{op}: index must be 1-d, got shape {tuple(index.shape)}")
+    d = normalize_dim(dim, x.ndim, op)
+    items = (*((_FULL,) * d), ("tensor",))
+    return apply("index_put", x, values, [index.reshape(-1)], index=items, accumulate=accumulate)
+
+
+@tensor_method()
+def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: float = 1) -> Tensor:
+    """A copy of ``x`` with ``alpha * source`` added at the positions ``index`` of ``dim``
+    (repeated positions add up)."""
+    if tuple(source.shape) != tuple(index_select(x, dim, index).shape):
+        raise ValueError(
+            f"index_add: source has shape {tuple(source.shape)}, expected the shape "
+            f"{tuple(index_select(x, dim, index).shape)} of x.index_select(dim, index)"
+        )
+    return _index_along(x, dim, index, source if alpha == 1 else source * alpha, True, "index_add")
+
+
+@tensor_method()
+def index_copy(x: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+    """A copy of ``x`` with the positions ``index`` of ``dim`` replaced by ``source``."""
+    return _index_along(x, dim, index, source, False, "index_copy")
+
+
+@tensor_method()
+def index_fill(x: Tensor, dim: int, index: Tensor, value: float | Tensor) -> Tensor:
+    """A copy of ``x`` with the positions ``index`` of ``dim`` set to ``value``."""
+    return _index_along(x, dim, index, value, False, "index_fill")
+
+
+inplace_method("index_add_", index_add)
+inplace_method("index_copy_", index_copy)
+inplace_method("index_fill_", index_fill)
 
 
 # --- gather / scatter ---------------------------------------------------------------------------
@@ -599,8 +643,9 @@ for _name, _kernel, _vjp in (
 
 
 @tensor_method()
-def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
-    """``out[i][j][k] = x[index[i][j][k]][j][k]`` (for dim 0): values picked along ``dim``."""
+def gather(x: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
+    """``out[i][j][k] = x[index[i][j][k]][j][k]`` (for dim 0): values picked along ``dim``.
+    ``sparse_grad`` is accepted for PyTorch compatibility; gradients are always dense."""
     return apply("gather", x, index, dim=dim)
 
 

@@ -526,3 +526,31 @@ def test_index_select_on_a_0d_tensor():
     assert_close(s.index_select(0, lucid.tensor([0])), np.float32(3.0))
     with pytest.raises(IndexError, match="one value"):
         s.index_select(0, lucid.tensor([0, 0]))
+
+
+def test_index_add_copy_fill_match_numpy():
+    x = rand(4, 3, grad=False)
+    index = lucid.tensor([2, 0, 2])
+    src = rand(4, 3, seed=1, grad=False)[:, :3]
+    expected = arr(x).copy()
+    np.add.at(expected, (slice(None), index.numpy()), 2.0 * arr(src))
+    assert_close(x.index_add(1, index, src, alpha=2.0), expected)
+    expected = arr(x).copy()
+    expected[:, [1, 0]] = arr(src)[:, :2]
+    assert_close(lucid.index_copy(x, -1, lucid.tensor([1, 0]), src[:, :2]), expected)
+    expected = arr(x).copy()
+    expected[[3, 1]] = -1.0
+    assert_close(x.index_fill(0, lucid.tensor([3, 1]), -1.0), expected)
+    y = x.detach() * 1.0
+    y.index_add_(0, lucid.tensor([0, 0]), lucid.tensor(np.ones((2, 3))))
+    assert_close(y, arr(x) + np.array([[2.0], [0.0], [0.0], [0.0]]))
+    assert x[range(1, 3)].shape == (2, 3)
+
+
+def test_index_add_gradients_and_errors():
+    index = lucid.tensor([2, 0, 2])
+    gradcheck(lambda t, s: t.index_add(0, index, s), rand(3, 2), rand(3, 2, seed=1))
+    gradcheck(lambda t, s: t.index_copy(1, lucid.tensor([1]), s), rand(3, 2), rand(3, 1, seed=1))
+    gradcheck(lambda t: t.index_fill(1, lucid.tensor([0]), 2.0), rand(3, 2))
+    with pytest.raises(ValueError, match="source has shape"):
+        rand(3, 2).index_add(0, index, rand(2, 2))
