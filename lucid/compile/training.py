@@ -32,13 +32,15 @@ from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline
-from lucid.compile._tracing import GraphBreak, _tracing
-from lucid.compile._training import TrainingModule, _trace_update, build_training_module
+from lucid.compile._tracing import GraphBreak
+from lucid.compile._training import (
+    TrainingModule,
+    build_optimizer_module,
+    build_training_module,
+)
 from lucid.compile.api import CompileError
-from lucid.ir import feed_roles as _feed_roles
-from lucid.ir import forward_func, import_trace, result_roles
 from lucid.ops._registry import OpDef
-from lucid.passes import PassFailure, PassManager
+from lucid.passes import PassFailure
 
 __all__ = [
     "CompiledOptimizerStep",
@@ -340,10 +342,13 @@ class _OptimizerView:
         st = opt.state
         out = []
         for group, rep in zip(opt.param_groups, self.reps, strict=False):
-            if rep is None or rep not in st:
-                out.append(None)
-            else:
+            if rep is not None and rep in st:
                 out.append(opt._step_scalars(group, st[rep], False))
+                continue
+            try:  # stateless (plain SGD), or no step taken yet
+                out.append(opt._step_scalars(group, {}, False))
+            except KeyError:
+                out.append(None)
         return out
 
     def statics(self, scalars: list[dict | None]) -> tuple:
@@ -737,45 +742,16 @@ class CompiledOptimizerStep:
 
 
 def _build_optimizer_module(opt: Any) -> tuple[TrainingModule, dict[str, Any]]:
-    """Trace ``opt``'s update of every parameter that has a gradient, gradients as feeds."""
-    names: dict[int, str] = {}
+    """The optimizer step alone (``build_optimizer_module``) and its gradient feeds' readers."""
     for gi, g in enumerate(opt.param_groups):
         for k, p in enumerate(g["params"]):
-            names[id(p)] = f"{gi}.{k}"
-    trained = [p for g in opt.param_groups for p in g["params"] if p._grad is not None]
-    for p in trained:
-        if p._grad.shape != p.shape:
-            raise ValueError(
-                f"parameter {names[id(p)]} has shape {tuple(p.shape)} but its gradient "
-                f"{tuple(p._grad.shape)}"
-            )
-    with _tracing() as tracer:
-        for p in trained:
-            tracer._names[id(p)] = f"param:{names[id(p)]}"
-        scalars: dict[str, float] = {}
-        sources = _trace_update(tracer, opt, trained, names, scalars)
-        trace = tracer.finish([])
-        feeds = tracer.feed_tensors()
-    module = import_trace(trace)
-    PassManager("canonicalize,cse,dce").run(module)
-    fn = forward_func(module)
-    roles = _feed_roles(fn)
-    refs = {
-        f"ghost:param:{names[id(p)]}": _GradRef(p, names[id(p)])
-        for p in trained
-        if f"ghost:param:{names[id(p)]}" in roles
-    }
-    tm = TrainingModule(
-        module=module,
-        feed_roles=roles,
-        result_roles=result_roles(fn),
-        feeds={r: t for r, t in feeds.items() if r in roles},
-        scalars=scalars,
-        n_inputs=0,
-        optimizer=opt,
-        params={f"param:{names[id(p)]}": p for p in trained},
-        _scalar_sources=sources,
-    )
+            if p._grad is not None and tuple(p._grad.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"parameter {gi}.{k} has shape {tuple(p.shape)} but its gradient "
+                    f"{tuple(p._grad.shape)}"
+                )
+    tm = build_optimizer_module(opt)
+    refs = {role: _GradRef(p, role[len("grad:param:") :]) for role, p in tm.grad_feeds.items()}
     return tm, refs
 
 
