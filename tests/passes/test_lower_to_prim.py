@@ -20,7 +20,7 @@ from lucid.ir.prim import make_prim_context
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.ops.coverage import rows
 from lucid.passes import PassFailure, PassManager, get_pass
-from lucid.passes.lower_to_prim import LoweringError, LowerToPrim, lower_module, lowering_status
+from lucid.passes.lower_to_prim import LoweringError, LowerToPrim, lower_module
 
 DTYPES = [np.bool_, np.int32, np.int64, np.float32, np.float64]
 
@@ -84,18 +84,18 @@ def test_lowered_module_round_trips_through_text():
     assert print_ir(again) == text
 
 
-def test_unsupported_op_is_named_with_its_reason():
+def test_a_refusal_is_named_with_its_reason_through_the_pass_manager():
     def fn(x, idx, src):
         return apply("scatter", x, idx, src, dim=0)
 
-    arrays = [np.zeros((3, 4), np.float32), np.zeros((2, 4), np.int64), np.ones((2, 4), np.float32)]
+    n = 4100  # more writes than the last-write-wins comparison handles
+    arrays = [np.zeros(8, np.float32), np.zeros(n, np.int64), np.ones(n, np.float32)]
     module = import_trace(trace(fn, *(Tensor._wrap(a) for a in arrays)))
     with pytest.raises(PassFailure) as info:
         PassManager("lower-to-prim").run(module)
     cause = info.value.cause
     assert isinstance(cause, LoweringError)
-    assert cause.op == "scatter" and "scatter-assign" in str(cause)
-    assert lowering_status("scatter") == f"no: {cause.reason}"
+    assert cause.op == "scatter" and "4100 writes" in str(cause)
 
 
 def test_a_conditional_refusal_names_the_op_and_the_condition():
@@ -133,7 +133,7 @@ def test_unused_pool_indices_are_not_computed():
 def test_coverage_table_has_a_lowering_column():
     table = {r["op"]: r for r in rows()}
     assert table["add"]["lowers to prim"] == "yes"
-    assert table["randperm"]["lowers to prim"].startswith("no: ")
+    assert table["nonzero"]["lowers to prim"].startswith("no: ")
 
 
 # --- random graphs: chains and DAGs of registry ops on random shapes
@@ -337,8 +337,6 @@ def test_indexing_matches_eager_for_any_index(case):
 @given(index_cases(), st.booleans())
 def test_index_put_matches_eager_for_any_index(case, accumulate):
     shape, index, tensors = case
-    if tensors and not accumulate:
-        accumulate = True  # assignment through index tensors is refused (tested above)
     x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
     target = apply("index", Tensor._wrap(x), [Tensor._wrap(t) for t in tensors], index=index).shape
     values = np.random.default_rng(5).standard_normal(target).astype(np.float32)

@@ -144,33 +144,56 @@ def _positions(b: Builder, x: PV, indices: list, index: tuple) -> tuple[PV, np.n
     return _apply_index(b, iota, indices, index, target), None
 
 
+# Assignment through possibly repeated positions, exactly as numpy's: the last write (in C order
+# of the index) wins. An m x m comparison finds the writes a later one overwrites, so this is
+# limited to MAX_ASSIGN writes.
+MAX_ASSIGN = 4096
+
+
+def _assign(b: Builder, flat_x: PV, flat_pos: PV, flat_vals: PV, distinct: bool) -> PV:
+    """``flat_x`` with ``flat_vals`` written at ``flat_pos`` (1-d, equal lengths)."""
+    m = flat_pos.size
+    dt = flat_x.dtype
+    if m == 0:
+        return flat_x
+    # -0.0 as the neutral value keeps a written -0.0 (0.0 + -0.0 would give +0.0).
+    neutral = -0.0 if dt.is_floating_point else 0
+    if not distinct:
+        if m > MAX_ASSIGN:
+            raise LoweringUnsupported(
+                f"assignment through index tensors with {m} writes (more than {MAX_ASSIGN}; "
+                "finding the last write to each position compares every pair)"
+            )
+        same = b.op(
+            "eq", b.reshape(flat_pos, (m, 1)), b.reshape(flat_pos, (1, m))
+        )  # same[k, j]: writes k and j hit one position
+        later = b.const(np.triu(np.ones((m, m), dtype=bool), 1), _dtype.bool_, (m, m))
+        overwritten = b.op("logical_and", same, later)
+        hit_later = b.reduce("reduce_max", b.cast(overwritten, _dtype.int32), (1,))
+        keep = b.binary("eq", hit_later, 0, _dtype.int32)
+        flat_vals = b.select(keep, flat_vals, neutral, dt)
+    written = b.op("scatter_add", b.full(neutral, (flat_x.size,), dt), flat_pos, flat_vals, axis=0)
+    ones = b.full(1, (m,), _dtype.int32)
+    hits = b.op("scatter_add", b.full(0, (flat_x.size,), _dtype.int32), flat_pos, ones, axis=0)
+    return b.op("select", b.binary("ne", hits, 0, _dtype.int32), written, flat_x)
+
+
 @rule("index_put")
 def _index_put(b: Builder, v, values, indices, index, accumulate):
     pos, known = _positions(b, v, list(indices), tuple(index))
-    if not accumulate and known is None:
-        raise LoweringUnsupported(
-            "index_put with index tensors and accumulate=False (prim has no scatter-assign; "
-            "repeated indices would need last-write-wins)"
-        )
     vals = b.cast(values, v.dtype)
     vshape = vals.shape
     while len(vshape) > pos.ndim and vshape[0] == 1:
         vshape = vshape[1:]
     vals = b.broadcast_to(b.reshape(vals, vshape), pos.shape)
     flat_pos = b.reshape(pos, (pos.size,))
-    flat_vals = b.reshape(vals, (pos.size,))
     work = v if v.dtype is not _dtype.bool_ else b.cast(v, _dtype.int32)
-    flat_vals = b.cast(flat_vals, work.dtype)
+    flat_vals = b.cast(b.reshape(vals, (pos.size,)), work.dtype)
     flat_x = b.reshape(work, (v.size,))
     if accumulate:
         out = b.op("scatter_add", flat_x, flat_pos, flat_vals, axis=0)
     else:
-        zeros = b.full(0, (v.size,), work.dtype)
-        written = b.op("scatter_add", zeros, flat_pos, flat_vals, axis=0)
-        # The positions are distinct, so a count of 1 marks exactly the written ones.
-        ones = b.full(1, (pos.size,), _dtype.int32)
-        hits = b.op("scatter_add", b.full(0, (v.size,), _dtype.int32), flat_pos, ones, axis=0)
-        out = b.op("select", b.binary("ne", hits, 0, _dtype.int32), written, flat_x)
+        out = _assign(b, flat_x, flat_pos, flat_vals, distinct=known is not None)
     return b.cast(b.reshape(out, v.shape), v.dtype)
 
 
@@ -208,10 +231,27 @@ def _scatter_add(b: Builder, v, idx, src, dim):
     return b.reshape(flat, v.shape)
 
 
-unsupported(
-    "scatter",
-    "prim has no scatter-assign (eager's last-write-wins for repeated indices cannot be expressed)",
-)
+@rule("scatter")
+def _scatter(b: Builder, v, idx, src, dim):
+    if v.ndim == 0:
+        raise LoweringUnsupported("scatter into a 0-d tensor")
+    d = normalize_dim(dim, v.ndim)
+    m = math.prod(idx.shape)
+    if isinstance(src, PV):
+        src = b.cast(src, v.dtype)
+        if src.shape != idx.shape:  # torch reads only the leading index.shape block of src
+            src = b.op(
+                "slice", src, starts=[0] * src.ndim, ends=list(idx.shape), strides=[1] * src.ndim
+            )
+        flat_src = b.reshape(src, (m,))
+    else:
+        flat_src = b.full(src, (m,), v.dtype)
+    work = v if v.dtype is not _dtype.bool_ else b.cast(v, _dtype.int32)
+    pos = b.reshape(_along_dim_positions(b, v, idx, d), (m,))
+    out = _assign(b, b.reshape(work, (v.size,)), pos, b.cast(flat_src, work.dtype), distinct=False)
+    return b.cast(b.reshape(out, v.shape), v.dtype)
+
+
 unsupported("nonzero", "its output shape depends on the input's values (a graph break)")
 
 

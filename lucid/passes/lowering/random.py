@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from lucid import _dtype
-from lucid.passes.lowering._core import Builder, LoweringUnsupported, lower_dtype, rule, unsupported
+from lucid.passes.lowering._core import Builder, LoweringUnsupported, lower_dtype, rule
 
 
 def _float_dtype(dt: _dtype.dtype) -> _dtype.dtype:
@@ -56,4 +56,31 @@ def _bernoulli_mask(b: Builder, rng, v, p):
     return b.binary("mul", keep, float(out.dtype.numpy.type(1 / (1 - p))), out.dtype)
 
 
-unsupported("randperm", "prim has no sort or shuffle to draw a permutation with")
+MAX_RANDPERM = 2048
+
+
+@rule("randperm")
+def _randperm(b: Builder, rng, n, dtype):
+    """Random keys ranked by an n x n comparison (ties broken by position), each position sent
+    to its rank: a uniform permutation without a sort op."""
+    out = b.outs[0].dtype
+    if n > MAX_RANDPERM:
+        raise LoweringUnsupported(
+            f"randperm of {n} > {MAX_RANDPERM} elements (prim has no sort; ranking compares "
+            "every pair)"
+        )
+    if n <= 1:
+        return b.full(0, (n,), out)
+    f64 = _dtype.float64
+    keys = b.op("random_uniform", rng, shape=(n,), dtype="f64")
+    k_i, k_j = b.reshape(keys, (n, 1)), b.reshape(keys, (1, n))
+    earlier = b.const(np.tril(np.ones((n, n), dtype=bool), -1), _dtype.bool_, (n, n))
+    before = b.op(
+        "logical_or",
+        b.binary("lt", k_j, k_i, f64),
+        b.op("logical_and", b.binary("eq", k_j, k_i, f64), earlier),
+    )
+    rank = b.reduce("reduce_sum", b.cast(before, _dtype.int64), (1,))
+    positions = b.const(np.arange(n), _dtype.int64, (n,))
+    perm = b.op("scatter_add", b.full(0, (n,), _dtype.int64), rank, positions, axis=0)
+    return b.cast(perm, out)

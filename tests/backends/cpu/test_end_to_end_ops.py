@@ -92,6 +92,17 @@ def test_random_draws_are_reproducible_and_follow_the_distribution(name, attrs):
         assert set(np.unique(native)) == set(range(-3, 4))
 
 
+def test_randperm_is_a_reproducible_permutation():
+    module = _random_module("randperm", n=50)
+    state = np.array([3, 4], np.int64)
+    perm = _native_run(module, [state])[0]
+    assert perm.dtype == np.int64 and sorted(perm) == list(range(50))
+    np.testing.assert_array_equal(perm, interpret_prim(module, [state])[0])
+    assert not np.array_equal(perm, np.arange(50))
+    other = _native_run(module, [np.array([3, 5], np.int64)])[0]
+    assert not np.array_equal(perm, other)
+
+
 def test_dropout_mask_keeps_about_one_minus_p_and_scales():
     def fn(state, x):
         return apply("bernoulli_mask", state, x, p=0.25)
