@@ -42,6 +42,8 @@ class LucidOp(x.IRDLOperation):
     """Base of every generated ``lucid.<name>`` op; ``OPDEF`` is its registry entry."""
 
     OPDEF: ClassVar[OpDef]
+    VARIADIC: ClassVar[bool]  # from OPDEF, precomputed: verification reads them for every op
+    N_FIXED: ClassVar[int]  # operands before the variadic one (all of them if none)
 
     def lucid_attrs(self) -> dict[str, Any]:
         """The op's attributes as Python values, every registry attribute present."""
@@ -51,10 +53,9 @@ class LucidOp(x.IRDLOperation):
     def operand_groups(self, values: list) -> list:
         """``values`` (one per IR operand) grouped as the registry's operands: the variadic
         operand's values as one list."""
-        opdef = self.OPDEF
-        if not opdef.variadic:
+        if not self.VARIADIC:
             return values
-        n_fixed = len(opdef.operands) - 1
+        n_fixed = self.N_FIXED
         return [*values[:n_fixed], list(values[n_fixed:])]
 
     # The custom form is written by hand rather than as an IRDL assembly format: every generated
@@ -95,10 +96,10 @@ class LucidOp(x.IRDLOperation):
         """The whole verifier of a generated op (it replaces IRDL's generic one, whose checks
         for these ops are: operands and results are tensors, properties are known)."""
         opdef = self.OPDEF
-        n_fixed = len(opdef.operands) - (1 if opdef.variadic else 0)
+        n_fixed, variadic = self.N_FIXED, self.VARIADIC
         n = len(self.operands)
-        if (opdef.variadic and n < n_fixed) or (not opdef.variadic and n != n_fixed):
-            want = f"at least {n_fixed}" if opdef.variadic else str(n_fixed)
+        if (variadic and n < n_fixed) or (not variadic and n != n_fixed):
+            want = f"at least {n_fixed}" if variadic else str(n_fixed)
             raise x.VerifyException(
                 f"{self.name} takes {want} operands ({', '.join(opdef.operands)}), got {n}"
             )
@@ -248,6 +249,8 @@ def _make_op_class(opdef: OpDef) -> type[LucidOp]:
         ns[f"prop_{attr}"] = x.opt_prop_def(x.Attribute, prop_name=attr)
     cls = x.irdl_op_definition(type(_class_name(opdef.name), (LucidOp,), ns))
     cls.OPDEF = opdef  # set after definition: IRDL accepts only its own fields in the body
+    cls.VARIADIC = opdef.variadic
+    cls.N_FIXED = len(opdef.operands) - (1 if opdef.variadic else 0)
     cls.verify_ = LucidOp._verify_lucid  # one pass over the op instead of IRDL's generic checks
     return cls
 
