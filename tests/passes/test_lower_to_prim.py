@@ -100,9 +100,9 @@ def test_a_refusal_is_named_with_its_reason_through_the_pass_manager():
 
 def test_a_conditional_refusal_names_the_op_and_the_condition():
     module = import_trace(
-        trace(lambda a, b: a & b, *(Tensor._wrap(np.arange(3, dtype=np.int64)) for _ in range(2)))
+        trace(lambda t: apply("one_hot", t, num_classes=-1), Tensor._wrap(np.arange(3)))
     )
-    with pytest.raises(LoweringError, match=r"lucid.bitwise_and .*no integer bitwise"):
+    with pytest.raises(LoweringError, match=r"lucid.one_hot .*without num_classes"):
         lower_module(module)
 
 

@@ -126,9 +126,16 @@ for _name in ("logical_and", "logical_or", "logical_xor"):
         _name, lambda r: ([bools(r, 3, 4), bools(r, 4)], {}), lambda r: ([f(r, 4), ints(r, 4)], {})
     )
 sample("logical_not", lambda r: ([bools(r, 5)], {}), lambda r: ([ints(r, 5)], {}))
+_EXTREMES = np.array([0, -1, 2**63 - 1, -(2**63), 12345, -777], np.int64)
 for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
-    sample(_name, lambda r: ([bools(r, 3, 4), bools(r, 4)], {}))
-sample("bitwise_not", lambda r: ([bools(r, 6)], {}))
+    sample(
+        _name,
+        lambda r: ([bools(r, 3, 4), bools(r, 4)], {}),
+        lambda r: ([ints(r, 3, 4, lo=-300, hi=300), ints(r, 4, lo=-300, hi=300)], {}),
+        lambda r: ([_EXTREMES.copy(), _EXTREMES[::-1].copy()], {}),
+        lambda r: ([ints(r, 5, lo=-99, hi=99, dtype=np.int32), 6], {}),
+    )
+sample("bitwise_not", lambda r: ([bools(r, 6)], {}), lambda r: ([_EXTREMES.copy()], {}))
 sample(
     "clamp",
     lambda r: ([f(r, 3, 4), -0.5, 0.5], {}),

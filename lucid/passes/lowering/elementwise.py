@@ -157,26 +157,58 @@ def _logical_not(b: Builder, v):
     return b.op("logical_not", _truth(b, v))
 
 
-_BITWISE_REASON = "prim has no integer bitwise ops (bool operands lower to logical ops)"
+def _bits(b: Builder, v: PV, nbits: int) -> list[PV]:
+    """The two's-complement bits of an integer tensor, lowest first, as 0/1 of its dtype
+    (floor division by 2 is an arithmetic shift; the remainder of -1 is 1)."""
+    bits = []
+    for _ in range(nbits):
+        bits.append(b.binary("remainder", v, 2, v.dtype))
+        v = b.binary("floor_divide", v, 2, v.dtype)
+    return bits
 
 
-def _bitwise(prim: str):
-    def lower(b: Builder, *xs):
-        if result_type(*xs) is not _dtype.bool_:
-            raise LoweringUnsupported(_BITWISE_REASON)
-        return b.op(prim, *(b.cast(v, _dtype.bool_) for v in xs))
+def _from_bits(b: Builder, bits: list[PV], dt: _dtype.dtype) -> PV:
+    n = len(bits)
+    out = None
+    for k, bit in enumerate(bits):
+        weight = -(2 ** (n - 1)) if k == n - 1 else 2**k  # the top bit carries the sign
+        term = b.binary("mul", bit, weight, dt)
+        out = term if out is None else b.op("add", out, term)
+    return out
+
+
+_BIT_COMBINE = {
+    "and": lambda b, x, y, dt: b.op("mul", x, y),
+    "or": lambda b, x, y, dt: b.op("sub", b.op("add", x, y), b.op("mul", x, y)),
+    "xor": lambda b, x, y, dt: b.binary("remainder", b.op("add", x, y), 2, dt),
+}
+
+
+def _bitwise(kind: str):
+    def lower(b: Builder, x, y):
+        dt = result_type(x, y)
+        if dt is _dtype.bool_:
+            return b.op(f"logical_{kind}", b.cast(x, dt), b.cast(y, dt))
+        # Integers bit by bit: prim has no bitwise ops, but exact integer arithmetic.
+        nbits = dt.itemsize * 8
+        xs, ys = _bits(b, b.cast(x, dt), nbits), _bits(b, b.cast(y, dt), nbits)
+        return _from_bits(
+            b, [_BIT_COMBINE[kind](b, p, q, dt) for p, q in zip(xs, ys, strict=True)], dt
+        )
 
     return lower
 
 
-RULES_BITWISE = {
-    "bitwise_and": "logical_and",
-    "bitwise_or": "logical_or",
-    "bitwise_xor": "logical_xor",
-    "bitwise_not": "logical_not",
-}
-for _name, _prim in RULES_BITWISE.items():
-    rule(_name)(_bitwise(_prim))
+rule("bitwise_and")(_bitwise("and"))
+rule("bitwise_or")(_bitwise("or"))
+rule("bitwise_xor")(_bitwise("xor"))
+
+
+@rule("bitwise_not")
+def _bitwise_not(b: Builder, v):
+    if v.dtype is _dtype.bool_:
+        return b.op("logical_not", v)
+    return b.binary("sub", b.op("neg", v), 1, v.dtype)  # two's complement: ~x == -x - 1
 
 
 @rule("clamp")
