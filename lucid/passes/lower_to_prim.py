@@ -21,7 +21,7 @@ from lucid.ir.dialect import ConstantOp, LucidOp, constant_value
 from lucid.ir.types import dtype_of_type, shape_of_type
 from lucid.ops._registry import AVal
 from lucid.passes.lowering import RULES, UNSUPPORTED
-from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, lower_dtype
+from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, P, lower_dtype
 
 __all__ = ["LowerToPrim", "LoweringError", "lower_module", "lowering_status"]
 
@@ -65,39 +65,56 @@ def _lower_func(fn: x.func.FuncOp) -> None:
         env[a] = PV(a, av.shape, av.dtype)
     old_ops = list(block.ops)
     current: list[x.Operation] = []
+    inserted: list[x.Operation] = []
 
     def insert(new: x.Operation) -> None:
         block.insert_op_before(new, current[0])
+        inserted.append(new)
 
     b = Builder(insert)
-    for op in old_ops:
-        current[:] = [op]
-        if isinstance(op, ConstantOp):
-            value = constant_value(op)
-            if op.scalar() is not None:
-                env[op.results[0]] = value
-            else:
-                av = _static_aval(op.results[0].type, "a constant")
-                env[op.results[0]] = b.const(value, av.dtype, av.shape)
-        elif isinstance(op, LucidOp):
-            _lower_op(b, op, env)
-        elif isinstance(op, x.func.ReturnOp):
-            values = []
-            for v, t in zip(op.operands, fn.function_type.outputs.data, strict=True):
-                pv = env[v]
-                if not isinstance(pv, PV):
-                    av = _static_aval(t, "a result")
-                    pv = b.const(pv, av.dtype, av.shape)
-                values.append(pv.ssa)
-            new_ret = x.func.ReturnOp(*values)
-            block.insert_op_before(new_ret, op)
-        else:
-            raise LoweringError(op.name, "only lucid ops and func.return can be lowered")
+    try:
+        for op in old_ops:
+            current[:] = [op]
+            _lower_one(b, fn, op, env, insert)
+    except BaseException:
+        # Leave the function as it was: the new ops only read arguments and each other.
+        for new in reversed(inserted):
+            block.erase_op(new)
+        raise
     for op in reversed(old_ops):
         for r in op.results:
             if r.uses:
                 raise AssertionError(f"{op.name} still used after lowering")
         block.erase_op(op)
+
+
+def _lower_one(b: Builder, fn: x.func.FuncOp, op: x.Operation, env: dict, insert) -> None:
+    if isinstance(op, ConstantOp):
+        value = constant_value(op)
+        if op.scalar() is not None:
+            env[op.results[0]] = value
+            return
+        try:
+            av = _static_aval(op.results[0].type, "a constant")
+        except LoweringUnsupported as e:
+            raise LoweringError("constant", e.reason) from None
+        env[op.results[0]] = b.const(value, av.dtype, av.shape)
+    elif isinstance(op, LucidOp):
+        _lower_op(b, op, env)
+    elif isinstance(op, x.func.ReturnOp):
+        values = []
+        for v, t in zip(op.operands, fn.function_type.outputs.data, strict=True):
+            pv = env[v]
+            if not isinstance(pv, PV):
+                try:
+                    av = _static_aval(t, "a result")
+                except LoweringUnsupported as e:
+                    raise LoweringError("func", e.reason) from None
+                pv = b.const(pv, av.dtype, av.shape)
+            values.append(pv.ssa)
+        insert(x.func.ReturnOp(*values))
+    else:
+        raise LoweringError(op.name, "only lucid ops and func.return can be lowered")
 
 
 def _lower_op(b: Builder, op: LucidOp, env: dict) -> None:
@@ -117,6 +134,8 @@ def _lower_op(b: Builder, op: LucidOp, env: dict) -> None:
         result = fn(b, *operands, **op.lucid_attrs())
     except LoweringUnsupported as e:
         raise LoweringError(name, e.reason) from None
+    except P.PrimError as e:  # the rule built prim ops their table rejects: no silent fallback
+        raise LoweringError(name, f"prim rejected the lowering ({e})") from e
     results = result if isinstance(result, tuple) else (result,)
     if len(results) != len(op.results):
         raise AssertionError(

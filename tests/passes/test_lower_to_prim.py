@@ -348,3 +348,16 @@ def test_index_put_matches_eager_for_any_index(case, accumulate):
     module = _lowered(fn, x, values, *tensors)
     (got,) = interpret_prim(module, [x, values, *tensors])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_failed_lowering_leaves_the_module_unchanged():
+    def fn(t):
+        y = lucid.exp(t) * 2 + 1  # lowers
+        return apply("one_hot", apply("cast", y, dtype=lucid.int64), num_classes=-1)  # refused
+
+    module = import_trace(trace(fn, Tensor._wrap(np.zeros(3, np.float32))))
+    before = print_ir(module)
+    with pytest.raises(LoweringError, match="one_hot"):
+        lower_module(module)
+    assert print_ir(module) == before
+    module.verify()
