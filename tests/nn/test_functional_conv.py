@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lucid
@@ -71,6 +71,7 @@ def test_conv2d_matches_reference_over_settings(cfg):
     assert_close(got, expected.astype(np.float32), rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=12)
 @given(conv_settings)
 def test_conv2d_gradients_over_settings(cfg):
     g = cfg["groups"]

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lucid
@@ -85,6 +85,7 @@ pool_settings = st.fixed_dictionaries(
 ).filter(lambda c: all(p <= k // 2 for p, k in zip(c["pad"], c["kernel"], strict=True)))
 
 
+@settings(max_examples=12)
 @given(pool_settings)
 def test_max_pool2d_values_indices_and_gradients(cfg):
     x = f64(2, 2, 6, 7)
@@ -94,9 +95,10 @@ def test_max_pool2d_values_indices_and_gradients(cfg):
     assert_close(vals, ref_vals)
     np.testing.assert_array_equal(idx.numpy(), ref_idx)
     assert idx.dtype is lucid.int64
-    gradcheck(lambda t: F.max_pool2d(t, *args), f64(1, 2, 6, 7, seed=1))
+    gradcheck(lambda t: F.max_pool2d(t, *args), f64(1, 1, 6, 7, seed=1))
 
 
+@settings(max_examples=12)
 @given(pool_settings, st.booleans())
 def test_avg_pool2d_values_and_gradients(cfg, count_include_pad):
     args = (cfg["kernel"], cfg["stride"], cfg["pad"], cfg["ceil_mode"], count_include_pad)
