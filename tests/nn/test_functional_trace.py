@@ -191,3 +191,26 @@ def test_symbolic_batch_forward_runs_on_any_batch_size():
         ep = F.adaptive_avg_pool2d(F.max_pool2d(F.relu(F.conv2d(it, conv_w, padding=1)), 2), 1)
         assert_close(got[0], eh.numpy(), rtol=1e-5)
         assert_close(got[1], ep.numpy(), rtol=1e-5)
+
+
+def test_traced_batch_norm_updates_running_stats_as_extra_outputs():
+    running_mean = lucid.tensor(np.zeros(3, np.float32))
+    running_var = lucid.tensor(np.ones(3, np.float32))
+
+    def bn(x):
+        return F.batch_norm(x, running_mean, running_var, None, None, True, 0.1, 1e-5)
+
+    x = normal(4, 3, 2).astype(np.float32)
+    result = trace(bn, lucid.tensor(x))
+    roles = [role for role, _ in result.outputs]
+    assert roles == ["output:0", "update:capture:0", "update:capture:1"]
+    feeds = {
+        "input:0": x,
+        "capture:0": np.zeros(3, np.float32),
+        "capture:1": np.ones(3, np.float32),
+    }
+    _, new_mean, new_var = interpret(import_trace(result), feeds)
+    assert_close(new_mean, 0.1 * x.mean((0, 2)), rtol=1e-5)
+    assert_close(new_var, 0.9 + 0.1 * x.var((0, 2), ddof=1), rtol=1e-5)
+    # tracing does not touch the real buffers
+    assert_close(running_mean, np.zeros(3, np.float32))
