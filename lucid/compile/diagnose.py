@@ -5,8 +5,10 @@ It traces ``fn`` once (computing nothing) and reports, for the ops recorded:
 - gradient coverage: ops with a VJP rule (``registered``), ops whose gradient deliberately stops
   (``grad_sinks``: comparisons, argmax, integer casts, factories) and ops with no rule
   (``uncovered``), each with its count and the shape/dtype of its first result at first use;
-- per op, whether it lowers to ``prim`` and whether each backend compiles it (from the same
-  per-stage tables as ``docs/ops.md``), and whether it is safe under a symbolic batch axis;
+- per op, whether it lowers to ``prim`` (its first use is lowered, with its real operand types)
+  and whether each available backend compiles the ``prim`` ops it lowers to (plus any backend
+  publishing a per-op table for ``docs/ops.md``), and whether it is safe under a symbolic batch
+  axis;
 - a graph break (a value read such as ``.item()``), with the user's source line; coverage then
   describes the ops recorded before the break.
 
@@ -209,14 +211,66 @@ def check_vjp_coverage(trace: Any) -> None:
         raise VJPCoverageError(uncovered)
 
 
-def _support(names: Iterable[str]) -> list[OpSupport]:
+def _backends() -> dict[str, frozenset[str]]:
+    """The prim ops each available backend compiles, by backend name."""
+    found = {}
+    try:
+        from lucid.backends.cpu import CPUBackend
+
+        found["cpu"] = CPUBackend(cache=False).supported_ops()
+    except Exception:  # noqa: BLE001 (no native module built: the CPU backend is unavailable)
+        pass
+    return found
+
+
+def _lower_one(top: Any) -> tuple[str, set[str]]:
+    """Lower one traced op (its first use, with its real operand types) to ``prim``: ``("yes",
+    prim op names)`` or ``("no: <reason>", set())``."""
+    from lucid.compile._trace import Feed, Trace, TraceOp
+    from lucid.ir import import_trace
+    from lucid.passes.lower_to_prim import lower_module
+
+    mini = Trace()
+    seen: set[int] = set()
+    for inp in top.inputs:
+        for v in inp if isinstance(inp, list) else (inp,):
+            if hasattr(v, "id") and v.id not in seen:
+                seen.add(v.id)
+                mini.feeds.append(Feed(v, f"input:{len(mini.feeds)}"))
+    mini.ops.append(TraceOp(top.name, top.inputs, top.outputs, top.attrs))
+    mini.outputs.extend((f"output:{i}", v) for i, v in enumerate(top.outputs))
+    try:
+        module = lower_module(import_trace(mini))
+    except Exception as e:  # noqa: BLE001 (any lowering failure is what the report shows)
+        reason = getattr(e, "reason", None) or str(e)
+        return f"no: {reason}", set()
+    prims = {
+        op.name.split(".", 1)[1]
+        for fn in module.ops
+        for op in fn.body.blocks.first.ops
+        if op.name.startswith("prim.")
+    }
+    return "yes", prims
+
+
+def _support(first_use: dict[str, Any]) -> list[OpSupport]:
     from lucid.ops.coverage import _stage_lookups
 
-    lookups = _stage_lookups()
+    lookups = [(c, f) for c, f in _stage_lookups() if c != "lowers to prim"]
+    backends = _backends()
     out = []
-    for name in names:
+    for name, top in sorted(first_use.items()):
         op = REGISTRY.get(name)
-        stages = {column: (lookup(name) or "no: unknown") for column, lookup in lookups}
+        lowered, prims = _lower_one(top) if op is not None else ("no: not in the registry", set())
+        stages = {"lowers to prim": lowered}
+        for backend, supported in backends.items():
+            if not lowered.startswith("yes"):
+                stages[backend] = "no: does not lower to prim"
+                continue
+            missing = sorted(prims - supported)
+            stages[backend] = f"no: lacks prim ops {', '.join(missing)}" if missing else "yes"
+        for column, lookup in lookups:  # backends that publish a per-op table
+            stages.setdefault(column, lookup(name) or "no: unknown")
         safe = op is not None and SYMBOLIC_BATCH_SAFE in op.props
         out.append(OpSupport(name, stages, safe))
     return out
@@ -260,8 +314,10 @@ def diagnose(fn: Callable, *example_inputs: Any) -> DiagnosisReport:
             source = linecache.getline(e.filename, e.lineno or 0).strip() if e.filename else ""
             breaks.append(GraphBreakInfo(e.what, e.filename, e.lineno, source))
     registered, sinks, uncovered, total = _coverage(_trace_ops(tracer.trace))
-    names = sorted({i.name for i in (*registered, *sinks, *uncovered)})
-    support = _support(names)
+    first_use: dict[str, Any] = {}
+    for top in tracer.trace.ops:
+        first_use.setdefault(top.name, top)
+    support = _support(first_use)
     return DiagnosisReport(
         total_ops=total,
         registered=registered,

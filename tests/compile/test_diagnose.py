@@ -87,6 +87,16 @@ def test_support_reports_lowering_and_symbolic_batch_safety_per_op():
         assert all(v == "yes" or v.startswith("no") for v in s.stages.values())
     assert report.covered and report.uncovered == [] and report.graph_breaks == []
     assert "ready" in report.recommendation
+    assert all(s.stages["lowers to prim"] == "yes" for s in support.values())
+
+
+def test_op_that_cannot_lower_is_reported_for_every_backend(no_rule_op):
+    report = diagnose(WithGap(no_rule_op), lucid.randn(3, 4))
+    stages = {s.name: s.stages for s in report.support}["test_diag_norule"]
+    assert stages["lowers to prim"].startswith("no: ")
+    assert all(v.startswith("no") for v in stages.values())
+    assert "test_diag_norule" in report.recommendation
+    assert "Not supported:" in str(report)
 
 
 def test_graph_break_is_reported_with_its_source_line():
