@@ -252,17 +252,38 @@ def _gelu_backward_kernel(grad, x, approximate):
     return (grad * d).astype(grad.dtype)
 
 
+def _gelu_second_derivative(x, approximate):
+    """gelu''(x), in Lucid ops."""
+    if approximate == "tanh":
+        u1 = (x * x * (3 * 0.044715) + 1.0) * _SQRT_2_OVER_PI
+        t = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
+        t = t.tanh()
+        sech2 = 1.0 - t * t
+        u2 = x * (6 * 0.044715 * _SQRT_2_OVER_PI)
+        return sech2 * u1 + x * 0.5 * (sech2 * u2 - t * sech2 * u1 * u1 * 2.0)
+    pdf = (x * x * -0.5).exp() * (1.0 / math.sqrt(2.0 * math.pi))
+    return pdf * (2.0 - x * x)
+
+
+def _gelu_backward_vjp(c, gg):
+    g, x = c.inputs
+    approximate = c.attrs["approximate"]
+    return (
+        apply("gelu_backward", gg, x, approximate=approximate),
+        gg * g * _gelu_second_derivative(x, approximate),
+    )
+
+
 register(
     OpDef(
         "gelu_backward",
         ("grad", "x"),
         _grad_infer,
         _gelu_backward_kernel,
-        None,
+        _gelu_backward_vjp,
         attrs={"approximate": "none"},
         props=_EW,
         saves_outputs=False,
-        unsupported={"vjp": "double backward through gelu is not implemented"},
     )
 )
 
@@ -295,17 +316,26 @@ def _softplus_backward_kernel(grad, x, beta, threshold):
     return np.where(bx > threshold, grad, grad * sig).astype(grad.dtype)
 
 
+def _softplus_backward_vjp(c, gg):
+    import lucid
+
+    g, x = c.inputs
+    beta, threshold = c.attrs["beta"], c.attrs["threshold"]
+    s = (x * beta).sigmoid()
+    second = lucid.where(x * beta > threshold, 0.0, s * (1.0 - s) * beta)
+    return apply("softplus_backward", gg, x, **c.attrs), gg * g * second
+
+
 register(
     OpDef(
         "softplus_backward",
         ("grad", "x"),
         _grad_infer,
         _softplus_backward_kernel,
-        None,
+        _softplus_backward_vjp,
         attrs={"beta": 1.0, "threshold": 20.0},
         props=_EW,
         saves_outputs=False,
-        unsupported={"vjp": "double backward through softplus is not implemented"},
     )
 )
 

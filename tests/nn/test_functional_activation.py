@@ -93,7 +93,9 @@ def test_activation_gradients_match_finite_differences(name):
     gradcheck(front, x)
 
 
-@pytest.mark.parametrize("name", ["relu", "leaky_relu", "elu", "hardtanh"])
+@pytest.mark.parametrize(
+    "name", ["relu", "leaky_relu", "elu", "hardtanh", "gelu", "gelu_tanh", "softplus_beta", "silu"]
+)
 def test_activation_second_derivative_matches_finite_differences(name):
     front, _ = ACTIVATIONS[name]
     x = f64(2, 3, seed=3, scale=2.0)
