@@ -83,6 +83,7 @@ class Tracer:
         self._rng_calls = 0
         self._n_captures = 0
         self.finished = False
+        self.parent: Tracer | None = None  # the trace this one is nested in, if any
 
     # --- feeds ----------------------------------------------------------------------------------
     def _new_value(self, shape: tuple, dt: _dtype.dtype) -> Value:
@@ -128,8 +129,10 @@ class Tracer:
     def _operand(self, x: Any) -> Value | Const:
         if isinstance(x, Tensor):
             tv = x._trace
-            if tv is not None and self._values.get(tv.id) is tv:
-                return tv
+            if tv is not None:
+                if self._values.get(tv.id) is tv:
+                    return tv
+                self._check_enclosing(tv)
             return self._capture(x)
         if isinstance(x, (bool, int, float)):
             return Const(x)
@@ -137,6 +140,19 @@ class Tracer:
             return Const(x.item())
         raise TypeError(
             f"expected a Tensor or a number as operand, got {type(x).__name__} during tracing"
+        )
+
+    def _check_enclosing(self, tv: Value) -> None:
+        """A trace tensor of another trace may only come from an enclosing, active trace (it is
+        then a feed of this one); one from a finished trace has no value to feed."""
+        outer = self.parent
+        while outer is not None:
+            if outer._values.get(tv.id) is tv and not outer.finished:
+                return
+            outer = outer.parent
+        raise RuntimeError(
+            f"a trace tensor (shape {tuple(tv.shape)}, {tv.dtype}) from another, finished trace "
+            "reached this trace; it has no value. Keep trace tensors inside their own trace"
         )
 
     # --- the hooks the eager core calls ---------------------------------------------------------
@@ -295,6 +311,7 @@ def _tracing(model: Any = None) -> Iterator[Tracer]:
     """
     tracer = Tracer(model)
     prev = state.tracer
+    tracer.parent = prev
     state.tracer = tracer
     try:
         yield tracer

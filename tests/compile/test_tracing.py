@@ -266,3 +266,21 @@ def test_repeated_inplace_writes_give_one_update_with_the_last_value():
     assert sorted(outs) == ["output:0", "update:capture:0", "update:input:0"]
     assert outs["update:capture:0"] is tr.ops[1].outputs[0]  # the mul_ result
     assert outs["update:input:0"] is tr.ops[3].outputs[0]
+
+
+def test_trace_tensor_from_a_finished_trace_is_a_clear_error():
+    with _tracing() as first:
+        stale = first.input((2,)) * 2
+        first.finish(stale)
+    with pytest.raises(RuntimeError, match="finished trace"):
+        trace(lambda t: t + stale, lucid.tensor(np.ones(2, np.float32)))
+
+
+def test_feed_tensors_map_roles_to_the_captured_tensors():
+    model = TinyModel()
+    with _tracing(model) as tracer:
+        tracer.finish(model(tracer.input((3, 4))))
+    feeds = tracer.feed_tensors()
+    assert feeds["param:fc.weight"] is model.weight
+    assert feeds["buffer:bn.running_mean"] is model.running
+    assert "input:0" not in feeds
