@@ -479,6 +479,20 @@ sample(
 )
 sample("one_hot", lambda r: ([ints(r, 2, 3, lo=0, hi=4)], {"num_classes": 5}))
 
+# NaN and infinities propagate as in eager (numpy): appended last so earlier case ids stay put.
+_NAN_ROWS = np.array([[1.0, np.nan, 2.0], [3.0, -np.inf, 0.0], [np.inf, -1.0, -0.0]], np.float32)
+for _name, _attrs in (
+    ("amax", {"dim": 1}),
+    ("amin", {"dim": 0}),
+    ("max_dim", {"dim": 1}),
+    ("argmax", {"dim": 1}),
+    ("relu", {}),
+    ("sign", {}),
+):
+    sample(_name, lambda r, a=_attrs: ([_NAN_ROWS.copy()], dict(a)))
+sample("maximum", lambda r: ([_NAN_ROWS.copy(), 1.5], {}))
+sample("clamp", lambda r: ([_NAN_ROWS.copy(), 0.0, 1.0], {}))
+
 # random ops: compared by distribution and reproducibility, not value by value (see below)
 RANDOM_OPS = {"uniform", "normal", "randint", "bernoulli_mask", "randperm"}
 
