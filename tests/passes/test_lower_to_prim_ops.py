@@ -300,6 +300,7 @@ sample(
     "max_pool2d",
     lambda r: ([f(r, 2, 3, 7, 6)], dict(_POOL)),
     lambda r: ([f(r, 1, 2, 7, 7)], {**_POOL, "ceil_mode": True, "dilation": (1, 2)}),
+    lambda r: ([ints(r, 1, 2, 5, 5, lo=-(2**31), hi=2**31 - 1, dtype=np.int32)], dict(_POOL)),
 )
 sample(
     "max_pool2d_backward",

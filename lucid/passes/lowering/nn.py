@@ -133,11 +133,19 @@ def _pool_padding(shape, out_hw, kernel_size, stride, padding, dilation) -> tupl
 
 def _need_float(b: Builder, v: PV) -> None:
     if not v.dtype.is_floating_point:
-        raise LoweringUnsupported(f"{b.op_name} of a {v.dtype.name} tensor (prim pools floats)")
+        raise LoweringUnsupported(
+            f"{b.op_name} of a {v.dtype.name} tensor (prim pools floats; only int32 max pooling "
+            "goes through float64 exactly)"
+        )
 
 
 @rule("max_pool2d")
 def _max_pool2d(b: Builder, v, kernel_size, stride, padding, dilation, ceil_mode):
+    if v.dtype is _dtype.int32:  # float64 holds every int32 exactly: pool there
+        values, idx = _max_pool2d(
+            b, b.cast(v, _dtype.float64), kernel_size, stride, padding, dilation, ceil_mode
+        )
+        return b.cast(values, v.dtype), idx
     _need_float(b, v)
     out_hw = b.outs[0].shape[2:]
     pads = _pool_padding(v.shape, out_hw, kernel_size, stride, padding, dilation)
