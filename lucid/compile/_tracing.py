@@ -87,7 +87,11 @@ class Tracer:
 
     # --- feeds ----------------------------------------------------------------------------------
     def _new_value(self, shape: tuple, dt: _dtype.dtype) -> Value:
-        v = Value(len(self._values), tuple(shape), dt)
+        shape = tuple(shape)
+        if not all(type(d) is int or d is None for d in shape):
+            # inference may hand back numpy integers; the trace (and its JSON) holds Python ints
+            shape = tuple(None if d is None else int(d) for d in shape)
+        v = Value(len(self._values), shape, dt)
         self._values[v.id] = v
         return v
 

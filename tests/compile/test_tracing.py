@@ -284,3 +284,15 @@ def test_feed_tensors_map_roles_to_the_captured_tensors():
     assert feeds["param:fc.weight"] is model.weight
     assert feeds["buffer:bn.running_mean"] is model.running
     assert "input:0" not in feeds
+
+
+def test_numpy_integer_dims_from_inference_become_python_ints():
+    op = OpDef(
+        "test_np_dims",
+        ("x",),
+        lambda x: AVal((np.int64(2), np.int32(3)), x.dtype),
+        lambda x: np.zeros((2, 3), x.dtype),
+    )
+    tr = trace(lambda t: apply(op, t), lucid.tensor(np.ones(2, np.float32)))
+    assert all(type(d) is int for d in tr.ops[0].outputs[0].shape)
+    Trace.from_json(tr.to_json())  # serialisable
