@@ -24,12 +24,16 @@ from lucid.ir.prim import create_prim, prim_type
 from lucid.ops._registry import AVal
 
 __all__ = [
-    "Builder",
-    "LoweringUnsupported",
+    "P",
     "PV",
     "RULES",
     "UNSUPPORTED",
+    "Builder",
+    "LoweringUnsupported",
+    "Operand",
+    "is_scalar",
     "lower_dtype",
+    "prim_arg_type",
     "rule",
     "unsupported",
 ]
@@ -224,6 +228,3 @@ def _prim_dtype_of(t: x.Attribute) -> str:
 
 def prim_arg_type(shape: tuple, dt: _dtype.dtype) -> x.TensorType:
     return prim_type(shape, lower_dtype(dt))
-
-
-__all__ += ["Operand", "is_scalar", "prim_arg_type", "P"]
