@@ -131,16 +131,15 @@ def differentiate(
             on_path.append(op)
             needed.update(v for v in op.operands if v in active)
     missing = Counter(op.OPDEF.name for op in on_path if op.OPDEF.vjp is None)
+    where = "between the requested feeds and the loss"
     if _require_vjp():  # any op without a rule is an error, on the loss path or not
         missing = Counter(
             op.OPDEF.name for op in ops if op.OPDEF.vjp is None and GRAD_SINK not in op.OPDEF.props
         )
+        where = f"in the function ({REQUIRE_ENV} is set)"
     if missing:
         listed = ", ".join(f"{n} (x{c})" for n, c in sorted(missing.items()))
-        raise VJPError(
-            f"vjp: no VJP rule for ops between the requested feeds and the loss: {listed}",
-            dict(missing),
-        )
+        raise VJPError(f"vjp: no VJP rule for ops {where}: {listed}", dict(missing))
 
     emitter = Emitter(fn)
     if seed:
