@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from lucid import _dtype
 
 FORMAT = "lucid.compile.trace/v1"
@@ -159,6 +161,8 @@ def attr_to_json(v: Any) -> Any:
         return {"dtype": v.name}
     if isinstance(v, (tuple, list)):
         return {"tuple": [attr_to_json(e) for e in v]}
+    if isinstance(v, np.generic) and v.dtype.kind in "biuf":
+        return v.item()
     raise TypeError(f"attribute value {v!r} of type {type(v).__name__} cannot go into a trace")
 
 

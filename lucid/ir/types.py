@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from lucid import _dtype
 from lucid.ir import _xdsl as x
 from lucid.ops._registry import AVal
@@ -109,6 +111,8 @@ def attr_to_ir(v: Any) -> x.Attribute | None:
         # Float tuples stay an ArrayAttr of f64 attributes: xDSL 0.75 prints some values of an
         # array<f64: ...> (e.g. 1000001.0) in a hex form its own parser rejects.
         return x.ArrayAttr([x.UnitAttr() if e is None else attr_to_ir(e) for e in v])
+    if isinstance(v, np.generic) and v.dtype.kind in "biuf":
+        return attr_to_ir(v.item())  # a numpy scalar attribute is its Python value
     raise TypeError(f"attribute value {v!r} of type {type(v).__name__} has no IR form")
 
 

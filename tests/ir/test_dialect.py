@@ -210,3 +210,12 @@ def test_non_tensor_operand_is_a_verify_error():
     }"""
     with pytest.raises(x.VerifyException, match="lucid.exp: expected a tensor type, got i32"):
         parse_ir(text).verify()
+
+
+def test_numpy_scalar_attributes_map_to_their_python_values():
+    assert attr_from_ir(attr_to_ir(np.int64(3))) == 3
+    assert attr_from_ir(attr_to_ir((np.int32(1), np.int64(2)))) == (1, 2)
+    assert attr_from_ir(attr_to_ir(np.float32(0.5))) == 0.5
+    assert attr_from_ir(attr_to_ir(np.bool_(True))) is True
+    with pytest.raises(TypeError, match="has no IR form"):
+        attr_to_ir(object())
