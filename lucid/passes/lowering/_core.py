@@ -156,7 +156,7 @@ class Builder:
         if arr.size == 1:
             flat: tuple = (float(arr.reshape(-1)[0]),)
         else:
-            flat = tuple(float(v) for v in np.broadcast_to(arr, shape).reshape(-1))
+            flat = tuple(np.broadcast_to(arr, shape).astype(np.float64).reshape(-1).tolist())
         # Keyed by the exact bits, so -0.0 and 0.0 (equal as floats) stay apart.
         key = (np.asarray(flat, dtype=np.float64).tobytes(), pdt, shape)
         hit = self._consts.get(key)
