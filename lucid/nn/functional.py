@@ -16,6 +16,7 @@ from lucid.ops.conv import conv1d, conv2d, linear
 from lucid.ops.rnn import lstm, lstm_cell
 
 __all__ = [
+    "bilinear",
     "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "avg_pool1d",
@@ -248,6 +249,23 @@ def softmin(
 ) -> Tensor:
     """softmax(-x) along ``dim``."""
     return _act.softmax(-input, dim, dtype)
+
+
+def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y[..., o] = x1[..., i] * weight[o, i, j] * x2[..., j] + bias[o]."""
+    import lucid
+
+    if (
+        weight.ndim != 3
+        or input1.shape[-1] != weight.shape[1]
+        or input2.shape[-1] != weight.shape[2]
+    ):
+        raise ValueError(
+            f"bilinear: weight {tuple(weight.shape)} must be (out, in1, in2) matching input1 "
+            f"{tuple(input1.shape)} and input2 {tuple(input2.shape)} in their last dims"
+        )
+    out = lucid.einsum("...i,oij,...j->...o", input1, weight, input2)
+    return out if bias is None else out + bias
 
 
 # --- dropout (owned by lucid.ops.random)

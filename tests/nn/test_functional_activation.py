@@ -240,3 +240,12 @@ def test_cosine_similarity_values_and_gradients():
     expected = (an * bn).sum(1) / (np.linalg.norm(an, axis=1) * np.linalg.norm(bn, axis=1))
     assert_close(F.cosine_similarity(a, b), expected, rtol=1e-12)
     gradcheck(F.cosine_similarity, a, b)
+
+
+def test_bilinear_values_and_gradients():
+    x1, x2, w, b = f64(2, 3, seed=1), f64(2, 4, seed=2), f64(5, 3, 4, seed=3), f64(5, seed=4)
+    expected = np.einsum("bi,oij,bj->bo", arr(x1), arr(w), arr(x2)) + arr(b)
+    assert_close(F.bilinear(x1, x2, w, b), expected, rtol=1e-12)
+    gradcheck(F.bilinear, x1, x2, w, b)
+    with pytest.raises(ValueError, match="bilinear"):
+        F.bilinear(x1, x2, f64(5, 4, 3))

@@ -88,8 +88,9 @@ def test_activations(name, kwargs):
     check(lambda t: getattr(F, name)(t, **kwargs), lambda t: getattr(TF, name)(t, **kwargs), x)
 
 
-def test_linear():
+def test_linear_and_bilinear():
     check(F.linear, TF.linear, normal(2, 3, 4), normal(5, 4), normal(5))
+    check(F.bilinear, TF.bilinear, normal(2, 3), normal(2, 4), normal(5, 3, 4), normal(5))
 
 
 @pytest.mark.parametrize(
