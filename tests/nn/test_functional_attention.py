@@ -74,6 +74,19 @@ def test_attention_with_dropout_one_drops_everything_and_zero_keeps_all():
     assert_close(F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True), ref)
 
 
+@pytest.mark.parametrize("kind", ["bool", "float", "causal"])
+def test_attention_dropout_path_applies_masks_like_the_fused_op(kind):
+    q, k, v = f64(2, 3, 4, seed=1), f64(2, 3, 4, seed=2), f64(2, 3, 2, seed=3)
+    kw = {"is_causal": True} if kind == "causal" else {}
+    if kind == "bool":
+        kw["attn_mask"] = lucid.tensor(np.array([[1, 0, 1], [1, 1, 0], [0, 0, 1]], bool))
+    elif kind == "float":
+        kw["attn_mask"] = lucid.tensor(np.random.default_rng(5).standard_normal((3, 3)))
+    # a vanishing dropout probability takes the composite path and keeps (almost) everything
+    composite = F.scaled_dot_product_attention(q, k, v, dropout_p=1e-12, **kw)
+    assert_close(composite, F.scaled_dot_product_attention(q, k, v, **kw), rtol=1e-9)
+
+
 def test_attention_rejects_bad_shapes_and_mask_combinations():
     q, k, v = f64(2, 3, 4), f64(2, 5, 4), f64(2, 5, 3)
     with pytest.raises(ValueError, match="embedding dim 4 does not match key's 2"):
