@@ -12,7 +12,8 @@ namespace lucid {
 inline float fast_expf(float x) {
   const float hi = 88.72283905206835f, lo = -86.6f;
   float c = x > hi ? hi : (x < lo ? lo : x);
-  float n = std::floor(c * 1.44269504088896341f + 0.5f);
+  // Round to nearest with the 1.5 * 2^23 trick: no libm call, so the loop vectorizes.
+  float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = c - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
