@@ -12,6 +12,7 @@ tensor<4xf32>``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, ClassVar
 
 import numpy as np
@@ -228,6 +229,7 @@ def constant_value(op: ConstantOp) -> Any:
 # --- generation from the registry
 
 _OP_CLASSES: dict[str, type[LucidOp]] = {}
+_GENERATION_LOCK = threading.Lock()
 
 
 def _class_name(name: str) -> str:
@@ -259,10 +261,13 @@ def get_op_class(name: str) -> type[LucidOp]:
     """The op class of registry op ``name`` (generated on first use)."""
     cls = _OP_CLASSES.get(name)
     if cls is None:
-        opdef = REGISTRY.get(name)
-        if opdef is None:
-            raise KeyError(f"no op named {name!r} in the registry")
-        cls = _OP_CLASSES[name] = _make_op_class(opdef)
+        with _GENERATION_LOCK:  # two threads compiling at once must get the same class
+            cls = _OP_CLASSES.get(name)
+            if cls is None:
+                opdef = REGISTRY.get(name)
+                if opdef is None:
+                    raise KeyError(f"no op named {name!r} in the registry")
+                cls = _OP_CLASSES[name] = _make_op_class(opdef)
     return cls
 
 
