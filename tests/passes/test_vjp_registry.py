@@ -126,6 +126,12 @@ CASES: dict[str, tuple] = {
     "floor_divide": (lambda x, y: lucid.floor_divide(x, y) + x * y, [distinct(4) + 3.0, pos(4)]),
     "gather": (lambda x, i: lucid.gather(x, 1, i), [f(3, 4), ints(4, 3, 2)]),
     "gelu": (lambda x: F.gelu(x, approximate="tanh") + F.gelu(x), [f(3, 4)]),
+    "gelu_backward": (
+        lambda g, x: (
+            apply("gelu_backward", g, x, approximate="tanh") + apply("gelu_backward", g, x)
+        ),
+        [f(3, 4), f(3, 4)],
+    ),
     "hardtanh": (lambda x: F.hardtanh(x, -0.5, 0.5), [distinct(3, 4) - 2.0]),
     "hardtanh_backward": (
         lambda g, x: apply("hardtanh_backward", g, x, min_val=-0.5, max_val=0.5),
@@ -198,6 +204,10 @@ CASES: dict[str, tuple] = {
     "smooth_l1_loss": (lambda x, t: F.smooth_l1_loss(x, t, beta=0.5), [f(3, 4), f(3, 4)]),
     "softmax": (lambda x: F.softmax(x, dim=1), [f(3, 4)]),
     "softplus": (lambda x: F.softplus(x, beta=2.0), [f(3, 4)]),
+    "softplus_backward": (
+        lambda g, x: apply("softplus_backward", g, x, beta=2.0, threshold=1.5),
+        [f(3, 4), f(3, 4)],
+    ),
     "sqrt": (lambda x: x.sqrt(), [pos(4)]),
     "sub": (lambda x, y: x - y, [f(3, 4), f(1, 4)]),
     "sum": (lambda x: x.sum(dim=1), [f(3, 4)]),
