@@ -179,8 +179,16 @@ def test_docs_sample_report_is_what_diagnose_prints(capsys):
     finally:
         REGISTRY.pop("my_scale", None)
     printed = capsys.readouterr().out
-    # Coverage is fixed by the registry; the support table grows as backends publish theirs.
-    cut = "Backend support:"
-    assert printed.split(cut)[0] == sample.split(cut)[0]
+
+    def section(text: str, start: str, stop: str) -> str:
+        return text[text.index(start) : text.index(stop)]
+
+    # The uncovered op and the report's layout are the sample's; the registered list may move
+    # with the layers' implementation and the support table with the backends installed.
+    assert printed.splitlines()[0] == sample.splitlines()[0]
+    assert section(printed, "UNCOVERED", "Backend support:") == section(
+        sample, "UNCOVERED", "Backend support:"
+    )
+    titles = [line.split(":")[0] for line in printed.splitlines() if line and line[0] != " "]
+    assert titles == [line.split(":")[0] for line in sample.splitlines() if line and line[0] != " "]
     assert printed.splitlines()[-1].startswith("Recommendation: add a VJP rule for my_scale")
-    assert printed.splitlines()[-1] == sample.splitlines()[-1]
