@@ -55,6 +55,7 @@ class TraceOp:
     inputs: list
     outputs: list[Value]
     attrs: dict[str, Any]
+    loc: tuple[str, int] | None = None  # the user's file and line, when locations are recorded
 
 
 @dataclass
@@ -77,15 +78,7 @@ class Trace:
         return {
             "format": FORMAT,
             "feeds": [{"role": f.role, **_value_json(f.value)} for f in self.feeds],
-            "ops": [
-                {
-                    "name": op.name,
-                    "inputs": [_operand_json(x) for x in op.inputs],
-                    "outputs": [_value_json(v) for v in op.outputs],
-                    "attrs": {k: attr_to_json(v) for k, v in op.attrs.items()},
-                }
-                for op in self.ops
-            ],
+            "ops": [_op_json(op) for op in self.ops],
             "outputs": [{"role": role, "id": v.id} for role, v in self.outputs],
         }
 
@@ -129,7 +122,8 @@ class Trace:
                 inputs = [operand(x) for x in op["inputs"]]
                 outputs = [new_value(v) for v in op["outputs"]]
                 attrs = {k: attr_from_json(v) for k, v in op.get("attrs", {}).items()}
-                trace.ops.append(TraceOp(op["name"], inputs, outputs, attrs))
+                loc = tuple(op["loc"]) if op.get("loc") else None
+                trace.ops.append(TraceOp(op["name"], inputs, outputs, attrs, loc))
             for o in data["outputs"]:
                 trace.outputs.append((o["role"], operand(o)))
         except (KeyError, TypeError) as e:
@@ -139,6 +133,18 @@ class Trace:
     @classmethod
     def from_json(cls, text: str) -> Trace:
         return cls.from_dict(json.loads(text))
+
+
+def _op_json(op: TraceOp) -> dict:
+    d = {
+        "name": op.name,
+        "inputs": [_operand_json(x) for x in op.inputs],
+        "outputs": [_value_json(v) for v in op.outputs],
+        "attrs": {k: attr_to_json(v) for k, v in op.attrs.items()},
+    }
+    if op.loc is not None:
+        d["loc"] = list(op.loc)
+    return d
 
 
 def _value_json(v: Value) -> dict:

@@ -66,8 +66,9 @@ class Tracer:
     (``param:fc1.weight``, ``buffer:bn.running_mean``); other captured tensors are ``capture:N``.
     """
 
-    def __init__(self, model: Any = None):
+    def __init__(self, model: Any = None, *, locations: bool = False):
         self.trace = Trace()
+        self.locations = locations  # record each op's user file:line (for IR debug info)
         self._values: dict[int, Value] = {}  # value id -> Value, for "is it one of mine"
         # id(tensor) -> (tensor, current Value): concrete tensors captured as feeds. The tensor is
         # kept alive so its id cannot be reused during the trace.
@@ -197,7 +198,11 @@ class Tracer:
         if single:
             avals = (avals,)
         outputs = [self._new_value(tuple(av.shape), av.dtype) for av in avals]
-        self.trace.ops.append(TraceOp(opdef.name, inputs, outputs, dict(attrs)))
+        loc = None
+        if self.locations:
+            filename, lineno = user_location()
+            loc = (filename, lineno) if filename is not None else None
+        self.trace.ops.append(TraceOp(opdef.name, inputs, outputs, dict(attrs), loc))
         needs_grad = needs_grad and state.grad_enabled and GRAD_SINK not in opdef.props
         outs = []
         for v in outputs:
@@ -308,12 +313,14 @@ def _feed_names(model: Any) -> dict[int, str]:
 
 
 @contextmanager
-def _tracing(model: Any = None) -> Iterator[Tracer]:
+def _tracing(model: Any = None, *, locations: bool = False) -> Iterator[Tracer]:
     """Install a ``Tracer`` on this thread for the ``with`` block and yield it.
 
     Traces nest (the inner one is active inside its block) and do not see other threads' ops.
+    ``locations=True`` records each op's user source line (shown with ``print_ir(...,
+    debuginfo=True)``); it costs a stack walk per op, so it is off by default.
     """
-    tracer = Tracer(model)
+    tracer = Tracer(model, locations=locations)
     prev = state.tracer
     tracer.parent = prev
     state.tracer = tracer
@@ -323,11 +330,11 @@ def _tracing(model: Any = None) -> Iterator[Tracer]:
         state.tracer = prev
 
 
-def trace(fn: Callable, *example_inputs: Any, model: Any = None) -> Trace:
+def trace(fn: Callable, *example_inputs: Any, model: Any = None, locations: bool = False) -> Trace:
     """Trace ``fn(*example_inputs)``: tensors become ``input:N`` feeds of their shape and dtype;
     other arguments are passed through as Python constants."""
     if model is None and hasattr(fn, "named_parameters"):
         model = fn
-    with _tracing(model) as tracer:
+    with _tracing(model, locations=locations) as tracer:
         args = [tracer.input_like(x) if isinstance(x, Tensor) else x for x in example_inputs]
         return tracer.finish(fn(*args))

@@ -44,6 +44,10 @@ def _props(attrs: dict[str, Any]) -> dict[str, x.Attribute]:
     return props
 
 
+def _location(filename: str, line: int) -> x.Attribute:
+    return x.FileLineColLoc(x.StringAttr(filename), x.IntAttr(line), x.IntAttr(0))
+
+
 def _roles(roles: list[str]) -> x.ArrayAttr:
     return x.ArrayAttr([x.DictionaryAttr({ROLE: x.StringAttr(r)}) for r in roles])
 
@@ -84,6 +88,8 @@ def import_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
             result_types=[tensor_type(v.shape, v.dtype) for v in top.outputs],
             properties=_props(top.attrs),
         )
+        if top.loc is not None:
+            op.location = _location(*top.loc)
         ops.append(op)
         for v, r in zip(top.outputs, op.results, strict=True):
             env[v.id] = r

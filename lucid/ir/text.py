@@ -33,11 +33,12 @@ def make_context() -> x.Context:
     return ctx
 
 
-def print_ir(op: x.Operation, *, generic: bool = False) -> str:
+def print_ir(op: x.Operation, *, generic: bool = False, debuginfo: bool = False) -> str:
     """The text of ``op``: Lucid's readable custom form, or the generic form (valid MLIR that
-    upstream ``mlir-opt --allow-unregistered-dialect`` parses)."""
+    upstream ``mlir-opt --allow-unregistered-dialect`` parses). ``debuginfo`` adds each op's
+    ``loc(...)`` (the user's source line, when the trace recorded locations)."""
     out = io.StringIO()
-    x.Printer(stream=out, print_generic_format=generic).print_op(op)
+    x.Printer(stream=out, print_generic_format=generic, print_debuginfo=debuginfo).print_op(op)
     return out.getvalue() + "\n"
 
 

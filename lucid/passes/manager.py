@@ -93,6 +93,7 @@ class Instrumentation:
     timing: bool = False
     statistics: bool = False  # count ops before/after each pass (implied by timing)
     generic: bool = False  # print the generic form
+    debuginfo: bool = False  # print each op's loc(...)
     stream: TextIO | None = None  # default: sys.stderr
 
     @classmethod
@@ -194,7 +195,11 @@ class PassManager:
 
     def _emit(self, header: str, module: x.Operation, text: str | None = None) -> str:
         inst = self.instrumentation
-        text = text if text is not None else print_ir(module, generic=inst.generic)
+        text = (
+            text
+            if text is not None
+            else print_ir(module, generic=inst.generic, debuginfo=inst.debuginfo)
+        )
         stream = inst.stream or sys.stderr
         stream.write(f"// -----// IR Dump {header} //----- //\n{text}\n")
         stream.flush()
@@ -216,7 +221,7 @@ class PassManager:
             if inst.print_ir_before_all:
                 text_before = self._emit(f"Before {name}", module)
             if inst.print_ir_after_change and text_before is None:
-                text_before = print_ir(module, generic=inst.generic)
+                text_before = print_ir(module, generic=inst.generic, debuginfo=inst.debuginfo)
             ops_before = count_ops(module) if counting else None
             t0 = time.perf_counter()
             try:
@@ -237,7 +242,7 @@ class PassManager:
             if inst.print_ir_after_all:
                 text_after = self._emit(f"After {name}", module)
             elif inst.print_ir_after_change:
-                text_after = print_ir(module, generic=inst.generic)
+                text_after = print_ir(module, generic=inst.generic, debuginfo=inst.debuginfo)
                 if text_after != text_before:
                     self._emit(f"After {name}", module, text_after)
             if tree:
@@ -252,7 +257,7 @@ class PassManager:
     def _fail(self, failure: PassFailure, module: x.ModuleOp, verify: bool) -> None:
         inst = self.instrumentation
         try:
-            failure.ir = print_ir(module, generic=inst.generic)
+            failure.ir = print_ir(module, generic=inst.generic, debuginfo=inst.debuginfo)
         except Exception:  # the IR may be too broken to print; the failure is what matters
             failure.ir = None
         if inst.print_ir_after_failure and failure.ir is not None:
@@ -263,4 +268,10 @@ class PassManager:
     def _write_tree(self, tree: str, index: int, name: str, module: x.ModuleOp) -> None:
         path = os.path.join(tree, f"{index:02d}_{name}.mlir")
         with open(path, "w") as f:
-            f.write(print_ir(module, generic=self.instrumentation.generic))
+            f.write(
+                print_ir(
+                    module,
+                    generic=self.instrumentation.generic,
+                    debuginfo=self.instrumentation.debuginfo,
+                )
+            )

@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="do not verify the input module")
     p.add_argument("--pass-timing", action="store_true", help="report per-pass wall time")
     p.add_argument("--print-op-generic", action="store_true", help="print the generic form")
+    p.add_argument(
+        "--mlir-print-debuginfo", action="store_true", help="print op locations (loc(...))"
+    )
     p.add_argument("--list-passes", action="store_true", help="list the available passes")
     return p
 
@@ -106,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             verify_each=args.verify_each,
             timing=args.pass_timing,
             generic=args.print_op_generic,
+            debuginfo=args.mlir_print_debuginfo,
             stream=sys.stderr,
         )
     except PipelineError as e:
@@ -130,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pm.run(module, ctx)
     except PassFailure as e:
         return fail(str(e))
-    result = print_ir(module, generic=args.print_op_generic)
+    result = print_ir(module, generic=args.print_op_generic, debuginfo=args.mlir_print_debuginfo)
     if args.output == "-":
         sys.stdout.write(result)
     else:

@@ -219,3 +219,20 @@ def test_numpy_scalar_attributes_map_to_their_python_values():
     assert attr_from_ir(attr_to_ir(np.bool_(True))) is True
     with pytest.raises(TypeError, match="has no IR form"):
         attr_to_ir(object())
+
+
+def test_recorded_source_locations_print_as_debug_info_and_survive_json_and_parsing():
+    from lucid.compile._trace import Trace
+
+    a = lucid.tensor(np.ones(3, np.float32))
+    tr = trace(lambda t: (t * 2).exp(), a, locations=True)  # MARK-loc
+    src = open(__file__).read().splitlines()
+    line = next(i + 1 for i, s in enumerate(src) if s.endswith("# MARK-loc"))
+    assert [op.loc for op in tr.ops] == [(__file__, line)] * 2
+    back = Trace.from_json(tr.to_json())
+    assert back.ops[0].loc == (__file__, line)
+    text = print_ir(import_trace(back), debuginfo=True)
+    assert text.count(f'loc("{__file__}":{line}:0)') == 2
+    assert "loc(" not in print_ir(import_trace(back))  # off by default
+    assert print_ir(parse_ir(text), debuginfo=True) == text
+    assert trace(lambda t: t * 2, a).ops[0].loc is None  # not recorded unless asked
