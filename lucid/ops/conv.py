@@ -432,6 +432,11 @@ def conv1d(
     unbatched = input.ndim == 2
     x = input.reshape(1, *input.shape) if unbatched else input
     n, c, length = x.shape
+    if c != weight.shape[1] * groups:
+        raise ValueError(
+            f"conv1d: input has {c} channels but weight expects {weight.shape[1] * groups} "
+            f"(weight.shape[1]={weight.shape[1]} x groups={groups})"
+        )
     out = apply(
         "conv2d",
         x.reshape(n, c, 1, length),

@@ -156,6 +156,11 @@ def test_conv2d_names_both_channel_counts_on_mismatch():
         F.conv2d(x, w)
     with pytest.raises(ValueError, match="input has 3 channels but weight expects 4"):
         F.conv2d(x, w, groups=2)
+    with pytest.raises(ValueError, match="conv1d: input has 3 channels but weight expects 2"):
+        F.conv1d(
+            lucid.tensor(np.zeros((1, 3, 5), np.float32)),
+            lucid.tensor(np.zeros((4, 2, 3), np.float32)),
+        )
 
 
 def test_conv_rejects_bad_arguments():
