@@ -1,0 +1,246 @@
+"""Elementwise prim ops: unary, binary (broadcasting), select, cast, normalize."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lucid.backends.prim_ops._core import (
+    ANY,
+    FLOAT,
+    NUMERIC,
+    NUMPY_DTYPES,
+    PRIM_OPS,
+    Attr,
+    Aval,
+    PrimOp,
+    _need,
+    _register,
+    _same_dtype,
+    broadcast,
+)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    flat = np.asarray(x, dtype=np.float64).ravel()
+    return np.array([math.erf(v) for v in flat], dtype=np.float64).reshape(np.shape(x))
+
+
+def _floor_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if a.dtype.kind == "i":
+            safe = np.where(b == 0, 1, b)
+            return np.where(b == 0, 0, np.floor_divide(a, safe)).astype(a.dtype)
+        return np.floor_divide(a, b)
+
+
+def _remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if a.dtype.kind == "i":
+            safe = np.where(b == 0, 1, b)
+            return np.where(b == 0, 0, np.remainder(a, safe)).astype(a.dtype)
+        return np.remainder(a, b)
+
+
+def _sign(x: np.ndarray) -> np.ndarray:
+    return np.sign(x)
+
+
+# --- elementwise ------------------------------------------------------------------------------
+# name -> (allowed input dtypes, output dtype or None for "same", numpy function, MPSGraph method)
+UNARY: dict[str, tuple[frozenset[str], str | None, Callable[[np.ndarray], np.ndarray], str]] = {
+    "neg": (NUMERIC, None, np.negative, "negativeWithTensor:name:"),
+    "abs": (NUMERIC, None, np.abs, "absoluteWithTensor:name:"),
+    "sign": (NUMERIC, None, _sign, "signWithTensor:name:"),
+    "square": (NUMERIC, None, np.square, "squareWithTensor:name:"),
+    "relu": (NUMERIC, None, lambda x: np.maximum(x, np.zeros((), x.dtype)), "reLUWithTensor:name:"),
+    "exp": (FLOAT, None, np.exp, "exponentWithTensor:name:"),
+    "expm1": (FLOAT, None, np.expm1, "exponentWithTensor:name: + subtraction (composite)"),
+    "log": (FLOAT, None, np.log, "logarithmWithTensor:name:"),
+    "log1p": (FLOAT, None, np.log1p, "logarithmWithTensor:name: of 1+x (composite)"),
+    "sqrt": (FLOAT, None, np.sqrt, "squareRootWithTensor:name:"),
+    "rsqrt": (FLOAT, None, lambda x: 1 / np.sqrt(x), "reverseSquareRootWithTensor:name:"),
+    "reciprocal": (FLOAT, None, np.reciprocal, "reciprocalWithTensor:name:"),
+    "sin": (FLOAT, None, np.sin, "sinWithTensor:name:"),
+    "cos": (FLOAT, None, np.cos, "cosWithTensor:name:"),
+    "tan": (FLOAT, None, np.tan, "tanWithTensor:name:"),
+    "tanh": (FLOAT, None, np.tanh, "tanhWithTensor:name:"),
+    "sigmoid": (FLOAT, None, lambda x: 1 / (1 + np.exp(-x)), "sigmoidWithTensor:name:"),
+    "erf": (FLOAT, None, _erf, "erfWithTensor:name:"),
+    "floor": (FLOAT, None, np.floor, "floorWithTensor:name:"),
+    "ceil": (FLOAT, None, np.ceil, "ceilWithTensor:name:"),
+    "round": (FLOAT, None, np.rint, "rintWithTensor:name:"),
+    "logical_not": (frozenset({"bool"}), None, np.logical_not, "notWithTensor:name:"),
+    "isnan": (FLOAT, "bool", np.isnan, "isNaNWithTensor:name:"),
+    "isinf": (FLOAT, "bool", np.isinf, "isInfiniteWithTensor:name:"),
+    "isfinite": (FLOAT, "bool", np.isfinite, "isFiniteWithTensor:name:"),
+}
+
+BINARY: dict[str, tuple[frozenset[str], str | None, Callable[..., np.ndarray], str]] = {
+    "add": (NUMERIC, None, np.add, "additionWithPrimaryTensor:secondaryTensor:name:"),
+    "sub": (NUMERIC, None, np.subtract, "subtractionWithPrimaryTensor:secondaryTensor:name:"),
+    "mul": (NUMERIC, None, np.multiply, "multiplicationWithPrimaryTensor:secondaryTensor:name:"),
+    "div": (FLOAT, None, np.divide, "divisionWithPrimaryTensor:secondaryTensor:name:"),
+    "pow": (FLOAT, None, np.power, "powerWithPrimaryTensor:secondaryTensor:name:"),
+    "atan2": (FLOAT, None, np.arctan2, "atan2WithPrimaryTensor:secondaryTensor:name:"),
+    "maximum": (NUMERIC, None, np.maximum, "maximumWithPrimaryTensor:secondaryTensor:name:"),
+    "minimum": (NUMERIC, None, np.minimum, "minimumWithPrimaryTensor:secondaryTensor:name:"),
+    "floor_divide": (
+        NUMERIC,
+        None,
+        _floor_divide,
+        "floorDivisionWithPrimaryTensor:secondaryTensor:name:",
+    ),
+    "remainder": (NUMERIC, None, _remainder, "moduloWithPrimaryTensor:secondaryTensor:name:"),
+    "eq": (ANY, "bool", np.equal, "equalWithPrimaryTensor:secondaryTensor:name:"),
+    "ne": (ANY, "bool", np.not_equal, "notEqualWithPrimaryTensor:secondaryTensor:name:"),
+    "lt": (ANY, "bool", np.less, "lessThanWithPrimaryTensor:secondaryTensor:name:"),
+    "le": (ANY, "bool", np.less_equal, "lessThanOrEqualToWithPrimaryTensor:secondaryTensor:name:"),
+    "gt": (ANY, "bool", np.greater, "greaterThanWithPrimaryTensor:secondaryTensor:name:"),
+    "ge": (
+        ANY,
+        "bool",
+        np.greater_equal,
+        "greaterThanOrEqualToWithPrimaryTensor:secondaryTensor:name:",
+    ),
+    "logical_and": (
+        frozenset({"bool"}),
+        None,
+        np.logical_and,
+        "logicalANDWithPrimaryTensor:secondaryTensor:name:",
+    ),
+    "logical_or": (
+        frozenset({"bool"}),
+        None,
+        np.logical_or,
+        "logicalORWithPrimaryTensor:secondaryTensor:name:",
+    ),
+    "logical_xor": (
+        frozenset({"bool"}),
+        None,
+        np.logical_xor,
+        "logicalXORWithPrimaryTensor:secondaryTensor:name:",
+    ),
+}
+
+
+def _unary_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval]]:
+    allowed, out_dtype, _, _ = UNARY[name]
+
+    def rule(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
+        _need(name, avals[0], allowed)
+        return [Aval(avals[0].shape, out_dtype or avals[0].dtype)]
+
+    return rule
+
+
+def _unary_ref(name: str) -> Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]:
+    fn = UNARY[name][2]
+
+    def ref(arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        with np.errstate(all="ignore"):
+            return [np.asarray(fn(arrays[0])).astype(arrays[0].dtype, copy=False)]
+
+    return ref
+
+
+def _binary_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval]]:
+    allowed, out_dtype, _, _ = BINARY[name]
+
+    def rule(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
+        dtype = _same_dtype(name, avals)
+        _need(name, avals[0], allowed)
+        return [Aval(broadcast(name, avals[0].shape, avals[1].shape), out_dtype or dtype)]
+
+    return rule
+
+
+def _binary_ref(name: str) -> Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]:
+    fn = BINARY[name][2]
+
+    def ref(arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        with np.errstate(all="ignore"):
+            return [np.asarray(fn(arrays[0], arrays[1]))]
+
+    return ref
+
+
+for _name, (_allowed, _out, _fn, _mps) in UNARY.items():
+    _register(
+        PrimOp(
+            _name, ("x",), {}, _unary_infer(_name), _unary_ref(_name), "unary", _mps, "12.0",
+            "elementwise.cpp: unary", elementwise=True,
+        )
+    )  # fmt: skip
+for _name, (_allowed, _out, _fn, _mps) in BINARY.items():
+    _register(
+        PrimOp(
+            _name, ("a", "b"), {}, _binary_infer(_name), _binary_ref(_name), "binary", _mps,
+            "12.0", "elementwise.cpp: binary", elementwise=True,
+        )
+    )  # fmt: skip
+
+
+def _select_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
+    _need("select", avals[0], frozenset({"bool"}), "condition")
+    dtype = _same_dtype("select", avals[1:])
+    return [Aval(broadcast("select", *(a.shape for a in avals)), dtype)]
+
+
+_register(
+    PrimOp(
+        "select", ("cond", "a", "b"), {}, _select_infer,
+        lambda xs, at: [np.where(xs[0], xs[1], xs[2])], "select",
+        "selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:name:", "12.0",
+        "elementwise.cpp: select", elementwise=True,
+    )
+)  # fmt: skip
+
+
+def _cast_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    x, target = xs[0], NUMPY_DTYPES[attrs["dtype"]]
+    if x.dtype.kind == "f" and target.kind == "i":
+        # Float to int truncates toward zero; NaN gives 0 and out-of-range values saturate.
+        info = np.iinfo(target)
+        with np.errstate(invalid="ignore"):
+            t = np.trunc(np.nan_to_num(x, nan=0.0))
+            t = np.clip(t, info.min, info.max)
+        out = np.where(t >= info.max, info.max, t.astype(np.float64)).astype(np.int64)
+        return [out.astype(target)]
+    with np.errstate(all="ignore"):
+        return [x.astype(target)]
+
+
+_register(
+    PrimOp(
+        "cast", ("x",), {"dtype": Attr("dtype")},
+        lambda avals, attrs: [Aval(avals[0].shape, attrs["dtype"])], _cast_ref, "cast",
+        "castTensor:toType:name:", "12.0", "elementwise.cpp: cast", elementwise=True,
+    )
+)  # fmt: skip
+
+
+def _normalize_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
+    dtype = _same_dtype("normalize", avals)
+    _need("normalize", avals[0], FLOAT)
+    return [Aval(broadcast("normalize", *(a.shape for a in avals)), dtype)]
+
+
+def _normalize_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    x, mean, var, gamma, beta = xs
+    return [(x - mean) / np.sqrt(var + x.dtype.type(attrs["epsilon"])) * gamma + beta]
+
+
+_register(
+    PrimOp(
+        "normalize", ("x", "mean", "variance", "gamma", "beta"), {"epsilon": Attr("float", 1e-5)},
+        _normalize_infer, _normalize_ref, "normalization",
+        "normalizationWithTensor:meanTensor:varianceTensor:gammaTensor:betaTensor:epsilon:name:",
+        "12.0", "elementwise.cpp: normalize", elementwise=True,
+    )
+)  # fmt: skip
+
+ELEMENTWISE_OPS = frozenset(name for name, op in PRIM_OPS.items() if op.elementwise)
