@@ -337,10 +337,10 @@ class CompiledModule:
         t0 = time.perf_counter()
         training, needs_grad = key[2], key[3]
         if needs_grad:
-            raise _pipeline.Unsupported(
-                "gradients are needed (grad mode is on and parameters require grad): run under "
-                "lucid.no_grad() for inference, or train with lucid.compile.make_step/fused_step"
-            )
+            # Outputs carry a grad_fn running a compiled backward (lucid.compile._grad_call).
+            from lucid.compile._grad_call import compile_grad_call
+
+            return compile_grad_call(self._model, args, kwargs, self._options)
         del training
         with _tracing(self._model) as tracer:
             tensor_pos: list[int] = []

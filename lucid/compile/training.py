@@ -472,6 +472,11 @@ def _attach_grads(loss: Tensor, grads: list[tuple[Tensor, np.ndarray]]) -> None:
     grad_tensors = [Tensor._wrap(g) for _, g in grads]
 
     def vjp(ctx, g):
+        if _state.tracer is not None or _state.grad_enabled:
+            raise RuntimeError(
+                "create_graph=True (higher-order gradients) through a make_step loss is not "
+                "supported: its gradients are computed values, not a differentiable graph"
+            )
         return [g * gt for gt in grad_tensors]
 
     op = OpDef(

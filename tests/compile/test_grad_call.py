@@ -1,0 +1,180 @@
+"""``cm(x)`` with grad mode on: a compiled forward (returning residuals) whose outputs carry a
+grad_fn running a compiled backward; gradients against eager autograd (float64 models)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import lucid
+import lucid.nn as nn
+import lucid.nn.functional as F
+from lucid.compile._grad_call import GradEntry
+from lucid.ir import feed_roles, forward_func, result_roles
+
+_spec = importlib.util.spec_from_file_location(
+    "compile_models", os.path.join(os.path.dirname(__file__), "models.py")
+)
+models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(models)
+
+
+def _input(name: str, requires_grad: bool):
+    rng = np.random.default_rng(0)
+    if name == "transformer":
+        return lucid.tensor(rng.integers(0, 20, (2, 8)))
+    shape = {"mlp": (8, 16), "cnn_bn": (4, 1, 12, 12), "lstm": (3, 5, 6)}[name]
+    return lucid.tensor(rng.standard_normal(shape), requires_grad=requires_grad)
+
+
+MODELS = {
+    "mlp": models.MLP,
+    "cnn_bn": models.LeNet,
+    "transformer": models.TinyGPT,
+    "lstm": models.LSTMModel,
+}
+
+
+def _pair(name):
+    lucid.manual_seed(0)
+    ref = MODELS[name]().double()
+    lucid.manual_seed(0)
+    got = MODELS[name]().double()
+    return ref, got
+
+
+def _weights(out):
+    """A fixed, non-uniform upstream gradient so every output element matters differently."""
+    return lucid.tensor(np.random.default_rng(7).standard_normal(tuple(out.shape)))
+
+
+def assert_rel_close(got, want, rtol, floor):
+    got, want = np.asarray(got), np.asarray(want)
+    scale = max(float(np.abs(want).max(initial=0.0)), floor)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradients_through_a_compiled_call_equal_eager(name):
+    ref, got = _pair(name)
+    x_ref = _input(name, requires_grad=True)
+    x_got = _input(name, requires_grad=True)
+    cm = lucid.compile(got, strict=True)
+    out = cm(x_got)
+    want = ref(x_ref)
+    assert out.grad_fn is not None
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-10)
+    w = _weights(want)
+    (want * w).sum().backward()
+    (out * w).sum().backward()
+    # Judged against the model's gradient scale: a bias followed by BatchNorm has a gradient
+    # that is pure rounding noise.
+    floor = max(float(np.abs(p.grad.numpy()).max()) for p in ref.parameters())
+    for p, q in zip(got.parameters(), ref.parameters(), strict=True):
+        assert_rel_close(p.grad.numpy(), q.grad.numpy(), 1e-6, floor)
+    if x_ref.grad is not None:
+        assert_rel_close(x_got.grad.numpy(), x_ref.grad.numpy(), 1e-6, 1e-12)
+    for b, c in zip(got.buffers(), ref.buffers(), strict=True):
+        np.testing.assert_allclose(b.numpy(), c.numpy(), rtol=1e-10)
+    (entry,) = cm._entries.values()
+    assert isinstance(entry, GradEntry)
+
+
+def test_forward_returns_residuals_and_backward_reads_no_cotangent_free_recompute():
+    _, model = _pair("mlp")
+    cm = lucid.compile(model, strict=True)
+    cm(_input("mlp", requires_grad=False))
+    (entry,) = cm._entries.values()
+    f_roles = feed_roles(forward_func(entry.fwd_module))
+    r_roles = result_roles(forward_func(entry.fwd_module))
+    b_roles = feed_roles(forward_func(entry.bwd_module))
+    assert not any(r.startswith("cot:") for r in f_roles)
+    assert any(r.startswith("residual:") for r in r_roles)
+    assert any(r.startswith("residual:") for r in b_roles)
+    assert any(r.startswith("cot:") for r in b_roles)
+    assert set(result_roles(forward_func(entry.bwd_module))) == {
+        f"grad:param:{n}" for n, _ in model.named_parameters()
+    }
+    # The backward does not recompute the first layer's matmul: it has fewer matmuls than
+    # the two of the forward plus the four of the gradient formulas.
+    text = str(entry.bwd_module)
+    assert text.count("lucid.matmul") + text.count("lucid.linear") <= 4
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.a = nn.Linear(8, 3)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = F.tanh(self.body(x))
+        return {"a": self.a(h), "b": self.b(h), "idx": h.argmax(-1)}
+
+
+def test_several_outputs_and_an_unused_one():
+    lucid.manual_seed(0)
+    ref = TwoHeads().double()
+    lucid.manual_seed(0)
+    got = TwoHeads().double()
+    x = lucid.tensor(np.random.default_rng(1).standard_normal((5, 6)))
+    cm = lucid.compile(got, strict=True)
+    out, want = cm(x), ref(x)
+    assert out["idx"].dtype == lucid.int64
+    np.testing.assert_array_equal(out["idx"].numpy(), want["idx"].numpy())
+    (want["a"] ** 2).sum().backward()
+    (out["a"] ** 2).sum().backward()  # head b gets no gradient
+    for p, q in zip(got.parameters(), ref.parameters(), strict=True):
+        if q.grad is None:
+            assert p.grad is None or not np.any(p.grad.numpy())
+        else:
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_cache_hit_and_a_second_backward_with_retain_graph():
+    ref, got = _pair("mlp")
+    cm = lucid.compile(got, strict=True)
+    x = _input("mlp", requires_grad=False)
+    cm(x)
+    out = cm(x)
+    assert cm.timing()[0]["n_hits"] == 1
+    loss = out.sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    ref(x).sum().backward()
+    for p, q in zip(got.parameters(), ref.parameters(), strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), 2 * q.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_modifying_a_parameter_before_backward_raises_like_eager():
+    _, model = _pair("mlp")
+    cm = lucid.compile(model, strict=True)
+    out = cm(_input("mlp", requires_grad=False))
+    with lucid.no_grad():
+        model.fc2.weight.mul_(2.0)  # the backward reads it (dh = dy @ W2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation|version"):
+        out.sum().backward()
+
+
+def test_create_graph_is_refused_clearly():
+    _, model = _pair("mlp")
+    cm = lucid.compile(model, strict=True)
+    out = cm(_input("mlp", requires_grad=True))
+    with pytest.raises(RuntimeError, match="create_graph"):
+        out.sum().backward(create_graph=True)
+
+
+def test_grad_mode_and_no_grad_are_separate_entries():
+    _, model = _pair("mlp")
+    cm = lucid.compile(model, strict=True)
+    x = _input("mlp", requires_grad=False)
+    y1 = cm(x)
+    with lucid.no_grad():
+        y2 = cm(x)
+    assert y1.grad_fn is not None and y2.grad_fn is None
+    np.testing.assert_array_equal(y1.detach().numpy(), y2.numpy())
+    assert cm.cache_info()["entries"] == 2
