@@ -74,6 +74,7 @@ class Tracer:
         # kept alive so its id cannot be reused during the trace.
         self._captured: dict[int, tuple[Tensor, Value]] = {}
         self._feed_roles: dict[int, str] = {}  # feed value id -> role
+        self._roles_taken: set[str] = set()
         self._updates: dict[int, str] = {}  # id(tensor) -> role of the update output
         self._names: dict[int, str] = _feed_names(model) if model is not None else {}
         self._feed_tensors: dict[str, Tensor] = {}  # role -> captured tensor
@@ -97,6 +98,9 @@ class Tracer:
         return v
 
     def _add_feed(self, shape: tuple, dt: _dtype.dtype, role: str) -> Value:
+        if role in self._roles_taken:
+            raise ValueError(f"the trace already has a feed with role {role!r}")
+        self._roles_taken.add(role)
         v = self._new_value(shape, dt)
         self.trace.feeds.append(Feed(v, role))
         self._feed_roles[v.id] = role
@@ -267,6 +271,8 @@ class Tracer:
     def finish(self, outputs: Any) -> Trace:
         """Mark ``outputs`` (a tensor, or nested tuples/lists/dicts of them) as the trace's
         results, append the in-place updates of feeds, and return the Trace."""
+        if self.finished:
+            raise RuntimeError("finish() was already called on this trace")
         flat: list[Tensor] = []
         _flatten(outputs, flat)
         for i, t in enumerate(flat):

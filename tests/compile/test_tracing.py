@@ -296,3 +296,14 @@ def test_numpy_integer_dims_from_inference_become_python_ints():
     tr = trace(lambda t: apply(op, t), lucid.tensor(np.ones(2, np.float32)))
     assert all(type(d) is int for d in tr.ops[0].outputs[0].shape)
     Trace.from_json(tr.to_json())  # serialisable
+
+
+def test_duplicate_roles_and_double_finish_are_errors():
+    with _tracing() as tracer:
+        tracer.input((2,), role="scalar:lr")
+        with pytest.raises(ValueError, match="scalar:lr"):
+            tracer.input((2,), role="scalar:lr")
+        x = tracer.input((2,))
+        tracer.finish(x * 2)
+        with pytest.raises(RuntimeError, match="already"):
+            tracer.finish(x)
