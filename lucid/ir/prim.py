@@ -11,6 +11,7 @@ tensor<4xf32>``.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -70,11 +71,27 @@ def attr_to_prim(kind: str, value: Any) -> x.Attribute:
     if kind == "ints":
         return x.DenseArrayBase.from_list(x.i64, [int(v) for v in value])
     if kind == "floats":
-        # An ArrayAttr of f64 attributes: xDSL 0.75 prints some array<f64> values unparseably.
-        return x.ArrayAttr([x.FloatAttr(float(v), x.f64) for v in value])
+        # An ArrayAttr of f64 attributes: xDSL 0.75 prints some array<f64> values (and dense<>
+        # f64 values) in a hex form its own parser misreads.
+        return x.ArrayAttr([_float_attr(float(v)) for v in value])
     if kind == "dtype":
         return _DTYPE_TO_ELEM[value]
     raise AssertionError(kind)
+
+
+_FLOAT_ATTRS: dict[bytes, x.FloatAttr] = {}
+
+
+def _float_attr(v: float) -> x.FloatAttr:
+    """A shared f64 attribute per value (keyed by bits, so -0.0 and NaNs stay exact): building
+    one costs ~20 us, and masks and tables repeat a few values many times."""
+    key = struct.pack("<d", v)
+    a = _FLOAT_ATTRS.get(key)
+    if a is None:
+        a = x.FloatAttr(v, x.f64)
+        if len(_FLOAT_ATTRS) < 65536:
+            _FLOAT_ATTRS[key] = a
+    return a
 
 
 def attr_from_prim(kind: str, a: x.Attribute) -> Any:

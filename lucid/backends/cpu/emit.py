@@ -114,4 +114,3 @@ def run_program(executable: Any, feeds: Mapping[str, Any] | list, program: Nativ
     if isinstance(feeds, Mapping):
         feeds = [feeds[r] for r in program.feed_roles]
     return executable.run(list(feeds))
-

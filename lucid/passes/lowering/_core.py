@@ -167,6 +167,29 @@ class Builder:
             self._consts[key] = v
         return v
 
+    def arange_along(self, n: int, axis: int, rank: int, dtype: _dtype.dtype = _dtype.int64) -> PV:
+        """0..n-1 along ``axis`` of a rank-``rank`` value (size 1 elsewhere): n constant entries
+        that broadcast, instead of a constant of the full shape."""
+        shape = [1] * rank
+        shape[axis] = n
+        return self.const(np.arange(n).reshape(shape), dtype, tuple(shape))
+
+    def flat_iota(self, shape: Sequence[int]) -> PV:
+        """The row-major flat position of every element of ``shape`` (int64), built from one
+        range per dim."""
+        shape = tuple(shape)
+        rank = len(shape)
+        if rank == 0:
+            return self.const(0, _dtype.int64, ())
+        out = None
+        for d, n in enumerate(shape):
+            stride = math.prod(shape[d + 1 :])
+            term = self.arange_along(n, d, rank)
+            if stride != 1:
+                term = self.binary("mul", term, stride, _dtype.int64)
+            out = term if out is None else self.op("add", out, term)
+        return self.broadcast_to(out, shape)
+
     def cast(self, v: Operand, dtype: _dtype.dtype) -> PV:
         """``v`` as ``dtype`` (a scalar becomes a 0-d constant)."""
         if is_scalar(v):

@@ -140,8 +140,7 @@ def _positions(b: Builder, x: PV, indices: list, index: tuple) -> tuple[PV, np.n
         known = np.ascontiguousarray(known)
         return b.const(known, _I64, known.shape), known
     target = _index_shape(x.shape, [t.shape for t in indices], index)
-    iota = b.const(np.arange(x.size, dtype=np.int64).reshape(x.shape), _I64, x.shape)
-    return _apply_index(b, iota, indices, index, target), None
+    return _apply_index(b, b.flat_iota(x.shape), indices, index, target), None
 
 
 # Assignment through possibly repeated positions, exactly as numpy's: the last write (in C order
@@ -200,11 +199,12 @@ def _index_put(b: Builder, v, values, indices, index, accumulate):
 def _along_dim_positions(b: Builder, x: PV, idx: PV, dim: int) -> PV:
     """Flat positions in ``x`` of torch's gather/scatter index ``idx`` along ``dim``."""
     strides = [math.prod(x.shape[i + 1 :]) for i in range(x.ndim)]
-    coords = np.indices(idx.shape, dtype=np.int64)
-    base = sum(coords[i] * strides[i] for i in range(x.ndim) if i != dim)
-    base = np.asarray(base, dtype=np.int64) if x.ndim > 1 else np.zeros(idx.shape, np.int64)
-    along = b.binary("mul", _wrap(b, idx, x.shape[dim]), strides[dim], _I64)
-    return b.op("add", along, b.const(base, _I64, idx.shape))
+    out = b.binary("mul", _wrap(b, idx, x.shape[dim]), strides[dim], _I64)
+    for i in range(x.ndim):
+        if i != dim and idx.shape[i] > 1:
+            coord = b.binary("mul", b.arange_along(idx.shape[i], i, idx.ndim), strides[i], _I64)
+            out = b.op("add", out, coord)
+    return b.broadcast_to(out, idx.shape)
 
 
 @rule("gather")

@@ -11,6 +11,7 @@ from lucid import _dtype
 from lucid.ops._registry import normalize_dim
 from lucid.ops.pool import _adaptive_matrix, _avg_divisor, _geometry
 from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, is_scalar, rule
+from lucid.passes.lowering.shape import tri_mask
 
 # --- linear algebra
 
@@ -161,7 +162,7 @@ def _max_pool2d(b: Builder, v, kernel_size, stride, padding, dilation, ceil_mode
     (kh, kw), (sh, sw), (dh, dw) = kernel_size, stride, dilation
     pt, pb, pl, pr = pads
     xp = b.op("pad", v, low=(0, 0, pt, pl), high=(0, 0, pb, pr), value=-math.inf)
-    taps, table = [], []
+    taps, offsets = [], []
     for i in range(kh):
         for j in range(kw):
             r0, c0 = i * dh, j * dw
@@ -170,15 +171,14 @@ def _max_pool2d(b: Builder, v, kernel_size, stride, padding, dilation, ceil_mode
                 ends=(n, c, r0 + sh * (ho - 1) + 1, c0 + sw * (wo - 1) + 1), strides=(1, 1, sh, sw),
             )  # fmt: skip
             taps.append(b.reshape(tap, (1, n, c, ho, wo)))
-            rows = np.arange(ho)[:, None] * sh - pt + r0
-            cols = np.arange(wo)[None, :] * sw - pl + c0
-            table.append(rows * w + cols)
-    winner = b.op("argmax", b.concat(taps, 0), axis=0, keepdims=True)
-    table_v = b.const(np.stack(table)[:, None, None], _dtype.int64, (kh * kw, 1, 1, ho, wo))
-    flat = b.op(
-        "gather_along_axis", b.broadcast_to(table_v, (kh * kw, n, c, ho, wo)), winner, axis=0
-    )
-    return values, b.reshape(flat, (n, c, ho, wo))
+            offsets.append((r0 - pt) * w + (c0 - pl))
+    winner = b.reshape(b.op("argmax", b.concat(taps, 0), axis=0), (n, c, ho, wo))
+    # position = tap offset + output row * sh * W + output col * sw, from small ranges.
+    i64 = _dtype.int64
+    tap_offset = b.op("gather", b.const(np.array(offsets), i64), winner, axis=0)
+    rows = b.binary("mul", b.arange_along(ho, 2, 4), sh * w, i64)
+    cols = b.binary("mul", b.arange_along(wo, 3, 4), sw, i64)
+    return values, b.op("add", tap_offset, b.op("add", rows, cols))
 
 
 @rule("max_pool2d_backward")
@@ -458,8 +458,7 @@ def _attention_weights(b: Builder, q: PV, k: PV, mask, is_causal, scale) -> tupl
         raise LoweringUnsupported("attn_mask must be a tensor or the scalar 0.0")
     if is_causal:
         length, size = s.shape[-2:]
-        keep = b.const(np.tril(np.ones((length, size), dtype=bool)), _dtype.bool_)
-        s = b.select(keep, s, -math.inf, dt)
+        s = b.select(tri_mask(b, length, size, 0, True), s, -math.inf, dt)
     return b.op("softmax", s, axis=-1), scale
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from lucid import _dtype
 from lucid.ops._registry import normalize_dim, normalize_dims
 from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, rule
@@ -144,10 +142,7 @@ def _cumsum(b: Builder, v, dim, dtype):
 @rule("iota")
 def _iota(b: Builder, v, dim):
     d = normalize_dim(dim, v.ndim)
-    shape = [1] * v.ndim
-    shape[d] = v.shape[d]
-    ramp = np.arange(v.shape[d], dtype=np.int64).reshape(shape)
-    return b.const(np.broadcast_to(ramp, v.shape), _dtype.int64, v.shape)
+    return b.broadcast_to(b.arange_along(v.shape[d], d, v.ndim), v.shape)
 
 
 @rule("sum_to_size")

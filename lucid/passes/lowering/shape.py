@@ -83,12 +83,17 @@ def _roll(b: Builder, v, shifts, dims):
     return v
 
 
+def tri_mask(b: Builder, rows: int, cols: int, diagonal: int, lower: bool) -> PV:
+    """(rows, cols) bool: col - row <= diagonal (lower) or >= diagonal (upper), from two ranges."""
+    i64 = _dtype.int64
+    offset = b.op("sub", b.arange_along(cols, 1, 2), b.arange_along(rows, 0, 2))
+    return b.binary("le" if lower else "ge", offset, diagonal, i64)
+
+
 def _tri(keep_lower: bool):
     def lower(b: Builder, v, diagonal):
         rows, cols = v.shape[-2:]
-        r, c = np.indices((rows, cols))
-        keep = (c - r <= diagonal) if keep_lower else (c - r >= diagonal)
-        mask = b.const(keep, _dtype.bool_, (rows, cols))
+        mask = tri_mask(b, rows, cols, diagonal, keep_lower)
         return b.select(mask, v, 0, v.dtype)
 
     return lower
