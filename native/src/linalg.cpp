@@ -143,13 +143,15 @@ ConvGeom conv_geom(const Instr& in, const Shape& x, const Shape& w, const Shape&
           st[0], st[1], dl[0], dl[1], pd[0], pd[2]};
 }
 
-// col[(c*KH + i)*KW + j][oh*WO + ow] = x[c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] (0 outside).
+// col[(c*KH + i)*KW + j][oh*WO + ow] = x[c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] (0 outside);
+// ld is the distance between col rows (howo for one image, more when images sit side by side).
 template <class T>
-void im2col(const ConvGeom& g, const T* x, T* col) {
+void im2col(const ConvGeom& g, const T* x, T* col, int64_t ld = 0) {
+  if (ld == 0) ld = g.howo();
   for (int64_t c = 0; c < g.cg(); ++c)
     for (int64_t i = 0; i < g.KH; ++i)
       for (int64_t j = 0; j < g.KW; ++j) {
-        T* row = col + ((c * g.KH + i) * g.KW + j) * g.howo();
+        T* row = col + ((c * g.KH + i) * g.KW + j) * ld;
         for (int64_t oh = 0; oh < g.HO; ++oh) {
           int64_t ih = oh * g.sh - g.pt + i * g.dh;
           T* dst = row + oh * g.WO;
@@ -196,6 +198,19 @@ T* scratch(size_t n) {
 
 template <class T>
 void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y) {
+  if (g.G == 1 && g.N > 1) {
+    // All images side by side in one im2col matrix: one large GEMM instead of N small ones
+    // (better BLAS efficiency and threading), then the [O, N, HW] result is put back as NCHW.
+    const int64_t cols = g.N * g.howo();
+    T* col = scratch<T>(g.ckk() * cols + g.O * cols);
+    T* tmp = col + g.ckk() * cols;
+    for (int64_t n = 0; n < g.N; ++n) im2col(g, x + n * g.C * g.H * g.W, col + n * g.howo(), cols);
+    gemm<T>(false, false, g.O, cols, g.ckk(), w, g.ckk(), col, cols, T(0), tmp, cols);
+    for (int64_t n = 0; n < g.N; ++n)
+      for (int64_t o = 0; o < g.O; ++o)
+        std::memcpy(y + (n * g.O + o) * g.howo(), tmp + o * cols + n * g.howo(), g.howo() * sizeof(T));
+    return;
+  }
   T* col = is_pointwise(g) ? nullptr : scratch<T>(g.ckk() * g.howo());
   for (int64_t n = 0; n < g.N; ++n)
     for (int64_t gr = 0; gr < g.G; ++gr) {
