@@ -272,16 +272,83 @@ register(
         "cross entropy when target holds class probabilities.",
     )
 )
+
+
+def _with_class_axis(t, cdim: int):
+    return t.reshape(*t.shape[:cdim], 1, *t.shape[cdim:])
+
+
+def _ce_grad_class_sum(c):
+    """S = sum over classes of d loss / d logp (classes kept as a size-1 dim), in Lucid ops.
+
+    cross_entropy_backward is G - softmax(x) * S with G independent of x, so S is all its second
+    derivative needs.
+    """
+    import lucid
+
+    grad, input, target, weight = c.inputs  # noqa: A001
+    attrs = c.attrs
+    cdim = _class_dim(input.ndim)
+    n_classes = input.shape[cdim]
+    ls, reduction = attrs["label_smoothing"], attrs["reduction"]
+    has_weight = isinstance(weight, Tensor)
+    if target.dtype.is_floating_point:
+        smoothed = target * (1.0 - ls) + ls / n_classes
+        if has_weight:
+            smoothed = smoothed * weight.reshape(n_classes, *([1] * (input.ndim - cdim - 1)))
+        s = _with_class_axis(grad, cdim) if reduction == "none" else grad
+        if reduction == "mean":
+            s = s * (n_classes / max(int(np.prod(input.shape)), 1))
+        return -(s * smoothed.sum(cdim, keepdim=True))
+    keep = target != attrs["ignore_index"]
+    valid = keep.type(input.dtype)
+    if has_weight:
+        picked = apply("embedding", lucid.where(keep, target, 0), weight.reshape(n_classes, 1))
+        wt = picked.reshape(*target.shape) * valid
+        weight_total = weight.sum()
+    else:
+        wt, weight_total = valid, float(n_classes)
+    s = grad / wt.sum() if reduction == "mean" else grad
+    per_sample = -(s * (wt * (1.0 - ls) + valid * weight_total * (ls / n_classes)))
+    return _with_class_axis(per_sample, cdim)
+
+
+def _ce_backward_vjp(c, gg):
+    grad, input, target, weight = c.inputs  # noqa: A001
+    cdim = _class_dim(input.ndim)
+    d_grad = d_input = d_target = None
+    if c.needs_input_grad[0]:
+        # linear in grad: its gradient is gg against the backward of a unit upstream gradient
+        unit = apply(
+            "cross_entropy_backward", apply("ones_like", grad), input, target, weight, **c.attrs
+        )
+        d_grad = (gg * unit).sum(cdim) if c.attrs["reduction"] == "none" else (gg * unit).sum()
+    p = apply("softmax", input, dim=cdim)
+    gg_centered = gg - (gg * p).sum(cdim, keepdim=True)
+    if c.needs_input_grad[1]:
+        d_input = -(p * gg_centered * _ce_grad_class_sum(c))
+    if c.needs_input_grad[2]:
+        ls = c.attrs["label_smoothing"]
+        s = _with_class_axis(grad, cdim) if c.attrs["reduction"] == "none" else grad
+        if c.attrs["reduction"] == "mean":
+            s = s * (input.shape[cdim] / max(int(np.prod(input.shape)), 1))
+        d_target = gg_centered * s * (ls - 1.0)
+        if isinstance(weight, Tensor):
+            d_target = d_target * weight.reshape(
+                input.shape[cdim], *([1] * (input.ndim - cdim - 1))
+            )
+    return d_grad, d_input, d_target, None
+
+
 register(
     OpDef(
         "cross_entropy_backward",
         ("grad", "input", "target", "weight"),
         _backward_infer,
         _ce_backward_kernel,
-        None,
+        _ce_backward_vjp,
         attrs=dict(_CE_ATTRS),
         saves_outputs=False,
-        unsupported={"vjp": "double backward through cross_entropy is not implemented"},
     )
 )
 

@@ -318,3 +318,27 @@ def test_bce_with_logits_is_stable_for_large_logits():
         lucid.tensor([1000.0, -1000.0]), lucid.tensor([0.0, 1.0]), reduction="none"
     )
     assert_close(out, np.array([1000.0, 1000.0]))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("probabilities", [False, True])
+def test_cross_entropy_second_derivative(reduction, probabilities):
+    w = lucid.tensor([0.5, 2.0, 1.0], dtype=lucid.float64)
+    if probabilities:
+        p = np.random.default_rng(7).uniform(0.1, 1.0, (2, 3, 2))
+        target = lucid.tensor(p / p.sum(1, keepdims=True), dtype=lucid.float64, requires_grad=True)
+    else:
+        target = ints([[0, 2], [1, -100]])
+
+    def grad_input(x, *t):
+        tgt = t[0] if t else target
+        loss = F.cross_entropy(x, tgt, weight=w, reduction=reduction, label_smoothing=0.1)
+        loss = (loss * loss).sum()  # a non-linear use of the loss, so every term matters
+        (g,) = lucid.autograd.grad(loss, x, create_graph=True)
+        return g
+
+    x = f64(2, 3, 2, seed=8)
+    if probabilities:
+        gradcheck(grad_input, x, target)
+    else:
+        gradcheck(grad_input, x)

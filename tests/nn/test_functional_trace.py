@@ -115,6 +115,24 @@ VJP_CASES = [
     ("huber_loss", [_f(3, 4), _f(3, 4)], {"reduction": "none"}),
     ("binary_cross_entropy", [_probs(3, 4), _probs(3, 4), 1.0], {}),
     ("binary_cross_entropy_with_logits", [_f(3, 4), _probs(3, 4), 1.0, _probs(4)], {}),
+    # backward ops with rules of their own (double backward); the last item lists the operands
+    # differentiated
+    (
+        "cross_entropy_backward",
+        [_f(3), _f(3, 4), np.array([0, 3, -100]), _probs(4)],
+        {"reduction": "none", "label_smoothing": 0.1},
+        (0, 1),
+    ),
+    ("cross_entropy_backward", [_f(), _f(3, 4), _probs(3, 4), 1.0], {}, (0, 1, 2)),
+    ("conv2d_input_grad", [_f(1, 2, 3, 3), _f(2, 2, 2, 2)], {"input_shape": (1, 2, 4, 4)}),
+    ("conv2d_weight_grad", [_f(1, 2, 4, 4), _f(1, 2, 3, 3)], {"weight_shape": (2, 2, 2, 2)}),
+    ("gelu_backward", [_f(3, 4), _f(3, 4)], {"approximate": "tanh"}),
+    ("softplus_backward", [_f(3, 4), _f(3, 4)], {}),
+    (
+        "avg_pool2d_backward",
+        [_f(1, 1, 2, 2)],
+        {"input_shape": (1, 1, 4, 4), "kernel_size": (2, 2), "stride": (2, 2)},
+    ),
 ]
 
 
@@ -127,12 +145,14 @@ def _reduce_to(g, shape):
 
 @pytest.mark.parametrize("case", VJP_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(VJP_CASES)])
 def test_vjp_rule_runs_under_the_tracer_and_matches_eager(case):
-    name, operands, attrs = case
+    name, operands, attrs, *explicit = case
     opdef = REGISTRY[name]
     is_array = [isinstance(o, np.ndarray) for o in operands]
     wrt = [i for i, o in enumerate(operands) if isinstance(o, np.ndarray) and o.dtype.kind == "f"]
     if opdef.operands[:2] == ("input", "target"):
         wrt = [i for i in wrt if i < 2]  # class weights and pos_weight take no gradient
+    if explicit:
+        wrt = list(explicit[0])
 
     # eager autograd
     eager_ops = [
