@@ -120,6 +120,8 @@ def test_model_runs_natively_and_matches_eager(name):
     program = emit_program(module)
     executable = compile_program(program)
     _check(executable.run(feeds), eager, f"{name}: native CPU")
+    unfused = compile_program(program, fuse=False, cache=False)
+    _check(unfused.run(feeds), eager, f"{name}: native CPU without elementwise fusion")
     # A second compile of the same program is a cache hit with the same answers.
     again = compile_program(emit_program(module))
     assert again.hash == executable.hash
