@@ -6,9 +6,12 @@ to time reliably), the ratio of Lucid compiled to the best peer, the PERF.md tar
 holds, and the first-call (compile) latency. Peers that are not installed are marked missing.
 
     python benchmarks/bench_workloads.py [--mode infer|train|all] [--workloads ABCDE]
-        [--threads 2] [--rounds 7] [--json results.json] [--chart chart.png] [--quick]
+        [--threads 2] [--rounds 7] [--json results.json] [--chart chart.png] [--quick] [--memory]
 
-Training rows need ``lucid.compile.fused_step``; they are skipped (and say so) without it.
+Training rows (A with SGD and with Adam; B–E with SGD): Lucid eager, ``make_step`` (compiled
+forward + backward) with the eager optimizer, ``fused_step`` (one executable per step: the
+"lucid compiled" column), torch eager, torch.compile and JAX jit. ``--memory`` adds each case's
+peak RSS growth, measured in a fresh process per case.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ def _parse() -> argparse.Namespace:
         help="skip torch.compile (its first call takes seconds per workload)",
     )
     ap.add_argument("--quick", action="store_true", help="few rounds: a smoke test, not a result")
+    ap.add_argument(
+        "--memory",
+        action="store_true",
+        help="training rows: peak RSS growth per framework, each in a fresh process (slow)",
+    )
+    ap.add_argument("--measure-memory", default=None, help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
@@ -184,7 +193,12 @@ def infer_cases(wl: str, args) -> dict[str, tuple]:
     return cases
 
 
-def train_cases(wl: str, args) -> dict[str, object]:
+OPTIMIZERS = {"sgd": "SGD lr 0.01", "adam": "Adam lr 1e-3"}
+
+
+def train_cases(wl: str, args, opt_name: str = "sgd") -> dict[str, object]:
+    """Training rows: Lucid eager, ``make_step`` + eager optimizer, ``fused_step`` ("lucid
+    compiled"), torch eager, torch.compile, JAX jit; all with ``opt_name`` (SGD or Adam)."""
     import lucid
 
     x_np, y_np = W.data(wl)
@@ -194,8 +208,13 @@ def train_cases(wl: str, args) -> dict[str, object]:
     x = lucid.tensor(x_np)
     extra = (lucid.tensor(y_np),) if y_np is not None else ()
 
+    def lucid_opt():
+        if opt_name == "adam":
+            return lucid.optim.Adam(model.parameters(), lr=1e-3)
+        return lucid.optim.SGD(model.parameters(), lr=0.01)
+
     def lucid_eager():
-        opt = lucid.optim.SGD(model.parameters(), lr=0.01)
+        opt = lucid_opt()
 
         def run():
             opt.zero_grad()
@@ -205,16 +224,24 @@ def train_cases(wl: str, args) -> dict[str, object]:
 
         return run
 
+    def lucid_make_step():
+        opt = lucid_opt()
+        step = lucid.compile.make_step(model, loss_fn)
+
+        def run():
+            opt.zero_grad()
+            step(x, *extra).backward()
+            opt.step()
+
+        return run
+
+    def lucid_fused():
+        step = lucid.compile.fused_step(model, loss_fn, lucid_opt())
+        return lambda: step(x, *extra)
+
     cases["lucid eager"] = lucid_eager
-    fused_step = getattr(lucid.compile, "fused_step", None)
-    if fused_step is not None:
-
-        def lucid_fused():
-            opt = lucid.optim.SGD(model.parameters(), lr=0.01)
-            step = fused_step(model, loss_fn, opt)
-            return lambda: step(x, *extra)
-
-        cases["lucid compiled"] = lucid_fused
+    cases["lucid make_step"] = lucid_make_step
+    cases["lucid compiled"] = lucid_fused
     try:
         import torch
 
@@ -224,8 +251,13 @@ def train_cases(wl: str, args) -> dict[str, object]:
         tx = torch.from_numpy(x_np)
         textra = (torch.from_numpy(y_np),) if y_np is not None else ()
 
+        def torch_opt(m):
+            if opt_name == "adam":
+                return torch.optim.Adam(m.parameters(), lr=1e-3)
+            return torch.optim.SGD(m.parameters(), lr=0.01)
+
         def torch_step(m):
-            opt = torch.optim.SGD(m.parameters(), lr=0.01)
+            opt = torch_opt(m)
 
             def run():
                 opt.zero_grad()
@@ -239,7 +271,7 @@ def train_cases(wl: str, args) -> dict[str, object]:
         if not args.no_torch_compile:
 
             def torch_compiled():
-                opt = torch.optim.SGD(tm.parameters(), lr=0.01)
+                opt = torch_opt(tm)
 
                 @torch.compile
                 def step():
@@ -255,6 +287,7 @@ def train_cases(wl: str, args) -> dict[str, object]:
         pass
     try:
         import jax
+        import jax.numpy as jnp
 
         apply, params = W.jax_forward(wl)
         jl = W.jax_loss(wl)
@@ -265,16 +298,37 @@ def train_cases(wl: str, args) -> dict[str, object]:
             def loss(p, x, *e):
                 return jl(apply(p, x), *e)
 
-            @jax.jit
-            def step(p, x, *e):
-                g = jax.grad(loss)(p, x, *e)
-                return jax.tree_util.tree_map(lambda a, b: a - 0.01 * b, p, g)
+            tmap = jax.tree_util.tree_map
 
-            state = {"p": params}
+            @jax.jit
+            def sgd_step(st, x, *e):
+                g = jax.grad(loss)(st["p"], x, *e)
+                return {"p": tmap(lambda a, b: a - 0.01 * b, st["p"], g)}
+
+            @jax.jit
+            def adam_step(st, x, *e):
+                b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
+                g = jax.grad(loss)(st["p"], x, *e)
+                t = st["t"] + 1.0
+                m = tmap(lambda m, g: b1 * m + (1 - b1) * g, st["m"], g)
+                v = tmap(lambda v, g: b2 * v + (1 - b2) * g * g, st["v"], g)
+                c1, c2 = 1 - b1**t, 1 - b2**t
+                p = tmap(
+                    lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps), st["p"], m, v
+                )
+                return {"p": p, "m": m, "v": v, "t": t}
+
+            if opt_name == "adam":
+                zeros = tmap(jnp.zeros_like, params)
+                state = {"st": {"p": params, "m": zeros, "v": zeros, "t": jnp.float32(0.0)}}
+                step = adam_step
+            else:
+                state = {"st": {"p": params}}
+                step = sgd_step
 
             def run():
-                state["p"] = step(state["p"], jx, *jextra)
-                jax.block_until_ready(state["p"])
+                state["st"] = step(state["st"], jx, *jextra)
+                jax.block_until_ready(state["st"])
 
             return run
 
@@ -284,9 +338,52 @@ def train_cases(wl: str, args) -> dict[str, object]:
     return cases
 
 
-def run_row(mode: str, wl: str, args) -> dict:
-    cases = (infer_cases if mode == "infer" else train_cases)(wl, args)
-    row: dict = {"mode": mode, "workload": wl, "what": W.WORKLOADS[wl], "ms": {}, "compile_s": {}}
+def peak_memory_mb(mode: str, wl: str, case: str, opt_name: str, args) -> float | None:
+    """Peak RSS growth (MB) of building and running ``case`` 20 times, in a fresh process (so
+    every framework is measured the same way, allocator and compiler included)."""
+    import subprocess
+
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--measure-memory",
+        f"{mode}:{wl}:{case}:{opt_name}",
+        "--threads",
+        str(args.threads),
+    ]
+    if args.no_torch_compile:
+        cmd.append("--no-torch-compile")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+        return float(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _measure_memory(spec: str, args) -> None:
+    import resource
+
+    mode, wl, case, opt_name = spec.split(":")
+    cases = infer_cases(wl, args) if mode == "infer" else train_cases(wl, args, opt_name)
+    make = cases[case]
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn = make()
+    for _ in range(20):
+        fn()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print((peak - base) / 1024.0)  # ru_maxrss is in KiB on Linux
+
+
+def run_row(mode: str, wl: str, args, opt_name: str | None = None) -> dict:
+    if mode == "infer":
+        cases = infer_cases(wl, args)
+    else:
+        opt_name = opt_name or "sgd"
+        cases = train_cases(wl, args, opt_name)
+    what = W.WORKLOADS[wl] + (f", {OPTIMIZERS[opt_name]}" if opt_name else "")
+    row: dict = {"mode": mode, "workload": wl, "what": what, "ms": {}, "compile_s": {}}
+    if opt_name:
+        row["opt"] = opt_name
     for name, make in cases.items():
         try:
             first, fn = first_call_seconds(make)
@@ -294,6 +391,12 @@ def run_row(mode: str, wl: str, args) -> dict:
             row["ms"][name] = per_call_seconds(fn, args.rounds, args.min_round_s) * 1e3
         except Exception as e:  # a peer failing must not hide the other rows
             row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
+    if getattr(args, "memory", False) and mode == "train":
+        row["peak_mb"] = {
+            name: peak_memory_mb(mode, wl, name, opt_name, args)
+            for name in cases
+            if name in row["ms"]
+        }
     ref = REFERENCE_MS.get((mode, wl), {})
     peers = {p: row["ms"][p] for p in PEERS if p in row["ms"]}
     row["peer_source"] = "measured" if peers else "PERF.md reference"
@@ -315,6 +418,9 @@ def run_row(mode: str, wl: str, args) -> dict:
     eager = row["ms"].get("lucid eager")
     if compiled is not None and eager:
         row["speedup_vs_eager"] = eager / compiled
+    made = row["ms"].get("lucid make_step")
+    if made is not None and eager:
+        row["make_step_speedup_vs_eager"] = eager / made
     return row
 
 
@@ -325,6 +431,12 @@ def fmt_ms(v) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
+    if any(r["mode"] == "train" for r in rows):
+        print_train_table([r for r in rows if r["mode"] == "train"])
+        rows = [r for r in rows if r["mode"] != "train"]
+        if not rows:
+            return
+        print()
     cols = ["lucid eager", "lucid compiled", "torch", "torch.compile", "jax"]
     print(
         "| mode | wl | " + " | ".join(cols) + " | ratio (vs) | target | holds | vs eager |"
@@ -349,6 +461,43 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         for name, err in r.get("errors", {}).items():
             print(f"note: {r['mode']} {r['workload']} {name}: {err}")
+
+
+TRAIN_COLS = ["lucid eager", "lucid make_step", "lucid compiled", "torch", "torch.compile", "jax"]
+
+
+def print_train_table(rows: list[dict]) -> None:
+    """Training rows: "lucid compiled" is ``fused_step``; "lucid make_step" is the compiled
+    forward + backward with the eager optimizer."""
+    head = ["lucid eager", "make_step + eager opt", "fused_step", "torch", "torch.compile", "jax"]
+    print(
+        "| wl | opt | " + " | ".join(head) + " | ratio (vs) | target | holds | fused vs eager |"
+        " first call s (fused / torch.compile / jax) | peak MB (eager / fused / torch / jax) |"
+    )
+    print("|" + "---|" * (len(head) + 8))
+    for r in rows:
+        cells = [fmt_ms(r["ms"].get(c)) for c in TRAIN_COLS]
+        ratio = f"{r['ratio']:.2f} ({r['vs']})" if "ratio" in r else "-"
+        holds = ("yes" if r["holds"] else "NO") if "holds" in r else "-"
+        sp = f"{r['speedup_vs_eager']:.1f}x" if "speedup_vs_eager" in r else "-"
+        cs = " / ".join(
+            f"{r['compile_s'][c]:.3f}" if c in r["compile_s"] else "-"
+            for c in ("lucid compiled", "torch.compile", "jax")
+        )
+        mem = r.get("peak_mb", {})
+        mb = " / ".join(
+            f"{mem[c]:.0f}" if mem.get(c) is not None else "-"
+            for c in ("lucid eager", "lucid compiled", "torch", "jax")
+        )
+        tgt = f"<= {r['target']}" if r.get("target") else "-"
+        print(
+            f"| {r['workload']} | {r.get('opt', '-')} | "
+            + " | ".join(cells)
+            + f" | {ratio} | {tgt} | {holds} | {sp} | {cs} | {mb} |"
+        )
+    for r in rows:
+        for name, err in r.get("errors", {}).items():
+            print(f"note: train {r['workload']} {name}: {err}")
 
 
 def chart(rows: list[dict], path: str) -> None:
@@ -378,12 +527,21 @@ def chart(rows: list[dict], path: str) -> None:
 
 def main() -> None:
     args = ARGS
+    if args.measure_memory:
+        _measure_memory(args.measure_memory, args)
+        return
     if args.quick:
         args.rounds, args.min_round_s = 3, 0.01
     modes = ["infer", "train"] if args.mode == "all" else [args.mode]
     rows = []
     for mode in modes:
         for wl in args.workloads:
+            if mode == "train":
+                # PERF.md's training rows: A with SGD and with Adam, the others with SGD.
+                for opt_name in ("sgd", "adam") if wl == "A" else ("sgd",):
+                    rows.append(run_row(mode, wl, args, opt_name))
+                    print(f"done {mode} {wl} {opt_name}", file=sys.stderr)
+                continue
             rows.append(run_row(mode, wl, args))
             print(f"done {mode} {wl}", file=sys.stderr)
     print_table(rows)

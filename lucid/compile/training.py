@@ -112,6 +112,13 @@ def _compile_native(module: Any, *, inplace: bool) -> Any:
 
 
 def _input_sig(inputs: tuple) -> tuple:
+    try:  # the hot path: every input a concrete tensor
+        return tuple([(a._data.shape, a._data.dtype) for a in inputs])
+    except AttributeError:
+        return _input_sig_slow(inputs)
+
+
+def _input_sig_slow(inputs: tuple) -> tuple:
     sig = []
     for a in inputs:
         if isinstance(a, Tensor):
@@ -355,8 +362,10 @@ class _OptimizerView:
         keys = self.static_keys
         groups = self.opt.param_groups
         return tuple(
-            (len(g["params"]), None if s is None else tuple([s[k] for k in keys]))
-            for g, s in zip(groups, scalars, strict=True)
+            [
+                (len(g["params"]), None if s is None else tuple([s[k] for k in keys]))
+                for g, s in zip(groups, scalars, strict=True)
+            ]
         )
 
     def refresh(self, entry: _Entry, scalars: list[dict | None]) -> None:
