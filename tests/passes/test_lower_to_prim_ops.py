@@ -494,8 +494,26 @@ for _name, _attrs in (
 sample("maximum", lambda r: ([_NAN_ROWS.copy(), 1.5], {}))
 sample("clamp", lambda r: ([_NAN_ROWS.copy(), 0.0, 1.0], {}))
 
-# random ops: compared by distribution and reproducibility, not value by value (see below)
-RANDOM_OPS = {"uniform", "normal", "randint", "bernoulli_mask", "randperm"}
+
+# random ops: eager draws from the backends' Philox stream, so compiled draws are the same numbers
+def state(r):
+    return np.array([r.integers(0, 2**62), r.integers(0, 2**40)], np.int64)
+
+
+for _dt in (lucid.float32, lucid.float64):
+    sample(
+        "uniform",
+        lambda r, d=_dt: ([state(r)], {"shape": (3, 5), "dtype": d, "low": -1.0, "high": 2.0}),
+    )
+    sample(
+        "normal",
+        lambda r, d=_dt: ([state(r)], {"shape": (7,), "dtype": d, "mean": 1.0, "std": 2.0}),
+    )
+    sample("bernoulli_mask", lambda r, d=_dt: ([state(r), np.zeros((4, 6), d.numpy)], {"p": 0.3}))
+sample("randint", lambda r: ([state(r)], {"shape": (4, 5), "low": -3, "high": 9}))
+sample("bernoulli_mask", lambda r: ([state(r), np.zeros(5, np.float32)], {"p": 1.0}))
+# randperm: a permutation of the same law, not eager's (which argsorts raw 32-bit words)
+RANDOM_OPS = {"randperm"}
 
 
 def _tensors(operands: list) -> tuple[list, list[np.ndarray]]:

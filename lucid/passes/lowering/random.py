@@ -1,9 +1,10 @@
 """Lowering rules of random ops onto prim's counter-based draws (Philox-4x32-10), fed by the
 graph's RNG-state operand.
 
-Compiled draws follow the same distributions as eager ones and are reproducible for a given
-(key, counter) state, but they are not the same numbers: eager draws through numpy's Philox
-generator, whose distribution algorithms prim does not reproduce.
+Eager kernels draw from the same Philox stream with the same formulas, so ``uniform``, ``normal``,
+``randint`` (ranges up to 2**53) and ``bernoulli_mask`` give the same numbers compiled as eager for
+a (key, counter) state. ``randperm`` follows the same law but not eager's numbers: eager argsorts
+raw 32-bit words, which prim does not expose.
 """
 
 from __future__ import annotations
