@@ -119,6 +119,13 @@ def test_model_imports_verifies_round_trips_and_interprets_to_eager(name):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
+def test_generic_form_of_each_model_parses_with_upstream_mlir_opt(mlir_opt):
+    for name in ("mlp", "cnn_train", "transformer_train", "lstm"):
+        trace, _, _ = _eager_and_trace(name)
+        out = mlir_opt(print_ir(import_trace(trace), generic=True))
+        assert out.returncode == 0, f"{name}: {out.stderr[:2000]}"
+
+
 def test_model_roles_name_parameters_buffers_and_updates():
     trace, _, _ = _eager_and_trace("cnn_train")
     module = import_trace(trace)
