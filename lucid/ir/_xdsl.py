@@ -8,6 +8,7 @@ from xdsl.context import Context
 from xdsl.dialects import builtin, func
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
+    UNKNOWN_LOC,
     ArrayAttr,
     BFloat16Type,
     BoolAttr,
@@ -75,6 +76,7 @@ ui8 = IntegerType(8, Signedness.UNSIGNED)
 
 __all__ = [
     "DYNAMIC_INDEX",
+    "UNKNOWN_LOC",
     "ArgSpecParseError",
     "ArrayAttr",
     "Attribute",

@@ -205,7 +205,9 @@ def make_constant(value: Any) -> ConstantOp:
     """A ``lucid.constant`` for a Python scalar (weakly typed) or a numpy array."""
     if isinstance(value, (bool, int, float)):
         return ConstantOp.create(
-            result_types=[_scalar_type(value)], properties={"value": attr_to_ir(value)}
+            result_types=[_scalar_type(value)],
+            properties={"value": attr_to_ir(value)},
+            location=x.UNKNOWN_LOC,
         )
     arr = np.asarray(value)
     t = tensor_type(arr.shape, _dtype.from_numpy(arr.dtype))

@@ -87,9 +87,9 @@ def import_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
             operands=operands,
             result_types=[tensor_type(v.shape, v.dtype) for v in top.outputs],
             properties=_props(top.attrs),
+            # passing the shared unknown location skips a lookup xDSL does per op otherwise
+            location=x.UNKNOWN_LOC if top.loc is None else _location(*top.loc),
         )
-        if top.loc is not None:
-            op.location = _location(*top.loc)
         ops.append(op)
         for v, r in zip(top.outputs, op.results, strict=True):
             env[v.id] = r
