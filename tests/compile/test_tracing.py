@@ -307,3 +307,20 @@ def test_duplicate_roles_and_double_finish_are_errors():
         tracer.finish(x * 2)
         with pytest.raises(RuntimeError, match="already"):
             tracer.finish(x)
+
+
+def test_custom_autograd_function_breaks_naming_it():
+    from lucid.autograd import Function
+
+    class Double(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    with pytest.raises(GraphBreak, match="custom autograd.Function Double") as e:
+        trace(lambda t: Double.apply(t), lucid.tensor(np.ones(2, np.float32)))  # MARK-fn
+    assert e.value.lineno == _line_of("MARK-fn")
