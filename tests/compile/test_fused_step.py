@@ -332,3 +332,15 @@ def test_rejects_what_is_not_a_model_or_an_optimizer():
         fused_step(model, F.cross_entropy, object())
     with pytest.raises(TypeError, match="nn.Module"):
         fused_step(lambda x: x, F.cross_entropy, optim.SGD(model.parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_unfused_updates_for_large_parameters_match_eager(monkeypatch, opt_name):
+    # Large models skip optimizer-fusion (its concat/slice copies cost more than they save).
+    import lucid.compile.training as training
+
+    monkeypatch.setattr(training, "_FUSE_LIMIT_ELEMENTS", 0)
+    ref, got, ref_losses, losses, step, _, _ = train_both("mlp", opt_name, 3)
+    assert "concat" not in str(step.module())
+    assert_rel_close(losses, ref_losses, 1e-6)
+    assert_models_close(got, ref, 1e-6)
