@@ -1,5 +1,8 @@
 """Non-elementwise prim ops: native kernels against the numpy reference, generated attributes."""
 
+import inspect
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -7,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lucid.backends import prim_ops
+from lucid.backends.cpu import CPUBackend, Program
 from lucid.backends.cpu.testing import check, random_array, run_both
 
 SEEDS = st.integers(0, 2**32 - 1)
@@ -294,3 +298,32 @@ def test_random_moments_are_plausible():
 def test_fill(shape, dtype, seed):
     value = random_array(np.random.default_rng(seed), (), dtype)
     check("fill", [value], {"shape": shape})
+
+
+@settings(max_examples=10)
+@given(
+    shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
+    dtype=st.sampled_from(prim_ops.DTYPES),
+    splat=st.booleans(),
+    seed=SEEDS,
+)
+def test_constant_splat_and_full_values(shape, dtype, splat, seed):
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-5, 6, size=1 if splat else int(np.prod(shape))).astype(float).tolist()
+    p = Program()
+    p.result(p.op("constant", shape=shape, dtype=dtype, value=values))
+    (native,) = CPUBackend(cache=False).compile(p).run([])
+    (ref,) = p.interpret([])
+    assert native.dtype == ref.dtype and native.shape == tuple(shape)
+    np.testing.assert_array_equal(native, ref)
+    np.testing.assert_array_equal(
+        ref.ravel(), np.resize(np.array(values), ref.size).astype(ref.dtype)
+    )
+
+
+def test_every_prim_op_is_exercised_by_this_suite():
+    here = inspect.getsource(sys.modules[__name__])
+    covered = {name for name in prim_ops.PRIM_OPS if f'"{name}"' in here}
+    covered |= set(prim_ops.UNARY) | set(prim_ops.BINARY) | set(prim_ops.REDUCTIONS)
+    covered |= {"select", "cast", "normalize"}  # test_elementwise_native.py
+    assert covered == set(prim_ops.PRIM_OPS), set(prim_ops.PRIM_OPS) - covered
