@@ -273,6 +273,11 @@ sample(
     lambda r: ([[f(r, 2, 3, 4), f(r, 2, 4, 5)]], {"equation": "bij,bjk->bik"}),
     lambda r: ([[f(r, 3, 4)]], {"equation": "ij->ji"}),
     lambda r: ([[f(r, 3), f(r, 4)]], {"equation": "i,j"}),
+    lambda r: ([[f(r, 2, 3, 4, 5), f(r, 2, 3, 6, 5)]], {"equation": "bhqd,bhkd->bhqk"}),
+    lambda r: ([[f(r, 3, 4, 2), f(r, 4, 5)]], {"equation": "ijx,jk->ki"}),
+    lambda r: ([[f(r, 3, 4), f(r, 3, 4)]], {"equation": "ij,ij->"}),
+    lambda r: ([[f(r, 3, 1), f(r, 3, 4)]], {"equation": "ij,ij->ij"}),
+    lambda r: ([[ints(r, 3, 4), ints(r, 4)]], {"equation": "ij,j->i"}),
 )
 sample(
     "linear",

@@ -63,6 +63,10 @@ def _einsum(b: Builder, operands, equation):
         for ch, d in zip(t, v.shape, strict=True):
             if sizes.get(ch, 1) == 1:
                 sizes[ch] = d
+    if len(terms) == 2:
+        out = _einsum_as_matmul(b, terms, operands, rhs, sizes, dt)
+        if out is not None:
+            return b.reshape(out, b.outs[0].shape)
     # Each operand in the common index order (missing letters as size-1 dims), multiplied with
     # broadcasting, then summed over the contracted letters.
     product = None
@@ -76,6 +80,43 @@ def _einsum(b: Builder, operands, equation):
     return b.reshape(
         b.reduce("reduce_sum", product, range(len(rhs), len(letters))), b.outs[0].shape
     )
+
+
+def _einsum_as_matmul(b: Builder, terms, operands, rhs: str, sizes: dict, dt) -> PV | None:
+    """A two-operand einsum as one batched matmul: letters in both operands and the output are
+    the batch, in both but not the output are contracted, in one operand and the output are rows
+    or columns. None when a letter is broadcast (size 1 against a larger size)."""
+    (ta, tb), (va, vb) = terms, operands
+    for t, v in zip(terms, operands, strict=True):
+        if any(d != sizes[ch] for ch, d in zip(t, v.shape, strict=True)):
+            return None
+    va, vb = b.cast(va, dt), b.cast(vb, dt)
+    # A letter in one operand only and not in the output is summed away first.
+    for which, (t, other) in enumerate(((ta, tb), (tb, ta))):
+        lone = [t.index(ch) for ch in t if ch not in other and ch not in rhs]
+        if lone:
+            v = b.reduce("reduce_sum", va if which == 0 else vb, lone)
+            t = "".join(ch for ch in t if ch in other or ch in rhs)
+            if which == 0:
+                va, ta = v, t
+            else:
+                vb, tb = v, t
+    batch = [ch for ch in ta if ch in tb and ch in rhs]
+    contract = [ch for ch in ta if ch in tb and ch not in rhs]
+    rows = [ch for ch in ta if ch not in tb]
+    cols = [ch for ch in tb if ch not in ta]
+
+    def size(letters):
+        return math.prod(sizes[ch] for ch in letters)
+
+    a = b.transpose(va, [ta.index(ch) for ch in batch + rows + contract])
+    a = b.reshape(a, (size(batch), size(rows), size(contract)))
+    c = b.transpose(vb, [tb.index(ch) for ch in batch + contract + cols])
+    c = b.reshape(c, (size(batch), size(contract), size(cols)))
+    y = b.op("matmul", a, c)
+    order = batch + rows + cols
+    y = b.reshape(y, [sizes[ch] for ch in order])
+    return b.transpose(y, [order.index(ch) for ch in rhs])
 
 
 # --- convolution
