@@ -192,12 +192,15 @@ class _Entry:
     inplace: bool
     compile_ms: float
     first_scalars: dict[str, float] | None = None
+    scalar_last: list | None = None
     n_runs: int = 0
     tm: Any = None
 
     def set_scalars(self, values: dict[str, float]) -> None:
         for role, v in values.items():
             self.scalar_slots[role]._data[()] = v
+        # What refresh compares against (Python floats: cheaper than reading the 0-d arrays).
+        self.scalar_last = [None] * len(self.scalar_plan)
 
     def run(self, tensor_inputs: Sequence[Tensor]) -> list:
         feeds = [r._data if r is not None else None for r in self.refs]
@@ -382,16 +385,22 @@ class _OptimizerView:
 
     def refresh(self, entry: _Entry, scalars: list[dict | None]) -> None:
         opt = self.opt
-        for arr, gi, param, key in entry.scalar_plan:
+        last = entry.scalar_last
+        if last is None:
+            last = entry.scalar_last = [None] * len(entry.scalar_plan)
+        for i, (arr, gi, param, key) in enumerate(entry.scalar_plan):
             if param is None:
                 s = scalars[gi]
-                if s is None:  # the representative lost its state: read the group's first
-                    raise RuntimeError("optimizer state was removed; call the step again")
+                if s is None:
+                    raise RuntimeError(
+                        "the optimizer's state for a compiled parameter group was removed"
+                    )
                 v = s[key]
             else:
                 v = opt._step_scalars(opt.param_groups[gi], opt.state[param], False)[key]
-            if arr[()] != v:
+            if v != last[i]:
                 arr[()] = v
+                last[i] = v
 
     def snapshot(self) -> dict:
         return {p: set(s) for p, s in self.opt.state.items()}
