@@ -166,11 +166,12 @@ void im2col(const ConvGeom& g, const T* x, T* col, int64_t ld = 0) {
 }
 
 template <class T>
-void col2im(const ConvGeom& g, const T* col, T* x) {
+void col2im(const ConvGeom& g, const T* col, T* x, int64_t ld = 0) {
+  if (ld == 0) ld = g.howo();
   for (int64_t c = 0; c < g.cg(); ++c)
     for (int64_t i = 0; i < g.KH; ++i)
       for (int64_t j = 0; j < g.KW; ++j) {
-        const T* row = col + ((c * g.KH + i) * g.KW + j) * g.howo();
+        const T* row = col + ((c * g.KH + i) * g.KW + j) * ld;
         for (int64_t oh = 0; oh < g.HO; ++oh) {
           int64_t ih = oh * g.sh - g.pt + i * g.dh;
           if (ih < 0 || ih >= g.H) continue;
@@ -222,9 +223,27 @@ void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y) {
     }
 }
 
+// dy as [O, N*HW]: the images side by side, for one GEMM over the whole batch.
+template <class T>
+void gather_images(const ConvGeom& g, const T* dy, T* out) {
+  const int64_t cols = g.N * g.howo();
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t o = 0; o < g.O; ++o)
+      std::memcpy(out + o * cols + n * g.howo(), dy + (n * g.O + o) * g.howo(), g.howo() * sizeof(T));
+}
+
 template <class T>
 void conv_data_grad(const ConvGeom& g, const T* dy, const T* w, T* dx) {
   std::fill_n(dx, g.N * g.C * g.H * g.W, T(0));
+  if (g.G == 1 && g.N > 1) {
+    const int64_t cols = g.N * g.howo();
+    T* col = scratch<T>(g.ckk() * cols + g.O * cols);
+    T* dy_all = col + g.ckk() * cols;
+    gather_images(g, dy, dy_all);
+    gemm<T>(true, false, g.ckk(), cols, g.O, w, g.ckk(), dy_all, cols, T(0), col, cols);
+    for (int64_t n = 0; n < g.N; ++n) col2im(g, col + n * g.howo(), dx + n * g.C * g.H * g.W, cols);
+    return;
+  }
   T* col = scratch<T>(g.ckk() * g.howo());
   for (int64_t n = 0; n < g.N; ++n)
     for (int64_t gr = 0; gr < g.G; ++gr) {
@@ -236,6 +255,15 @@ void conv_data_grad(const ConvGeom& g, const T* dy, const T* w, T* dx) {
 
 template <class T>
 void conv_weights_grad(const ConvGeom& g, const T* x, const T* dy, T* dw) {
+  if (g.G == 1 && g.N > 1) {
+    const int64_t cols = g.N * g.howo();
+    T* col = scratch<T>(g.ckk() * cols + g.O * cols);
+    T* dy_all = col + g.ckk() * cols;
+    for (int64_t n = 0; n < g.N; ++n) im2col(g, x + n * g.C * g.H * g.W, col + n * g.howo(), cols);
+    gather_images(g, dy, dy_all);
+    gemm<T>(false, true, g.O, g.ckk(), cols, dy_all, cols, col, cols, T(0), dw, g.ckk());
+    return;
+  }
   std::fill_n(dw, g.O * g.ckk(), T(0));
   T* col = scratch<T>(g.ckk() * g.howo());
   for (int64_t n = 0; n < g.N; ++n)

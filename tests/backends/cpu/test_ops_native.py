@@ -327,3 +327,19 @@ def test_every_prim_op_is_exercised_by_this_suite():
     covered |= set(prim_ops.UNARY) | set(prim_ops.BINARY) | set(prim_ops.REDUCTIONS)
     covered |= {"select", "cast", "normalize"}  # test_elementwise_native.py
     assert covered == set(prim_ops.PRIM_OPS), set(prim_ops.PRIM_OPS) - covered
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "o", "hw", "k", "pad", "strides"),
+    [(3, 4, 5, (6, 7), 3, (1, 0, 2, 1), (2, 1)), (4, 2, 3, (5, 5), 1, (0, 0, 0, 0), (1, 1))],
+)
+def test_conv2d_batched_gemm_path(n, c, o, hw, k, pad, strides):
+    # groups == 1 with several images takes the one-GEMM-for-the-batch path in all three ops.
+    rng = np.random.default_rng(n)
+    x = random_array(rng, (n, c, *hw), "f32")
+    w = random_array(rng, (o, c, k, k), "f32")
+    attrs = {"padding": pad, "strides": strides}
+    y = check("conv2d", [x, w], attrs, scale=10.0)
+    dy = random_array(rng, y.shape, "f32")
+    check("conv2d_data_grad", [dy, w], {**attrs, "input_shape": x.shape}, scale=10.0)
+    check("conv2d_weights_grad", [x, dy], {**attrs, "weight_shape": w.shape}, scale=10.0)
