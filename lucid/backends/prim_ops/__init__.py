@@ -42,7 +42,12 @@ from lucid.backends.prim_ops._core import (
     normalize_axis,
 )
 from lucid.backends.prim_ops._elementwise import BINARY, ELEMENTWISE_OPS, UNARY
-from lucid.backends.prim_ops._random import philox4x32, random_words
+from lucid.backends.prim_ops._random import (
+    _random_normal_ref,  # noqa: F401  (tests compare eager draws against these directly)
+    _random_uniform_ref,  # noqa: F401
+    philox4x32,
+    random_words,
+)
 from lucid.backends.prim_ops._reduction import REDUCTIONS
 
 __all__ = [
