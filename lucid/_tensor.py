@@ -50,6 +50,8 @@ CPU = device("cpu")
 
 
 def _graph_break(t: Tensor, what: str):
+    # Under a tracer even a concrete tensor's value must not be read: it would be baked into the
+    # graph as a constant and go stale when the tensor changes.
     tracer = state.tracer
     if tracer is not None:
         return tracer.graph_break(what, t)
@@ -263,14 +265,14 @@ class Tensor:
 
     # --- values ---------------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        if self._data is None:
+        if self._data is None or state.tracer is not None:
             return _graph_break(self, "Tensor.numpy()")
         if self._requires_grad and state.grad_enabled and self._node is not None:
             raise RuntimeError("can't call numpy() on a tensor that requires grad; use detach()")
         return self._data
 
     def item(self) -> Any:
-        if self._data is None:
+        if self._data is None or state.tracer is not None:
             return _graph_break(self, "Tensor.item()")
         if self._data.size != 1:
             raise RuntimeError(
@@ -279,12 +281,12 @@ class Tensor:
         return self._data.reshape(()).item()
 
     def tolist(self) -> Any:
-        if self._data is None:
+        if self._data is None or state.tracer is not None:
             return _graph_break(self, "Tensor.tolist()")
         return self._data.tolist()
 
     def __bool__(self) -> bool:
-        if self._data is None:
+        if self._data is None or state.tracer is not None:
             return _graph_break(self, "Python control flow on a tensor (bool())")
         if self._data.size != 1:
             raise RuntimeError(
@@ -304,7 +306,7 @@ class Tensor:
         return int(self.item())
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        if self._data is None:
+        if self._data is None or state.tracer is not None:
             return _graph_break(self, "np.asarray(tensor)")
         return self._data if dtype is None else self._data.astype(dtype)
 

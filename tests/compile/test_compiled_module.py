@@ -327,3 +327,22 @@ def test_non_contiguous_input_gives_the_eager_result():
     xt = base.T  # a transposed view: not C-contiguous
     np.testing.assert_allclose(cm(xt).numpy(), model(xt).numpy(), rtol=RTOL, atol=ATOL)
     assert cm.cache_info()["entries"] == 1
+
+
+def test_reading_a_concrete_buffer_value_is_a_graph_break_not_a_baked_constant():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", lucid.tensor(2.0))
+
+        def forward(self, x):
+            return x * self.scale.item()
+
+    model = Scaled()
+    cm = lucid.compile(model)
+    x = randn(3)
+    np.testing.assert_allclose(cm(x).numpy(), x.numpy() * 2.0, rtol=RTOL)
+    model.scale.fill_(5.0)
+    np.testing.assert_allclose(cm(x).numpy(), x.numpy() * 5.0, rtol=RTOL)
+    (reason,) = cm.cache_info()["reasons"].values()
+    assert "item()" in reason
