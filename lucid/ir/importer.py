@@ -67,7 +67,8 @@ def import_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
 
     def operand(c: Any) -> x.SSAValue:
         if isinstance(c, Const):
-            key = (type(c.value), c.value)
+            # repr keeps 0.0 and -0.0 (equal as floats) and nan apart.
+            key = (type(c.value), repr(c.value))
             v = consts.get(key)
             if v is None:
                 op = make_constant(c.value)

@@ -121,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         return fail(f"cannot read {name}: {e.strerror}")
     ctx = make_context()
+    if "prim." in text:  # a lowered module: the prim dialect is loaded only when needed
+        from lucid.ir.prim import prim_dialect
+
+        ctx.load_dialect(prim_dialect())
     try:
         module = parse_ir(text, ctx=ctx, name=name)
     except x.ParseError as e:

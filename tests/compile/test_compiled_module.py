@@ -346,3 +346,13 @@ def test_reading_a_concrete_buffer_value_is_a_graph_break_not_a_baked_constant()
     np.testing.assert_allclose(cm(x).numpy(), x.numpy() * 5.0, rtol=RTOL)
     (reason,) = cm.cache_info()["reasons"].values()
     assert "item()" in reason
+
+
+def test_negative_zero_constant_keeps_its_sign():
+    def fn(x):
+        return (x * -0.0, x * 0.0)
+
+    x = lucid.tensor([1.0, -2.0])
+    neg, pos = lucid.compile(fn)(x)
+    assert np.array_equal(np.signbit(neg.numpy()), [True, False])
+    assert np.array_equal(np.signbit(pos.numpy()), [False, True])
