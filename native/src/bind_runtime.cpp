@@ -46,16 +46,34 @@ AttrValue parse_attr(const std::string& name, const py::handle& v) {
   bad("attribute '" + name + "' has unsupported type " + std::string(py::str(py::type::of(v))));
 }
 
-std::vector<int> parse_slots(const py::handle& v, const std::string& what) {
+std::vector<int64_t> parse_ints(const py::handle& v, const std::string& what) {
   if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad(what + " must be a list of ints");
-  std::vector<int> out;
+  std::vector<int64_t> out;
   for (py::handle e : py::reinterpret_borrow<py::sequence>(v)) {
     if (!py::isinstance<py::int_>(e) || py::isinstance<py::bool_>(e)) bad(what + " must hold ints");
-    int64_t s = e.cast<int64_t>();
+    try {
+      out.push_back(e.cast<int64_t>());
+    } catch (const py::cast_error&) {
+      bad(what + ": " + std::string(py::repr(e)) + " does not fit in 64 bits");
+    }
+  }
+  return out;
+}
+
+std::vector<int> parse_slots(const py::handle& v, const std::string& what) {
+  std::vector<int> out;
+  for (int64_t s : parse_ints(v, what)) {
     if (s < INT32_MIN || s > INT32_MAX) bad(what + ": slot " + std::to_string(s) + " out of range");
     out.push_back(static_cast<int>(s));
   }
   return out;
+}
+
+py::sequence sequence_at(const py::dict& desc, const char* key) {
+  py::object v = desc[key];
+  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v))
+    bad(std::string("program description: '") + key + "' must be a list");
+  return py::reinterpret_borrow<py::sequence>(v);
 }
 
 // desc: {"slots": [(shape, dtype)], "instrs": [(opcode, inputs, outputs, attrs)],
@@ -65,18 +83,18 @@ Program parse_program(const py::dict& desc) {
   for (const char* key : {"slots", "instrs", "feeds", "results"})
     if (!desc.contains(key)) bad(std::string("program description lacks '") + key + "'");
   size_t i = 0;
-  for (py::handle s : desc["slots"].cast<py::sequence>()) {
+  for (py::handle s : sequence_at(desc, "slots")) {
     std::string where = "slot " + std::to_string(i++);
     if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) bad(where + " must be (shape, dtype)");
     py::sequence pair = py::reinterpret_borrow<py::sequence>(s);
     Slot slot;
-    for (int64_t d : parse_slots(pair[0], where + " shape")) slot.shape.push_back(d);
+    slot.shape = parse_ints(pair[0], where + " shape");
     if (!py::isinstance<py::str>(pair[1]) || !parse_dtype(pair[1].cast<std::string>(), &slot.dtype))
       bad(where + ": unknown dtype " + std::string(py::repr(pair[1])) + " (expected f32, f64, i32, i64, bool)");
     p.slots.push_back(slot);
   }
   i = 0;
-  for (py::handle t : desc["instrs"].cast<py::sequence>()) {
+  for (py::handle t : sequence_at(desc, "instrs")) {
     std::string where = "instruction " + std::to_string(i++);
     if (!py::isinstance<py::sequence>(t) || py::len(t) != 4) bad(where + " must be (opcode, inputs, outputs, attrs)");
     py::sequence parts = py::reinterpret_borrow<py::sequence>(t);
@@ -104,9 +122,8 @@ Program parse_program(const py::dict& desc) {
     py::object inplace = desc["inplace"];
     if (!py::isinstance<py::dict>(inplace)) bad("inplace must be a dict {result index: feed index}");
     for (auto kv : inplace.cast<py::dict>()) {
-      if (!py::isinstance<py::int_>(kv.first) || !py::isinstance<py::int_>(kv.second))
-        bad("inplace keys and values must be ints");
-      p.inplace.push_back({kv.first.cast<int>(), kv.second.cast<int>()});
+      std::vector<int> pair = parse_slots(py::make_tuple(kv.first, kv.second), "inplace entry");
+      p.inplace.push_back({pair[0], pair[1]});
     }
   }
   return p;

@@ -110,6 +110,7 @@ Executable::Executable(Program program) : program_(std::move(program)) {
     if (loc_[s] == Loc::Arena && !seen[s] && inplace_feed_[j] < 0) {
       loc_[s] = Loc::Result;
       where_[s] = j;
+      direct_.push_back({s, static_cast<int>(j)});
     } else {
       copies_.push_back({static_cast<int>(j), s});
     }
@@ -195,8 +196,7 @@ void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& 
   } giveback{this, a};
   void** ptrs = a->ptrs.data();
   for (size_t i = 0; i < feeds.size(); ++i) ptrs[program_.feeds[i]] = feeds[i];
-  for (size_t s = 0; s < loc_.size(); ++s)
-    if (loc_[s] == Loc::Result) ptrs[s] = results[where_[s]];
+  for (auto [s, j] : direct_) ptrs[s] = results[j];
   for (const Step& step : steps_) step(ptrs);
   for (auto [j, s] : copies_) std::memmove(results[j], ptrs[s], program_.slots[s].bytes());
 }

@@ -90,6 +90,11 @@ MALFORMED = {
     "missing key": (lambda d: d.pop("feeds"), "lacks 'feeds'"),
     "attrs not a dict": (_instr(0, attrs=[1]), "attrs must be a dict"),
     "mixed list attribute": (_instr(2, attrs={"axes": [1, "a"], "keepdims": False}), "mixes"),
+    "slots not a list": (_set(("slots",), 5), "'slots' must be a list"),
+    "instrs not a list": (_set(("instrs",), 3), "'instrs' must be a list"),
+    "huge dimension": (_set(("slots", 0), ((2**70, 3), "f32")), "does not fit in 64 bits"),
+    "huge inplace index": (_set(("inplace",), {2**70: 0}), "inplace entry"),
+    "huge attribute": (_instr(2, attrs={"axes": [2**70], "keepdims": False}), "out of range"),
 }
 
 

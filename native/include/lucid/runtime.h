@@ -50,6 +50,7 @@ class Executable {
   std::vector<int64_t> where_;
   std::vector<int> inplace_feed_;
   std::vector<std::pair<int, int>> copies_;  // (result index, source slot) copied after the run
+  std::vector<std::pair<int, int>> direct_;  // (slot, result index) computed in the output array
   std::vector<double> consts_;               // 8-byte aligned storage of constant slots
   size_t arena_bytes_ = 0, unplanned_bytes_ = 0;
   mutable std::mutex pool_mu_;
