@@ -193,6 +193,7 @@ class _Entry:
     compile_ms: float
     first_scalars: dict[str, float] | None = None
     scalar_last: list | None = None
+    created_state: dict | None = None
     n_runs: int = 0
     tm: Any = None
 
@@ -615,10 +616,23 @@ class FusedStep:
             inplace=not self.check_finite,
             compile_ms=(time.perf_counter() - t0) * 1e3,
         )
+        entry.created_state = snap  # undone if the entry's first run fails
         self._view.find_reps()
         key = self._key(inputs, self._view.group_scalars())
         self._entries[key] = entry
         return key, entry
+
+    def _first_run_failed(self, key: tuple, entry: _Entry) -> None:
+        """A new entry whose first step failed: forget it and the optimizer state its build
+        created, so the optimizer looks exactly as before the call (eager or compiled)."""
+        if (
+            entry.n_runs <= 1
+            and entry.first_scalars is not None
+            and entry.created_state is not None
+        ):
+            self._entries.pop(key, None)
+            self._view.restore(entry.created_state)
+            self._view.find_reps()
 
     def __call__(self, x: Any, *extra: Any) -> Tensor:
         inputs = (x, *extra)
@@ -644,15 +658,24 @@ class FusedStep:
             self._params = list(self.model.parameters())
             key, entry = self._build(inputs)
             entry.set_scalars(entry.first_scalars)
-            res = entry.run(tensors)
+            try:
+                res = entry.run(tensors)
+            except BaseException:
+                self._first_run_failed(key, entry)
+                raise
+        except BaseException:
+            self._first_run_failed(key, entry)
+            raise
         loss_arr = res[entry.loss_index]
         if self.check_finite and not np.isfinite(loss_arr).all():
+            self._first_run_failed(key, entry)
             raise FloatingPointError(
                 f"fused_step: the loss is {float(loss_arr)}; parameters and optimizer state "
                 "were left unchanged"
             )
         entry.after_success(res)
         entry.first_scalars = None
+        entry.created_state = None
         return Tensor._wrap(loss_arr)
 
     def cache_info(self) -> dict[str, Any]:

@@ -344,3 +344,26 @@ def test_unfused_updates_for_large_parameters_match_eager(monkeypatch, opt_name)
     assert "concat" not in str(step.module())
     assert_rel_close(losses, ref_losses, 1e-6)
     assert_models_close(got, ref, 1e-6)
+
+
+def test_a_failed_first_step_leaves_no_optimizer_state_behind():
+    model = _model("mlp")
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+    step = fused_step(model, F.cross_entropy, opt, check_finite=True)
+    x, y = _data("mlp")
+    bad = x.numpy().copy()
+    bad[0, 0] = np.inf
+    before = [p.numpy().copy() for p in model.parameters()]
+    with pytest.raises(FloatingPointError):
+        step(lucid.tensor(bad), y)
+    assert len(opt.state) == 0 and step.cache_info()["entries"] == 0
+    for p, a in zip(model.parameters(), before, strict=True):
+        np.testing.assert_array_equal(p.numpy(), a)
+    # The next step is a true first step (momentum buffer = gradient, despite dampening).
+    ref = _model("mlp")
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+    eager_step(ref, F.cross_entropy, ref_opt, x, y)
+    eager_step(ref, F.cross_entropy, ref_opt, x, y)
+    step(x, y)
+    step(x, y)
+    assert_models_close(model, ref, 1e-6)
