@@ -103,6 +103,12 @@ CASES: dict[str, tuple] = {
         lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
         [f(3, 4), ints(4, 3)],
     ),
+    "cross_entropy_backward": (
+        lambda g, x: apply(
+            "cross_entropy_backward", g, x, lucid.tensor([1, 0, 3]), 1.0, label_smoothing=0.1
+        ),
+        [f(), f(3, 4)],
+    ),
     "cumsum": (lambda x: lucid.cumsum(x, dim=1), [f(3, 4)]),
     "div": (lambda x, y: x / y, [f(3, 4), pos(4)]),
     "einsum": (lambda x, y: lucid.einsum("ij,jk->ik", x, y), [f(2, 3), f(3, 4)]),
