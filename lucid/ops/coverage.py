@@ -16,9 +16,22 @@ from lucid.ops._registry import GRAD_SINK, REGISTRY, OpDef
 # Where later stages keep a per-op table: (column, module, function(op_name) -> str | None).
 _STAGE_COLUMNS: list[tuple[str, str, str]] = [
     ("lowers to prim", "lucid.passes.lower_to_prim", "lowering_status"),
-    ("cpu", "lucid.backends.cpu", "op_status"),
-    ("mpsgraph", "lucid.backends.mpsgraph", "op_status"),
+    ("cpu", "lucid.ops.coverage", "cpu_status"),
 ]
+
+
+def cpu_status(name: str) -> str | None:
+    """The CPU backend runs an op when it lowers to prim and the native runtime implements every
+    prim op (checked against the native module's opcode list)."""
+    from lucid import _native
+    from lucid.backends.prim_ops import PRIM_OPS
+    from lucid.passes.lower_to_prim import lowering_status
+
+    lowered = lowering_status(name)
+    if lowered is None or not lowered.startswith("yes"):
+        return lowered and "no (does not lower)"
+    missing = sorted(set(PRIM_OPS) - set(_native.op_names()))
+    return "yes" if not missing else f"prim ops missing natively: {', '.join(missing)}"
 
 
 def vjp_status(op: OpDef) -> str:

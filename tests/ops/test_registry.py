@@ -27,3 +27,12 @@ def test_coverage_table_lists_every_op():
     text = markdown()
     for name in REGISTRY:
         assert f"| {name} |" in text
+
+
+def test_docs_ops_md_is_current():
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ops.md"
+    assert path.read_text() == markdown(), (
+        "docs/ops.md is stale: regenerate it with `python -m lucid.ops.coverage > docs/ops.md`"
+    )
