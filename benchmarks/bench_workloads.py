@@ -364,6 +364,12 @@ def _measure_memory(spec: str, args) -> None:
     import resource
 
     mode, wl, case, opt_name = spec.split(":")
+    # Only the measured framework is imported (a blocked import makes its cases skip), so
+    # another framework's import does not set the peak.
+    needed = {"torch": "torch", "torch.compile": "torch", "jax": "jax"}.get(case)
+    for framework in ("torch", "jax"):
+        if framework != needed:
+            sys.modules[framework] = None  # type: ignore[assignment]
     cases = infer_cases(wl, args) if mode == "infer" else train_cases(wl, args, opt_name)
     make = cases[case]
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
