@@ -7,13 +7,14 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.optim.optimizer import (
-    Optimizer,
-    check_betas,
-    check_nonnegative,
-    new_step_tensor,
-    next_step,
+from lucid.optim._functional import (
+    BetasOptimizer,
+    begin_step,
+    moment_scalars,
+    update_moments,
+    weight_decay_scalars,
 )
+from lucid.optim.optimizer import new_step_tensor, next_step
 
 
 def adam_update(
@@ -36,18 +37,19 @@ def adam_update(
     eps: float,
 ) -> None:
     """One Adam/AdamW update of ``param`` and its state in place (PyTorch's algorithm)."""
-    if maximize:
-        grad = -grad
-    state["step"].add_(1)
-    decayed = param
-    if use_weight_decay:
-        if decoupled_weight_decay:
-            decayed = param * decay_factor
-        else:
-            grad = grad + param * weight_decay
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
-    exp_avg_sq.copy_(exp_avg_sq * beta2 + grad * grad * one_minus_beta2)
+    grad, decayed = begin_step(
+        param,
+        grad,
+        state,
+        maximize=maximize,
+        use_weight_decay=use_weight_decay,
+        weight_decay=weight_decay,
+        decoupled_weight_decay=decoupled_weight_decay,
+        decay_factor=decay_factor,
+    )
+    exp_avg, exp_avg_sq = update_moments(
+        state, grad, beta1, one_minus_beta1, beta2, one_minus_beta2
+    )
     second_moment = exp_avg_sq
     if amsgrad:
         second_moment = state["max_exp_avg_sq"]
@@ -58,26 +60,20 @@ def adam_update(
 
 def adam_scalars(group: dict[str, Any], step: float) -> dict[str, Any]:
     """Static options and per-step scalars of ``adam_update`` for step number ``step``."""
-    lr, wd = group["lr"], group["weight_decay"]
+    lr = group["lr"]
     beta1, beta2 = group["betas"]
     return {
         "maximize": bool(group["maximize"]),
         "amsgrad": bool(group["amsgrad"]),
-        "use_weight_decay": wd != 0,
-        "decoupled_weight_decay": bool(group["decoupled_weight_decay"]),
-        "weight_decay": wd,
-        "decay_factor": 1.0 - lr * wd,
-        "beta1": beta1,
-        "one_minus_beta1": 1.0 - beta1,
-        "beta2": beta2,
-        "one_minus_beta2": 1.0 - beta2,
+        **weight_decay_scalars(group),
+        **moment_scalars(beta1, beta2),
         "step_size": lr / (1.0 - beta1**step),
         "bias_correction2_sqrt": (1.0 - beta2**step) ** 0.5,
         "eps": group["eps"],
     }
 
 
-class Adam(Optimizer):
+class Adam(BetasOptimizer):
     """Adam (``torch.optim.Adam``): bias-corrected first and second moment estimates, optional
     AMSGrad, L2 weight decay (or decoupled weight decay, which is AdamW) and maximization."""
 
@@ -107,10 +103,6 @@ class Adam(Optimizer):
         )
         self._check_group(defaults)
         super().__init__(params, defaults)
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        check_nonnegative(group, "lr", "eps", "weight_decay")
-        check_betas(group)
 
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
         fresh = not state

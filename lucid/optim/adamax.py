@@ -7,13 +7,8 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.optim.optimizer import (
-    Optimizer,
-    check_betas,
-    check_nonnegative,
-    new_step_tensor,
-    next_step,
-)
+from lucid.optim._functional import BetasOptimizer, begin_step, init_zero_state
+from lucid.optim.optimizer import next_step
 
 
 def adamax_update(
@@ -32,11 +27,14 @@ def adamax_update(
 ) -> None:
     """One Adamax update of ``param`` and its state in place (PyTorch's algorithm);
     ``clr = lr / (1 - beta1 ** step)``."""
-    if maximize:
-        grad = -grad
-    state["step"].add_(1)
-    if use_weight_decay:
-        grad = grad + param * weight_decay
+    grad, _ = begin_step(
+        param,
+        grad,
+        state,
+        maximize=maximize,
+        use_weight_decay=use_weight_decay,
+        weight_decay=weight_decay,
+    )
     exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
     exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
     exp_inf.copy_(lucid.maximum(exp_inf * beta2, lucid.abs(grad) + eps))
@@ -58,7 +56,7 @@ def adamax_scalars(group: dict[str, Any], step: float) -> dict[str, Any]:
     }
 
 
-class Adamax(Optimizer):
+class Adamax(BetasOptimizer):
     """Adamax (``torch.optim.Adamax``) with L2 weight decay and maximization."""
 
     _static_keys = frozenset({"maximize", "use_weight_decay"})
@@ -80,17 +78,8 @@ class Adamax(Optimizer):
         self._check_group(defaults)
         super().__init__(params, defaults)
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        check_nonnegative(group, "lr", "eps", "weight_decay")
-        check_betas(group)
-
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
-        if state:
-            return False
-        state["step"] = new_step_tensor()
-        state["exp_avg"] = lucid.zeros_like(p)
-        state["exp_inf"] = lucid.zeros_like(p)
-        return True
+        return init_zero_state(p, state, "exp_avg", "exp_inf")
 
     def _step_scalars(
         self, group: dict[str, Any], state: dict[str, Any], fresh: bool

@@ -7,13 +7,14 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.optim.optimizer import (
-    Optimizer,
-    check_betas,
-    check_nonnegative,
-    new_step_tensor,
-    next_step,
+from lucid.optim._functional import (
+    BetasOptimizer,
+    begin_step,
+    moment_scalars,
+    update_moments,
+    weight_decay_scalars,
 )
+from lucid.optim.optimizer import new_step_tensor, next_step
 
 
 def nadam_update(
@@ -41,19 +42,20 @@ def nadam_update(
     ``mu`` is the momentum coefficient of this step; ``grad_step_size = lr (1 - mu_t) /
     (1 - prod_{i<=t} mu_i)`` and ``exp_avg_step_size = lr mu_{t+1} / (1 - prod_{i<=t+1} mu_i)``.
     """
-    if maximize:
-        grad = -grad
-    state["step"].add_(1)
-    decayed = param
-    if use_weight_decay:
-        if decoupled_weight_decay:
-            decayed = param * decay_factor
-        else:
-            grad = grad + param * weight_decay
+    grad, decayed = begin_step(
+        param,
+        grad,
+        state,
+        maximize=maximize,
+        use_weight_decay=use_weight_decay,
+        weight_decay=weight_decay,
+        decoupled_weight_decay=decoupled_weight_decay,
+        decay_factor=decay_factor,
+    )
     state["mu_product"].mul_(mu)
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
-    exp_avg_sq.copy_(exp_avg_sq * beta2 + grad * grad * one_minus_beta2)
+    exp_avg, exp_avg_sq = update_moments(
+        state, grad, beta1, one_minus_beta1, beta2, one_minus_beta2
+    )
     denom = lucid.sqrt(exp_avg_sq / bias_correction2) + eps
     param.copy_(decayed - grad / denom * grad_step_size - exp_avg / denom * exp_avg_step_size)
 
@@ -61,7 +63,7 @@ def nadam_update(
 def nadam_scalars(group: dict[str, Any], step: float, mu_product: float) -> dict[str, Any]:
     """Static options and per-step scalars of ``nadam_update`` for step number ``step``;
     ``mu_product`` is the product of the momentum coefficients of the steps already taken."""
-    lr, wd = group["lr"], group["weight_decay"]
+    lr = group["lr"]
     beta1, beta2 = group["betas"]
     psi = group["momentum_decay"]
     mu = beta1 * (1.0 - 0.5 * 0.96 ** (step * psi))
@@ -69,15 +71,9 @@ def nadam_scalars(group: dict[str, Any], step: float, mu_product: float) -> dict
     mu_product = mu_product * mu
     return {
         "maximize": bool(group["maximize"]),
-        "use_weight_decay": wd != 0,
-        "decoupled_weight_decay": bool(group["decoupled_weight_decay"]),
-        "weight_decay": wd,
-        "decay_factor": 1.0 - lr * wd,
+        **weight_decay_scalars(group),
         "mu": mu,
-        "beta1": beta1,
-        "one_minus_beta1": 1.0 - beta1,
-        "beta2": beta2,
-        "one_minus_beta2": 1.0 - beta2,
+        **moment_scalars(beta1, beta2),
         "bias_correction2": 1.0 - beta2**step,
         "eps": group["eps"],
         "grad_step_size": lr * (1.0 - mu) / (1.0 - mu_product),
@@ -85,7 +81,7 @@ def nadam_scalars(group: dict[str, Any], step: float, mu_product: float) -> dict
     }
 
 
-class NAdam(Optimizer):
+class NAdam(BetasOptimizer):
     """NAdam (``torch.optim.NAdam``) with momentum decay, L2 or decoupled weight decay and
     maximization."""
 
@@ -116,9 +112,7 @@ class NAdam(Optimizer):
         self._check_group(defaults)
         super().__init__(params, defaults)
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        check_nonnegative(group, "lr", "eps", "weight_decay", "momentum_decay")
-        check_betas(group)
+    _nonnegative_options = ("lr", "eps", "weight_decay", "momentum_decay")
 
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
         if state:

@@ -7,13 +7,15 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.optim.optimizer import (
-    Optimizer,
-    check_betas,
-    check_nonnegative,
-    new_step_tensor,
-    next_step,
+from lucid.optim._functional import (
+    BetasOptimizer,
+    begin_step,
+    init_zero_state,
+    moment_scalars,
+    update_moments,
+    weight_decay_scalars,
 )
+from lucid.optim.optimizer import next_step
 
 
 def radam_update(
@@ -40,18 +42,19 @@ def radam_update(
     """One RAdam update of ``param`` and its state in place (PyTorch's algorithm). While the
     variance of the adaptive learning rate is intractable (``rho_t <= 5``, ``rectify`` False)
     the update is plain bias-corrected momentum."""
-    if maximize:
-        grad = -grad
-    state["step"].add_(1)
-    decayed = param
-    if use_weight_decay:
-        if decoupled_weight_decay:
-            decayed = param * decay_factor
-        else:
-            grad = grad + param * weight_decay
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.copy_(exp_avg * beta1 + grad * one_minus_beta1)
-    exp_avg_sq.copy_(exp_avg_sq * beta2 + grad * grad * one_minus_beta2)
+    grad, decayed = begin_step(
+        param,
+        grad,
+        state,
+        maximize=maximize,
+        use_weight_decay=use_weight_decay,
+        weight_decay=weight_decay,
+        decoupled_weight_decay=decoupled_weight_decay,
+        decay_factor=decay_factor,
+    )
+    exp_avg, exp_avg_sq = update_moments(
+        state, grad, beta1, one_minus_beta1, beta2, one_minus_beta2
+    )
     update = exp_avg / bias_correction1 * lr
     if rectify:
         adaptive_lr = bias_correction2_sqrt / (lucid.sqrt(exp_avg_sq) + eps)
@@ -61,7 +64,7 @@ def radam_update(
 
 def radam_scalars(group: dict[str, Any], step: float) -> dict[str, Any]:
     """Static options and per-step scalars of ``radam_update`` for step number ``step``."""
-    lr, wd = group["lr"], group["weight_decay"]
+    lr = group["lr"]
     beta1, beta2 = group["betas"]
     bias_correction2 = 1.0 - beta2**step
     rho_inf = 2.0 / (1.0 - beta2) - 1.0
@@ -74,15 +77,9 @@ def radam_scalars(group: dict[str, Any], step: float) -> dict[str, Any]:
         ) ** 0.5
     return {
         "maximize": bool(group["maximize"]),
-        "use_weight_decay": wd != 0,
-        "decoupled_weight_decay": bool(group["decoupled_weight_decay"]),
         "rectify": rectify,
-        "weight_decay": wd,
-        "decay_factor": 1.0 - lr * wd,
-        "beta1": beta1,
-        "one_minus_beta1": 1.0 - beta1,
-        "beta2": beta2,
-        "one_minus_beta2": 1.0 - beta2,
+        **weight_decay_scalars(group),
+        **moment_scalars(beta1, beta2),
         "lr": lr,
         "bias_correction1": 1.0 - beta1**step,
         "bias_correction2_sqrt": bias_correction2**0.5,
@@ -91,7 +88,7 @@ def radam_scalars(group: dict[str, Any], step: float) -> dict[str, Any]:
     }
 
 
-class RAdam(Optimizer):
+class RAdam(BetasOptimizer):
     """RAdam (``torch.optim.RAdam``) with L2 or decoupled weight decay and maximization."""
 
     _static_keys = frozenset({"maximize", "use_weight_decay", "decoupled_weight_decay", "rectify"})
@@ -119,17 +116,8 @@ class RAdam(Optimizer):
         self._check_group(defaults)
         super().__init__(params, defaults)
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        check_nonnegative(group, "lr", "eps", "weight_decay")
-        check_betas(group)
-
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
-        if state:
-            return False
-        state["step"] = new_step_tensor()
-        state["exp_avg"] = lucid.zeros_like(p)
-        state["exp_avg_sq"] = lucid.zeros_like(p)
-        return True
+        return init_zero_state(p, state, "exp_avg", "exp_avg_sq")
 
     def _step_scalars(
         self, group: dict[str, Any], state: dict[str, Any], fresh: bool
