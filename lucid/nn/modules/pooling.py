@@ -18,7 +18,17 @@ __all__ = [
 ]
 
 
-class _MaxPoolNd(Module):
+class _WindowPoolNd(Module):
+    """Pooling over ``kernel_size`` windows; ``stride`` defaults to ``kernel_size``."""
+
+    def __init__(self, kernel_size: Any, stride: Any, padding: Any) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+
+
+class _MaxPoolNd(_WindowPoolNd):
     def __init__(
         self,
         kernel_size: Any,
@@ -28,10 +38,8 @@ class _MaxPoolNd(Module):
         return_indices: bool = False,
         ceil_mode: bool = False,
     ) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding, self.dilation = padding, dilation
+        super().__init__(kernel_size, stride, padding)
+        self.dilation = dilation
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def extra_repr(self) -> str:
@@ -62,9 +70,7 @@ class MaxPool2d(_MaxPoolNd):
         )  # fmt: skip
 
 
-class AvgPool1d(Module):
-    """Mean over windows of ``kernel_size`` along the last dim of (N, C, L) inputs."""
-
+class _AvgPoolNd(_WindowPoolNd):
     def __init__(
         self,
         kernel_size: Any,
@@ -73,10 +79,15 @@ class AvgPool1d(Module):
         ceil_mode: bool = False,
         count_include_pad: bool = True,
     ) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
+        super().__init__(kernel_size, stride, padding)
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool1d(_AvgPoolNd):
+    """Mean over windows of ``kernel_size`` along the last dim of (N, C, L) inputs."""
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return F.avg_pool1d(
@@ -84,11 +95,8 @@ class AvgPool1d(Module):
             self.count_include_pad,
         )  # fmt: skip
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
-
-class AvgPool2d(Module):
+class AvgPool2d(_AvgPoolNd):
     """Mean over ``kernel_size`` windows; ``count_include_pad`` counts padding in the divisor."""
 
     def __init__(
@@ -100,10 +108,7 @@ class AvgPool2d(Module):
         count_include_pad: bool = True,
         divisor_override: int | None = None,
     ) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
         self.divisor_override = divisor_override
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
@@ -112,33 +117,25 @@ class AvgPool2d(Module):
             self.count_include_pad, self.divisor_override,
         )  # fmt: skip
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
-
-class AdaptiveAvgPool1d(Module):
-    """Average pooling of (N, C, L) inputs to a fixed length ``output_size``."""
-
-    def __init__(self, output_size: int) -> None:
-        super().__init__()
-        self.output_size = output_size
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.adaptive_avg_pool1d(input, self.output_size)
-
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
-
-
-class AdaptiveAvgPool2d(Module):
-    """Average pooling to a fixed ``output_size`` (an int, a pair, or None to keep a dim)."""
-
+class _AdaptiveAvgPoolNd(Module):
     def __init__(self, output_size: Any) -> None:
         super().__init__()
         self.output_size = output_size
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.adaptive_avg_pool2d(input, self.output_size)
-
     def extra_repr(self) -> str:
         return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
+    """Average pooling of (N, C, L) inputs to a fixed length ``output_size`` (an int)."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.adaptive_avg_pool1d(input, self.output_size)
+
+
+class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
+    """Average pooling to a fixed ``output_size`` (an int, a pair, or None to keep a dim)."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.adaptive_avg_pool2d(input, self.output_size)
