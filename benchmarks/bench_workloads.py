@@ -372,12 +372,24 @@ def _measure_memory(spec: str, args) -> None:
             sys.modules[framework] = None  # type: ignore[assignment]
     cases = infer_cases(wl, args) if mode == "infer" else train_cases(wl, args, opt_name)
     make = cases[case]
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def high_water_kib() -> int:
+        # VmHWM belongs to this process's address space; ru_maxrss would start at the parent's
+        # RSS at fork time on Linux and hide everything below it.
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    base = high_water_kib()
     fn = make()
     for _ in range(20):
         fn()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((peak - base) / 1024.0)  # ru_maxrss is in KiB on Linux
+    print((high_water_kib() - base) / 1024.0)
 
 
 def run_row(mode: str, wl: str, args, opt_name: str | None = None) -> dict:
