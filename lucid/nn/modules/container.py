@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Self
 
 from lucid.nn.modules.module import Module
 from lucid.nn.parameter import Parameter
@@ -20,7 +20,32 @@ def _index(idx: Any, n: int, what: str) -> int:
     return i % n
 
 
-class Sequential(Module):
+class _ModuleSequence(Module):
+    """What Sequential and ModuleList share: submodules named ``"0"``, ``"1"``, ... in order."""
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def _renumber(self, items: list[Module]) -> None:
+        """Re-register ``items`` as the submodules, named by position."""
+        self._modules.clear()
+        for i, m in enumerate(items):
+            self._modules[str(i)] = m
+
+    def append(self, module: Module) -> Self:
+        self.add_module(str(len(self)), module)
+        return self
+
+    def pop(self, idx: int = -1) -> Module:
+        m = self[idx]
+        del self[idx]
+        return m
+
+
+class Sequential(_ModuleSequence):
     """Modules applied in order: ``Sequential(a, b)(x) == b(a(x))``.
 
     Takes modules as arguments or one ``OrderedDict`` of name -> module.
@@ -40,12 +65,6 @@ class Sequential(Module):
             input = module(input)
         return input
 
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
     def __getitem__(self, idx: int | slice) -> Any:
         if isinstance(idx, slice):
             return type(self)(OrderedDict(list(self._modules.items())[idx]))
@@ -61,15 +80,8 @@ class Sequential(Module):
         for k in targets:
             del self._modules[k]
         # Keep integer names contiguous, as torch does.
-        items = list(self._modules.values())
         if all(k.isdigit() for k in keys):
-            self._modules.clear()
-            for i, m in enumerate(items):
-                self._modules[str(i)] = m
-
-    def append(self, module: Module) -> Sequential:
-        self.add_module(str(len(self)), module)
-        return self
+            self._renumber(list(self._modules.values()))
 
     def insert(self, index: int, module: Module) -> Sequential:
         if not isinstance(module, Module):
@@ -81,9 +93,7 @@ class Sequential(Module):
             index += n
         items = list(self._modules.values())
         items.insert(index, module)
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
+        self._renumber(items)
         return self
 
     def extend(self, modules: Iterable[Module]) -> Sequential:
@@ -91,30 +101,19 @@ class Sequential(Module):
             self.append(m)
         return self
 
-    def pop(self, idx: int = -1) -> Module:
-        m = self[idx]
-        del self[idx]
-        return m
-
     def __add__(self, other: Sequential) -> Sequential:
         if not isinstance(other, Sequential):
             raise TypeError(f"can only add Sequential to Sequential, not {type(other).__name__}")
         return Sequential(*self, *other)
 
 
-class ModuleList(Module):
+class ModuleList(_ModuleSequence):
     """A list of submodules, registered so their parameters are found. Has no ``forward``."""
 
     def __init__(self, modules: Iterable[Module] | None = None) -> None:
         super().__init__()
         if modules is not None:
             self.extend(modules)
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
 
     def __getitem__(self, idx: int | slice) -> Any:
         if isinstance(idx, slice):
@@ -130,19 +129,13 @@ class ModuleList(Module):
             del items[idx]
         else:
             del items[_index(idx, len(self), "ModuleList")]
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
+        self._renumber(items)
 
     def __iadd__(self, modules: Iterable[Module]) -> ModuleList:
         return self.extend(modules)
 
     def __add__(self, other: Iterable[Module]) -> ModuleList:
         return ModuleList([*self, *other])
-
-    def append(self, module: Module) -> ModuleList:
-        self.add_module(str(len(self)), module)
-        return self
 
     def extend(self, modules: Iterable[Module]) -> ModuleList:
         if isinstance(modules, Module) and not isinstance(modules, (ModuleList, Sequential)):
@@ -158,46 +151,53 @@ class ModuleList(Module):
         for i, m in enumerate(items):
             self.add_module(str(i), m)
 
-    def pop(self, idx: int = -1) -> Module:
-        m = self[idx]
-        del self[idx]
-        return m
+
+class _RegistryDict(Module):
+    """The mapping methods ModuleDict and ParameterDict share, over the registry named by
+    ``_registry`` (``_modules`` or ``_parameters``)."""
+
+    _registry: str
+
+    def _entries(self) -> dict[str, Any]:
+        return getattr(self, self._registry)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._entries()[key]
+
+    def __delitem__(self, key: str) -> None:
+        del self._entries()[key]
+
+    def __len__(self) -> int:
+        return len(self._entries())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries()
+
+    def keys(self) -> Iterable[str]:
+        return self._entries().keys()
+
+    def values(self) -> Iterable[Any]:
+        return self._entries().values()
+
+    def items(self) -> Iterable[tuple[str, Any]]:
+        return self._entries().items()
 
 
-class ModuleDict(Module):
+class ModuleDict(_RegistryDict):
     """An ordered dict of submodules, registered so their parameters are found."""
+
+    _registry = "_modules"
 
     def __init__(self, modules: Mapping[str, Module] | Iterable | None = None) -> None:
         super().__init__()
         if modules is not None:
             self.update(modules)
 
-    def __getitem__(self, key: str) -> Module:
-        return self._modules[key]
-
     def __setitem__(self, key: str, module: Module) -> None:
         self.add_module(key, module)
-
-    def __delitem__(self, key: str) -> None:
-        del self._modules[key]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._modules
-
-    def keys(self) -> Iterable[str]:
-        return self._modules.keys()
-
-    def values(self) -> Iterable[Module]:
-        return self._modules.values()
-
-    def items(self) -> Iterable[tuple[str, Module]]:
-        return self._modules.items()
 
     def clear(self) -> None:
         self._modules.clear()
@@ -253,37 +253,15 @@ class ParameterList(Module):
         return self
 
 
-class ParameterDict(Module):
+class ParameterDict(_RegistryDict):
     """An ordered dict of Parameters."""
+
+    _registry = "_parameters"
 
     def __init__(self, parameters: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         for k, v in (parameters or {}).items():
             self[k] = v
 
-    def __getitem__(self, key: str) -> Parameter:
-        return self._parameters[key]
-
     def __setitem__(self, key: str, value: Any) -> None:
         self.register_parameter(key, value if isinstance(value, Parameter) else Parameter(value))
-
-    def __delitem__(self, key: str) -> None:
-        del self._parameters[key]
-
-    def __len__(self) -> int:
-        return len(self._parameters)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._parameters)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._parameters
-
-    def keys(self) -> Iterable[str]:
-        return self._parameters.keys()
-
-    def values(self) -> Iterable[Parameter]:
-        return self._parameters.values()
-
-    def items(self) -> Iterable[tuple[str, Parameter]]:
-        return self._parameters.items()
