@@ -15,6 +15,14 @@ from lucid.nn.modules.module import Module
 __all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm"]
 
 
+def _register_affine(
+    module: Module, shape: tuple[int, ...], dt: Any, weight: bool, bias: bool
+) -> None:
+    """Register ``weight`` and ``bias`` parameters of ``shape`` (each None when switched off)."""
+    module.register_parameter("weight", empty_parameter(shape, dt) if weight else None)
+    module.register_parameter("bias", empty_parameter(shape, dt) if bias else None)
+
+
 class _BatchNorm(Module):
     """Shared BatchNorm: ``running_mean``/``running_var``/``num_batches_tracked`` buffers, updated
     in training mode only; ``momentum=None`` gives a cumulative moving average."""
@@ -36,12 +44,7 @@ class _BatchNorm(Module):
         dt = factory_dtype(device, dtype)
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        if affine:
-            self.weight = empty_parameter((num_features,), dt)
-            self.bias = empty_parameter((num_features,), dt)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _register_affine(self, (num_features,), dt, affine, affine)
         if track_running_stats:
             self.register_buffer("running_mean", buffer([0.0] * num_features, dt))
             self.register_buffer("running_var", buffer([1.0] * num_features, dt))
@@ -114,7 +117,46 @@ def _shape_tuple(normalized_shape: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in normalized_shape)
 
 
-class LayerNorm(Module):
+class _LastDimsNorm(Module):
+    """What LayerNorm and RMSNorm share: normalization over the trailing ``normalized_shape``
+    dims with an optional elementwise ``weight`` (initialized to 1) and ``bias`` (to 0)."""
+
+    def __init__(
+        self,
+        normalized_shape: Any,
+        eps: float | None,
+        elementwise_affine: bool,
+        bias: bool | None,
+        device: Any,
+        dtype: Any,
+    ) -> None:
+        """``bias=None``: the module has no ``bias`` at all (RMSNorm)."""
+        super().__init__()
+        dt = factory_dtype(device, dtype)
+        self.normalized_shape = _shape_tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        if bias is None:
+            weight = empty_parameter(self.normalized_shape, dt) if elementwise_affine else None
+            self.register_parameter("weight", weight)
+        else:
+            _register_affine(
+                self, self.normalized_shape, dt, elementwise_affine, elementwise_affine and bias
+            )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self._parameters.get("bias") is not None:
+            init.zeros_(self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
+
+
+class LayerNorm(_LastDimsNorm):
     """Normalizes over the last ``len(normalized_shape)`` dims, then ``* weight + bias``."""
 
     def __init__(
@@ -126,37 +168,13 @@ class LayerNorm(Module):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
-        dt = factory_dtype(device, dtype)
-        self.normalized_shape = _shape_tuple(normalized_shape)
-        self.eps, self.elementwise_affine = eps, elementwise_affine
-        if elementwise_affine:
-            self.weight = empty_parameter(self.normalized_shape, dt)
-            if bias:
-                self.bias = empty_parameter(self.normalized_shape, dt)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        if self.weight is not None:
-            init.ones_(self.weight)
-        if self.bias is not None:
-            init.zeros_(self.bias)
+        super().__init__(normalized_shape, eps, elementwise_affine, bool(bias), device, dtype)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
-        )
 
-
-class RMSNorm(Module):
+class RMSNorm(_LastDimsNorm):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dims; ``eps=None`` uses the dtype's
     machine epsilon, as torch."""
 
@@ -168,27 +186,10 @@ class RMSNorm(Module):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
-        dt = factory_dtype(device, dtype)
-        self.normalized_shape = _shape_tuple(normalized_shape)
-        self.eps, self.elementwise_affine = eps, elementwise_affine
-        if elementwise_affine:
-            self.weight = empty_parameter(self.normalized_shape, dt)
-        else:
-            self.register_parameter("weight", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        if self.weight is not None:
-            init.ones_(self.weight)
+        super().__init__(normalized_shape, eps, elementwise_affine, None, device, dtype)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
-        )
 
 
 class GroupNorm(Module):
@@ -218,12 +219,7 @@ class GroupNorm(Module):
             eps,
             affine,
         )
-        if affine:
-            self.weight = empty_parameter((num_channels,), dt)
-            self.bias = empty_parameter((num_channels,), dt)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _register_affine(self, (num_channels,), dt, affine, affine)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
