@@ -241,29 +241,46 @@ class CompiledModule:
     def _key(self, args: tuple, kwargs: dict, symbolic: bool = False) -> tuple:
         """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored).
 
-        With ``symbolic``, the tensor arguments' shared leading (batch) dim is None."""
-        sig = tuple([_arg_sig(a) for a in args])
+        With ``symbolic``, the tensor arguments' shared leading dim is None. This runs on every
+        call, so the common case (concrete tensors of the exact Tensor class) is inlined."""
+        d = self.__dict__
+        sig = []
+        any_rg = False
+        for a in args:
+            data = a._data if type(a) is Tensor else None
+            if data is not None:
+                rg = a._requires_grad
+                sig.append((data.shape, data.dtype, rg))
+            else:
+                s = _arg_sig(a)
+                sig.append(s)
+                rg = len(s) == 3 and s[2]
+            any_rg = any_rg or rg
+        sig = tuple(sig)
         if symbolic:
             sig = _symbolic_sig(sig)
-        kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()])) if kwargs else ()
-        params = self.__dict__["_params"] or self._param_list()
-        grad = state.grad_enabled and (
-            any([p._requires_grad for p in params])
-            or any([len(s) == 3 and s[2] for s in sig])
-            or any([len(s) == 3 and s[2] for _, s in kw])
-        )
-        return (sig, kw, self.training, grad, self.__dict__["_fingerprint"])
+        kw = ()
+        if kwargs:
+            kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()]))
+            any_rg = any_rg or any([len(s) == 3 and s[2] for _, s in kw])
+        params = d["_params"]
+        if params is None:
+            params = self._param_list()
+        grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in params]))
+        training = getattr(d["_model"], "training", False)
+        return (sig, kw, training, grad, d["_fingerprint"])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        d = self.__dict__
         try:
             key = self._key(args, kwargs)
-            if self._symbolic:
+            if d["_symbolic"]:
                 key = self._symbolic_key(key, args, kwargs)
         except _Unhashable:
-            return self._model(*args, **kwargs)
-        n_calls = self._n_calls
+            return d["_model"](*args, **kwargs)
+        n_calls = d["_n_calls"]
         n_calls[key] = n_calls.get(key, 0) + 1
-        entry = self._entries.get(key)
+        entry = d["_entries"].get(key)
         if entry is not None:
             entry.n_hits += 1
             try:
@@ -401,7 +418,13 @@ class CompiledModule:
             )
         bind = _make_binder(graph.feed_roles, tensor_pos, captured)
         finish = _make_finisher(
-            graph.result_roles, leaves, passthrough, rebuild, captured, len(computed)
+            graph.result_roles,
+            leaves,
+            passthrough,
+            rebuild,
+            captured,
+            len(computed),
+            returns_tensor=isinstance(out, Tensor),
         )
         compile_ms = (time.perf_counter() - t0) * 1e3
         if _env_flag("LUCID_COMPILE_VERBOSE"):
@@ -609,6 +632,7 @@ def _make_finisher(
     rebuild,
     captured: dict[str, Tensor],
     n_outputs: int,
+    returns_tensor: bool = False,
 ):
     """A function (args, kwargs, result arrays) -> the model's return structure; it also writes
     buffer updates (BatchNorm running statistics) and the advanced RNG state back."""
@@ -636,6 +660,8 @@ def _make_finisher(
     if not passthrough and not writebacks:
         if n_leaves == 1 and len(out_index) == 1:
             i0 = out_index[0]
+            if returns_tensor:  # the model returned one tensor: no structure to rebuild
+                return lambda args, kwargs, res: wrap(res[i0])
             return lambda args, kwargs, res: rebuild([wrap(res[i0])])
 
         def finish_plain(args, kwargs, res):
@@ -648,7 +674,8 @@ def _make_finisher(
             if target == "rng":
                 _random.set_rng_state(res[i])
             elif isinstance(target, Tensor):
-                np.copyto(target._data, res[i])
+                if res[i] is not target._data:  # else the runtime already wrote it in place
+                    np.copyto(target._data, res[i])
                 target._version[0] += 1
             elif target.startswith("input:"):
                 name = target[len("input:") :]
