@@ -367,3 +367,20 @@ def test_a_failed_first_step_leaves_no_optimizer_state_behind():
     step(x, y)
     step(x, y)
     assert_models_close(model, ref, 1e-6)
+
+
+def test_a_runtime_error_inside_the_step_writes_nothing():
+    # An out-of-range token id fails inside the native run (a gather's range check), after
+    # part of the program ran: the in-place writes come last, so nothing was written.
+    model = _model("transformer")
+    opt = optim.Adam(model.parameters(), lr=0.01)
+    step = fused_step(model, _gpt_loss, opt)
+    x, y = _data("transformer")
+    step(x, y)
+    snap = _snapshot(model, opt)
+    bad = x.numpy().copy()
+    bad[0, 0] = 99
+    with pytest.raises(IndexError):
+        step(lucid.tensor(bad), y)
+    _assert_unchanged(model, opt, snap)
+    assert step.cache_info()["entries"] == 1
