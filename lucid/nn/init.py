@@ -240,6 +240,18 @@ def xavier_normal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> 
     return normal_(tensor, 0.0, std, generator)
 
 
+def _kaiming_fan_and_gain(
+    tensor: Tensor, a: float, mode: str, nonlinearity: str, name: str
+) -> tuple[int, float] | None:
+    """``(fan, gain)`` of a Kaiming init; None for a tensor with no elements, which is left as
+    is (like torch)."""
+    _check_tensor(tensor, name)
+    if 0 in tensor.shape:
+        return None
+    fan = _calculate_correct_fan(tensor, mode)
+    return fan, calculate_gain(nonlinearity, a)
+
+
 def kaiming_uniform_(
     tensor: Tensor,
     a: float = 0,
@@ -248,11 +260,10 @@ def kaiming_uniform_(
     generator: Any = None,
 ) -> Tensor:
     """U(-b, b) with b = gain * sqrt(3 / fan) (He et al., 2015)."""
-    _check_tensor(tensor, "kaiming_uniform_")
-    if 0 in tensor.shape:
+    fan_and_gain = _kaiming_fan_and_gain(tensor, a, mode, nonlinearity, "kaiming_uniform_")
+    if fan_and_gain is None:
         return tensor
-    fan = _calculate_correct_fan(tensor, mode)
-    gain = calculate_gain(nonlinearity, a)
+    fan, gain = fan_and_gain
     bound = math.sqrt(3.0) * gain / math.sqrt(fan)
     return uniform_(tensor, -bound, bound, generator)
 
@@ -265,11 +276,11 @@ def kaiming_normal_(
     generator: Any = None,
 ) -> Tensor:
     """N(0, std^2) with std = gain / sqrt(fan) (He et al., 2015)."""
-    _check_tensor(tensor, "kaiming_normal_")
-    if 0 in tensor.shape:
+    fan_and_gain = _kaiming_fan_and_gain(tensor, a, mode, nonlinearity, "kaiming_normal_")
+    if fan_and_gain is None:
         return tensor
-    fan = _calculate_correct_fan(tensor, mode)
-    std = calculate_gain(nonlinearity, a) / math.sqrt(fan)
+    fan, gain = fan_and_gain
+    std = gain / math.sqrt(fan)
     return normal_(tensor, 0.0, std, generator)
 
 
