@@ -384,3 +384,27 @@ def test_a_runtime_error_inside_the_step_writes_nothing():
         step(lucid.tensor(bad), y)
     _assert_unchanged(model, opt, snap)
     assert step.cache_info()["entries"] == 1
+
+
+def test_parameter_groups_with_their_own_options():
+    ref, got = _model("mlp"), _model("mlp")
+
+    def groups(m):
+        return [
+            {"params": list(m.fc1.parameters()), "lr": 0.05},
+            {"params": list(m.fc2.parameters()), "lr": 0.005, "weight_decay": 0.1},
+        ]
+
+    ref_opt, opt = optim.Adam(groups(ref)), optim.Adam(groups(got))
+    step = fused_step(got, F.cross_entropy, opt)
+    x, y = _data("mlp")
+    for _ in range(5):
+        want = eager_step(ref, F.cross_entropy, ref_opt, x, y)
+        assert float(step(x, y).item()) == pytest.approx(want, rel=1e-6)
+    assert_models_close(got, ref, 1e-6)
+    opt.param_groups[1]["lr"] = ref_opt.param_groups[1]["lr"] = 0.05  # by hand, mid-run
+    for _ in range(3):
+        eager_step(ref, F.cross_entropy, ref_opt, x, y)
+        step(x, y)
+    assert_models_close(got, ref, 1e-6)
+    assert step.cache_info()["entries"] == 1

@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lucid
 import lucid.nn as nn
@@ -218,3 +220,28 @@ def test_non_contiguous_inputs_are_accepted():
     make_step(got, F.cross_entropy)(xt, y).backward()
     for p, w in zip(got.parameters(), want, strict=True):
         assert_rel_close(p.grad.numpy(), w, 1e-9)
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    batch=st.integers(1, 9),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_make_step_over_batch_sizes_and_dtypes(batch, dtype, seed):
+    lucid.manual_seed(0)
+    ref = models.MLP()
+    lucid.manual_seed(0)
+    got = models.MLP()
+    if dtype == np.float64:
+        ref, got = ref.double(), got.double()
+    rng = np.random.default_rng(seed)
+    x = lucid.tensor(rng.standard_normal((batch, 16)).astype(dtype))
+    y = lucid.tensor(rng.integers(0, 4, batch))
+    _, want = eager_grads(ref, F.cross_entropy, x, y)
+    loss = make_step(got, F.cross_entropy)(x, y)
+    assert loss.dtype == (lucid.float32 if dtype == np.float32 else lucid.float64)
+    loss.backward()
+    rtol = 1e-4 if dtype == np.float32 else 1e-9
+    for p, w in zip(got.parameters(), want, strict=True):
+        assert_rel_close(p.grad.numpy(), w, rtol)
