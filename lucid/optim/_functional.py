@@ -1,6 +1,7 @@
-"""Pieces shared by the Adam family's updates and step scalars (Adam, AdamW, RAdam, NAdam,
-Adamax). Every update piece follows the optimizer contract of ``lucid.optim.optimizer``: Lucid
-ops and ``copy_`` only, one write per tensor, no branching on a tensor's value."""
+"""Pieces shared by the optimizers' updates, step scalars and state (mostly the Adam family:
+Adam, AdamW, RAdam, NAdam, Adamax). Every update piece follows the optimizer contract of
+``lucid.optim.optimizer``: Lucid ops and ``copy_`` only, one write per tensor, no branching on a
+tensor's value."""
 
 from __future__ import annotations
 

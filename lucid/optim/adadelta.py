@@ -7,7 +7,8 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.optim.optimizer import Optimizer, check_nonnegative, new_step_tensor
+from lucid.optim._functional import init_zero_state
+from lucid.optim.optimizer import Optimizer, check_nonnegative
 
 
 def adadelta_update(
@@ -77,12 +78,7 @@ class Adadelta(Optimizer):
             raise ValueError(f"Invalid rho value: {group['rho']} (rho must be in [0, 1])")
 
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
-        if state:
-            return False
-        state["step"] = new_step_tensor()
-        state["square_avg"] = lucid.zeros_like(p)
-        state["acc_delta"] = lucid.zeros_like(p)
-        return True
+        return init_zero_state(p, state, "square_avg", "acc_delta")
 
     def _step_scalars(
         self, group: dict[str, Any], state: dict[str, Any], fresh: bool

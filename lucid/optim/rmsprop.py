@@ -7,6 +7,7 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
+from lucid.optim._functional import begin_step
 from lucid.optim.optimizer import Optimizer, check_nonnegative, new_step_tensor
 
 
@@ -27,11 +28,14 @@ def rmsprop_update(
     momentum: float,
 ) -> None:
     """One RMSprop update of ``param`` and its state in place (PyTorch's algorithm)."""
-    if maximize:
-        grad = -grad
-    state["step"].add_(1)
-    if use_weight_decay:
-        grad = grad + param * weight_decay
+    grad, _ = begin_step(
+        param,
+        grad,
+        state,
+        maximize=maximize,
+        use_weight_decay=use_weight_decay,
+        weight_decay=weight_decay,
+    )
     square_avg = state["square_avg"]
     square_avg.copy_(square_avg * alpha + grad * grad * one_minus_alpha)
     if centered:
