@@ -586,7 +586,7 @@ class FusedStep:
             _input_sig(inputs),
             bool(getattr(self.model, "training", False)),
             self._view.statics(scalars),
-            tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
+            tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
         )
 
     def _build(self, inputs: tuple) -> tuple[tuple, _Entry]:
