@@ -35,6 +35,18 @@ def ref_sgd(
     return p
 
 
+def ref_decay(p, g, lr, weight_decay, decoupled_weight_decay, maximize):
+    """The start of an Adam-family step: ``(p, g)`` after maximization and weight decay (L2
+    added to the gradient, or decoupled: the parameter shrunk by ``lr * weight_decay``)."""
+    g = -g if maximize else g
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            p = p - lr * weight_decay * p
+        else:
+            g = g + weight_decay * p
+    return p, g
+
+
 def ref_adam(
     p,
     grads,
@@ -51,12 +63,7 @@ def ref_adam(
     v = np.zeros_like(p)
     v_max = np.zeros_like(p)
     for t, g in enumerate(grads, 1):
-        g = -g if maximize else g
-        if weight_decay != 0:
-            if decoupled_weight_decay:
-                p = p - lr * weight_decay * p
-            else:
-                g = g + weight_decay * p
+        p, g = ref_decay(p, g, lr, weight_decay, decoupled_weight_decay, maximize)
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g**2
         m_hat = m / (1 - b1**t)
@@ -172,12 +179,7 @@ def ref_nadam(
         return b1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
 
     for t, g in enumerate(grads, 1):
-        g = -g if maximize else g
-        if weight_decay != 0:
-            if decoupled_weight_decay:
-                p = p - lr * weight_decay * p
-            else:
-                g = g + weight_decay * p
+        p, g = ref_decay(p, g, lr, weight_decay, decoupled_weight_decay, maximize)
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g**2
         prod_t = math.prod(mu(i) for i in range(1, t + 1))
@@ -203,12 +205,7 @@ def ref_radam(
     v = np.zeros_like(p)
     rho_inf = 2 / (1 - b2) - 1
     for t, g in enumerate(grads, 1):
-        g = -g if maximize else g
-        if weight_decay != 0:
-            if decoupled_weight_decay:
-                p = p - lr * weight_decay * p
-            else:
-                g = g + weight_decay * p
+        p, g = ref_decay(p, g, lr, weight_decay, decoupled_weight_decay, maximize)
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g**2
         m_hat = m / (1 - b1**t)
