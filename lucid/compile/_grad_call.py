@@ -131,13 +131,16 @@ class GradEntry:
         t0 = time.perf_counter()
         tensor_args = [args[i] for i in self.tensor_pos]
         feeds = []
-        rng = None
+        rng = rng_before = None
         for kind, ref in self.fwd_plan:
             if kind == "input":
                 feeds.append(tensor_args[ref]._data)
             elif kind == "rng":
                 rng = _random.get_rng_state()._data
                 feeds.append(rng)
+                # The runtime advances ``rng`` in place; the backward (dropout's mask) needs the
+                # state the forward drew from.
+                rng_before = rng.copy()
             else:
                 feeds.append(ref._data)
         try:
@@ -157,12 +160,14 @@ class GradEntry:
                 residuals.append(res[i])
         wrt = [tensor_args[ref] if kind == "input" else ref for kind, ref in self.wrt]
         if _state.grad_enabled and any(t._requires_grad for t in wrt):
-            self._attach(outs, wrt, tensor_args, residuals)
+            self._attach(outs, wrt, tensor_args, residuals, rng_before)
         result = self.rebuild(outs)
         self.last_run_ms = (time.perf_counter() - t0) * 1e3
         return result
 
-    def _attach(self, outs: list, wrt: list, tensor_args: list, residuals: list) -> None:
+    def _attach(
+        self, outs: list, wrt: list, tensor_args: list, residuals: list, rng_before: Any
+    ) -> None:
         bwd, bwd_plan, cot_dtypes = self.bwd, self.bwd_plan, self.cot_dtypes
         saved = [
             tensor_args[ref] if kind == "input" else ref
@@ -185,6 +190,8 @@ class GradEntry:
                     feeds.append(np.ascontiguousarray(g._data, dtype=cot_dtypes[ref]))
                 elif kind == "input":
                     feeds.append(tensor_args[ref]._data)
+                elif kind == "rng":
+                    feeds.append(rng_before)
                 else:
                     feeds.append(ref._data)
             grads = bwd.run(feeds)
@@ -287,8 +294,8 @@ def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> Gr
         else:
             fwd_results.append(("residual", None))
     bwd_plan = [plan_for(r) for r in feed_roles(bwd_fn)]
-    if any(k == "rng" for k, _ in bwd_plan):
-        raise _pipeline.Unsupported("the backward reads the RNG state")
+    if any(k == "rng" for k, _ in bwd_plan) and not any(k == "rng" for k, _ in fwd_plan):
+        raise _pipeline.Unsupported("the backward reads an RNG state the forward does not")
     grad_roles = [r[len("grad:") :] for r in result_roles(bwd_fn)]
     wrt = [plan_for(r) for r in grad_roles]
     cot_dtypes = {j: leaves[j].dtype.numpy for j in cot_index}

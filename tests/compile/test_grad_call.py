@@ -178,3 +178,34 @@ def test_grad_mode_and_no_grad_are_separate_entries():
     assert y1.grad_fn is not None and y2.grad_fn is None
     np.testing.assert_array_equal(y1.detach().numpy(), y2.numpy())
     assert cm.cache_info()["entries"] == 2
+
+
+class DropoutNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.drop = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(self.drop(F.relu(self.fc1(x))))
+
+
+def test_training_dropout_masks_reach_the_backward_as_residuals():
+    lucid.manual_seed(0)
+    ref = DropoutNet().double()
+    lucid.manual_seed(0)
+    got = DropoutNet().double()
+    x = _input("mlp", requires_grad=False)
+    cm = lucid.compile(got, strict=True)
+    lucid.manual_seed(11)
+    outs = [cm(x) for _ in range(2)]
+    lucid.manual_seed(11)
+    wants = [ref(x) for _ in range(2)]
+    assert not np.allclose(outs[0].detach().numpy(), outs[1].detach().numpy())
+    for o, w in zip(outs, wants, strict=True):
+        np.testing.assert_allclose(o.detach().numpy(), w.detach().numpy(), rtol=1e-10)
+    sum(((o * o).sum() for o in outs), lucid.tensor(0.0)).backward()
+    sum(((w * w).sum() for w in wants), lucid.tensor(0.0)).backward()
+    for p, q in zip(got.parameters(), ref.parameters(), strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-9, atol=1e-12)
