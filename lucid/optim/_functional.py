@@ -5,6 +5,7 @@ tensor's value."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import lucid
@@ -91,6 +92,19 @@ class BetasOptimizer(Optimizer):
     options named in ``_nonnegative_options``) and ``betas``."""
 
     _nonnegative_options: tuple[str, ...] = ("lr", "eps", "weight_decay")
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        **options: Any,
+    ):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **options)
+        self._check_group(defaults)
+        super().__init__(params, defaults)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_nonnegative(group, *self._nonnegative_options)

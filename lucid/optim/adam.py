@@ -92,17 +92,16 @@ class Adam(BetasOptimizer):
         maximize: bool = False,
         decoupled_weight_decay: bool = False,
     ):
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
             amsgrad=amsgrad,
             maximize=maximize,
             decoupled_weight_decay=decoupled_weight_decay,
         )
-        self._check_group(defaults)
-        super().__init__(params, defaults)
 
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
         fresh = not state

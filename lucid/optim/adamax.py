@@ -72,11 +72,7 @@ class Adamax(BetasOptimizer):
         *,
         maximize: bool = False,
     ):
-        defaults = dict(
-            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize
-        )
-        self._check_group(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, lr, betas, eps, weight_decay, maximize=maximize)
 
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
         return init_zero_state(p, state, "exp_avg", "exp_inf")

@@ -100,17 +100,16 @@ class NAdam(BetasOptimizer):
         *,
         maximize: bool = False,
     ):
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
             momentum_decay=momentum_decay,
             decoupled_weight_decay=decoupled_weight_decay,
             maximize=maximize,
         )
-        self._check_group(defaults)
-        super().__init__(params, defaults)
 
     _nonnegative_options = ("lr", "eps", "weight_decay", "momentum_decay")
 
