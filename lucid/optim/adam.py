@@ -10,11 +10,12 @@ from lucid._tensor import Tensor
 from lucid.optim._functional import (
     BetasOptimizer,
     begin_step,
+    init_zero_state,
     moment_scalars,
     update_moments,
     weight_decay_scalars,
 )
-from lucid.optim.optimizer import new_step_tensor, next_step
+from lucid.optim.optimizer import next_step
 
 
 def adam_update(
@@ -104,11 +105,7 @@ class Adam(BetasOptimizer):
         )
 
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
-        fresh = not state
-        if fresh:
-            state["step"] = new_step_tensor()
-            state["exp_avg"] = lucid.zeros_like(p)
-            state["exp_avg_sq"] = lucid.zeros_like(p)
+        fresh = init_zero_state(p, state, "exp_avg", "exp_avg_sq")
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = lucid.zeros_like(p)
         return fresh

@@ -7,8 +7,8 @@ from typing import Any
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.optim._functional import begin_step
-from lucid.optim.optimizer import Optimizer, check_nonnegative, new_step_tensor
+from lucid.optim._functional import begin_step, init_zero_state
+from lucid.optim.optimizer import Optimizer, check_nonnegative
 
 
 def rmsprop_update(
@@ -104,10 +104,7 @@ class RMSprop(Optimizer):
         check_nonnegative(group, "lr", "eps", "momentum", "weight_decay", "alpha")
 
     def _init_state(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> bool:
-        fresh = not state
-        if fresh:
-            state["step"] = new_step_tensor()
-            state["square_avg"] = lucid.zeros_like(p)
+        fresh = init_zero_state(p, state, "square_avg")
         if group["momentum"] > 0 and "momentum_buffer" not in state:
             state["momentum_buffer"] = lucid.zeros_like(p)
         if group["centered"] and "grad_avg" not in state:
