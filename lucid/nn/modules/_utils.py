@@ -27,6 +27,11 @@ def empty_parameter(shape: tuple, dt: _dtype.dtype) -> Parameter:
     return Parameter(Tensor._wrap(np.zeros(shape, dtype=dt.numpy)))
 
 
+def optional_parameter(shape: tuple, dt: _dtype.dtype, enabled: Any) -> Parameter | None:
+    """``empty_parameter(shape, dt)``, or None (to register as a placeholder) when switched off."""
+    return empty_parameter(shape, dt) if enabled else None
+
+
 def buffer(values: Any, dt: _dtype.dtype) -> Tensor:
     return Tensor._wrap(np.array(values, dtype=dt.numpy))
 

@@ -9,7 +9,13 @@ import lucid
 from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory_dtype, ntuple
+from lucid.nn.modules._utils import (
+    check_positive_int,
+    empty_parameter,
+    factory_dtype,
+    ntuple,
+    optional_parameter,
+)
 from lucid.nn.modules.module import Module
 
 __all__ = ["Conv1d", "Conv2d"]
@@ -78,10 +84,7 @@ class _ConvNd(Module):
         self.padding_mode = padding_mode
         dt = factory_dtype(device, dtype)
         self.weight = empty_parameter((out_channels, in_channels // groups, *self.kernel_size), dt)
-        if bias:
-            self.bias = empty_parameter((out_channels,), dt)
-        else:
-            self.register_parameter("bias", None)
+        self.register_parameter("bias", optional_parameter((out_channels,), dt, bias))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import empty_parameter, factory_dtype
+from lucid.nn.modules._utils import empty_parameter, factory_dtype, optional_parameter
 from lucid.nn.modules.module import Module
 
 __all__ = ["Identity", "Linear"]
@@ -47,10 +47,7 @@ class Linear(Module):
         self.in_features = in_features
         self.out_features = out_features
         self.weight = empty_parameter((out_features, in_features), dt)
-        if bias:
-            self.bias = empty_parameter((out_features,), dt)
-        else:
-            self.register_parameter("bias", None)
+        self.register_parameter("bias", optional_parameter((out_features,), dt, bias))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

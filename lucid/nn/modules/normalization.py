@@ -9,7 +9,12 @@ from lucid import _dtype
 from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import buffer, check_positive_int, empty_parameter, factory_dtype
+from lucid.nn.modules._utils import (
+    buffer,
+    check_positive_int,
+    factory_dtype,
+    optional_parameter,
+)
 from lucid.nn.modules.module import Module
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm"]
@@ -19,8 +24,8 @@ def _register_affine(
     module: Module, shape: tuple[int, ...], dt: Any, weight: bool, bias: bool
 ) -> None:
     """Register ``weight`` and ``bias`` parameters of ``shape`` (each None when switched off)."""
-    module.register_parameter("weight", empty_parameter(shape, dt) if weight else None)
-    module.register_parameter("bias", empty_parameter(shape, dt) if bias else None)
+    module.register_parameter("weight", optional_parameter(shape, dt, weight))
+    module.register_parameter("bias", optional_parameter(shape, dt, bias))
 
 
 class _BatchNorm(Module):
@@ -136,7 +141,7 @@ class _LastDimsNorm(Module):
         self.normalized_shape = _shape_tuple(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
         if bias is None:
-            weight = empty_parameter(self.normalized_shape, dt) if elementwise_affine else None
+            weight = optional_parameter(self.normalized_shape, dt, elementwise_affine)
             self.register_parameter("weight", weight)
         else:
             _register_affine(

@@ -13,7 +13,12 @@ import lucid
 from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn import init
-from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory_dtype
+from lucid.nn.modules._utils import (
+    check_positive_int,
+    empty_parameter,
+    factory_dtype,
+    optional_parameter,
+)
 from lucid.nn.modules.container import ModuleList
 from lucid.nn.modules.dropout import Dropout
 from lucid.nn.modules.linear import Linear
@@ -95,10 +100,7 @@ class MultiheadAttention(Module):
             self.k_proj_weight = empty_parameter((embed_dim, self.kdim), dt)
             self.v_proj_weight = empty_parameter((embed_dim, self.vdim), dt)
             self.register_parameter("in_proj_weight", None)
-        if bias:
-            self.in_proj_bias = empty_parameter((3 * embed_dim,), dt)
-        else:
-            self.register_parameter("in_proj_bias", None)
+        self.register_parameter("in_proj_bias", optional_parameter((3 * embed_dim,), dt, bias))
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dt)
         self._reset_parameters()
 
