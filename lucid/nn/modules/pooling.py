@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lucid._tensor import Tensor
@@ -29,6 +30,8 @@ class _WindowPoolNd(Module):
 
 
 class _MaxPoolNd(_WindowPoolNd):
+    _pool: Callable[..., Any]  # F.max_pool1d or F.max_pool2d
+
     def __init__(
         self,
         kernel_size: Any,
@@ -42,6 +45,12 @@ class _MaxPoolNd(_WindowPoolNd):
         self.dilation = dilation
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
+    def forward(self, input: Tensor) -> Any:  # noqa: A002
+        return self._pool(
+            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+            self.return_indices,
+        )  # fmt: skip
+
     def extra_repr(self) -> str:
         return (
             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -52,22 +61,14 @@ class _MaxPoolNd(_WindowPoolNd):
 class MaxPool1d(_MaxPoolNd):
     """Max over windows of ``kernel_size`` along the last dim of (N, C, L) inputs."""
 
-    def forward(self, input: Tensor) -> Any:  # noqa: A002
-        return F.max_pool1d(
-            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
-            self.return_indices,
-        )  # fmt: skip
+    _pool = staticmethod(F.max_pool1d)
 
 
 class MaxPool2d(_MaxPoolNd):
     """Max over ``kernel_size`` windows of (N, C, H, W) inputs; ``stride`` defaults to
     ``kernel_size``. With ``return_indices`` it returns ``(values, flat indices)`` as torch."""
 
-    def forward(self, input: Tensor) -> Any:  # noqa: A002
-        return F.max_pool2d(
-            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
-            self.return_indices,
-        )  # fmt: skip
+    _pool = staticmethod(F.max_pool2d)
 
 
 class _AvgPoolNd(_WindowPoolNd):
@@ -119,9 +120,14 @@ class AvgPool2d(_AvgPoolNd):
 
 
 class _AdaptiveAvgPoolNd(Module):
+    _pool: Callable[..., Tensor]  # F.adaptive_avg_pool1d or F.adaptive_avg_pool2d
+
     def __init__(self, output_size: Any) -> None:
         super().__init__()
         self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return self._pool(input, self.output_size)
 
     def extra_repr(self) -> str:
         return f"output_size={self.output_size}"
@@ -130,12 +136,10 @@ class _AdaptiveAvgPoolNd(Module):
 class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
     """Average pooling of (N, C, L) inputs to a fixed length ``output_size`` (an int)."""
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.adaptive_avg_pool1d(input, self.output_size)
+    _pool = staticmethod(F.adaptive_avg_pool1d)
 
 
 class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
     """Average pooling to a fixed ``output_size`` (an int, a pair, or None to keep a dim)."""
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.adaptive_avg_pool2d(input, self.output_size)
+    _pool = staticmethod(F.adaptive_avg_pool2d)
