@@ -177,8 +177,62 @@ def _assign(b: Builder, flat_x: PV, flat_pos: PV, flat_vals: PV, distinct: bool)
     return b.op("select", b.binary("ne", hits, 0, _dtype.int32), written, flat_x)
 
 
+def _basic_box(shape: tuple, index: tuple) -> list[tuple[int, int]] | None:
+    """Per axis of ``x``, the ``[start, stop)`` an index of ints, step-1 slices and new axes
+    selects; None for any other index (steps, index tensors)."""
+    box: list[tuple[int, int]] = []
+    axis = 0
+    for item in index:
+        kind = item[0]
+        if kind == "new":
+            continue
+        if axis >= len(shape):
+            return None
+        n = shape[axis]
+        if kind == "int":
+            i = item[1] + n if item[1] < 0 else item[1]
+            box.append((i, i + 1))
+        elif kind == "slice":
+            start, stop, step = slice(*item[1:4]).indices(n)
+            if step != 1:
+                return None
+            box.append((start, max(start, stop)))
+        else:
+            return None
+        axis += 1
+    box.extend((0, n) for n in shape[axis:])
+    return box
+
+
+def _index_put_box(b: Builder, v, values, box, index, accumulate):
+    """``index_put`` through a box of ``x`` (the gradient of slicing): values padded with zeros to
+    ``x``'s shape and added or selected in; no position constants, whatever ``x``'s size."""
+    inner = tuple(e - s for s, e in box)
+    low, high = [s for s, _ in box], [n - e for (_, e), n in zip(box, v.shape, strict=True)]
+    work = v if v.dtype is not _dtype.bool_ else b.cast(v, _dtype.int32)
+    from lucid.ops.indexing import _index_shape
+
+    target = tuple(_index_shape(tuple(v.shape), [], index))
+    vals = b.cast(values, work.dtype)
+    vshape = tuple(vals.shape)
+    while len(vshape) > len(target) and vshape[0] == 1:  # numpy drops extra leading 1s
+        vshape = vshape[1:]
+    vals = b.reshape(b.broadcast_to(b.reshape(vals, vshape), target), inner)
+    padded = b.op("pad", vals, low=low, high=high, value=0.0)
+    if accumulate:
+        out = b.binary("add", work, padded, work.dtype)
+    else:
+        ones = b.broadcast_to(b.const(1, _dtype.int32, ()), inner)
+        inside = b.op("pad", ones, low=low, high=high, value=0.0)
+        out = b.select(b.binary("ne", inside, 0, _dtype.int32), padded, work, work.dtype)
+    return b.cast(out, v.dtype)
+
+
 @rule("index_put")
 def _index_put(b: Builder, v, values, indices, index, accumulate):
+    box = None if indices else _basic_box(tuple(v.shape), tuple(index))
+    if box is not None:
+        return _index_put_box(b, v, values, box, tuple(index), accumulate)
     pos, known = _positions(b, v, list(indices), tuple(index))
     vals = b.cast(values, v.dtype)
     vshape = vals.shape
