@@ -1,6 +1,7 @@
 """Lucid: a PyTorch-style deep-learning framework with an MLIR-style compiler, lucid.compile."""
 
 from lucid import (
+    _threads,  # noqa: F401  (first: the BLAS threading policy, before any BLAS loads)
     autograd,  # noqa: F401,E402
     ops,  # noqa: F401
 )
