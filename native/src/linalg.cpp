@@ -352,9 +352,40 @@ T avg_divisor(const PoolGeom& g, int64_t oh, int64_t ow) {
   return T(std::max<int64_t>(std::max<int64_t>(rows, 0) * std::max<int64_t>(cols, 0), 1));
 }
 
+// max_pool2d with every tap inside the plane (no padding, dilation 1): the common case, without
+// per-tap bounds checks. NaN propagates as in max_tap: once the running max is NaN it stays.
+template <class T>
+void max_pool_unpadded(const PoolGeom& g, const T* x, T* out) {
+  const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
+  for (int64_t nc = 0; nc < g.NC; ++nc) {
+    const T* xp = x + nc * plane;
+    T* yp = out + nc * oplane;
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      const T* top = xp + oh * g.sh * g.W;
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        const T* w = top + ow * g.sw;
+        T best = w[0];
+        for (int64_t i = 0; i < g.KH; ++i) {
+          const T* row = w + i * g.W;
+          for (int64_t j = 0; j < g.KW; ++j) {
+            T v = row[j];
+            if (v > best || v != v) best = v;
+          }
+        }
+        yp[oh * g.WO + ow] = best;
+      }
+    }
+  }
+}
+
 template <class T>
 void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out) {
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
+  if (op == Op::max_pool2d && g.pt == 0 && g.pl == 0 && g.dh == 1 && g.dw == 1 &&
+      (g.HO - 1) * g.sh + g.KH <= g.H && (g.WO - 1) * g.sw + g.KW <= g.W) {
+    max_pool_unpadded(g, a, out);
+    return;
+  }
   if (op == Op::max_pool2d_grad || op == Op::avg_pool2d_grad)
     std::fill_n(out, g.NC * plane, T(0));
   for (int64_t nc = 0; nc < g.NC; ++nc)
