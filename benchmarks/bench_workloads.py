@@ -448,6 +448,19 @@ def fmt_ms(v) -> str:
     return f"{v * 1e3:.1f} µs" if v < 0.1 else f"{v:.3f} ms"
 
 
+def summary_cells(r: dict) -> tuple[str, str, str, str, str]:
+    """Ratio (vs peer), target, holds, speedup over eager and first-call seconds of a row."""
+    ratio = f"{r['ratio']:.2f} ({r['vs']})" if "ratio" in r else "-"
+    tgt = f"<= {r['target']}" if r.get("target") else "-"
+    holds = ("yes" if r["holds"] else "NO") if "holds" in r else "-"
+    sp = f"{r['speedup_vs_eager']:.1f}x" if "speedup_vs_eager" in r else "-"
+    cs = " / ".join(
+        f"{r['compile_s'][c]:.3f}" if c in r["compile_s"] else "-"
+        for c in ("lucid compiled", "torch.compile", "jax")
+    )
+    return ratio, tgt, holds, sp, cs
+
+
 def print_table(rows: list[dict]) -> None:
     if any(r["mode"] == "train" for r in rows):
         print_train_table([r for r in rows if r["mode"] == "train"])
@@ -463,14 +476,7 @@ def print_table(rows: list[dict]) -> None:
     print("|" + "---|" * (len(cols) + 7))
     for r in rows:
         cells = [fmt_ms(r["ms"].get(c)) for c in cols]
-        ratio = f"{r['ratio']:.2f} ({r['vs']})" if "ratio" in r else "-"
-        holds = ("yes" if r["holds"] else "NO") if "holds" in r else "-"
-        sp = f"{r['speedup_vs_eager']:.1f}x" if "speedup_vs_eager" in r else "-"
-        cs = " / ".join(
-            f"{r['compile_s'][c]:.3f}" if c in r["compile_s"] else "-"
-            for c in ("lucid compiled", "torch.compile", "jax")
-        )
-        tgt = f"<= {r['target']}" if r.get("target") else "-"
+        ratio, tgt, holds, sp, cs = summary_cells(r)
         print(
             f"| {r['mode']} | {r['workload']} | "
             + " | ".join(cells)
@@ -495,19 +501,12 @@ def print_train_table(rows: list[dict]) -> None:
     print("|" + "---|" * (len(head) + 8))
     for r in rows:
         cells = [fmt_ms(r["ms"].get(c)) for c in TRAIN_COLS]
-        ratio = f"{r['ratio']:.2f} ({r['vs']})" if "ratio" in r else "-"
-        holds = ("yes" if r["holds"] else "NO") if "holds" in r else "-"
-        sp = f"{r['speedup_vs_eager']:.1f}x" if "speedup_vs_eager" in r else "-"
-        cs = " / ".join(
-            f"{r['compile_s'][c]:.3f}" if c in r["compile_s"] else "-"
-            for c in ("lucid compiled", "torch.compile", "jax")
-        )
+        ratio, tgt, holds, sp, cs = summary_cells(r)
         mem = r.get("peak_mb", {})
         mb = " / ".join(
             f"{mem[c]:.0f}" if mem.get(c) is not None else "-"
             for c in ("lucid eager", "lucid compiled", "torch", "jax")
         )
-        tgt = f"<= {r['target']}" if r.get("target") else "-"
         print(
             f"| {r['workload']} | {r.get('opt', '-')} | "
             + " | ".join(cells)

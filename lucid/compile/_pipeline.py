@@ -40,13 +40,15 @@ class _CPUTarget:
     def lower(self, module: Any, inst: Instrumentation | None = None) -> dict[str, float]:
         return PassManager("lower-to-prim", inst or Instrumentation()).run(module).passes_ms()
 
-    def program(self, module: Any) -> Any:
+    def program(self, module: Any, inplace: bool = True) -> Any:
+        """The fused native program of a prim module; with ``inplace``, ``update:<role>`` results
+        are written into their feeds by the runtime."""
         from lucid.backends.cpu import Program, fuse_elementwise
         from lucid.backends.cpu.emit import emit_program
         from lucid.backends.cpu.program import Instr
         from lucid.backends.prim_ops import Aval
 
-        desc = emit_program(module, inplace_updates=True).desc
+        desc = emit_program(module, inplace_updates=inplace).desc
         program = Program()
         program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
         program.instrs = [Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]]

@@ -93,21 +93,7 @@ def _compile_native(module: Any, *, inplace: bool) -> Any:
         target.lower(module)
     except PassFailure as e:
         raise _pipeline.Unsupported(str(e.cause)) from e
-    if inplace:
-        program = target.program(module)
-    else:
-        from lucid.backends.cpu import Program, fuse_elementwise
-        from lucid.backends.cpu.emit import emit_program
-        from lucid.backends.cpu.program import Instr
-        from lucid.backends.prim_ops import Aval
-
-        desc = emit_program(module, inplace_updates=False).desc
-        program = Program()
-        program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
-        program.instrs = [Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]]
-        program.feeds = list(desc["feeds"])
-        program.results = list(desc["results"])
-        program = fuse_elementwise(program)
+    program = target.program(module, inplace=inplace)
     return _native.compile(program.describe(), True)
 
 
