@@ -38,7 +38,8 @@ class _CPUTarget:
     name = "cpu"
 
     def lower(self, module: Any, inst: Instrumentation | None = None) -> dict[str, float]:
-        return PassManager("lower-to-prim", inst or Instrumentation()).run(module).passes_ms()
+        pipeline = PassManager("lower-to-prim,prim-simplify", inst or Instrumentation())
+        return pipeline.run(module).passes_ms()
 
     def program(self, module: Any, inplace: bool = True) -> Any:
         """The fused native program of a prim module; with ``inplace``, ``update:<role>`` results

@@ -24,6 +24,7 @@ _BUILTIN = {
     "cse": "lucid.passes.cse:CSE",
     "dce": "lucid.passes.dce:DCE",
     "lower-to-prim": "lucid.passes.lower_to_prim:LowerToPrim",
+    "prim-simplify": "lucid.passes.prim_simplify:PrimSimplify",
     "vjp": "lucid.passes.vjp:VJP",
     "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
     "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",

@@ -162,7 +162,23 @@ struct PyExecutable {
     }
   }
 
-  py::list run(const py::sequence& feeds) const {
+  py::list run(const py::sequence& feeds) const { return run_timed(feeds, nullptr); }
+
+  // Runs `repeats` times; returns (instruction index, opcode, mean seconds) per step.
+  py::list profile(const py::sequence& feeds, int repeats) const {
+    if (repeats < 1) bad("repeats must be >= 1");
+    std::vector<double> seconds(ex->step_instrs().size(), 0.0);
+    for (int r = 0; r < repeats; ++r) run_timed(feeds, &seconds);
+    py::list rows;
+    const Program& p = ex->program();
+    for (size_t k = 0; k < seconds.size(); ++k) {
+      int i = ex->step_instrs()[k];
+      rows.append(py::make_tuple(i, op_name(p.instrs[i].op), seconds[k] / repeats));
+    }
+    return rows;
+  }
+
+  py::list run_timed(const py::sequence& feeds, std::vector<double>* step_seconds) const {
     const size_t nf = feed_dtypes.size();
     if (static_cast<size_t>(py::len(feeds)) != nf)
       bad("expected " + std::to_string(nf) + " feed(s), got " + std::to_string(py::len(feeds)));
@@ -206,7 +222,7 @@ struct PyExecutable {
     }
     {
       py::gil_scoped_release release;
-      ex->run(fptr, rptr);
+      ex->run(fptr, rptr, step_seconds);
     }
     return out;
   }
@@ -230,6 +246,9 @@ void init_runtime(py::module_& m) {
       .def("run", &PyExecutable::run, py::arg("feeds"),
            "Run on a sequence of numpy arrays (C-contiguous, exact dtype and shape; not copied). "
            "Returns new arrays, or the feed array itself for an in-place result.")
+      .def("profile", &PyExecutable::profile, py::arg("feeds"), py::arg("repeats") = 100,
+           "Run `repeats` times timing each step; returns (instruction index, opcode, mean "
+           "seconds) per non-constant instruction. In-place results are written on every run.")
       .def_property_readonly("hash", [](const PyExecutable& e) { return e.ex->hash(); },
                              "Structural hash of the program (ops, attributes, shapes, dtypes).")
       .def_property_readonly("cache_hit", [](const PyExecutable& e) { return e.cache_hit; },
@@ -240,6 +259,9 @@ void init_runtime(py::module_& m) {
                              "Scratch bytes the intermediates would take without reuse.")
       .def_property_readonly("arena_offsets", [](const PyExecutable& e) { return e.ex->arena_offsets(); },
                              "Arena offset of each slot (-1 when not in the arena).")
+      .def_property_readonly("direct_inplace_results",
+                             [](const PyExecutable& e) { return e.ex->direct_inplace_results(); },
+                             "In-place results written straight into their feed (no copy).")
       .def_property_readonly("num_feeds", [](const PyExecutable& e) { return e.feed_dtypes.size(); })
       .def_property_readonly("num_results", [](const PyExecutable& e) { return e.result_dtypes.size(); })
       .def("dump", [](const PyExecutable& e) { return dump(e.ex->program()); },

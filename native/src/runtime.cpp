@@ -2,6 +2,7 @@
 #include "lucid/runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -58,6 +59,49 @@ class ArenaPlanner {
   size_t end_ = 0;
 };
 
+// Ops whose kernels can throw at run time (index checks).
+bool may_throw(Op op) {
+  return op == Op::gather || op == Op::gather_along_axis || op == Op::scatter_add ||
+         op == Op::scatter_add_along_axis;
+}
+
+// Which in-place results can be computed straight into their feed's buffer instead of being
+// copied there after the run. Safe when nothing can tell the difference: the result's instruction
+// is elementwise and reads that feed only at the element it writes (same shape), no later
+// instruction or copied result reads the feed, and no instruction after it can throw, so a failed
+// run still leaves every feed untouched. Feeds that share memory are handled at run time.
+std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& inplace_feed,
+                                         const std::vector<int>& result_uses) {
+  const int n_instr = static_cast<int>(p.instrs.size());
+  std::vector<int> def(p.slots.size(), -1), last_read(p.slots.size(), -1);
+  int last_throw = -1;
+  for (int k = 0; k < n_instr; ++k) {
+    const Instr& in = p.instrs[k];
+    for (int s : in.in) last_read[s] = k;
+    for (int s : in.out) def[s] = k;
+    if (may_throw(in.op)) last_throw = k;
+  }
+  std::vector<bool> feed_is_result(p.slots.size(), false);
+  for (int s : p.results)
+    if (def[s] < 0) feed_is_result[s] = true;
+  std::vector<bool> out(p.results.size(), false);
+  for (size_t j = 0; j < p.results.size(); ++j) {
+    int f = inplace_feed[j];
+    int s = p.results[j];
+    int k = def[s];
+    if (f < 0 || k < 0 || result_uses[s] != 1 || k < last_throw) continue;
+    const Instr& in = p.instrs[k];
+    if (!(is_elementwise(in.op) || in.op == Op::fused)) continue;
+    int fs = p.feeds[f];
+    if (last_read[fs] > k || feed_is_result[fs]) continue;
+    bool same_shape_reads = true;
+    for (int a : in.in)
+      if (a == fs && p.slots[a].shape != p.slots[s].shape) same_shape_reads = false;
+    out[j] = same_shape_reads;
+  }
+  return out;
+}
+
 Step make_step(const Program& p, const Instr& in) {
   if (is_elementwise(in.op) || in.op == Op::fused) return make_elementwise_step(p, in);
   switch (in.op) {
@@ -104,10 +148,14 @@ Executable::Executable(Program program) : program_(std::move(program)) {
   inplace_feed_.assign(p.results.size(), -1);
   for (auto [r, f] : p.inplace) inplace_feed_[r] = f;
   // Results are computed straight into their output arrays unless they must be copied there.
+  std::vector<int> result_uses(n, 0);
+  for (int s : p.results) ++result_uses[s];
+  std::vector<bool> direct_inplace = plan_direct_inplace(p, inplace_feed_, result_uses);
   std::vector<bool> seen(n, false);
   for (size_t j = 0; j < p.results.size(); ++j) {
     int s = p.results[j];
-    if (loc_[s] == Loc::Arena && !seen[s] && inplace_feed_[j] < 0) {
+    if (direct_inplace[j]) inplace_direct_.push_back(static_cast<int>(j));
+    if (loc_[s] == Loc::Arena && !seen[s] && (inplace_feed_[j] < 0 || direct_inplace[j])) {
       loc_[s] = Loc::Result;
       where_[s] = j;
       direct_.push_back({s, static_cast<int>(j)});
@@ -187,7 +235,8 @@ void Executable::release(Arena* a) const {
   pool_.push_back(a);
 }
 
-void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results) const {
+void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results,
+                     std::vector<double>* step_seconds) const {
   Arena* a = acquire();
   struct Giveback {
     const Executable* ex;
@@ -197,8 +246,48 @@ void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& 
   void** ptrs = a->ptrs.data();
   for (size_t i = 0; i < feeds.size(); ++i) ptrs[program_.feeds[i]] = feeds[i];
   for (auto [s, j] : direct_) ptrs[s] = results[j];
-  for (const Step& step : steps_) step(ptrs);
+  // A feed written in place that shares memory with another feed: compute into scratch and
+  // copy after the run, so other feeds are never read after being overwritten.
+  std::vector<std::vector<uint8_t>> staged;
+  if (!inplace_direct_.empty() && writes_alias_feeds(feeds)) {
+    for (int j : inplace_direct_) {
+      int s = program_.results[j];
+      staged.emplace_back(program_.slots[s].bytes() + 1);
+      ptrs[s] = staged.back().data();
+    }
+  }
+  if (step_seconds) {
+    using clock = std::chrono::steady_clock;
+    for (size_t k = 0; k < steps_.size(); ++k) {
+      auto t0 = clock::now();
+      steps_[k](ptrs);
+      (*step_seconds)[k] += std::chrono::duration<double>(clock::now() - t0).count();
+    }
+  } else {
+    for (const Step& step : steps_) step(ptrs);
+  }
   for (auto [j, s] : copies_) std::memmove(results[j], ptrs[s], program_.slots[s].bytes());
+  for (size_t i = 0; i < staged.size(); ++i) {
+    int s = program_.results[inplace_direct_[i]];
+    std::memcpy(results[inplace_direct_[i]], staged[i].data(), program_.slots[s].bytes());
+  }
+}
+
+bool Executable::writes_alias_feeds(const std::vector<void*>& feeds) const {
+  auto range = [&](size_t i) {
+    auto* b = static_cast<const uint8_t*>(feeds[i]);
+    return std::make_pair(b, b + program_.slots[program_.feeds[i]].bytes());
+  };
+  for (int j : inplace_direct_) {
+    size_t f = static_cast<size_t>(inplace_feed_[j]);
+    auto [lo, hi] = range(f);
+    for (size_t i = 0; i < feeds.size(); ++i) {
+      if (i == f) continue;
+      auto [lo2, hi2] = range(i);
+      if (lo < hi2 && lo2 < hi) return true;
+    }
+  }
+  return false;
 }
 
 // ---- the process-wide cache ---------------------------------------------------------------------

@@ -22,7 +22,11 @@ class Executable {
   // feeds[i]: feed i's data (C-contiguous, exact dtype and shape, checked by the caller);
   // results[j]: result j's output buffer, or for an in-place result the buffer of its feed.
   // Thread-safe: concurrent runs use separate scratch arenas.
-  void run(const std::vector<void*>& feeds, const std::vector<void*>& results) const;
+  // With step_seconds (sized like steps()), each step's wall time is added to its entry.
+  void run(const std::vector<void*>& feeds, const std::vector<void*>& results,
+           std::vector<double>* step_seconds = nullptr) const;
+  // Instruction index (into program().instrs) of each step; constants have no step.
+  const std::vector<int>& step_instrs() const { return step_instr_; }
 
   const Program& program() const { return program_; }
   const std::string& key() const { return key_; }
@@ -34,11 +38,14 @@ class Executable {
   std::vector<int64_t> arena_offsets() const;
   // Index of the feed that result j is written into, or -1.
   int inplace_feed(int result) const { return inplace_feed_[result]; }
+  // In-place results computed straight into their feed's buffer (no copy after the run).
+  const std::vector<int>& direct_inplace_results() const { return inplace_direct_; }
 
  private:
   enum class Loc : uint8_t { Feed, Arena, Const, Result };
   struct Arena;
   Arena* acquire() const;
+  bool writes_alias_feeds(const std::vector<void*>& feeds) const;
   void release(Arena* a) const;
 
   Program program_;
@@ -51,6 +58,7 @@ class Executable {
   std::vector<int> inplace_feed_;
   std::vector<std::pair<int, int>> copies_;  // (result index, source slot) copied after the run
   std::vector<std::pair<int, int>> direct_;  // (slot, result index) computed in the output array
+  std::vector<int> inplace_direct_;          // in-place results among direct_ (result indices)
   std::vector<double> consts_;               // 8-byte aligned storage of constant slots
   size_t arena_bytes_ = 0, unplanned_bytes_ = 0;
   mutable std::mutex pool_mu_;

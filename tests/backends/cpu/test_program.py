@@ -115,6 +115,57 @@ def test_inplace_results_write_into_the_feed_after_everything_read_it():
     np.testing.assert_array_equal(ref_w, weights)
 
 
+def _sgd_program(read_w_after: bool = False, gather_after: bool = False) -> Program:
+    p = Program()
+    w, g, lr = p.feed((4,)), p.feed((4,)), p.feed(())
+    idx = p.feed((2,), "i64")
+    new_w = p.fused([g, lr, w], [FusedNode("mul", (0, 1), "f32"), FusedNode("sub", (2, 3), "f32")])
+    outs = [new_w]
+    if read_w_after:
+        outs.append(p.op("reduce_sum", w, axes=[0]))
+    if gather_after:
+        outs.append(p.op("gather", g, idx, axis=0))
+    p.result(*outs)
+    p.inplace_result(0, 0)
+    return p
+
+
+def test_inplace_results_go_straight_into_the_feed_only_when_nothing_can_tell():
+    direct = CPUBackend(cache=False).compile(_sgd_program())
+    assert direct.direct_inplace_results == [0]
+    # The old w is read after the update, or a later index check could fail the run: copy after.
+    for p in (_sgd_program(read_w_after=True), _sgd_program(gather_after=True)):
+        assert CPUBackend(cache=False).compile(p).direct_inplace_results == []
+
+
+def test_direct_inplace_update_matches_the_interpreter():
+    p = _sgd_program()
+    ex = CPUBackend(cache=False).compile(p)
+    w = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    feeds = [w, np.arange(4, dtype=np.float32), np.array(0.5, np.float32), np.zeros(2, np.int64)]
+    ref = [f.copy() for f in feeds]
+    (out,) = ex.run(feeds)
+    assert out is w
+    p.interpret(ref)
+    np.testing.assert_array_equal(w, ref[0])
+
+
+def test_direct_inplace_update_when_the_feeds_share_memory():
+    # w and g are the same array: the update must still read g's old values everywhere.
+    ex = CPUBackend(cache=False).compile(_sgd_program())
+    w = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    ex.run([w, w, np.array(0.5, np.float32), np.zeros(2, np.int64)])
+    np.testing.assert_array_equal(w, [0.5, 1.0, 1.5, 2.0])
+
+
+def test_a_failing_run_leaves_inplace_feeds_intact():
+    ex = CPUBackend(cache=False).compile(_sgd_program(gather_after=True))
+    w = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    with pytest.raises(IndexError, match="out of range"):
+        ex.run([w, np.ones(4, np.float32), np.array(0.5, np.float32), np.array([0, 9])])
+    np.testing.assert_array_equal(w, [1.0, 2.0, 3.0, 4.0])
+
+
 def test_builder_rejects_bad_programs_early_with_the_op_name():
     p = Program()
     x = p.feed((2, 3))
