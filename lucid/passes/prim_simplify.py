@@ -6,6 +6,10 @@ only feeds a matmul is materialised. This pass, run after ``lower-to-prim``:
 
 - folds ``prim.transpose`` that swaps the last two dimensions of a ``prim.matmul`` operand into
   the matmul's ``transpose_a``/``transpose_b`` flag (BLAS reads the operand transposed for free);
+- turns ``c - s * matmul(a, b)`` and ``c + s * matmul(a, b)`` (``s`` 0-d, the product used
+  nowhere else, rank 2, float) into ``prim.matmul_accumulate(a, b, c, -s or s)``: a plain SGD
+  update of a weight from its gradient GEMM becomes one GEMM with BLAS's ``beta = 1``, which the
+  CPU runtime runs straight in the weight's buffer;
 - merges identical pure ops (as ``cse``);
 - erases unused pure ops (as ``dce``).
 
@@ -53,14 +57,67 @@ def fold_transposes_into_matmul(block: x.Block) -> None:
         block.erase_op(op)
 
 
+def _only_use(value: x.SSAValue) -> x.Operation | None:
+    uses = list(value.uses)
+    return uses[0].operation if len(uses) == 1 else None
+
+
+def _scaled_product(value: x.SSAValue) -> tuple[x.Operation, x.SSAValue] | None:
+    """``(matmul, s)`` when ``value`` is ``s * matmul(a, b)`` with 0-d ``s``, both used once."""
+    mul = value.owner
+    if not isinstance(mul, PrimIROp) or mul.name != "prim.mul" or _only_use(value) is None:
+        return None
+    for i in (0, 1):
+        product, scale = mul.operands[i], mul.operands[1 - i]
+        mm = product.owner
+        if (
+            isinstance(mm, PrimIROp)
+            and mm.name == "prim.matmul"
+            and _only_use(product) is mul
+            and scale.type.get_shape() == ()
+            and product.type == mul.results[0].type
+            and len(product.type.get_shape()) == 2
+            and isinstance(product.type.element_type, x.Float32Type | x.Float64Type)
+        ):
+            return mm, scale
+    return None
+
+
+def fold_scaled_products_into_accumulate(block: x.Block) -> None:
+    """Rewrite ``c -/+ s * matmul(a, b)`` to ``matmul_accumulate(a, b, c, -s/s)``."""
+    for op in list(block.ops):
+        if not isinstance(op, PrimIROp) or op.name not in ("prim.add", "prim.sub"):
+            continue
+        out_type = op.results[0].type
+        for ci in (0, 1) if op.name == "prim.add" else (0,):
+            c, term = op.operands[ci], op.operands[1 - ci]
+            found = _scaled_product(term) if c.type == out_type else None
+            if found is None:
+                continue
+            mm, scale = found
+            new_ops = []
+            if op.name == "prim.sub":
+                new_ops.append(create_prim("neg", [scale], {}))
+                scale = new_ops[-1].results[0]
+            new_ops.append(
+                create_prim("matmul_accumulate", [*mm.operands, c, scale], prim_attrs(mm))
+            )
+            block.insert_ops_before(new_ops, op)
+            op.results[0].replace_all_uses_with(new_ops[-1].results[0])
+            block.erase_op(op)
+            break
+
+
 @dataclass(frozen=True)
 class PrimSimplify(x.ModulePass):
-    """Fold transposes into matmuls, merge identical ops, erase dead ones (prim dialect)."""
+    """Fold transposes and scaled accumulations into matmuls, merge identical ops, erase dead
+    ones (prim dialect)."""
 
     name = "prim-simplify"
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
         for block in blocks_of(op):
             fold_transposes_into_matmul(block)
+            fold_scaled_products_into_accumulate(block)
             merge_common(block)
             erase_dead(block)

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "lucid/parallel.h"
 #include "lucid/runtime.h"
 
 namespace py = pybind11;
@@ -300,7 +301,8 @@ void init_runtime(py::module_& m) {
   m.def("set_num_threads", [](int n) {
         if (n < 1) bad("number of threads must be >= 1");
         blas_set_threads(n);
-      }, py::arg("n"), "Threads the native BLAS (GEMM in matmul and conv) may use.");
+        set_parallel_threads(n);
+      }, py::arg("n"), "Threads the native kernels (BLAS GEMM, large elementwise ops) may use.");
   m.def("get_num_threads", &blas_get_threads);
 }
 

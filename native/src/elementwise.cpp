@@ -9,12 +9,18 @@
 
 #include "lucid/fastmath.h"
 #include "lucid/kernels.h"
+#include "lucid/parallel.h"
 
 namespace lucid {
 
 namespace {
 
 constexpr int64_t kBlock = 1024;
+// Below this many output elements a second thread's wake-up costs more than it saves. Only
+// chains with an op that is slow per element are split: a chain of adds and multiplies is bound
+// by memory bandwidth, and a second thread there only slows the GEMMs around it (measured on
+// workload A's SGD step: 0.73 -> 1.05 ms).
+constexpr int64_t kParallelMinElements = 1 << 16;
 constexpr int kMaxDims = 16;
 
 template <class T>
@@ -223,6 +229,18 @@ void eval_node(const ExprNode& node, const DType* arg_dtypes, const void* const*
     });
     return;
   }
+  if (node.dtype == DType::F32) {
+    auto f = [&](int i) { return static_cast<const float*>(args[i]); };
+    float* o = static_cast<float*>(out);
+    if (node.op == Op::select) {
+      if (arg_dtypes[1] == DType::F32 &&
+          f32_elementwise(Op::select, f(1), f(2), static_cast<const uint8_t*>(args[0]), o, n))
+        return;
+    } else if (d == DType::F32 && (is_unary(node.op) || is_binary(node.op))) {
+      if (f32_elementwise(node.op, f(0), is_unary(node.op) ? nullptr : f(1), nullptr, o, n))
+        return;
+    }
+  }
   if (node.op == Op::select) {
     const uint8_t* c = static_cast<const uint8_t*>(args[0]);
     switch (dtype_size(arg_dtypes[1])) {
@@ -253,6 +271,18 @@ void eval_node(const ExprNode& node, const DType* arg_dtypes, const void* const*
       binary<T>(node.op, a, static_cast<const T*>(args[1]), out, n);
     }
   });
+}
+
+bool is_slow_per_element(Op op) {
+  switch (op) {
+    case Op::div: case Op::sqrt: case Op::rsqrt: case Op::reciprocal: case Op::exp:
+    case Op::expm1: case Op::log: case Op::log1p: case Op::sin: case Op::cos: case Op::tan:
+    case Op::tanh: case Op::sigmoid: case Op::erf: case Op::pow: case Op::atan2:
+    case Op::normalize:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // An input's broadcast view over the collapsed output dimensions.
@@ -307,9 +337,18 @@ struct ElementwisePlan {
   std::vector<ExprNode> nodes;
   std::vector<DType> dtypes;  // per value: inputs then nodes
   int out_slot = 0;
+  bool compute_bound = false;  // has a division, root or transcendental
 
   void run(void* const* slots) const {
     if (total == 0) return;
+    const int64_t blocks = (total + kBlock - 1) / kBlock;
+    if (total < kParallelMinElements || !compute_bound) return run_blocks(slots, 0, blocks);
+    parallel_for(blocks, kParallelMinElements / kBlock / 2,
+                 [&](int64_t b0, int64_t b1) { run_blocks(slots, b0, b1); });
+  }
+
+  // Blocks [b0, b1) of the output; scratch is per thread, so parts run concurrently.
+  void run_blocks(void* const* slots, int64_t b0, int64_t b1) const {
     const size_t n_in = inputs.size(), n_val = n_in + nodes.size();
     thread_local std::vector<uint64_t> scratch;
     if (scratch.size() < n_val * kBlock) scratch.resize(n_val * kBlock);
@@ -326,7 +365,7 @@ struct ElementwisePlan {
       }
     uint8_t* out = static_cast<uint8_t*>(slots[out_slot]);
     const size_t out_esize = dtype_size(nodes.back().dtype);
-    for (int64_t start = 0; start < total; start += kBlock) {
+    for (int64_t start = b0 * kBlock; start < std::min(total, b1 * kBlock); start += kBlock) {
       const int64_t n = std::min(kBlock, total - start);
       for (size_t i = 0; i < n_in; ++i) {
         const InputView& v = inputs[i];
@@ -367,7 +406,10 @@ Step make_elementwise_step(const Program& p, const Instr& in) {
     strides.push_back(st);
     plan->dtypes.push_back(p.slots[s].dtype);
   }
-  for (const ExprNode& node : plan->nodes) plan->dtypes.push_back(node.dtype);
+  for (const ExprNode& node : plan->nodes) {
+    plan->dtypes.push_back(node.dtype);
+    plan->compute_bound |= is_slow_per_element(node.op);
+  }
   // Collapse dims: drop size-1 dims, merge neighbours that are contiguous for every input.
   std::vector<int64_t> dims;
   std::vector<std::vector<int64_t>> cst(in.in.size());

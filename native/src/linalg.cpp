@@ -126,6 +126,37 @@ Step make_matmul(const Program& prog, const Instr& in) {
   };
 }
 
+// out = c + alpha * op(a) @ op(b): BLAS with beta = 1 on out, after copying c there unless the
+// runtime placed out in c's own buffer (an in-place weight update).
+Step make_matmul_accumulate(const Program& prog, const Instr& in) {
+  const Slot &a = prog.slots[in.in[0]], &o = prog.slots[in.out[0]];
+  const bool ta = attr_bool(in, "transpose_a"), tb = attr_bool(in, "transpose_b");
+  const int64_t M = o.shape[0], N = o.shape[1], K = ta ? a.shape[0] : a.shape[1];
+  const int ia = in.in[0], ib = in.in[1], ic = in.in[2], ialpha = in.in[3], iout = in.out[0];
+  const DType dtype = o.dtype;
+  const size_t bytes = o.bytes();
+  return [=](void* const* slots) {
+    if (slots[iout] != slots[ic]) std::memcpy(slots[iout], slots[ic], bytes);
+    dispatch_dtype(dtype, [&](auto t) {
+      using T = decltype(t);
+      if constexpr (std::is_floating_point_v<T>) {
+        const T alpha = *static_cast<const T*>(slots[ialpha]);
+        const T* A = static_cast<const T*>(slots[ia]);
+        const T* B = static_cast<const T*>(slots[ib]);
+        T* C = static_cast<T*>(slots[iout]);
+        if (M == 0 || N == 0 || K == 0) return;
+        auto A_ = ta ? CblasTrans : CblasNoTrans;
+        auto B_ = tb ? CblasTrans : CblasNoTrans;
+        const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        if constexpr (std::is_same_v<T, float>)
+          LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, N);
+        else
+          LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, 1.0, C, N);
+      }
+    });
+  };
+}
+
 // ---- convolution -------------------------------------------------------------------------------
 
 struct ConvGeom {
@@ -435,6 +466,7 @@ Step make_pool(const Program& p, const Instr& in) {
 Step make_linalg_step(const Program& p, const Instr& in) {
   switch (in.op) {
     case Op::matmul: return make_matmul(p, in);
+    case Op::matmul_accumulate: return make_matmul_accumulate(p, in);
     case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad:
       return make_conv(p, in);
     default: return make_pool(p, in);

@@ -326,6 +326,7 @@ size_t expected_operands(Op op) {
     case Op::conv2d_data_grad: case Op::conv2d_weights_grad: case Op::max_pool2d_grad:
       return 2;
     case Op::scatter_add: case Op::scatter_add_along_axis: return 3;
+    case Op::matmul_accumulate: return 4;
     case Op::constant: return 0;
     default: return 1;
   }
@@ -429,6 +430,23 @@ Slot infer(const Program& p, const Instr& in) {
       batch.push_back(m);
       batch.push_back(n);
       return Slot{batch, x.dtype};
+    }
+    case Op::matmul_accumulate: {
+      same_dtype(c);
+      need_dtype(is_float(x.dtype), x, "a float dtype");
+      const Shape &a = c.arg(0).shape, &b = c.arg(1).shape;
+      if (a.size() != 2 || b.size() != 2)
+        fail("operands need rank 2, got " + shape_str(a) + " and " + shape_str(b));
+      bool ta = attr_bool(in, "transpose_a"), tb = attr_bool(in, "transpose_b");
+      int64_t m = ta ? a[1] : a[0], ka = ta ? a[0] : a[1];
+      int64_t kb = tb ? b[1] : b[0], n = tb ? b[0] : b[1];
+      if (ka != kb) fail("contraction sizes differ: " + shape_str(a) + " @ " + shape_str(b));
+      Shape out{m, n};
+      if (c.arg(2).shape != out)
+        fail("accumulator has shape " + shape_str(c.arg(2).shape) + ", the product " +
+             shape_str(out));
+      if (!c.arg(3).shape.empty()) fail("alpha must be 0-d, got " + shape_str(c.arg(3).shape));
+      return Slot{out, x.dtype};
     }
     case Op::reduce_sum: case Op::reduce_max: case Op::reduce_min: case Op::reduce_prod:
     case Op::reduce_mean: case Op::variance: {

@@ -67,9 +67,9 @@ bool may_throw(Op op) {
 
 // Which in-place results can be computed straight into their feed's buffer instead of being
 // copied there after the run. Safe when nothing can tell the difference: the result's instruction
-// is elementwise and reads that feed only at the element it writes (same shape), no later
-// instruction or copied result reads the feed, and no instruction after it can throw, so a failed
-// run still leaves every feed untouched. Feeds that share memory are handled at run time.
+// is elementwise (or a GEMM accumulating into the feed) and reads that feed only at the element
+// it writes, no later instruction or copied result reads the feed, and no instruction after it
+// can throw, so a failed run still leaves every feed untouched. Feeds that share memory are handled at run time.
 std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& inplace_feed,
                                          const std::vector<int>& result_uses) {
   const int n_instr = static_cast<int>(p.instrs.size());
@@ -91,13 +91,20 @@ std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& 
     int k = def[s];
     if (f < 0 || k < 0 || result_uses[s] != 1 || k < last_throw) continue;
     const Instr& in = p.instrs[k];
-    if (!(is_elementwise(in.op) || in.op == Op::fused)) continue;
     int fs = p.feeds[f];
     if (last_read[fs] > k || feed_is_result[fs]) continue;
-    bool same_shape_reads = true;
-    for (int a : in.in)
-      if (a == fs && p.slots[a].shape != p.slots[s].shape) same_shape_reads = false;
-    out[j] = same_shape_reads;
+    bool same_element_reads = true;
+    if (is_elementwise(in.op) || in.op == Op::fused) {
+      for (int a : in.in)
+        if (a == fs && p.slots[a].shape != p.slots[s].shape) same_element_reads = false;
+    } else if (in.op == Op::matmul_accumulate) {
+      // BLAS reads each accumulator element right before writing it; the factors must differ.
+      for (size_t i = 0; i < in.in.size(); ++i)
+        if (in.in[i] == fs && i != 2) same_element_reads = false;
+    } else {
+      same_element_reads = false;
+    }
+    out[j] = same_element_reads;
   }
   return out;
 }
@@ -105,8 +112,8 @@ std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& 
 Step make_step(const Program& p, const Instr& in) {
   if (is_elementwise(in.op) || in.op == Op::fused) return make_elementwise_step(p, in);
   switch (in.op) {
-    case Op::matmul: case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad:
-    case Op::max_pool2d: case Op::max_pool2d_grad: case Op::avg_pool2d: case Op::avg_pool2d_grad:
+    case Op::matmul: case Op::matmul_accumulate: case Op::conv2d: case Op::conv2d_data_grad:
+    case Op::conv2d_weights_grad: case Op::max_pool2d: case Op::max_pool2d_grad: case Op::avg_pool2d: case Op::avg_pool2d_grad:
       return make_linalg_step(p, in);
     case Op::reduce_sum: case Op::reduce_mean: case Op::reduce_max: case Op::reduce_min:
     case Op::reduce_prod: case Op::variance: case Op::argmax: case Op::argmin: case Op::softmax:

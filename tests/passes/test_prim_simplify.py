@@ -110,3 +110,45 @@ def test_simplified_module_round_trips_through_text():
     PassManager("prim-simplify").run(module)
     text = print_ir(module)
     assert print_ir(parse_ir(text, ctx=make_prim_context())) == text
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    op=st.sampled_from(["sub", "add", "radd"]),
+    scale_first=st.booleans(),
+    transpose_a=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_scaled_gemm_updates_become_matmul_accumulate(op, scale_first, transpose_a, seed):
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((4, 3) if transpose_a else (3, 4)).astype(np.float32)
+    xs = rng.standard_normal((4, 5)).astype(np.float32)
+    w = rng.standard_normal((3, 5)).astype(np.float32)
+    lr = np.array(0.1, np.float32)
+
+    def fn(g, xs, w, lr):
+        prod = lucid.matmul(g.t() if transpose_a else g, xs)
+        scaled = lr * prod if scale_first else prod * lr
+        if op == "sub":
+            return w - scaled
+        return w + scaled if op == "add" else scaled + w
+
+    module = _lowered(fn, g, xs, w, lr)
+    _simplified_matches(module, [g, xs, w, lr])
+    (acc,) = _ops(module, "prim.matmul_accumulate")
+    assert prim_attrs(acc)["transpose_a"] == transpose_a
+    assert not _ops(module, "prim.matmul") and not _ops(module, "prim.transpose")
+
+
+def test_a_product_read_elsewhere_is_not_folded():
+    rng = np.random.default_rng(0)
+    a, b, w = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (4, 5), (3, 5)))
+    lr = np.array(0.1, np.float32)
+
+    def fn(a, b, w, lr):
+        prod = lucid.matmul(a, b)
+        return w - lr * prod, prod.sum()
+
+    module = _lowered(fn, a, b, w, lr)
+    _simplified_matches(module, [a, b, w, lr])
+    assert not _ops(module, "prim.matmul_accumulate")

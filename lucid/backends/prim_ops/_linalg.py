@@ -1,4 +1,4 @@
-"""matmul."""
+"""matmul, and matmul_accumulate (a GEMM that adds a scaled product into an operand)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from lucid.backends.prim_ops._core import (
+    FLOAT,
     NUMERIC,
     Attr,
     Aval,
@@ -56,5 +57,40 @@ _register(
         _matmul_infer, _matmul_ref, "linalg",
         "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name: (+ transposeTensor)",
         "12.0", "linalg.cpp: sgemm/dgemm per batch",
+    )
+)  # fmt: skip
+
+
+# --- matmul_accumulate: out = c + alpha * (op(a) @ op(b)), BLAS's beta = 1 ---------------------
+# What prim-simplify makes of ``c - s * matmul(a, b)`` (an SGD update of a weight from its
+# gradient GEMM): one pass over the weight instead of a GEMM into a scratch buffer and an
+# elementwise pass over both.
+def _matmul_acc_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
+    a, b, c, alpha = avals
+    dtype = _same_dtype("matmul_accumulate", avals)
+    _need("matmul_accumulate", a, FLOAT)
+    if a.ndim != 2 or b.ndim != 2:
+        raise _fail("matmul_accumulate", f"operands need rank 2, got {a.shape} and {b.shape}")
+    m, n, _, _ = _matmul_dims([a, b], attrs)
+    if c.shape != (m, n):
+        raise _fail("matmul_accumulate", f"accumulator has shape {c.shape}, the product {(m, n)}")
+    if alpha.shape != ():
+        raise _fail("matmul_accumulate", f"alpha must be 0-d, got shape {alpha.shape}")
+    return [Aval((m, n), dtype)]
+
+
+def _matmul_acc_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    a, b, c, alpha = xs
+    (prod,) = _matmul_ref([a, b], attrs)
+    return [c.astype(np.float64) + np.float64(alpha) * prod]
+
+
+_register(
+    PrimOp(
+        "matmul_accumulate", ("a", "b", "c", "alpha"),
+        {"transpose_a": Attr("bool", False), "transpose_b": Attr("bool", False)},
+        _matmul_acc_infer, _matmul_acc_ref, "linalg",
+        "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name: + multiplicationWithPrimaryTensor:secondaryTensor:name: + additionWithPrimaryTensor:secondaryTensor:name:",
+        "12.0", "linalg.cpp: sgemm/dgemm with alpha and beta = 1",
     )
 )  # fmt: skip

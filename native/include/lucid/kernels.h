@@ -15,6 +15,11 @@ Step make_linalg_step(const Program& p, const Instr& in);       // linalg.cpp: m
 Step make_reduce_step(const Program& p, const Instr& in);       // reduce.cpp: reductions, softmax
 Step make_shape_step(const Program& p, const Instr& in);        // shape.cpp: layout, gather, random
 
+// float32 loops of common elementwise ops (SIMD-dispatched); false when `op` is not one of them.
+// Unary ops read `a`; binary ops `a`, `b`; select reads `a` where `mask` is set, else `b`.
+bool f32_elementwise(Op op, const float* a, const float* b, const uint8_t* mask, float* out,
+                     int64_t n);
+
 // Writes a `constant` instruction's value into `out` (done once, at compile time).
 void materialize_constant(const Instr& in, const Slot& out_slot, void* out);
 

@@ -98,6 +98,36 @@ def test_matmul_batched_broadcast_and_transposes(case, dtype, seed):
     check("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb}, scale=10.0)
 
 
+@settings(max_examples=25)
+@given(
+    m=st.integers(0, 6),
+    n=st.integers(0, 6),
+    k=st.integers(0, 6),
+    ta=st.booleans(),
+    tb=st.booleans(),
+    dtype=st.sampled_from(["f32", "f64"]),
+    seed=SEEDS,
+)
+def test_matmul_accumulate_adds_the_scaled_product(m, n, k, ta, tb, dtype, seed):
+    rng = np.random.default_rng(seed)
+    a = random_array(rng, (k, m) if ta else (m, k), dtype)
+    b = random_array(rng, (n, k) if tb else (k, n), dtype)
+    c = random_array(rng, (m, n), dtype)
+    alpha = random_array(rng, (), dtype)
+    out = check("matmul_accumulate", [a, b, c, alpha], {"transpose_a": ta, "transpose_b": tb})
+    a2, b2 = (a.T if ta else a), (b.T if tb else b)
+    np.testing.assert_allclose(out, c + alpha * (a2 @ b2), rtol=1e-4, atol=1e-3)
+
+
+def test_matmul_accumulate_rejects_mismatched_accumulators():
+    p = Program()
+    a, b = p.feed((2, 3)), p.feed((3, 4))
+    with pytest.raises(prim_ops.PrimError, match="accumulator has shape"):
+        p.op("matmul_accumulate", a, b, p.feed((4, 2)), p.feed(()))
+    with pytest.raises(prim_ops.PrimError, match="alpha must be 0-d"):
+        p.op("matmul_accumulate", a, b, p.feed((2, 4)), p.feed((1,)))
+
+
 def test_matmul_with_zero_contraction_gives_zeros():
     out = check("matmul", [np.ones((2, 0), np.float32), np.ones((0, 3), np.float32)])
     np.testing.assert_array_equal(out, np.zeros((2, 3)))

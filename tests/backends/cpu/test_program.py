@@ -166,6 +166,38 @@ def test_a_failing_run_leaves_inplace_feeds_intact():
     np.testing.assert_array_equal(w, [1.0, 2.0, 3.0, 4.0])
 
 
+def test_gemm_weight_update_runs_in_the_weight_buffer_and_matches_the_interpreter():
+    # w <- w - lr * (g^T @ x): the accumulate GEMM writes straight into w.
+    p = Program()
+    w, g, x, lr = p.feed((3, 5)), p.feed((4, 3)), p.feed((4, 5)), p.feed(())
+    new_w = p.op("matmul_accumulate", g, x, w, p.op("neg", lr), transpose_a=True)
+    p.result(new_w)
+    p.inplace_result(0, 0)
+    ex = CPUBackend(cache=False).compile(p)
+    assert ex.direct_inplace_results == [0]
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal(s).astype(np.float32) for s in ((3, 5), (4, 3), (4, 5))]
+    feeds.append(np.array(0.1, np.float32))
+    ref = [f.copy() for f in feeds]
+    (out,) = ex.run(feeds)
+    assert out is feeds[0]
+    p.interpret(ref)
+    np.testing.assert_allclose(feeds[0], ref[0], rtol=1e-5, atol=1e-6)
+
+
+def test_gemm_accumulating_into_a_feed_it_also_multiplies_is_copied_after():
+    p = Program()
+    w, lr = p.feed((3, 3)), p.feed(())
+    p.result(p.op("matmul_accumulate", w, w, w, lr))
+    p.inplace_result(0, 0)
+    ex = CPUBackend(cache=False).compile(p)
+    assert ex.direct_inplace_results == []
+    w0 = np.arange(9, dtype=np.float32).reshape(3, 3)
+    w = w0.copy()
+    ex.run([w, np.array(0.5, np.float32)])
+    np.testing.assert_allclose(w, w0 + 0.5 * (w0 @ w0))
+
+
 def test_builder_rejects_bad_programs_early_with_the_op_name():
     p = Program()
     x = p.feed((2, 3))
