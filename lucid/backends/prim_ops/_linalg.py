@@ -90,7 +90,9 @@ _register(
         "matmul_accumulate", ("a", "b", "c", "alpha"),
         {"transpose_a": Attr("bool", False), "transpose_b": Attr("bool", False)},
         _matmul_acc_infer, _matmul_acc_ref, "linalg",
-        "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name: + multiplicationWithPrimaryTensor:secondaryTensor:name: + additionWithPrimaryTensor:secondaryTensor:name:",
+        "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name:, then "
+        "multiplicationWithPrimaryTensor:secondaryTensor:name: by alpha and "
+        "additionWithPrimaryTensor:secondaryTensor:name: of c",
         "12.0", "linalg.cpp: sgemm/dgemm with alpha and beta = 1",
     )
 )  # fmt: skip
