@@ -126,15 +126,15 @@ def compile_trace(
     *,
     backend: str,
     pipeline: str | None = None,
-    print_ir_after_all: bool = False,
+    switches: dict[str, Any] | None = None,
 ) -> CompiledGraph:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     module = import_trace(trace)
     timings["import"] = (time.perf_counter() - t0) * 1e3
     inst = Instrumentation.from_env()
-    if print_ir_after_all:
-        inst.print_ir_after_all = True
+    for name, value in (switches or {}).items():
+        setattr(inst, name, value)
     graph = PassManager(_graph_passes(pipeline), inst).run(module)
     for name, ms in graph.passes_ms().items():
         timings[name] = timings.get(name, 0.0) + ms

@@ -106,8 +106,44 @@ class _Options:
     backend: str = "auto"
     strict: bool = False
     pipeline: str | None = None
-    print_ir_after_all: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Pass-manager switches (Instrumentation fields) set on top of the LUCID_COMPILE_* variables.
+    switches: dict[str, Any] = field(default_factory=dict)
+
+
+# ``options=`` keys besides "pipeline": the pass manager's debugging switches, named as the
+# environment variables are (``LUCID_COMPILE_<KEY upper-cased>``), mapped to Instrumentation.
+_SWITCH_OPTIONS = {
+    "print_ir_before_all": "print_ir_before_all",
+    "print_ir_after_all": "print_ir_after_all",
+    "print_ir_after_change": "print_ir_after_change",
+    "print_ir_after_failure": "print_ir_after_failure",
+    "print_ir_tree_dir": "print_ir_tree_dir",
+    "verify_each": "verify_each",
+    "pass_timing": "timing",
+    "pass_statistics": "statistics",
+    "print_generic": "generic",
+    "print_debuginfo": "debuginfo",
+}
+
+
+def _parse_options(options: dict[str, Any] | None) -> tuple[str | None, dict[str, Any]]:
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - {"pipeline", *_SWITCH_OPTIONS})
+    if unknown:
+        raise ValueError(
+            f"lucid.compile: unknown option(s) {', '.join(map(repr, unknown))}; accepted: "
+            + ", ".join(["pipeline", *_SWITCH_OPTIONS])
+        )
+    pipeline = opts.pop("pipeline", None)
+    if pipeline is not None and not isinstance(pipeline, str):
+        raise TypeError(f"lucid.compile: option 'pipeline' must be a string, got {pipeline!r}")
+    switches = {}
+    for key, value in opts.items():
+        if key == "print_ir_tree_dir":
+            switches[_SWITCH_OPTIONS[key]] = None if value is None else os.fspath(value)
+        else:
+            switches[_SWITCH_OPTIONS[key]] = bool(value)
+    return pipeline, switches
 
 
 def _env_flag(name: str) -> bool:
@@ -137,7 +173,7 @@ class CompiledModule:
             raise TypeError(
                 f"lucid.compile needs an nn.Module or a callable, got {type(target).__name__}"
             )
-        opts = dict(options or {})
+        pipeline, switches = _parse_options(options)
         backend = os.environ.get("LUCID_COMPILE_BACKEND", backend) if backend == "auto" else backend
         self.__dict__["_model"] = target
         self.__dict__["_dynamic"] = bool(dynamic)
@@ -146,9 +182,8 @@ class CompiledModule:
         self.__dict__["_options"] = _Options(
             backend=_pipeline.resolve_backend(backend),
             strict=strict or _env_flag("LUCID_COMPILE_STRICT"),
-            pipeline=opts.pop("pipeline", None),
-            print_ir_after_all=bool(opts.pop("print_ir_after_all", False)),
-            extra=opts,
+            pipeline=pipeline,
+            switches=switches,
         )
         self.__dict__["_lock"] = threading.RLock()
         self._reset()
@@ -414,7 +449,7 @@ class CompiledModule:
                 trace,
                 backend=self._options.backend,
                 pipeline=self._options.pipeline,
-                print_ir_after_all=self._options.print_ir_after_all,
+                switches=self._options.switches,
             )
         bind = _make_binder(graph.feed_roles, tensor_pos, captured)
         finish = _make_finisher(
@@ -572,6 +607,7 @@ class _SymbolicGraph:
             _pipeline.specialize_batch(self.trace, batch),
             backend=self.options.backend,
             pipeline=self.options.pipeline,
+            switches=self.options.switches,
         )
         self.by_batch[batch] = graph
         return graph

@@ -51,6 +51,25 @@ def test_print_ir_after_all_env_and_option(monkeypatch, capsys):
     assert "IR Dump After dce" in capsys.readouterr().err
 
 
+def test_every_instrumentation_switch_works_as_an_option(tmp_path, capsys):
+    x = lucid.randn(3)
+    lucid.compile(f, options={"print_ir_before_all": True})(x)
+    assert "IR Dump Before canonicalize" in capsys.readouterr().err
+    lucid.compile(f, options={"print_ir_after_change": True, "pass_timing": True})(x)
+    err = capsys.readouterr().err
+    assert "IR Dump After lower-to-prim" in err and "IR Dump After cse" not in err
+    assert "Pass execution timing report" in err and "prim-simplify" in err
+    lucid.compile(f, options={"print_ir_tree_dir": tmp_path / "tree"})(x)
+    assert any((tmp_path / "tree").rglob("*"))
+
+
+def test_unknown_or_mistyped_options_are_refused_by_name():
+    with pytest.raises(ValueError, match="unknown option.*'print_ir_after'.*accepted: pipeline"):
+        lucid.compile(f, options={"print_ir_after": True})
+    with pytest.raises(TypeError, match="'pipeline' must be a string"):
+        lucid.compile(f, options={"pipeline": ["cse"]})
+
+
 def test_backend_env_and_unknown_backend(monkeypatch):
     monkeypatch.setenv("LUCID_COMPILE_BACKEND", "cpu")
     x = lucid.randn(3)
