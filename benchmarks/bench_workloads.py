@@ -1,7 +1,7 @@
 """The PERF.md workloads (A–E) for Lucid eager, Lucid compiled and the peers, side by side.
 
-Every framework runs in this one process, interleaved workload by workload, so machine noise hits
-them alike. Reported per row: the median time per call (of ``--rounds`` rounds, each long enough
+Every framework runs in this one process, and the timed rounds of a row's cases are interleaved
+(one round of each case, then the next), so machine noise hits them alike. Reported per row: the median time per call (of ``--rounds`` rounds, each long enough
 to time reliably), the ratio of Lucid compiled to the best peer, the PERF.md target and whether it
 holds, and the first-call (compile) latency. Peers that are not installed are marked missing.
 
@@ -92,25 +92,42 @@ REFERENCE_MS = {
 PEERS = ("torch", "torch.compile", "jax")
 
 
-def per_call_seconds(fn, rounds: int, min_round_s: float) -> float:
-    """Median over ``rounds`` of the mean time per call in a round of calibrated length."""
+ROUND_PAUSE_S = 0.03
+
+
+def calls_per_round(fn, min_round_s: float) -> int:
+    """How many calls of ``fn`` take at least ``min_round_s`` (a power of two)."""
     fn()
-    n, elapsed = 1, 0.0
+    n = 1
     while True:
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        elapsed = time.perf_counter() - t0
-        if elapsed >= min_round_s or n >= 1 << 20:
-            break
+        if time.perf_counter() - t0 >= min_round_s or n >= 1 << 20:
+            return n
         n *= 2
-    times = []
+
+
+def per_call_seconds(fns: dict, rounds: int, min_round_s: float) -> dict:
+    """Median over ``rounds`` of the mean time per call, for each of ``fns`` (name -> callable).
+
+    Rounds are interleaved (one round of every case, then the next), so a slow spell of a shared
+    machine hits every case of the row alike instead of whichever ran then. Before each round a
+    short pause lets the previous framework's worker threads stop spinning (OpenMP and Eigen
+    pools busy-wait after a call and would take the cores from the next case), then one untimed
+    call wakes this framework's own threads."""
+    counts = {name: calls_per_round(fn, min_round_s) for name, fn in fns.items()}
+    times: dict = {name: [] for name in fns}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
+        for name, fn in fns.items():
+            time.sleep(ROUND_PAUSE_S)
             fn()
-        times.append((time.perf_counter() - t0) / n)
-    return float(np.median(times))
+            n = counts[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - t0) / n)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def first_call_seconds(make) -> tuple[float, object]:
@@ -402,13 +419,17 @@ def run_row(mode: str, wl: str, args, opt_name: str | None = None) -> dict:
     row: dict = {"mode": mode, "workload": wl, "what": what, "ms": {}, "compile_s": {}}
     if opt_name:
         row["opt"] = opt_name
+    ready = {}
     for name, make in cases.items():
         try:
             first, fn = first_call_seconds(make)
             row["compile_s"][name] = first
-            row["ms"][name] = per_call_seconds(fn, args.rounds, args.min_round_s) * 1e3
+            calls_per_round(fn, 0.0)  # a peer failing on its second call is caught here
+            ready[name] = fn
         except Exception as e:  # a peer failing must not hide the other rows
             row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
+    for name, seconds in per_call_seconds(ready, args.rounds, args.min_round_s).items():
+        row["ms"][name] = seconds * 1e3
     if getattr(args, "memory", False) and mode == "train":
         row["peak_mb"] = {
             name: peak_memory_mb(mode, wl, name, opt_name, args)
