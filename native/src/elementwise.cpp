@@ -219,9 +219,18 @@ void normalize(const void* const* a, T eps, void* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = (x[i] - m[i]) / std::sqrt(v[i] + eps) * g[i] + b[i];
 }
 
-void eval_node(const ExprNode& node, const DType* arg_dtypes, const void* const* args, void* out,
-               int64_t n) {
+// arg_scalar[j]: argument j is a 0-d input (its block holds copies of one value).
+void eval_node(const ExprNode& node, const DType* arg_dtypes, const void* const* args,
+               const bool* arg_scalar, void* out, int64_t n) {
   DType d = arg_dtypes[0];
+  if (node.dtype == DType::F32 && is_binary(node.op) && d == DType::F32 &&
+      arg_dtypes[1] == DType::F32 && arg_scalar[0] != arg_scalar[1]) {
+    const int v = arg_scalar[0] ? 1 : 0;  // the operand that varies
+    const float s = *static_cast<const float*>(args[1 - v]);
+    if (f32_elementwise_scalar(node.op, static_cast<const float*>(args[v]), s, v == 1,
+                               static_cast<float*>(out), n))
+      return;
+  }
   if (node.op == Op::cast) {
     dispatch_dtype(d, [&](auto t) {
       using T = decltype(t);
@@ -336,7 +345,13 @@ struct ElementwisePlan {
   std::vector<InputView> inputs;
   std::vector<ExprNode> nodes;
   std::vector<DType> dtypes;  // per value: inputs then nodes
-  int out_slot = 0;
+  // Output slots and the node each takes. The last node writes its output in place; other
+  // outputs are copied from scratch once the whole block is computed, so every read of an input
+  // element happens before any output element is written (outputs may be in-place feeds).
+  std::vector<int> out_slots, out_nodes;
+  int direct_node = -1;  // the node written straight to its output (-1: none)
+  int direct_out = -1;   // that output's slot
+  int direct_index = -1; // and its index among the outputs
   bool compute_bound = false;  // has a division, root or transcendental
 
   void run(void* const* slots) const {
@@ -357,14 +372,15 @@ struct ElementwisePlan {
     if (ptr.size() < n_val) ptr.resize(n_val);
     const void* args[5];
     DType arg_dtypes[5];
+    bool arg_scalar[5];
     for (size_t i = 0; i < n_in; ++i)
       if (inputs[i].scalar) {
         fill_elements(region(i), static_cast<const uint8_t*>(slots[inputs[i].slot]),
                       std::min(total, kBlock), inputs[i].esize);
         ptr[i] = region(i);
       }
-    uint8_t* out = static_cast<uint8_t*>(slots[out_slot]);
-    const size_t out_esize = dtype_size(nodes.back().dtype);
+    uint8_t* direct = direct_out >= 0 ? static_cast<uint8_t*>(slots[direct_out]) : nullptr;
+    const size_t direct_esize = dtype_size(nodes.back().dtype);
     for (int64_t start = b0 * kBlock; start < std::min(total, b1 * kBlock); start += kBlock) {
       const int64_t n = std::min(kBlock, total - start);
       for (size_t i = 0; i < n_in; ++i) {
@@ -376,12 +392,21 @@ struct ElementwisePlan {
       for (size_t k = 0; k < nodes.size(); ++k) {
         const ExprNode& node = nodes[k];
         for (size_t j = 0; j < node.args.size(); ++j) {
-          args[j] = ptr[node.args[j]];
-          arg_dtypes[j] = dtypes[node.args[j]];
+          const size_t a = node.args[j];
+          args[j] = ptr[a];
+          arg_dtypes[j] = dtypes[a];
+          arg_scalar[j] = a < n_in && inputs[a].scalar;
         }
-        void* dst = k + 1 == nodes.size() ? out + start * out_esize : region(n_in + k);
-        eval_node(node, arg_dtypes, args, dst, n);
+        void* dst = static_cast<int>(k) == direct_node ? direct + start * direct_esize
+                                                       : region(n_in + k);
+        eval_node(node, arg_dtypes, args, arg_scalar, dst, n);
         ptr[n_in + k] = dst;
+      }
+      for (size_t j = 0; j < out_slots.size(); ++j) {
+        if (static_cast<int>(j) == direct_index) continue;
+        const size_t es = dtype_size(nodes[out_nodes[j]].dtype);
+        std::memcpy(static_cast<uint8_t*>(slots[out_slots[j]]) + start * es,
+                    region(n_in + out_nodes[j]), static_cast<size_t>(n) * es);
       }
     }
   }
@@ -392,8 +417,15 @@ struct ElementwisePlan {
 Step make_elementwise_step(const Program& p, const Instr& in) {
   auto plan = std::make_shared<ElementwisePlan>();
   const Slot& out = p.slots[in.out[0]];
-  plan->out_slot = in.out[0];
   plan->nodes = decode_expr(p, in);
+  plan->out_slots = in.out;
+  plan->out_nodes = expr_outputs(in, plan->nodes.size());
+  for (size_t j = 0; j < in.out.size(); ++j)
+    if (plan->out_nodes[j] + 1 == static_cast<int>(plan->nodes.size()) && plan->direct_node < 0) {
+      plan->direct_node = plan->out_nodes[j];
+      plan->direct_out = in.out[j];
+      plan->direct_index = static_cast<int>(j);
+    }
   plan->total = out.size();
   const size_t rank = out.shape.size();
   // Broadcast strides of every input, right-aligned on the output shape (0 on broadcast dims).

@@ -47,10 +47,30 @@ namespace lucid {
     }                                                                                            \
   }
 
+// A binary op with one operand a 0-d value (a learning rate, a decay, epsilon): the scalar stays
+// in a register instead of being read from a filled block. `scalar_first` means s OP a[i].
+#define LUCID_DEFINE_F32_SCALAR_KERNELS(NAME, TARGET)                                            \
+  TARGET static bool NAME(Op op, const float* a, float s, bool scalar_first, float* o,          \
+                          int64_t n) {                                                           \
+    switch (op) {                                                                                \
+      case Op::add: LUCID_EW_LOOP(a[i] + s);                                                     \
+      case Op::mul: LUCID_EW_LOOP(a[i] * s);                                                     \
+      case Op::sub:                                                                              \
+        if (scalar_first) { LUCID_EW_LOOP(s - a[i]); }                                           \
+        LUCID_EW_LOOP(a[i] - s);                                                                 \
+      case Op::div:                                                                              \
+        if (scalar_first) { LUCID_EW_LOOP(s / a[i]); }                                           \
+        LUCID_EW_LOOP(a[i] / s);                                                                 \
+      default: return false;                                                                     \
+    }                                                                                            \
+  }
+
 LUCID_DEFINE_F32_KERNELS(f32_baseline, )
+LUCID_DEFINE_F32_SCALAR_KERNELS(f32_scalar_baseline, )
 
 #if defined(__x86_64__) && defined(__GNUC__)
 LUCID_DEFINE_F32_KERNELS(f32_avx2, __attribute__((target("avx2,fma"))))
+LUCID_DEFINE_F32_SCALAR_KERNELS(f32_scalar_avx2, __attribute__((target("avx2,fma"))))
 
 static bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -64,6 +84,18 @@ bool f32_elementwise(Op op, const float* a, const float* b, const uint8_t* mask,
   if (has_avx2()) return f32_avx2(op, a, b, mask, out, n);
 #endif
   return f32_baseline(op, a, b, mask, out, n);
+}
+
+}  // namespace lucid
+
+namespace lucid {
+
+bool f32_elementwise_scalar(Op op, const float* a, float s, bool scalar_first, float* out,
+                            int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (has_avx2()) return f32_scalar_avx2(op, a, s, scalar_first, out, n);
+#endif
+  return f32_scalar_baseline(op, a, s, scalar_first, out, n);
 }
 
 }  // namespace lucid

@@ -353,9 +353,11 @@ Shape gather_shape(const Slot& x, const Slot& idx, int64_t axis) {
   return out;
 }
 
-Slot infer_fused(const Program& p, const Instr& in) {
+// One slot per output: every node is evaluated over the outputs' common shape.
+std::vector<Slot> infer_fused(const Program& p, const Instr& in) {
   std::vector<ExprNode> nodes = decode_expr(p, in);
   if (nodes.empty()) fail("fused instruction has no nodes");
+  std::vector<int> outs = expr_outputs(in, nodes.size());
   Shape out_shape;
   std::vector<Slot> values;
   for (int i : in.in) values.push_back(p.slots[i]);
@@ -373,7 +375,15 @@ Slot infer_fused(const Program& p, const Instr& in) {
            " but its rule gives " + dtype_name(d));
     values.push_back(Slot{shape, d});
   }
-  const Slot& result = values.back();
+  const Slot& result = values[in.in.size() + outs.back()];
+  std::vector<Slot> out_slots;
+  for (int k : outs) {
+    const Slot& v = values[in.in.size() + k];
+    if (v.shape != result.shape)
+      fail("fused output node " + std::to_string(k) + " has shape " + shape_str(v.shape) +
+           ", the other outputs " + shape_str(result.shape));
+    out_slots.push_back(v);
+  }
   // Every node is evaluated at the output shape, so each must broadcast to it.
   for (size_t i = in.in.size(); i < values.size(); ++i) {
     Shape b;
@@ -382,13 +392,13 @@ Slot infer_fused(const Program& p, const Instr& in) {
            shape_str(values[i].shape) + " does not broadcast to the result " +
            shape_str(result.shape));
   }
-  return result;
+  return out_slots;
 }
 
 Slot infer(const Program& p, const Instr& in) {
   Ctx c{p, in};
   Op op = in.op;
-  if (op == Op::fused) return infer_fused(p, in);
+  if (op == Op::fused) return infer_fused(p, in).back();
   if (op == Op::concat) {
     if (in.in.empty()) fail("concat needs at least one operand");
   } else if (in.in.size() != expected_operands(op)) {
@@ -685,6 +695,21 @@ std::vector<ExprNode> decode_expr(const Program& p, const Instr& in) {
   return nodes;
 }
 
+std::vector<int> expr_outputs(const Instr& in, size_t n_nodes) {
+  auto it = in.attrs.find("sub_outputs");
+  if (in.op != Op::fused || it == in.attrs.end()) return {static_cast<int>(n_nodes) - 1};
+  std::vector<int> outs;
+  for (int64_t k : attr_ints(in, "sub_outputs")) {
+    if (k < 0 || k >= static_cast<int64_t>(n_nodes))
+      fail("fused: sub_outputs entry " + std::to_string(k) + " is not a node");
+    outs.push_back(static_cast<int>(k));
+  }
+  if (outs.size() != in.out.size())
+    fail("fused: " + std::to_string(in.out.size()) + " output slot(s) but " +
+         std::to_string(outs.size()) + " sub_outputs");
+  return outs;
+}
+
 void validate(const Program& p) {
   int n = static_cast<int>(p.slots.size());
   for (int i = 0; i < n; ++i) {
@@ -716,21 +741,28 @@ void validate(const Program& p) {
       check_slot(s, where + " input");
       if (!defined[s]) fail(where + ": input slot " + std::to_string(s) + " is used before it is defined");
     }
-    if (in.out.size() != 1) fail(where + ": needs exactly 1 output slot, got " + std::to_string(in.out.size()));
-    int o = in.out[0];
-    check_slot(o, where + " output");
-    if (defined[o]) fail(where + ": output slot " + std::to_string(o) + " is already defined");
-    Slot expect;
+    if (in.out.empty() || (in.op != Op::fused && in.out.size() != 1))
+      fail(where + ": needs exactly 1 output slot, got " + std::to_string(in.out.size()));
+    for (int o : in.out) {
+      check_slot(o, where + " output");
+      if (defined[o]) fail(where + ": output slot " + std::to_string(o) + " is already defined");
+    }
+    std::vector<Slot> expect;
     try {
-      expect = infer(p, in);
+      if (in.op == Op::fused) expect = infer_fused(p, in);
+      else expect = {infer(p, in)};
     } catch (const std::invalid_argument& e) {
       fail(where + ": " + e.what());
     }
-    const Slot& got = p.slots[o];
-    if (expect.dtype != got.dtype || expect.shape != got.shape)
-      fail(where + ": output slot " + std::to_string(o) + " is declared " + slot_str(got) +
-           " but the op gives " + slot_str(expect));
-    defined[o] = true;
+    for (size_t j = 0; j < in.out.size(); ++j) {
+      int o = in.out[j];
+      const Slot& got = p.slots[o];
+      if (expect[j].dtype != got.dtype || expect[j].shape != got.shape)
+        fail(where + ": output slot " + std::to_string(o) + " is declared " + slot_str(got) +
+             " but the op gives " + slot_str(expect[j]));
+      if (defined[o]) fail(where + ": output slot " + std::to_string(o) + " is written twice");
+      defined[o] = true;
+    }
   }
   for (size_t i = 0; i < p.results.size(); ++i) {
     check_slot(p.results[i], "result " + std::to_string(i));
@@ -774,7 +806,9 @@ std::string structural_key(const Program& p) {
   for (const Instr& in : p.instrs) {
     os << op_name(in.op) << "(";
     for (int s : in.in) os << s << ",";
-    os << ")->" << in.out[0] << "{";
+    os << ")->";
+    for (int o : in.out) os << o << ",";
+    os << "{";
     for (auto& [k, v] : in.attrs) { os << k << "="; key_attr(os, v); os << ";"; }
     os << "}";
   }
@@ -801,7 +835,10 @@ std::string dump(const Program& p) {
     os << (i ? ", " : "") << sl(p.feeds[i]) << ": " << slot_str(p.slots[p.feeds[i]]);
   os << ")\n";
   for (const Instr& in : p.instrs) {
-    os << "  " << sl(in.out[0]) << ": " << slot_str(p.slots[in.out[0]]) << " = " << op_name(in.op);
+    os << "  ";
+    for (size_t j = 0; j < in.out.size(); ++j)
+      os << (j ? ", " : "") << sl(in.out[j]) << ": " << slot_str(p.slots[in.out[j]]);
+    os << " = " << op_name(in.op);
     if (!in.attrs.empty()) {
       os << "{";
       bool first = true;

@@ -184,14 +184,14 @@ Executable::Executable(Program program) : program_(std::move(program)) {
   ArenaPlanner planner;
   for (int k = 0; k < forever; ++k) {
     const Instr& in = p.instrs[k];
-    int o = in.out[0];
-    if (loc_[o] == Loc::Arena) {
-      unplanned_bytes_ += align_up(p.slots[o].bytes());
-      where_[o] = planner.allocate(p.slots[o].bytes());
-    }
+    for (int o : in.out)
+      if (loc_[o] == Loc::Arena) {
+        unplanned_bytes_ += align_up(p.slots[o].bytes());
+        where_[o] = planner.allocate(p.slots[o].bytes());
+      }
     // Inputs are freed after the outputs are placed: a kernel never reads and writes one buffer.
     std::vector<int> dead(in.in.begin(), in.in.end());
-    dead.push_back(o);
+    dead.insert(dead.end(), in.out.begin(), in.out.end());
     std::sort(dead.begin(), dead.end());
     dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
     for (int s : dead)

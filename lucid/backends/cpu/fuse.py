@@ -5,6 +5,13 @@ intermediates of a chain never travel through memory. A producer joins its consu
 it is elementwise, its value has exactly one use (inside the group) and is not a program result,
 and it has the group's output shape (so every node is computed at one shape; operands from
 outside the group may still broadcast).
+
+A second sweep merges an elementwise producer whose value is needed elsewhere too (a program
+result, or read again later) into the elementwise consumer that reads it, when both have one
+output shape and nothing in between reads the value: the merged instruction has several outputs.
+An Adam step is the case in point: the new first and second moments are results (written back
+into the optimizer state) and the parameter update reads both; merged, one pass reads the
+gradient, the moments and the parameter once and writes all three (7 array passes instead of 10).
 """
 
 from __future__ import annotations
@@ -51,7 +58,83 @@ def fuse_elementwise(program: Program, max_nodes: int = 64) -> Program:
         if k in absorbed:
             continue
         fused.instrs.append(_fuse_group(program, groups[k]) if k in groups else ins)
+    fused.instrs = _merge_shared_producers(fused, max_nodes)
     return fused
+
+
+def _as_fused(program: Program, ins: Instr) -> Instr:
+    """An elementwise instruction in `fused` form (inputs without repeats)."""
+    if ins.op == FUSED:
+        return ins
+    inputs = tuple(dict.fromkeys(ins.inputs))
+    out = ins.outputs[0]
+    node = FusedNode(
+        ins.op, tuple(inputs.index(s) for s in ins.inputs), program.slots[out].dtype, ins.attrs
+    )
+    return Instr(FUSED, inputs, ins.outputs, {}, (node,))
+
+
+def _merge(program: Program, producer: Instr, consumer: Instr, keep: set[int]) -> Instr:
+    """``consumer`` with ``producer``'s nodes first; producer outputs in ``keep`` stay outputs."""
+    p, c = _as_fused(program, producer), _as_fused(program, consumer)
+    p_value = dict(zip(p.outputs, p.output_nodes(), strict=True))
+    inputs = list(p.inputs)
+    inputs += [s for s in dict.fromkeys(c.inputs) if s not in p_value and s not in inputs]
+    n_in, n_p = len(inputs), len(p.nodes)
+
+    def p_arg(a: int) -> int:
+        return inputs.index(p.inputs[a]) if a < len(p.inputs) else n_in + a - len(p.inputs)
+
+    def c_arg(a: int) -> int:
+        if a >= len(c.inputs):
+            return n_in + n_p + a - len(c.inputs)
+        s = c.inputs[a]
+        return n_in + p_value[s] if s in p_value else inputs.index(s)
+
+    nodes = [FusedNode(n.op, tuple(map(p_arg, n.args)), n.dtype, n.attrs) for n in p.nodes]
+    nodes += [FusedNode(n.op, tuple(map(c_arg, n.args)), n.dtype, n.attrs) for n in c.nodes]
+    kept = [(s, k) for s, k in p_value.items() if s in keep]
+    outputs = tuple(s for s, _ in kept) + c.outputs
+    out_nodes = tuple(k for _, k in kept) + tuple(n_p + k for k in c.output_nodes())
+    default = len(outputs) == 1 and out_nodes == (len(nodes) - 1,)
+    return Instr(FUSED, tuple(inputs), outputs, {}, tuple(nodes), None if default else out_nodes)
+
+
+def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
+    instrs: list[Instr | None] = list(program.instrs)
+    results = set(program.results)
+
+    def elementwise(ins: Instr | None) -> bool:
+        return ins is not None and (ins.op == FUSED or ins.op in ELEMENTWISE_OPS)
+
+    def size(ins: Instr) -> int:
+        return len(ins.nodes) if ins.op == FUSED else 1
+
+    for k in range(len(instrs)):
+        consumer = instrs[k]
+        if not elementwise(consumer):
+            continue
+        shape = program.slots[consumer.outputs[0]].shape
+        merged = True
+        while merged:
+            merged = False
+            producers = {s: j for j in range(k) if instrs[j] for s in instrs[j].outputs}
+            for s in dict.fromkeys(consumer.inputs):
+                j = producers.get(s)
+                if j is None or not elementwise(instrs[j]):
+                    continue
+                producer = instrs[j]
+                outs = set(producer.outputs)
+                if program.slots[s].shape != shape or size(producer) + size(consumer) > max_nodes:
+                    continue
+                if any(outs & set(instrs[i].inputs) for i in range(j + 1, k) if instrs[i]):
+                    continue  # read in between: it must be computed where it is
+                later = {t for ins in instrs[k + 1 :] if ins for t in ins.inputs}
+                consumer = _merge(program, producer, consumer, (later | results) & outs)
+                instrs[j], instrs[k] = None, consumer
+                merged = True
+                break
+    return [ins for ins in instrs if ins is not None]
 
 
 def _fuse_group(program: Program, members: list[int]) -> Instr:

@@ -42,6 +42,11 @@ class Instr:
     outputs: tuple[int, ...]
     attrs: dict[str, Any]
     nodes: tuple[FusedNode, ...] = ()  # only for `fused`
+    # Only for `fused`: the node each output takes (None: one output, the last node).
+    out_nodes: tuple[int, ...] | None = None
+
+    def output_nodes(self) -> tuple[int, ...]:
+        return self.out_nodes if self.out_nodes is not None else (len(self.nodes) - 1,)
 
 
 class Program:
@@ -77,6 +82,14 @@ class Program:
 
     def fused(self, inputs: Sequence[int], nodes: Sequence[FusedNode]) -> int:
         """Append a fused elementwise instruction (its value is the last node's)."""
+        (slot,) = self.fused_outputs(inputs, nodes, None)
+        return slot
+
+    def fused_outputs(
+        self, inputs: Sequence[int], nodes: Sequence[FusedNode], outputs: Sequence[int] | None
+    ) -> tuple[int, ...]:
+        """Append a fused instruction with one output slot per entry of ``outputs`` (node
+        indices, all of one shape; ``None``: the last node only); returns the output slots."""
         avals = [self._aval(s) for s in inputs]
         values = list(avals)
         for k, node in enumerate(nodes):
@@ -90,10 +103,17 @@ class Program:
                     f"fused node {k}: dtype {node.dtype} but {node.op} gives {out.dtype}"
                 )
             values.append(out)
-        out = values[-1]
-        slot = self.new_slot(out.shape, out.dtype)
-        self.instrs.append(Instr(FUSED, tuple(inputs), (slot,), {}, tuple(nodes)))
-        return slot
+        picks = (len(nodes) - 1,) if outputs is None else tuple(int(k) for k in outputs)
+        if not picks or any(not 0 <= k < len(nodes) for k in picks):
+            raise PrimError(f"fused outputs {picks} must name nodes 0..{len(nodes) - 1}")
+        outs = [values[len(inputs) + k] for k in picks]
+        if any(o.shape != outs[-1].shape for o in outs):
+            raise PrimError(f"fused outputs have different shapes: {[o.shape for o in outs]}")
+        slots = tuple(self.new_slot(o.shape, o.dtype) for o in outs)
+        self.instrs.append(
+            Instr(FUSED, tuple(inputs), slots, {}, tuple(nodes), None if outputs is None else picks)
+        )
+        return slots
 
     def result(self, *slots: int) -> None:
         """Mark slots as results, in order."""
@@ -136,11 +156,12 @@ class Program:
             attrs = ", ".join(f"{k}={v}" for k, v in ins.attrs.items())
             if ins.nodes:
                 attrs = "; ".join(f"{n.op}{list(n.args)}" for n in ins.nodes)
+                if ins.out_nodes is not None:
+                    attrs += f"; outputs={list(ins.out_nodes)}"
             args = ", ".join(map(slot, ins.inputs))
+            outs = ", ".join(f"{slot(o)}: {ty(o)}" for o in ins.outputs)
             lines.append(
-                f"  {slot(ins.outputs[0])}: {ty(ins.outputs[0])} = {ins.op}"
-                + (f"{{{attrs}}}" if attrs else "")
-                + f"({args})"
+                f"  {outs} = {ins.op}" + (f"{{{attrs}}}" if attrs else "") + f"({args})"
             )
         lines.append("  return " + ", ".join(map(slot, self.results)))
         return "\n".join(lines)
@@ -166,9 +187,11 @@ class Program:
                     values.extend(
                         prim_ops.evaluate(node.op, [values[a] for a in node.args], node.attrs)
                     )
-                out = np.broadcast_to(values[-1], self.slots[ins.outputs[0]].shape)
-            else:
-                (out,) = prim_ops.evaluate(ins.op, args, ins.attrs)
+                for o, k in zip(ins.outputs, ins.output_nodes(), strict=True):
+                    out = np.broadcast_to(values[len(args) + k], self.slots[o].shape)
+                    env[o] = np.array(out, order="C")
+                continue
+            (out,) = prim_ops.evaluate(ins.op, args, ins.attrs)
             env[ins.outputs[0]] = np.array(out, order="C")
         results = [env[s].copy() for s in self.results]
         for r, f in self.inplace.items():
@@ -186,6 +209,8 @@ def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, An
         "sub_dtypes": [n.dtype for n in ins.nodes],
         "sub_floats": [float(n.attrs.get("epsilon", 0.0)) for n in ins.nodes],
     }
+    if ins.out_nodes is not None:
+        attrs["sub_outputs"] = list(ins.out_nodes)
     return (FUSED, list(ins.inputs), list(ins.outputs), attrs)
 
 

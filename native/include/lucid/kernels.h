@@ -19,6 +19,9 @@ Step make_shape_step(const Program& p, const Instr& in);        // shape.cpp: la
 // Unary ops read `a`; binary ops `a`, `b`; select reads `a` where `mask` is set, else `b`.
 bool f32_elementwise(Op op, const float* a, const float* b, const uint8_t* mask, float* out,
                      int64_t n);
+// The same for add, sub, mul, div with one 0-d operand `s` (`scalar_first`: s OP a[i]).
+bool f32_elementwise_scalar(Op op, const float* a, float s, bool scalar_first, float* out,
+                            int64_t n);
 
 // Writes a `constant` instruction's value into `out` (done once, at compile time).
 void materialize_constant(const Instr& in, const Slot& out_slot, void* out);

@@ -116,5 +116,8 @@ struct ExprNode {
   double fparam = 0.0;     // normalize epsilon
 };
 std::vector<ExprNode> decode_expr(const Program& p, const Instr& in);
+// The node each output slot of an elementwise instruction takes: a `fused` instruction's
+// `sub_outputs` (one node index per output slot), by default its last node.
+std::vector<int> expr_outputs(const Instr& in, size_t n_nodes);
 
 }  // namespace lucid

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from lucid import _native
 from lucid.backends.cpu import CPUBackend, FusedNode, Program, fuse_elementwise
 from lucid.backends.cpu.program import FUSED
 from lucid.backends.prim_ops import PrimError
@@ -46,18 +47,94 @@ def test_fused_chains_match_unfused_and_reference(shapes, steps, seed):
 def test_fusion_stops_at_shared_values_results_and_shape_changes():
     p = Program()
     x, b = p.feed((4, 8)), p.feed((8,))
-    shared = p.op("exp", x)  # used twice: stays its own instruction
+    shared = p.op("exp", x)  # used twice: not in the chain, merged by the second sweep
     y = p.op("add", p.op("mul", shared, shared), b)
     s = p.op("reduce_sum", y, axes=[1], keepdims=True)  # not elementwise
     z = p.op("tanh", p.op("sub", y, s))
-    p.result(z, y)  # y is a result: cannot be absorbed into z's group
+    p.result(z, y)  # y is a result read by reduce_sum before z's group: stays apart
     fused = fuse_elementwise(p)
     ops = [i.op for i in fused.instrs]
-    assert ops == ["exp", FUSED, "reduce_sum", FUSED]
+    assert ops == [FUSED, "reduce_sum", FUSED]
+    assert [n.op for n in fused.instrs[0].nodes] == ["exp", "mul", "add"]
+    assert fused.instrs[0].outputs == (y,)
     feeds = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in ((4, 8), (8,))]
     out = CPUBackend(cache=False).compile(p).run(feeds)
     for got, want in zip(out, p.interpret(feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _adam_like(p: Program):
+    g, m, v, w, lr = p.feed((6, 5)), p.feed((6, 5)), p.feed((6, 5)), p.feed((6, 5)), p.feed(())
+    m2 = p.op("add", p.op("mul", m, lr), g)
+    v2 = p.op("add", v, p.op("square", g))
+    w2 = p.op("sub", w, p.op("div", m2, p.op("add", p.op("sqrt", v2), lr)))
+    return (m2, v2, w2)
+
+
+def test_producers_needed_elsewhere_merge_into_their_consumer_with_several_outputs():
+    p = Program()
+    outs = _adam_like(p)
+    p.result(*outs)
+    for r, f in enumerate((1, 2, 3)):
+        p.inplace_result(r, f)
+    fused = fuse_elementwise(p)
+    (ins,) = fused.instrs
+    assert ins.op == FUSED and set(ins.outputs) == set(outs)
+    ex = CPUBackend(cache=False).compile(p)
+    assert ex.direct_inplace_results == [0, 1, 2]
+    rng = np.random.default_rng(1)
+    feeds = [rng.standard_normal((6, 5)).astype(np.float32) for _ in range(4)]
+    feeds[2] = np.abs(feeds[2])
+    feeds.append(np.array(0.5, np.float32))
+    ref = [f.copy() for f in feeds]
+    results = ex.run(feeds)
+    p.interpret(ref)
+    for k in (1, 2, 3):
+        assert any(r is feeds[k] for r in results)
+        np.testing.assert_allclose(feeds[k], ref[k], rtol=1e-6, atol=1e-6)
+
+
+def test_a_value_read_between_producer_and_consumer_is_not_merged():
+    p = Program()
+    x = p.feed((6, 5))
+    m2 = p.op("exp", x)
+    total = p.op("reduce_sum", m2, axes=[0, 1])  # reads m2 before its consumer below
+    w2 = p.op("mul", m2, total)
+    p.result(w2, m2)
+    fused = fuse_elementwise(p)
+    assert [i.op for i in fused.instrs] == ["exp", "reduce_sum", "mul"]
+    feeds = [np.random.default_rng(2).standard_normal((6, 5)).astype(np.float32)]
+    got = CPUBackend(cache=False).compile(p).run(feeds)
+    for a, b in zip(got, p.interpret(feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_multi_output_fused_instructions_are_validated():
+    p = Program()
+    x, y = p.feed((3, 4)), p.feed((4,))
+    nodes = [FusedNode("exp", (0,), "f32"), FusedNode("add", (2, 1), "f32")]
+    a, b = p.fused_outputs([x, y], nodes, [0, 1])
+    p.result(a, b)
+    np.testing.assert_allclose(
+        CPUBackend(cache=False)
+        .compile(p)
+        .run([np.ones((3, 4), np.float32), np.ones(4, np.float32)])[1],
+        np.full((3, 4), np.e + 1, np.float32),
+        rtol=1e-6,
+    )
+    q = Program()
+    u, w = q.feed((3, 4)), q.feed((4,))
+    with pytest.raises(PrimError, match="different shapes"):
+        q.fused_outputs(
+            [u, w], [FusedNode("exp", (1,), "f32"), FusedNode("add", (0, 2), "f32")], [0, 1]
+        )
+    desc = p.describe()
+    desc["instrs"][0][3]["sub_outputs"] = [0, 5]
+    with pytest.raises(ValueError, match="sub_outputs entry 5 is not a node"):
+        _native.validate(desc)
+    desc["instrs"][0][3]["sub_outputs"] = [1]
+    with pytest.raises(ValueError, match="2 output slot.*1 sub_outputs"):
+        _native.validate(desc)
 
 
 def test_buffer_planning_reuses_dead_intermediates_without_overlap():
