@@ -1,9 +1,10 @@
 """The PERF.md workloads (A–E) for Lucid eager, Lucid compiled and the peers, side by side.
 
 Every framework runs in this one process, and the timed rounds of a row's cases are interleaved
-(one round of each case, then the next), so machine noise hits them alike. Reported per row: the median time per call (of ``--rounds`` rounds, each long enough
-to time reliably), the ratio of Lucid compiled to the best peer, the PERF.md target and whether it
-holds, and the first-call (compile) latency. Peers that are not installed are marked missing.
+(one round of each case, then the next), so machine noise hits them alike. Reported per row: the
+median time per call (of ``--rounds`` rounds, each long enough to time reliably), the ratio of
+Lucid compiled to the best peer, the PERF.md target and whether it holds, and the first-call
+(compile) latency. Peers that are not installed are marked missing.
 
     python benchmarks/bench_workloads.py [--mode infer|train|all] [--workloads ABCDE]
         [--threads 2] [--rounds 7] [--json results.json] [--chart chart.png] [--quick] [--memory]
