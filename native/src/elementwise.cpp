@@ -81,7 +81,10 @@ void unary_float(Op op, const T* a, void* out, int64_t n) {
         for (int64_t i = 0; i < n; ++i) o[i] = 1.0f / (1.0f + fast_expf(-a[i]));
       else for (int64_t i = 0; i < n; ++i) o[i] = T(1) / (T(1) + std::exp(-a[i]));
       break;
-    case Op::erf: for (int64_t i = 0; i < n; ++i) o[i] = std::erf(a[i]); break;
+    case Op::erf:
+      if constexpr (std::is_same_v<T, float>) for (int64_t i = 0; i < n; ++i) o[i] = fast_erff(a[i]);
+      else for (int64_t i = 0; i < n; ++i) o[i] = std::erf(a[i]);
+      break;
     case Op::floor: for (int64_t i = 0; i < n; ++i) o[i] = std::floor(a[i]); break;
     case Op::ceil: for (int64_t i = 0; i < n; ++i) o[i] = std::ceil(a[i]); break;
     case Op::round: for (int64_t i = 0; i < n; ++i) o[i] = std::nearbyint(a[i]); break;

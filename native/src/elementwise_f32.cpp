@@ -35,6 +35,7 @@ namespace lucid {
       case Op::reciprocal: LUCID_EW_LOOP(1.0f / a[i]);                                           \
       case Op::exp: LUCID_EW_LOOP(fast_expf(a[i]));                                              \
       case Op::sigmoid: LUCID_EW_LOOP(1.0f / (1.0f + fast_expf(-a[i])));                         \
+      case Op::erf: LUCID_EW_LOOP(fast_erff(a[i]));                                              \
       case Op::select: {                                                                         \
         const float* x = a + 0;                                                                  \
         _Pragma("GCC ivdep") for (int64_t i = 0; i < n; ++i) {                                   \

@@ -160,9 +160,7 @@ class Program:
                     attrs += f"; outputs={list(ins.out_nodes)}"
             args = ", ".join(map(slot, ins.inputs))
             outs = ", ".join(f"{slot(o)}: {ty(o)}" for o in ins.outputs)
-            lines.append(
-                f"  {outs} = {ins.op}" + (f"{{{attrs}}}" if attrs else "") + f"({args})"
-            )
+            lines.append(f"  {outs} = {ins.op}" + (f"{{{attrs}}}" if attrs else "") + f"({args})")
         lines.append("  return " + ", ".join(map(slot, self.results)))
         return "\n".join(lines)
 

@@ -1,5 +1,7 @@
 """Elementwise prim ops: native kernels against the numpy reference over generated shapes."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lucid.backends import prim_ops
+from lucid.backends.cpu import CPUBackend, Program
 from lucid.backends.cpu.testing import check, random_array
 
 POSITIVE_DOMAIN = {"log", "sqrt", "rsqrt", "log1p", "reciprocal"}
@@ -129,3 +132,34 @@ def test_large_input_spans_many_blocks_with_broadcast():
     c = random_array(rng, (37, 1), "f32")
     check("mul", [a, b])
     check("sub", [c, b])
+
+
+@pytest.mark.parametrize("name", ["erf", "exp", "sigmoid", "sqrt", "rsqrt", "reciprocal"])
+def test_float32_fast_paths_stay_within_a_few_ulp_of_double(name):
+    # Dense grid through the interesting range, plus tiny, huge, signed zeros, inf and NaN.
+    grid = np.linspace(-9.0, 9.0, 40001)
+    special = [0.0, -0.0, 1e-30, -1e-30, 1e-3, 50.0, -50.0, 100.0, np.inf, -np.inf, np.nan]
+    x = np.concatenate([grid, special]).astype(np.float32)
+    if name in ("sqrt", "rsqrt"):
+        x = np.abs(x)
+    p = Program()
+    p.result(p.op(name, p.feed(x.shape)))
+    (got,) = CPUBackend(cache=False).compile(p).run([x])
+    xd = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        ref = {
+            "erf": np.vectorize(math.erf, otypes=[float])(xd),
+            "exp": np.exp(xd),
+            "sigmoid": 1 / (1 + np.exp(-xd)),
+            "sqrt": np.sqrt(xd),
+            "rsqrt": 1 / np.sqrt(xd),
+            "reciprocal": 1 / xd,
+        }[name]
+    finite = np.isfinite(ref) & (np.abs(ref) < 3e38) & (np.abs(ref) > 1e-37)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    err = np.abs(got[finite].astype(np.float64) - ref[finite])
+    ulp = np.spacing(np.abs(ref[finite]).astype(np.float32)).astype(np.float64)
+    assert (err / ulp).max() <= 8, name
+    edge = ~finite & ~np.isnan(ref)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(got[edge], ref[edge].astype(np.float32), atol=1e-37)
