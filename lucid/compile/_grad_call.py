@@ -187,7 +187,8 @@ class GradEntry:
                     feeds.append(residuals[ref])
                 elif kind == "cot":
                     g = gouts[ref]
-                    feeds.append(np.ascontiguousarray(g._data, dtype=cot_dtypes[ref]))
+                    # np.ascontiguousarray would turn a 0-d cotangent (a scalar loss) into shape (1,).
+                    feeds.append(np.asarray(g._data, dtype=cot_dtypes[ref], order="C"))
                 elif kind == "input":
                     feeds.append(tensor_args[ref]._data)
                 elif kind == "rng":

@@ -558,7 +558,7 @@ def _all_contiguous(args: tuple, kwargs: dict) -> bool:
 def _contiguous(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     def c(a: Any) -> Any:
         if isinstance(a, Tensor) and not a._data.flags.c_contiguous:
-            return Tensor._wrap(np.ascontiguousarray(a._data))
+            return Tensor._wrap(np.asarray(a._data, order="C"))
         return a
 
     return tuple(c(a) for a in args), {k: c(v) for k, v in kwargs.items()}

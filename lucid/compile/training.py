@@ -151,7 +151,7 @@ def _contiguous_inputs(inputs: tuple) -> tuple:
     out = []
     for a in inputs:
         if isinstance(a, Tensor) and not a._data.flags.c_contiguous:
-            a = Tensor._wrap(np.ascontiguousarray(a._data))
+            a = Tensor._wrap(np.asarray(a._data, order="C"))
         out.append(a)
     return tuple(out)
 
@@ -772,7 +772,7 @@ class CompiledOptimizerStep:
             for g in self.optimizer.param_groups:
                 for p in g["params"]:
                     if p._grad is not None and not p._grad._data.flags.c_contiguous:
-                        p._grad = Tensor._wrap(np.ascontiguousarray(p._grad._data))
+                        p._grad = Tensor._wrap(np.asarray(p._grad._data, order="C"))
             try:
                 key, entry = self._build()
                 entry.set_scalars(entry.first_scalars)

@@ -401,7 +401,9 @@ int64_t max_tap(const PoolGeom& g, const T* x, int64_t oh, int64_t ow, T* best_o
       int64_t iw = ow * g.sw - g.pl + j * g.dw;
       bool inside = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W;
       T v = inside ? x[ih * g.W + iw] : -std::numeric_limits<T>::infinity();
-      if (first || v > best || (v != v && best == best)) {
+      // The first maximum wins ties; a NaN tap always takes over (PyTorch's CPU rule, and eager
+      // Lucid's), so the gradient goes to the last NaN of a window.
+      if (first || v > best || v != v) {
         best = v;
         arg = inside ? ih * g.W + iw : -1;
       }
@@ -459,9 +461,60 @@ void max_pool_unpadded(const PoolGeom& g, const T* x, T* out) {
   }
 }
 
+// c ? x : y through bit masks: GCC turns a float ?: into a branch here, and on real data the
+// condition is a coin flip.
+template <class T>
+inline T pick(bool c, T x, T y) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  const U m = U(0) - U(c);
+  U ux, uy;
+  std::memcpy(&ux, &x, sizeof(T));
+  std::memcpy(&uy, &y, sizeof(T));
+  const U r = (ux & m) | (uy & ~m);
+  T out;
+  std::memcpy(&out, &r, sizeof(T));
+  return out;
+}
+
+// max_pool2d_grad for 2x2 windows at stride 2 without padding: windows do not overlap, so each
+// input element receives its window's gradient or 0, written once, and the winner (max_tap's
+// rule: first maximum, last NaN) is picked with selects instead of branches.
+template <class T>
+void max_pool_grad_2x2(const PoolGeom& g, const T* dy, const T* x, T* out) {
+  const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
+  if (g.H != 2 * g.HO || g.W != 2 * g.WO) std::fill_n(out, g.NC * plane, T(0));  // odd edges
+  for (int64_t nc = 0; nc < g.NC; ++nc)
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      const T* r0 = x + nc * plane + 2 * oh * g.W;
+      const T* r1 = r0 + g.W;
+      T* o0 = out + nc * plane + 2 * oh * g.W;
+      T* o1 = o0 + g.W;
+      const T* gy = dy + nc * oplane + oh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        const T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+        const bool tb = (b > a) | (b != b);
+        const T m1 = pick(tb, b, a);
+        const bool tc = (c > m1) | (c != c);
+        const T m2 = pick(tc, c, m1);
+        const bool td = (d > m2) | (d != d);
+        const bool wd = td, wc = tc & !td, wb = tb & !tc & !td, wa = !(tb | tc | td);
+        const T v = gy[ow];
+        o0[2 * ow] = pick(wa, v, T(0));
+        o0[2 * ow + 1] = pick(wb, v, T(0));
+        o1[2 * ow] = pick(wc, v, T(0));
+        o1[2 * ow + 1] = pick(wd, v, T(0));
+      }
+    }
+}
+
 template <class T>
 void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out) {
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
+  if (op == Op::max_pool2d_grad && g.KH == 2 && g.KW == 2 && g.sh == 2 && g.sw == 2 &&
+      g.pt == 0 && g.pl == 0 && g.dh == 1 && g.dw == 1 && 2 * g.HO <= g.H && 2 * g.WO <= g.W) {
+    max_pool_grad_2x2(g, a, b, out);
+    return;
+  }
   if (op == Op::max_pool2d && g.pt == 0 && g.pl == 0 && g.dh == 1 && g.dw == 1 &&
       (g.HO - 1) * g.sh + g.KH <= g.H && (g.WO - 1) * g.sw + g.KW <= g.W) {
     max_pool_unpadded(g, a, out);

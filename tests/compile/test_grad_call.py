@@ -209,3 +209,19 @@ def test_training_dropout_masks_reach_the_backward_as_residuals():
     sum(((w * w).sum() for w in wants), lucid.tensor(0.0)).backward()
     for p, q in zip(got.parameters(), ref.parameters(), strict=True):
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_compiled_scalar_loss_backpropagates_like_eager():
+    # The loss computed inside the compiled function: its cotangent is 0-d.
+    x = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+
+    def loss(t):
+        return (lucid.tanh(t) * 3.0).sum()
+
+    xe = lucid.tensor(x, requires_grad=True)
+    loss(xe).backward()
+    xc = lucid.tensor(x, requires_grad=True)
+    out = lucid.compile(loss)(xc)
+    assert out.shape == ()
+    out.backward()
+    np.testing.assert_allclose(xc.grad.numpy(), xe.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -255,7 +255,10 @@ def _max_pool_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarra
 def _max_pool_grad_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     dy, x = xs
     windows = _max_pool_windows(x, attrs)
-    winner = windows.argmax(axis=0)
+    # The first maximum wins ties; a NaN always takes over, so the last NaN of a window wins.
+    nan = np.isnan(windows)
+    last_nan = windows.shape[0] - 1 - nan[::-1].argmax(axis=0)
+    winner = np.where(nan.any(axis=0), last_nan, np.where(nan, -np.inf, windows).argmax(axis=0))
     n, c, h, w = x.shape
     pt, pb, pl, pr = attrs["padding"]
     kh, kw = attrs["kernel"]
@@ -308,7 +311,7 @@ _register(
         "max_pool2d_grad", ("grad", "x"), dict(_MAX_POOL_ATTRS), _max_pool_grad_infer,
         _max_pool_grad_ref, "pooling",
         "maxPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:", "12.0",
-        "linalg.cpp: route to first window maximum",
+        "linalg.cpp: route to the window maximum (first of ties, last NaN)",
     )
 )  # fmt: skip
 _register(

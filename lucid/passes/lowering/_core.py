@@ -128,6 +128,10 @@ class Builder:
         self.used: tuple[bool, ...] = ()  # per result of the op being lowered: is it read?
         self.op_name = ""
         self._consts: dict[tuple, PV] = {}
+        # What a rule knows about a value it produced, for the rules of later ops that read it
+        # (e.g. max_pool2d's indices: which input and window they came from). One function's
+        # lowering shares one Builder.
+        self.facts: dict[x.SSAValue, tuple] = {}
 
     # --- raw emission
     def emit(self, name: str, operands: Sequence[PV], **attrs: Any) -> list[PV]:

@@ -191,9 +191,8 @@ def _max_pool2d(b: Builder, v, kernel_size, stride, padding, dilation, ceil_mode
     _need_float(b, v)
     out_hw = b.outs[0].shape[2:]
     pads = _pool_padding(v.shape, out_hw, kernel_size, stride, padding, dilation)
-    values = b.op(
-        "max_pool2d", v, kernel=kernel_size, strides=stride, padding=pads, dilation=dilation
-    )
+    window = {"kernel": kernel_size, "strides": stride, "padding": pads, "dilation": dilation}
+    values = b.op("max_pool2d", v, **window)
     if not b.used[1]:
         return values, None
     # Indices: stack every window tap, take the first maximum (eager's tie rule), and map the
@@ -219,11 +218,20 @@ def _max_pool2d(b: Builder, v, kernel_size, stride, padding, dilation, ceil_mode
     tap_offset = b.op("gather", b.const(np.array(offsets), i64), winner, axis=0)
     rows = b.binary("mul", b.arange_along(ho, 2, 4), sh * w, i64)
     cols = b.binary("mul", b.arange_along(wo, 3, 4), sw, i64)
-    return values, b.op("add", tap_offset, b.op("add", rows, cols))
+    indices = b.op("add", tap_offset, b.op("add", rows, cols))
+    b.facts[indices.ssa] = ("max_pool2d", v, window)
+    return values, indices
 
 
 @rule("max_pool2d_backward")
 def _max_pool2d_backward(b: Builder, grad, indices, input_shape):
+    fact = b.facts.get(indices.ssa)
+    if fact is not None and fact[0] == "max_pool2d" and fact[1].dtype == grad.dtype:
+        # Indices straight from a max_pool2d lowered here: route the gradient with the window
+        # rule itself (one pass over the input) instead of scattering through the index tensor;
+        # the index computation is then dead and prim-simplify erases it.
+        _, x, window = fact
+        return b.op("max_pool2d_grad", grad, x, **window)
     n, c, h, w = input_shape
     g = b.reshape(grad, (n, c, grad.size // max(n * c, 1)))
     idx = b.reshape(b.cast(indices, _dtype.int64), g.shape)

@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from lucid.backends.cpu.testing import check
+import lucid
+from lucid.backends import prim_ops
+from lucid.backends.cpu.testing import check, run_both
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
@@ -16,3 +18,44 @@ def test_unpadded_max_pool_matches_reference_with_nans(dtype, kernel, strides):
     attrs = {"kernel": kernel, "strides": strides, "padding": (0, 0, 0, 0), "dilation": (1, 1)}
     y = check("max_pool2d", [x], attrs)
     assert np.isnan(y).any()
+
+
+@pytest.mark.parametrize(
+    "kernel,strides,padding,shape",
+    [
+        ((2, 2), (2, 2), (0, 0, 0, 0), (2, 3, 6, 8)),  # the unrolled non-overlapping path
+        ((2, 2), (2, 2), (0, 0, 0, 0), (1, 2, 7, 5)),  # odd edges: uncovered rows/cols get 0
+        ((3, 3), (2, 2), (1, 1, 1, 1), (2, 2, 7, 7)),  # the general path
+    ],
+)
+def test_max_pool_grad_routes_ties_to_the_first_and_nans_to_the_last(
+    kernel, strides, padding, shape
+):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 3, size=shape).astype(np.float32)  # ties everywhere
+    x[rng.random(shape) < 0.15] = np.nan
+    attrs = {"kernel": kernel, "strides": strides, "padding": padding, "dilation": (1, 1)}
+    out_shape = prim_ops.infer(
+        "max_pool2d",
+        [prim_ops.Aval(shape, "f32")],
+        prim_ops.check_attrs(prim_ops.lookup("max_pool2d"), attrs),
+    )[0].shape
+    dy = rng.standard_normal(out_shape).astype(np.float32)
+    native, ref = run_both("max_pool2d_grad", [dy, x], attrs)
+    np.testing.assert_allclose(native, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_max_pool_gradient_equals_eager_autograd_with_ties_and_nans():
+    x = np.random.default_rng(1).integers(0, 3, size=(2, 3, 8, 8)).astype(np.float32)
+    x[0, 0, 0, 0] = x[0, 0, 1, 1] = np.nan  # two NaNs in one window: the last one wins
+    pool = lucid.nn.MaxPool2d(2)
+
+    def loss(t):
+        return (pool(t) * lucid.arange(16, dtype=lucid.float32).reshape(4, 4)).sum()
+
+    xe = lucid.tensor(x, requires_grad=True)
+    loss(xe).backward()
+    xc = lucid.tensor(x, requires_grad=True)
+    lucid.compile(loss)(xc).backward()
+    np.testing.assert_array_equal(np.isnan(xc.grad.numpy()), np.isnan(xe.grad.numpy()))
+    np.testing.assert_allclose(xc.grad.numpy(), xe.grad.numpy(), rtol=1e-6)
