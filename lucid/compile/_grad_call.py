@@ -187,7 +187,7 @@ class GradEntry:
                     feeds.append(residuals[ref])
                 elif kind == "cot":
                     g = gouts[ref]
-                    # np.ascontiguousarray would turn a 0-d cotangent (a scalar loss) into shape (1,).
+                    # np.ascontiguousarray would make a 0-d cotangent (a scalar loss) 1-d.
                     feeds.append(np.asarray(g._data, dtype=cot_dtypes[ref], order="C"))
                 elif kind == "input":
                     feeds.append(tensor_args[ref]._data)
