@@ -229,28 +229,37 @@ void im2col(const ConvGeom& g, const T* x, T* col, int64_t ld = 0, int64_t image
     }
 }
 
+// The adjoint of im2col: dx[n, c, ...] += col[...] over the `images` images, rows walked front to
+// back across the batch as in im2col. Each element's taps are still added in (i, j) order, so
+// the sums are the same, bit for bit, as image by image.
 template <class T>
-void col2im(const ConvGeom& g, const T* col, T* x, int64_t ld = 0) {
+void col2im(const ConvGeom& g, const T* col, T* x, int64_t ld = 0, int64_t images = 1) {
   if (ld == 0) ld = g.howo();
+  const int64_t image = g.C * g.H * g.W;
   for (int64_t c = 0; c < g.cg(); ++c)
-    for (int64_t i = 0; i < g.KH; ++i)
+    for (int64_t i = 0; i < g.KH; ++i) {
+      const int64_t rshift = i * g.dh - g.pt;
+      const int64_t oh_lo = std::min(g.HO, std::max<int64_t>(0, ceil_div(-rshift, g.sh)));
+      const int64_t oh_hi = std::max(oh_lo, std::min(g.HO, ceil_div(g.H - rshift, g.sh)));
       for (int64_t j = 0; j < g.KW; ++j) {
-        const T* row = col + ((c * g.KH + i) * g.KW + j) * ld;
         int64_t lo, hi;
         valid_cols(g, j, &lo, &hi);
         const int64_t shift = j * g.dw - g.pl;
-        for (int64_t oh = 0; oh < g.HO; ++oh) {
-          int64_t ih = oh * g.sh - g.pt + i * g.dh;
-          if (ih < 0 || ih >= g.H) continue;
-          T* dst = x + (c * g.H + ih) * g.W + shift;
-          const T* src = row + oh * g.WO;
-          if (g.sw == 1) {
-            for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += src[ow];
-          } else {
-            for (int64_t ow = lo; ow < hi; ++ow) dst[ow * g.sw] += src[ow];
+        for (int64_t n = 0; n < images; ++n) {
+          const T* row = col + ((c * g.KH + i) * g.KW + j) * ld + n * g.howo();
+          T* plane = x + n * image + c * g.H * g.W;
+          for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+            T* dst = plane + (oh * g.sh + rshift) * g.W + shift;
+            const T* src = row + oh * g.WO;
+            if (g.sw == 1) {
+              for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += src[ow];
+            } else {
+              for (int64_t ow = lo; ow < hi; ++ow) dst[ow * g.sw] += src[ow];
+            }
           }
         }
       }
+    }
 }
 
 bool is_pointwise(const ConvGeom& g) {
@@ -310,7 +319,7 @@ void conv_data_grad(const ConvGeom& g, const T* dy, const T* w, T* dx) {
     T* dy_all = col + g.ckk() * cols;
     gather_images(g, dy, dy_all);
     gemm<T>(true, false, g.ckk(), cols, g.O, w, g.ckk(), dy_all, cols, T(0), col, cols);
-    for (int64_t n = 0; n < g.N; ++n) col2im(g, col + n * g.howo(), dx + n * g.C * g.H * g.W, cols);
+    col2im(g, col, dx, cols, g.N);
     return;
   }
   T* col = scratch<T>(g.ckk() * g.howo());
