@@ -126,6 +126,24 @@ Step make_step(const Program& p, const Instr& in) {
 
 }  // namespace
 
+// An arena input of elementwise instruction k whose buffer the output can take over: it dies at
+// k and has the output's shape and element size. The evaluator reads every input element of a
+// block before writing that block's output (elementwise.cpp), so writing over an input read at
+// the same element is safe, and the output lands in cache lines the input just brought in
+// (workload C's bias + ReLU over a conv output). Single-output instructions only; -1 if none.
+int Executable::reusable_input(const Program& p, const Instr& in, int k,
+                               const std::vector<int>& last) const {
+  if (!(is_elementwise(in.op) || in.op == Op::fused) || in.out.size() != 1) return -1;
+  const int o = in.out[0];
+  if (loc_[o] != Loc::Arena) return -1;
+  const Slot& os = p.slots[o];
+  for (int s : in.in)
+    if (s != o && loc_[s] == Loc::Arena && last[s] == k && p.slots[s].shape == os.shape &&
+        dtype_size(p.slots[s].dtype) == dtype_size(os.dtype))
+      return s;
+  return -1;
+}
+
 struct Executable::Arena {
   std::vector<double> memory;  // 8-byte aligned; offsets are 64-byte multiples
   std::vector<void*> ptrs;
@@ -184,18 +202,21 @@ Executable::Executable(Program program) : program_(std::move(program)) {
   ArenaPlanner planner;
   for (int k = 0; k < forever; ++k) {
     const Instr& in = p.instrs[k];
+    const int taken = reusable_input(p, in, k, last);
     for (int o : in.out)
       if (loc_[o] == Loc::Arena) {
         unplanned_bytes_ += align_up(p.slots[o].bytes());
-        where_[o] = planner.allocate(p.slots[o].bytes());
+        where_[o] = taken >= 0 ? where_[taken] : planner.allocate(p.slots[o].bytes());
       }
-    // Inputs are freed after the outputs are placed: a kernel never reads and writes one buffer.
+    // Other inputs are freed after the outputs are placed: apart from the elementwise reuse
+    // above, a kernel never reads and writes one buffer.
     std::vector<int> dead(in.in.begin(), in.in.end());
     dead.insert(dead.end(), in.out.begin(), in.out.end());
     std::sort(dead.begin(), dead.end());
     dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
     for (int s : dead)
-      if (loc_[s] == Loc::Arena && last[s] <= k) planner.release(where_[s], p.slots[s].bytes());
+      if (s != taken && loc_[s] == Loc::Arena && last[s] <= k)
+        planner.release(where_[s], p.slots[s].bytes());
   }
   arena_bytes_ = planner.end();
   for (int k = 0; k < forever; ++k)

@@ -46,6 +46,7 @@ class Executable {
   struct Arena;
   Arena* acquire() const;
   bool writes_alias_feeds(const std::vector<void*>& feeds) const;
+  int reusable_input(const Program& p, const Instr& in, int k, const std::vector<int>& last) const;
   void release(Arena* a) const;
 
   Program program_;
