@@ -356,3 +356,32 @@ def test_negative_zero_constant_keeps_its_sign():
     neg, pos = lucid.compile(fn)(x)
     assert np.array_equal(np.signbit(neg.numpy()), [True, False])
     assert np.array_equal(np.signbit(pos.numpy()), [False, True])
+
+
+def test_profile_times_every_instruction_without_touching_the_model():
+    lucid.manual_seed(0)
+    model = lucid.nn.Sequential(
+        lucid.nn.Linear(6, 8), lucid.nn.BatchNorm1d(8), lucid.nn.ReLU(), lucid.nn.Linear(8, 3)
+    )
+    model.train()  # BatchNorm updates its running statistics in place on every call
+    cm = lucid.compile(model)
+    x = lucid.randn(5, 6)
+    cm(x)
+    before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    rows = cm.profile(x, repeats=7)
+    assert [r["ms"] for r in rows] == sorted((r["ms"] for r in rows), reverse=True)
+    assert {"matmul"} <= {r["op"] for r in rows}
+    assert all(r["ms"] > 0 and r["instr"].startswith("%") for r in rows)
+    assert len({r["index"] for r in rows}) == len(rows) > 0
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), before[k], err_msg=k)
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        cm.profile(x, repeats=0)
+
+
+def test_profile_of_arguments_that_run_eagerly_says_why():
+    def breaks(t):
+        return t * float(t.sum())  # reads a value: a graph break
+
+    with pytest.raises(RuntimeError, match="run eagerly"):
+        lucid.compile(breaks).profile(lucid.randn(3))
