@@ -352,9 +352,7 @@ struct ElementwisePlan {
   // outputs are copied from scratch once the whole block is computed, so every read of an input
   // element happens before any output element is written (outputs may be in-place feeds).
   std::vector<int> out_slots, out_nodes;
-  int direct_node = -1;  // the node written straight to its output (-1: none)
-  int direct_out = -1;   // that output's slot
-  int direct_index = -1; // and its index among the outputs
+  int direct_index = -1;  // the output the last node writes straight into (-1: none)
   bool compute_bound = false;  // has a division, root or transcendental
 
   void run(void* const* slots) const {
@@ -382,7 +380,9 @@ struct ElementwisePlan {
                       std::min(total, kBlock), inputs[i].esize);
         ptr[i] = region(i);
       }
-    uint8_t* direct = direct_out >= 0 ? static_cast<uint8_t*>(slots[direct_out]) : nullptr;
+    const int direct_node = direct_index >= 0 ? out_nodes[direct_index] : -1;
+    uint8_t* direct =
+        direct_index >= 0 ? static_cast<uint8_t*>(slots[out_slots[direct_index]]) : nullptr;
     const size_t direct_esize = dtype_size(nodes.back().dtype);
     for (int64_t start = b0 * kBlock; start < std::min(total, b1 * kBlock); start += kBlock) {
       const int64_t n = std::min(kBlock, total - start);
@@ -423,12 +423,9 @@ Step make_elementwise_step(const Program& p, const Instr& in) {
   plan->nodes = decode_expr(p, in);
   plan->out_slots = in.out;
   plan->out_nodes = expr_outputs(in, plan->nodes.size());
-  for (size_t j = 0; j < in.out.size(); ++j)
-    if (plan->out_nodes[j] + 1 == static_cast<int>(plan->nodes.size()) && plan->direct_node < 0) {
-      plan->direct_node = plan->out_nodes[j];
-      plan->direct_out = in.out[j];
+  for (size_t j = 0; j < in.out.size() && plan->direct_index < 0; ++j)
+    if (plan->out_nodes[j] + 1 == static_cast<int>(plan->nodes.size()))
       plan->direct_index = static_cast<int>(j);
-    }
   plan->total = out.size();
   const size_t rank = out.shape.size();
   // Broadcast strides of every input, right-aligned on the output shape (0 on broadcast dims).

@@ -177,17 +177,16 @@ ConvGeom conv_geom(const Instr& in, const Shape& x, const Shape& w, const Shape&
 // ceil(a / b) for b > 0 and any sign of a.
 inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
 
-// The output columns ow whose input column ow*sw - pl + j*dw lies inside [0, W): [lo, hi).
-inline void valid_cols(const ConvGeom& g, int64_t j, int64_t* lo, int64_t* hi) {
-  const int64_t shift = j * g.dw - g.pl;  // iw = ow * sw + shift
-  *lo = std::min(g.WO, std::max<int64_t>(0, ceil_div(-shift, g.sw)));
-  *hi = std::max(*lo, std::min(g.WO, ceil_div(g.W - shift, g.sw)));
+// For one kernel tap along one axis (input index = output index * stride + shift), the output
+// indices whose input lies inside [0, in_size): [lo, hi).
+struct Inside {
+  int64_t lo, hi;
+};
+inline Inside inside(int64_t shift, int64_t stride, int64_t in_size, int64_t out_size) {
+  const int64_t lo = std::min(out_size, std::max<int64_t>(0, ceil_div(-shift, stride)));
+  return {lo, std::max(lo, std::min(out_size, ceil_div(in_size - shift, stride)))};
 }
 
-// col[(c*KH + i)*KW + j][oh*WO + ow] = x[c, oh*sh - pt + i*dh, ow*sw - pl + j*dw] (0 outside);
-// ld is the distance between col rows (howo for one image, more when images sit side by side).
-// The in-bounds columns of each tap are computed once, so the copy loop has no bounds checks
-// (and with stride 1 it is a plain contiguous copy the compiler vectorizes).
 // col[(c*KH + i)*KW + j][n*HO*WO + oh*WO + ow] = x[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw]
 // (0 outside) for the `images` images starting at x; ld is the distance between col rows. Each
 // col row is written front to back across the images: row-by-row per image instead would write
@@ -200,14 +199,11 @@ void im2col(const ConvGeom& g, const T* x, T* col, int64_t ld = 0, int64_t image
   const int64_t HO = g.HO, WO = g.WO, sw = g.sw, image = g.C * g.H * g.W;
   for (int64_t c = 0; c < g.cg(); ++c)
     for (int64_t i = 0; i < g.KH; ++i) {
-      // Output rows whose input row oh*sh - pt + i*dh lies inside [0, H): [oh_lo, oh_hi).
       const int64_t rshift = i * g.dh - g.pt;
-      const int64_t oh_lo = std::min(HO, std::max<int64_t>(0, ceil_div(-rshift, g.sh)));
-      const int64_t oh_hi = std::max(oh_lo, std::min(HO, ceil_div(g.H - rshift, g.sh)));
+      const auto [oh_lo, oh_hi] = inside(rshift, g.sh, g.H, HO);
       for (int64_t j = 0; j < g.KW; ++j) {
-        int64_t lo, hi;
-        valid_cols(g, j, &lo, &hi);
         const int64_t shift = j * g.dw - g.pl;
+        const auto [lo, hi] = inside(shift, sw, g.W, WO);
         for (int64_t n = 0; n < images; ++n) {
           T* row = col + ((c * g.KH + i) * g.KW + j) * ld + n * g.howo();
           const T* plane = x + n * image + c * g.H * g.W;
@@ -239,12 +235,10 @@ void col2im(const ConvGeom& g, const T* col, T* x, int64_t ld = 0, int64_t image
   for (int64_t c = 0; c < g.cg(); ++c)
     for (int64_t i = 0; i < g.KH; ++i) {
       const int64_t rshift = i * g.dh - g.pt;
-      const int64_t oh_lo = std::min(g.HO, std::max<int64_t>(0, ceil_div(-rshift, g.sh)));
-      const int64_t oh_hi = std::max(oh_lo, std::min(g.HO, ceil_div(g.H - rshift, g.sh)));
+      const auto [oh_lo, oh_hi] = inside(rshift, g.sh, g.H, g.HO);
       for (int64_t j = 0; j < g.KW; ++j) {
-        int64_t lo, hi;
-        valid_cols(g, j, &lo, &hi);
         const int64_t shift = j * g.dw - g.pl;
+        const auto [lo, hi] = inside(shift, g.sw, g.W, g.WO);
         for (int64_t n = 0; n < images; ++n) {
           const T* row = col + ((c * g.KH + i) * g.KW + j) * ld + n * g.howo();
           T* plane = x + n * image + c * g.H * g.W;

@@ -84,6 +84,11 @@ bool parse_op(const std::string& name, Op* out) {
 
 bool is_unary(Op op) { return op <= Op::isfinite; }
 bool is_binary(Op op) { return op >= Op::add && op <= Op::logical_xor; }
+bool may_throw_at_run_time(Op op) {
+  return op == Op::gather || op == Op::gather_along_axis || op == Op::scatter_add ||
+         op == Op::scatter_add_along_axis;
+}
+
 bool is_elementwise(Op op) {
   return is_unary(op) || is_binary(op) || op == Op::select || op == Op::cast || op == Op::normalize;
 }

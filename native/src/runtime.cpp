@@ -59,27 +59,23 @@ class ArenaPlanner {
   size_t end_ = 0;
 };
 
-// Ops whose kernels can throw at run time (index checks).
-bool may_throw(Op op) {
-  return op == Op::gather || op == Op::gather_along_axis || op == Op::scatter_add ||
-         op == Op::scatter_add_along_axis;
-}
-
 // Which in-place results can be computed straight into their feed's buffer instead of being
 // copied there after the run. Safe when nothing can tell the difference: the result's instruction
 // is elementwise (or a GEMM accumulating into the feed) and reads that feed only at the element
 // it writes, no later instruction or copied result reads the feed, and no instruction after it
-// can throw, so a failed run still leaves every feed untouched. Feeds that share memory are handled at run time.
-std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& inplace_feed,
-                                         const std::vector<int>& result_uses) {
+// can throw, so a failed run still leaves every feed untouched. Feeds that share memory are
+// handled at run time.
+std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& inplace_feed) {
   const int n_instr = static_cast<int>(p.instrs.size());
+  std::vector<int> result_uses(p.slots.size(), 0);
+  for (int s : p.results) ++result_uses[s];
   std::vector<int> def(p.slots.size(), -1), last_read(p.slots.size(), -1);
   int last_throw = -1;
   for (int k = 0; k < n_instr; ++k) {
     const Instr& in = p.instrs[k];
     for (int s : in.in) last_read[s] = k;
     for (int s : in.out) def[s] = k;
-    if (may_throw(in.op)) last_throw = k;
+    if (may_throw_at_run_time(in.op)) last_throw = k;
   }
   std::vector<bool> feed_is_result(p.slots.size(), false);
   for (int s : p.results)
@@ -113,7 +109,8 @@ Step make_step(const Program& p, const Instr& in) {
   if (is_elementwise(in.op) || in.op == Op::fused) return make_elementwise_step(p, in);
   switch (in.op) {
     case Op::matmul: case Op::matmul_accumulate: case Op::conv2d: case Op::conv2d_data_grad:
-    case Op::conv2d_weights_grad: case Op::max_pool2d: case Op::max_pool2d_grad: case Op::avg_pool2d: case Op::avg_pool2d_grad:
+    case Op::conv2d_weights_grad: case Op::max_pool2d: case Op::max_pool2d_grad:
+    case Op::avg_pool2d: case Op::avg_pool2d_grad:
       return make_linalg_step(p, in);
     case Op::reduce_sum: case Op::reduce_mean: case Op::reduce_max: case Op::reduce_min:
     case Op::reduce_prod: case Op::variance: case Op::argmax: case Op::argmin: case Op::softmax:
@@ -173,9 +170,7 @@ Executable::Executable(Program program) : program_(std::move(program)) {
   inplace_feed_.assign(p.results.size(), -1);
   for (auto [r, f] : p.inplace) inplace_feed_[r] = f;
   // Results are computed straight into their output arrays unless they must be copied there.
-  std::vector<int> result_uses(n, 0);
-  for (int s : p.results) ++result_uses[s];
-  std::vector<bool> direct_inplace = plan_direct_inplace(p, inplace_feed_, result_uses);
+  std::vector<bool> direct_inplace = plan_direct_inplace(p, inplace_feed_);
   std::vector<bool> seen(n, false);
   for (size_t j = 0; j < p.results.size(); ++j) {
     int s = p.results[j];

@@ -16,7 +16,7 @@ gradient, the moments and the parameter once and writes all three (7 array passe
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
 from lucid.backends.prim_ops import ELEMENTWISE_OPS
@@ -103,6 +103,13 @@ def _merge(program: Program, producer: Instr, consumer: Instr, keep: set[int]) -
 def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
     instrs: list[Instr | None] = list(program.instrs)
     results = set(program.results)
+    # Kept up to date as instructions merge, so each lookup is O(1) (a big graph has thousands
+    # of instructions; rescanning them per candidate made this sweep quadratic).
+    producer_of = {s: j for j, ins in enumerate(instrs) for s in ins.outputs}
+    readers: dict[int, set[int]] = defaultdict(set)
+    for i, ins in enumerate(instrs):
+        for s in ins.inputs:
+            readers[s].add(i)
 
     def elementwise(ins: Instr | None) -> bool:
         return ins is not None and (ins.op == FUSED or ins.op in ELEMENTWISE_OPS)
@@ -118,20 +125,28 @@ def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
         merged = True
         while merged:
             merged = False
-            producers = {s: j for j in range(k) if instrs[j] for s in instrs[j].outputs}
             for s in dict.fromkeys(consumer.inputs):
-                j = producers.get(s)
+                j = producer_of.get(s)
                 if j is None or not elementwise(instrs[j]):
                     continue
                 producer = instrs[j]
-                outs = set(producer.outputs)
                 if program.slots[s].shape != shape or size(producer) + size(consumer) > max_nodes:
                     continue
-                if any(outs & set(instrs[i].inputs) for i in range(j + 1, k) if instrs[i]):
+                outs = producer.outputs
+                if any(j < i < k for t in outs for i in readers[t]):
                     continue  # read in between: it must be computed where it is
-                later = {t for ins in instrs[k + 1 :] if ins for t in ins.inputs}
-                consumer = _merge(program, producer, consumer, (later | results) & outs)
+                keep = {t for t in outs if t in results or any(i > k for i in readers[t])}
+                consumer = _merge(program, producer, consumer, keep)
                 instrs[j], instrs[k] = None, consumer
+                for t in outs:
+                    readers[t].discard(k)
+                    if t in keep:
+                        producer_of[t] = k
+                    else:
+                        del producer_of[t]
+                for t in producer.inputs:
+                    readers[t].discard(j)
+                    readers[t].add(k)
                 merged = True
                 break
     return [ins for ins in instrs if ins is not None]

@@ -72,6 +72,9 @@ bool is_unary(Op op);
 bool is_binary(Op op);
 // Ops the elementwise evaluator runs (and that `fused` may contain).
 bool is_elementwise(Op op);
+// Ops whose kernels can throw while a program runs (index range checks); every other kernel runs
+// to completion once the program validated.
+bool may_throw_at_run_time(Op op);
 int elementwise_arity(Op op);
 
 struct Instr {
