@@ -90,6 +90,7 @@ class Trace:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             got = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a Lucid trace: expected format {FORMAT!r}, got {got!r}")
+        check_trace_json(data)
         values: dict[int, Value] = {}
 
         def new_value(d: dict) -> Value:
@@ -133,6 +134,106 @@ class Trace:
     @classmethod
     def from_json(cls, text: str) -> Trace:
         return cls.from_dict(json.loads(text))
+
+
+_MAX_DIM = 2**63 - 1  # shapes are int64 in the IR
+
+
+def check_trace_json(data: dict) -> None:
+    """Refuse a malformed trace dict with a ValueError naming the JSON path of the problem:
+    dims must be None or non-negative ints (not bools or floats), ids ints defined once before
+    use, constants bool/int/float, outputs values, and every field of the expected kind."""
+
+    def bad(path: str, what: str) -> ValueError:
+        return ValueError(f"malformed trace JSON at {path}: {what}")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def field_of(d: Any, key: str, path: str, kinds: tuple, what: str) -> Any:
+        if not isinstance(d, dict):
+            raise bad(path, f"expected an object, got {type(d).__name__}")
+        if key not in d:
+            raise bad(path, f"missing field {key!r}")
+        v = d[key]
+        if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+            raise bad(f"{path}.{key}", f"expected {what}, got {v!r}")
+        return v
+
+    def items(d: dict, key: str, path: str) -> list:
+        return field_of(d, key, path, (list,), "a list")
+
+    defined: set[int] = set()
+
+    def value(d: Any, path: str) -> None:
+        vid = field_of(d, "id", path, (int,), "an integer id")
+        if vid in defined:
+            raise bad(f"{path}.id", f"the trace defines value %{vid} twice")
+        for i, dim in enumerate(items(d, "shape", path)):
+            if dim is not None and not (is_int(dim) and 0 <= dim <= _MAX_DIM):
+                raise bad(f"{path}.shape[{i}]", f"a dim is null or an integer >= 0, got {dim!r}")
+        name = field_of(d, "dtype", path, (str,), "a dtype name")
+        try:
+            _dtype.from_name(name)
+        except TypeError as e:
+            raise bad(f"{path}.dtype", str(e)) from None
+        if "device" in d and not isinstance(d["device"], str):
+            raise bad(f"{path}.device", f"expected a string, got {d['device']!r}")
+        defined.add(vid)
+
+    def operand(x: Any, path: str, *, allow_list: bool) -> None:
+        if isinstance(x, list) and allow_list:
+            for i, e in enumerate(x):
+                operand(e, f"{path}[{i}]", allow_list=False)
+            return
+        if isinstance(x, dict) and "const" in x:
+            if not isinstance(x["const"], (bool, int, float)):
+                raise bad(f"{path}.const", f"a constant is a bool or a number, got {x['const']!r}")
+            return
+        vid = field_of(x, "id", path, (int,), "an integer id")
+        if vid not in defined:
+            raise bad(f"{path}.id", f"the trace uses value %{vid} before defining it")
+
+    def attr(v: Any, path: str) -> None:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return
+        if isinstance(v, list):
+            for i, e in enumerate(v):
+                attr(e, f"{path}[{i}]")
+        elif isinstance(v, dict) and set(v) == {"dtype"}:
+            try:
+                _dtype.from_name(v["dtype"])
+            except TypeError as e:
+                raise bad(path, str(e)) from None
+        elif isinstance(v, dict) and set(v) == {"tuple"}:
+            attr(field_of(v, "tuple", path, (list,), "a list"), f"{path}.tuple")
+        else:
+            raise bad(path, f"unknown attribute encoding {v!r}")
+
+    for i, f in enumerate(items(data, "feeds", "$")):
+        field_of(f, "role", f"$.feeds[{i}]", (str,), "a role string")
+        value(f, f"$.feeds[{i}]")
+    for i, op in enumerate(items(data, "ops", "$")):
+        path = f"$.ops[{i}]"
+        field_of(op, "name", path, (str,), "an op name")
+        for j, x in enumerate(items(op, "inputs", path)):
+            operand(x, f"{path}.inputs[{j}]", allow_list=True)
+        for j, v in enumerate(items(op, "outputs", path)):
+            value(v, f"{path}.outputs[{j}]")
+        if "attrs" in op:
+            for k, v in field_of(op, "attrs", path, (dict,), "an object").items():
+                attr(v, f"{path}.attrs.{k}")
+        loc = op.get("loc")
+        if loc is not None and not (
+            isinstance(loc, list) and len(loc) == 2 and isinstance(loc[0], str) and is_int(loc[1])
+        ):
+            raise bad(f"{path}.loc", f"expected [file, line], got {loc!r}")
+    for i, o in enumerate(items(data, "outputs", "$")):
+        path = f"$.outputs[{i}]"
+        field_of(o, "role", path, (str,), "a role string")
+        if isinstance(o, dict) and "const" in o:
+            raise bad(path, "an output must be a value ({'id': N}), not a constant")
+        operand(o, path, allow_list=False)
 
 
 def _op_json(op: TraceOp) -> dict:
