@@ -369,6 +369,8 @@ def _softmax_infer(op: str):
 def _softmax_kernel(x, dim):
     if x.ndim == 0:
         return np.ones_like(x)
+    if x.size == 0:  # np.max has no identity; an empty softmax is empty (PyTorch)
+        return x.copy()
     e = np.exp(x - np.max(x, axis=dim, keepdims=True))
     return e / np.sum(e, axis=dim, keepdims=True)
 
@@ -376,6 +378,8 @@ def _softmax_kernel(x, dim):
 def _log_softmax_kernel(x, dim):
     if x.ndim == 0:
         return np.zeros_like(x)
+    if x.size == 0:
+        return x.copy()
     shifted = x - np.max(x, axis=dim, keepdims=True)
     return shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
 

@@ -282,16 +282,18 @@ register(
 def _var_vjp(c, g):
     x, dim, keepdim = c.inputs[0], c.attrs["dim"], c.attrs["keepdim"]
     centered = x - mean(x, dim, keepdim=True)
-    scale = 2.0 / (_n_reduced(x, dim) - c.attrs["correction"])
+    dof = builtins.max(_n_reduced(x, dim) - c.attrs["correction"], 0)
+    scale = 2.0 / dof if dof else math.inf
     return (_expand_back(g, x, dim, keepdim) * centered * scale,)
 
 
 def _var_kernel(x, dim, correction, keepdim):
-    # Written out rather than np.var, which warns where PyTorch returns inf/NaN silently.
+    # Written out rather than np.var, which warns where PyTorch returns inf/NaN silently. The
+    # divisor is PyTorch's max(n - correction, 0): an empty slice is 0 / 0 = NaN (not -0.0).
     n = _n_reduced_array(x, dim)
     with np.errstate(divide="ignore", invalid="ignore"):
         centered = x - _float_sum(x, dim, True) / n
-        return _float_sum(centered * centered, dim, keepdim) / (n - correction)
+        return _float_sum(centered * centered, dim, keepdim) / builtins.max(n - correction, 0)
 
 
 register(
@@ -447,7 +449,10 @@ register(
 
 def _logsumexp_kernel(x, dim, keepdim):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        m = np.amax(x, axis=_axis(dim), keepdims=True)
+        # initial=-inf: an empty slice sums nothing, log(0) = -inf (PyTorch's answer).
+        if x.dtype.kind != "f":
+            x = x.astype(np.float64)
+        m = np.amax(x, axis=_axis(dim), keepdims=True, initial=-np.inf)
         m = np.where(np.isfinite(m), m, 0)  # all -inf (or an inf) slices: no shift
         out = np.log(np.sum(np.exp(x - m), axis=_axis(dim), keepdims=True)) + m
     return out if keepdim else np.squeeze(out, axis=_axis(dim))

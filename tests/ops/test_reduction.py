@@ -338,3 +338,96 @@ def test_sum_and_mean_do_not_save_their_input():
     y.add_(1.0)
     total.backward()
     np.testing.assert_allclose(x.grad.numpy(), np.full(3, 1 + 1 / 3))
+
+
+# --- empty axes: PyTorch's answers (issue 15, item 4) -------------------------------------------
+# The sum of nothing is 0, the product 1; mean is 0 / 0; var divides by max(n - correction, 0);
+# logsumexp is log(0); softmax of an empty axis is empty; max/min/argmax have no identity and raise.
+def _empty_reference(name, shape, axis):
+    n = shape[axis]
+    out_shape = tuple(d for i, d in enumerate(shape) if i != axis)
+    assert n == 0
+    value = {"sum": 0.0, "prod": 1.0, "mean": np.nan, "var": np.nan, "var_c0": np.nan,
+             "std": np.nan, "logsumexp": -np.inf, "norm": 0.0, "norm1": 0.0}[name]  # fmt: skip
+    return np.full(out_shape, value)
+
+
+EMPTY_REDUCTIONS = {
+    "sum": lambda t, d: t.sum(d),
+    "prod": lambda t, d: t.prod(d),
+    "mean": lambda t, d: t.mean(d),
+    "var": lambda t, d: t.var(d),
+    "var_c0": lambda t, d: t.var(d, correction=0),
+    "std": lambda t, d: t.std(d),
+    "logsumexp": lambda t, d: t.logsumexp(d),
+    "norm": lambda t, d: t.norm(dim=d),
+    "norm1": lambda t, d: t.norm(p=1, dim=d),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_REDUCTIONS))
+@given(shape=array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=3), data=st.data())
+def test_reduction_over_an_empty_axis_gives_pytorchs_identity(name, shape, data):
+    empty_axes = [i for i, d in enumerate(shape) if d == 0]
+    if not empty_axes:
+        shape = (*shape, 0)
+        empty_axes = [len(shape) - 1]
+    axis = data.draw(st.sampled_from(empty_axes))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = EMPTY_REDUCTIONS[name](lucid.zeros(*shape), axis).numpy()
+    np.testing.assert_array_equal(got, _empty_reference(name, shape, axis))
+
+
+def test_var_divides_by_max_of_n_minus_correction_and_zero():
+    # torch: divisor = max(0, n - correction); an empty slice is NaN, never -0.0
+    got = lucid.zeros(2, 0).var(1).numpy()
+    assert np.isnan(got).all()
+    assert lucid.tensor([1.0, 3.0]).var(correction=3).item() == np.inf
+    assert np.isnan(lucid.var_mean(lucid.zeros(0), 0)[0].item())
+    assert np.isnan(lucid.std_mean(lucid.zeros(3, 0), 1)[0].numpy()).all()
+
+
+def test_var_gradient_with_a_nonpositive_divisor_is_inf_or_nan_not_an_exception():
+    x = t64([1.0, 3.0])
+    x.var(correction=3).backward()
+    assert np.isinf(x.grad.numpy()).all()  # 2 / 0 * (x - mean): +-inf
+    y = t64([2.0])
+    y.var().backward()
+    assert np.isnan(y.grad.numpy()).all()  # 2 / 0 * 0
+
+
+@pytest.mark.parametrize("fn", [lucid.nn.functional.softmax, lucid.nn.functional.log_softmax])
+@pytest.mark.parametrize("shape,dim", [((3, 0), 1), ((3, 0), 0), ((0, 4), 1), ((0,), 0)])
+def test_softmax_of_an_empty_tensor_is_empty(fn, shape, dim):
+    x = lucid.zeros(*shape, requires_grad=True)
+    y = fn(x, dim=dim)
+    assert tuple(y.shape) == shape and y.dtype == x.dtype
+    y.sum().backward()
+    assert tuple(x.grad.shape) == shape
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: t.amax(1),
+        lambda t: t.amin(1),
+        lambda t: t.max(1),
+        lambda t: t.min(1),
+        lambda t: t.argmax(1),
+        lambda t: t.argmin(1),
+        lambda t: t.norm(p=float("inf"), dim=1),
+    ],
+)
+def test_extreme_reductions_of_an_empty_axis_raise_as_pytorch(call):
+    with pytest.raises(IndexError, match="non-zero size"):
+        call(lucid.zeros(3, 0))
+
+
+def test_logsumexp_of_integers_and_empty_integer_slices():
+    t = lucid.tensor([[1, 2], [3, 4]])
+    np.testing.assert_allclose(t.logsumexp(1).numpy(), _lse(np.array([[1.0, 2], [3, 4]]), 1))
+    np.testing.assert_array_equal(lucid.zeros(2, 0, dtype=lucid.int32).logsumexp(1).numpy(),
+                                  [-np.inf, -np.inf])  # fmt: skip

@@ -123,6 +123,8 @@ rule("min_dim")(_value_and_index("reduce_min", "argmin"))
 def _logsumexp(b: Builder, v, dim, keepdim):
     axes = _axes(v, dim)
     dt = b.outs[0].dtype
+    if any(v.shape[a] == 0 for a in axes):  # the sum of nothing: log(0), as eager
+        return b.full(-math.inf, b.outs[0].shape, dt)
     v = b.cast(v, dt)
     m = b.reduce("reduce_max", v, axes, True)
     m = b.select(b.op("isfinite", m), m, 0.0, dt)
