@@ -5,7 +5,12 @@ from lucid import (
     autograd,  # noqa: F401,E402
     ops,  # noqa: F401
 )
-from lucid._autograd import enable_grad, no_grad, set_grad_enabled  # noqa: F401
+from lucid._autograd import (  # noqa: F401
+    enable_grad,
+    inference_mode,
+    no_grad,
+    set_grad_enabled,
+)
 from lucid._dtype import (  # noqa: F401
     bfloat16,
     bool_,
@@ -26,7 +31,7 @@ from lucid._dtype import (  # noqa: F401
     uint8,
 )
 from lucid._native_loader import _native
-from lucid._state import is_grad_enabled  # noqa: F401
+from lucid._state import is_grad_enabled, is_inference_mode_enabled  # noqa: F401
 from lucid._tensor import Tensor, device  # noqa: F401
 from lucid.ops.activation import *  # noqa: F401,F403
 from lucid.ops.attention import *  # noqa: F401,F403

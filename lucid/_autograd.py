@@ -98,41 +98,141 @@ class Node:
 
 
 class _GradMode:
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.prev: list[bool] = []
+    """Base of the grad-mode switches: a context manager, and a decorator running the function
+    (or each resumption of a generator function) under the mode."""
+
+    grad: bool = True
+    inference: bool | None = None  # None leaves the inference flag as it is
 
     def __enter__(self):
-        self.prev.append(state.grad_enabled)
-        state.grad_enabled = self.enabled
+        self._prev = getattr(self, "_prev", [])
+        self._prev.append((state.grad_enabled, state.inference_mode))
+        state.grad_enabled = self.grad
+        if self.inference is not None:
+            state.inference_mode = self.inference
         return self
 
     def __exit__(self, *exc):
-        state.grad_enabled = self.prev.pop()
+        state.grad_enabled, state.inference_mode = self._prev.pop()
         return False
+
+    def clone(self) -> _GradMode:
+        """A fresh switch with the same mode (each decorated call enters its own)."""
+        return type(self)()
 
     def __call__(self, fn):
         import functools
+        import inspect
+
+        if not callable(fn):
+            raise TypeError(f"{type(self).__name__} decorates a callable, got {type(fn).__name__}")
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def generator(*a, **k):
+                gen = fn(*a, **k)
+                sent = None
+                while True:
+                    try:
+                        with self.clone():
+                            item = gen.send(sent)
+                    except StopIteration as stop:
+                        return stop.value
+                    sent = yield item
+
+            return generator
 
         @functools.wraps(fn)
         def wrapper(*a, **k):
-            with _GradMode(self.enabled):
+            with self.clone():
                 return fn(*a, **k)
 
         return wrapper
 
 
-def no_grad() -> _GradMode:
-    """Context manager (and decorator) that disables gradient recording on this thread."""
-    return _GradMode(False)
+class _BareDecoratable(_GradMode):
+    """A switch that also works as a bare decorator: ``@no_grad`` as well as ``@no_grad()``."""
+
+    def __new__(cls, orig_func=None):
+        if orig_func is None:
+            return super().__new__(cls)
+        if not callable(orig_func):
+            raise TypeError(
+                f"{cls.__name__}() takes no arguments (or a function to decorate), "
+                f"got {type(orig_func).__name__}"
+            )
+        return cls()(orig_func)
+
+    def __init__(self, orig_func=None) -> None:
+        self._prev = []
 
 
-def enable_grad() -> _GradMode:
-    return _GradMode(True)
+class no_grad(_BareDecoratable):  # noqa: N801  (torch.no_grad)
+    """Disable gradient recording on this thread: ``with lucid.no_grad():``, ``@lucid.no_grad``
+    or ``@lucid.no_grad()``."""
+
+    grad = False
 
 
-def set_grad_enabled(mode: bool) -> _GradMode:
-    return _GradMode(mode)
+class enable_grad(_BareDecoratable):  # noqa: N801  (torch.enable_grad)
+    """Enable gradient recording on this thread (inside a ``no_grad`` block, say); a context
+    manager and a decorator, bare or called."""
+
+    grad = True
+
+
+class inference_mode(_GradMode):  # noqa: N801  (torch.inference_mode)
+    """``no_grad`` for inference code: ``with lucid.inference_mode():``, ``@lucid.inference_mode``
+    or ``@lucid.inference_mode()``. ``inference_mode(False)`` switches it off again (and enables
+    gradients, as torch's). ``lucid.is_inference_mode_enabled()`` tells whether it is on.
+
+    Lucid tensors carry no inference flag: the mode disables gradient recording, like torch's,
+    and nothing else.
+    """
+
+    def __new__(cls, mode=True):
+        if isinstance(mode, bool):
+            return super().__new__(cls)
+        if not callable(mode):
+            raise TypeError(f"inference_mode: mode must be a bool, got {type(mode).__name__}")
+        return cls()(mode)
+
+    def __init__(self, mode: bool = True) -> None:
+        self._prev = []
+        self.grad = not mode
+        self.inference = mode
+
+    def clone(self) -> inference_mode:
+        return type(self)(self.inference)
+
+
+class set_grad_enabled(_GradMode):  # noqa: N801  (torch.set_grad_enabled)
+    """Set gradient recording on this thread to ``mode``, at once (as a plain call) and until the
+    end of the ``with`` block when used as a context manager; also a decorator."""
+
+    def __init__(self, mode: bool) -> None:
+        if not isinstance(mode, bool):
+            raise TypeError(f"set_grad_enabled: mode must be a bool, got {type(mode).__name__}")
+        self.grad = mode
+        self._before = (state.grad_enabled, state.inference_mode)
+        state.grad_enabled = mode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        state.grad_enabled, state.inference_mode = self._before
+        return False
+
+    def clone(self) -> _GradMode:
+        switch = _GradMode()
+        switch.grad = self.grad
+        return switch
+
+    def __call__(self, fn):
+        # Used as a decorator the call above already switched the mode: undo it, as torch does.
+        state.grad_enabled, state.inference_mode = self._before
+        return super().__call__(fn)
 
 
 def _topo_order(roots: list[Node]) -> list[Node]:
@@ -212,7 +312,7 @@ def run_backward(
             slot[r._out_idx] = _accumulate(slot[r._out_idx], g)
             root_nodes.append(r._node)
 
-    with _GradMode(create_graph):
+    with set_grad_enabled(bool(create_graph)):
         for node in _topo_order(root_nodes):
             gouts = pending.pop(id(node), None)
             if gouts is None:

@@ -8,6 +8,7 @@ import threading
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.grad_enabled = True
+        self.inference_mode = False
         # The only thing the eager core knows about compilation: when a tracer is installed on this
         # thread, the dispatch point hands every op to ``tracer.record`` instead of computing it.
         self.tracer = None
@@ -18,6 +19,11 @@ state = _ThreadState()
 
 def is_grad_enabled() -> bool:
     return state.grad_enabled
+
+
+def is_inference_mode_enabled() -> bool:
+    """Whether ``lucid.inference_mode`` is on for this thread."""
+    return state.inference_mode
 
 
 def current_tracer():

@@ -6,6 +6,7 @@ from lucid._autograd import (  # noqa: F401
     backward,
     enable_grad,
     grad,
+    inference_mode,
     no_grad,
     set_grad_enabled,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "backward",
     "enable_grad",
     "grad",
+    "inference_mode",
     "no_grad",
     "set_grad_enabled",
 ]

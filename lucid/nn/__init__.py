@@ -1,6 +1,6 @@
 """``lucid.nn``: modules, parameters, initialisation and the functional API, as ``torch.nn``."""
 
-from lucid.nn import functional, init  # noqa: F401
+from lucid.nn import functional, init, utils  # noqa: F401
 from lucid.nn.modules import *  # noqa: F403
 from lucid.nn.modules import (
     activation,
@@ -19,7 +19,7 @@ from lucid.nn.modules import (
 )
 from lucid.nn.parameter import Parameter
 
-__all__ = ["Parameter", "functional", "init"]
+__all__ = ["Parameter", "functional", "init", "utils"]
 for _m in (activation, container, conv, dropout, flatten, linear, loss, module, normalization,
            pooling, rnn, sparse, transformer):  # fmt: skip
     __all__ += _m.__all__

@@ -29,6 +29,7 @@ __all__ = [
     "LambdaLR",
     "LinearLR",
     "OneCycleLR",
+    "ReduceLROnPlateau",
 ]
 
 
@@ -421,6 +422,146 @@ class OneCycleLR(LRScheduler):
                     break
                 start_step = end_step
         return lrs
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiply each group's rate by ``factor`` once a metric has stopped improving for more than
+    ``patience`` epochs, as ``torch.optim.lr_scheduler.ReduceLROnPlateau``.
+
+    ``step(metric)`` takes the epoch's metric (a number or a 0-d tensor). A metric is an
+    improvement when it beats the best so far by the threshold: ``rel`` mode compares with
+    ``best * (1 -/+ threshold)``, ``abs`` with ``best -/+ threshold`` (minus for ``mode='min'``,
+    plus for ``'max'``). After a reduction ``cooldown`` epochs pass with bad epochs ignored. A rate
+    never goes below its ``min_lr`` (one number, or one per group), and a reduction smaller than
+    ``eps`` is skipped.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        mode: str = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        threshold_mode: str = "rel",
+        cooldown: int = 0,
+        min_lr: float | Sequence[float] = 0,
+        eps: float = 1e-8,
+    ):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+        if factor >= 1.0:
+            raise ValueError(f"Factor should be < 1.0, got {factor}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"patience must be a non-negative int, got {patience!r}")
+        if isinstance(cooldown, bool) or not isinstance(cooldown, int) or cooldown < 0:
+            raise ValueError(f"cooldown must be a non-negative int, got {cooldown!r}")
+        self.factor = factor
+        self.optimizer = optimizer
+        n_groups = len(optimizer.param_groups)
+        if isinstance(min_lr, (list, tuple)):
+            if len(min_lr) != n_groups:
+                raise ValueError(f"expected {n_groups} min_lrs, got {len(min_lr)}")
+            self.default_min_lr = None
+            self.min_lrs = list(min_lr)
+        else:
+            self.default_min_lr = min_lr
+            self.min_lrs = [min_lr] * n_groups
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+        self.patience = patience
+        self.cooldown = cooldown
+        self.cooldown_counter = 0
+        self.eps = eps
+        self.last_epoch = 0
+        self._init_is_better(mode, threshold, threshold_mode)
+        self._reset()
+
+    def _init_is_better(self, mode: str, threshold: float, threshold_mode: str) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode {mode!r} is unknown! (expected 'min' or 'max')")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(
+                f"threshold mode {threshold_mode!r} is unknown! (expected 'rel' or 'abs')"
+            )
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.mode, self.threshold, self.threshold_mode = mode, threshold, threshold_mode
+
+    def _reset(self) -> None:
+        self.best = self.mode_worse
+        self.cooldown_counter = 0
+        self.num_bad_epochs = 0
+
+    @property
+    def in_cooldown(self) -> bool:
+        return self.cooldown_counter > 0
+
+    def is_better(self, a: float, best: float) -> bool:
+        """Whether metric ``a`` improves on ``best`` by the threshold."""
+        if self.mode == "min" and self.threshold_mode == "rel":
+            return a < best * (1.0 - self.threshold)
+        if self.mode == "min":
+            return a < best - self.threshold
+        if self.threshold_mode == "rel":
+            return a > best * (self.threshold + 1.0)
+        return a > best + self.threshold
+
+    def get_lr(self) -> list[float]:
+        """The groups' current rates (this scheduler changes them only in ``step(metric)``)."""
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def step(self, metrics: Any, epoch: int | None = None) -> None:  # type: ignore[override]
+        """Record one epoch's metric; reduce the rates when it has plateaued."""
+        try:
+            current = float(metrics)
+        except (TypeError, ValueError):
+            raise TypeError(
+                "ReduceLROnPlateau.step expects the metric (a number or a one-element tensor), "
+                f"got {type(metrics).__name__}"
+            ) from None
+        if epoch is None:
+            epoch = self.last_epoch + 1
+        else:
+            warnings.warn(
+                "passing an epoch to scheduler.step() is deprecated; call step(metric) once per "
+                "epoch",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.last_epoch = epoch
+        if self.is_better(current, self.best):
+            self.best = current
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0  # bad epochs during cooldown do not count
+        if self.num_bad_epochs > self.patience:
+            self._reduce_lr()
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def _reduce_lr(self) -> None:
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.min_lrs):
+            if self.default_min_lr is None:
+                raise RuntimeError(
+                    f"The number of param groups in the optimizer ({len(groups)}) differs from "
+                    f"when ReduceLROnPlateau was initialized ({len(self.min_lrs)}), usually "
+                    "because a param group was added; set `min_lrs` to one value per group."
+                )
+            self.min_lrs = [self.default_min_lr] * len(groups)
+        for group, min_lr in zip(groups, self.min_lrs, strict=True):
+            old_lr = float(group["lr"])
+            new_lr = max(old_lr * self.factor, min_lr)
+            if old_lr - new_lr > self.eps:
+                group["lr"] = new_lr
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the attributes saved by ``state_dict`` (and re-check mode and threshold)."""
+        self.__dict__.update(state_dict)
+        self._init_is_better(self.mode, self.threshold, self.threshold_mode)
 
 
 def _phase(end_step: float, start_lr: str, end_lr: str, start_m: str, end_m: str) -> dict:
