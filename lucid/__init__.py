@@ -70,6 +70,7 @@ def from_numpy(array) -> Tensor:
 
 
 from lucid import nn, optim  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
+from lucid.serialization import load, save  # noqa: E402,F401
 
 
 def __getattr__(name: str):

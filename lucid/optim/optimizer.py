@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator
 from copy import deepcopy
 from typing import Any
 
+import numpy as np
+
 import lucid
 from lucid._tensor import Tensor
 
@@ -250,7 +252,10 @@ def _copy_value(v: Any) -> Any:
 
 def _load_value(key: str, v: Any, param: Tensor) -> Any:
     """A loaded state entry, copied so the optimizer never aliases the dict; floating state
-    follows the parameter's dtype, except ``step`` which stays float32 like torch."""
+    follows the parameter's dtype, except ``step`` which stays float32 like torch. numpy arrays
+    (and numpy scalars) are accepted as tensors."""
+    if isinstance(v, (np.ndarray, np.generic)):
+        v = Tensor(np.asarray(v))
     if not isinstance(v, Tensor):
         return deepcopy(v)
     if key not in _SCALAR_STATE and tuple(v.shape) != tuple(param.shape):

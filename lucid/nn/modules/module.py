@@ -54,6 +54,21 @@ class RemovableHandle:
         self.remove()
 
 
+def _numpy_to_tensors(state_dict: dict) -> OrderedDict:
+    """A copy of ``state_dict`` whose numpy arrays are tensors sharing their memory."""
+    out = OrderedDict()
+    for key, value in state_dict.items():
+        if isinstance(value, (np.ndarray, np.generic)):
+            if np.dtype(value.dtype) not in _dtype._BY_NUMPY:
+                raise TypeError(
+                    f'state_dict["{key}"] is a numpy array of dtype {value.dtype}, which Lucid '
+                    "has no dtype for"
+                )
+            value = Tensor._wrap(np.asarray(value))
+        out[key] = value
+    return out
+
+
 def _addindent(text: str, spaces: int) -> str:
     lines = text.split("\n")
     if len(lines) == 1:
@@ -451,6 +466,8 @@ class Module:
         """
         if not isinstance(state_dict, dict):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict).__name__}")
+        if any(isinstance(v, (np.ndarray, np.generic)) for v in state_dict.values()):
+            state_dict = _numpy_to_tensors(state_dict)
         missing: list[str] = []
         errors: list[str] = []
         expected: set[str] = set()
