@@ -337,10 +337,11 @@ _INT_DIVISION = (
     f"logicalXOR{_BIN}", _SELECT, _C,
 )  # fmt: skip
 _PHILOX = (
+    f"bitwiseXOR{_BIN}",
     "coordinateAlongAxis:withShape:name:", "castTensor:toType:name:", _C,
     "sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",
     "reshapeTensor:withShape:name:",
-    f"bitwiseAND{_BIN}", f"bitwiseXOR{_BIN}", f"bitwiseRightShift{_BIN}",
+    f"bitwiseAND{_BIN}", f"bitwiseRightShift{_BIN}",
     f"multiplication{_BIN}", f"addition{_BIN}", "stackTensors:axis:name:",
 )  # fmt: skip
 
@@ -352,7 +353,6 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
             "abs": "absolute",
             "sign": "sign",
             "square": "square",
-            "relu": "reLU",
             "exp": "exponent",
             "log": "logarithm",
             "sqrt": "squareRoot",
@@ -373,9 +373,10 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
             "isfinite": "isFinite",
         }.items()  # fmt: skip
     },
+    "relu": (f"maximumWithNaNPropagation{_BIN}", "reLUWithTensor:name:", _C),
     "expm1": (
-        "tanhWithTensor:name:",
         "exponentWithTensor:name:",
+        "tanhWithTensor:name:",
         "absoluteWithTensor:name:",
         f"lessThan{_BIN}",
         f"multiplication{_BIN}",
@@ -424,6 +425,8 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         "truncateWithTensor:name:",
         "clampWithTensor:minValueTensor:maxValueTensor:name:",
         "isNaNWithTensor:name:",
+        f"greaterThanOrEqualTo{_BIN}",
+        "constantWithData:shape:dataType:",
         f"notEqual{_BIN}",
         _SELECT,
         _C,
@@ -471,7 +474,7 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
     "variance": (
         "varianceOfTensor:axes:name:",
         "reshapeTensor:withShape:name:",
-        "identityWithTensor:name:",
+        f"subtraction{_BIN}",
     ),  # fmt: skip
     "argmax": (
         "reductionArgMaximumWithTensor:axis:name:",
@@ -557,14 +560,18 @@ INPUT_SELECTORS = ("placeholderWithShape:dataType:name:",)
 
 # Composite emissions (several calls for one prim op), described for the docs.
 EMISSION_NOTES: dict[str, str] = {
-    "expm1": "2·tanh(x/2)/(1−tanh(x/2)) for |x| < 0.5, exp(x) − 1 elsewhere (no cancellation)",
+    "relu": "floats: NaN-propagating maximum with 0 (Apple leaves reLU's NaN unspecified); "
+    "integers: reLU",
+    "expm1": "exp(x) − 1, and 2·tanh(x/2)/(1−tanh(x/2)) where abs(x) < 0.5 (no cancellation)",
     "log1p": "u = 1 + x; log(u)·x/(u − 1), x where u = 1, u where u = +inf (Goldberg's trick)",
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
     "floor_divide": "floats: floor(a / b); integers: truncating division corrected toward −inf, "
     "a zero divisor gives 0",
-    "remainder": "floats: floorModulo; integers: a − b·floor_divide(a, b), a zero divisor gives 0",
-    "cast": "float → int: truncate, clamp to the target range, NaN → 0; → bool: x ≠ 0",
+    "remainder": "floats: floorModulo, NaN for a zero divisor (floorModulo gives 0); integers: "
+    "a − b·floor_divide(a, b), a zero divisor gives 0",
+    "cast": "float → int: truncate, clamp, NaN → 0, ≥ 2^(bits−1) → the integer maximum; "
+    "→ bool: x ≠ 0",
     "matmul": "transposeTensor on the last two axes for transpose_a/transpose_b",
     "matmul_accumulate": "matmul, × alpha, + c (mpsgraph-legalize rewrites it first)",
     "reduce_sum": "MPSGraph keeps reduced axes: reshape when keepdims is false",
@@ -592,3 +599,24 @@ def emission_macos(op: str) -> str:
 
 
 __all__ += ["EMISSIONS", "EMISSION_NOTES", "INPUT_SELECTORS", "emission_macos"]
+
+
+def emission_markdown() -> str:
+    """The emission table as markdown: prim op -> every MPSGraph method its emission may call ->
+    the newest macOS version among them (docs/backend-mpsgraph.md embeds it; a test keeps the
+    two equal)."""
+    lines = [
+        "| prim op | MPSGraph methods (main first) | macOS | how |",
+        "|---|---|---|---|",
+    ]
+    for op in sorted(EMISSIONS):
+        methods = "<br>".join(
+            f"`{s}` ({SELECTORS[s].introduced})" for s in dict.fromkeys(EMISSIONS[op])
+        )
+        lines.append(
+            f"| `{op}` | {methods} | {emission_macos(op)} | {EMISSION_NOTES.get(op, '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+__all__ += ["emission_markdown"]

@@ -211,7 +211,18 @@ _FAMILY_ORDER = (
 
 
 def markdown_table() -> str:
-    """The prim op table as markdown (docs/prim.md embeds it; a test keeps the two equal)."""
+    """The prim op table as markdown (docs/prim.md embeds it; a test keeps the two equal).
+
+    The MPSGraph columns come from the MPSGraph emitter's table
+    (``lucid.backends.mpsgraph.selectors.EMISSIONS``): the method each op's emission is built
+    around, the composite it forms when it takes several, and the newest macOS version among all
+    the methods it may call."""
+    from lucid.backends.mpsgraph.selectors import EMISSION_NOTES, EMISSIONS, emission_macos
+
+    def mps_of(op: PrimOp) -> str:
+        main = f"`{EMISSIONS[op.name][0]}`"
+        note = EMISSION_NOTES.get(op.name)
+        return f"{main} ({note})" if note else main
 
     def attrs_of(op: PrimOp) -> str:
         parts = []
@@ -228,7 +239,7 @@ def markdown_table() -> str:
     for op in ops:
         operands = ", ".join(op.operands) + ("..." if op.variadic else "")
         lines.append(
-            f"| `{op.name}` | {operands} | {attrs_of(op)} | `{op.mps}` | {op.macos} "
-            f"| {op.cpu_kernel} |"
+            f"| `{op.name}` | {operands} | {attrs_of(op)} | {mps_of(op)} "
+            f"| {emission_macos(op.name)} | {op.cpu_kernel} |"
         )
     return "\n".join(lines) + "\n"

@@ -103,3 +103,13 @@ def test_the_argument_kinds_are_those_of_the_program_format():
     for sel, spec in SELECTORS.items():
         assert sel.count(":") == spec.arity
         assert spec.args[-1].kind == "nil" or sel.startswith("constantWith"), sel
+
+
+def test_docs_carry_the_current_emission_table():
+    from lucid.backends.mpsgraph.selectors import emission_markdown
+
+    doc = Path(__file__).resolve().parents[3] / "docs" / "backend-mpsgraph.md"
+    assert emission_markdown() in doc.read_text(), (
+        "docs/backend-mpsgraph.md is stale: regenerate its emission table with "
+        "lucid.backends.mpsgraph.selectors.emission_markdown()"
+    )

@@ -1,0 +1,184 @@
+"""The two MPSGraph backends: ``mpsgraph`` (native, Apple Silicon with macOS 14+) and
+``mpsgraph-reference`` (the same emission run by the numpy reference builder, on any machine).
+
+Both take a prim module (after ``lower-to-prim``), run ``mpsgraph-legalize`` (and, for a symbolic
+batch, ``symbolic-safety``), emit it through the emitter into their builder and return an
+:class:`MPSGraphExecutable`: ``run(feeds) -> results``, with the gather range checks turned into
+``IndexError`` and the ``update:<role>`` results written back into their feeds after a successful
+run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lucid.backends.base import Backend
+from lucid.backends.mpsgraph import program as A
+from lucid.backends.mpsgraph.emit import emit_module
+from lucid.backends.mpsgraph.legalize import legalize
+from lucid.backends.mpsgraph.native import MPSGraphUnavailable, NativeBuilder, native_status
+from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
+from lucid.backends.mpsgraph.selectors import EMISSIONS
+
+__all__ = [
+    "MPSGraphBackend",
+    "MPSGraphExecutable",
+    "MPSGraphReferenceBackend",
+    "dump_program",
+]
+
+# The prim-level passes both backends run after lower-to-prim.
+PIPELINE = "prim-simplify,mpsgraph-legalize"
+
+
+@dataclass
+class MPSGraphExecutable:
+    """A compiled MPSGraph program: run feeds (in placeholder order) to results."""
+
+    program: dict
+    feed_roles: list[str]
+    result_roles: list[str]
+    n_results: int
+    checks: list[int]
+    inplace: list[tuple[int, int]]  # written back here (the program's own list is empty)
+    runner: Any  # feeds -> list of target arrays
+
+    def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+        feeds = list(feeds)
+        outs = self.runner(feeds)
+        for i in self.checks:
+            if not np.all(outs[i]):
+                raise IndexError(
+                    "index out of range in a gather, scatter or index op of the MPSGraph program "
+                    "(nothing was written back)"
+                )
+        results = list(outs[: self.n_results])
+        for r, f in self.inplace:
+            np.copyto(feeds[f], results[r])
+            results[r] = feeds[f]
+        return results
+
+    def dump(self) -> str:
+        return dump_program(self.program)
+
+
+class MPSGraphReferenceBackend(Backend):
+    """Emission + the numpy reference builder: "will my model compile for the Mac, and does it
+    give the same numbers?", on any machine."""
+
+    name = "mpsgraph-reference"
+    pipeline = PIPELINE
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supported_ops(self) -> frozenset[str]:
+        return frozenset(EMISSIONS)
+
+    def _builder(self) -> A.RecordingBuilder:
+        return ReferenceBuilder()
+
+    def record(
+        self,
+        module: Any,
+        *,
+        inplace_updates: bool = True,
+        symbolic: Mapping[Any, frozenset[int]] | None = None,
+        builder: A.RecordingBuilder | None = None,
+    ) -> tuple[dict, Any]:
+        """Legalize ``module`` in place and record its MPSGraph program: (program, Emitted)."""
+        legalize(module)
+        b = builder if builder is not None else A.RecordingBuilder()
+        emitted = emit_module(module, b, inplace_updates=inplace_updates, symbolic=symbolic)
+        # With checks, Python writes back after reading them (a failed check changes nothing).
+        native_inplace = [] if emitted.checks else emitted.inplace
+        return b.program(emitted.targets, native_inplace, emitted.checks), emitted
+
+    def _runner(self, program: dict) -> Any:
+        return lambda feeds: run_program(program, feeds)
+
+    def compile(  # type: ignore[override]
+        self,
+        module: Any,
+        *,
+        inplace_updates: bool = True,
+        symbolic: Mapping[Any, frozenset[int]] | None = None,
+    ) -> MPSGraphExecutable:
+        """An executable of a prim module (``mpsgraph-legalize`` runs first and may refuse with
+        ``MPSGraphUnsupported``)."""
+        program, emitted = self.record(module, inplace_updates=inplace_updates, symbolic=symbolic)
+        python_inplace = emitted.inplace if emitted.checks or self._python_writes_back else []
+        return MPSGraphExecutable(
+            program,
+            emitted.feed_roles,
+            emitted.result_roles,
+            len(emitted.result_roles),
+            emitted.checks,
+            python_inplace,
+            self._runner(program),
+        )
+
+    # The reference runner returns fresh arrays: write-back happens in Python.
+    _python_writes_back = True
+
+    def stage_ir(self, module: Any) -> str:
+        """The MPSGraph program of a prim module as readable text (``CompiledModule.ir``)."""
+        program, _ = self.record(module)
+        return dump_program(program)
+
+
+class MPSGraphBackend(MPSGraphReferenceBackend):
+    """The native MPSGraph backend (Apple Silicon, macOS 14+, native part built)."""
+
+    name = "mpsgraph"
+    _python_writes_back = False  # the native run writes in-place results back itself
+
+    def available(self) -> tuple[bool, str]:
+        return native_status()
+
+    def _runner(self, program: dict) -> Any:
+        ok, reason = native_status()
+        if not ok:
+            raise MPSGraphUnavailable(reason)
+        executable = NativeBuilder().compile(program, cache=True)
+        return lambda feeds: NativeBuilder.run(executable, feeds)
+
+
+def _render_arg(a: dict) -> str:
+    kind = next(k for k in a if k in A.ARG_KINDS)
+    if kind == "tensor":
+        return f"%{a['tensor']}"
+    if kind == "tensors":
+        return "[" + ", ".join(f"%{t}" for t in a["tensors"]) + "]"
+    if kind == "nil":
+        return "nil"
+    if kind == "enum":
+        return a["enum"]
+    if kind == "descriptor":
+        fields = ", ".join(f"{k}={v}" for k, v in a["fields"].items())
+        return f"{a['descriptor']}{{{fields}}}"
+    if kind == "constant":
+        c = a["constant"]
+        return f"<{c['dtype']} {c['shape']} data>"
+    return repr(a[kind])
+
+
+def dump_program(program: dict) -> str:
+    """A recorded program as text, one MPSGraph call a line."""
+    lines = []
+    for p in program["placeholders"]:
+        lines.append(f"%{p['id']} = placeholder {p['shape']} {p['dtype']}  // {p['role']}")
+    for c in program["calls"]:
+        results = ", ".join(f"%{r}" for r in c["results"])
+        args = ", ".join(_render_arg(a) for a in c["args"])
+        lines.append(f"{results} = {c['selector']}({args})")
+    lines.append("targets " + ", ".join(f"%{t}" for t in program["targets"]))
+    if program["inplace"]:
+        lines.append(f"inplace {program['inplace']}")
+    if program.get("checks"):
+        lines.append(f"checks {program['checks']}")
+    return "\n".join(lines) + "\n"

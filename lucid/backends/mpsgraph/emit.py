@@ -1,0 +1,905 @@
+"""The MPSGraph emitter: a legalized ``prim`` module -> builder calls, one per MPSGraph method.
+
+Every prim op has one emission (``EMISSIONS`` in ``selectors.py`` lists the methods each may call;
+a test holds the emitter to it). The emitter makes every decision: layouts and descriptor fields,
+the reshape after a reduction (MPSGraph keeps reduced axes), index wrapping and range checks, the
+composites for ops MPSGraph lacks, and ``-1`` for the dimensions that carry a symbolic batch
+(``symbolic`` maps an SSA value to those dims; ``symbolic-safety`` computes it). Builders only
+record or execute the calls (``program.RecordingBuilder``, ``reference.ReferenceBuilder``,
+``native.NativeBuilder``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from lucid.backends import prim_ops as P
+from lucid.backends.mpsgraph import program as A
+from lucid.backends.mpsgraph.selectors import MPS_DTYPES, SELECTORS
+from lucid.backends.prim_ops._random import PHILOX_M, PHILOX_W
+
+__all__ = ["Builder", "EmitError", "Emitted", "Val", "emit_module", "emit_op"]
+
+
+class EmitError(ValueError):
+    """The module cannot be emitted for MPSGraph (run mpsgraph-legalize first, or a bad op)."""
+
+
+class Builder(Protocol):
+    """What the emitter drives: placeholders and MPSGraph method calls by full selector."""
+
+    def placeholder(self, dims: tuple[int, ...], prim_dtype: str, role: str) -> int: ...
+
+    def call(self, selector: str, args: list[dict], n_results: int = 1) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Val:
+    """An emitted tensor: its id, its (trace-time) shape and dtype, and its symbolic dims."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    sym: frozenset[int] = frozenset()
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+_BIN = "WithPrimaryTensor:secondaryTensor:name:"
+
+
+@dataclass
+class _Ctx:
+    b: Builder
+    checks: list[int] = field(default_factory=list)
+
+    def call(self, selector: str, *args: dict) -> int:
+        return self.b.call(selector, list(args))[0]
+
+    def un(self, name: str, v: int) -> int:
+        return self.call(f"{name}WithTensor:name:", A.tensor(v), A.NIL)
+
+    def bin(self, name: str, a: int, b: int) -> int:
+        return self.call(f"{name}{_BIN}", A.tensor(a), A.tensor(b), A.NIL)
+
+    def const(self, value: float, dtype: str, rank: int = 0) -> int:
+        """A scalar constant of shape (1,) * rank (broadcasts against any tensor of that rank)."""
+        return self.call(
+            "constantWithScalar:shape:dataType:",
+            A.double(value),
+            A.shape((1,) * rank),
+            A.dtype(dtype),
+        )
+
+    def select(self, cond: int, a: int, b: int) -> int:
+        return self.call(
+            "selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:name:",
+            A.tensor(cond),
+            A.tensor(a),
+            A.tensor(b),
+            A.NIL,
+        )
+
+    def cast(self, v: int, dtype: str) -> int:
+        return self.call("castTensor:toType:name:", A.tensor(v), A.dtype(dtype), A.NIL)
+
+    def reshape(self, v: int, dims: list[int]) -> int:
+        return self.call("reshapeTensor:withShape:name:", A.tensor(v), A.shape(dims), A.NIL)
+
+    def slice(self, v: int, starts: list[int], ends: list[int], strides: list[int]) -> int:
+        return self.call(
+            "sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",
+            A.tensor(v),
+            A.ints(starts),
+            A.ints(ends),
+            A.ints(strides),
+            A.integer(0),
+            A.integer(0),
+            A.integer(0),
+            A.NIL,
+        )
+
+
+def dims_of(shape: tuple[int, ...], sym: frozenset[int]) -> list[int]:
+    """The shape as MPSGraph sees it: ``-1`` for symbolic dims."""
+    return [-1 if i in sym else d for i, d in enumerate(shape)]
+
+
+# --- the op table ---------------------------------------------------------------------------------
+# (context, operands, attributes, result avals, result symbolic dims) -> result tensor ids
+_Handler = Callable[[_Ctx, list[Val], dict[str, Any], list[P.Aval], list[frozenset[int]]], list]
+_HANDLERS: dict[str, _Handler] = {}
+
+
+def _handles(*names: str) -> Callable[[_Handler], _Handler]:
+    def register(fn: _Handler) -> _Handler:
+        for n in names:
+            _HANDLERS[n] = fn
+        return fn
+
+    return register
+
+
+_UNARY = {
+    "neg": "negative", "abs": "absolute", "sign": "sign", "square": "square",
+    "exp": "exponent", "log": "logarithm", "sqrt": "squareRoot", "rsqrt": "reverseSquareRoot",
+    "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "tan": "tan", "tanh": "tanh",
+    "sigmoid": "sigmoid", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "rint",
+    "logical_not": "not", "isnan": "isNaN", "isinf": "isInfinite", "isfinite": "isFinite",
+}  # fmt: skip
+_BINARY = {
+    "add": "addition", "sub": "subtraction", "mul": "multiplication", "div": "division",
+    "pow": "power", "atan2": "atan2", "eq": "equal", "ne": "notEqual", "lt": "lessThan",
+    "le": "lessThanOrEqualTo", "gt": "greaterThan", "ge": "greaterThanOrEqualTo",
+    "logical_and": "logicalAND", "logical_or": "logicalOR", "logical_xor": "logicalXOR",
+}  # fmt: skip
+
+
+def _make_unary(name: str) -> _Handler:
+    def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+        return [c.un(name, ins[0].id)]
+
+    return emit
+
+
+for _op, _name in _UNARY.items():
+    _HANDLERS[_op] = _make_unary(_name)
+
+
+def _make_binary(name: str) -> _Handler:
+    def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+        return [c.bin(name, ins[0].id, ins[1].id)]
+
+    return emit
+
+
+for _op, _name in _BINARY.items():
+    _HANDLERS[_op] = _make_binary(_name)
+
+
+@_handles("relu")
+def _relu(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x = ins[0]
+    if x.dtype in P.FLOAT:  # Apple does not say what reLU does with NaN; prim keeps NaN
+        zero = c.const(0.0, x.dtype, x.rank)
+        return [c.bin("maximumWithNaNPropagation", x.id, zero)]
+    return [c.un("reLU", x.id)]
+
+
+@_handles("expm1")
+def _expm1(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x, dt, r = ins[0].id, ins[0].dtype, ins[0].rank
+    t = c.un("tanh", c.bin("multiplication", x, c.const(0.5, dt, r)))
+    small = c.bin(
+        "division", c.bin("multiplication", t, c.const(2.0, dt, r)),
+        c.bin("subtraction", c.const(1.0, dt, r), t),
+    )  # fmt: skip
+    big = c.bin("subtraction", c.un("exponent", x), c.const(1.0, dt, r))
+    near_zero = c.bin("lessThan", c.un("absolute", x), c.const(0.5, dt, r))
+    return [c.select(near_zero, small, big)]
+
+
+@_handles("log1p")
+def _log1p(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x, dt, r = ins[0].id, ins[0].dtype, ins[0].rank
+    u = c.bin("addition", x, c.const(1.0, dt, r))
+    ratio = c.bin(
+        "division", c.bin("multiplication", c.un("logarithm", u), x),
+        c.bin("subtraction", u, c.const(1.0, dt, r)),
+    )  # fmt: skip
+    at_inf = c.select(c.bin("equal", u, c.const(math.inf, dt, r)), u, ratio)
+    return [c.select(c.bin("equal", u, c.const(1.0, dt, r)), x, at_inf)]
+
+
+def _make_extremum(word: str) -> _Handler:
+    def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+        nan = "WithNaNPropagation" if ins[0].dtype in P.FLOAT else ""
+        return [c.bin(f"{word}{nan}", ins[0].id, ins[1].id)]
+
+    return emit
+
+
+_HANDLERS["maximum"] = _make_extremum("maximum")
+_HANDLERS["minimum"] = _make_extremum("minimum")
+
+
+def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, int, int, int]:
+    """(floor quotient, floor remainder, zero-divisor mask, safe divisor) of integer a / b:
+    MPSGraph's integer division truncates toward zero (C semantics) and a zero divisor is
+    undefined, so divide by 1 there and correct toward -inf where the signs differ."""
+    a, b, dt = ins[0].id, ins[1].id, ins[0].dtype
+    zero = c.const(0, dt, out_rank)
+    is_zero = c.bin("equal", b, zero)
+    safe_b = c.select(is_zero, c.const(1, dt, out_rank), b)
+    q = c.bin("division", a, safe_b)
+    r = c.bin("subtraction", a, c.bin("multiplication", q, safe_b))
+    differ = c.bin("logicalXOR", c.bin("lessThan", r, zero), c.bin("lessThan", safe_b, zero))
+    adjust = c.bin("logicalAND", c.bin("notEqual", r, zero), differ)
+    q = c.select(adjust, c.bin("subtraction", q, c.const(1, dt, out_rank)), q)
+    r = c.select(adjust, c.bin("addition", r, safe_b), r)
+    return q, r, is_zero, zero
+
+
+@_handles("floor_divide")
+def _floor_divide(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    if ins[0].dtype in P.FLOAT:
+        return [c.un("floor", c.bin("division", ins[0].id, ins[1].id))]
+    q, _, is_zero, zero = _int_floor_division(c, ins, len(outs[0].shape))
+    return [c.select(is_zero, zero, q)]
+
+
+@_handles("remainder")
+def _remainder(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    if ins[0].dtype in P.FLOAT:
+        # floorModulo gives 0 for a zero divisor; prim (IEEE, numpy) gives NaN there.
+        r, dt = len(outs[0].shape), ins[0].dtype
+        is_zero = c.bin("equal", ins[1].id, c.const(0.0, dt, r))
+        mod = c.bin("floorModulo", ins[0].id, ins[1].id)
+        return [c.select(is_zero, c.const(math.nan, dt, r), mod)]
+    _, r, is_zero, zero = _int_floor_division(c, ins, len(outs[0].shape))
+    return [c.select(is_zero, zero, r)]
+
+
+@_handles("select")
+def _select(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [c.select(ins[0].id, ins[1].id, ins[2].id)]
+
+
+# Largest float32 values below 2**31 and 2**63: the clamp bounds of a float -> int cast.
+_INT_RANGE = {"i32": (-(2.0**31), 2147483520.0), "i64": (-(2.0**63), 9223371487098961920.0)}
+
+
+@_handles("cast")
+def _cast(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x, src, dst, r = ins[0].id, ins[0].dtype, attrs["dtype"], ins[0].rank
+    if dst == "bool" and src != "bool":
+        return [c.bin("notEqual", x, c.const(0, src, r))]
+    if src in P.FLOAT and dst in P.INT:
+        lo, hi = _INT_RANGE[dst]
+        t = c.call(
+            "clampWithTensor:minValueTensor:maxValueTensor:name:",
+            A.tensor(c.un("truncate", x)),
+            A.tensor(c.const(lo, src, r)),
+            A.tensor(c.const(hi, src, r)),
+            A.NIL,
+        )
+        x = c.select(c.un("isNaN", x), c.const(0, src, r), t)
+        # The clamp's upper bound is the largest float below 2**(bits-1); at or above that power
+        # the result saturates to the integer maximum (written exactly, as data).
+        info = np.iinfo(P.NUMPY_DTYPES[dst])
+        top = c.call(
+            "constantWithData:shape:dataType:",
+            A.constant(np.full((1,) * r, info.max, P.NUMPY_DTYPES[dst]), dst),
+            A.shape((1,) * r),
+            A.dtype(dst),
+        )
+        above = c.bin("greaterThanOrEqualTo", ins[0].id, c.const(float(info.max) + 1.0, src, r))
+        return [c.select(above, top, c.cast(x, dst))]
+    return [c.cast(x, dst)]
+
+
+@_handles("normalize")
+def _normalize(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [
+        c.call(
+            "normalizationWithTensor:meanTensor:varianceTensor:gammaTensor:betaTensor:epsilon:name:",
+            *(A.tensor(v.id) for v in ins),
+            A.double(attrs["epsilon"]),
+            A.NIL,
+        )
+    ]
+
+
+def _matmul_core(c: _Ctx, ins: list[Val], attrs: dict[str, Any]) -> int:
+    a, b = ins[0], ins[1]
+    ids = []
+    for v, flag in ((a, attrs["transpose_a"]), (b, attrs["transpose_b"])):
+        vid = v.id
+        if flag:
+            vid = c.call(
+                "transposeTensor:dimension:withDimension:name:",
+                A.tensor(vid),
+                A.integer(v.rank - 2),
+                A.integer(v.rank - 1),
+                A.NIL,
+            )
+        ids.append(vid)
+    return c.call(
+        "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name:",
+        A.tensor(ids[0]),
+        A.tensor(ids[1]),
+        A.NIL,
+    )
+
+
+@_handles("matmul")
+def _matmul(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [_matmul_core(c, ins, attrs)]
+
+
+@_handles("matmul_accumulate")
+def _matmul_accumulate(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    product = c.bin("multiplication", _matmul_core(c, ins, attrs), ins[3].id)
+    return [c.bin("addition", ins[2].id, product)]
+
+
+_REDUCTIONS = {
+    "reduce_sum": "reductionSumWithTensor:axes:name:",
+    "reduce_mean": "meanOfTensor:axes:name:",
+    "reduce_prod": "reductionProductWithTensor:axes:name:",
+    "variance": "varianceOfTensor:axes:name:",
+    "reduce_max": "reductionMaximumWithTensor:axes:name:",
+    "reduce_min": "reductionMinimumWithTensor:axes:name:",
+}
+
+
+def _finish_keepdims(c: _Ctx, v: int, keepdims: bool, out: P.Aval, sym: frozenset[int]) -> int:
+    """MPSGraph keeps every reduced axis with size 1; drop them when the op does not."""
+    return v if keepdims else c.reshape(v, dims_of(out.shape, sym))
+
+
+def _make_reduction(op: str) -> _Handler:
+    def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+        x = ins[0]
+        axes = P.normalize_axes(op, attrs["axes"], x.rank)
+        if not axes:
+            # Reducing over no axis is the identity; a variance over no axis is (x - x)**2.
+            if op == "variance":
+                return [c.bin("subtraction", x.id, x.id)]
+            return [c.un("identity", x.id)]
+        selector = _REDUCTIONS[op]
+        if op in ("reduce_max", "reduce_min") and x.dtype in P.FLOAT:
+            selector = selector.replace("imumWith", "imumPropagateNaNWith")
+        r = c.call(selector, A.tensor(x.id), A.ints(sorted(axes)), A.NIL)
+        return [_finish_keepdims(c, r, attrs["keepdims"], outs[0], syms[0])]
+
+    return emit
+
+
+for _op in _REDUCTIONS:
+    _HANDLERS[_op] = _make_reduction(_op)
+
+
+def _make_arg_reduction(word: str) -> _Handler:
+    def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+        x = ins[0]
+        axis = P.normalize_axis("argmax", attrs["axis"], x.rank)
+        r = c.call(f"reductionArg{word}WithTensor:axis:name:", A.tensor(x.id), A.integer(axis),
+                   A.NIL)  # fmt: skip
+        r = c.cast(r, outs[0].dtype)  # MPSGraph returns Int32 indices
+        return [_finish_keepdims(c, r, attrs["keepdims"], outs[0], syms[0])]
+
+    return emit
+
+
+_HANDLERS["argmax"] = _make_arg_reduction("Maximum")
+_HANDLERS["argmin"] = _make_arg_reduction("Minimum")
+
+
+@_handles("softmax")
+def _softmax(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    axis = P.normalize_axis("softmax", attrs["axis"], ins[0].rank)
+    return [c.call("softMaxWithTensor:axis:name:", A.tensor(ins[0].id), A.integer(axis), A.NIL)]
+
+
+@_handles("log_softmax")
+def _log_softmax(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x = ins[0]
+    axes = A.ints([P.normalize_axis("log_softmax", attrs["axis"], x.rank)])
+    m = c.call("reductionMaximumWithTensor:axes:name:", A.tensor(x.id), axes, A.NIL)
+    shifted = c.bin("subtraction", x.id, m)
+    total = c.call(
+        "reductionSumWithTensor:axes:name:", A.tensor(c.un("exponent", shifted)), axes, A.NIL
+    )
+    return [c.bin("subtraction", shifted, c.un("logarithm", total))]
+
+
+@_handles("cumsum")
+def _cumsum(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    axis = P.normalize_axis("cumsum", attrs["axis"], ins[0].rank)
+    return [
+        c.call(
+            "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
+            A.tensor(ins[0].id),
+            A.integer(axis),
+            A.boolean(attrs["exclusive"]),
+            A.boolean(attrs["reverse"]),
+            A.NIL,
+        )
+    ]
+
+
+@_handles("reshape")
+def _reshape(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [c.reshape(ins[0].id, dims_of(outs[0].shape, syms[0]))]
+
+
+@_handles("transpose")
+def _transpose(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    perm = [p % ins[0].rank for p in attrs["perm"]] if ins[0].rank else []
+    return [c.call("transposeTensor:permutation:name:", A.tensor(ins[0].id), A.ints(perm), A.NIL)]
+
+
+@_handles("broadcast_to")
+def _broadcast_to(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    dims = dims_of(outs[0].shape, syms[0])
+    return [c.call("broadcastTensor:toShape:name:", A.tensor(ins[0].id), A.shape(dims), A.NIL)]
+
+
+@_handles("slice")
+def _slice(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x = ins[0]
+    full = 0  # axes sliced whole: start/end masks, so a symbolic axis needs no bound
+    for i, (s, e, st, d) in enumerate(
+        zip(attrs["starts"], attrs["ends"], attrs["strides"], x.shape, strict=True)
+    ):
+        if s == 0 and e == d and st == 1:
+            full |= 1 << i
+        elif i in x.sym:
+            raise EmitError(f"prim.slice cuts the symbolic axis {i}; compile per shape")
+    return [
+        c.call(
+            "sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",
+            A.tensor(x.id),
+            A.ints(attrs["starts"]),
+            A.ints(attrs["ends"]),
+            A.ints(attrs["strides"]),
+            A.integer(full),
+            A.integer(full),
+            A.integer(0),
+            A.NIL,
+        )
+    ]
+
+
+@_handles("concat")
+def _concat(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    axis = P.normalize_axis("concat", attrs["axis"], ins[0].rank)
+    return [
+        c.call(
+            "concatTensors:dimension:name:", A.tensors([v.id for v in ins]), A.integer(axis),
+            A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("pad")
+def _pad(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [
+        c.call(
+            "padTensor:withPaddingMode:leftPadding:rightPadding:constantValue:name:",
+            A.tensor(ins[0].id),
+            A.enum("MPSGraphPaddingModeConstant"),
+            A.shape(attrs["low"]),
+            A.shape(attrs["high"]),
+            A.double(attrs["value"]),
+            A.NIL,
+        )
+    ]
+
+
+def _checked_indices(c: _Ctx, idx: Val, bound: int) -> int:
+    """Indices wrapped into [0, bound) and cast to Int32 (what MPSGraph's gathers take), with a
+    check target that is true iff every index was in [-bound, bound)."""
+    r = idx.rank
+    lo = c.bin("greaterThanOrEqualTo", idx.id, c.const(-bound, idx.dtype, r))
+    hi = c.bin("lessThan", idx.id, c.const(bound, idx.dtype, r))
+    ok = c.bin("logicalAND", lo, hi)
+    if r:
+        ok = c.call("reductionAndWithTensor:axes:name:", A.tensor(ok), A.ints(range(r)), A.NIL)
+    c.checks.append(ok)
+    negative = c.bin("lessThan", idx.id, c.const(0, idx.dtype, r))
+    wrapped = c.select(negative, c.bin("addition", idx.id, c.const(bound, idx.dtype, r)), idx.id)
+    return c.cast(wrapped, "i32") if idx.dtype != "i32" else wrapped
+
+
+@_handles("gather")
+def _gather(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x, idx = ins
+    axis = P.normalize_axis("gather", attrs["axis"], x.rank)
+    i32 = _checked_indices(c, idx, x.shape[axis])
+    return [
+        c.call(
+            "gatherWithUpdatesTensor:indicesTensor:axis:batchDimensions:name:",
+            A.tensor(x.id), A.tensor(i32), A.integer(axis), A.integer(0), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("gather_along_axis")
+def _gather_along_axis(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x, idx = ins
+    axis = P.normalize_axis("gather_along_axis", attrs["axis"], x.rank)
+    i32 = _checked_indices(c, idx, x.shape[axis])
+    return [
+        c.call(
+            "gatherAlongAxis:withUpdatesTensor:indicesTensor:name:",
+            A.integer(axis), A.tensor(x.id), A.tensor(i32), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("scatter_add")
+def _scatter_add(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    data, idx, upd = ins
+    axis = P.normalize_axis("scatter_add", attrs["axis"], data.rank)
+    n = math.prod(idx.shape)
+    # MPSGraph's axis scatter takes 1-D indices: flatten them, and the updates to match.
+    flat = c.reshape(idx.id, [n])
+    i32 = _checked_indices(c, Val(flat, (n,), idx.dtype), data.shape[axis])
+    upd_shape = (*data.shape[:axis], n, *data.shape[axis + 1 :])
+    upd_sym = frozenset(d if d < axis else d - idx.rank + 1 for d in upd.sym)
+    u = c.reshape(upd.id, dims_of(upd_shape, upd_sym))
+    return [
+        c.call(
+            "scatterWithDataTensor:updatesTensor:indicesTensor:axis:mode:name:",
+            A.tensor(data.id), A.tensor(u), A.tensor(i32), A.integer(axis),
+            A.enum("MPSGraphScatterModeAdd"), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("scatter_add_along_axis")
+def _scatter_add_along_axis(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    data, idx, upd = ins
+    axis = P.normalize_axis("scatter_add_along_axis", attrs["axis"], data.rank)
+    i32 = _checked_indices(c, idx, data.shape[axis])
+    return [
+        c.call(
+            "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name:",
+            A.integer(axis), A.tensor(data.id), A.tensor(upd.id), A.tensor(i32),
+            A.enum("MPSGraphScatterModeAdd"), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("one_hot")
+def _one_hot(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    idx = ins[0]
+    r, depth = idx.rank, attrs["depth"]
+    inside = c.bin(
+        "logicalAND",
+        c.bin("greaterThanOrEqualTo", idx.id, c.const(0, idx.dtype, r)),
+        c.bin("lessThan", idx.id, c.const(depth, idx.dtype, r)),
+    )
+    # Out-of-range indices become -1 before the Int32 cast, so 2**32 + 1 cannot wrap into range.
+    safe = c.select(inside, idx.id, c.const(-1, idx.dtype, r))
+    if idx.dtype != "i32":
+        safe = c.cast(safe, "i32")
+    axis = attrs["axis"] % (r + 1)
+    return [
+        c.call(
+            "oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:",
+            A.tensor(safe), A.integer(depth), A.integer(axis), A.dtype(outs[0].dtype),
+            A.double(1.0), A.double(0.0), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+def conv_descriptor(attrs: dict[str, Any]) -> dict:
+    """The ``MPSGraphConvolution2DOpDescriptor`` of prim conv attributes (X is width, Y height;
+    prim padding is (top, bottom, left, right))."""
+    (sh, sw), (dh, dw), (pt, pb, pl, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+    return A.descriptor(
+        "MPSGraphConvolution2DOpDescriptor",
+        {
+            "strideInX": sw, "strideInY": sh, "dilationRateInX": dw, "dilationRateInY": dh,
+            "groups": attrs["groups"], "paddingLeft": pl, "paddingRight": pr, "paddingTop": pt,
+            "paddingBottom": pb, "paddingStyle": "MPSGraphPaddingStyleExplicit",
+            "dataLayout": "MPSGraphTensorNamedDataLayoutNCHW",
+            "weightsLayout": "MPSGraphTensorNamedDataLayoutOIHW",
+        },
+    )  # fmt: skip
+
+
+def pool_descriptor(attrs: dict[str, Any]) -> dict:
+    """The ``MPSGraphPooling2DOpDescriptor`` of prim pooling attributes."""
+    (kh, kw), (sh, sw), (pt, pb, pl, pr) = attrs["kernel"], attrs["strides"], attrs["padding"]
+    dh, dw = attrs.get("dilation", (1, 1))
+    fields = {
+        "kernelWidth": kw, "kernelHeight": kh, "strideInX": sw, "strideInY": sh,
+        "dilationRateInX": dw, "dilationRateInY": dh, "paddingLeft": pl, "paddingRight": pr,
+        "paddingTop": pt, "paddingBottom": pb, "paddingStyle": "MPSGraphPaddingStyleExplicit",
+        "dataLayout": "MPSGraphTensorNamedDataLayoutNCHW",
+    }  # fmt: skip
+    if "count_include_pad" in attrs:
+        fields["includeZeroPadToAverage"] = attrs["count_include_pad"]
+    return A.descriptor("MPSGraphPooling2DOpDescriptor", fields)
+
+
+@_handles("conv2d")
+def _conv2d(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [
+        c.call(
+            "convolution2DWithSourceTensor:weightsTensor:descriptor:name:",
+            A.tensor(ins[0].id), A.tensor(ins[1].id), conv_descriptor(attrs), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("conv2d_data_grad")
+def _conv2d_data_grad(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [
+        c.call(
+            "convolution2DDataGradientWithIncomingGradientTensor:weightsTensor:outputShape:"
+            "forwardConvolutionDescriptor:name:",
+            A.tensor(ins[0].id), A.tensor(ins[1].id), A.shape(dims_of(outs[0].shape, syms[0])),
+            conv_descriptor(attrs), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("conv2d_weights_grad")
+def _conv2d_weights_grad(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    # MPSGraph's argument order: incoming gradient first, then the forward source.
+    return [
+        c.call(
+            "convolution2DWeightsGradientWithIncomingGradientTensor:sourceTensor:outputShape:"
+            "forwardConvolutionDescriptor:name:",
+            A.tensor(ins[1].id), A.tensor(ins[0].id), A.shape(outs[0].shape),
+            conv_descriptor(attrs), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+def _make_pool(kind: str) -> _Handler:
+    def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+        return [
+            c.call(
+                f"{kind}Pooling2DWithSourceTensor:descriptor:name:",
+                A.tensor(ins[0].id), pool_descriptor(attrs), A.NIL,
+            )
+        ]  # fmt: skip
+
+    return emit
+
+
+_HANDLERS["max_pool2d"] = _make_pool("max")
+_HANDLERS["avg_pool2d"] = _make_pool("avg")
+
+
+@_handles("max_pool2d_grad")
+def _max_pool2d_grad(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    return [
+        c.call(
+            "maxPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:",
+            A.tensor(ins[0].id), A.tensor(ins[1].id), pool_descriptor(attrs), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("avg_pool2d_grad")
+def _avg_pool2d_grad(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    # The gradient method reads only its source tensor's shape: a zero constant of that shape.
+    source = c.call(
+        "constantWithScalar:shape:dataType:",
+        A.double(0.0), A.shape(dims_of(outs[0].shape, syms[0])), A.dtype(outs[0].dtype),
+    )  # fmt: skip
+    return [
+        c.call(
+            "avgPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:",
+            A.tensor(ins[0].id), A.tensor(source), pool_descriptor(attrs), A.NIL,
+        )
+    ]  # fmt: skip
+
+
+@_handles("constant")
+def _constant(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    out = outs[0]
+    dims = A.shape(dims_of(out.shape, syms[0]))
+    if len(attrs["value"]) == 1 or math.prod(out.shape) == 0:
+        value = attrs["value"][0] if attrs["value"] else 0.0
+        return [c.call("constantWithScalar:shape:dataType:", A.double(value), dims,
+                       A.dtype(out.dtype))]  # fmt: skip
+    values = np.asarray(attrs["value"], dtype=np.float64).astype(P.NUMPY_DTYPES[out.dtype])
+    return [
+        c.call(
+            "constantWithData:shape:dataType:",
+            A.constant(values.reshape(out.shape), out.dtype), dims, A.dtype(out.dtype),
+        )
+    ]  # fmt: skip
+
+
+@_handles("fill")
+def _fill(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    if outs[0].shape == ():
+        return [c.un("identity", ins[0].id)]
+    dims = A.shape(dims_of(outs[0].shape, syms[0]))
+    return [c.call("broadcastTensor:toShape:name:", A.tensor(ins[0].id), dims, A.NIL)]
+
+
+def _philox_words(c: _Ctx, state: int, count: int) -> int:
+    """``count`` Philox-4x32-10 words (Int64 holding uint32 values) of an i64[2] (key, counter)
+    state, in the order of ``prim_ops.random_words``: word i is lane i % 4 of block i // 4.
+    Everything is Int64 arithmetic: products of two 32-bit values wrap mod 2**64 (their bits
+    are those of the unsigned product), and masking with 0xFFFFFFFF after an arithmetic shift
+    gives the logical shift's bits."""
+    mask = c.const(0xFFFFFFFF, "i64")
+    k32 = c.const(32, "i64")
+
+    def lo(v: int) -> int:
+        return c.bin("bitwiseAND", v, mask)
+
+    def hi(v: int) -> int:
+        return lo(c.bin("bitwiseRightShift", v, k32))
+
+    key = c.reshape(c.slice(state, [0], [1], [1]), [])
+    counter = c.reshape(c.slice(state, [1], [2], [1]), [])
+    blocks = (count + 3) // 4
+    block = c.cast(
+        c.call("coordinateAlongAxis:withShape:name:", A.integer(0), A.shape([blocks]), A.NIL),
+        "i64",
+    )
+    x = [lo(block), hi(block), lo(counter), hi(counter)]
+    k = [lo(key), hi(key)]
+    m = [c.const(PHILOX_M[0], "i64"), c.const(PHILOX_M[1], "i64")]
+    w = [c.const(PHILOX_W[0], "i64"), c.const(PHILOX_W[1], "i64")]
+    for _ in range(10):
+        p0, p1 = c.bin("multiplication", m[0], x[0]), c.bin("multiplication", m[1], x[2])
+        x = [
+            c.bin("bitwiseXOR", c.bin("bitwiseXOR", hi(p1), x[1]), k[0]),
+            lo(p1),
+            c.bin("bitwiseXOR", c.bin("bitwiseXOR", hi(p0), x[3]), k[1]),
+            lo(p0),
+        ]
+        k = [lo(c.bin("addition", k[0], w[0])), lo(c.bin("addition", k[1], w[1]))]
+    # Lanes computed on a scalar counter stay scalar until the first round; broadcast all four.
+    zero = c.const(0, "i64", 1)
+    lanes = [c.bin("addition", lane, zero) for lane in x]
+    words = c.call("stackTensors:axis:name:", A.tensors(lanes), A.integer(1), A.NIL)
+    return c.slice(c.reshape(words, [4 * blocks]), [0], [count], [1])
+
+
+def _uniform01_f32(c: _Ctx, state: int, count: int) -> int:
+    words = _philox_words(c, state, count)
+    top24 = c.bin("bitwiseRightShift", words, c.const(8, "i64"))
+    return c.bin("multiplication", c.cast(top24, "f32"), c.const(2.0**-24, "f32"))
+
+
+@_handles("random_uniform")
+def _random_uniform(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    n = math.prod(outs[0].shape)
+    u = _uniform01_f32(c, ins[0].id, n)
+    scaled = c.bin("multiplication", u, c.const(attrs["high"] - attrs["low"], "f32"))
+    return [c.reshape(c.bin("addition", scaled, c.const(attrs["low"], "f32")), outs[0].shape)]
+
+
+@_handles("random_normal")
+def _random_normal(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    n = math.prod(outs[0].shape)
+    pairs = (n + 1) // 2
+    u = _uniform01_f32(c, ins[0].id, 2 * pairs)
+    u0, u1 = c.slice(u, [0], [2 * pairs], [2]), c.slice(u, [1], [2 * pairs], [2])
+    one_minus = c.bin("subtraction", c.const(1.0, "f32", 1), u0)
+    radius = c.un(
+        "squareRoot", c.bin("multiplication", c.const(-2.0, "f32", 1), c.un("logarithm", one_minus))
+    )
+    theta = c.bin("multiplication", c.const(2.0 * math.pi, "f32", 1), u1)
+    z = c.call(
+        "stackTensors:axis:name:",
+        A.tensors([
+            c.bin("multiplication", radius, c.un("cos", theta)),
+            c.bin("multiplication", radius, c.un("sin", theta)),
+        ]),
+        A.integer(1), A.NIL,
+    )  # fmt: skip
+    z = c.slice(c.reshape(z, [2 * pairs]), [0], [n], [1])
+    z = c.bin("multiplication", z, c.const(attrs["std"], "f32", 1))
+    z = c.bin("addition", z, c.const(attrs["mean"], "f32", 1))
+    return [c.reshape(z, outs[0].shape)]
+
+
+# --- entry points ---------------------------------------------------------------------------------
+def emit_op(
+    builder: Builder,
+    name: str,
+    ins: list[Val],
+    attrs: dict[str, Any],
+    out_syms: list[frozenset[int]] | None = None,
+) -> tuple[list[Val], list[int]]:
+    """Emit prim op ``name`` on ``ins``: its result values and the check tensors it added."""
+    op = P.lookup(name)
+    full = P.check_attrs(op, attrs)
+    outs = P.infer(name, [P.Aval(v.shape, v.dtype) for v in ins], full)
+    for v in [*ins, *outs]:
+        dt = v.dtype
+        if dt not in MPS_DTYPES:
+            raise EmitError(
+                f"prim.{name}: MPSGraph has no {dt} (run mpsgraph-legalize, which refuses it)"
+            )
+    syms = out_syms if out_syms is not None else [frozenset()] * len(outs)
+    ctx = _Ctx(builder)
+    ids = _HANDLERS[name](ctx, list(ins), full, outs, syms)
+    return [
+        Val(i, o.shape, o.dtype, s) for i, o, s in zip(ids, outs, syms, strict=True)
+    ], ctx.checks
+
+
+@dataclass
+class Emitted:
+    """The outcome of emitting a module: feeds, targets, in-place pairs, checks, roles."""
+
+    feed_roles: list[str]
+    result_roles: list[str]
+    targets: list[int]
+    inplace: list[tuple[int, int]]
+    checks: list[int]  # indices into targets
+    result_avals: list[P.Aval]
+
+
+def emit_module(
+    module: Any,
+    builder: Builder,
+    *,
+    func_name: str = "forward",
+    inplace_updates: bool = False,
+    symbolic: Mapping[Any, frozenset[int]] | None = None,
+) -> Emitted:
+    """Emit ``@func_name`` of a legalized prim module into ``builder``.
+
+    ``symbolic`` maps SSA values to their symbolic dims (from ``symbolic-safety``); with it,
+    placeholders and shape arguments carry ``-1`` there. With ``inplace_updates``, a result with
+    role ``update:R`` is written back into the feed with role ``R``.
+    """
+    from lucid.ir import _xdsl as x
+    from lucid.ir.importer import feed_roles, forward_func, result_roles
+    from lucid.ir.prim import PrimIROp, aval_of_type
+
+    sym_of = symbolic or {}
+    fn = forward_func(module, func_name)
+    block = fn.body.blocks.first
+    f_roles, r_roles = feed_roles(fn), result_roles(fn)
+    env: dict[Any, Val] = {}
+    for a, role in zip(block.args, f_roles, strict=True):
+        aval = aval_of_type(a.type)
+        s = frozenset(sym_of.get(a, frozenset()))
+        env[a] = Val(builder.placeholder(tuple(dims_of(aval.shape, s)), aval.dtype, role),
+                     aval.shape, aval.dtype, s)  # fmt: skip
+    checks: list[int] = []
+    returned: list[Val] | None = None
+    for op in block.ops:
+        if isinstance(op, PrimIROp):
+            syms = [frozenset(sym_of.get(r, frozenset())) for r in op.results]
+            try:
+                vals, new_checks = emit_op(
+                    builder, op.PRIM.name, [env[v] for v in op.operands], op.given_attrs(), syms
+                )
+            except P.PrimError as e:
+                raise EmitError(f"{op.name}: {e}") from None
+            checks += new_checks
+            for r, v in zip(op.results, vals, strict=True):
+                env[r] = v
+        elif isinstance(op, x.func.ReturnOp):
+            returned = [env[v] for v in op.operands]
+        else:
+            raise EmitError(f"op {op.name} is not in the prim dialect; run lower-to-prim first")
+    if returned is None:
+        raise EmitError(f"@{func_name} has no func.return")
+    targets = [v.id for v in returned]
+    inplace: list[tuple[int, int]] = []
+    if inplace_updates:
+        by_role = {r: i for i, r in enumerate(f_roles)}
+        for j, role in enumerate(r_roles):
+            target = role[len("update:") :] if role.startswith("update:") else None
+            if target in by_role:
+                inplace.append((j, by_role[target]))
+    n = len(targets)
+    return Emitted(
+        f_roles,
+        r_roles,
+        targets + checks,
+        inplace,
+        list(range(n, n + len(checks))),
+        [P.Aval(v.shape, v.dtype) for v in returned],
+    )
+
+
+assert set(_HANDLERS) == set(P.PRIM_OPS), set(P.PRIM_OPS) ^ set(_HANDLERS)
+assert all(s in SELECTORS for s in ("placeholderWithShape:dataType:name:",))
