@@ -29,6 +29,7 @@ from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline, _pytree
+from lucid.compile._binding import name_feeds
 from lucid.compile._tracing import _tracing
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
@@ -146,7 +147,7 @@ class GradEntry:
         try:
             res = self.fwd.run(feeds)
         except (TypeError, ValueError) as e:
-            raise _pipeline.FeedMismatch(str(e)) from e
+            raise _pipeline.FeedMismatch(name_feeds(str(e), self.fwd.feed_roles)) from e
         outs: list[Any] = [None] * self.n_leaves
         residuals: list[np.ndarray] = []
         for i, (kind, ref) in enumerate(self.fwd_results):
@@ -220,6 +221,10 @@ def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> Gr
     t0 = time.perf_counter()
     if any(isinstance(v, Tensor) for v in kwargs.values()):
         raise _pipeline.Unsupported("tensor keyword arguments in grad mode")
+    from lucid.compile.api import _has_tensor
+
+    if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
+        raise _pipeline.Unsupported("tensors inside a container argument in grad mode")
     with _tracing(model) as tracer:
         tensor_pos: list[int] = []
         targs = []
@@ -316,4 +321,5 @@ def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> Gr
         passes_ms={},
         fwd_module=fwd_mod,
         bwd_module=bwd_mod,
+        captured_tensors=list(captured.values()),
     )

@@ -27,7 +27,7 @@ class Unsupported(Exception):
     """The compiler cannot handle this graph; the caller falls back to eager with this reason."""
 
 
-class FeedMismatch(Exception):
+class FeedMismatch(ValueError):
     """A bound feed no longer has the shape/dtype the executable was compiled for."""
 
 

@@ -24,6 +24,17 @@ from lucid import _random
 from lucid._state import state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline, _pytree
+from lucid.compile._binding import (
+    LRU,
+    STRUCTURE_VERSION,
+    TICK,
+    Bound,
+    check_settings,
+    ensure_c_layout,
+    max_entries,
+    name_feeds,
+    owner_modules,
+)
 from lucid.compile._tracing import GraphBreak, _tracing
 
 logger = logging.getLogger("lucid.compile")
@@ -61,19 +72,107 @@ class _Unhashable(Exception):
     pass
 
 
+class _NaN:
+    """The key of every NaN scalar argument (NaN != NaN would make a new entry per call)."""
+
+    def __repr__(self) -> str:
+        return "nan"
+
+
+_NAN = _NaN()
+
+
+class _TreeSig(tuple):
+    """The signature of a tuple, list or dict argument holding tensors: its elements'
+    signatures (the tensors are fed, not baked in)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        kind, items = self
+        if kind is dict or (isinstance(kind, type) and issubclass(kind, dict)):
+            body = ", ".join(f"{k!r}: {_sig_repr(s)}" for k, s in items)
+            return "{" + body + "}"
+        body = ", ".join(_sig_repr(s) for s in items)
+        return f"[{body}]" if issubclass(kind, list) else f"({body})"
+
+
+def _has_tensor(a: Any) -> bool:
+    if isinstance(a, Tensor):
+        return True
+    if isinstance(a, (tuple, list)):
+        return any(_has_tensor(e) for e in a)
+    if isinstance(a, dict):
+        return any(_has_tensor(e) for e in a.values())
+    return False
+
+
 def _arg_sig(a: Any) -> tuple:
     """A tensor's signature is ``(shape, numpy dtype, requires_grad)``; any other argument's is
-    ``(type, value)`` (so 1, 1.0 and True differ)."""
+    ``(type, value)`` (so 1, 1.0 and True differ; every NaN is the same). A tuple, list or dict
+    holding tensors is ``(type, _TreeSig)`` over its elements' signatures."""
     if isinstance(a, Tensor):
         d = a._data
         if d is None:
             raise _Unhashable("a trace tensor")
         return (d.shape, d.dtype, a._requires_grad)
+    if isinstance(a, (tuple, list, dict)) and _has_tensor(a):
+        if isinstance(a, dict):
+            items = tuple([(k, _arg_sig(v)) for k, v in a.items()])
+        else:
+            items = tuple([_arg_sig(e) for e in a])
+        return (type(a), _TreeSig((type(a), items)))
+    if isinstance(a, (float, np.floating)) and a != a:
+        return (type(a), _NAN)
     try:
         hash(a)
     except TypeError:
         raise _Unhashable(type(a).__name__) from None
     return (type(a), a)
+
+
+def _sig_requires_grad(sig: tuple) -> bool:
+    if len(sig) == 3:
+        return bool(sig[2])
+    tree = sig[1]
+    if isinstance(tree, _TreeSig):
+        kind, items = tree
+        if isinstance(kind, type) and issubclass(kind, dict):
+            return any(_sig_requires_grad(s) for _, s in items)
+        return any(_sig_requires_grad(s) for s in items)
+    return False
+
+
+def _tensor_paths(obj: Any, path: tuple, out: list[tuple]) -> None:
+    """Append the access path (``args[i][k]...``) of every tensor in ``obj``, depth first."""
+    if isinstance(obj, Tensor):
+        out.append(path)
+    elif isinstance(obj, (tuple, list)):
+        for i, e in enumerate(obj):
+            _tensor_paths(e, (*path, i), out)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _tensor_paths(v, (*path, k), out)
+
+
+def _at(args: Any, path: tuple) -> Any:
+    for k in path:
+        args = args[k]
+    return args
+
+
+def _replace_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """``obj`` with every tensor ``t`` replaced by ``fn(t)`` (same containers, same order)."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        items = [_replace_tensors(e, fn) for e in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, list):
+        return type(obj)([_replace_tensors(e, fn) for e in obj])
+    if isinstance(obj, dict):
+        return type(obj)((k, _replace_tensors(v, fn)) for k, v in obj.items())
+    return obj
 
 
 @dataclass
@@ -88,6 +187,7 @@ class _Entry:
     passes_ms: dict[str, float]
     n_hits: int = 0
     last_run_ms: float = 0.0
+    last_used: int = 0  # recency stamp for the entry LRU
 
     def __post_init__(self) -> None:
         # The executable's own run, without the CompiledGraph wrapper frame (hot path).
@@ -186,6 +286,8 @@ class CompiledModule:
             switches=switches,
         )
         self.__dict__["_lock"] = threading.RLock()
+        self.__dict__["_owners"] = owner_modules(target)
+        self.__dict__["_max_entries"] = max_entries()
         self._reset()
         # Like functools.wraps, but without routing through __setattr__ (which forwards to the
         # model: a model must never gain itself as an attribute).
@@ -196,13 +298,30 @@ class CompiledModule:
 
     def _reset(self) -> None:
         d = self.__dict__
-        d["_entries"] = {}
-        d["_eager_only"] = {}
-        d["_n_calls"] = {}
+        cap = d["_max_entries"]
+        n_calls: dict = {}
+        d["_n_calls"] = n_calls
+
+        def forget(key: Any, entry: Any) -> None:
+            # An evicted signature stops being counted (cache_info stays consistent).
+            if key not in d["_entries"] and key not in d["_eager_only"]:
+                n_calls.pop(key, None)
+
+        d["_entries"] = LRU(cap, forget)
+        d["_eager_only"] = LRU(cap, forget)
         d["_params"] = None
         d["_fingerprint"] = ()
-        d["_not_symbolic"] = {}
-        d["_steps"] = {}
+        d["_not_symbolic"] = LRU(cap)
+        d["_steps"] = LRU(cap)
+        d["_bound"] = Bound(d["_owners"])
+
+    def _check_structure(self) -> None:
+        """The structure version moved: if a bound parameter, buffer or submodule was replaced,
+        every entry binds stale objects: drop them (the next calls recompile)."""
+        with self._lock:
+            if self._bound.changed():
+                logger.info("lucid.compile: the model's parameters or buffers were replaced")
+                self._reset()
 
     # --- properties and delegation --------------------------------------------------------------
     @property
@@ -289,7 +408,7 @@ class CompiledModule:
             else:
                 s = _arg_sig(a)
                 sig.append(s)
-                rg = len(s) == 3 and s[2]
+                rg = _sig_requires_grad(s)
             any_rg = any_rg or rg
         sig = tuple(sig)
         if symbolic:
@@ -297,7 +416,7 @@ class CompiledModule:
         kw = ()
         if kwargs:
             kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()]))
-            any_rg = any_rg or any([len(s) == 3 and s[2] for _, s in kw])
+            any_rg = any_rg or any([_sig_requires_grad(s) for _, s in kw])
         params = d["_params"]
         if params is None:
             params = self._param_list()
@@ -307,33 +426,67 @@ class CompiledModule:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         d = self.__dict__
+        if d["_bound"].version != STRUCTURE_VERSION[0]:
+            self._check_structure()
         try:
             key = self._key(args, kwargs)
             if d["_symbolic"]:
                 key = self._symbolic_key(key, args, kwargs)
         except _Unhashable:
             return d["_model"](*args, **kwargs)
-        n_calls = d["_n_calls"]
-        n_calls[key] = n_calls.get(key, 0) + 1
+        # A hit is counted by its entry's n_hits (cache_info adds them to n_calls): no second
+        # dict update hashing the key on the hot path.
         entry = d["_entries"].get(key)
         if entry is not None:
             entry.n_hits += 1
+            entry.last_used = next(TICK)
             try:
                 return entry(args, kwargs)
-            except (TypeError, ValueError, _pipeline.FeedMismatch):
-                if not _all_contiguous(args, kwargs):
-                    # The native run takes C-contiguous arrays only (no hidden copies): copy here.
-                    return entry(*_contiguous(args, kwargs))
-                # Otherwise a parameter or buffer changed shape or dtype behind our back (the
-                # native run checks every feed): refresh the fingerprint and recompile.
+            except (TypeError, ValueError, _pipeline.FeedMismatch) as e:
+                try:
+                    return self._run_fixed(entry, args, kwargs)
+                except (TypeError, ValueError, _pipeline.FeedMismatch):
+                    pass
+                # A parameter or buffer changed shape or dtype behind our back (the native run
+                # checks every feed): refresh the fingerprint and recompile.
+                logger.info("lucid.compile: recompiling %r: %s", key, e)
                 with self._lock:
-                    self._entries.pop(key, None)
+                    old = self._entries.pop(key, None)
+                    if old is not None and old.n_hits > 1:  # its earlier calls stay counted
+                        d["_n_calls"][key] = d["_n_calls"].get(key, 0) + old.n_hits - 1
                     self.__dict__["_params"] = None
                     self._param_list()
                     key = self._key(args, kwargs)
-        if key in self._eager_only:
+                    if d["_symbolic"]:
+                        key = self._symbolic_key(key, args, kwargs)
+        n_calls = d["_n_calls"]
+        n_calls[key] = n_calls.get(key, 0) + 1
+        if key in d["_eager_only"]:
             return self._model(*args, **kwargs)
         return self._miss(key, args, kwargs)
+
+    def _run_fixed(self, entry: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``entry`` after a failed run, with every array in a layout the runtime takes:
+        bound parameters and buffers re-laid out (same objects, same values); non-contiguous
+        inputs fed as contiguous copies whose in-place updates are written back to them."""
+        ensure_c_layout(t for _, t in self._bound.tensors)
+        ensure_c_layout(getattr(entry, "captured_tensors", ()))
+        swapped = []
+        for a in _input_tensors(args, kwargs):
+            data = a._data
+            if not (data.flags.c_contiguous and data.flags.aligned):
+                swapped.append((a, data, a._version[0]))
+                a._data = np.array(data, order="C", copy=True)
+        try:
+            return entry(args, kwargs)
+        except (TypeError, ValueError, _pipeline.FeedMismatch) as e:
+            roles = getattr(entry, "feed_roles", None)
+            raise _pipeline.FeedMismatch(name_feeds(str(e), roles or [])) from e
+        finally:
+            for t, data, version in swapped:
+                if t._version[0] != version:  # the call wrote the input in place
+                    np.copyto(data, t._data)
+                t._data = data
 
     def _symbolic_key(self, key: tuple, args: tuple, kwargs: dict) -> tuple:
         sym = (_symbolic_sig(key[0]), *key[1:])
@@ -343,6 +496,7 @@ class CompiledModule:
 
     def _miss(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         key = CacheKey(key)
+        check_settings()  # a bad LUCID_* setting raises here instead of falling back
         with self._lock:
             entry = self._entries.get(key)
             if entry is None and key not in self._eager_only:
@@ -350,7 +504,7 @@ class CompiledModule:
                     entry = self._compile(key, args, kwargs)
                 except _NotSymbolic as e:
                     # This graph cannot share one executable across batch sizes: per-shape.
-                    self._not_symbolic[key] = str(e)
+                    self._not_symbolic.put(key, str(e))
                     static = self._key(args, kwargs)
                     self._n_calls.pop(key, None)
                     self._n_calls[static] = self._n_calls.get(static, 0) + 1
@@ -365,12 +519,13 @@ class CompiledModule:
                     if self._options.strict:
                         raise
                     return self._fall_back(key, args, kwargs, e, unexpected=True)
-                self._entries[key] = entry
+                self._entries.put(key, entry)
         if entry is None:
             return self._model(*args, **kwargs)
-        if not _all_contiguous(args, kwargs):
-            args, kwargs = _contiguous(args, kwargs)
-        return entry(args, kwargs)
+        try:
+            return entry(args, kwargs)
+        except (TypeError, ValueError, _pipeline.FeedMismatch):
+            return self._run_fixed(entry, args, kwargs)
 
     def _fall_back(
         self, key: CacheKey, args: tuple, kwargs: dict, err: BaseException, unexpected: bool = False
@@ -381,7 +536,7 @@ class CompiledModule:
         # The eager result decides: if the model itself rejects the input, the user gets that
         # error and the signature is not marked.
         out = self._model(*args, **kwargs)
-        self._eager_only[key] = reason
+        self._eager_only.put(key, reason)
         logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
         return out
 
@@ -394,15 +549,24 @@ class CompiledModule:
 
             return compile_grad_call(self._model, args, kwargs, self._options)
         del training
+        if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
+            raise _pipeline.Unsupported("tensors inside a container keyword argument")
         with _tracing(self._model) as tracer:
-            tensor_pos: list[int] = []
+            # tensor_pos: the access path of each tensor input (``(i,)`` for ``args[i]``,
+            # ``(i, k)`` for ``args[i][k]``), in feed order ``input:0``, ``input:1``, ...
+            tensor_pos: list[tuple] = []
             targs = []
             for i, (a, sig) in enumerate(zip(args, key[0], strict=True)):
                 if isinstance(a, Tensor):
-                    tensor_pos.append(i)
+                    tensor_pos.append((i,))
                     t = tracer.input(sig[0], a.dtype)
                     t._requires_grad = a._requires_grad
                     targs.append(t)
+                elif _has_tensor(a):
+                    paths: list[tuple] = []
+                    _tensor_paths(a, (i,), paths)
+                    tensor_pos.extend(paths)
+                    targs.append(_replace_tensors(a, tracer.input_like))
                 else:
                     targs.append(a)
             tkwargs = {
@@ -423,11 +587,7 @@ class CompiledModule:
             computed: list[Tensor] = []
             for j, t in enumerate(leaves):
                 hit = next(
-                    (
-                        ("arg", tensor_pos[n])
-                        for n, ta in enumerate(targs[i] for i in tensor_pos)
-                        if ta is t
-                    ),
+                    (("arg", path) for path in tensor_pos if _at(targs, path) is t),
                     None,
                 )
                 if hit is None:
@@ -459,6 +619,7 @@ class CompiledModule:
             rebuild,
             captured,
             len(computed),
+            tensor_pos,
             returns_tensor=isinstance(out, Tensor),
         )
         compile_ms = (time.perf_counter() - t0) * 1e3
@@ -474,21 +635,33 @@ class CompiledModule:
             )
         if _env_flag("LUCID_COMPILE_DEBUG"):
             _pipeline.dump_trace(trace)
-        return _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
+        entry = _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
+        entry.feed_roles = list(graph.feed_roles)
+        entry.captured_tensors = list(captured.values())
+        return entry
 
     # --- introspection --------------------------------------------------------------------------
     def cache_info(self) -> dict[str, Any]:
-        """``entries``, ``keys``, ``eager_only``, ``n_calls`` and ``reasons`` (why each
-        eager-only signature fell back)."""
+        """``entries``, ``max_entries`` (the LRU cap), ``evictions``, ``keys``, ``eager_only``,
+        ``n_calls`` and ``reasons`` (why each eager-only signature fell back)."""
         return {
             "entries": len(self._entries),
+            # The LRU cap on entries (LUCID_COMPILE_MAX_CACHE) and how many were evicted.
+            "max_entries": self._entries.cap,
+            "evictions": self._entries.evictions,
             "keys": tuple(self._entries),
             "eager_only": tuple(self._eager_only),
-            "n_calls": {CacheKey(k): n for k, n in self._n_calls.items()},
+            "n_calls": self._call_counts(),
             "reasons": dict(self._eager_only),
             # With LUCID_COMPILE_DYNAMIC=1: symbolic keys served per shape instead, and why.
             "not_symbolic": dict(self._not_symbolic),
         }
+
+    def _call_counts(self) -> dict[CacheKey, int]:
+        counts = {CacheKey(k): n for k, n in self._n_calls.items()}
+        for k, e in list(self._entries.items()):
+            counts[CacheKey(k)] = counts.get(CacheKey(k), 0) + e.n_hits
+        return counts
 
     def timing(self) -> list[dict[str, Any]]:
         """One row per cached signature: ``key``, ``compile_ms``, ``last_run_ms``, ``n_hits``
@@ -542,8 +715,9 @@ class CompiledModule:
                 "profile: these arguments run through the symbolic-batch path (one executable "
                 "per batch size); profile without LUCID_COMPILE_DYNAMIC=1"
             )
-        if not _all_contiguous(args, kwargs):
-            args, kwargs = _contiguous(args, kwargs)
+        args, kwargs = _contiguous(args, kwargs)
+        ensure_c_layout(t for _, t in self._bound.tensors)
+        ensure_c_layout(getattr(entry, "captured_tensors", ()))
         # Copies: in-place results (BatchNorm statistics, the RNG state) go to them, not the model.
         feeds = [np.array(f, copy=True) for f in entry.bind(args, kwargs)]
         lines = executable.dump().splitlines()[1:]
@@ -594,23 +768,30 @@ class CompiledModule:
         if fn is None:
             from lucid.compile import make_step
 
-            fn = steps[loss_fn] = make_step(self._model, loss_fn, dynamic=self._dynamic)
+            fn = make_step(self._model, loss_fn, dynamic=self._dynamic)
+            steps.put(loss_fn, fn)
         return fn(*args)
 
 
-def _all_contiguous(args: tuple, kwargs: dict) -> bool:
-    return all(
-        a._data.flags.c_contiguous for a in (*args, *kwargs.values()) if isinstance(a, Tensor)
-    )
+def _input_tensors(args: tuple, kwargs: dict) -> list[Tensor]:
+    """Every tensor among the arguments, including inside tuples, lists and dicts."""
+    paths: list[tuple] = []
+    _tensor_paths(args, (), paths)
+    _tensor_paths(kwargs, (), paths)
+    return [_at(args, p) if isinstance(p[0], int) else _at(kwargs, p) for p in paths]
 
 
 def _contiguous(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    def c(a: Any) -> Any:
-        if isinstance(a, Tensor) and not a._data.flags.c_contiguous:
-            return Tensor._wrap(np.asarray(a._data, order="C"))
+    """The arguments with every tensor whose array the runtime does not take (not C-contiguous
+    or not aligned) replaced by a contiguous copy."""
+
+    def c(a: Tensor) -> Tensor:
+        d = a._data
+        if d is not None and not (d.flags.c_contiguous and d.flags.aligned):
+            return Tensor._wrap(np.array(d, order="C", copy=True))
         return a
 
-    return tuple(c(a) for a in args), {k: c(v) for k, v in kwargs.items()}
+    return _replace_tensors(args, c), _replace_tensors(kwargs, c)
 
 
 class _NotSymbolic(Exception):
@@ -646,7 +827,7 @@ class _SymbolicGraph:
     def __init__(self, trace: Any, options: _Options, batch: int):
         self.trace = trace
         self.options = options
-        self.by_batch: dict[int, Any] = {}
+        self.by_batch: LRU = LRU(max_entries())
         first = self._specialize(batch)
         self.feed_roles, self.result_roles = first.feed_roles, first.result_roles
         self.passes_ms = first.passes_ms
@@ -658,18 +839,21 @@ class _SymbolicGraph:
             pipeline=self.options.pipeline,
             switches=self.options.switches,
         )
-        self.by_batch[batch] = graph
+        self.by_batch.put(batch, graph)
         return graph
 
     def run(self, feeds: list) -> list:
         graph = self.by_batch.get(feeds[0].shape[0]) if feeds[0].ndim else None
         if graph is None:
             graph = self._specialize(feeds[0].shape[0])
+        else:
+            graph.last_used = next(TICK)
         return graph.run(feeds)
 
 
-def _make_binder(feed_roles: list[str], tensor_pos: list[int], captured: dict[str, Tensor]):
-    """A function (args, kwargs) -> the feed arrays, in the executable's feed order."""
+def _make_binder(feed_roles: list[str], tensor_pos: list[tuple], captured: dict[str, Tensor]):
+    """A function (args, kwargs) -> the feed arrays, in the executable's feed order
+    (``tensor_pos``: the access path of each ``input:N``)."""
     plan: list[tuple[str, Any]] = []
     for role in feed_roles:
         kind, _, name = role.partition(":")
@@ -682,11 +866,11 @@ def _make_binder(feed_roles: list[str], tensor_pos: list[int], captured: dict[st
             plan.append(("rng", None))
         else:
             plan.append(("tensor", captured[role]))
-    if all(k == "arg" for k, _ in plan[: len(tensor_pos)]) and all(
+    if all(k == "arg" and len(p) == 1 for k, p in plan[: len(tensor_pos)]) and all(
         k == "tensor" for k, _ in plan[len(tensor_pos) :]
     ):
         # The common case (positional inputs, then parameters and buffers) gets a tight loop.
-        positions = [p for _, p in plan[: len(tensor_pos)]]
+        positions = [p[0] for _, p in plan[: len(tensor_pos)]]
         tensors = [t for _, t in plan[len(tensor_pos) :]]
 
         def bind_fast(args: tuple, kwargs: dict) -> list:
@@ -698,7 +882,7 @@ def _make_binder(feed_roles: list[str], tensor_pos: list[int], captured: dict[st
         feeds = []
         for kind, ref in plan:
             if kind == "arg":
-                feeds.append(args[ref]._data)
+                feeds.append(_at(args, ref)._data)
             elif kind == "kw":
                 feeds.append(kwargs[ref]._data)
             elif kind == "rng":
@@ -717,6 +901,7 @@ def _make_finisher(
     rebuild,
     captured: dict[str, Tensor],
     n_outputs: int,
+    tensor_pos: list[tuple],
     returns_tensor: bool = False,
 ):
     """A function (args, kwargs, result arrays) -> the model's return structure; it also writes
@@ -764,18 +949,14 @@ def _make_finisher(
                 target._version[0] += 1
             elif target.startswith("input:"):
                 name = target[len("input:") :]
-                t = (
-                    kwargs[name]
-                    if not name.isdigit()
-                    else [a for a in args if isinstance(a, Tensor)][int(name)]
-                )
+                t = kwargs[name] if not name.isdigit() else _at(args, tensor_pos[int(name)])
                 np.copyto(t._data, res[i])
                 t._version[0] += 1
         vals = list(slots)
         for j, i in zip(computed_slots, out_index, strict=True):
             vals[j] = wrap(res[i])
         for j, (kind, ref) in passthrough.items():
-            vals[j] = args[ref] if kind == "arg" else kwargs[ref]
+            vals[j] = _at(args, ref) if kind == "arg" else kwargs[ref]
         return rebuild(vals)
 
     return finish

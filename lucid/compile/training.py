@@ -18,6 +18,7 @@ scheduler takes effect without recompiling.
 
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -32,6 +33,16 @@ from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline
+from lucid.compile._binding import (
+    LRU,
+    STRUCTURE_VERSION,
+    TICK,
+    Bound,
+    check_settings,
+    ensure_c_layout,
+    max_entries,
+    name_feeds,
+)
 from lucid.compile._tracing import GraphBreak
 from lucid.compile._training import (
     TrainingModule,
@@ -150,8 +161,8 @@ def _contiguous_inputs(inputs: tuple) -> tuple:
     """Inputs whose arrays the runtime accepts (C-contiguous, aligned): copies only if needed."""
     out = []
     for a in inputs:
-        if isinstance(a, Tensor) and not a._data.flags.c_contiguous:
-            a = Tensor._wrap(np.asarray(a._data, order="C"))
+        if isinstance(a, Tensor) and not (a._data.flags.c_contiguous and a._data.flags.aligned):
+            a = Tensor._wrap(np.array(a._data, order="C", copy=True))
         out.append(a)
     return tuple(out)
 
@@ -182,6 +193,7 @@ class _Entry:
     created_state: dict | None = None
     n_runs: int = 0
     tm: Any = None
+    last_used: int = 0  # recency stamp for the entry LRU
 
     def set_scalars(self, values: dict[str, float]) -> None:
         for role, v in values.items():
@@ -314,10 +326,15 @@ def _run_checked(entry: _Entry, tensor_inputs: Sequence[Tensor], what: str) -> l
     try:
         return entry.run(tensor_inputs)
     except (TypeError, ValueError) as e:
+        # Arrays the runtime does not take (non-contiguous, e.g. after ``w.data = w.t()``):
+        # bound tensors are re-laid out in place (same objects), inputs copied.
+        ensure_c_layout(entry.refs)
+        ensure_c_layout(r.param._grad for r in entry.refs if isinstance(r, _GradRef))
         contiguous = _contiguous_inputs(tuple(tensor_inputs))
-        if any(a is not b for a, b in zip(contiguous, tensor_inputs, strict=True)):
+        try:
             return entry.run(contiguous)
-        raise _pipeline.FeedMismatch(f"{what}: {e}") from e
+        except (TypeError, ValueError) as e2:
+            raise _pipeline.FeedMismatch(f"{what}: {name_feeds(str(e2), entry.feed_roles)}") from e
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,8 +441,15 @@ class TrainStep:
         self.model = model
         self.loss_fn = loss_fn
         self.dynamic = dynamic
-        self._entries: dict[tuple, _Entry] = {}
+        self._entries: LRU = LRU(max_entries())
         self._params = list(model.parameters())
+        self._bound = Bound([model])
+
+    def _check_structure(self) -> None:
+        """A parameter, buffer or submodule was replaced: every entry binds stale objects."""
+        if self._bound.changed():
+            self._entries.clear()
+            self._params = list(self.model.parameters())
 
     def _key(self, inputs: tuple) -> tuple:
         return (
@@ -435,6 +459,7 @@ class TrainStep:
         )
 
     def _build(self, key: tuple, inputs: tuple) -> _Entry:
+        check_settings()
         t0 = time.perf_counter()
         try:
             tm = build_training_module(self.model, self.loss_fn, inputs)
@@ -447,15 +472,19 @@ class TrainStep:
         entry = _make_entry(
             tm, executable, inplace=True, compile_ms=(time.perf_counter() - t0) * 1e3
         )
-        self._entries[key] = entry
+        self._entries.put(key, entry)
         return entry
 
     def run(self, inputs: tuple) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         """Run one step: the loss array and ``(param, gradient array)`` pairs."""
+        if self._bound.version != STRUCTURE_VERSION[0]:
+            self._check_structure()
         key = self._key(inputs)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._build(key, inputs)
+        else:
+            entry.last_used = next(TICK)
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         try:
             res = _run_checked(entry, tensors, "make_step")
@@ -463,7 +492,7 @@ class TrainStep:
             self._entries.pop(key, None)
             self._params = list(self.model.parameters())
             entry = self._build(self._key(inputs), inputs)
-            res = entry.run(tensors)
+            res = _run_checked(entry, tensors, "make_step")
         entry.after_success(res)
         return res[entry.loss_index], [(p, res[i]) for i, p in entry.grad_index]
 
@@ -478,6 +507,8 @@ class TrainStep:
     def cache_info(self) -> dict[str, Any]:
         return {
             "entries": len(self._entries),
+            "max_entries": self._entries.cap,
+            "evictions": self._entries.evictions,
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
         }
@@ -523,10 +554,13 @@ def compiled_step(model: Any, x: Any, loss_fn: Callable[..., Tensor], *extra: An
     ``loss_fn(model(x), *extra)`` into every trained parameter's ``.grad`` and returns the loss
     (detached). The compiled step is cached per model and loss function; compilation errors
     raise ``CompileError`` (no eager fallback)."""
-    per_model = _COMPILED_STEPS.setdefault(model, {})
+    per_model = _COMPILED_STEPS.get(model)
+    if per_model is None:
+        per_model = _COMPILED_STEPS[model] = LRU(max_entries())
     step = per_model.get(loss_fn)
     if step is None:
-        step = per_model[loss_fn] = TrainStep(model, loss_fn)
+        step = TrainStep(model, loss_fn)
+        per_model.put(loss_fn, step)
     loss_arr, grads = step.run((x, *extra))
     for p, g in grads:
         if p._grad is None:
@@ -565,7 +599,28 @@ class FusedStep:
         self.check_finite = bool(check_finite)
         self._view = _OptimizerView(optimizer)
         self._params = list(model.parameters())
-        self._entries: dict[tuple, _Entry] = {}
+        self._entries: LRU = LRU(max_entries())
+        self._bound = Bound([model])
+
+    def _check_structure(self) -> None:
+        """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
+        objects). A replaced parameter the optimizer still holds would silently stop training
+        (the optimizer updates the old object, as in PyTorch): refuse it, naming it."""
+        old = self._bound.tensors
+        if not self._bound.changed():
+            return
+        self._entries.clear()
+        self._params = list(self.model.parameters())
+        held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        stale = [n for n, t in self._bound.replaced(old) if id(t) in held]
+        if stale:
+            raise RuntimeError(
+                f"fused_step: the model's parameter(s) {', '.join(map(repr, stale))} were "
+                "replaced after the optimizer was created; the optimizer still holds the old "
+                "object(s), so the new ones would never be trained. Create the optimizer (and "
+                "the fused step) again over model.parameters(), or change values in place "
+                "(p.data = ..., load_state_dict without assign=True)"
+            )
 
     def _key(self, inputs: tuple, scalars: list) -> tuple:
         return (
@@ -576,6 +631,7 @@ class FusedStep:
         )
 
     def _build(self, inputs: tuple) -> tuple[tuple, _Entry]:
+        check_settings()
         t0 = time.perf_counter()
         snap = self._view.snapshot()
         try:
@@ -605,7 +661,7 @@ class FusedStep:
         entry.created_state = snap  # undone if the entry's first run fails
         self._view.find_reps()
         key = self._key(inputs, self._view.group_scalars())
-        self._entries[key] = entry
+        self._entries.put(key, entry)
         return key, entry
 
     def _first_run_failed(self, key: tuple, entry: _Entry) -> None:
@@ -622,6 +678,8 @@ class FusedStep:
 
     def __call__(self, x: Any, *extra: Any) -> Tensor:
         inputs = (x, *extra)
+        if self._bound.version != STRUCTURE_VERSION[0]:
+            self._check_structure()
         view = self._view
         if view.changed():  # load_state_dict: the bound state tensors are gone
             view.reset()
@@ -631,6 +689,8 @@ class FusedStep:
         entry = self._entries.get(key)
         if entry is None:
             key, entry = self._build(inputs)
+        else:
+            entry.last_used = next(TICK)
         if entry.n_runs == 0 and entry.first_scalars is not None:
             entry.set_scalars(entry.first_scalars)  # a first step may differ (SGD's buffer)
         else:
@@ -645,7 +705,7 @@ class FusedStep:
             key, entry = self._build(inputs)
             entry.set_scalars(entry.first_scalars)
             try:
-                res = entry.run(tensors)
+                res = _run_checked(entry, tensors, "fused_step")
             except BaseException:
                 self._first_run_failed(key, entry)
                 raise
@@ -668,6 +728,8 @@ class FusedStep:
         """``entries`` (compiled signatures), ``keys`` and ``compile_ms`` per entry."""
         return {
             "entries": len(self._entries),
+            "max_entries": self._entries.cap,
+            "evictions": self._entries.evictions,
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
         }
@@ -708,15 +770,17 @@ class CompiledOptimizerStep:
         self.optimizer = optimizer
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
-        self._entries: dict[tuple, _Entry] = {}
+        self._entries: LRU = LRU(max_entries())
+        # The parameter objects the entries bind. As in PyTorch, the optimizer updates the
+        # objects in its param_groups (a parameter replaced in the model afterwards is not its
+        # business); one swapped inside param_groups is noticed here and rebinds.
+        self._bound_params: list[Tensor] = []
 
-    def _key(self, scalars: list) -> tuple:
-        return (
-            self._view.statics(scalars),
-            tuple([p._grad is not None for g in self.optimizer.param_groups for p in g["params"]]),
-        )
+    def _key(self, scalars: list, params: list) -> tuple:
+        return (self._view.statics(scalars), tuple([p._grad is not None for p in params]))
 
     def _build(self) -> tuple[tuple, _Entry]:
+        check_settings()
         opt = self.optimizer
         t0 = time.perf_counter()
         snap = self._view.snapshot()
@@ -740,8 +804,10 @@ class CompiledOptimizerStep:
             extra_refs=refs,
         )
         self._view.find_reps()
-        key = self._key(self._view.group_scalars())
-        self._entries[key] = entry
+        params = [p for g in opt.param_groups for p in g["params"]]
+        key = self._key(self._view.group_scalars(), params)
+        self._entries.put(key, entry)
+        self._bound_params = params
         return key, entry
 
     def __call__(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -750,16 +816,23 @@ class CompiledOptimizerStep:
             with lucid.enable_grad():
                 loss = closure()
         view = self._view
-        if view.changed():
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        bound = self._bound_params
+        if view.changed() or (
+            bound and (len(bound) != len(params) or not all(map(operator.is_, params, bound)))
+        ):
             view.reset()
             self._entries.clear()
+            self._bound_params = []
         scalars = view.group_scalars()
-        key = self._key(scalars)
+        key = self._key(scalars, params)
         if not any(key[1]):
             return loss
         entry = self._entries.get(key)
         if entry is None:
             key, entry = self._build()
+        else:
+            entry.last_used = next(TICK)
         if entry.n_runs == 0 and entry.first_scalars is not None:
             entry.set_scalars(entry.first_scalars)
         else:
@@ -767,18 +840,23 @@ class CompiledOptimizerStep:
         try:
             res = entry.run(())
         except (TypeError, ValueError) as e:
-            # A gradient with another dtype/layout than at compile time: rebuild once.
+            # A parameter, state or gradient array in another layout (re-laid out in place,
+            # same objects) or dtype (rebuilt) than at compile time.
             self._entries.pop(key, None)
             for g in self.optimizer.param_groups:
                 for p in g["params"]:
                     if p._grad is not None and not p._grad._data.flags.c_contiguous:
                         p._grad = Tensor._wrap(np.asarray(p._grad._data, order="C"))
+            ensure_c_layout(entry.refs)
             try:
                 key, entry = self._build()
                 entry.set_scalars(entry.first_scalars)
                 res = entry.run(())
-            except (TypeError, ValueError):
-                raise RuntimeError(f"compiled optimizer step: cannot bind the feeds: {e}") from e
+            except (TypeError, ValueError) as e2:
+                raise RuntimeError(
+                    "compiled optimizer step: cannot bind the feeds: "
+                    + name_feeds(str(e2), entry.feed_roles)
+                ) from e
         entry.after_success(res)
         entry.first_scalars = None
         return loss
@@ -786,6 +864,8 @@ class CompiledOptimizerStep:
     def cache_info(self) -> dict[str, Any]:
         return {
             "entries": len(self._entries),
+            "max_entries": self._entries.cap,
+            "evictions": self._entries.evictions,
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
         }

@@ -34,6 +34,7 @@ __all__ = [
 _DTYPE_TO_ELEM = {"f32": x.f32, "f64": x.f64, "i32": x.i32, "i64": x.i64, "bool": x.i1}
 _ELEM_TO_DTYPE = {v: k for k, v in _DTYPE_TO_ELEM.items()}
 _TYPE_CACHE: dict[tuple, x.TensorType] = {}
+_TYPE_CACHE_LIMIT = 1024  # starts over when full (bounded memory over thousands of shapes)
 
 
 def prim_type(shape: Sequence[int], dtype: str) -> x.TensorType:
@@ -41,6 +42,8 @@ def prim_type(shape: Sequence[int], dtype: str) -> x.TensorType:
     key = (tuple(shape), dtype)
     t = _TYPE_CACHE.get(key)
     if t is None:
+        if len(_TYPE_CACHE) >= _TYPE_CACHE_LIMIT:
+            _TYPE_CACHE.clear()
         t = _TYPE_CACHE[key] = x.TensorType(_DTYPE_TO_ELEM[dtype], list(shape))
     return t
 

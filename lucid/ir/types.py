@@ -42,6 +42,8 @@ def dtype_from_ir(t: x.Attribute) -> _dtype.dtype:
 
 
 _TYPE_CACHE: dict[tuple, x.TensorType] = {}
+# The caches start over when full: a process compiling thousands of shapes stays bounded.
+_TYPE_CACHE_LIMIT = 1024
 
 
 def tensor_type(shape: tuple, dt: _dtype.dtype) -> x.TensorType:
@@ -51,6 +53,8 @@ def tensor_type(shape: tuple, dt: _dtype.dtype) -> x.TensorType:
     t = _TYPE_CACHE.get(key)
     if t is None:
         dims = [x.DYNAMIC_INDEX if d is None else d for d in shape]
+        if len(_TYPE_CACHE) >= _TYPE_CACHE_LIMIT:
+            _TYPE_CACHE.clear()
         t = _TYPE_CACHE[key] = x.TensorType(_DTYPE_TO_IR[dt], dims)
     return t
 
@@ -65,7 +69,7 @@ def aval_of_type(t: x.Attribute) -> AVal:
     if hit is not None and hit[0] is t:
         return hit[1]
     av = AVal(shape_of_type(t), dtype_of_type(t))
-    if len(_AVAL_CACHE) > 65536:
+    if len(_AVAL_CACHE) >= 2 * _TYPE_CACHE_LIMIT:
         _AVAL_CACHE.clear()
     _AVAL_CACHE[id(t)] = (t, av)  # holding t keeps its id from being reused
     return av

@@ -63,13 +63,25 @@ def get_num_threads() -> int:
     return int(_native.get_num_threads())
 
 
+def thread_setting_error() -> str | None:
+    """Why ``LUCID_NUM_THREADS`` is not a usable setting (None when it is unset or valid)."""
+    value = os.environ.get("LUCID_NUM_THREADS", "")
+    if not value.strip():
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        return f"LUCID_NUM_THREADS must be a positive integer, got {value!r}"
+    return None
+
+
 def _apply_thread_env() -> None:
-    value = os.environ.get("LUCID_NUM_THREADS")
-    if value:
-        try:
-            set_num_threads(int(value))
-        except ValueError:
-            raise ValueError(f"LUCID_NUM_THREADS must be a positive int, got {value!r}") from None
+    # A bad value is not applied here (an import error would hide it); the compiler refuses it
+    # once, at the first compile, through thread_setting_error().
+    if thread_setting_error() is None and os.environ.get("LUCID_NUM_THREADS", "").strip():
+        set_num_threads(int(os.environ["LUCID_NUM_THREADS"]))
 
 
 _apply_thread_env()
@@ -81,4 +93,5 @@ __all__ = [
     "get_num_threads",
     "set_cache_capacity",
     "set_num_threads",
+    "thread_setting_error",
 ]

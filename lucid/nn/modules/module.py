@@ -5,6 +5,10 @@ A module owns three ordered name -> value tables: ``_parameters`` (Parameters), 
 (submodules). Plain attribute assignment registers into the right table, so
 ``self.fc = Linear(2, 3)`` is all a layer writes. The compiler binds parameters and buffers by
 object identity, which is why ``to(dtype)`` and ``load_state_dict`` change them in place.
+
+Every change to one of these tables (in any module) bumps ``STRUCTURE_VERSION[0]``, so that a
+compiled wrapper can tell in O(1) on each call whether the tensors it bound may have been
+replaced (``model[2] = Linear(...)``, a new Parameter, ``load_state_dict(assign=True)``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,46 @@ from lucid._autograd import no_grad
 from lucid._tensor import Tensor, device
 from lucid.nn.parameter import Parameter
 
-__all__ = ["Module", "RemovableHandle"]
+__all__ = ["STRUCTURE_VERSION", "Module", "RemovableHandle"]
+
+# Bumped by every change to a module's parameter, buffer or submodule table, in any module.
+STRUCTURE_VERSION = [0]
+
+
+class _Table(OrderedDict):
+    """A module's name -> value table; each change bumps ``STRUCTURE_VERSION``."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        STRUCTURE_VERSION[0] += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        STRUCTURE_VERSION[0] += 1
+        super().__delitem__(key)
+
+    def pop(self, *args: Any) -> Any:
+        STRUCTURE_VERSION[0] += 1
+        return super().pop(*args)
+
+    def popitem(self, last: bool = True) -> Any:
+        STRUCTURE_VERSION[0] += 1
+        return super().popitem(last)
+
+    def clear(self) -> None:
+        STRUCTURE_VERSION[0] += 1
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        STRUCTURE_VERSION[0] += 1
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        STRUCTURE_VERSION[0] += 1
+        return super().setdefault(key, default)
+
+    def move_to_end(self, key: Any, last: bool = True) -> None:
+        STRUCTURE_VERSION[0] += 1
+        super().move_to_end(key, last)
 
 
 class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
@@ -132,10 +175,10 @@ class Module:
             )
         setattr_ = object.__setattr__
         setattr_(self, "training", True)
-        setattr_(self, "_parameters", OrderedDict())
-        setattr_(self, "_buffers", OrderedDict())
+        setattr_(self, "_parameters", _Table())
+        setattr_(self, "_buffers", _Table())
         setattr_(self, "_non_persistent_buffers_set", set())
-        setattr_(self, "_modules", OrderedDict())
+        setattr_(self, "_modules", _Table())
         setattr_(self, "_forward_hooks", OrderedDict())
         setattr_(self, "_forward_pre_hooks", OrderedDict())
 

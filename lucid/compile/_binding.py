@@ -1,0 +1,235 @@
+"""What keeps a compiled entry's bound tensors honest: module-structure checks, array layouts and
+the bounded entry caches shared by ``lucid.compile`` and the training entry points.
+
+Compiled entries bind parameters, buffers and optimizer state by object identity. Replacing one
+(``model[2] = nn.Linear(16, 7)``, a new ``nn.Parameter``, ``load_state_dict(assign=True)``,
+``bn.running_mean = t``) goes through a module's parameter/buffer/submodule table, which bumps
+``STRUCTURE_VERSION``: a wrapper compares one int per call and, only when it moved, re-reads the
+model's tensors (``Bound.changed``) and drops its entries if any of them is a different object.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from lucid._tensor import Tensor
+from lucid.nn.modules.module import STRUCTURE_VERSION, Module
+
+__all__ = [
+    "STRUCTURE_VERSION",
+    "Bound",
+    "LRU",
+    "TICK",
+    "ensure_c_layout",
+    "max_entries",
+    "name_feeds",
+    "owner_modules",
+]
+
+DEFAULT_MAX_ENTRIES = 32
+
+
+def max_entries() -> int:
+    """The per-wrapper entry cap: ``LUCID_COMPILE_MAX_CACHE`` (the native executable cache's cap
+    too), default 32."""
+    value = os.environ.get("LUCID_COMPILE_MAX_CACHE", "").strip()
+    if not value:
+        return DEFAULT_MAX_ENTRIES
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"LUCID_COMPILE_MAX_CACHE must be a positive integer, got {value!r}")
+    return n
+
+
+# Recency ticks: a hit stamps its entry with ``next(TICK)`` (cheaper than re-hashing the key to
+# reorder a dict on the hot path); eviction, on the miss path only, scans for the oldest stamp.
+TICK = itertools.count()
+
+
+class LRU(dict):
+    """A dict of at most ``cap`` entries. ``put`` stamps the value's ``last_used`` and evicts the
+    least recently used (a hit restamps ``value.last_used = next(TICK)``; values that take no
+    attributes are evicted oldest first). ``on_evict(key, value)`` runs for each eviction."""
+
+    def __init__(self, cap: int, on_evict: Any = None):
+        super().__init__()
+        self.cap = cap
+        self.on_evict = on_evict
+        self.evictions = 0
+
+    def put(self, key: Any, value: Any) -> None:
+        try:
+            value.last_used = next(TICK)
+        except AttributeError:
+            pass
+        self[key] = value
+        while len(self) > self.cap:
+            old_key = min(self, key=lambda k: getattr(self[k], "last_used", -1))
+            old = self.pop(old_key)
+            self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(old_key, old)
+
+
+def owner_modules(target: Any) -> list[Module]:
+    """The modules whose parameters and buffers a compiled ``target`` binds: the target itself,
+    a bound method's module, or the modules a function reaches through its closure, its default
+    arguments and the globals its code names (one level; ``functools.partial`` unwrapped)."""
+    seen: dict[int, Module] = {}
+
+    def add(obj: Any) -> None:
+        if isinstance(obj, Module):
+            seen.setdefault(id(obj), obj)
+
+    def visit(fn: Any, depth: int) -> None:
+        if isinstance(fn, Module):
+            add(fn)
+            return
+        if depth > 2:
+            return
+        inner = getattr(fn, "func", None)  # functools.partial
+        if inner is not None and hasattr(fn, "args"):
+            visit(inner, depth + 1)
+            for a in (*fn.args, *fn.keywords.values()):
+                add(a)
+            return
+        if isinstance(fn, types.MethodType):
+            add(fn.__self__)
+            visit(fn.__func__, depth + 1)
+            return
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            # A callable object: the modules among its attributes.
+            if not isinstance(fn, type) and hasattr(fn, "__dict__"):
+                for v in vars(fn).values():
+                    add(v)
+            return
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                add(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+        for d in getattr(fn, "__defaults__", None) or ():
+            add(d)
+        g = getattr(fn, "__globals__", {})
+        for name in code.co_names:
+            add(g.get(name))
+
+    visit(target, 0)
+    return list(seen.values())
+
+
+def _tensors_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for m in modules:
+        out.extend(m.named_parameters())
+        out.extend(m.named_buffers())
+    return out
+
+
+class Bound:
+    """The parameters and buffers of the modules a wrapper binds, by identity, and the
+    structure version they were read at. ``stale()`` is the per-call O(1) check."""
+
+    __slots__ = ("modules", "tensors", "version")
+
+    def __init__(self, modules: list[Module]):
+        self.modules = modules
+        self.version = STRUCTURE_VERSION[0]
+        self.tensors = _tensors_of(modules)
+
+    def stale(self) -> bool:
+        return STRUCTURE_VERSION[0] != self.version
+
+    def changed(self) -> bool:
+        """Re-read after the structure version moved: True if any bound name now holds another
+        object (or names came or went). Either way the version is brought up to date."""
+        self.version = STRUCTURE_VERSION[0]
+        now = _tensors_of(self.modules)
+        old = self.tensors
+        self.tensors = now
+        if len(now) != len(old):
+            return True
+        return any(a[0] != b[0] or a[1] is not b[1] for a, b in zip(now, old, strict=True))
+
+    def replaced(self, old_tensors: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """The (name, tensor) pairs of ``old_tensors`` no longer held by the modules."""
+        held = {id(t) for _, t in self.tensors}
+        return [(n, t) for n, t in old_tensors if id(t) not in held]
+
+
+def ensure_c_layout(tensors: Iterable[Any]) -> list[str]:
+    """Re-lay out, in place of their ``_data``, every tensor whose array the runtimes do not take
+    (not C-contiguous or not aligned, e.g. after ``w.data = w.t()``). The Tensor (Parameter)
+    object stays the same, and so does every value; only the strides change, so later in-place
+    updates land in the new array. Returns a description of what was re-laid out."""
+    fixed: list[str] = []
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            continue
+        a = t._data
+        if a is None or (a.flags.c_contiguous and a.flags.aligned):
+            continue
+        t._data = np.array(a, order="C", copy=True)
+        fixed.append(f"{tuple(a.shape)}")
+    return fixed
+
+
+_FEED_RE = re.compile(r"\bfeed (\d+)\b")
+
+
+def name_feeds(message: str, roles: list[str]) -> str:
+    """A runtime error about ``feed N`` rewritten to name the feed's role (``param:fc.weight``)."""
+
+    def sub(m: re.Match) -> str:
+        i = int(m.group(1))
+        if 0 <= i < len(roles):
+            role = roles[i]
+            kind, _, name = role.partition(":")
+            what = {
+                "param": "parameter",
+                "buffer": "buffer",
+                "input": "input",
+                "state": "optimizer state",
+            }.get(kind)
+            return f"{what} {name!r}" if what else f"feed {role!r}"
+        return m.group(0)
+
+    return _FEED_RE.sub(sub, message)
+
+
+def check_settings() -> None:
+    """Refuse a bad ``LUCID_*`` setting once, at the first compile, with a ValueError naming it
+    (rather than sending every signature to eager with a warning each)."""
+    from lucid.backends.cpu.backend import thread_setting_error
+
+    error = thread_setting_error()
+    if error is not None:
+        raise ValueError(error)
+    max_entries()
+    if os.environ.get("LUCID_COMPILE_DEBUG", "").strip().lower() in ("", "0", "false", "no", "off"):
+        return
+    folder = os.environ.get("LUCID_COMPILE_DEBUG_DIR")
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"LUCID_COMPILE_DEBUG_DIR={folder!r} is not a writable folder "
+            f"({type(e).__name__}: {e.strerror or e})"
+        ) from None
