@@ -69,7 +69,12 @@ def from_numpy(array) -> Tensor:
     return Tensor._wrap(array)
 
 
-from lucid import nn, optim  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
+from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
+    nn,
+    optim,
+    utils,  # noqa: E402,F401
+)
+from lucid._generator import Generator  # noqa: E402,F401
 from lucid.serialization import load, save  # noqa: E402,F401
 
 
