@@ -8,6 +8,11 @@ namespace py = pybind11;
 namespace lucid {
 void init_runtime(py::module_& m);
 }
+#if defined(__APPLE__) && defined(LUCID_WITH_MPSGRAPH)
+namespace lucid::mpsgraph {
+void init_mpsgraph(py::module_& m);  // native/mpsgraph: the MPSGraph backend, macOS only
+}
+#endif
 
 #ifndef LUCID_VERSION
 #define LUCID_VERSION "0.0.0"
@@ -33,4 +38,7 @@ PYBIND11_MODULE(_native, m) {
     return c[0];
   });
   lucid::init_runtime(m);
+#if defined(__APPLE__) && defined(LUCID_WITH_MPSGRAPH)
+  lucid::mpsgraph::init_mpsgraph(m);
+#endif
 }

@@ -1,0 +1,217 @@
+"""Type-check the Objective-C++ of `native/mpsgraph` on Linux, as Xcode would on a Mac.
+
+Each file is compiled with `clang -fsyntax-only -x objective-c++ -target arm64-apple-macos14.0
+-fobjc-arc -Werror=unguarded-availability-new` against the stub SDK in `stubs/` (made by
+`stubgen.py`), with libc++ and the arm64 glibc headers standing in for Apple's C and C++
+headers. That catches misspelled selectors, wrong argument types and calls to methods newer than
+the deployment target outside `@available`. It needs clang with libc++ headers and the arm64
+C headers (Debian: `clang-19 libc++-19-dev libc6-dev-arm64-cross`; `.ci/run` installs them).
+
+Usage: `python native/mpsgraph/clang_check.py [FILE ...]` (default: every `.mm`, `.h` and
+`.cpp` of `native/mpsgraph`). Set `LUCID_CLANG` to choose the compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STUBS = HERE / "stubs"
+DEPLOYMENT_TARGET = "14.0"
+CLANG_NAMES = ("clang-19", "clang-20", "clang-21", "clang-18", "clang")
+ARM64_C_HEADERS = Path("/usr/aarch64-linux-gnu/include")
+# The check runs two compilers at once: the machine it was written for has two cores.
+PARALLEL = 2
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    clang: str
+    libcxx_headers: Path
+    c_headers: Path
+
+
+class ToolchainMissing(RuntimeError):
+    """clang, libc++ headers or the arm64 C headers are not installed."""
+
+
+def _libcxx_for(clang: str) -> Path | None:
+    match = re.search(r"clang-(\d+)$", clang)
+    candidates = []
+    if match:
+        candidates.append(Path(f"/usr/lib/llvm-{match.group(1)}/include/c++/v1"))
+    resolved = Path(shutil.which(clang) or clang).resolve()
+    # /usr/lib/llvm-N/bin/clang -> /usr/lib/llvm-N/include/c++/v1
+    candidates.append(resolved.parent.parent / "include" / "c++" / "v1")
+    candidates.append(Path("/usr/include/c++/v1"))
+    for candidate in candidates:
+        if (candidate / "vector").exists():
+            return candidate
+    return None
+
+
+def find_toolchain() -> Toolchain:
+    """The clang, libc++ and arm64 C headers to use, or ToolchainMissing saying what lacks."""
+    names = [os.environ["LUCID_CLANG"]] if os.environ.get("LUCID_CLANG") else CLANG_NAMES
+    problems = []
+    for name in names:
+        if not shutil.which(name):
+            continue
+        libcxx = _libcxx_for(name)
+        if libcxx is None:
+            problems.append(f"{name} has no libc++ headers (install libc++-N-dev)")
+            continue
+        if not (ARM64_C_HEADERS / "stdio.h").exists():
+            problems.append(f"no arm64 C headers in {ARM64_C_HEADERS} (libc6-dev-arm64-cross)")
+            continue
+        return Toolchain(shutil.which(name) or name, libcxx, ARM64_C_HEADERS)
+    if not problems:
+        problems.append(f"no clang found (tried {', '.join(names)})")
+    raise ToolchainMissing("; ".join(problems))
+
+
+def command(toolchain: Toolchain, source: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    """The clang invocation that type-checks one file against the stub SDK."""
+    language = "objective-c++-header" if source.suffix == ".h" else "objective-c++"
+    return [
+        toolchain.clang,
+        "-fsyntax-only",
+        "-x",
+        language,
+        "-std=c++17",
+        "-fobjc-arc",
+        "-target",
+        f"arm64-apple-macos{DEPLOYMENT_TARGET}",
+        "-Werror=unguarded-availability-new",
+        "-Werror=objc-method-access",
+        "-Wall",
+        "-Werror",
+        "-Wno-nullability-completeness",
+        "-Wno-pragma-once-outside-header",
+        # The stub SDK as system headers, like Apple's: their own warnings are not ours.
+        "-isystem",
+        str(STUBS),
+        "-I",
+        str(HERE),
+        # Apple's headers are the stubs; the host's x86_64 glibc must stay out.
+        "-nostdlibinc",
+        "-isystem",
+        str(toolchain.libcxx_headers),
+        "-idirafter",
+        str(toolchain.c_headers),
+        "-idirafter",
+        str(STUBS / "_libc"),
+        # The Darwin target predefines __nonnull, which breaks glibc's macro of that name.
+        "-U__nonnull",
+        "-D_GNU_SOURCE",
+        *extra,
+        str(source),
+    ]
+
+
+@dataclass(frozen=True)
+class Result:
+    source: Path
+    returncode: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def check_file(toolchain: Toolchain, source: Path, extra: tuple[str, ...] = ()) -> Result:
+    proc = subprocess.run(
+        command(toolchain, source, extra), capture_output=True, text=True, timeout=300
+    )
+    return Result(source, proc.returncode, proc.stdout + proc.stderr)
+
+
+def check_files(
+    toolchain: Toolchain, sources: list[Path], extra: tuple[str, ...] = ()
+) -> list[Result]:
+    """Type-check several files, two compilers at a time."""
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        return list(pool.map(lambda source: check_file(toolchain, source, extra), sources))
+
+
+def project_sources() -> list[Path]:
+    """Every Objective-C++ source and header of native/mpsgraph (the stubs excepted)."""
+    return sorted(path for suffix in ("*.mm", "*.h") for path in HERE.glob(suffix))
+
+
+def message_sends(toolchain: Toolchain, source: Path, function: str) -> list[dict]:
+    """Objective-C message sends inside `function` of `source`, from clang's JSON AST.
+
+    Each entry: selector, receiver class (or protocol/`id`), line.
+    """
+    extra = ("-Xclang", "-ast-dump=json", "-Xclang", f"-ast-dump-filter={function}")
+    cmd = command(toolchain, source, extra)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"clang AST dump of {source} failed:\n{proc.stderr[-4000:]}")
+    sends: list[dict] = []
+    decoder = json.JSONDecoder()
+    text = proc.stdout
+    position = 0
+    # -ast-dump-filter prints one JSON document per matching declaration.
+    while True:
+        start = text.find("{", position)
+        if start < 0:
+            break
+        node, position = decoder.raw_decode(text, start)
+        _collect_sends(node, sends, last_line=[0])
+    return sends
+
+
+def _collect_sends(node: object, sends: list[dict], last_line: list[int]) -> None:
+    if isinstance(node, list):
+        for child in node:
+            _collect_sends(child, sends, last_line)
+        return
+    if not isinstance(node, dict):
+        return
+    # clang's JSON leaves out a location's line when it equals the previous one printed.
+    begin = node.get("range", {}).get("begin", {})
+    begin = begin.get("expansionLoc", begin)
+    if "line" in begin:
+        last_line[0] = begin["line"]
+    if node.get("kind") == "ObjCMessageExpr":
+        receiver = node.get("classType") or node.get("receiverKind")
+        if receiver == "instance":
+            inner = node.get("inner") or [{}]
+            receiver = inner[0].get("type", {}).get("qualType", "")
+        sends.append({"selector": node.get("selector"), "receiver": receiver, "line": last_line[0]})
+    for key in ("inner", "array"):
+        if key in node:
+            _collect_sends(node[key], sends, last_line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    try:
+        toolchain = find_toolchain()
+    except ToolchainMissing as missing:
+        print(f"clang_check: {missing}", file=sys.stderr)
+        return 2
+    sources = [Path(a) for a in args] or project_sources()
+    failures = 0
+    for result in check_files(toolchain, sources):
+        status = "ok" if result.ok else "FAILED"
+        print(f"{status}: {result.source}")
+        if not result.ok:
+            failures += 1
+            print(result.output)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,652 @@
+// The native MPSGraph runtime: compiles a replayed program into an MPSGraphExecutable, keeps
+// executables in a process-wide LRU keyed by the program's structure, runs them on Metal buffers
+// in shared storage, and serializes them to .mpsgraphpackage (macOS 14).
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+#import <MetalPerformanceShaders/MetalPerformanceShaders.h>
+#import <MetalPerformanceShadersGraph/MetalPerformanceShadersGraph.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <list>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#import "mpsgraph_replay.h"
+
+namespace lucid::mpsgraph {
+
+const char* arg_kind_name(ArgKind kind) {
+  switch (kind) {
+    case ArgKind::Tensor: return "tensor";
+    case ArgKind::Tensors: return "tensors";
+    case ArgKind::Int: return "int";
+    case ArgKind::Double: return "double";
+    case ArgKind::Bool: return "bool";
+    case ArgKind::Shape: return "shape";
+    case ArgKind::Ints: return "ints";
+    case ArgKind::DType: return "dtype";
+    case ArgKind::Enum: return "enum";
+    case ArgKind::Descriptor: return "descriptor";
+    case ArgKind::Constant: return "constant";
+    case ArgKind::NilObject: return "nil";
+  }
+  return "?";
+}
+
+// ---- structural key ----------------------------------------------------------------------------
+
+namespace {
+
+void put_ints(std::ostringstream& out, const std::vector<int64_t>& values) {
+  out << '[';
+  for (int64_t v : values) out << v << ',';
+  out << ']';
+}
+
+void put_arg(std::ostringstream& out, const Arg& arg) {
+  out << arg_kind_name(arg.kind) << '(';
+  switch (arg.kind) {
+    case ArgKind::Tensor: out << arg.tensor; break;
+    case ArgKind::Tensors: put_ints(out, arg.ids); break;
+    case ArgKind::Int:
+    case ArgKind::Bool: out << arg.integer; break;
+    case ArgKind::Double: {
+      // Bit-exact: two programs differing in the last bit of a constant are different programs.
+      uint64_t bits = 0;
+      std::memcpy(&bits, &arg.real, sizeof bits);
+      out << std::hex << bits << std::dec;
+      break;
+    }
+    case ArgKind::Shape:
+    case ArgKind::Ints: put_ints(out, arg.ints); break;
+    case ArgKind::DType: out << arg.name; break;
+    case ArgKind::Enum: out << arg.name << '=' << arg.integer; break;
+    case ArgKind::Descriptor:
+      out << arg.name;
+      for (const Field& field : arg.fields) {
+        out << ';' << field.name << ':';
+        put_arg(out, field.value);
+      }
+      break;
+    case ArgKind::Constant:
+      out << arg.name;
+      put_ints(out, arg.ints);
+      out << arg.bytes.size() << ':';
+      out.write(arg.bytes.data(), static_cast<std::streamsize>(arg.bytes.size()));
+      break;
+    case ArgKind::NilObject: break;
+  }
+  out << ')';
+}
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string structural_key(const Program& program) {
+  std::ostringstream out;
+  out << kProgramFormat << '\n';
+  for (const Placeholder& p : program.placeholders) {
+    // The role is a label only; it does not change the executable.
+    out << "p" << p.id << ':' << p.dtype;
+    put_ints(out, p.shape);
+    out << '\n';
+  }
+  for (const Call& call : program.calls) {
+    out << call.selector << '(';
+    for (const Arg& arg : call.args) put_arg(out, arg);
+    out << ")->";
+    put_ints(out, call.results);
+    out << '\n';
+  }
+  out << "targets";
+  put_ints(out, program.targets);
+  out << "\ninplace";
+  for (const auto& [result, feed] : program.inplace) out << result << '>' << feed << ',';
+  return out.str();
+}
+
+uint64_t structural_hash(const Program& program) { return fnv1a(structural_key(program)); }
+
+// ---- device ------------------------------------------------------------------------------------
+
+namespace {
+
+struct Device {
+  id<MTLDevice> device = nil;
+  id<MTLCommandQueue> queue = nil;
+  MPSGraphDevice* graph_device = nil;
+  std::string problem;  // empty when usable
+};
+
+std::string os_version_text() {
+  NSOperatingSystemVersion v = [[NSProcessInfo processInfo] operatingSystemVersion];
+  return std::to_string(v.majorVersion) + "." + std::to_string(v.minorVersion) + "." +
+         std::to_string(v.patchVersion);
+}
+
+const Device& device() {
+  static Device* shared = [] {
+    auto* d = new Device;  // never destroyed: executables may outlive static teardown
+    @autoreleasepool {
+      NSOperatingSystemVersion minimum = {14, 0, 0};
+      if (![[NSProcessInfo processInfo] isOperatingSystemAtLeastVersion:minimum]) {
+        d->problem = "macOS " + os_version_text() + " is older than 14.0";
+        return d;
+      }
+      d->device = MTLCreateSystemDefaultDevice();
+      if (d->device == nil) {
+        d->problem = "no Metal device (MTLCreateSystemDefaultDevice returned nil)";
+        return d;
+      }
+      d->queue = [d->device newCommandQueue];
+      if (d->queue == nil) {
+        d->problem = "the Metal device gave no command queue";
+        return d;
+      }
+      d->graph_device = [MPSGraphDevice deviceWithMTLDevice:d->device];
+    }
+    return d;
+  }();
+  return *shared;
+}
+
+const Device& usable_device() {
+  const Device& d = device();
+  if (!d.problem.empty()) throw std::runtime_error("MPSGraph is not available: " + d.problem);
+  return d;
+}
+
+std::string ns_error_text(NSException* e) {
+  std::string text = e.name ? e.name.UTF8String : "NSException";
+  if (e.reason) text += std::string(": ") + e.reason.UTF8String;
+  return text;
+}
+
+}  // namespace
+
+Availability availability() {
+  const Device& d = device();
+  if (!d.problem.empty()) return {false, d.problem};
+  std::string name = d.device.name ? d.device.name.UTF8String : "a Metal device";
+  return {true, name + ", macOS " + os_version_text()};
+}
+
+// ---- executables -------------------------------------------------------------------------------
+
+namespace {
+
+// A result living in a shared-storage Metal buffer: the CPU reads it in place.
+class MetalResult : public ResultBuffer {
+ public:
+  explicit MetalResult(id<MTLBuffer> buffer) : buffer_(buffer) {}
+  void* data() override { return buffer_.contents; }
+
+ private:
+  id<MTLBuffer> buffer_;
+};
+
+size_t element_count(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+NSArray<NSNumber*>* ns_shape(const std::vector<int64_t>& shape) {
+  NSMutableArray<NSNumber*>* out = [NSMutableArray arrayWithCapacity:shape.size()];
+  for (int64_t d : shape) [out addObject:[NSNumber numberWithLongLong:d]];
+  return out;
+}
+
+std::vector<int64_t> shape_vector(NSArray<NSNumber*>* shape) {
+  std::vector<int64_t> out;
+  for (NSNumber* d in shape) out.push_back(d.longLongValue);
+  return out;
+}
+
+bool has_dynamic_dims(const std::vector<Placeholder>& placeholders) {
+  for (const Placeholder& p : placeholders) {
+    for (int64_t d : p.shape) {
+      if (d < 0) return true;
+    }
+  }
+  return false;
+}
+
+class MetalExecutable : public Executable {
+ public:
+  MetalExecutable(const Program& program, MPSGraph* graph, MPSGraphExecutable* executable,
+                  std::vector<size_t> feed_order, std::vector<size_t> result_order)
+      : feeds_(program.placeholders),
+        inplace_(program.inplace),
+        num_results_(program.targets.size()),
+        hash_(structural_hash(program)),
+        graph_(graph),
+        executable_(executable),
+        feed_order_(std::move(feed_order)),
+        result_order_(std::move(result_order)),
+        dynamic_(has_dynamic_dims(program.placeholders)) {}
+
+  std::vector<std::shared_ptr<ResultBuffer>> run(const std::vector<HostTensor>& feeds,
+                                                 RunStats* stats) override;
+  void serialize(const std::string& path) override;
+  uint64_t hash() const override { return hash_; }
+  const std::vector<Placeholder>& feeds() const override { return feeds_; }
+  size_t num_results() const override { return num_results_; }
+  const std::vector<std::pair<int64_t, int64_t>>& inplace() const override { return inplace_; }
+
+  const std::vector<size_t>& feed_order() const { return feed_order_; }
+  const std::vector<size_t>& result_order() const { return result_order_; }
+
+ private:
+  struct ResultType {
+    std::vector<int64_t> shape;
+    MPSDataType type;
+  };
+  // Result shapes and types (executable order) for concrete feed shapes (program order).
+  const std::vector<ResultType>& result_types(const std::vector<HostTensor>& feeds);
+
+  std::vector<Placeholder> feeds_;
+  std::vector<std::pair<int64_t, int64_t>> inplace_;
+  size_t num_results_;
+  uint64_t hash_;
+  // Retained for the executable's lifetime: executables may refer to storage of their graph.
+  [[maybe_unused]] MPSGraph* graph_;
+  MPSGraphExecutable* executable_;
+  std::vector<size_t> feed_order_;    // executable input position -> program feed index
+  std::vector<size_t> result_order_;  // executable result position -> program result index
+  bool dynamic_;
+  std::mutex mu_;  // one run at a time per executable
+  std::map<std::vector<std::vector<int64_t>>, std::vector<ResultType>> result_types_;
+};
+
+const std::vector<MetalExecutable::ResultType>& MetalExecutable::result_types(
+    const std::vector<HostTensor>& feeds) {
+  std::vector<std::vector<int64_t>> key;
+  // Static programs have one set of result types; -1 dimensions need one per feed shape.
+  if (dynamic_) {
+    for (const HostTensor& t : feeds) key.push_back(t.shape);
+  }
+  auto it = result_types_.find(key);
+  if (it != result_types_.end()) return it->second;
+  NSMutableArray<MPSGraphType*>* input_types = [NSMutableArray arrayWithCapacity:feeds.size()];
+  for (size_t position = 0; position < feed_order_.size(); ++position) {
+    const HostTensor& t = feeds[feed_order_[position]];
+    [input_types addObject:[[MPSGraphShapedType alloc] initWithShape:ns_shape(t.shape)
+                                                           dataType:mps_data_type(t.dtype)]];
+  }
+  NSArray<MPSGraphShapedType*>* types =
+      [executable_ getOutputTypesWithDevice:usable_device().graph_device
+                                 inputTypes:input_types
+                      compilationDescriptor:nil];
+  if (types == nil || types.count != result_order_.size()) {
+    throw std::runtime_error("MPSGraph could not infer the result types of the executable");
+  }
+  std::vector<ResultType> out;
+  for (MPSGraphShapedType* type in types) {
+    ResultType r{shape_vector(type.shape), type.dataType};
+    for (int64_t d : r.shape) {
+      if (d < 0) throw std::runtime_error("MPSGraph left a result dimension unresolved (-1)");
+    }
+    out.push_back(std::move(r));
+  }
+  return result_types_.emplace(std::move(key), std::move(out)).first->second;
+}
+
+std::vector<std::shared_ptr<ResultBuffer>> MetalExecutable::run(
+    const std::vector<HostTensor>& feeds, RunStats* stats) {
+  const Device& dev = usable_device();
+  if (feeds.size() != feeds_.size()) {
+    throw std::invalid_argument("the executable takes " + std::to_string(feeds_.size()) +
+                                " feeds, got " + std::to_string(feeds.size()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<ResultBuffer>> results(num_results_);
+  @autoreleasepool {
+    const size_t page = static_cast<size_t>(getpagesize());
+    NSMutableArray<MPSGraphTensorData*>* inputs = [NSMutableArray arrayWithCapacity:feeds.size()];
+    for (size_t position = 0; position < feed_order_.size(); ++position) {
+      const HostTensor& t = feeds[feed_order_[position]];
+      size_t length = t.nbytes == 0 ? 1 : t.nbytes;
+      id<MTLBuffer> buffer = nil;
+      uintptr_t address = reinterpret_cast<uintptr_t>(t.data);
+      if (t.writable && t.nbytes > 0 && address % page == 0) {
+        // Copy-free: the page-aligned host memory becomes the buffer. The mapping is rounded
+        // up to whole pages (mapped, being the rest of the last page); the tensor reads nbytes.
+        size_t rounded = (t.nbytes + page - 1) / page * page;
+        buffer = [dev.device newBufferWithBytesNoCopy:t.data
+                                               length:rounded
+                                              options:MTLResourceStorageModeShared
+                                          deallocator:nil];
+        if (buffer != nil && stats) ++stats->wrapped_inputs;
+      }
+      if (buffer == nil) {
+        buffer = t.nbytes > 0 ? [dev.device newBufferWithBytes:t.data
+                                                        length:t.nbytes
+                                                       options:MTLResourceStorageModeShared]
+                              : [dev.device newBufferWithLength:length
+                                                        options:MTLResourceStorageModeShared];
+        if (stats) ++stats->copied_inputs;
+      }
+      if (buffer == nil) {
+        throw std::runtime_error("Metal could not allocate a " + std::to_string(length) +
+                                 "-byte buffer for feed " + std::to_string(feed_order_[position]));
+      }
+      [inputs addObject:[[MPSGraphTensorData alloc] initWithMTLBuffer:buffer
+                                                                shape:ns_shape(t.shape)
+                                                             dataType:mps_data_type(t.dtype)]];
+    }
+
+    const std::vector<ResultType>& types = result_types(feeds);
+    NSMutableArray<MPSGraphTensorData*>* outputs = [NSMutableArray arrayWithCapacity:types.size()];
+    std::vector<id<MTLBuffer>> output_buffers;
+    for (size_t position = 0; position < types.size(); ++position) {
+      const ResultType& type = types[position];
+      std::string dtype = mps_data_type_name(type.type);
+      size_t nbytes = element_count(type.shape) * dtype_size(dtype);
+      // Fresh buffers: an output never aliases an input (MPSGraph does not order such accesses).
+      id<MTLBuffer> buffer = [dev.device newBufferWithLength:(nbytes == 0 ? 1 : nbytes)
+                                                     options:MTLResourceStorageModeShared];
+      if (buffer == nil) {
+        throw std::runtime_error("Metal could not allocate a " + std::to_string(nbytes) +
+                                 "-byte result buffer");
+      }
+      output_buffers.push_back(buffer);
+      [outputs addObject:[[MPSGraphTensorData alloc] initWithMTLBuffer:buffer
+                                                                 shape:ns_shape(type.shape)
+                                                              dataType:type.type]];
+      auto result = std::make_shared<MetalResult>(buffer);
+      result->nbytes = nbytes;
+      result->shape = type.shape;
+      result->dtype = dtype;
+      results[result_order_[position]] = std::move(result);
+    }
+
+    MPSGraphExecutableExecutionDescriptor* execution = [MPSGraphExecutableExecutionDescriptor new];
+    [execution setWaitUntilCompleted:YES];
+    @try {
+      [executable_ runWithMTLCommandQueue:dev.queue
+                              inputsArray:inputs
+                             resultsArray:outputs
+                      executionDescriptor:execution];
+    } @catch (NSException* e) {
+      throw std::runtime_error("MPSGraph run failed: " + ns_error_text(e));
+    }
+  }
+  return results;
+}
+
+void write_bindings(const std::string& path, uint64_t hash, const std::vector<size_t>& feeds,
+                    const std::vector<size_t>& results) {
+  std::ofstream out(path, std::ios::trunc);
+  out << "lucid.mpsgraph.bindings/v1\n" << hash << "\n";
+  for (size_t f : feeds) out << f << ' ';
+  out << "\n";
+  for (size_t r : results) out << r << ' ';
+  out << "\n";
+  if (!out) throw std::runtime_error("could not write " + path);
+}
+
+std::vector<size_t> read_index_line(std::istream& in, size_t expected, const std::string& what,
+                                    const std::string& path) {
+  std::string line;
+  std::getline(in, line);
+  std::istringstream fields(line);
+  std::vector<size_t> out;
+  size_t value = 0;
+  while (fields >> value) out.push_back(value);
+  std::vector<bool> seen(expected, false);
+  bool permutation = out.size() == expected;
+  for (size_t v : out) {
+    if (v >= expected || seen[v]) permutation = false;
+    if (v < expected) seen[v] = true;
+  }
+  if (!permutation) {
+    throw std::runtime_error(path + ": the " + what + " order does not match the program (" +
+                             std::to_string(expected) + " expected)");
+  }
+  return out;
+}
+
+void MetalExecutable::serialize(const std::string& path) {
+  @autoreleasepool {
+    MPSGraphExecutableSerializationDescriptor* descriptor =
+        [MPSGraphExecutableSerializationDescriptor new];
+    [descriptor setDeploymentPlatform:MPSGraphDeploymentPlatformMacOS];
+    [descriptor setMinimumDeploymentTarget:@"14.0"];
+    NSString* ns_path = [NSString stringWithUTF8String:path.c_str()];
+    std::lock_guard<std::mutex> lock(mu_);
+    @try {
+      // Returns nothing: success is checked by the package being there afterwards.
+      [executable_ serializeToMPSGraphPackageAtURL:[NSURL fileURLWithPath:ns_path]
+                                        descriptor:descriptor];
+    } @catch (NSException* e) {
+      throw std::runtime_error("MPSGraph could not serialize to " + path + ": " + ns_error_text(e));
+    }
+    if (![[NSFileManager defaultManager] fileExistsAtPath:ns_path]) {
+      throw std::runtime_error("MPSGraph wrote no package at " + path);
+    }
+  }
+  write_bindings(path + kBindingsSuffix, hash_, feed_order_, result_order_);
+}
+
+// Where each placeholder / target of the program sits in the executable's own order.
+std::vector<size_t> positions_in(NSArray<MPSGraphTensor*>* executable_order,
+                                 const std::vector<MPSGraphTensor*>& program_order,
+                                 const char* what) {
+  std::vector<size_t> out;
+  for (MPSGraphTensor* tensor in executable_order) {
+    size_t found = program_order.size();
+    for (size_t i = 0; i < program_order.size(); ++i) {
+      if (program_order[i] == tensor) found = i;
+    }
+    if (found == program_order.size()) {
+      throw std::runtime_error(std::string("the executable has a ") + what +
+                               " tensor the program did not create");
+    }
+    out.push_back(found);
+  }
+  if (out.size() != program_order.size()) {
+    throw std::runtime_error(std::string("the executable has ") + std::to_string(out.size()) +
+                             " " + what + " tensors, the program " +
+                             std::to_string(program_order.size()));
+  }
+  return out;
+}
+
+std::shared_ptr<MetalExecutable> compile_uncached(const Program& program) {
+  const Device& dev = usable_device();
+  if (program.targets.empty()) throw std::invalid_argument("the program has no targets");
+  for (const auto& [result, feed] : program.inplace) {
+    if (result < 0 || static_cast<size_t>(result) >= program.targets.size() || feed < 0 ||
+        static_cast<size_t>(feed) >= program.placeholders.size()) {
+      throw std::invalid_argument("in-place pair (" + std::to_string(result) + ", " +
+                                  std::to_string(feed) + ") is out of range");
+    }
+  }
+  @autoreleasepool {
+    ReplayedGraph replayed = replay(program);
+    NSMutableDictionary<MPSGraphTensor*, MPSGraphShapedType*>* feeds =
+        [NSMutableDictionary dictionaryWithCapacity:program.placeholders.size()];
+    for (size_t i = 0; i < program.placeholders.size(); ++i) {
+      const Placeholder& p = program.placeholders[i];
+      feeds[replayed.placeholders[i]] =
+          [[MPSGraphShapedType alloc] initWithShape:ns_shape(p.shape)
+                                           dataType:mps_data_type(p.dtype)];
+    }
+    MPSGraphExecutable* executable = nil;
+    @try {
+      executable = [replayed.graph compileWithDevice:dev.graph_device
+                                               feeds:feeds
+                                       targetTensors:replayed.targets
+                                    targetOperations:nil
+                               compilationDescriptor:[MPSGraphCompilationDescriptor new]];
+    } @catch (NSException* e) {
+      throw std::runtime_error("MPSGraph compilation failed: " + ns_error_text(e));
+    }
+    if (executable == nil) throw std::runtime_error("MPSGraph compilation returned nil");
+    std::vector<MPSGraphTensor*> targets;
+    for (MPSGraphTensor* t in replayed.targets) targets.push_back(t);
+    std::vector<size_t> feed_order = positions_in(executable.feedTensors, replayed.placeholders,
+                                                  "feed");
+    std::vector<size_t> result_order = positions_in(executable.targetTensors, targets, "target");
+    return std::make_shared<MetalExecutable>(program, replayed.graph, executable,
+                                             std::move(feed_order), std::move(result_order));
+  }
+}
+
+// ---- the cache ---------------------------------------------------------------------------------
+
+size_t initial_capacity() {
+  const char* env = std::getenv("LUCID_COMPILE_MAX_CACHE");
+  if (env && *env) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end && *end == '\0' && v >= 0) return static_cast<size_t>(v);
+  }
+  return 32;
+}
+
+struct Cache {
+  std::mutex mu;
+  size_t capacity = initial_capacity();
+  size_t hits = 0, misses = 0, evictions = 0;
+  using Entry = std::pair<std::string, std::shared_ptr<Executable>>;
+  std::list<Entry> lru;  // most recent first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index;
+
+  void evict_to(size_t cap) {
+    while (lru.size() > cap) {
+      index.erase(lru.back().first);
+      lru.pop_back();
+      ++evictions;
+    }
+  }
+};
+
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: executables may outlive static teardown
+  return *c;
+}
+
+}  // namespace
+
+std::shared_ptr<Executable> compile(const Program& program, bool use_cache, bool* cache_hit) {
+  if (cache_hit) *cache_hit = false;
+  if (!use_cache) return compile_uncached(program);
+  Cache& c = cache();
+  // The full key, not only its hash: a hash collision must never return another program.
+  std::string key = structural_key(program);
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.index.find(key);
+    if (it != c.index.end()) {
+      c.lru.splice(c.lru.begin(), c.lru, it->second);
+      ++c.hits;
+      if (cache_hit) *cache_hit = true;
+      return it->second->second;
+    }
+  }
+  // Compile outside the lock: other threads keep hitting the cache meanwhile.
+  std::shared_ptr<Executable> executable = compile_uncached(program);
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.index.find(key);
+  if (it != c.index.end()) {  // another thread compiled the same program first
+    ++c.hits;
+    if (cache_hit) *cache_hit = true;
+    return it->second->second;
+  }
+  ++c.misses;
+  if (c.capacity == 0) return executable;
+  c.lru.emplace_front(std::move(key), executable);
+  c.index[c.lru.front().first] = c.lru.begin();
+  c.evict_to(c.capacity);
+  return executable;
+}
+
+std::shared_ptr<Executable> load(const std::string& path, const Program& program) {
+  const Device& dev = usable_device();
+  std::string bindings_path = path + kBindingsSuffix;
+  std::ifstream in(bindings_path);
+  if (!in) throw std::runtime_error("no bindings file " + bindings_path + " beside the package");
+  std::string magic, hash_line;
+  std::getline(in, magic);
+  std::getline(in, hash_line);
+  if (magic != "lucid.mpsgraph.bindings/v1") {
+    throw std::runtime_error(bindings_path + " is not a Lucid MPSGraph bindings file");
+  }
+  if (hash_line != std::to_string(structural_hash(program))) {
+    throw std::runtime_error(path + " was compiled from a different program (structural hash " +
+                             hash_line + ", this program's is " +
+                             std::to_string(structural_hash(program)) + ")");
+  }
+  std::vector<size_t> feed_order =
+      read_index_line(in, program.placeholders.size(), "feed", bindings_path);
+  std::vector<size_t> result_order =
+      read_index_line(in, program.targets.size(), "result", bindings_path);
+  @autoreleasepool {
+    NSString* ns_path = [NSString stringWithUTF8String:path.c_str()];
+    if (![[NSFileManager defaultManager] fileExistsAtPath:ns_path]) {
+      throw std::runtime_error("no MPSGraph package at " + path);
+    }
+    MPSGraphExecutable* executable = nil;
+    @try {
+      executable = [[MPSGraphExecutable alloc]
+          initWithMPSGraphPackageAtURL:[NSURL fileURLWithPath:ns_path]
+                 compilationDescriptor:[MPSGraphCompilationDescriptor new]];
+    } @catch (NSException* e) {
+      throw std::runtime_error("MPSGraph could not load " + path + ": " + ns_error_text(e));
+    }
+    if (executable == nil) throw std::runtime_error("MPSGraph could not load " + path);
+    if (executable.feedTensors.count != feed_order.size() ||
+        executable.targetTensors.count != result_order.size()) {
+      throw std::runtime_error(path + " has " + std::to_string(executable.feedTensors.count) +
+                               " feeds and " + std::to_string(executable.targetTensors.count) +
+                               " results, the program " + std::to_string(feed_order.size()) +
+                               " and " + std::to_string(result_order.size()));
+    }
+    (void)dev;
+    return std::make_shared<MetalExecutable>(program, nil, executable, std::move(feed_order),
+                                             std::move(result_order));
+  }
+}
+
+CacheStats cache_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return {c.lru.size(), c.capacity, c.hits, c.misses, c.evictions};
+}
+
+void cache_clear() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.lru.clear();
+  c.index.clear();
+  c.hits = c.misses = c.evictions = 0;
+}
+
+void cache_set_capacity(size_t capacity) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.capacity = capacity;
+  c.evict_to(capacity);
+}
+
+}  // namespace lucid::mpsgraph

@@ -1,0 +1,115 @@
+"""clang type-checks native/mpsgraph's Objective-C++ against the stub SDK, as Xcode would.
+
+Runs in the default test run: `.ci/run` installs clang (Debian `clang-19 libc++-19-dev
+libc6-dev-arm64-cross`). Without it the tests skip locally and fail when `CI` is set.
+"""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MPSGRAPH = REPO / "native" / "mpsgraph"
+
+
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"lucid_mpsgraph_{name}", MPSGRAPH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+clang_check = load_tool("clang_check")
+
+PRELUDE = """\
+#import <MetalPerformanceShadersGraph/MetalPerformanceShadersGraph.h>
+MPSGraphTensor* emit(MPSGraph* graph, MPSGraphTensor* x) {
+"""
+
+# Each snippet: the body of emit(), and the diagnostic clang must give (None: must pass).
+SNIPPETS = {
+    "misspelled_selector": (
+        "return [graph additionWithPrimaryTensor:x secondTensor:x name:nil];",
+        "no visible @interface for 'MPSGraph' declares the selector "
+        "'additionWithPrimaryTensor:secondTensor:name:'",
+    ),
+    "wrong_argument_type": (
+        "return [graph additionWithPrimaryTensor:x secondaryTensor:@1 name:nil];",
+        "cannot initialize a parameter of type 'MPSGraphTensor *' with an rvalue of type "
+        "'NSNumber *'",
+    ),
+    "unguarded_macos15_call": (
+        "return [graph reciprocalSquareRootWithTensor:x name:nil];",
+        "'reciprocalSquareRootWithTensor:name:' is only available on macOS 15.0 or newer",
+    ),
+    "guarded_macos15_call": (
+        "if (@available(macOS 15.0, *)) {\n"
+        "  return [graph reciprocalSquareRootWithTensor:x name:nil];\n"
+        "}\n"
+        "return [graph reverseSquareRootWithTensor:x name:nil];",
+        None,
+    ),
+}
+
+
+def toolchain_or_skip():
+    try:
+        return clang_check.find_toolchain()
+    except clang_check.ToolchainMissing as missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the MPSGraph clang check, but: {missing}")
+        pytest.skip(f"MPSGraph clang check needs clang: {missing} (.ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """One parallel clang pass over the project's sources and the snippets."""
+    toolchain = toolchain_or_skip()
+    folder = tmp_path_factory.mktemp("mpsgraph_snippets")
+    snippets = {}
+    for name, (body, _) in SNIPPETS.items():
+        path = folder / f"{name}.mm"
+        path.write_text(PRELUDE + body + "\n}\n")
+        snippets[name] = path
+    sources = clang_check.project_sources()
+    outcome = clang_check.check_files(toolchain, sources + list(snippets.values()))
+    by_path = {result.source: result for result in outcome}
+    return {
+        "sources": [by_path[s] for s in sources],
+        "snippets": {name: by_path[path] for name, path in snippets.items()},
+    }
+
+
+def test_the_project_has_objective_cpp_sources():
+    names = {path.name for path in clang_check.project_sources()}
+    assert {"mpsgraph_runtime.mm", "mpsgraph_replay.mm", "mpsgraph_native.h"} <= names
+
+
+def test_every_source_type_checks(results):
+    failed = [f"{r.source.name}:\n{r.output}" for r in results["sources"] if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("name", [n for n, (_, message) in SNIPPETS.items() if message])
+def test_the_check_catches(results, name):
+    result = results["snippets"][name]
+    assert not result.ok, f"clang accepted the {name} snippet"
+    assert SNIPPETS[name][1] in result.output, result.output
+
+
+def test_a_guarded_macos15_call_passes(results):
+    result = results["snippets"]["guarded_macos15_call"]
+    assert result.ok, result.output
+
+
+def test_the_command_targets_macos14_with_availability_errors(tmp_path):
+    toolchain = clang_check.Toolchain("clang", tmp_path, tmp_path)
+    command = clang_check.command(toolchain, tmp_path / "x.mm")
+    joined = " ".join(command)
+    assert "-fsyntax-only -x objective-c++" in joined
+    assert "-target arm64-apple-macos14.0" in joined
+    assert "-fobjc-arc" in command and "-Werror=unguarded-availability-new" in command
