@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,10 +52,14 @@ py::object get(const py::dict& d, const char* key, const std::string& where) {
 
 Arg parse_arg(const py::handle& value, const std::string& where);
 
-// A descriptor field: a plain bool/int/float, or an encoded argument ({"enum": ...}, {"dtype": ...}).
+// A descriptor field: a bool, an int, an enum constant's name, or an encoded argument.
 Arg parse_field_value(const py::handle& value, const std::string& where) {
   Arg arg;
-  if (py::isinstance<py::bool_>(value)) {
+  if (py::isinstance<py::str>(value)) {
+    arg.kind = ArgKind::Enum;
+    arg.name = value.cast<std::string>();
+    arg.integer = -1;  // resolved by name on the native side
+  } else if (py::isinstance<py::bool_>(value)) {
     arg.kind = ArgKind::Bool;
     arg.integer = value.cast<bool>() ? 1 : 0;
   } else if (py::isinstance<py::int_>(value)) {
@@ -70,7 +75,7 @@ Arg parse_field_value(const py::handle& value, const std::string& where) {
       bad(where, std::string("a descriptor field cannot be a ") + arg_kind_name(arg.kind));
     }
   } else {
-    bad(where, "expected a bool, int, float or an encoded enum/dtype");
+    bad(where, "expected a bool, int, float, enum constant name or an encoded argument");
   }
   return arg;
 }
@@ -104,9 +109,24 @@ Arg parse_arg(const py::handle& value, const std::string& where) {
   } else if (d.contains("double")) {
     only({"double"});
     py::handle v = d["double"];
-    if (!py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v)) bad(where, "expected a number");
     arg.kind = ArgKind::Double;
-    arg.real = v.cast<double>();
+    if (py::isinstance<py::str>(v)) {  // JSON has no infinity or NaN: they are spelled out
+      std::string text = v.cast<std::string>();
+      if (text == "inf") {
+        arg.real = std::numeric_limits<double>::infinity();
+      } else if (text == "-inf") {
+        arg.real = -std::numeric_limits<double>::infinity();
+      } else if (text == "nan") {
+        arg.real = std::numeric_limits<double>::quiet_NaN();
+      } else {
+        bad(where, "a double string must be inf, -inf or nan, got '" + text + "'");
+      }
+    } else if (py::isinstance<py::float_>(v) ||
+               (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v))) {
+      arg.real = v.cast<double>();
+    } else {
+      bad(where, "expected a number");
+    }
   } else if (d.contains("bool")) {
     only({"bool"});
     if (!py::isinstance<py::bool_>(d["bool"])) bad(where, "expected a bool");

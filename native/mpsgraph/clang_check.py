@@ -148,51 +148,105 @@ def project_sources() -> list[Path]:
     return sorted(path for suffix in ("*.mm", "*.h") for path in HERE.glob(suffix))
 
 
-def message_sends(toolchain: Toolchain, source: Path, function: str) -> list[dict]:
-    """Objective-C message sends inside `function` of `source`, from clang's JSON AST.
+def binding_includes() -> tuple[str, ...]:
+    """Include flags for the pybind11 binding: pybind11's and Python's headers."""
+    import sysconfig
 
-    Each entry: selector, receiver class (or protocol/`id`), line.
-    """
-    extra = ("-Xclang", "-ast-dump=json", "-Xclang", f"-ast-dump-filter={function}")
-    cmd = command(toolchain, source, extra)
+    import pybind11
+
+    return ("-isystem", pybind11.get_include(), "-isystem", sysconfig.get_paths()["include"])
+
+
+def check_binding(toolchain: Toolchain) -> Result:
+    """Type-check bind_mpsgraph.cpp (C++, pybind11) for the same Apple target."""
+    source = HERE / "bind_mpsgraph.cpp"
+    cmd = command(toolchain, source, binding_includes())
+    cmd[cmd.index("objective-c++")] = "c++"
+    cmd.remove("-fobjc-arc")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return Result(source, proc.returncode, proc.stdout + proc.stderr)
+
+
+@dataclass
+class TableDecl:
+    """What clang's AST shows of one `k...` table: its string literals and message sends."""
+
+    name: str
+    # In source order: ("string", value) or ("send", selector, receiver type or class).
+    items: list[tuple[str, ...]]
+
+    def entries(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """(string, sends after it up to the next string) for tables of {"key", lambda}."""
+        out: list[tuple[str, list[tuple[str, str]]]] = []
+        for item in self.items:
+            if item[0] == "string":
+                out.append((item[1], []))
+            elif out:
+                out[-1][1].append((item[1], item[2]))
+        return out
+
+    def strings(self) -> list[str]:
+        return [item[1] for item in self.items if item[0] == "string"]
+
+    def sends(self) -> list[tuple[str, str]]:
+        return [(item[1], item[2]) for item in self.items if item[0] == "send"]
+
+
+_DUMPING = re.compile(r"^Dumping (.+):$")
+_STRING = re.compile(r"StringLiteral (0x[0-9a-f]+) <.*?> '[^']*' lvalue (\".*\")$")
+_SEND = re.compile(
+    r"ObjCMessageExpr (0x[0-9a-f]+) <.*?> '[^']*' selector=(\S+)(?: class='([^']+)')?"
+)
+_TYPE = re.compile(r"'([^']+)'")
+
+
+def tables(toolchain: Toolchain, source: Path) -> dict[str, TableDecl]:
+    """The file-scope `k...` constants of `source` as clang sees them (its AST, text dump).
+
+    Also type-checks the file: raises RuntimeError with clang's errors when it does not compile.
+    """
+    extra = ("-Xclang", "-ast-dump", "-Xclang", "-ast-dump-filter=::k", "-fno-color-diagnostics")
+    proc = subprocess.run(
+        command(toolchain, source, extra), capture_output=True, text=True, timeout=300
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"clang AST dump of {source} failed:\n{proc.stderr[-4000:]}")
-    sends: list[dict] = []
-    decoder = json.JSONDecoder()
-    text = proc.stdout
-    position = 0
-    # -ast-dump-filter prints one JSON document per matching declaration.
-    while True:
-        start = text.find("{", position)
-        if start < 0:
-            break
-        node, position = decoder.raw_decode(text, start)
-        _collect_sends(node, sends, last_line=[0])
-    return sends
-
-
-def _collect_sends(node: object, sends: list[dict], last_line: list[int]) -> None:
-    if isinstance(node, list):
-        for child in node:
-            _collect_sends(child, sends, last_line)
-        return
-    if not isinstance(node, dict):
-        return
-    # clang's JSON leaves out a location's line when it equals the previous one printed.
-    begin = node.get("range", {}).get("begin", {})
-    begin = begin.get("expansionLoc", begin)
-    if "line" in begin:
-        last_line[0] = begin["line"]
-    if node.get("kind") == "ObjCMessageExpr":
-        receiver = node.get("classType") or node.get("receiverKind")
-        if receiver == "instance":
-            inner = node.get("inner") or [{}]
-            receiver = inner[0].get("type", {}).get("qualType", "")
-        sends.append({"selector": node.get("selector"), "receiver": receiver, "line": last_line[0]})
-    for key in ("inner", "array"):
-        if key in node:
-            _collect_sends(node[key], sends, last_line)
+    decls: dict[str, TableDecl] = {}
+    current: TableDecl | None = None
+    # A lambda's body is printed twice (in its closure type and as the expression).
+    seen: set[str] = set()
+    lines = proc.stdout.splitlines()
+    for index, line in enumerate(lines):
+        dumping = _DUMPING.match(line)
+        if dumping:
+            name = dumping.group(1).rsplit("::", 1)[-1]
+            current = decls.setdefault(name, TableDecl(name, []))
+            continue
+        if current is None:
+            continue
+        string = _STRING.search(line)
+        if string:
+            address, literal = string.groups()
+            if address not in seen:
+                seen.add(address)
+                current.items.append(("string", json.loads(literal)))
+            continue
+        send = _SEND.search(line)
+        if send:
+            address, selector, cls = send.groups()
+            if address in seen:
+                continue
+            seen.add(address)
+            receiver = cls
+            if receiver is None:  # an instance message: its first child is the receiver
+                depth = len(line) - len(line.lstrip(" |`-"))
+                for child in lines[index + 1 :]:
+                    if len(child) - len(child.lstrip(" |`-")) > depth:
+                        match = _TYPE.search(child)
+                        receiver = match.group(1) if match else "?"
+                        break
+            current.items.append(("send", selector, receiver or "?"))
+    return decls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clang_check: {missing}", file=sys.stderr)
         return 2
     sources = [Path(a) for a in args] or project_sources()
+    results = check_files(toolchain, sources)
+    if not args:
+        results.append(check_binding(toolchain))
     failures = 0
-    for result in check_files(toolchain, sources):
+    for result in results:
         status = "ok" if result.ok else "FAILED"
         print(f"{status}: {result.source}")
         if not result.ok:

@@ -23,6 +23,74 @@ std::string describe_call(const Call& call, size_t index) {
   return "call " + std::to_string(index) + " (" + call.selector + ")";
 }
 
+// ---- enum constants ----------------------------------------------------------------------------
+
+struct EnumConstant {
+  const char* name;
+  const char* type;
+  int64_t value;
+};
+
+// The constants of the enum types the selector table's arguments and descriptor fields use, by
+// name (the recorded program names them). The macro keeps each name and constant one token.
+#define LUCID_ENUM(type, constant) {#constant, #type, static_cast<int64_t>(constant)}
+// BEGIN ENUM TABLE (read by tests/native/test_mpsgraph_tables.py)
+const EnumConstant kEnumConstants[] = {
+    LUCID_ENUM(MPSGraphPaddingStyle, MPSGraphPaddingStyleExplicit),
+    LUCID_ENUM(MPSGraphPaddingStyle, MPSGraphPaddingStyleTF_VALID),
+    LUCID_ENUM(MPSGraphPaddingStyle, MPSGraphPaddingStyleTF_SAME),
+    LUCID_ENUM(MPSGraphPaddingStyle, MPSGraphPaddingStyleExplicitOffset),
+    LUCID_ENUM(MPSGraphPaddingStyle, MPSGraphPaddingStyleONNX_SAME_LOWER),
+    LUCID_ENUM(MPSGraphTensorNamedDataLayout, MPSGraphTensorNamedDataLayoutNCHW),
+    LUCID_ENUM(MPSGraphTensorNamedDataLayout, MPSGraphTensorNamedDataLayoutNHWC),
+    LUCID_ENUM(MPSGraphTensorNamedDataLayout, MPSGraphTensorNamedDataLayoutOIHW),
+    LUCID_ENUM(MPSGraphTensorNamedDataLayout, MPSGraphTensorNamedDataLayoutHWIO),
+    LUCID_ENUM(MPSGraphTensorNamedDataLayout, MPSGraphTensorNamedDataLayoutCHW),
+    LUCID_ENUM(MPSGraphTensorNamedDataLayout, MPSGraphTensorNamedDataLayoutHWC),
+    LUCID_ENUM(MPSGraphTensorNamedDataLayout, MPSGraphTensorNamedDataLayoutHW),
+    LUCID_ENUM(MPSGraphPaddingMode, MPSGraphPaddingModeConstant),
+    LUCID_ENUM(MPSGraphPaddingMode, MPSGraphPaddingModeReflect),
+    LUCID_ENUM(MPSGraphPaddingMode, MPSGraphPaddingModeSymmetric),
+    LUCID_ENUM(MPSGraphPaddingMode, MPSGraphPaddingModeClampToEdge),
+    LUCID_ENUM(MPSGraphPaddingMode, MPSGraphPaddingModeZero),
+    LUCID_ENUM(MPSGraphScatterMode, MPSGraphScatterModeAdd),
+    LUCID_ENUM(MPSGraphScatterMode, MPSGraphScatterModeSub),
+    LUCID_ENUM(MPSGraphScatterMode, MPSGraphScatterModeMul),
+    LUCID_ENUM(MPSGraphScatterMode, MPSGraphScatterModeDiv),
+    LUCID_ENUM(MPSGraphScatterMode, MPSGraphScatterModeMin),
+    LUCID_ENUM(MPSGraphScatterMode, MPSGraphScatterModeMax),
+    LUCID_ENUM(MPSGraphScatterMode, MPSGraphScatterModeSet),
+};
+// END ENUM TABLE
+#undef LUCID_ENUM
+
+// The name of each enum type the tables use (NS_ENUM types are distinct C++ types).
+template <typename Enum>
+struct EnumType;
+#define LUCID_ENUM_TYPE(type)                  \
+  template <>                                  \
+  struct EnumType<type> {                      \
+    static constexpr const char* name = #type; \
+  };
+LUCID_ENUM_TYPE(MPSGraphPaddingStyle)
+LUCID_ENUM_TYPE(MPSGraphTensorNamedDataLayout)
+LUCID_ENUM_TYPE(MPSGraphPaddingMode)
+LUCID_ENUM_TYPE(MPSGraphScatterMode)
+#undef LUCID_ENUM_TYPE
+
+// The value of enum constant `name` of enum type `type`, or why there is none.
+std::string enum_value(const std::string& name, const char* type, int64_t* value) {
+  for (const EnumConstant& constant : kEnumConstants) {
+    if (name != constant.name) continue;
+    if (std::strcmp(constant.type, type) != 0) {
+      return name + " is a " + constant.type + ", expected a " + type;
+    }
+    *value = constant.value;
+    return "";
+  }
+  return "unknown " + std::string(type) + " constant '" + name + "'";
+}
+
 // The arguments of one recorded call, converted to the types the method takes.
 class CallArgs {
  public:
@@ -55,6 +123,8 @@ class CallArgs {
     return static_cast<NSUInteger>(value);
   }
 
+  float real_float(size_t i) const { return static_cast<float>(real(i)); }
+
   double real(size_t i) const {
     const Arg& arg = at(i);
     if (arg.kind == ArgKind::Int) return static_cast<double>(arg.integer);
@@ -74,9 +144,27 @@ class CallArgs {
 
   MPSDataType dtype(size_t i) const { return data_type(expect(i, ArgKind::DType).name, i); }
 
+  // An enum argument: the constant is looked up by name, and must be of `type` and have the
+  // recorded value.
   template <typename Enum>
   Enum enumeration(size_t i) const {
-    return static_cast<Enum>(expect(i, ArgKind::Enum).integer);
+    const Arg& arg = expect(i, ArgKind::Enum);
+    int64_t value = 0;
+    std::string problem = enum_value(arg.name, EnumType<Enum>::name, &value);
+    if (!problem.empty()) fail(i, problem);
+    if (arg.integer != value) {
+      fail(i, arg.name + " is " + std::to_string(value) + ", the program says " +
+                  std::to_string(arg.integer));
+    }
+    return static_cast<Enum>(value);
+  }
+
+  uint32_t uint32(size_t i) const {
+    int64_t value = expect(i, ArgKind::Int).integer;
+    if (value < 0 || value > static_cast<int64_t>(UINT32_MAX)) {
+      fail(i, "expected a 32-bit unsigned integer, got " + std::to_string(value));
+    }
+    return static_cast<uint32_t>(value);
   }
 
   NSData* data(size_t i) const {
@@ -93,12 +181,6 @@ class CallArgs {
     return [NSData dataWithBytes:arg.bytes.data() length:arg.bytes.size()];
   }
 
-  MPSShape* constant_shape(size_t i) const { return numbers(expect(i, ArgKind::Constant).ints); }
-
-  MPSDataType constant_dtype(size_t i) const {
-    return data_type(expect(i, ArgKind::Constant).name, i);
-  }
-
   // The name: argument: recorded as nil (names carry no meaning for execution).
   NSString* name(size_t i) const {
     const Arg& arg = at(i);
@@ -108,7 +190,6 @@ class CallArgs {
 
   MPSGraphConvolution2DOpDescriptor* convolution2d(size_t i) const;
   MPSGraphPooling2DOpDescriptor* pooling2d(size_t i) const;
-  MPSGraphRandomOpDescriptor* random(size_t i) const;
 
   Results one(MPSGraphTensor* result) const {
     if (result == nil) throw std::runtime_error(describe_call(call_, index_) + " returned nil");
@@ -174,27 +255,18 @@ class FieldValue {
 
   NSUInteger uinteger() const {
     int64_t v = expect(ArgKind::Int).integer;
-    if (v < 0) fail("expected a non-negative integer");
+    if (v < 0) fail("expected a non-negative integer, got " + std::to_string(v));
     return static_cast<NSUInteger>(v);
   }
-  NSInteger integer() const { return static_cast<NSInteger>(expect(ArgKind::Int).integer); }
-  float real() const {
-    if (field_.value.kind == ArgKind::Int) return static_cast<float>(field_.value.integer);
-    return static_cast<float>(expect(ArgKind::Double).real);
-  }
   BOOL flag() const { return expect(ArgKind::Bool).integer != 0 ? YES : NO; }
-  MPSDataType dtype() const {
-    try {
-      return mps_data_type(expect(ArgKind::DType).name);
-    } catch (const std::invalid_argument& e) {
-      fail(e.what());
-    }
-  }
-  // An enum field may be recorded as {"enum": name, "value": n} or as its plain value.
+
+  // An enum field holds the constant's name.
   template <typename Enum>
   Enum enumeration() const {
-    if (field_.value.kind == ArgKind::Int) return static_cast<Enum>(field_.value.integer);
-    return static_cast<Enum>(expect(ArgKind::Enum).integer);
+    int64_t value = 0;
+    std::string problem = enum_value(expect(ArgKind::Enum).name, EnumType<Enum>::name, &value);
+    if (!problem.empty()) fail(problem);
+    return static_cast<Enum>(value);
   }
 
   [[noreturn]] void fail(const std::string& what) const {
@@ -217,15 +289,62 @@ class FieldValue {
 };
 
 template <typename Descriptor>
-using FieldSetter = void (*)(Descriptor*, const FieldValue&);
-
-template <typename Descriptor>
 struct DescriptorField {
   const char* name;
-  FieldSetter<Descriptor> set;
+  void (*set)(Descriptor*, const FieldValue&);
+};
+
+// The recorded fields of one descriptor argument: the constructor reads its fields by name, the
+// setters table sets every other recorded field.
+class RecordedDescriptor {
+ public:
+  RecordedDescriptor(const CallArgs& args, size_t i, const char* cls)
+      : args_(args), index_(i), cls_(cls), arg_(args.at(i)) {
+    if (arg_.kind != ArgKind::Descriptor) {
+      args.fail(i, std::string("expected descriptor, got ") + arg_kind_name(arg_.kind));
+    }
+    if (arg_.name != cls_) args.fail(i, "expected a " + cls_ + ", got a " + arg_.name);
+  }
+
+  FieldValue field(const char* name) const {
+    for (const Field& f : arg_.fields) {
+      if (f.name == name) return FieldValue(args_, index_, cls_, f);
+    }
+    args_.fail(index_, cls_ + ": missing constructor field " + name);
+  }
+
+  template <typename Descriptor, size_t N, size_t M>
+  Descriptor* finish(Descriptor* descriptor, const DescriptorField<Descriptor> (&setters)[N],
+                     const char* const (&constructor_fields)[M]) const {
+    if (descriptor == nil) args_.fail(index_, cls_ + ": the constructor returned nil");
+    for (const Field& f : arg_.fields) {
+      bool by_constructor = false;
+      for (const char* name : constructor_fields) by_constructor |= f.name == name;
+      const DescriptorField<Descriptor>* setter = nullptr;
+      for (const auto& entry : setters) {
+        if (f.name == entry.name) setter = &entry;
+      }
+      FieldValue value(args_, index_, cls_, f);
+      if (setter == nullptr) value.fail("no such field");
+      if (!by_constructor) setter->set(descriptor, value);
+    }
+    return descriptor;
+  }
+
+ private:
+  const CallArgs& args_;
+  size_t index_;
+  std::string cls_;
+  const Arg& arg_;
 };
 
 // BEGIN DESCRIPTOR TABLES (read by tests/native/test_mpsgraph_tables.py)
+const char* const kConvolution2DConstructorFields[] = {
+    "strideInX",   "strideInY",    "dilationRateInX", "dilationRateInY",
+    "groups",      "paddingLeft",  "paddingRight",    "paddingTop",
+    "paddingBottom", "paddingStyle", "dataLayout",    "weightsLayout",
+};
+
 const DescriptorField<MPSGraphConvolution2DOpDescriptor> kConvolution2DFields[] = {
     {"strideInX", [](MPSGraphConvolution2DOpDescriptor* d, const FieldValue& v) {
        [d setStrideInX:v.uinteger()];
@@ -265,6 +384,12 @@ const DescriptorField<MPSGraphConvolution2DOpDescriptor> kConvolution2DFields[] 
      }},
 };
 
+const char* const kPooling2DConstructorFields[] = {
+    "kernelWidth", "kernelHeight", "strideInX",    "strideInY",
+    "dilationRateInX", "dilationRateInY", "paddingLeft", "paddingRight",
+    "paddingTop", "paddingBottom", "paddingStyle", "dataLayout",
+};
+
 const DescriptorField<MPSGraphPooling2DOpDescriptor> kPooling2DFields[] = {
     {"kernelWidth", [](MPSGraphPooling2DOpDescriptor* d, const FieldValue& v) {
        [d setKernelWidth:v.uinteger()];
@@ -302,100 +427,58 @@ const DescriptorField<MPSGraphPooling2DOpDescriptor> kPooling2DFields[] = {
     {"dataLayout", [](MPSGraphPooling2DOpDescriptor* d, const FieldValue& v) {
        [d setDataLayout:v.enumeration<MPSGraphTensorNamedDataLayout>()];
      }},
-    {"ceilMode", [](MPSGraphPooling2DOpDescriptor* d, const FieldValue& v) {
-       [d setCeilMode:v.flag()];
-     }},
     {"includeZeroPadToAverage", [](MPSGraphPooling2DOpDescriptor* d, const FieldValue& v) {
        [d setIncludeZeroPadToAverage:v.flag()];
      }},
-    {"returnIndicesMode", [](MPSGraphPooling2DOpDescriptor* d, const FieldValue& v) {
-       [d setReturnIndicesMode:v.enumeration<MPSGraphPoolingReturnIndicesMode>()];
-     }},
-    {"returnIndicesDataType", [](MPSGraphPooling2DOpDescriptor* d, const FieldValue& v) {
-       [d setReturnIndicesDataType:v.dtype()];
+    {"ceilMode", [](MPSGraphPooling2DOpDescriptor* d, const FieldValue& v) {
+       [d setCeilMode:v.flag()];
      }},
 };
 
-const DescriptorField<MPSGraphRandomOpDescriptor> kRandomFields[] = {
-    {"distribution", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) {
-       [d setDistribution:v.enumeration<MPSGraphRandomDistribution>()];
-     }},
-    {"dataType", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) {
-       [d setDataType:v.dtype()];
-     }},
-    {"min", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) { [d setMin:v.real()]; }},
-    {"max", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) { [d setMax:v.real()]; }},
-    {"minInteger", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) {
-       [d setMinInteger:v.integer()];
-     }},
-    {"maxInteger", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) {
-       [d setMaxInteger:v.integer()];
-     }},
-    {"mean", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) { [d setMean:v.real()]; }},
-    {"standardDeviation", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) {
-       [d setStandardDeviation:v.real()];
-     }},
-    {"samplingMethod", [](MPSGraphRandomOpDescriptor* d, const FieldValue& v) {
-       [d setSamplingMethod:v.enumeration<MPSGraphRandomNormalSamplingMethod>()];
-     }},
+// The constructors (DESCRIPTORS[...].constructor), fed with the recorded constructor fields.
+const auto kConvolution2DConstructor = [](const RecordedDescriptor& r) {
+  return [MPSGraphConvolution2DOpDescriptor
+      descriptorWithStrideInX:r.field("strideInX").uinteger()
+                    strideInY:r.field("strideInY").uinteger()
+              dilationRateInX:r.field("dilationRateInX").uinteger()
+              dilationRateInY:r.field("dilationRateInY").uinteger()
+                       groups:r.field("groups").uinteger()
+                  paddingLeft:r.field("paddingLeft").uinteger()
+                 paddingRight:r.field("paddingRight").uinteger()
+                   paddingTop:r.field("paddingTop").uinteger()
+                paddingBottom:r.field("paddingBottom").uinteger()
+                 paddingStyle:r.field("paddingStyle").enumeration<MPSGraphPaddingStyle>()
+                   dataLayout:r.field("dataLayout").enumeration<MPSGraphTensorNamedDataLayout>()
+                weightsLayout:r.field("weightsLayout")
+                                  .enumeration<MPSGraphTensorNamedDataLayout>()];
+};
+
+const auto kPooling2DConstructor = [](const RecordedDescriptor& r) {
+  return [MPSGraphPooling2DOpDescriptor
+      descriptorWithKernelWidth:r.field("kernelWidth").uinteger()
+                   kernelHeight:r.field("kernelHeight").uinteger()
+                      strideInX:r.field("strideInX").uinteger()
+                      strideInY:r.field("strideInY").uinteger()
+                dilationRateInX:r.field("dilationRateInX").uinteger()
+                dilationRateInY:r.field("dilationRateInY").uinteger()
+                    paddingLeft:r.field("paddingLeft").uinteger()
+                   paddingRight:r.field("paddingRight").uinteger()
+                     paddingTop:r.field("paddingTop").uinteger()
+                  paddingBottom:r.field("paddingBottom").uinteger()
+                   paddingStyle:r.field("paddingStyle").enumeration<MPSGraphPaddingStyle>()
+                     dataLayout:r.field("dataLayout").enumeration<MPSGraphTensorNamedDataLayout>()];
 };
 // END DESCRIPTOR TABLES
 
-template <typename Descriptor, size_t N>
-Descriptor* apply_fields(Descriptor* descriptor, const DescriptorField<Descriptor> (&table)[N],
-                         const CallArgs& args, size_t i, const std::string& cls) {
-  const Arg& arg = args.at(i);
-  if (arg.kind != ArgKind::Descriptor) {
-    args.fail(i, std::string("expected descriptor, got ") + arg_kind_name(arg.kind));
-  }
-  if (arg.name != cls) args.fail(i, "expected a " + cls + ", got a " + arg.name);
-  for (const Field& field : arg.fields) {
-    const DescriptorField<Descriptor>* setter = nullptr;
-    for (const auto& entry : table) {
-      if (field.name == entry.name) setter = &entry;
-    }
-    FieldValue value(args, i, cls, field);
-    if (setter == nullptr) value.fail("no such field");
-    setter->set(descriptor, value);
-  }
-  return descriptor;
-}
-
-// Each descriptor starts from its factory's defaults (explicit zero padding, NCHW / OIHW, unit
-// strides and kernels); the recorded fields then override them.
 MPSGraphConvolution2DOpDescriptor* CallArgs::convolution2d(size_t i) const {
-  MPSGraphConvolution2DOpDescriptor* d = [MPSGraphConvolution2DOpDescriptor
-      descriptorWithStrideInX:1
-                    strideInY:1
-              dilationRateInX:1
-              dilationRateInY:1
-                       groups:1
-                  paddingLeft:0
-                 paddingRight:0
-                   paddingTop:0
-                paddingBottom:0
-                 paddingStyle:MPSGraphPaddingStyleExplicit
-                   dataLayout:MPSGraphTensorNamedDataLayoutNCHW
-                weightsLayout:MPSGraphTensorNamedDataLayoutOIHW];
-  return apply_fields(d, kConvolution2DFields, *this, i, "MPSGraphConvolution2DOpDescriptor");
+  RecordedDescriptor r(*this, i, "MPSGraphConvolution2DOpDescriptor");
+  return r.finish(kConvolution2DConstructor(r), kConvolution2DFields,
+                  kConvolution2DConstructorFields);
 }
 
 MPSGraphPooling2DOpDescriptor* CallArgs::pooling2d(size_t i) const {
-  MPSGraphPooling2DOpDescriptor* d = [MPSGraphPooling2DOpDescriptor
-      descriptorWithKernelWidth:1
-                   kernelHeight:1
-                      strideInX:1
-                      strideInY:1
-                   paddingStyle:MPSGraphPaddingStyleExplicit
-                     dataLayout:MPSGraphTensorNamedDataLayoutNCHW];
-  return apply_fields(d, kPooling2DFields, *this, i, "MPSGraphPooling2DOpDescriptor");
-}
-
-MPSGraphRandomOpDescriptor* CallArgs::random(size_t i) const {
-  MPSGraphRandomOpDescriptor* d =
-      [MPSGraphRandomOpDescriptor descriptorWithDistribution:MPSGraphRandomDistributionUniform
-                                                    dataType:MPSDataTypeFloat32];
-  return apply_fields(d, kRandomFields, *this, i, "MPSGraphRandomOpDescriptor");
+  RecordedDescriptor r(*this, i, "MPSGraphPooling2DOpDescriptor");
+  return r.finish(kPooling2DConstructor(r), kPooling2DFields, kPooling2DConstructorFields);
 }
 
 // ---- the replay table --------------------------------------------------------------------------
@@ -407,13 +490,13 @@ struct ReplayEntry {
   ReplayFn replay;
 };
 
-// One entry per selector lucid.backends.mpsgraph.selectors.SELECTORS lists, no more, no less.
+// One entry per selector of lucid.backends.mpsgraph.selectors.SELECTORS, no more, no less; each
+// calls its method with the argument types the selector table gives.
 // BEGIN REPLAY TABLE (read by tests/native/test_mpsgraph_tables.py)
 const ReplayEntry kReplayTable[] = {
-    // -- constants -------------------------------------------------------------------------------
-    {"constantWithScalar:dataType:",
+    {"placeholderWithShape:dataType:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g constantWithScalar:a.real(0) dataType:a.dtype(1)]);
+       return a.one([g placeholderWithShape:a.shape(0) dataType:a.dtype(1) name:a.name(2)]);
      }},
     {"constantWithScalar:shape:dataType:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -421,98 +504,63 @@ const ReplayEntry kReplayTable[] = {
      }},
     {"constantWithData:shape:dataType:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g constantWithData:a.data(0)
-                                  shape:a.constant_shape(0)
-                               dataType:a.constant_dtype(0)]);
+       return a.one([g constantWithData:a.data(0) shape:a.shape(1) dataType:a.dtype(2)]);
      }},
-    // -- unary elementwise -----------------------------------------------------------------------
+    {"coordinateAlongAxis:withShape:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g coordinateAlongAxis:a.integer(0) withShape:a.shape(1) name:a.name(2)]);
+     }},
     {"identityWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g identityWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"absoluteWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g absoluteWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"ceilWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g ceilWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"cosWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g cosWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"erfWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g erfWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"exponentWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g exponentWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"floorWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g floorWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"isFiniteWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g isFiniteWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"isInfiniteWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g isInfiniteWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"isNaNWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g isNaNWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"logarithmWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g logarithmWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"notWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g notWithTensor:a.tensor(0) name:a.name(1)]);
      }},
     {"negativeWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g negativeWithTensor:a.tensor(0) name:a.name(1)]);
      }},
-    {"reciprocalWithTensor:name:",
+    {"absoluteWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reciprocalWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"reLUWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reLUWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"rintWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g rintWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"reverseSquareRootWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reverseSquareRootWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
-    {"sigmoidWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g sigmoidWithTensor:a.tensor(0) name:a.name(1)]);
+       return a.one([g absoluteWithTensor:a.tensor(0) name:a.name(1)]);
      }},
     {"signWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g signWithTensor:a.tensor(0) name:a.name(1)]);
      }},
-    {"sinWithTensor:name:",
+    {"squareWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g sinWithTensor:a.tensor(0) name:a.name(1)]);
+       return a.one([g squareWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"reLUWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reLUWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"exponentWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g exponentWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"logarithmWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g logarithmWithTensor:a.tensor(0) name:a.name(1)]);
      }},
     {"squareRootWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g squareRootWithTensor:a.tensor(0) name:a.name(1)]);
      }},
-    {"squareWithTensor:name:",
+    {"reverseSquareRootWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g squareWithTensor:a.tensor(0) name:a.name(1)]);
+       return a.one([g reverseSquareRootWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"reciprocalWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reciprocalWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"sinWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g sinWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"cosWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g cosWithTensor:a.tensor(0) name:a.name(1)]);
      }},
     {"tanWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -522,18 +570,63 @@ const ReplayEntry kReplayTable[] = {
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g tanhWithTensor:a.tensor(0) name:a.name(1)]);
      }},
-    // -- binary elementwise ----------------------------------------------------------------------
+    {"sigmoidWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g sigmoidWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"erfWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g erfWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"floorWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g floorWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"ceilWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g ceilWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"rintWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g rintWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"notWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g notWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"isNaNWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g isNaNWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"isInfiniteWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g isInfiniteWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"isFiniteWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g isFiniteWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
+    {"truncateWithTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g truncateWithTensor:a.tensor(0) name:a.name(1)]);
+     }},
     {"additionWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g additionWithPrimaryTensor:a.tensor(0)
                                  secondaryTensor:a.tensor(1)
                                             name:a.name(2)]);
      }},
-    {"atan2WithPrimaryTensor:secondaryTensor:name:",
+    {"subtractionWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g atan2WithPrimaryTensor:a.tensor(0)
-                              secondaryTensor:a.tensor(1)
-                                         name:a.name(2)]);
+       return a.one([g subtractionWithPrimaryTensor:a.tensor(0)
+                                    secondaryTensor:a.tensor(1)
+                                               name:a.name(2)]);
+     }},
+    {"multiplicationWithPrimaryTensor:secondaryTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g multiplicationWithPrimaryTensor:a.tensor(0)
+                                       secondaryTensor:a.tensor(1)
+                                                  name:a.name(2)]);
      }},
     {"divisionWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -541,23 +634,53 @@ const ReplayEntry kReplayTable[] = {
                                  secondaryTensor:a.tensor(1)
                                             name:a.name(2)]);
      }},
+    {"powerWithPrimaryTensor:secondaryTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g powerWithPrimaryTensor:a.tensor(0)
+                              secondaryTensor:a.tensor(1)
+                                         name:a.name(2)]);
+     }},
+    {"atan2WithPrimaryTensor:secondaryTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g atan2WithPrimaryTensor:a.tensor(0)
+                              secondaryTensor:a.tensor(1)
+                                         name:a.name(2)]);
+     }},
+    {"maximumWithPrimaryTensor:secondaryTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g maximumWithPrimaryTensor:a.tensor(0)
+                                secondaryTensor:a.tensor(1)
+                                           name:a.name(2)]);
+     }},
+    {"minimumWithPrimaryTensor:secondaryTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g minimumWithPrimaryTensor:a.tensor(0)
+                                secondaryTensor:a.tensor(1)
+                                           name:a.name(2)]);
+     }},
+    {"floorModuloWithPrimaryTensor:secondaryTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g floorModuloWithPrimaryTensor:a.tensor(0)
+                                    secondaryTensor:a.tensor(1)
+                                               name:a.name(2)]);
+     }},
     {"equalWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g equalWithPrimaryTensor:a.tensor(0)
                               secondaryTensor:a.tensor(1)
                                          name:a.name(2)]);
      }},
-    {"greaterThanOrEqualToWithPrimaryTensor:secondaryTensor:name:",
+    {"notEqualWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g greaterThanOrEqualToWithPrimaryTensor:a.tensor(0)
-                                             secondaryTensor:a.tensor(1)
-                                                        name:a.name(2)]);
+       return a.one([g notEqualWithPrimaryTensor:a.tensor(0)
+                                 secondaryTensor:a.tensor(1)
+                                            name:a.name(2)]);
      }},
-    {"greaterThanWithPrimaryTensor:secondaryTensor:name:",
+    {"lessThanWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g greaterThanWithPrimaryTensor:a.tensor(0)
-                                    secondaryTensor:a.tensor(1)
-                                               name:a.name(2)]);
+       return a.one([g lessThanWithPrimaryTensor:a.tensor(0)
+                                 secondaryTensor:a.tensor(1)
+                                            name:a.name(2)]);
      }},
     {"lessThanOrEqualToWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -565,11 +688,17 @@ const ReplayEntry kReplayTable[] = {
                                           secondaryTensor:a.tensor(1)
                                                      name:a.name(2)]);
      }},
-    {"lessThanWithPrimaryTensor:secondaryTensor:name:",
+    {"greaterThanWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g lessThanWithPrimaryTensor:a.tensor(0)
-                                 secondaryTensor:a.tensor(1)
-                                            name:a.name(2)]);
+       return a.one([g greaterThanWithPrimaryTensor:a.tensor(0)
+                                    secondaryTensor:a.tensor(1)
+                                               name:a.name(2)]);
+     }},
+    {"greaterThanOrEqualToWithPrimaryTensor:secondaryTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g greaterThanOrEqualToWithPrimaryTensor:a.tensor(0)
+                                             secondaryTensor:a.tensor(1)
+                                                        name:a.name(2)]);
      }},
     {"logicalANDWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -589,55 +718,49 @@ const ReplayEntry kReplayTable[] = {
                                    secondaryTensor:a.tensor(1)
                                               name:a.name(2)]);
      }},
-    {"maximumWithPrimaryTensor:secondaryTensor:name:",
+    {"maximumWithNaNPropagationWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g maximumWithPrimaryTensor:a.tensor(0)
-                                secondaryTensor:a.tensor(1)
-                                           name:a.name(2)]);
+       return a.one([g maximumWithNaNPropagationWithPrimaryTensor:a.tensor(0)
+                                                  secondaryTensor:a.tensor(1)
+                                                             name:a.name(2)]);
      }},
-    {"minimumWithPrimaryTensor:secondaryTensor:name:",
+    {"minimumWithNaNPropagationWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g minimumWithPrimaryTensor:a.tensor(0)
-                                secondaryTensor:a.tensor(1)
-                                           name:a.name(2)]);
+       return a.one([g minimumWithNaNPropagationWithPrimaryTensor:a.tensor(0)
+                                                  secondaryTensor:a.tensor(1)
+                                                             name:a.name(2)]);
      }},
-    {"multiplicationWithPrimaryTensor:secondaryTensor:name:",
+    {"bitwiseANDWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g multiplicationWithPrimaryTensor:a.tensor(0)
-                                       secondaryTensor:a.tensor(1)
-                                                  name:a.name(2)]);
+       return a.one([g bitwiseANDWithPrimaryTensor:a.tensor(0)
+                                   secondaryTensor:a.tensor(1)
+                                              name:a.name(2)]);
      }},
-    {"notEqualWithPrimaryTensor:secondaryTensor:name:",
+    {"bitwiseXORWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g notEqualWithPrimaryTensor:a.tensor(0)
-                                 secondaryTensor:a.tensor(1)
-                                            name:a.name(2)]);
+       return a.one([g bitwiseXORWithPrimaryTensor:a.tensor(0)
+                                   secondaryTensor:a.tensor(1)
+                                              name:a.name(2)]);
      }},
-    {"powerWithPrimaryTensor:secondaryTensor:name:",
+    {"bitwiseRightShiftWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g powerWithPrimaryTensor:a.tensor(0)
-                              secondaryTensor:a.tensor(1)
-                                         name:a.name(2)]);
+       return a.one([g bitwiseRightShiftWithPrimaryTensor:a.tensor(0)
+                                          secondaryTensor:a.tensor(1)
+                                                     name:a.name(2)]);
      }},
-    {"moduloWithPrimaryTensor:secondaryTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g moduloWithPrimaryTensor:a.tensor(0)
-                               secondaryTensor:a.tensor(1)
-                                          name:a.name(2)]);
-     }},
-    {"subtractionWithPrimaryTensor:secondaryTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g subtractionWithPrimaryTensor:a.tensor(0)
-                                    secondaryTensor:a.tensor(1)
-                                               name:a.name(2)]);
-     }},
-    // -- select, cast, normalization, matmul -----------------------------------------------------
     {"selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g selectWithPredicateTensor:a.tensor(0)
                              truePredicateTensor:a.tensor(1)
                             falsePredicateTensor:a.tensor(2)
                                             name:a.name(3)]);
+     }},
+    {"clampWithTensor:minValueTensor:maxValueTensor:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g clampWithTensor:a.tensor(0)
+                        minValueTensor:a.tensor(1)
+                        maxValueTensor:a.tensor(2)
+                                  name:a.name(3)]);
      }},
     {"castTensor:toType:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -648,9 +771,9 @@ const ReplayEntry kReplayTable[] = {
        return a.one([g normalizationWithTensor:a.tensor(0)
                                     meanTensor:a.tensor(1)
                                 varianceTensor:a.tensor(2)
-                                   gammaTensor:a.optional_tensor(3)
-                                    betaTensor:a.optional_tensor(4)
-                                       epsilon:static_cast<float>(a.real(5))
+                                   gammaTensor:a.tensor(3)
+                                    betaTensor:a.tensor(4)
+                                       epsilon:a.real_float(5)
                                           name:a.name(6)]);
      }},
     {"matrixMultiplicationWithPrimaryTensor:secondaryTensor:name:",
@@ -659,18 +782,57 @@ const ReplayEntry kReplayTable[] = {
                                              secondaryTensor:a.tensor(1)
                                                         name:a.name(2)]);
      }},
-    // -- reductions and scans --------------------------------------------------------------------
+    {"reductionSumWithTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reductionSumWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+     }},
+    {"reductionMaximumWithTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reductionMaximumWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+     }},
+    {"reductionMinimumWithTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reductionMinimumWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+     }},
+    {"reductionMaximumPropagateNaNWithTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reductionMaximumPropagateNaNWithTensor:a.tensor(0)
+                                                         axes:a.ints(1)
+                                                         name:a.name(2)]);
+     }},
+    {"reductionMinimumPropagateNaNWithTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reductionMinimumPropagateNaNWithTensor:a.tensor(0)
+                                                         axes:a.ints(1)
+                                                         name:a.name(2)]);
+     }},
+    {"reductionProductWithTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reductionProductWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+     }},
+    {"reductionAndWithTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g reductionAndWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+     }},
+    {"meanOfTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g meanOfTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+     }},
+    {"varianceOfTensor:axes:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g varianceOfTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+     }},
     {"reductionArgMaximumWithTensor:axis:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reductionArgMaximumWithTensor:a.tensor(0)
-                                                axis:a.integer(1)
-                                                name:a.name(2)]);
+       return a.one([g reductionArgMaximumWithTensor:a.tensor(0) axis:a.integer(1) name:a.name(2)]);
      }},
     {"reductionArgMinimumWithTensor:axis:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reductionArgMinimumWithTensor:a.tensor(0)
-                                                axis:a.integer(1)
-                                                name:a.name(2)]);
+       return a.one([g reductionArgMinimumWithTensor:a.tensor(0) axis:a.integer(1) name:a.name(2)]);
+     }},
+    {"softMaxWithTensor:axis:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g softMaxWithTensor:a.tensor(0) axis:a.integer(1) name:a.name(2)]);
      }},
     {"cumulativeSumWithTensor:axis:exclusive:reverse:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -680,42 +842,43 @@ const ReplayEntry kReplayTable[] = {
                                        reverse:a.flag(3)
                                           name:a.name(4)]);
      }},
-    {"reductionMaximumWithTensor:axes:name:",
+    {"reshapeTensor:withShape:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reductionMaximumWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+       return a.one([g reshapeTensor:a.tensor(0) withShape:a.shape(1) name:a.name(2)]);
      }},
-    {"meanOfTensor:axes:name:",
+    {"transposeTensor:dimension:withDimension:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g meanOfTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+       return a.one([g transposeTensor:a.tensor(0)
+                             dimension:a.uinteger(1)
+                         withDimension:a.uinteger(2)
+                                  name:a.name(3)]);
      }},
-    {"reductionMinimumWithTensor:axes:name:",
+    {"transposeTensor:permutation:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reductionMinimumWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
+       return a.one([g transposeTensor:a.tensor(0) permutation:a.ints(1) name:a.name(2)]);
      }},
-    {"reductionProductWithTensor:axes:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reductionProductWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
-     }},
-    {"reductionSumWithTensor:axes:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reductionSumWithTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
-     }},
-    {"varianceOfTensor:axes:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g varianceOfTensor:a.tensor(0) axes:a.ints(1) name:a.name(2)]);
-     }},
-    {"softMaxWithTensor:axis:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g softMaxWithTensor:a.tensor(0) axis:a.integer(1) name:a.name(2)]);
-     }},
-    // -- shapes ----------------------------------------------------------------------------------
     {"broadcastTensor:toShape:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g broadcastTensor:a.tensor(0) toShape:a.shape(1) name:a.name(2)]);
      }},
+    {"sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g sliceTensor:a.tensor(0)
+                            starts:a.ints(1)
+                              ends:a.ints(2)
+                           strides:a.ints(3)
+                         startMask:a.uint32(4)
+                           endMask:a.uint32(5)
+                       squeezeMask:a.uint32(6)
+                              name:a.name(7)]);
+     }},
     {"concatTensors:dimension:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g concatTensors:a.tensors(0) dimension:a.integer(1) name:a.name(2)]);
+     }},
+    {"stackTensors:axis:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g stackTensors:a.tensors(0) axis:a.integer(1) name:a.name(2)]);
      }},
     {"padTensor:withPaddingMode:leftPadding:rightPadding:constantValue:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -726,23 +889,6 @@ const ReplayEntry kReplayTable[] = {
                    constantValue:a.real(4)
                             name:a.name(5)]);
      }},
-    {"reshapeTensor:withShape:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reshapeTensor:a.tensor(0) withShape:a.shape(1) name:a.name(2)]);
-     }},
-    {"sliceTensor:starts:ends:strides:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g sliceTensor:a.tensor(0)
-                            starts:a.ints(1)
-                              ends:a.ints(2)
-                           strides:a.ints(3)
-                              name:a.name(4)]);
-     }},
-    {"transposeTensor:permutation:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g transposeTensor:a.tensor(0) permutation:a.ints(1) name:a.name(2)]);
-     }},
-    // -- gather and scatter ----------------------------------------------------------------------
     {"gatherWithUpdatesTensor:indicesTensor:axis:batchDimensions:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g gatherWithUpdatesTensor:a.tensor(0)
@@ -757,16 +903,6 @@ const ReplayEntry kReplayTable[] = {
                      withUpdatesTensor:a.tensor(1)
                          indicesTensor:a.tensor(2)
                                   name:a.name(3)]);
-     }},
-    {"oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g oneHotWithIndicesTensor:a.tensor(0)
-                                         depth:a.uinteger(1)
-                                          axis:a.uinteger(2)
-                                      dataType:a.dtype(3)
-                                       onValue:a.real(4)
-                                      offValue:a.real(5)
-                                          name:a.name(6)]);
      }},
     {"scatterWithDataTensor:updatesTensor:indicesTensor:axis:mode:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -786,7 +922,16 @@ const ReplayEntry kReplayTable[] = {
                                    mode:a.enumeration<MPSGraphScatterMode>(4)
                                    name:a.name(5)]);
      }},
-    // -- convolution and pooling -----------------------------------------------------------------
+    {"oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g oneHotWithIndicesTensor:a.tensor(0)
+                                         depth:a.uinteger(1)
+                                          axis:a.uinteger(2)
+                                      dataType:a.dtype(3)
+                                       onValue:a.real(4)
+                                      offValue:a.real(5)
+                                          name:a.name(6)]);
+     }},
     {"convolution2DWithSourceTensor:weightsTensor:descriptor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g convolution2DWithSourceTensor:a.tensor(0)
@@ -794,8 +939,8 @@ const ReplayEntry kReplayTable[] = {
                                           descriptor:a.convolution2d(2)
                                                 name:a.name(3)]);
      }},
-    {"convolution2DDataGradientWithIncomingGradientTensor:weightsTensor:outputShape:"
-     "forwardConvolutionDescriptor:name:",
+    {"convolution2DDataGradientWithIncomingGradientTensor:weightsTensor:"
+     "outputShape:forwardConvolutionDescriptor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g convolution2DDataGradientWithIncomingGradientTensor:a.tensor(0)
                                                              weightsTensor:a.tensor(1)
@@ -803,27 +948,14 @@ const ReplayEntry kReplayTable[] = {
                                               forwardConvolutionDescriptor:a.convolution2d(3)
                                                                       name:a.name(4)]);
      }},
-    {"convolution2DWeightsGradientWithIncomingGradientTensor:sourceTensor:outputShape:"
-     "forwardConvolutionDescriptor:name:",
+    {"convolution2DWeightsGradientWithIncomingGradientTensor:sourceTensor:"
+     "outputShape:forwardConvolutionDescriptor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g convolution2DWeightsGradientWithIncomingGradientTensor:a.tensor(0)
                                                                  sourceTensor:a.tensor(1)
                                                                   outputShape:a.shape(2)
                                                  forwardConvolutionDescriptor:a.convolution2d(3)
                                                                          name:a.name(4)]);
-     }},
-    {"avgPooling2DWithSourceTensor:descriptor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g avgPooling2DWithSourceTensor:a.tensor(0)
-                                         descriptor:a.pooling2d(1)
-                                               name:a.name(2)]);
-     }},
-    {"avgPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g avgPooling2DGradientWithGradientTensor:a.tensor(0)
-                                                 sourceTensor:a.tensor(1)
-                                                   descriptor:a.pooling2d(2)
-                                                         name:a.name(3)]);
      }},
     {"maxPooling2DWithSourceTensor:descriptor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
@@ -838,19 +970,18 @@ const ReplayEntry kReplayTable[] = {
                                                    descriptor:a.pooling2d(2)
                                                          name:a.name(3)]);
      }},
-    // -- random ----------------------------------------------------------------------------------
-    {"randomTensorWithShape:descriptor:stateTensor:name:",
+    {"avgPooling2DWithSourceTensor:descriptor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.many([g randomTensorWithShape:a.shape(0)
-                                   descriptor:a.random(1)
-                                  stateTensor:a.tensor(2)
-                                         name:a.name(3)]);
+       return a.one([g avgPooling2DWithSourceTensor:a.tensor(0)
+                                         descriptor:a.pooling2d(1)
+                                               name:a.name(2)]);
      }},
-    {"randomUniformTensorWithShape:stateTensor:name:",
+    {"avgPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.many([g randomUniformTensorWithShape:a.shape(0)
-                                         stateTensor:a.tensor(1)
-                                                name:a.name(2)]);
+       return a.one([g avgPooling2DGradientWithGradientTensor:a.tensor(0)
+                                                 sourceTensor:a.tensor(1)
+                                                   descriptor:a.pooling2d(2)
+                                                         name:a.name(3)]);
      }},
 };
 // END REPLAY TABLE
@@ -915,64 +1046,78 @@ std::vector<std::string> replay_selectors() {
   return out;
 }
 
+namespace {
+
+// Runs one recorded call through its table entry and defines its results.
+void replay_call(MPSGraph* graph, const Call& call, size_t index,
+                 std::unordered_map<int64_t, MPSGraphTensor*>& tensors) {
+  const auto& table = replay_index();
+  auto it = table.find(call.selector);
+  if (it == table.end()) {
+    throw std::invalid_argument(describe_call(call, index) +
+                                ": no replay entry for this selector (not in the selector table)");
+  }
+  if (call.args.size() != selector_arity(call.selector)) {
+    throw std::invalid_argument(describe_call(call, index) + ": " +
+                                std::to_string(call.args.size()) +
+                                " arguments, the selector takes " +
+                                std::to_string(selector_arity(call.selector)));
+  }
+  CallArgs args(call, index, tensors);
+  Results results = nil;
+  @try {
+    results = it->second(graph, args);
+  } @catch (NSException* e) {
+    throw std::runtime_error(describe_call(call, index) + ": MPSGraph raised " +
+                             std::string(e.name ? e.name.UTF8String : "NSException") + ": " +
+                             std::string(e.reason ? e.reason.UTF8String : ""));
+  }
+  if (results.count != call.results.size()) {
+    throw std::invalid_argument(describe_call(call, index) + ": returns " +
+                                std::to_string(results.count) + " tensors, the program names " +
+                                std::to_string(call.results.size()));
+  }
+  for (size_t r = 0; r < call.results.size(); ++r) {
+    if (tensors.count(call.results[r])) {
+      throw std::invalid_argument(describe_call(call, index) + ": tensor id " +
+                                  std::to_string(call.results[r]) + " is already defined");
+    }
+    tensors[call.results[r]] = results[r];
+  }
+}
+
+}  // namespace
+
 ReplayedGraph replay(const Program& program) {
   ReplayedGraph out;
   out.graph = [MPSGraph new];
   std::unordered_map<int64_t, MPSGraphTensor*> tensors;
-  for (const Placeholder& p : program.placeholders) {
-    if (tensors.count(p.id)) {
-      throw std::invalid_argument("placeholder id " + std::to_string(p.id) + " is used twice");
-    }
-    NSMutableArray<NSNumber*>* shape = [NSMutableArray arrayWithCapacity:p.shape.size()];
+  // Placeholders are placeholderWithShape:dataType:name: calls like any other (their table entry).
+  for (size_t i = 0; i < program.placeholders.size(); ++i) {
+    const Placeholder& p = program.placeholders[i];
     for (int64_t dim : p.shape) {
       if (dim < -1) {
         throw std::invalid_argument("placeholder " + std::to_string(p.id) + " has dimension " +
                                     std::to_string(dim) + " (only -1 or sizes >= 0)");
       }
-      [shape addObject:[NSNumber numberWithLongLong:dim]];
     }
-    MPSGraphTensor* tensor = [out.graph placeholderWithShape:shape
-                                                    dataType:mps_data_type(p.dtype)
-                                                        name:nil];
-    tensors[p.id] = tensor;
-    out.placeholders.push_back(tensor);
+    Call call;
+    call.selector = "placeholderWithShape:dataType:name:";
+    call.args.resize(3);
+    call.args[0].kind = ArgKind::Shape;
+    call.args[0].ints = p.shape;
+    call.args[1].kind = ArgKind::DType;
+    call.args[1].name = p.dtype;
+    call.args[2].kind = ArgKind::NilObject;
+    call.results = {p.id};
+    replay_call(out.graph, call, i, tensors);
+    out.placeholders.push_back(tensors[p.id]);
   }
-  const auto& index = replay_index();
   for (size_t i = 0; i < program.calls.size(); ++i) {
-    const Call& call = program.calls[i];
-    auto it = index.find(call.selector);
-    if (it == index.end()) {
-      throw std::invalid_argument(describe_call(call, i) +
-                                  ": no replay entry for this selector (not in the selector table)");
-    }
-    if (call.args.size() != selector_arity(call.selector)) {
-      throw std::invalid_argument(describe_call(call, i) + ": " +
-                                  std::to_string(call.args.size()) + " arguments, the selector takes " +
-                                  std::to_string(selector_arity(call.selector)));
-    }
-    CallArgs args(call, i, tensors);
-    Results results = nil;
-    @try {
-      results = it->second(out.graph, args);
-    } @catch (NSException* e) {
-      throw std::runtime_error(describe_call(call, i) + ": MPSGraph raised " +
-                               std::string(e.name.UTF8String) + ": " +
-                               std::string(e.reason ? e.reason.UTF8String : ""));
-    }
-    if (results.count != call.results.size()) {
-      throw std::invalid_argument(describe_call(call, i) + ": returns " +
-                                  std::to_string(results.count) + " tensors, the program names " +
-                                  std::to_string(call.results.size()));
-    }
-    for (size_t r = 0; r < call.results.size(); ++r) {
-      if (tensors.count(call.results[r])) {
-        throw std::invalid_argument(describe_call(call, i) + ": result id " +
-                                    std::to_string(call.results[r]) + " is already defined");
-      }
-      tensors[call.results[r]] = results[r];
-    }
+    replay_call(out.graph, program.calls[i], i, tensors);
   }
-  NSMutableArray<MPSGraphTensor*>* targets = [NSMutableArray arrayWithCapacity:program.targets.size()];
+  NSMutableArray<MPSGraphTensor*>* targets =
+      [NSMutableArray arrayWithCapacity:program.targets.size()];
   for (int64_t id : program.targets) {
     auto it = tensors.find(id);
     if (it == tensors.end()) {
