@@ -1,12 +1,15 @@
-"""``LSTM``: multi-layer, optionally bidirectional, with torch's parameter names and layout.
+"""``LSTM`` and ``GRU``: multi-layer, optionally bidirectional, with torch's parameter names and
+layout.
 
-The maths is the functional ``lucid.nn.functional.lstm`` (unrolled Lucid ops); only LSTMs with
-projections (``proj_size > 0``), which it does not cover, are unrolled here.
+The LSTM maths is the functional ``lucid.nn.functional.lstm`` (unrolled Lucid ops); only LSTMs
+with projections (``proj_size > 0``), which it does not cover, are unrolled here. The GRU is
+unrolled here from torch's equations.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import lucid
@@ -16,7 +19,7 @@ from lucid.nn import init
 from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory_dtype
 from lucid.nn.modules.module import Module
 
-__all__ = ["LSTM"]
+__all__ = ["GRU", "LSTM"]
 
 
 def _lstm_direction(
@@ -214,6 +217,202 @@ class LSTM(Module):
         s = f"{self.input_size}, {self.hidden_size}"
         if self.proj_size:
             s += f", proj_size={self.proj_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if not self.bias:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s
+
+
+def _gru_direction(
+    steps: list[Tensor],
+    h: Tensor | None,
+    w_hh: Tensor,
+    b_hh: Tensor | None,
+    reverse: bool,
+) -> tuple[list[Tensor], Tensor]:
+    """Run one direction of one GRU layer over precomputed input projections ``steps[t]``
+    (N, 3H), torch's equations with gates ordered r, z, n:
+
+        r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+        z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+        n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+        h' = (1 - z) * n + z * h
+
+    ``h`` None means a zero initial state (the first step skips the recurrent matmul).
+    """
+    outs: list[Tensor | None] = [None] * len(steps)
+    order = range(len(steps) - 1, -1, -1) if reverse else range(len(steps))
+    for t in order:
+        i_r, i_z, i_n = steps[t].chunk(3, -1)
+        if h is not None:
+            h_r, h_z, h_n = F.linear(h, w_hh, b_hh).chunk(3, -1)
+            r, z = lucid.sigmoid(i_r + h_r), lucid.sigmoid(i_z + h_z)
+            n = lucid.tanh(i_n + r * h_n)
+            h = n + z * (h - n)  # (1 - z) * n + z * h
+        elif b_hh is not None:
+            h_r, h_z, h_n = b_hh.chunk(3, -1)
+            r, z = lucid.sigmoid(i_r + h_r), lucid.sigmoid(i_z + h_z)
+            n = lucid.tanh(i_n + r * h_n)
+            h = n - z * n
+        else:
+            z = lucid.sigmoid(i_z)
+            n = lucid.tanh(i_n)
+            h = n - z * n
+        outs[t] = h
+    if h is None:
+        raise ValueError("GRU: the input sequence has no time steps")
+    return [o for o in outs if o is not None], h
+
+
+class GRU(Module):
+    """Gated recurrent unit over (L, N, input_size) inputs ((N, L, ...) with ``batch_first``,
+    (L, input_size) unbatched), as ``torch.nn.GRU``.
+
+    ``forward(input, h_0=None)`` returns ``output, h_n``: ``output`` holds the last layer's hidden
+    state at every step (both directions concatenated when ``bidirectional``), ``h_n`` the final
+    hidden state of every layer and direction, (num_layers * D, N, hidden_size). Gates are
+    ordered r, z, n in ``weight_ih_l{k}`` (3*hidden_size, input) and ``weight_hh_l{k}``
+    (3*hidden_size, hidden_size); every parameter starts as U(-1/sqrt(hidden_size),
+    1/sqrt(hidden_size)). ``dropout`` applies to the outputs of every layer but the last, in
+    training mode.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        for name, v in (
+            ("input_size", input_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            check_positive_int(v, name, "GRU")
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0.0 <= dropout <= 1.0
+        ):
+            raise ValueError(
+                "dropout should be a number in range [0, 1] representing the probability of an "
+                f"element being zeroed, got {dropout!r}"
+            )
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(
+                "dropout option adds dropout after all but last recurrent layer, so non-zero "
+                f"dropout expects num_layers greater than 1, but got dropout={dropout} and "
+                f"num_layers={num_layers}",
+                UserWarning,
+                stacklevel=2,
+            )
+        dt = factory_dtype(device, dtype)
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional = bidirectional
+        dirs = 2 if bidirectional else 1
+        gate = 3 * hidden_size
+        for layer in range(num_layers):
+            layer_in = input_size if layer == 0 else hidden_size * dirs
+            for d in range(dirs):
+                sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
+                setattr(self, "weight_ih" + sfx, empty_parameter((gate, layer_in), dt))
+                setattr(self, "weight_hh" + sfx, empty_parameter((gate, hidden_size), dt))
+                if bias:
+                    setattr(self, "bias_ih" + sfx, empty_parameter((gate,), dt))
+                    setattr(self, "bias_hh" + sfx, empty_parameter((gate,), dt))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            init.uniform_(p, -stdv, stdv)
+
+    def flatten_parameters(self) -> None:
+        """No-op (cuDNN weight packing has no meaning here); kept for torch compatibility."""
+
+    def _weights(self, layer: int, direction: int) -> tuple:
+        sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
+        get = self._parameters.get
+        return (
+            get("weight_ih" + sfx),
+            get("weight_hh" + sfx),
+            get("bias_ih" + sfx),
+            get("bias_hh" + sfx),
+        )
+
+    def forward(
+        self,
+        input: Tensor,  # noqa: A002
+        hx: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        if not isinstance(input, Tensor):
+            raise TypeError(f"GRU: input must be a Tensor, got {type(input).__name__}")
+        if input.ndim not in (2, 3):
+            raise ValueError(f"GRU: Expected input to be 2D or 3D, got {input.ndim}D instead")
+        if input.shape[-1] != self.input_size:
+            raise ValueError(
+                f"GRU: input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                f"got {input.shape[-1]}"
+            )
+        batched = input.ndim == 3
+        x = input.transpose(0, 1) if batched and self.batch_first else input
+        if not batched:
+            x = x.unsqueeze(1)
+        dirs = 2 if self.bidirectional else 1
+        h0s: list[Tensor | None] = [None] * (self.num_layers * dirs)
+        if hx is not None:
+            if not isinstance(hx, Tensor):
+                raise TypeError(f"GRU: hx must be a Tensor, got {type(hx).__name__}")
+            want_ndim = 3 if batched else 2
+            if hx.ndim != want_ndim:
+                raise RuntimeError(
+                    f"GRU: for {'batched 3-D' if batched else 'unbatched 2-D'} input, hx should "
+                    f"also be {want_ndim}-D but got {hx.ndim}-D tensor"
+                )
+            h0 = hx if batched else hx.unsqueeze(1)
+            want = (self.num_layers * dirs, x.shape[1], self.hidden_size)
+            if tuple(h0.shape) != want:
+                got = tuple(h0.shape) if batched else tuple(hx.shape)
+                want_shown = want if batched else (want[0], want[2])
+                raise RuntimeError(f"GRU: Expected hidden size {want_shown}, got {got}")
+            h0s = list(h0.unbind(0))
+        h_n: list[Tensor] = []
+        layer_input = x
+        for layer in range(self.num_layers):
+            dir_outputs = []
+            for d in range(dirs):
+                w_ih, w_hh, b_ih, b_hh = self._weights(layer, d)
+                steps = list(F.linear(layer_input, w_ih, b_ih).unbind(0))
+                outs, h = _gru_direction(steps, h0s[layer * dirs + d], w_hh, b_hh, reverse=d == 1)
+                dir_outputs.append(lucid.stack(outs, 0))
+                h_n.append(h)
+            layer_input = dir_outputs[0] if dirs == 1 else lucid.cat(dir_outputs, -1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                layer_input = F.dropout(layer_input, self.dropout, True)
+        output, h_n_t = layer_input, lucid.stack(h_n, 0)
+        if not batched:
+            return output.squeeze(1), h_n_t.squeeze(1)
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        return output, h_n_t
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
         if not self.bias:
