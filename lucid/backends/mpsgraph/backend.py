@@ -23,6 +23,7 @@ from lucid.backends.mpsgraph.legalize import legalize
 from lucid.backends.mpsgraph.native import MPSGraphUnavailable, NativeBuilder, native_status
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
+from lucid.backends.mpsgraph.symbolic import symbolic_dims
 
 __all__ = [
     "MPSGraphBackend",
@@ -121,6 +122,18 @@ class MPSGraphReferenceBackend(Backend):
             python_inplace,
             self._runner(program),
         )
+
+    def compile_symbolic(
+        self, module: Any, probe: Any, *, inplace_updates: bool = True
+    ) -> MPSGraphExecutable:
+        """One executable for every batch size: ``module`` and ``probe`` are the same trace
+        lowered to prim at two batch sizes. Raises SymbolicUnsafe (with the op) when
+        symbolic-safety cannot prove that MPSGraph will not abort; the caller then compiles
+        per shape and reports the reason."""
+        legalize(module)
+        legalize(probe)
+        dims = symbolic_dims(module, probe)
+        return self.compile(module, inplace_updates=inplace_updates, symbolic=dims)
 
     # The reference runner returns fresh arrays: write-back happens in Python.
     _python_writes_back = True

@@ -94,6 +94,19 @@ def test_a_safe_graph_serves_every_batch_size_with_one_program():
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+def test_compile_symbolic_serves_every_batch_and_refuses_unsafe_graphs():
+    w1, w2 = _weights()
+    exe = BACKEND.compile_symbolic(
+        lowered(_mlp, _batch(2), w1, w2), lowered(_mlp, _batch(3), w1, w2)
+    )
+    for n in (2, 5):
+        x = _batch(n, seed=n)
+        want = _mlp(Tensor._wrap(x), Tensor._wrap(w1), Tensor._wrap(w2)).numpy()
+        np.testing.assert_allclose(exe.run([x, w1, w2])[0], want, rtol=2e-5, atol=2e-6)
+    with pytest.raises(SymbolicUnsafe, match="prim.constant"):
+        BACKEND.compile_symbolic(lowered(_unsafe, _batch(2)), lowered(_unsafe, _batch(3)))
+
+
 def _unsafe(x):
     return x.sum(1).mean() * lucid.ones_like(x)
 
