@@ -18,9 +18,9 @@ import numpy as np
 
 import lucid
 import lucid.nn.functional as F
-from lucid.compile import trace
 from lucid.ir import import_trace
 from lucid.passes import PassManager
+from lucid.trace import trace
 
 
 def build_program(n_ops: int):

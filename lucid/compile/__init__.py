@@ -8,8 +8,6 @@
 import sys
 import types
 
-from lucid.compile._trace import Trace
-from lucid.compile._tracing import GraphBreak, Tracer, _tracing, trace
 from lucid.compile.api import CacheKey, CompiledModule, CompileError, compile
 from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
 from lucid.compile.training import (
@@ -18,6 +16,7 @@ from lucid.compile.training import (
     fused_step,
     make_step,
 )
+from lucid.trace import GraphBreak, Trace, Tracer, _tracing, trace
 
 __all__ = [
     "CacheKey",

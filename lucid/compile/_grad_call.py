@@ -30,7 +30,6 @@ from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline, _pytree
 from lucid.compile._binding import name_feeds
-from lucid.compile._tracing import _tracing
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
@@ -38,6 +37,7 @@ from lucid.ops._registry import OpDef
 from lucid.passes import PassFailure, PassManager
 from lucid.passes._graph import append_results, block_of, erase_args, keep_results, set_arg_roles
 from lucid.passes.vjp import VJP
+from lucid.trace._tracing import _tracing
 
 __all__ = ["GradEntry", "compile_grad_call", "split_forward_backward"]
 

@@ -172,7 +172,7 @@ def dump_trace(trace: Any) -> str:
 def specialize_batch(trace: Any, batch: int) -> Any:
     """A copy of a symbolic-batch trace with the batch dim (None) set to ``batch``, in value
     shapes and in shape-like attributes (tuples of dims)."""
-    from lucid.compile._trace import Feed, Trace, TraceOp, Value
+    from lucid.trace._trace import Feed, Trace, TraceOp, Value
 
     values: dict[int, Value] = {}
 

@@ -36,7 +36,6 @@ import numpy as np
 import lucid
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile._tracing import _tracing
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
@@ -45,6 +44,7 @@ from lucid.passes import PassFailure, PassManager
 from lucid.passes.ghost_grads import GhostGrads
 from lucid.passes.optimizer_fusion import OptimizerFusion
 from lucid.passes.vjp import VJP
+from lucid.trace._tracing import _tracing
 
 __all__ = ["TrainingModule", "build_optimizer_module", "build_training_module"]
 

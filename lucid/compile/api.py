@@ -35,7 +35,7 @@ from lucid.compile._binding import (
     name_feeds,
     owner_modules,
 )
-from lucid.compile._tracing import GraphBreak, _tracing
+from lucid.trace._tracing import GraphBreak, _tracing
 
 logger = logging.getLogger("lucid.compile")
 

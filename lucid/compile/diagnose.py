@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lucid._tensor import Tensor
-from lucid.compile._tracing import GraphBreak, _tracing
 from lucid.ops._registry import GRAD_SINK, REGISTRY, SYMBOLIC_BATCH_SAFE
+from lucid.trace._tracing import GraphBreak, _tracing
 
 __all__ = [
     "DiagnosisReport",
@@ -226,9 +226,9 @@ def _backends() -> dict[str, frozenset[str]]:
 def _lower_one(top: Any) -> tuple[str, set[str]]:
     """Lower one traced op (its first use, with its real operand types) to ``prim``: ``("yes",
     prim op names)`` or ``("no: <reason>", set())``."""
-    from lucid.compile._trace import Feed, Trace, TraceOp
     from lucid.ir import import_trace
     from lucid.passes.lower_to_prim import lower_module
+    from lucid.trace._trace import Feed, Trace, TraceOp
 
     mini = Trace()
     seen: set[int] = set()

@@ -43,7 +43,6 @@ from lucid.compile._binding import (
     max_entries,
     name_feeds,
 )
-from lucid.compile._tracing import GraphBreak
 from lucid.compile._training import (
     TrainingModule,
     build_optimizer_module,
@@ -52,6 +51,7 @@ from lucid.compile._training import (
 from lucid.compile.api import CompileError
 from lucid.ops._registry import OpDef
 from lucid.passes import PassFailure
+from lucid.trace._tracing import GraphBreak
 
 __all__ = [
     "CompiledOptimizerStep",

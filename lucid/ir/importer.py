@@ -7,14 +7,12 @@ cheap (verify with ``module.verify()`` when asked).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lucid.ir import _xdsl as x
 from lucid.ir.dialect import get_op_class, make_constant
 from lucid.ir.types import attr_to_ir, tensor_type
-
-if TYPE_CHECKING:
-    from lucid.compile._trace import Trace
+from lucid.trace import Const, Trace
 
 __all__ = ["ROLE", "import_trace", "feed_roles", "result_roles", "forward_func"]
 
@@ -54,9 +52,6 @@ def _roles(roles: list[str]) -> x.ArrayAttr:
 
 def import_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
     """The module of ``trace``: one ``lucid.<op>`` per traced op, scalars as ``lucid.constant``."""
-    # Imported here: lucid.compile (the user-API layer) imports lucid.ir, not the other way round.
-    from lucid.compile._trace import Const
-
     arg_types = [tensor_type(f.value.shape, f.value.dtype) for f in trace.feeds]
     block = x.Block(arg_types=arg_types)
     env: dict[int, x.SSAValue] = {

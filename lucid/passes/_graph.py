@@ -15,12 +15,11 @@ from typing import Any
 
 from lucid._state import state
 from lucid._tensor import Tensor
-from lucid.compile._trace import Const
-from lucid.compile._tracing import Tracer
 from lucid.ir import _xdsl as x
 from lucid.ir.dialect import ConstantOp, get_op_class, make_constant
 from lucid.ir.importer import ROLE, feed_roles, result_roles
 from lucid.ir.types import attr_to_ir, dtype_of_type, shape_of_type, tensor_type
+from lucid.trace import Const, Tracer
 
 __all__ = [
     "Emitter",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 
 def _load(path: str):
-    from lucid.compile._trace import Trace
+    from lucid.trace._trace import Trace
 
     with open(path) as f:
         return Trace.from_json(f.read())
@@ -41,7 +41,7 @@ def summary(trace) -> str:
 
 def _op_lines(trace) -> list[str]:
     """One line per op, with value ids renumbered away so unrelated edits do not show."""
-    from lucid.compile._trace import Const
+    from lucid.trace._trace import Const
 
     def operand(x) -> str:
         if isinstance(x, list):

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import lucid
 from lucid._dispatch import apply
-from lucid.compile import GraphBreak, Trace, _tracing, trace
-from lucid.compile._trace import Const
 from lucid.ops._registry import DATA_DEPENDENT, AVal, OpDef
+from lucid.trace import GraphBreak, Trace, _tracing, trace
+from lucid.trace._trace import Const
 
 
 class TinyModel:

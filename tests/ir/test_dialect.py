@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import lucid
-from lucid.compile import trace
 from lucid.ir import _xdsl as x
 from lucid.ir import (
     get_op_class,
@@ -21,6 +20,7 @@ from lucid.ir import (
 from lucid.ir.dialect import make_constant
 from lucid.ir.types import attr_from_ir, attr_to_ir, tensor_type
 from lucid.ops._registry import REGISTRY, REQUIRED
+from lucid.trace import trace
 
 
 def _sample_op_module(name: str) -> x.ModuleOp:
@@ -160,7 +160,7 @@ def test_parse_error_names_line_and_column():
 
 
 def test_symbolic_dims_print_as_question_mark_and_verify():
-    from lucid.compile import _tracing
+    from lucid.trace import _tracing
 
     with _tracing() as tr:
         a = tr.input((None, 3))
@@ -197,7 +197,7 @@ def test_generic_form_of_every_op_and_attribute_kind_parses_with_upstream_mlir_o
 
 
 def test_equal_python_values_of_different_types_stay_distinct_attributes():
-    from lucid.compile._trace import Const, Feed, Trace, TraceOp, Value
+    from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 
     def module_with(keepdim):
         v = Value(0, (2, 3), lucid.float32)
@@ -233,7 +233,7 @@ def test_numpy_scalar_attributes_map_to_their_python_values():
 
 
 def test_recorded_source_locations_print_as_debug_info_and_survive_json_and_parsing():
-    from lucid.compile._trace import Trace
+    from lucid.trace._trace import Trace
 
     a = lucid.tensor(np.ones(3, np.float32))
     tr = trace(lambda t: (t * 2).exp(), a, locations=True)  # MARK-loc

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import lucid
-from lucid.compile import trace
 from lucid.ir import import_trace, interpret, parse_ir, print_ir
+from lucid.trace import trace
 
 
 def _run_both(fn, *arrays, captured=()):
@@ -77,7 +77,7 @@ def test_missing_feed_and_wrong_count_are_clear_errors():
 
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=3))
 def test_symbolic_trace_runs_on_any_size(shape):
-    from lucid.compile import _tracing
+    from lucid.trace import _tracing
 
     with _tracing() as tr:
         a = tr.input((None, *shape[1:]))

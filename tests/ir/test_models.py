@@ -10,10 +10,10 @@ import lucid
 import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import _random
-from lucid.compile import GraphBreak, _tracing
 from lucid.ir import import_trace, interpret, parse_ir, print_ir, result_roles
 from lucid.ir.importer import forward_func
 from lucid.passes import PassManager
+from lucid.trace import GraphBreak, _tracing
 
 
 class MLP(nn.Module):

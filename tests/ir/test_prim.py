@@ -155,8 +155,8 @@ def test_interpreter_errors_are_clear():
 
 def test_interpreter_refuses_ops_outside_prim():
     from lucid._tensor import Tensor
-    from lucid.compile import trace
     from lucid.ir import import_trace
+    from lucid.trace import trace
 
     module = import_trace(trace(lambda t: t * 2, Tensor._wrap(np.ones(2, np.float32))))
     with pytest.raises(ValueError, match="not in the prim dialect; run lower-to-prim first"):

@@ -11,11 +11,11 @@ import pytest
 import lucid
 import lucid.nn.functional as F
 from lucid._dispatch import apply
-from lucid.compile import _tracing, trace
 from lucid.ir import import_trace, interpret, parse_ir, print_ir
 from lucid.ops import REGISTRY
 from lucid.ops._registry import VJPContext
 from lucid.testing import assert_close
+from lucid.trace import _tracing, trace
 
 rng = np.random.default_rng(0)
 

@@ -446,8 +446,8 @@ def _traced_family_ops(x, y):
 
 
 def test_family_ops_trace_and_interpret_like_eager():
-    from lucid.compile import _tracing
     from lucid.ir import import_trace, interpret, parse_ir, print_ir
+    from lucid.trace import _tracing
 
     rng = np.random.default_rng(0)
     xa = rng.standard_normal((2, 3, 4)).astype(np.float32)
@@ -474,7 +474,7 @@ def _slice(step):
 
 
 def test_bool_mask_index_is_a_graph_break_under_a_trace():
-    from lucid.compile import GraphBreak, _tracing
+    from lucid.trace import GraphBreak, _tracing
 
     with _tracing() as tracer:
         x = tracer.input((3,))

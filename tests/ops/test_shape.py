@@ -395,7 +395,7 @@ def test_inplace_write_through_a_view_is_seen_by_autograd():
 
 
 def test_shape_inference_keeps_a_symbolic_batch_dim():
-    from lucid.compile import _tracing
+    from lucid.trace import _tracing
 
     with _tracing() as tracer:
         x = tracer.input((None, 3, 4))
@@ -414,8 +414,8 @@ def test_shape_inference_keeps_a_symbolic_batch_dim():
 
 @given(batch=st.integers(1, 4))
 def test_symbolic_trace_of_shape_ops_runs_at_any_batch_size(batch):
-    from lucid.compile import _tracing
     from lucid.ir import import_trace, interpret
+    from lucid.trace import _tracing
 
     def fn(x):
         y = x.flatten(1).reshape(x.shape[0], -1, 2).repeat(1, 2, 1)
@@ -449,9 +449,9 @@ def test_inplace_write_to_base_is_seen_by_nodes_that_saved_a_view(make_view):
 
 
 def test_cat_gradient_along_a_symbolic_dim_slices_from_both_ends():
-    from lucid.compile import _tracing
     from lucid.ir import import_trace, interpret
     from lucid.ops._registry import REGISTRY, VJPContext
+    from lucid.trace import _tracing
 
     with _tracing() as tracer:
         a, b, c = tracer.input((2, 3)), tracer.input((None, 3)), tracer.input((1, 3))

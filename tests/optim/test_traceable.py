@@ -9,9 +9,9 @@ import pytest
 import lucid
 from lucid import optim
 from lucid._dispatch import _run_eager
-from lucid.compile._trace import Const
-from lucid.compile._tracing import _tracing
 from lucid.ops._registry import REGISTRY
+from lucid.trace._trace import Const
+from lucid.trace._tracing import _tracing
 
 CASES = [
     (optim.SGD, dict(lr=0.1)),

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import lucid
-from lucid.compile import trace
 from lucid.ir import import_trace, interpret, parse_ir, print_ir
 from lucid.passes import PassManager
+from lucid.trace import trace
 
 
 def _feeds(module, rng):
@@ -188,7 +188,7 @@ def test_passes_keep_returned_feeds_and_multiple_results():
 
 @pytest.mark.parametrize("pipeline", ["canonicalize", "cse", "dce", "canonicalize,cse,dce"])
 def test_symbolic_shapes_survive_the_passes(pipeline):
-    from lucid.compile import _tracing
+    from lucid.trace import _tracing
 
     with _tracing() as tr:
         a = tr.input((None, 3))

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 import lucid
-from lucid.compile import trace
 from lucid.ir import import_trace, interpret, print_ir
 from lucid.passes import PassManager, register_pass
 from lucid.passes import registry as pass_registry
+from lucid.trace import trace
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "passes.md"
 

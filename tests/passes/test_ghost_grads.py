@@ -11,11 +11,11 @@ import pytest
 
 import lucid
 from lucid import optim
-from lucid.compile import _tracing
 from lucid.compile._training import build_training_module
 from lucid.ir import feed_roles, forward_func, import_trace, interpret, result_roles
 from lucid.passes import PassFailure, PassManager
 from lucid.testing import assert_close
+from lucid.trace import _tracing
 
 _spec = importlib.util.spec_from_file_location(
     "training_models", os.path.join(os.path.dirname(__file__), "_training_models.py")

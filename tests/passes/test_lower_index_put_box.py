@@ -6,10 +6,10 @@ import pytest
 
 import lucid
 from lucid._dispatch import apply
-from lucid.compile import trace
 from lucid.ir import import_trace, interpret
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.passes import PassManager
+from lucid.trace import trace
 
 
 def lowered(fn, *xs):

@@ -12,8 +12,6 @@ import lucid
 from lucid import _native
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
-from lucid.compile import trace
-from lucid.compile._tracing import _tracing
 from lucid.ir import import_trace, parse_ir, print_ir
 from lucid.ir.importer import forward_func
 from lucid.ir.prim import make_prim_context
@@ -21,6 +19,8 @@ from lucid.ir.prim_interpreter import interpret_prim
 from lucid.ops.coverage import rows
 from lucid.passes import PassFailure, PassManager, get_pass
 from lucid.passes.lower_to_prim import LoweringError, LowerToPrim, lower_module
+from lucid.trace import trace
+from lucid.trace._tracing import _tracing
 
 DTYPES = [np.bool_, np.int32, np.int64, np.float32, np.float64]
 

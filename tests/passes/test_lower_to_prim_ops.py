@@ -16,7 +16,6 @@ import pytest
 import lucid
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
-from lucid.compile import trace
 from lucid.ir import import_trace, interpret
 from lucid.ir.importer import forward_func
 from lucid.ir.prim import PrimIROp
@@ -25,6 +24,7 @@ from lucid.ops._registry import REGISTRY
 from lucid.passes import PassManager
 from lucid.passes.lower_to_prim import LoweringError, lower_module, lowering_status
 from lucid.passes.lowering import RULES, UNSUPPORTED
+from lucid.trace import trace
 
 # --- operand makers (numpy arrays become traced inputs; Python scalars stay weak constants)
 

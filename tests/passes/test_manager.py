@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import lucid
-from lucid.compile import trace
 from lucid.ir import _xdsl as x
 from lucid.ir import import_trace, parse_ir
 from lucid.passes import (
@@ -22,6 +21,7 @@ from lucid.passes import (
     parse_pipeline_spec,
     register_pass,
 )
+from lucid.trace import trace
 
 
 def _module():

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 import lucid
 from lucid import optim
-from lucid.compile import _tracing
 from lucid.compile._training import build_training_module
 from lucid.ir import feed_roles, forward_func, import_trace, interpret, result_roles
 from lucid.ir.types import dtype_of_type, shape_of_type
 from lucid.passes import PassManager
 from lucid.passes.optimizer_fusion import fuse_optimizer_updates
+from lucid.trace import _tracing
 
 _spec = importlib.util.spec_from_file_location(
     "training_models", os.path.join(os.path.dirname(__file__), "_training_models.py")

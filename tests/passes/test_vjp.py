@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 import lucid
 import lucid.nn.functional as F
-from lucid.compile import _tracing, trace
 from lucid.ir import feed_roles, forward_func, import_trace, interpret, result_roles
 from lucid.ops._registry import REGISTRY, AVal, OpDef, register
 from lucid.passes import PassFailure, PassManager
 from lucid.passes.vjp import VJPError, differentiate
 from lucid.testing import assert_close
+from lucid.trace import _tracing, trace
 
 _spec = importlib.util.spec_from_file_location(
     "training_models", os.path.join(os.path.dirname(__file__), "_training_models.py")

@@ -9,11 +9,11 @@ import pytest
 import lucid
 import lucid.nn.functional as F
 from lucid._dispatch import apply
-from lucid.compile import _tracing
 from lucid.ir import forward_func, import_trace, interpret, result_roles
 from lucid.ops._registry import GRAD_SINK, REGISTRY
 from lucid.passes.vjp import differentiate
 from lucid.testing import assert_close
+from lucid.trace import _tracing
 
 _rng = np.random.default_rng(0)
 

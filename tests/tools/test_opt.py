@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import lucid
-from lucid.compile import trace
 from lucid.ir import import_trace, interpret, parse_ir, print_ir
+from lucid.trace import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 

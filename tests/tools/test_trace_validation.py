@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from lucid.compile._trace import FORMAT, Trace
+from lucid.trace._trace import FORMAT, Trace
 
 VALID = {
     "format": FORMAT,

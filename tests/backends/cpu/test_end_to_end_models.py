@@ -12,12 +12,12 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import _native
 from lucid.backends.cpu.emit import compile_program, emit_program
-from lucid.compile import trace
 from lucid.ir import import_trace, interpret
 from lucid.ir.importer import feed_roles, forward_func
 from lucid.ir.prim import PrimIROp
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.passes import PassManager
+from lucid.trace import trace
 
 HAS_NATIVE = hasattr(_native, "compile")
 PIPELINE = "canonicalize,cse,dce,lower-to-prim"

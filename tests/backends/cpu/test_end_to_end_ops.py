@@ -17,11 +17,11 @@ from lucid import _native
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.backends.cpu.emit import EmitError, compile_program, emit_program
-from lucid.compile import trace
 from lucid.ir import import_trace
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.passes.lower_to_prim import lower_module
+from lucid.trace import trace
 
 _spec = importlib.util.spec_from_file_location(
     "lower_to_prim_samples",

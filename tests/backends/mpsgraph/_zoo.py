@@ -15,9 +15,9 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import _random
 from lucid._tensor import Tensor
-from lucid.compile._tracing import _tracing
 from lucid.ir import import_trace
 from lucid.passes import PassManager
+from lucid.trace._tracing import _tracing
 
 GRAPH_AND_LOWER = "canonicalize,cse,dce,lower-to-prim"
 

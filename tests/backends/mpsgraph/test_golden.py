@@ -20,9 +20,9 @@ from lucid._tensor import Tensor
 from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend, dump_program
 from lucid.backends.mpsgraph.program import validate
 from lucid.backends.mpsgraph.symbolic import symbolic_dims
-from lucid.compile import trace
 from lucid.ir import import_trace
 from lucid.passes import PassManager
+from lucid.trace import trace
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("LUCID_REGEN_GOLDEN") == "1"

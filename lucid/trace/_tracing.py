@@ -21,8 +21,8 @@ import numpy as np
 from lucid import _dtype
 from lucid._state import state
 from lucid._tensor import Tensor
-from lucid.compile._trace import Const, Feed, Trace, TraceOp, Value
 from lucid.ops._registry import DATA_DEPENDENT, GRAD_SINK, OpDef
+from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 
 __all__ = ["GraphBreak", "Tracer", "_tracing", "trace"]
 
