@@ -1,8 +1,9 @@
 """The lucid.compile entry points running through the MPSGraph emission and reference builder.
 
-Until the backend registry lands in lucid/compile (``backend="mpsgraph-reference"``), a test-only
-shim puts the mpsgraph-reference backend where lucid/compile reaches the CPU (its compile target
-and ``training._compile_native``), so the same user paths run every graph through
+Once lucid/compile serves ``backend="mpsgraph-reference"`` the tests select it with
+``LUCID_COMPILE_BACKEND``; until then a test-only shim puts the mpsgraph-reference backend where
+lucid/compile reaches the CPU (its compile target and ``training._compile_native``). Either way the
+same user paths run every graph through
 mpsgraph-legalize, the emitter and the reference builder: ``lucid.compile(m)(x)``, gradients
 through ``cm(x)``, ``make_step``, ``fused_step`` with each of the nine optimizers and
 ``compile_optimizer`` with a scheduler. Models are float32 (MPSGraph has no float64).
@@ -74,18 +75,35 @@ def _compile_on_reference(module, *, inplace: bool):
         raise _pipeline.Unsupported(str(e)) from e
 
 
+def _registry_serves_mpsgraph_reference() -> bool:
+    """True once lucid/compile reaches backends by name and knows mpsgraph-reference."""
+    try:
+        lucid.compile(nn.Identity(), backend="mpsgraph-reference")
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
 @pytest.fixture(autouse=True)
 def mpsgraph_reference(monkeypatch):
-    monkeypatch.setitem(_pipeline._TARGETS, "cpu", _ReferenceTarget())
-    monkeypatch.setattr(_training, "_compile_native", _compile_on_reference)
+    if _registry_serves_mpsgraph_reference():
+        monkeypatch.setenv("LUCID_COMPILE_BACKEND", "mpsgraph-reference")
+    elif hasattr(_pipeline, "_TARGETS") and hasattr(_training, "_compile_native"):
+        monkeypatch.setitem(_pipeline._TARGETS, "cpu", _ReferenceTarget())
+        monkeypatch.setattr(_training, "_compile_native", _compile_on_reference)
+    else:
+        pytest.fail(
+            "lucid/compile changed how it reaches backends but does not serve "
+            "backend='mpsgraph-reference': register MPSGraphReferenceBackend there"
+        )
     calls = []
-    real = BACKEND.compile
+    real = MPSGraphReferenceBackend.compile
 
-    def counting(module, **kw):
+    def counting(self, module, **kw):
         calls.append(1)
-        return real(module, **kw)
+        return real(self, module, **kw)
 
-    monkeypatch.setattr(BACKEND, "compile", counting)
+    monkeypatch.setattr(MPSGraphReferenceBackend, "compile", counting)
     yield calls
     assert calls, "nothing went through the mpsgraph-reference backend"
 
