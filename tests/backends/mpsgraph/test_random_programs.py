@@ -1,5 +1,5 @@
-"""Random prim programs (hypothesis): each op's emission run by the reference builder, chained,
-equals the same chain under the prim table's numpy semantics (what the prim interpreter runs)."""
+"""Random prim programs (hypothesis): a prim module of random elementwise, binary, reduction,
+transpose and softmax steps, compiled by mpsgraph-reference, equals the prim interpreter."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lucid.backends import prim_ops as P
-from lucid.backends.mpsgraph.emit import Val, emit_op
-from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
+from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend
+from lucid.ir import _xdsl as x
+from lucid.ir.prim import create_prim, prim_type
+from lucid.ir.prim_interpreter import interpret_prim
 
 UNARY = ["neg", "abs", "square", "relu", "exp", "tanh", "sigmoid", "erf", "floor", "sin"]
 BINARY = ["add", "sub", "mul", "maximum", "minimum"]
@@ -39,29 +41,44 @@ def programs(draw):
     return shape, steps, draw(st.integers(0, 2**31 - 1))
 
 
+def _module(shape, steps):
+    """The prim module of ``steps`` (the input, then one feed per binary step's other operand),
+    and the shapes of its feeds."""
+    feed_shapes = [shape]
+    cur = P.Aval(shape, "f32")
+    for name, attrs in steps:
+        attrs = {k: v for k, v in attrs.items() if k != "other"}
+        operands = [cur]
+        if name in BINARY:
+            feed_shapes.append(cur.shape[1:])
+            operands.append(P.Aval(cur.shape[1:], "f32"))
+        (cur,) = P.infer(name, operands, attrs)
+    types = [prim_type(s, "f32") for s in feed_shapes]
+    block = x.Block(arg_types=types)
+    value, k = block.args[0], 1
+    for name, attrs in steps:
+        attrs = {k2: v for k2, v in attrs.items() if k2 != "other"}
+        operands = [value]
+        if name in BINARY:
+            operands.append(block.args[k])
+            k += 1
+        op = create_prim(name, operands, attrs)
+        block.add_op(op)
+        value = op.results[0]
+    block.add_op(x.func.ReturnOp(value))
+    fn = x.func.FuncOp("forward", (types, [value.type]), x.Region(block))
+    return x.ModuleOp([fn]), feed_shapes
+
+
 @settings(max_examples=30, deadline=None)
 @given(programs())
-def test_random_prim_program_matches_the_prim_semantics(case):
+def test_random_prim_program_matches_the_prim_interpreter(case):
     shape, steps, seed = case
+    module, feed_shapes = _module(shape, steps)
+    module.verify()
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape).astype(np.float32)
-    b = ReferenceBuilder()
-    cur = Val(b.placeholder(shape, "f32", "input:0"), shape, "f32")
-    want = x
-    feeds = [x]
-    for name, attrs in steps:
-        attrs = dict(attrs)
-        if attrs.pop("other", False):
-            other = rng.standard_normal(want.shape[1:]).astype(np.float32)
-            feeds.append(other)
-            o = Val(
-                b.placeholder(other.shape, "f32", f"input:{len(feeds) - 1}"), other.shape, "f32"
-            )
-            (cur,), _ = emit_op(b, name, [cur, o], attrs)
-            (want,) = P.evaluate(name, [want, other], attrs)
-        else:
-            (cur,), _ = emit_op(b, name, [cur], attrs)
-            (want,) = P.evaluate(name, [want], attrs)
-    (got,) = run_program(b.program([cur.id], []), feeds)
+    feeds = [rng.standard_normal(s).astype(np.float32) for s in feed_shapes]
+    (want,) = interpret_prim(module, feeds)
+    (got,) = MPSGraphReferenceBackend().compile(module).run(feeds)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
