@@ -79,6 +79,8 @@ def attr_to_prim(kind: str, value: Any) -> x.Attribute:
         return x.ArrayAttr([_float_attr(float(v)) for v in value])
     if kind == "dtype":
         return _DTYPE_TO_ELEM[value]
+    if kind == "str":
+        return x.StringAttr(str(value))
     raise AssertionError(kind)
 
 
@@ -111,6 +113,8 @@ def attr_from_prim(kind: str, a: x.Attribute) -> Any:
             return tuple(float(e.value.data) for e in a.data)
     if kind == "dtype" and a in _ELEM_TO_DTYPE:
         return _ELEM_TO_DTYPE[a]
+    if kind == "str" and isinstance(a, x.StringAttr):
+        return a.data
     raise P.PrimError(f"attribute {a} is not of kind {kind}")
 
 

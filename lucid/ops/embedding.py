@@ -23,10 +23,18 @@ def _embedding_infer(indices, weight, padding_idx, scale_grad_by_freq):
     return AVal((*indices.shape, weight.shape[1]), weight.dtype)
 
 
+def out_of_range_message(op: str, n: int) -> str:
+    """The message of an index outside [0, n) (``{}`` stands for the index): eager raises it, and
+    the lowering hands it to ``prim.check_index``."""
+    if op == "one_hot":
+        return f"one_hot: class value {{}} is out of bounds for {n} classes"
+    return f"{op}: index {{}} is out of range for {n} embeddings"
+
+
 def _check_range(op: str, indices: np.ndarray, n: int) -> None:
     if indices.size and (indices.min() < 0 or indices.max() >= n):
         bad = indices[(indices < 0) | (indices >= n)].flat[0]
-        raise IndexError(f"{op}: index {int(bad)} is out of range for {n} embeddings")
+        raise IndexError(out_of_range_message(op, n).format(int(bad)))
 
 
 def _embedding_kernel(indices, weight, padding_idx, scale_grad_by_freq):
@@ -66,6 +74,7 @@ def _embedding_backward_infer(grad, indices, num_weights, padding_idx, scale_gra
 
 
 def _embedding_backward_kernel(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    _check_range("embedding", indices, num_weights)
     flat_idx = indices.reshape(-1)
     rows = grad.reshape(-1, grad.shape[-1])
     if scale_grad_by_freq:
@@ -110,13 +119,7 @@ def _one_hot_infer(x, num_classes):
 
 
 def _one_hot_kernel(x, num_classes):
-    if x.size and x.min() < 0:
-        raise ValueError("one_hot: class values must be non-negative")
-    if x.size and x.max() >= num_classes:
-        raise ValueError(
-            f"one_hot: class values must be smaller than num_classes ({num_classes}), "
-            f"got {int(x.max())}"
-        )
+    _check_range("one_hot", x, num_classes)
     return (x[..., None] == np.arange(num_classes)).astype(np.int64)
 
 

@@ -7,7 +7,10 @@ already expanded), each a tuple a trace can print:
 - ``("int", i)``: select position ``i`` (the dim disappears);
 - ``("slice", start, stop, step)``: a Python slice (entries may be None);
 - ``("new",)``: insert a size-1 dim (``None`` in Python);
-- ``("tensor",)``: an integer index tensor, the next operand of ``indices``.
+- ``("tensor",)``: an integer index tensor, the next operand of ``indices`` (values in [-n, n),
+  negatives wrap); ``("tensor", op)``: the same from ``op`` (index_select, index_add,
+  index_copy), whose values must lie in [0, n), as in PyTorch; ``("tensor", op, True)``: from
+  ``op``, wrapping (index_fill). ``op`` is the name errors give.
 
 PyTorch's rule, which differs from numpy's in one corner: integers select first (as
 ``Tensor.select``), then index tensors follow numpy's advanced indexing on what remains (their
@@ -55,6 +58,11 @@ __all__ = [
 ]
 
 _FULL = ("slice", None, None, None)
+
+
+def _STRICT(op: str) -> tuple:  # noqa: N802  (an index item, like _FULL)
+    """An index tensor item of ``op``, which takes positions in [0, n) (no negative wrap)."""
+    return ("tensor", op)
 
 
 def _size_of_slice(n: Any, start: Any, stop: Any, step: Any) -> Any:
@@ -151,7 +159,46 @@ def _index_infer(x, indices, index):
     return AVal(shape, x.dtype)
 
 
+def index_tensor_dims(index: tuple) -> list[int]:
+    """The dim of ``x`` each index tensor of ``index`` indexes, in operand order."""
+    dims: list[int] = []
+    dim = 0
+    for item in index:
+        if item[0] == "tensor":
+            dims.append(dim)
+        if item[0] != "new":
+            dim += 1
+    return dims
+
+
+def index_out_of_range(op: str, dim: int, size: int) -> str:
+    """The message of an index tensor value outside [-size, size) (``{}`` stands for it)."""
+    return f"{op}: index {{}} is out of bounds for dim {dim} with size {size}"
+
+
+def index_tensor_checks(op: str, index: tuple) -> list[tuple[str, bool]]:
+    """Per index tensor of ``index``: the op its errors name and whether it wraps negatives.
+    ``x[idx]`` and ``index_put`` wrap (numpy's and PyTorch's rule: values in [-n, n)); a
+    ``("tensor", name)`` item comes from ``name`` (index_select, index_add, index_copy), which
+    takes [0, n) only, as PyTorch; ``("tensor", name, True)`` wraps (index_fill)."""
+    items = [item for item in index if item[0] == "tensor"]
+    return [(item[1], len(item) > 2 and bool(item[2])) if len(item) > 1 else (op, True)
+            for item in items]  # fmt: skip
+
+
+def _check_index_values(op: str, shape: tuple, indices: list, index: tuple) -> None:
+    dims = index_tensor_dims(index)
+    for t, d, (name, wraps) in zip(indices, dims, index_tensor_checks(op, index), strict=True):
+        t = np.asarray(t)
+        n = shape[d]
+        if t.dtype != np.bool_ and t.size:
+            bad = (t < (-n if wraps else 0)) | (t >= n)
+            if bad.any():
+                raise IndexError(index_out_of_range(name, d, n).format(int(t[bad].flat[0])))
+
+
 def _index_kernel(x: np.ndarray, indices: list, index: tuple) -> np.ndarray:
+    _check_index_values("index", x.shape, indices, index)
     select, rest = _split_index(index, indices)
     return x[select][tuple(rest)]
 
@@ -202,6 +249,7 @@ def _index_put_infer(x, values, indices, index, accumulate):
 def _index_put_kernel(
     x: np.ndarray, values: np.ndarray, indices: list, index: tuple, accumulate: bool
 ) -> np.ndarray:
+    _check_index_values("index_put", x.shape, indices, index)
     out = x.copy()
     select, rest = _split_index(index, indices)
     # np.add.at takes no newaxis: index a view whose new axes are real size-1 dims instead.
@@ -452,9 +500,9 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
             raise IndexError(
                 f"index_select: a 0-d tensor takes an index of one value, got {index.shape[0]}"
             )
-        return apply("index", x.reshape(1), [index], index=(("tensor",),)).reshape(())
+        return apply("index", x.reshape(1), [index], index=(_STRICT("index_select"),)).reshape(())
     d = normalize_dim(dim, x.ndim, "index_select")
-    return apply("index", x, [index], index=(*((_FULL,) * d), ("tensor",)))
+    return apply("index", x, [index], index=(*((_FULL,) * d), _STRICT("index_select")))
 
 
 def _index_along(x: Tensor, dim: int, index: Any, values: Any, accumulate: bool, op: str):
@@ -465,7 +513,9 @@ def _index_along(x: Tensor, dim: int, index: Any, values: Any, accumulate: bool,
     if index.ndim > 1:
         raise ValueError(f"{op}: index must be 1-d, got shape {tuple(index.shape)}")
     d = normalize_dim(dim, x.ndim, op)
-    items = (*((_FULL,) * d), ("tensor",))
+    # index_add and index_copy reject negative positions (PyTorch); index_fill wraps them.
+    item = ("tensor", op, True) if op == "index_fill" else _STRICT(op)
+    items = (*((_FULL,) * d), item)
     return apply("index_put", x, values, [index.reshape(-1)], index=items, accumulate=accumulate)
 
 
@@ -473,10 +523,20 @@ def _index_along(x: Tensor, dim: int, index: Any, values: Any, accumulate: bool,
 def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: float = 1) -> Tensor:
     """A copy of ``x`` with ``alpha * source`` added at the positions ``index`` of ``dim``
     (repeated positions add up)."""
-    if tuple(source.shape) != tuple(index_select(x, dim, index).shape):
+    # The expected shape from shapes alone: an index_select here would be a second op whose
+    # errors (and, compiled, whose absence) would differ from index_add's own.
+    if not isinstance(index, Tensor):
+        index = _as_index_tensor(index)
+    d = normalize_dim(dim, x.ndim, "index_add") if x.ndim else 0
+    expected = (
+        tuple(index.reshape(-1).shape)
+        if x.ndim == 0
+        else (*x.shape[:d], index.numel(), *x.shape[d + 1 :])
+    )
+    if tuple(source.shape) != expected:
         raise ValueError(
             f"index_add: source has shape {tuple(source.shape)}, expected the shape "
-            f"{tuple(index_select(x, dim, index).shape)} of x.index_select(dim, index)"
+            f"{expected} of x.index_select(dim, index)"
         )
     return _index_along(x, dim, index, source if alpha == 1 else source * alpha, True, "index_add")
 
@@ -538,10 +598,23 @@ def _as_1d(*arrays):
     return [a.reshape(1) if a.ndim == 0 else a for a in arrays]
 
 
+def along_dim_out_of_range(op: str, dim: int, size: int) -> str:
+    """gather/scatter's message for an index outside [0, size) (``{}`` stands for it)."""
+    return f"{op}: index {{}} is out of bounds for dim {dim} with size {size}"
+
+
+def _check_along_dim(op: str, index: np.ndarray, dim: int, size: int) -> None:
+    # No wrapping: PyTorch's gather/scatter reject negative indices too.
+    bad = (index < 0) | (index >= size)
+    if bad.any():
+        raise IndexError(along_dim_out_of_range(op, dim, size).format(int(index[bad].flat[0])))
+
+
 def _gather_kernel(x: np.ndarray, index: np.ndarray, dim: int) -> np.ndarray:
     shape = index.shape
     x, index = _as_1d(x, index)
     d = dim % x.ndim
+    _check_along_dim("gather", index, d, x.shape[d])
     crop = tuple(slice(None) if j == d else slice(0, n) for j, n in enumerate(index.shape))
     return np.take_along_axis(x[crop], index, axis=d).reshape(shape)
 
@@ -587,6 +660,8 @@ def _scatter_coords(index: np.ndarray, dim: int) -> tuple:
 def _scatter_kernel(x: np.ndarray, index: np.ndarray, src: np.ndarray, dim: int, add: bool):
     shape = x.shape
     out, index = _as_1d(x.copy(), index)
+    d = dim % out.ndim
+    _check_along_dim("scatter_add" if add else "scatter", index, d, out.shape[d])
     src = np.asarray(src, dtype=out.dtype)
     if src.ndim:
         src = _as_1d(src)[0][tuple(slice(0, n) for n in index.shape)]

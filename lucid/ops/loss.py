@@ -100,6 +100,12 @@ def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
+def target_out_of_range(op: str, n_classes: int) -> str:
+    """The message of a class target outside [0, n_classes) (``{}`` stands for the target): eager
+    raises it, and the lowering hands it to ``prim.check_index``."""
+    return f"{op}: target {{}} is out of bounds for {n_classes} classes"
+
+
 class _NLL:
     """The shared maths of nll_loss and cross_entropy, on log-probabilities with classes last."""
 
@@ -119,8 +125,7 @@ class _NLL:
         bad = valid & ((target < 0) | (target >= self.n_classes))
         if bad.any():
             raise IndexError(
-                f"{op}: target {int(target[bad].flat[0])} is out of bounds for "
-                f"{self.n_classes} classes"
+                target_out_of_range(op, self.n_classes).format(int(target[bad].flat[0]))
             )
         self.valid = valid
         self.t = np.where(valid, target, 0)

@@ -86,7 +86,7 @@ bool is_unary(Op op) { return op <= Op::isfinite; }
 bool is_binary(Op op) { return op >= Op::add && op <= Op::logical_xor; }
 bool may_throw_at_run_time(Op op) {
   return op == Op::gather || op == Op::gather_along_axis || op == Op::scatter_add ||
-         op == Op::scatter_add_along_axis;
+         op == Op::scatter_add_along_axis || op == Op::check_index;
 }
 
 bool is_elementwise(Op op) {
@@ -587,6 +587,12 @@ Slot infer(const Program& p, const Instr& in) {
       Shape s = x.shape;
       s.insert(s.begin() + axis, depth);
       return Slot{s, attr_dtype(in, "dtype")};
+    }
+    case Op::check_index: {
+      if (!is_int(x.dtype)) fail("indices must be i32 or i64");
+      if (attr_int(in, "low") > attr_int(in, "high")) fail("low must be <= high");
+      if (get_attr(in, "message").kind != AttrValue::Str) attr_kind_error("message", "a string");
+      return x;
     }
     case Op::conv2d:
       same_dtype(c);

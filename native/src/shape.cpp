@@ -319,6 +319,26 @@ Step make_shape_step(const Program& p, const Instr& in) {
           }
       };
     }
+    case Op::check_index: {
+      // The user op's own range check (its message names the op); the values pass through.
+      const int64_t low = attr_int(in, "low"), high = attr_int(in, "high");
+      const std::string message = in.attrs.at("message").s;
+      const DType idt = x.dtype;
+      const int64_t n = x.size();
+      const size_t bytes = x.bytes();
+      return [=](void* const* s) {
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t v = read_index(s[a], idt, k);
+          if (v < low || v >= high) {
+            std::string text = message;
+            const size_t at = text.find("{}");
+            if (at != std::string::npos) text.replace(at, 2, std::to_string(v));
+            throw std::out_of_range(text);
+          }
+        }
+        if (s[o] != s[a]) std::memcpy(s[o], s[a], bytes);
+      };
+    }
     case Op::random_uniform: case Op::random_normal: {
       Instr copy = in;
       Slot out_slot = y;

@@ -30,6 +30,7 @@ _SAMPLE_ATTR = {
     "floats": (1.0, -math.inf),
     "bool": True,
     "dtype": "f64",
+    "str": 'embedding: index {} is "out" of range',
 }
 
 

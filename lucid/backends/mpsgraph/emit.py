@@ -560,6 +560,21 @@ def _scatter_add_along_axis(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     ]  # fmt: skip
 
 
+@_handles("check_index")
+def _check_index(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    # A check target like the gathers' (IndexError after the run, before any write-back); the
+    # values pass through. The op's message is not carried to the Python side yet.
+    idx = ins[0]
+    r = idx.rank
+    lo = c.bin("greaterThanOrEqualTo", idx.id, c.const(attrs["low"], idx.dtype, r))
+    hi = c.bin("lessThan", idx.id, c.const(attrs["high"], idx.dtype, r))
+    ok = c.bin("logicalAND", lo, hi)
+    if r:
+        ok = c.call("reductionAndWithTensor:axes:name:", A.tensor(ok), A.ints(range(r)), A.NIL)
+    c.checks.append(ok)
+    return [c.un("identity", idx.id)]
+
+
 @_handles("one_hot")
 def _one_hot(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     idx = ins[0]

@@ -52,7 +52,7 @@ _READS_BATCH = (
     set(P.ELEMENTWISE_OPS)
     | {"select", "cast", "normalize", "matmul", "matmul_accumulate", "softmax", "log_softmax"}
     | {"cumsum", "transpose", "one_hot", "conv2d", "max_pool2d", "avg_pool2d", "max_pool2d_grad"}
-    | {"conv2d_weights_grad", "argmax", "argmin"}
+    | {"conv2d_weights_grad", "argmax", "argmin", "check_index"}
     | set(P.REDUCTIONS)
 )
 _GATHERS = ("gather", "gather_along_axis", "scatter_add", "scatter_add_along_axis")

@@ -52,7 +52,7 @@ REQUIRED = object()
 
 @dataclass(frozen=True)
 class Attr:
-    """An attribute: kind is int, ints, float, floats, bool or dtype (a dtype name)."""
+    """An attribute: kind is int, ints, float, floats, bool, dtype (a dtype name) or str."""
 
     kind: str
     default: Any = REQUIRED
@@ -148,6 +148,10 @@ def _coerce_attr(op: str, name: str, kind: str, value: Any) -> Any:
         return tuple(float(v) for v in np.asarray(value, dtype=np.float64).ravel())
     if kind == "dtype":
         if value not in DTYPES:
+            raise bad
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
             raise bad
         return value
     raise AssertionError(kind)

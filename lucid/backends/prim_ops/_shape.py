@@ -252,6 +252,40 @@ for _name, _operands, _infer, _ref, _mps in (
     )  # fmt: skip
 
 
+# --- check_index: the user op's range check on values read as indices -------------------------
+def _check_index_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
+    (idx,) = avals
+    _index_check("check_index", idx)
+    if attrs["low"] > attrs["high"]:
+        raise _fail("check_index", f"empty range [{attrs['low']}, {attrs['high']})")
+    return [idx]
+
+
+def index_error_message(template: str, value: int) -> str:
+    """The error of ``check_index``: its message with the first ``{}`` replaced by the value."""
+    return template.replace("{}", str(value), 1)
+
+
+def _check_index_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    idx = xs[0]
+    bad = (idx < attrs["low"]) | (idx >= attrs["high"])
+    if bad.any():
+        raise IndexError(index_error_message(attrs["message"], int(idx[bad].flat[0])))
+    return [idx.copy()]
+
+
+_register(
+    PrimOp(
+        "check_index", ("indices",),
+        {"low": Attr("int"), "high": Attr("int"), "message": Attr("str")},
+        _check_index_infer, _check_index_ref, "gather",
+        "greaterThanOrEqualToWithPrimaryTensor:secondaryTensor:name: + lessThan.. + "
+        "reductionAndWithTensor:axes:name: (a check target read after the run)", "12.0",
+        "shape.cpp: range check, then a copy (IndexError naming the user's op)",
+    )
+)  # fmt: skip
+
+
 def _one_hot_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
     idx = avals[0]
     _index_check("one_hot", idx)

@@ -202,6 +202,14 @@ class Builder:
             return v
         return self.op("cast", v, dtype=lower_dtype(dtype))
 
+    def check_index(self, idx: PV, low: int, high: int, message: str) -> PV:
+        """``idx`` after a run-time check that every value lies in ``[low, high)``; otherwise the
+        run raises ``IndexError(message)`` with ``{}`` replaced by the first bad value. Rules
+        route every value they read as an index through this, with the user op's own message."""
+        if idx.size == 0:
+            return idx
+        return self.op("check_index", idx, low=int(low), high=int(high), message=message)
+
     def full(self, value: Any, shape: Sequence[int], dtype: _dtype.dtype) -> PV:
         return self.const(value, dtype, tuple(shape))
 

@@ -6,6 +6,10 @@ index tensors become one ``prim.gather`` on a flat position: the indexed dims ar
 front and merged, and each index tensor (negative entries wrapped) is scaled by its dim's stride.
 Writes (``index_put`` with accumulate, ``scatter_add``, the embedding gradient) are
 ``prim.scatter_add`` on flat positions computed the same way.
+
+Every value read as an index first goes through ``prim.check_index`` with eager's range and
+message (index tensors: [-n, n); gather/scatter, embedding, one_hot: [0, n)), so a bad index
+raises eager's ``IndexError`` naming the user's op, never a wrapped or a ``prim.gather`` error.
 """
 
 from __future__ import annotations
@@ -16,13 +20,26 @@ import numpy as np
 
 from lucid import _dtype
 from lucid.ops._registry import normalize_dim
+from lucid.ops.embedding import out_of_range_message
+from lucid.ops.indexing import (
+    along_dim_out_of_range,
+    index_out_of_range,
+    index_tensor_checks,
+    index_tensor_dims,
+)
 from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, rule, unsupported
 
 _I64 = _dtype.int64
 
 
-def _wrap(b: Builder, idx: PV, n: int) -> PV:
-    idx = b.cast(idx, _I64)
+def _wrap(b: Builder, idx: PV, n: int, dim: int, check: tuple[str, bool]) -> PV:
+    """An index tensor of dim ``dim`` (size ``n``) checked by eager's rule ``check`` (the op its
+    error names; whether negatives wrap, i.e. [-n, n), or are rejected, [0, n))."""
+    name, wraps = check
+    low = -n if wraps else 0
+    idx = b.check_index(b.cast(idx, _I64), low, n, index_out_of_range(name, dim, n))
+    if not wraps:
+        return idx
     return b.select(b.binary("lt", idx, 0, _I64), b.binary("add", idx, n, _I64), idx, _I64)
 
 
@@ -72,6 +89,8 @@ def _apply_index(b: Builder, v: PV, indices: list, index: tuple, out_shape: tupl
             d, (start, stop, step) = payload
             v = _slice_dim(b, v, remap[d], start, stop, step)
     tensors = [(remap[d], t) for tag, (d, t) in ((r[0], r[1]) for r in rest if r[0] == "tensor")]
+    x_dims = index_tensor_dims(index)  # each index tensor's dim in the original x
+    checks = index_tensor_checks(b.op_name, index)
     if not tensors:
         return b.reshape(v, out_shape)  # new axes are size-1 dims in place
     # 3. index tensors: merge their dims at the front and gather one flat position.
@@ -82,8 +101,10 @@ def _apply_index(b: Builder, v: PV, indices: list, index: tuple, out_shape: tupl
     merged = b.reshape(moved, (math.prod(sizes), *[v.shape[d] for d in others]))
     strides = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
     flat = None
-    for (_d, t), n, stride in zip(tensors, sizes, strides, strict=True):
-        term = b.binary("mul", _wrap(b, t, n), stride, _I64)
+    for (_d, t), n, stride, x_dim, check in zip(
+        tensors, sizes, strides, x_dims, checks, strict=True
+    ):
+        term = b.binary("mul", _wrap(b, t, n, x_dim, check), stride, _I64)
         flat = term if flat is None else b.op("add", flat, term)
     bshape = np.broadcast_shapes(*(t.shape for _, t in tensors))
     flat = b.broadcast_to(flat, bshape)
@@ -253,7 +274,10 @@ def _index_put(b: Builder, v, values, indices, index, accumulate):
 def _along_dim_positions(b: Builder, x: PV, idx: PV, dim: int) -> PV:
     """Flat positions in ``x`` of torch's gather/scatter index ``idx`` along ``dim``."""
     strides = [math.prod(x.shape[i + 1 :]) for i in range(x.ndim)]
-    out = b.binary("mul", _wrap(b, idx, x.shape[dim]), strides[dim], _I64)
+    n = x.shape[dim]
+    # No wrapping: gather/scatter reject negative indices, as PyTorch (and eager).
+    idx = b.check_index(b.cast(idx, _I64), 0, n, along_dim_out_of_range(b.op_name, dim, n))
+    out = b.binary("mul", idx, strides[dim], _I64)
     for i in range(x.ndim):
         if i != dim and idx.shape[i] > 1:
             coord = b.binary("mul", b.arange_along(idx.shape[i], i, idx.ndim), strides[i], _I64)
@@ -314,16 +338,20 @@ def _masked_fill(b: Builder, v, mask, value):
     return b.select(mask, value, v, v.dtype)
 
 
+def _embedding_rows(b: Builder, indices: PV, n: int) -> PV:
+    return b.check_index(b.cast(indices, _I64), 0, n, out_of_range_message("embedding", n))
+
+
 @rule("embedding")
 def _embedding(b: Builder, indices, weight, padding_idx, scale_grad_by_freq):
-    return b.op("gather", weight, b.cast(indices, _I64), axis=0)
+    return b.op("gather", weight, _embedding_rows(b, indices, weight.shape[0]), axis=0)
 
 
 @rule("embedding_backward")
 def _embedding_backward(b: Builder, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     dim = grad.shape[-1]
     n = indices.size
-    flat_idx = b.reshape(b.cast(indices, _I64), (n,))
+    flat_idx = b.reshape(_embedding_rows(b, indices, num_weights), (n,))
     rows = b.reshape(grad, (n, dim))
     out = b.op("scatter_add", b.full(0, (num_weights, dim), grad.dtype), flat_idx, rows, axis=0)
     if scale_grad_by_freq:
@@ -342,4 +370,5 @@ def _embedding_backward(b: Builder, grad, indices, num_weights, padding_idx, sca
 def _one_hot(b: Builder, v, num_classes):
     if num_classes is None or num_classes < 0:
         raise LoweringUnsupported("one_hot without num_classes (the depth depends on the values)")
-    return b.op("one_hot", b.cast(v, _I64), depth=num_classes, axis=-1, dtype="i64")
+    v = b.check_index(b.cast(v, _I64), 0, num_classes, out_of_range_message("one_hot", num_classes))
+    return b.op("one_hot", v, depth=num_classes, axis=-1, dtype="i64")

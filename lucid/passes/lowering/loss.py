@@ -1,7 +1,8 @@
 """Lowering rules of losses and their backward ops, following eager's formulas (PyTorch's).
 
-Eager kernels raise on bad values (a target out of range, a BCE input outside [0, 1]); a compiled
-graph cannot raise on values, so those checks are not part of the lowering (see docs/lowering.md).
+Class targets go through ``prim.check_index`` with eager's message, so a target out of range
+raises the same ``IndexError`` compiled as eager. Other value checks of eager kernels (a BCE input
+outside [0, 1]) are not part of the lowering (see docs/lowering.md).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 from lucid import _dtype
 from lucid._dtype import result_type
+from lucid.ops.loss import target_out_of_range
 from lucid.passes.lowering._core import PV, Builder, rule
 
 _BCE_EPS = 1e-12
@@ -176,7 +178,12 @@ class _NLL:
             return
         t = b.cast(target, _dtype.int64)
         self.valid = b.binary("ne", t, ignore_index, _dtype.int64)
-        self.t = b.select(self.valid, t, 0, _dtype.int64)
+        # Ignored targets become class 0 first, so only real targets are range-checked (eager's
+        # error, named after the user's op also in the backward rules).
+        op = b.op_name.removesuffix("_backward")
+        self.t = b.check_index(
+            b.select(self.valid, t, 0, _dtype.int64), 0, c, target_out_of_range(op, c)
+        )
         self.valid_f = b.cast(self.valid, dt)
         self.wt = b.op("mul", b.op("gather", self.w, self.t, axis=0), self.valid_f)
 

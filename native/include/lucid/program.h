@@ -54,7 +54,8 @@ using Attrs = std::map<std::string, AttrValue>;
   X(select) X(cast) X(normalize) X(matmul) X(matmul_accumulate) X(reduce_sum) X(reduce_mean) X(reduce_max)            \
   X(reduce_min) X(reduce_prod) X(variance) X(argmax) X(argmin) X(softmax) X(log_softmax)         \
   X(cumsum) X(reshape) X(transpose) X(broadcast_to) X(slice) X(concat) X(pad) X(gather)          \
-  X(gather_along_axis) X(scatter_add) X(scatter_add_along_axis) X(one_hot) X(conv2d)             \
+  X(gather_along_axis) X(scatter_add) X(scatter_add_along_axis) X(one_hot) X(check_index)   \
+  X(conv2d)                                                                                      \
   X(conv2d_data_grad) X(conv2d_weights_grad) X(max_pool2d) X(max_pool2d_grad) X(avg_pool2d)      \
   X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused)
 #define LUCID_ALL_OPS(X) LUCID_UNARY_OPS(X) LUCID_BINARY_OPS(X) LUCID_OTHER_OPS(X)

@@ -212,6 +212,58 @@ def test_out_of_range_index_raises_index_error_not_a_crash():
 @settings(max_examples=15)
 @given(
     shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
+    idx_dtype=st.sampled_from(["i32", "i64"]),
+    low=st.integers(-4, 0),
+    seed=SEEDS,
+)
+def test_check_index_passes_values_in_range_and_raises_the_message_otherwise(
+    shape, idx_dtype, low, seed
+):
+    rng = np.random.default_rng(seed)
+    high = 4
+    msg = "nll_loss: target {} is out of bounds for 4 classes"
+    attrs = {"low": low, "high": high, "message": msg}
+    idx = np.asarray(rng.integers(low, high, size=shape), prim_ops.NUMPY_DTYPES[idx_dtype])
+    np.testing.assert_array_equal(check("check_index", [idx], attrs), idx)
+    if idx.size:
+        bad = idx.copy().reshape(-1)
+        k = int(rng.integers(0, bad.size))
+        bad[k] = low - 1 if rng.random() < 0.5 else high
+        bad[k + 1 :] = high + 5  # a later bad value: the first one is reported
+        bad = bad.reshape(idx.shape)
+        expected = msg.replace("{}", str(int(bad.reshape(-1)[k])))
+        program = Program()
+        program.result(program.op("check_index", program.feed(bad.shape, idx_dtype), **attrs))
+        executable = CPUBackend(cache=False).compile(program)
+        with pytest.raises(IndexError) as native:
+            executable.run([bad])
+        with pytest.raises(IndexError) as ref:
+            program.interpret([bad])
+        assert str(native.value) == str(ref.value) == expected
+
+
+def test_check_index_rejects_a_float_operand_and_an_empty_range():
+    from lucid import _native
+
+    program = Program()
+    with pytest.raises(prim_ops.PrimError, match="index"):
+        program.op("check_index", program.feed((2,), "f32"), low=0, high=2, message="m")
+    desc = {
+        "slots": [((2,), "i64"), ((2,), "i64")],
+        "instrs": [("check_index", (0,), (1,), {"low": 3, "high": 2, "message": "m"})],
+        "feeds": [0],
+        "results": [1],
+    }
+    with pytest.raises(ValueError, match="low must be <= high"):
+        _native.compile(desc, False)
+    desc["instrs"] = [("check_index", (0,), (1,), {"low": 0, "high": 2, "message": 5})]
+    with pytest.raises(ValueError, match="message"):
+        _native.compile(desc, False)
+
+
+@settings(max_examples=15)
+@given(
+    shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
     depth=st.integers(0, 5),
     seed=SEEDS,
     dtype=st.sampled_from(prim_ops.DTYPES),

@@ -97,6 +97,8 @@ CASES = [
     ("scatter_add", [f(5, 3), np.array([[0, -1], [4, 0]], np.int64), f(2, 2, 3)], {"axis": 0}),
     ("scatter_add_along_axis",
      [f(4, 3), np.array([[0, 0], [2, 1], [1, 1], [-1, 0]], np.int64), f(4, 2)], {"axis": 1}),
+    ("check_index", [np.array([[0, 3], [-2, 1]], np.int64)],
+     {"low": -2, "high": 4, "message": "gather: index {} is out of bounds"}),
     ("one_hot", [np.array([0, 3, -1, 5, 2, 2**33 + 1], np.int64)], {"depth": 4}),
     ("one_hot", [np.array([[0, 1], [2, 9]], np.int32)], {"depth": 3, "axis": 0, "dtype": "i64"}),
     ("conv2d", [f(2, 4, 7, 6), f(6, 2, 3, 2)],
