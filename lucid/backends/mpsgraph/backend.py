@@ -100,7 +100,8 @@ class MPSGraphReferenceBackend(Backend):
         return b.program(emitted.targets, native_inplace, emitted.checks), emitted
 
     def _runner(self, program: dict) -> Any:
-        return lambda feeds: run_program(program, feeds)
+        A.validate(program)
+        return lambda feeds: run_program(program, feeds, validated=True)
 
     def compile(  # type: ignore[override]
         self,

@@ -61,9 +61,13 @@ def _arg(a: dict) -> Any:
     return a[kind]
 
 
-def run_program(program: dict, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Run a recorded program on ``feeds`` (numpy arrays in placeholder order)."""
-    A.validate(program)
+def run_program(
+    program: dict, feeds: Sequence[np.ndarray], *, validated: bool = False
+) -> list[np.ndarray]:
+    """Run a recorded program on ``feeds`` (numpy arrays in placeholder order); ``validated``
+    skips re-checking a program already checked by ``program.validate``."""
+    if not validated:
+        A.validate(program)
     phs = program["placeholders"]
     if len(feeds) != len(phs):
         raise ValueError(f"the program takes {len(phs)} feeds, got {len(feeds)}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,15 @@ def test_symbolic_safety_without_a_probe_says_what_it_needs():
     module = lowered(lambda x: x + 1.0, _batch(3))
     with pytest.raises(SymbolicUnsafe, match="second batch size"):
         SymbolicSafety().apply(None, module)
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="checks the reason given off macOS")
+def test_the_native_backend_says_why_it_is_unavailable_here():
+    from lucid.backends.mpsgraph import MPSGraphBackend, MPSGraphUnavailable
+
+    ok, reason = MPSGraphBackend().available()
+    assert not ok and reason == "MPSGraph native part not built: not macOS"
+    assert MPSGraphReferenceBackend().available() == (True, "")
+    module = lowered(lambda x: x + 1.0, _batch(2))
+    with pytest.raises(MPSGraphUnavailable, match="not macOS"):
+        MPSGraphBackend().compile(module)
