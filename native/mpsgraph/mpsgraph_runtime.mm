@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <list>
 #include <map>
@@ -180,6 +181,21 @@ std::string ns_error_text(NSException* e) {
   return text;
 }
 
+// Runs `body` in an autorelease pool. A C++ exception is caught inside and rethrown after the
+// pool is drained: unwinding through @autoreleasepool would leave the pool undrained.
+template <typename Body>
+void in_autorelease_pool(Body&& body) {
+  std::exception_ptr error;
+  @autoreleasepool {
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 Availability availability() {
@@ -319,7 +335,7 @@ std::vector<std::shared_ptr<ResultBuffer>> MetalExecutable::run(
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<ResultBuffer>> results(num_results_);
-  @autoreleasepool {
+  in_autorelease_pool([&] {
     const size_t page = static_cast<size_t>(getpagesize());
     NSMutableArray<MPSGraphTensorData*>* inputs = [NSMutableArray arrayWithCapacity:feeds.size()];
     for (size_t position = 0; position < feed_order_.size(); ++position) {
@@ -389,7 +405,7 @@ std::vector<std::shared_ptr<ResultBuffer>> MetalExecutable::run(
     } @catch (NSException* e) {
       throw std::runtime_error("MPSGraph run failed: " + ns_error_text(e));
     }
-  }
+  });
   return results;
 }
 
@@ -426,7 +442,7 @@ std::vector<size_t> read_index_line(std::istream& in, size_t expected, const std
 }
 
 void MetalExecutable::serialize(const std::string& path) {
-  @autoreleasepool {
+  in_autorelease_pool([&] {
     MPSGraphExecutableSerializationDescriptor* descriptor =
         [MPSGraphExecutableSerializationDescriptor new];
     [descriptor setDeploymentPlatform:MPSGraphDeploymentPlatformMacOS];
@@ -443,7 +459,7 @@ void MetalExecutable::serialize(const std::string& path) {
     if (![[NSFileManager defaultManager] fileExistsAtPath:ns_path]) {
       throw std::runtime_error("MPSGraph wrote no package at " + path);
     }
-  }
+  });
   write_bindings(path + kBindingsSuffix, hash_, feed_order_, result_order_);
 }
 
@@ -481,7 +497,8 @@ std::shared_ptr<MetalExecutable> compile_uncached(const Program& program) {
                                   std::to_string(feed) + ") is out of range");
     }
   }
-  @autoreleasepool {
+  std::shared_ptr<MetalExecutable> out;
+  in_autorelease_pool([&] {
     ReplayedGraph replayed = replay(program);
     NSMutableDictionary<MPSGraphTensor*, MPSGraphShapedType*>* feeds =
         [NSMutableDictionary dictionaryWithCapacity:program.placeholders.size()];
@@ -507,9 +524,10 @@ std::shared_ptr<MetalExecutable> compile_uncached(const Program& program) {
     std::vector<size_t> feed_order = positions_in(executable.feedTensors, replayed.placeholders,
                                                   "feed");
     std::vector<size_t> result_order = positions_in(executable.targetTensors, targets, "target");
-    return std::make_shared<MetalExecutable>(program, replayed.graph, executable,
-                                             std::move(feed_order), std::move(result_order));
-  }
+    out = std::make_shared<MetalExecutable>(program, replayed.graph, executable,
+                                            std::move(feed_order), std::move(result_order));
+  });
+  return out;
 }
 
 // ---- the cache ---------------------------------------------------------------------------------
@@ -582,7 +600,7 @@ std::shared_ptr<Executable> compile(const Program& program, bool use_cache, bool
 }
 
 std::shared_ptr<Executable> load(const std::string& path, const Program& program) {
-  const Device& dev = usable_device();
+  usable_device();  // fails early, with the reason, where MPSGraph cannot run
   std::string bindings_path = path + kBindingsSuffix;
   std::ifstream in(bindings_path);
   if (!in) throw std::runtime_error("no bindings file " + bindings_path + " beside the package");
@@ -601,7 +619,8 @@ std::shared_ptr<Executable> load(const std::string& path, const Program& program
       read_index_line(in, program.placeholders.size(), "feed", bindings_path);
   std::vector<size_t> result_order =
       read_index_line(in, program.targets.size(), "result", bindings_path);
-  @autoreleasepool {
+  std::shared_ptr<Executable> out;
+  in_autorelease_pool([&] {
     NSString* ns_path = [NSString stringWithUTF8String:path.c_str()];
     if (![[NSFileManager defaultManager] fileExistsAtPath:ns_path]) {
       throw std::runtime_error("no MPSGraph package at " + path);
@@ -622,10 +641,10 @@ std::shared_ptr<Executable> load(const std::string& path, const Program& program
                                " results, the program " + std::to_string(feed_order.size()) +
                                " and " + std::to_string(result_order.size()));
     }
-    (void)dev;
-    return std::make_shared<MetalExecutable>(program, nil, executable, std::move(feed_order),
-                                             std::move(result_order));
-  }
+    out = std::make_shared<MetalExecutable>(program, nil, executable, std::move(feed_order),
+                                            std::move(result_order));
+  });
+  return out;
 }
 
 CacheStats cache_stats() {

@@ -75,18 +75,32 @@ def results(tmp_path_factory):
         path = folder / f"{name}.mm"
         path.write_text(PRELUDE + body + "\n}\n")
         snippets[name] = path
-    sources = clang_check.project_sources()
+    sources = clang_check.project_sources(binding=clang_check.binding_checkable() is None)
     outcome = clang_check.check_files(toolchain, sources + list(snippets.values()))
     by_path = {result.source: result for result in outcome}
     return {
-        "sources": [by_path[s] for s in sources],
+        "sources": [by_path[s] for s in sources if s.suffix != ".cpp"],
+        "binding": [by_path[s] for s in sources if s.suffix == ".cpp"],
         "snippets": {name: by_path[path] for name, path in snippets.items()},
     }
 
 
 def test_the_project_has_objective_cpp_sources():
     names = {path.name for path in clang_check.project_sources()}
-    assert {"mpsgraph_runtime.mm", "mpsgraph_replay.mm", "mpsgraph_native.h"} <= names
+    assert {
+        "mpsgraph_runtime.mm",
+        "mpsgraph_replay.mm",
+        "mpsgraph_native.h",
+        "bind_mpsgraph.cpp",
+    } <= names
+
+
+def test_the_pybind11_binding_type_checks(results):
+    why_not = clang_check.binding_checkable()
+    if why_not:
+        pytest.skip(f"bind_mpsgraph.cpp needs pybind11's headers: {why_not}")
+    failed = [f"{r.source.name}:\n{r.output}" for r in results["binding"] if not r.ok]
+    assert results["binding"] and not failed, "\n".join(failed)
 
 
 def test_every_source_type_checks(results):

@@ -121,6 +121,42 @@ def test_each_replay_entry_sends_its_own_selector_to_the_graph(native):
             assert to_graph == [key], (key, sends)
 
 
+# The replay's argument accessors (CallArgs in mpsgraph_replay.mm): the recorded kind each one
+# decodes and the Objective-C type it returns (None: checked by clang, e.g. the enum type).
+ACCESSORS = {
+    "tensor": ("tensor", "MPSGraphTensor *"),
+    "tensors": ("tensors", "NSArray<MPSGraphTensor *> *"),
+    "integer": ("int", "NSInteger"),
+    "uinteger": ("int", "NSUInteger"),
+    "uint32": ("int", "uint32_t"),
+    "real": ("double", "double"),
+    "real_float": ("double", "float"),
+    "flag": ("bool", "BOOL"),
+    "shape": ("shape", "MPSShape *"),
+    "ints": ("ints", "NSArray<NSNumber *> *"),
+    "dtype": ("dtype", "MPSDataType"),
+    "enumeration": ("enum", None),
+    "data": ("constant", "NSData *"),
+    "name": ("nil", "NSString *"),
+    "convolution2d": ("descriptor", "MPSGraphConvolution2DOpDescriptor *"),
+    "pooling2d": ("descriptor", "MPSGraphPooling2DOpDescriptor *"),
+}
+
+
+def test_each_replay_entry_decodes_the_recorded_kinds(native):
+    """Argument i of each entry is read with the accessor for SELECTORS' kind and C type of i."""
+    entries = native["kReplayTable"].entry_calls()
+    assert len(entries) == len(SELECTORS)
+    for key, calls in entries:
+        spec = SELECTORS[key]
+        by_index = {index: accessor for accessor, index in calls if accessor in ACCESSORS}
+        assert sorted(by_index) == list(range(spec.arity)), (key, calls)
+        for index, want in enumerate(spec.args):
+            kind, objc_type = ACCESSORS[by_index[index]]
+            assert kind == want.kind, (key, index, by_index[index], want)
+            assert objc_type in (None, want.objc_type), (key, index, by_index[index], want)
+
+
 @pytest.mark.parametrize("name", sorted(DESCRIPTORS))
 def test_descriptor_tables_match(native, name):
     spec = DESCRIPTORS[name]
