@@ -224,17 +224,44 @@ def save(obj: Any, f: str | os.PathLike | IO[bytes]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would have.
+        os.chmod(tmp, _new_file_mode(path))
         with os.fdopen(fd, "wb") as out:
             out.write(payload)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
+        _fsync_directory(directory)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def _new_file_mode(path: str) -> int:
+    """The permission bits of the file being replaced, or of a new file under the umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename itself durable where the platform allows it (best effort)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # --- load ---------------------------------------------------------------------------------------

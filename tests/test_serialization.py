@@ -310,6 +310,19 @@ def test_path_forms_and_overwrite(tmp_path):
     assert os.listdir(tmp_path) == ["a.safetensors"]  # no temporary files left
 
 
+def test_saved_file_has_ordinary_permissions(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        p = tmp_path / "new.safetensors"
+        lucid.save({"x": lucid.ones(1)}, p)
+        assert p.stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0600
+        p.chmod(0o640)
+        lucid.save({"x": lucid.zeros(1)}, p)  # overwriting keeps the file's mode
+        assert p.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(umask)
+
+
 def test_failed_save_leaves_old_file_untouched(tmp_path, monkeypatch):
     p = tmp_path / "ckpt"
     lucid.save({"x": lucid.ones(2)}, p)

@@ -127,3 +127,25 @@ def test_training_step_with_clipping_changes_update():
     lucid.optim.SGD(model.parameters(), lr=1.0).step()
     want = before - grads[0] * 0.5 / (math.sqrt(sum(np.sum(g**2) for g in grads)) + 1e-6)
     np.testing.assert_allclose(model.weight.detach().numpy(), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0])
+def test_matches_torch_if_installed(norm_type):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    grads = [rng.standard_normal((3, 2)), rng.standard_normal(5)]
+    ours = _params(grads)
+    theirs = []
+    for g in grads:
+        p = torch.zeros(g.shape, dtype=torch.float64, requires_grad=True)
+        p.grad = torch.from_numpy(g.copy())
+        theirs.append(p)
+    total = clip_grad_norm_(ours, 0.7, norm_type)
+    t_total = torch.nn.utils.clip_grad_norm_(theirs, 0.7, norm_type)
+    np.testing.assert_allclose(total.item(), t_total.item(), rtol=1e-12)
+    for p, t in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=1e-12)
+    clip_grad_value_(ours, 0.1)
+    torch.nn.utils.clip_grad_value_(theirs, 0.1)
+    for p, t in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(p.grad.numpy(), t.grad.numpy())

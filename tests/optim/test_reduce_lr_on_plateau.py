@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -156,3 +157,22 @@ def test_is_an_lr_scheduler_and_epoch_argument_warns():
     with pytest.warns(UserWarning, match="deprecated"):
         s.step(1.0, epoch=5)
     assert s.last_epoch == 5
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+@pytest.mark.parametrize("threshold_mode", ["rel", "abs"])
+def test_matches_torch_if_installed(mode, threshold_mode):
+    torch = pytest.importorskip("torch")
+    metrics = np.random.default_rng(0).choice([1.0, 0.9, 0.95, 1.1, 0.5], size=60).tolist()
+    opt = _opt((0.1, 0.3))
+    t_params = [torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)]
+    t_opt = torch.optim.SGD([{"params": [t_params[0]], "lr": 0.1}, {"params": [t_params[1]],
+                             "lr": 0.3}])  # fmt: skip
+    options = {"mode": mode, "factor": 0.5, "patience": 2, "threshold": 0.05,
+               "threshold_mode": threshold_mode, "cooldown": 1, "min_lr": [0.01, 0.02]}  # fmt: skip
+    ours = ReduceLROnPlateau(opt, **options)
+    theirs = torch.optim.lr_scheduler.ReduceLROnPlateau(t_opt, **options)
+    for m in metrics:
+        ours.step(m)
+        theirs.step(m)
+        assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in t_opt.param_groups]

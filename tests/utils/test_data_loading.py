@@ -268,7 +268,18 @@ class EndlessStream(IterableDataset):
             i += 1
 
 
+class ShardedStream(IterableDataset):
+    """The torch idiom for splitting a stream across workers; in the main process the worker
+    info is None and the whole stream is read."""
+
+    def __iter__(self):
+        info = lucid.utils.data.get_worker_info()
+        start = 0 if info is None else info.id
+        return iter(range(start, 6))
+
+
 def test_iterable_dataset():
+    assert [b.tolist() for b in DataLoader(ShardedStream(), batch_size=4)] == [[0, 1, 2, 3], [4, 5]]
     loader = DataLoader(CountStream(7), batch_size=3)
     assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6]] and len(loader) == 3
     loader = DataLoader(CountStream(7), batch_size=3, drop_last=True)

@@ -1,6 +1,11 @@
 """``lucid.utils.data``: datasets, samplers and the ``DataLoader``, as ``torch.utils.data``."""
 
-from lucid.utils.data.dataloader import DataLoader, default_collate, default_convert
+from lucid.utils.data.dataloader import (
+    DataLoader,
+    default_collate,
+    default_convert,
+    get_worker_info,
+)
 from lucid.utils.data.dataset import (
     ConcatDataset,
     Dataset,
@@ -31,5 +36,6 @@ __all__ = [
     "TensorDataset",
     "default_collate",
     "default_convert",
+    "get_worker_info",
     "random_split",
 ]

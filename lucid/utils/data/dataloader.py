@@ -15,7 +15,7 @@ from lucid._tensor import Tensor
 from lucid.utils.data.dataset import Dataset, IterableDataset
 from lucid.utils.data.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-__all__ = ["DataLoader", "default_collate", "default_convert"]
+__all__ = ["DataLoader", "default_collate", "default_convert", "get_worker_info"]
 
 _COLLATE_TYPES = "tensors, numpy arrays, numbers, strings, dicts or lists/tuples"
 
@@ -93,6 +93,12 @@ def default_convert(data: Any) -> Any:
         except TypeError:
             return converted_items
     return data
+
+
+def get_worker_info() -> None:
+    """Information about the worker process loading this sample: always None, since Lucid's
+    DataLoader loads in the calling process (torch returns None there too)."""
+    return None
 
 
 def _unsupported(option: str, why: str) -> ValueError:
