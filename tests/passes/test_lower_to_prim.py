@@ -361,3 +361,53 @@ def test_a_failed_lowering_leaves_the_module_unchanged():
         lower_module(module)
     assert print_ir(module) == before
     module.verify()
+
+
+@given(index_cases(), st.data())
+def test_an_index_tensor_out_of_range_raises_eagers_error_in_the_lowered_module(case, data):
+    from hypothesis import assume
+
+    from lucid.ops.indexing import index_tensor_dims
+
+    shape, index, tensors = case
+    assume(any(t.size for t in tensors))
+    k = data.draw(st.sampled_from([i for i, t in enumerate(tensors) if t.size]))
+    n = shape[index_tensor_dims(index)[k]]
+    bad = [t.copy() for t in tensors]
+    flat = bad[k].reshape(-1)
+    flat[data.draw(st.integers(0, flat.size - 1))] = data.draw(st.sampled_from([-n - 1, n, 3 * n]))
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+
+    def fn(t, *idx):
+        return apply("index", t, list(idx), index=index)
+
+    with pytest.raises(IndexError) as eager:
+        fn(Tensor._wrap(x), *(Tensor._wrap(t) for t in bad))
+    module = _lowered(fn, x, *tensors)  # lowered for valid shapes; the values are run-time
+    assert "prim.check_index" in _prim_names(module)
+    with pytest.raises(IndexError) as lowered:
+        interpret_prim(module, [x, *bad])
+    assert str(lowered.value) == str(eager.value)
+
+
+def test_class_targets_are_checked_with_the_losss_message_and_the_module_round_trips():
+    import lucid.nn.functional as F
+
+    logits = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    target = np.array([0, 3, 1])
+    module = _lowered(lambda a, t: F.cross_entropy(a, t, ignore_index=-100), logits, target)
+    checks = [
+        op for op in forward_func(module).body.blocks.first.ops if op.name == "prim.check_index"
+    ]
+    assert [op.prim_attrs() for op in checks] == [
+        {"low": 0, "high": 4, "message": "cross_entropy: target {} is out of bounds for 4 classes"}
+    ]
+    again = parse_ir(print_ir(module), ctx=make_prim_context())
+    assert print_ir(again) == print_ir(module)
+    np.testing.assert_allclose(
+        interpret_prim(again, [logits, np.array([0, -100, 1])])[0],
+        F.cross_entropy(lucid.tensor(logits), lucid.tensor([0, -100, 1])).numpy(),
+        rtol=1e-6,
+    )
+    with pytest.raises(IndexError, match="^cross_entropy: target -1 is out of bounds for 4"):
+        interpret_prim(again, [logits, np.array([0, -1, 1])])
