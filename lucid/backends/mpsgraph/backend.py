@@ -18,12 +18,12 @@ import numpy as np
 
 from lucid.backends.base import Backend
 from lucid.backends.mpsgraph import program as A
-from lucid.backends.mpsgraph.emit import emit_module
-from lucid.backends.mpsgraph.legalize import legalize
+from lucid.backends.mpsgraph.emit import EmitError, emit_module
+from lucid.backends.mpsgraph.legalize import MPSGraphUnsupported, legalize, legalize_refusal
 from lucid.backends.mpsgraph.native import MPSGraphUnavailable, NativeBuilder, native_status
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
-from lucid.backends.mpsgraph.symbolic import symbolic_dims
+from lucid.backends.mpsgraph.symbolic import SymbolicUnsafe, symbolic_dims
 
 __all__ = [
     "MPSGraphBackend",
@@ -73,6 +73,10 @@ class MPSGraphReferenceBackend(Backend):
 
     name = "mpsgraph-reference"
     pipeline = PIPELINE
+    # What compile/compile_symbolic (and mpsgraph-legalize) raise for a graph MPSGraph cannot run:
+    # the compiler shows the message as the fallback reason.
+    refusals = (MPSGraphUnsupported, SymbolicUnsafe, EmitError)
+    supports_symbolic_batch = True
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -140,9 +144,18 @@ class MPSGraphReferenceBackend(Backend):
     _python_writes_back = True
 
     def stage_ir(self, module: Any) -> str:
-        """The MPSGraph program of a prim module as readable text (``CompiledModule.ir``)."""
+        """The final stage of a prim module as text (``CompiledModule.ir(stage="final")``): the
+        legalized prim module, then its MPSGraph program, one method call a line."""
+        from lucid.ir import print_ir
+
         program, _ = self.record(module)
-        return dump_program(program)
+        return (
+            print_ir(module) + "\n// MPSGraph program (lucid.mpsgraph/v1)\n" + dump_program(program)
+        )
+
+    def refusal(self, module: Any) -> str | None:
+        """Why MPSGraph would refuse the prim ``module`` (``diagnose``'s column), or None."""
+        return legalize_refusal(module)
 
 
 class MPSGraphBackend(MPSGraphReferenceBackend):

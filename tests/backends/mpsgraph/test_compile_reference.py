@@ -282,3 +282,43 @@ def test_a_float64_model_falls_back_with_the_reason():
     close(cm(x).detach().numpy(), model(x).detach().numpy(), 1e-12)
     reasons = " ".join(str(v) for v in cm.cache_info().values())
     assert "float64" in reasons
+
+
+def _symbolic_calls(monkeypatch) -> list:
+    calls: list = []
+    real = MPSGraphReferenceBackend.compile_symbolic
+
+    def counting(self, module, probe, **kw):
+        calls.append(1)
+        return real(self, module, probe, **kw)
+
+    monkeypatch.setattr(MPSGraphReferenceBackend, "compile_symbolic", counting)
+    return calls
+
+
+@pytest.mark.skipif(
+    not _registry_serves_mpsgraph_reference(),
+    reason="lucid/compile has no backend registry yet: symbolic batch through mpsgraph-reference "
+    "is tested at the prim level (test_passes.py) until it serves compile_symbolic",
+)
+def test_symbolic_batch_shares_one_program_and_unsafe_graphs_fall_back(monkeypatch):
+    monkeypatch.setenv("LUCID_COMPILE_DYNAMIC", "1")
+    symbolic = _symbolic_calls(monkeypatch)
+    model, twin = _pair("mlp")
+    model.eval()
+    twin.eval()
+    cm = lucid.compile(twin, dynamic=True)
+    rng = np.random.default_rng(0)
+    for n in (3, 5, 8):
+        x = lucid.tensor(rng.standard_normal((n, 16)).astype(np.float32))
+        close(cm(x).detach().numpy(), model(x).detach().numpy())
+    assert len(symbolic) == 1, "one program for every batch size"
+
+    def unsafe(x):
+        return x * lucid.ones_like(x).sum()  # a batch-shaped constant
+
+    cu = lucid.compile(unsafe, dynamic=True)
+    for n in (3, 5):
+        x = lucid.tensor(rng.standard_normal((n, 4)).astype(np.float32))
+        close(cu(x).numpy(), unsafe(x).numpy())
+    assert "batch" in str(cu.cache_info()["not_symbolic"])
