@@ -11,7 +11,7 @@ run.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from lucid.backends.mpsgraph.native import MPSGraphUnavailable, NativeBuilder, n
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
 from lucid.backends.mpsgraph.symbolic import SymbolicUnsafe, symbolic_dims
+from lucid.backends.prim_ops._shape import index_error_message
 
 __all__ = [
     "MPSGraphBackend",
@@ -47,16 +48,24 @@ class MPSGraphExecutable:
     checks: list[int]
     inplace: list[tuple[int, int]]  # written back here (the program's own list is empty)
     runner: Any  # feeds -> list of target arrays
+    # check target -> (target of the checked values, the user op's message with "{}")
+    check_messages: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds = list(feeds)
         outs = self.runner(feeds)
         for i in self.checks:
-            if not np.all(outs[i]):
-                raise IndexError(
-                    "index out of range in a gather, scatter or index op of the MPSGraph program "
-                    "(nothing was written back)"
-                )
+            ok = np.asarray(outs[i])
+            if ok.all():
+                continue
+            if i in self.check_messages:  # eager's message, naming the first bad value
+                values, message = self.check_messages[i]
+                bad = np.asarray(outs[values]).reshape(-1)[int(np.argmin(ok.reshape(-1)))]
+                raise IndexError(index_error_message(message, int(bad)))
+            raise IndexError(
+                "index out of range in a gather or scatter of the MPSGraph program "
+                "(nothing was written back)"
+            )
         results = list(outs[: self.n_results])
         for r, f in self.inplace:
             np.copyto(feeds[f], results[r])
@@ -126,6 +135,7 @@ class MPSGraphReferenceBackend(Backend):
             emitted.checks,
             python_inplace,
             self._runner(program),
+            emitted.check_messages,
         )
 
     def compile_symbolic(

@@ -59,6 +59,8 @@ _BIN = "WithPrimaryTensor:secondaryTensor:name:"
 class _Ctx:
     b: Builder
     checks: list[int] = field(default_factory=list)
+    # check tensor -> (the checked values' tensor, the user op's message with "{}" for the value)
+    messages: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     def call(self, selector: str, *args: dict) -> int:
         return self.b.call(selector, list(args))[0]
@@ -562,16 +564,16 @@ def _scatter_add_along_axis(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 
 @_handles("check_index")
 def _check_index(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
-    # A check target like the gathers' (IndexError after the run, before any write-back); the
-    # values pass through. The op's message is not carried to the Python side yet.
+    # The elementwise in-range mask is a check target (all true, or IndexError after the run and
+    # before any write-back); the values are a target too, so the error names the first bad
+    # value with the user op's message, as eager does. The values pass through (identity).
     idx = ins[0]
     r = idx.rank
     lo = c.bin("greaterThanOrEqualTo", idx.id, c.const(attrs["low"], idx.dtype, r))
     hi = c.bin("lessThan", idx.id, c.const(attrs["high"], idx.dtype, r))
     ok = c.bin("logicalAND", lo, hi)
-    if r:
-        ok = c.call("reductionAndWithTensor:axes:name:", A.tensor(ok), A.ints(range(r)), A.NIL)
     c.checks.append(ok)
+    c.messages[ok] = (idx.id, attrs["message"])
     return [c.un("identity", idx.id)]
 
 
@@ -818,8 +820,11 @@ def emit_op(
     ins: list[Val],
     attrs: dict[str, Any],
     out_syms: list[frozenset[int]] | None = None,
+    messages: dict[int, tuple[int, str]] | None = None,
 ) -> tuple[list[Val], list[int]]:
-    """Emit prim op ``name`` on ``ins``: its result values and the check tensors it added."""
+    """Emit prim op ``name`` on ``ins``: its result values and the check tensors it added
+    (``messages`` receives, per check tensor with a message of its own, the checked values'
+    tensor and the message)."""
     op = P.lookup(name)
     full = P.check_attrs(op, attrs)
     outs = P.infer(name, [P.Aval(v.shape, v.dtype) for v in ins], full)
@@ -832,6 +837,8 @@ def emit_op(
     syms = out_syms if out_syms is not None else [frozenset()] * len(outs)
     ctx = _Ctx(builder)
     ids = _HANDLERS[name](ctx, list(ins), full, outs, syms)
+    if messages is not None:
+        messages.update(ctx.messages)
     return [
         Val(i, o.shape, o.dtype, s) for i, o, s in zip(ids, outs, syms, strict=True)
     ], ctx.checks
@@ -847,6 +854,8 @@ class Emitted:
     inplace: list[tuple[int, int]]
     checks: list[int]  # indices into targets
     result_avals: list[P.Aval]
+    # check target index -> (target index of the checked values, the message with "{}")
+    check_messages: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 def emit_module(
@@ -878,13 +887,19 @@ def emit_module(
         env[a] = Val(builder.placeholder(tuple(dims_of(aval.shape, s)), aval.dtype, role),
                      aval.shape, aval.dtype, s)  # fmt: skip
     checks: list[int] = []
+    messages: dict[int, tuple[int, str]] = {}
     returned: list[Val] | None = None
     for op in block.ops:
         if isinstance(op, PrimIROp):
             syms = [frozenset(sym_of.get(r, frozenset())) for r in op.results]
             try:
                 vals, new_checks = emit_op(
-                    builder, op.PRIM.name, [env[v] for v in op.operands], op.given_attrs(), syms
+                    builder,
+                    op.PRIM.name,
+                    [env[v] for v in op.operands],
+                    op.given_attrs(),
+                    syms,
+                    messages,
                 )
             except P.PrimError as e:
                 raise EmitError(f"{op.name}: {e}") from None
@@ -906,13 +921,21 @@ def emit_module(
             if target in by_role:
                 inplace.append((j, by_role[target]))
     n = len(targets)
+    values = list(dict.fromkeys(v for v, _ in messages.values()))  # checked values, as targets
+    position = {v: n + len(checks) + i for i, v in enumerate(values)}
+    check_messages = {
+        n + i: (position[messages[c][0]], messages[c][1])
+        for i, c in enumerate(checks)
+        if c in messages
+    }
     return Emitted(
         f_roles,
         r_roles,
-        targets + checks,
+        targets + checks + values,
         inplace,
         list(range(n, n + len(checks))),
         [P.Aval(v.shape, v.dtype) for v in returned],
+        check_messages,
     )
 
 

@@ -532,7 +532,6 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         _C,
         f"lessThan{_BIN}",
         f"logicalAND{_BIN}",
-        "reductionAndWithTensor:axes:name:",
         "identityWithTensor:name:",
     ),  # fmt: skip
     "conv2d": ("convolution2DWithSourceTensor:weightsTensor:descriptor:name:",),
@@ -594,8 +593,9 @@ EMISSION_NOTES: dict[str, str] = {
     "scatter_add": "indices flattened to 1-D (updates reshaped to match), checked as gather",
     "scatter_add_along_axis": "as gather",
     "one_hot": "indices outside [0, depth) mapped to −1 before the Int32 cast (all-zero row)",
-    "check_index": "low <= i < high reduced to one Bool check target (IndexError after the run, "
-    "before any write-back); the values pass through (identity)",
+    "check_index": "the low <= i < high mask and the values as targets: IndexError with the "
+    "user op's message naming the first bad value, after the run and before any write-back; "
+    "the values pass through (identity)",
     "avg_pool2d_grad": "a zero source tensor of the input shape (the method reads only its shape)",
     "fill": "broadcast of the 0-d value",
     "random_uniform": "Philox-4x32-10 as Int64 arithmetic: the same stream as eager and the CPU",

@@ -131,8 +131,12 @@ def check_index_error_and_random_stream(backend) -> None:
 
     got, _ = compile_and_run(backend, lookup, None, [Tensor._wrap(np.array([4, -5]))])
     np.testing.assert_array_equal(got[0], [[8, 9], [0, 1]])
-    with pytest.raises(IndexError):
-        compile_and_run(backend, lookup, None, [Tensor._wrap(np.array([0, 7]))])
+    bad = Tensor._wrap(np.array([0, 7]))
+    with pytest.raises(IndexError) as eager_error:
+        lookup(bad)
+    with pytest.raises(IndexError) as compiled_error:
+        compile_and_run(backend, lookup, None, [bad])
+    assert str(compiled_error.value) == str(eager_error.value)  # eager's message, value 7
 
     def draw(x):
         return x + lucid.rand(4, 3), F.dropout(x + 1.0, 0.5, training=True)
