@@ -208,14 +208,13 @@ def name_feeds(message: str, roles: list[str]) -> str:
     return _FEED_RE.sub(sub, message)
 
 
-def check_settings() -> None:
+def check_settings(backend: str) -> None:
     """Refuse a bad ``LUCID_*`` setting once, at the first compile, with a ValueError naming it
-    (rather than sending every signature to eager with a warning each)."""
-    from lucid.backends.cpu.backend import thread_setting_error
+    (rather than sending every signature to eager with a warning each): the backend's own
+    settings (``Backend.check_settings``), the cache cap and the debug folder."""
+    from lucid.backends import get_backend
 
-    error = thread_setting_error()
-    if error is not None:
-        raise ValueError(error)
+    get_backend(backend).check_settings()
     max_entries()
     if os.environ.get("LUCID_COMPILE_DEBUG", "").strip().lower() in ("", "0", "false", "no", "off"):
         return

@@ -269,11 +269,10 @@ def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> Gr
         raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
     PassManager(options.pipeline or _pipeline.GRAPH_PIPELINE).run(module)
     fwd_mod, bwd_mod = split_forward_backward(module)
-    from lucid.compile.training import _compile_native
-
     fwd_fn, bwd_fn = forward_func(fwd_mod), forward_func(bwd_mod)
-    fwd_exe = _compile_native(fwd_mod, inplace=True)
-    bwd_exe = _compile_native(bwd_mod, inplace=False)
+    backend = _pipeline.backend_of(options.backend)
+    fwd_exe = _pipeline.compile_module(fwd_mod, backend, inplace=True)[0]
+    bwd_exe = _pipeline.compile_module(bwd_mod, backend, inplace=False)[0]
 
     def plan_for(role: str) -> tuple[str, Any]:
         if role.startswith("input:"):

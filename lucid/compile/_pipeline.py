@@ -1,5 +1,8 @@
 """Stages 2–6 for one traced signature: import, graph passes, lowering, backend compile.
 
+The backend is reached only by name, through ``lucid.backends``' registry: its ``pipeline`` runs
+after ``lower-to-prim`` and its ``compile`` makes the executable (see ``lucid/backends/base.py``).
+
 ``compile_trace`` runs them in order and returns a ``CompiledGraph`` (the executable plus what
 the caller needs to bind it). ``stage_ir`` replays the same stages to show the IR at any of them,
 so the compile path itself never prints.
@@ -15,9 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from lucid.backends import Unsupported as BackendUnsupported
+from lucid.backends import get_backend
+from lucid.backends import resolve_backend as _resolve
 from lucid.ir import feed_roles as _feed_roles
 from lucid.ir import forward_func, import_trace, print_ir, result_roles
-from lucid.passes import Instrumentation, PassManager
+from lucid.passes import Instrumentation, PassFailure, PassManager
 
 GRAPH_PIPELINE = "canonicalize,cse,dce"
 STAGES = ("imported", "optimized", "prim", "final")
@@ -31,76 +37,43 @@ class FeedMismatch(ValueError):
     """A bound feed no longer has the shape/dtype the executable was compiled for."""
 
 
-class _CPUTarget:
-    """Stages 4–6 on the CPU: lower-to-prim, emit the native program, fuse-elementwise, compile
-    (the native module plans buffers and caches the executable process-wide)."""
-
-    name = "cpu"
-
-    def lower(self, module: Any, inst: Instrumentation | None = None) -> dict[str, float]:
-        pipeline = PassManager("lower-to-prim,prim-simplify", inst or Instrumentation())
-        return pipeline.run(module).passes_ms()
-
-    def program(self, module: Any, inplace: bool = True) -> Any:
-        """The fused native program of a prim module; with ``inplace``, ``update:<role>`` results
-        are written into their feeds by the runtime."""
-        from lucid.backends.cpu import Program, fuse_elementwise
-        from lucid.backends.cpu.emit import emit_program
-        from lucid.backends.cpu.program import Instr
-        from lucid.backends.prim_ops import Aval
-
-        desc = emit_program(module, inplace_updates=inplace).desc
-        program = Program()
-        program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
-        program.instrs = [Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]]
-        program.feeds = list(desc["feeds"])
-        program.results = list(desc["results"])
-        program.inplace = dict(desc.get("inplace", {}))
-        return fuse_elementwise(program)
-
-    def compile_module(self, module: Any, inst: Instrumentation | None = None):
-        from lucid import _native
-        from lucid.passes import PassFailure
-
-        timings: dict[str, float] = {}
-        try:
-            timings.update(self.lower(module, inst))
-        except PassFailure as e:
-            raise Unsupported(str(e.cause)) from e
-        t0 = time.perf_counter()
-        program = self.program(module)
-        timings["emit"] = (time.perf_counter() - t0) * 1e3
-        t0 = time.perf_counter()
-        executable = _native.compile(program.describe(), True)
-        timings["native-compile"] = (time.perf_counter() - t0) * 1e3
-        return executable, timings
-
-    def stage_ir(self, module: Any, stage: str) -> str:
-        self.lower(module)
-        if stage == "prim":
-            return print_ir(module)
-        return print_ir(module) + "\n// native program\n" + self.program(module).dump()
-
-
-_TARGETS = {"cpu": _CPUTarget()}
-
-
-def available_backends() -> tuple[str, ...]:
-    return tuple(_TARGETS)
+def backend_of(name: str) -> Any:
+    """The backend called ``name`` (resolved, available), from the registry."""
+    return get_backend(name)
 
 
 def resolve_backend(name: str) -> str:
-    """``auto`` is MPSGraph on Apple Silicon with Metal, the CPU everywhere else."""
+    """The backend a ``backend=`` argument selects: ``LUCID_COMPILE_BACKEND`` when it is
+    ``"auto"`` and the variable is set, resolved through the registry (``auto``: the best
+    backend available here). Unknown: ValueError; unavailable: ``BackendUnavailable`` (why)."""
     if name == "auto":
-        return "cpu"
-    if name == "mpsgraph":
-        raise ValueError(
-            "backend 'mpsgraph' needs Apple Silicon with macOS 14+; it is not "
-            "available on this machine (use backend='cpu' or 'auto')"
-        )
-    if name not in _TARGETS:
-        raise ValueError(f"unknown backend {name!r}; expected 'auto', 'cpu' or 'mpsgraph'")
-    return name
+        name = os.environ.get("LUCID_COMPILE_BACKEND", "").strip() or "auto"
+    return _resolve(name)
+
+
+def lower(module: Any, backend: Any, inst: Instrumentation | None = None) -> dict[str, float]:
+    """Stage 4-5: ``lower-to-prim`` and the backend's own passes, in place; a pass that refuses
+    the graph raises ``Unsupported`` with its reason."""
+    pipeline = "lower-to-prim" + ("," + backend.pipeline if backend.pipeline else "")
+    try:
+        return PassManager(pipeline, inst or Instrumentation()).run(module).passes_ms()
+    except PassFailure as e:
+        raise Unsupported(str(e.cause)) from e
+
+
+def compile_module(
+    module: Any, backend: Any, *, inplace: bool = True, inst: Instrumentation | None = None
+) -> tuple[Any, dict[str, float]]:
+    """Lower a ``lucid``-dialect module and compile it on ``backend``: (executable, ms per
+    stage). With ``inplace`` the ``update:`` results are written into their feeds by the run."""
+    timings = lower(module, backend, inst)
+    t0 = time.perf_counter()
+    try:
+        executable = backend.compile(module, inplace_updates=inplace)
+    except (BackendUnsupported, *backend.refusals) as e:
+        raise Unsupported(str(e)) from e
+    timings["backend-compile"] = (time.perf_counter() - t0) * 1e3
+    return executable, timings
 
 
 @dataclass
@@ -121,13 +94,11 @@ def _graph_passes(pipeline: str | None) -> str:
     return pipeline if pipeline is not None else GRAPH_PIPELINE
 
 
-def compile_trace(
-    trace: Any,
-    *,
-    backend: str,
-    pipeline: str | None = None,
-    switches: dict[str, Any] | None = None,
-) -> CompiledGraph:
+def _graph_module(
+    trace: Any, pipeline: str | None, switches: dict[str, Any] | None
+) -> tuple[Any, Instrumentation, dict[str, float]]:
+    """Stages 2-3: the imported module after the graph passes, the instrumentation used and the
+    time of each stage."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     module = import_trace(trace)
@@ -138,10 +109,50 @@ def compile_trace(
     graph = PassManager(_graph_passes(pipeline), inst).run(module)
     for name, ms in graph.passes_ms().items():
         timings[name] = timings.get(name, 0.0) + ms
+    return module, inst, timings
+
+
+def compile_trace(
+    trace: Any,
+    *,
+    backend: str,
+    pipeline: str | None = None,
+    switches: dict[str, Any] | None = None,
+) -> CompiledGraph:
+    """Stages 2-6 for ``trace`` on ``backend`` (a registry name)."""
+    module, inst, timings = _graph_module(trace, pipeline, switches)
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
-    executable, backend_ms = _TARGETS[backend].compile_module(module, inst)
+    executable, backend_ms = compile_module(module, backend_of(backend), inst=inst)
     timings.update(backend_ms)
+    return CompiledGraph(executable, roles[0], roles[1], timings)
+
+
+def compile_symbolic_trace(
+    trace: Any,
+    batch: int,
+    *,
+    backend: str,
+    pipeline: str | None = None,
+    switches: dict[str, Any] | None = None,
+) -> CompiledGraph:
+    """One executable for every batch size of a symbolic-batch ``trace``, on a backend that
+    ``supports_symbolic_batch``: the trace is lowered at ``batch`` and at ``batch + 1`` (the
+    probe that tells the backend which dimensions are the batch). A backend refusal is
+    ``Unsupported`` with its reason."""
+    target = backend_of(backend)
+    module, inst, timings = _graph_module(specialize_batch(trace, batch), pipeline, switches)
+    probe, _, _ = _graph_module(specialize_batch(trace, batch + 1), pipeline, switches)
+    fn = forward_func(module)
+    roles = (_feed_roles(fn), result_roles(fn))
+    timings.update(lower(module, target, inst))
+    lower(probe, target)
+    t0 = time.perf_counter()
+    try:
+        executable = target.compile_symbolic(module, probe, inplace_updates=True)
+    except (BackendUnsupported, *target.refusals) as e:
+        raise Unsupported(str(e)) from e
+    timings["backend-compile"] = (time.perf_counter() - t0) * 1e3
     return CompiledGraph(executable, roles[0], roles[1], timings)
 
 
@@ -155,7 +166,11 @@ def stage_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = Non
     PassManager(_graph_passes(pipeline)).run(module)
     if stage == "optimized":
         return print_ir(module)
-    return _TARGETS[backend].stage_ir(module, stage)
+    target = backend_of(backend)
+    lower(module, target)
+    if stage == "prim":
+        return print_ir(module)
+    return target.stage_ir(module)
 
 
 def dump_trace(trace: Any) -> str:

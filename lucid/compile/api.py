@@ -274,7 +274,6 @@ class CompiledModule:
                 f"lucid.compile needs an nn.Module or a callable, got {type(target).__name__}"
             )
         pipeline, switches = _parse_options(options)
-        backend = os.environ.get("LUCID_COMPILE_BACKEND", backend) if backend == "auto" else backend
         self.__dict__["_model"] = target
         self.__dict__["_dynamic"] = bool(dynamic)
         # The shared symbolic-batch executable is opt-in (see the user guide, "dynamic").
@@ -496,7 +495,8 @@ class CompiledModule:
 
     def _miss(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         key = CacheKey(key)
-        check_settings()  # a bad LUCID_* setting raises here instead of falling back
+        # A bad LUCID_* setting raises here instead of falling back.
+        check_settings(self._options.backend)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None and key not in self._eager_only:
@@ -715,6 +715,11 @@ class CompiledModule:
                 "profile: these arguments run through the symbolic-batch path (one executable "
                 "per batch size); profile without LUCID_COMPILE_DYNAMIC=1"
             )
+        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
+            raise RuntimeError(
+                f"profile: the {self._options.backend!r} backend's executables do not report "
+                "per-instruction times"
+            )
         args, kwargs = _contiguous(args, kwargs)
         ensure_c_layout(t for _, t in self._bound.tensors)
         ensure_c_layout(getattr(entry, "captured_tensors", ()))
@@ -768,7 +773,9 @@ class CompiledModule:
         if fn is None:
             from lucid.compile import make_step
 
-            fn = make_step(self._model, loss_fn, dynamic=self._dynamic)
+            fn = make_step(
+                self._model, loss_fn, dynamic=self._dynamic, backend=self._options.backend
+            )
             steps.put(loss_fn, fn)
         return fn(*args)
 
@@ -821,14 +828,28 @@ def _SYMBOLIC_SAFE_OPS() -> frozenset[str]:  # noqa: N802
 
 class _SymbolicGraph:
     """One compiled graph for every batch size: the trace is taken once with a symbolic batch
-    and proven safe; the native program is specialised per batch size on first sight (no retrace)
+    and proven safe. A backend that ``supports_symbolic_batch`` compiles one executable for all
+    sizes; on the others the program is specialised per batch size on first sight (no retrace)
     and kept, so later calls of any seen batch size only bind and run."""
 
     def __init__(self, trace: Any, options: _Options, batch: int):
         self.trace = trace
         self.options = options
         self.by_batch: LRU = LRU(max_entries())
-        first = self._specialize(batch)
+        self.shared = None
+        if _pipeline.backend_of(options.backend).supports_symbolic_batch:
+            try:
+                first = self.shared = _pipeline.compile_symbolic_trace(
+                    trace,
+                    batch,
+                    backend=options.backend,
+                    pipeline=options.pipeline,
+                    switches=options.switches,
+                )
+            except _pipeline.Unsupported as e:
+                raise _NotSymbolic(f"the backend cannot share one executable: {e}") from e
+        else:
+            first = self._specialize(batch)
         self.feed_roles, self.result_roles = first.feed_roles, first.result_roles
         self.passes_ms = first.passes_ms
 
@@ -843,6 +864,8 @@ class _SymbolicGraph:
         return graph
 
     def run(self, feeds: list) -> list:
+        if self.shared is not None:
+            return self.shared.run(feeds)
         graph = self.by_batch.get(feeds[0].shape[0]) if feeds[0].ndim else None
         if graph is None:
             graph = self._specialize(feeds[0].shape[0])

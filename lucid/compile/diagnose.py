@@ -57,7 +57,7 @@ class OpInfo:
 @dataclass(frozen=True)
 class OpSupport:
     """Per op: each later stage's status (``"yes"`` or ``"no: <reason>"``; keys such as
-    ``lowers to prim``, ``cpu``, ``mpsgraph``) and symbolic-batch safety."""
+    ``lowers to prim`` and one per backend, by its registry name) and symbolic-batch safety."""
 
     name: str
     stages: dict[str, str]
@@ -211,21 +211,19 @@ def check_vjp_coverage(trace: Any) -> None:
         raise VJPCoverageError(uncovered)
 
 
-def _backends() -> dict[str, frozenset[str]]:
-    """The prim ops each available backend compiles, by backend name."""
-    found = {}
-    try:
-        from lucid.backends.cpu import CPUBackend
+def _backends(backend: str | None) -> dict[str, Any]:
+    """The backends to report on, by name: ``backend`` alone (resolved through the registry), or
+    every backend available on this machine."""
+    from lucid.backends import available_backends, get_backend
+    from lucid.compile._pipeline import resolve_backend
 
-        found["cpu"] = CPUBackend(cache=False).supported_ops()
-    except Exception:  # noqa: BLE001 (no native module built: the CPU backend is unavailable)
-        pass
-    return found
+    names = [resolve_backend(backend)] if backend is not None else list(available_backends())
+    return {name: get_backend(name) for name in names}
 
 
-def _lower_one(top: Any) -> tuple[str, set[str]]:
+def _lower_one(top: Any) -> tuple[str, set[str], Any]:
     """Lower one traced op (its first use, with its real operand types) to ``prim``: ``("yes",
-    prim op names)`` or ``("no: <reason>", set())``."""
+    prim op names, the prim module)`` or ``("no: <reason>", set(), None)``."""
     from lucid.ir import import_trace
     from lucid.passes.lower_to_prim import lower_module
     from lucid.trace._trace import Feed, Trace, TraceOp
@@ -243,32 +241,40 @@ def _lower_one(top: Any) -> tuple[str, set[str]]:
         module = lower_module(import_trace(mini))
     except Exception as e:  # noqa: BLE001 (any lowering failure is what the report shows)
         reason = getattr(e, "reason", None) or str(e)
-        return f"no: {reason}", set()
+        return f"no: {reason}", set(), None
     prims = {
         op.name.split(".", 1)[1]
         for fn in module.ops
         for op in fn.body.blocks.first.ops
         if op.name.startswith("prim.")
     }
-    return "yes", prims
+    return "yes", prims, module
 
 
-def _support(first_use: dict[str, Any]) -> list[OpSupport]:
+def _support(first_use: dict[str, Any], backend: str | None) -> list[OpSupport]:
     from lucid.ops.coverage import _stage_lookups
 
-    lookups = [(c, f) for c, f in _stage_lookups() if c != "lowers to prim"]
-    backends = _backends()
+    backends = _backends(backend)
+    # Per-op tables some backends publish; with one backend asked for, only its own.
+    lookups = [
+        (c, f)
+        for c, f in _stage_lookups()
+        if c != "lowers to prim" and (backend is None or c in backends)
+    ]
     out = []
     for name, top in sorted(first_use.items()):
         op = REGISTRY.get(name)
-        lowered, prims = _lower_one(top) if op is not None else ("no: not in the registry", set())
+        if op is not None:
+            lowered, _, module = _lower_one(top)
+        else:
+            lowered, module = "no: not in the registry", None
         stages = {"lowers to prim": lowered}
-        for backend, supported in backends.items():
-            if not lowered.startswith("yes"):
-                stages[backend] = "no: does not lower to prim"
+        for bname, target in backends.items():
+            if module is None:
+                stages[bname] = "no: does not lower to prim"
                 continue
-            missing = sorted(prims - supported)
-            stages[backend] = f"no: lacks prim ops {', '.join(missing)}" if missing else "yes"
+            refusal = target.refusal(module)
+            stages[bname] = f"no: {refusal}" if refusal else "yes"
         for column, lookup in lookups:  # backends that publish a per-op table
             stages.setdefault(column, lookup(name) or "no: unknown")
         safe = op is not None and SYMBOLIC_BATCH_SAFE in op.props
@@ -301,9 +307,11 @@ def _recommendation(uncovered, breaks, support) -> str:
     return "; ".join(parts)
 
 
-def diagnose(fn: Callable, *example_inputs: Any) -> DiagnosisReport:
+def diagnose(fn: Callable, *example_inputs: Any, backend: str | None = None) -> DiagnosisReport:
     """Trace ``fn(*example_inputs)`` once (nothing runs) and report gradient coverage, backend
-    support, symbolic-batch safety and graph breaks."""
+    support, symbolic-batch safety and graph breaks. ``backend``: report on that backend only
+    (``"auto"`` and ``LUCID_COMPILE_BACKEND`` as for ``lucid.compile``); by default on every
+    backend available on this machine."""
     model = fn if hasattr(fn, "named_parameters") else None
     breaks: list[GraphBreakInfo] = []
     with _tracing(model) as tracer:
@@ -317,7 +325,7 @@ def diagnose(fn: Callable, *example_inputs: Any) -> DiagnosisReport:
     first_use: dict[str, Any] = {}
     for top in tracer.trace.ops:
         first_use.setdefault(top.name, top)
-    support = _support(first_use)
+    support = _support(first_use, backend)
     return DiagnosisReport(
         total_ops=total,
         registered=registered,

@@ -1,11 +1,11 @@
 """Compiled training: ``make_step``, ``compiled_step``, ``compile_optimizer`` and ``fused_step``.
 
 All four build on ``build_training_module`` (``lucid.compile._training``): one traced module in
-the ``lucid`` dialect with roles on its feeds and results, lowered and compiled by the CPU
-target into one native executable. Results with role ``update:<feed role>`` are written by the
-native runtime straight into that feed's array (parameters, optimizer state, BatchNorm running
-statistics, the RNG state), at the end of a successful run, so a run that raises leaves them
-untouched.
+the ``lucid`` dialect with roles on its feeds and results, lowered and compiled by the backend
+chosen with ``backend=`` (through the registry) into one executable. Results with role
+``update:<feed role>`` are written by the run straight into that feed's array (parameters,
+optimizer state, BatchNorm running statistics, the RNG state), at the end of a successful run, so
+a run that raises leaves them untouched.
 
 >>> step = lucid.compile.fused_step(model, F.cross_entropy, opt)
 >>> loss = step(x, target)            # forward + loss + backward + optimizer update, one call
@@ -94,25 +94,17 @@ class _GradRef:
         return g._data
 
 
-def _compile_native(module: Any, *, inplace: bool) -> Any:
-    """Lower ``module`` and compile it for the CPU; with ``inplace`` the ``update:`` results are
-    written into their feeds' arrays by the runtime (after the run succeeded)."""
-    from lucid import _native
-
-    target = _pipeline._TARGETS["cpu"]
-    try:
-        target.lower(module)
-    except PassFailure as e:
-        raise _pipeline.Unsupported(str(e.cause)) from e
-    program = target.program(module, inplace=inplace)
-    return _native.compile(program.describe(), True)
+def _compile_on(backend: str, module: Any, *, inplace: bool) -> Any:
+    """Lower ``module`` and compile it on ``backend`` (a registry name); with ``inplace`` the
+    ``update:`` results are written into their feeds' arrays by the run (after it succeeded)."""
+    return _pipeline.compile_module(module, _pipeline.backend_of(backend), inplace=inplace)[0]
 
 
 # optimizer-fusion concatenates the parameters (and gradients, and state) into one flat chain:
 # fewer, longer instructions, which pays off for many small tensors (workload E: ~1.3x faster
 # Adam steps) but costs a concat and a slice copy per tensor per step, which dominates once the
 # tensors are large (workload A, 200k parameters: unfused SGD steps are ~2x faster). Measured on
-# the CPU backend; the limit sits between the two.
+# the native runtime; the limit sits between the two.
 _FUSE_LIMIT_ELEMENTS = 1 << 16
 
 
@@ -433,7 +425,14 @@ class TrainStep:
     parameters.
     """
 
-    def __init__(self, model: Any, loss_fn: Callable[..., Tensor], *, dynamic: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        loss_fn: Callable[..., Tensor],
+        *,
+        dynamic: bool = False,
+        backend: str = "auto",
+    ):
         if not callable(model) or not hasattr(model, "named_parameters"):
             raise TypeError(f"make_step needs an nn.Module, got {type(model).__name__}")
         if not callable(loss_fn):
@@ -441,6 +440,7 @@ class TrainStep:
         self.model = model
         self.loss_fn = loss_fn
         self.dynamic = dynamic
+        self.backend = _pipeline.resolve_backend(backend)
         self._entries: LRU = LRU(max_entries())
         self._params = list(model.parameters())
         self._bound = Bound([model])
@@ -459,11 +459,11 @@ class TrainStep:
         )
 
     def _build(self, key: tuple, inputs: tuple) -> _Entry:
-        check_settings()
+        check_settings(self.backend)
         t0 = time.perf_counter()
         try:
             tm = build_training_module(self.model, self.loss_fn, inputs)
-            executable = _compile_native(tm.module, inplace=True)
+            executable = _compile_on(self.backend, tm.module, inplace=True)
         except _COMPILER_ERRORS as e:
             raise CompileError(
                 f"make_step: cannot compile the training step for inputs {_describe(inputs)}: "
@@ -540,16 +540,25 @@ def _attach_grads(loss: Tensor, grads: list[tuple[Tensor, np.ndarray]]) -> None:
     Node.attach(op, params, {}, [loss])
 
 
-def make_step(model: Any, loss_fn: Callable[..., Tensor], *, dynamic: bool = False) -> TrainStep:
+def make_step(
+    model: Any,
+    loss_fn: Callable[..., Tensor],
+    *,
+    dynamic: bool = False,
+    backend: str = "auto",
+) -> TrainStep:
     """A compiled forward + backward: ``step(x, *extra)`` returns ``loss_fn(model(x), *extra)``
-    with a working ``grad_fn`` (``loss.backward()`` fills ``p.grad``)."""
-    return TrainStep(model, loss_fn, dynamic=dynamic)
+    with a working ``grad_fn`` (``loss.backward()`` fills ``p.grad``). ``backend`` as for
+    ``lucid.compile``."""
+    return TrainStep(model, loss_fn, dynamic=dynamic, backend=backend)
 
 
 _COMPILED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def compiled_step(model: Any, x: Any, loss_fn: Callable[..., Tensor], *extra: Any) -> Tensor:
+def compiled_step(
+    model: Any, x: Any, loss_fn: Callable[..., Tensor], *extra: Any, backend: str = "auto"
+) -> Tensor:
     """One compiled forward + backward: accumulates the gradient of
     ``loss_fn(model(x), *extra)`` into every trained parameter's ``.grad`` and returns the loss
     (detached). The compiled step is cached per model and loss function; compilation errors
@@ -557,10 +566,11 @@ def compiled_step(model: Any, x: Any, loss_fn: Callable[..., Tensor], *extra: An
     per_model = _COMPILED_STEPS.get(model)
     if per_model is None:
         per_model = _COMPILED_STEPS[model] = LRU(max_entries())
-    step = per_model.get(loss_fn)
+    name = _pipeline.resolve_backend(backend)
+    step = per_model.get((loss_fn, name))
     if step is None:
-        step = TrainStep(model, loss_fn)
-        per_model.put(loss_fn, step)
+        step = TrainStep(model, loss_fn, backend=name)
+        per_model.put((loss_fn, name), step)
     loss_arr, grads = step.run((x, *extra))
     for p, g in grads:
         if p._grad is None:
@@ -586,6 +596,7 @@ class FusedStep:
         optimizer: Any,
         *,
         check_finite: bool = False,
+        backend: str = "auto",
     ):
         if not hasattr(model, "named_parameters"):
             raise TypeError(f"fused_step needs an nn.Module, got {type(model).__name__}")
@@ -597,6 +608,7 @@ class FusedStep:
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.check_finite = bool(check_finite)
+        self.backend = _pipeline.resolve_backend(backend)
         self._view = _OptimizerView(optimizer)
         self._params = list(model.parameters())
         self._entries: LRU = LRU(max_entries())
@@ -631,7 +643,7 @@ class FusedStep:
         )
 
     def _build(self, inputs: tuple) -> tuple[tuple, _Entry]:
-        check_settings()
+        check_settings(self.backend)
         t0 = time.perf_counter()
         snap = self._view.snapshot()
         try:
@@ -642,7 +654,7 @@ class FusedStep:
                 optimizer=self.optimizer,
                 fuse_optimizer=_fuse_updates(p for p in self._params if p._requires_grad),
             )
-            executable = _compile_native(tm.module, inplace=not self.check_finite)
+            executable = _compile_on(self.backend, tm.module, inplace=not self.check_finite)
         except _COMPILER_ERRORS as e:
             self._view.restore(snap)
             raise CompileError(
@@ -746,6 +758,7 @@ def fused_step(
     optimizer: Any,
     *,
     check_finite: bool = False,
+    backend: str = "auto",
 ) -> FusedStep:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
@@ -755,7 +768,7 @@ def fused_step(
     ``CompileError`` (no eager fallback). With ``check_finite=True`` a non-finite loss raises
     ``FloatingPointError`` before anything is written. ``p.grad`` is not filled.
     """
-    return FusedStep(model, loss_fn, optimizer, check_finite=check_finite)
+    return FusedStep(model, loss_fn, optimizer, check_finite=check_finite, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -766,8 +779,9 @@ class CompiledOptimizerStep:
     native executable writing parameters and state in place. ``optimizer.step.eager`` is the
     original method."""
 
-    def __init__(self, optimizer: Any):
+    def __init__(self, optimizer: Any, *, backend: str = "auto"):
         self.optimizer = optimizer
+        self.backend = _pipeline.resolve_backend(backend)
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
         self._entries: LRU = LRU(max_entries())
@@ -780,13 +794,13 @@ class CompiledOptimizerStep:
         return (self._view.statics(scalars), tuple([p._grad is not None for p in params]))
 
     def _build(self) -> tuple[tuple, _Entry]:
-        check_settings()
+        check_settings(self.backend)
         opt = self.optimizer
         t0 = time.perf_counter()
         snap = self._view.snapshot()
         try:
             tm, refs = _build_optimizer_module(opt)
-            executable = _compile_native(tm.module, inplace=True)
+            executable = _compile_on(self.backend, tm.module, inplace=True)
         except _COMPILER_ERRORS as e:
             self._view.restore(snap)
             raise CompileError(
@@ -886,7 +900,7 @@ def _build_optimizer_module(opt: Any) -> tuple[TrainingModule, dict[str, Any]]:
     return tm, refs
 
 
-def compile_optimizer(optimizer: Any) -> Any:
+def compile_optimizer(optimizer: Any, *, backend: str = "auto") -> Any:
     """Make ``optimizer.step()`` one cached native executable (in-place parameter and state
     writes) and return the optimizer. Hyperparameters and per-step scalars are fed each step,
     so schedulers take effect without recompiling; ``state``/``state_dict()`` hold the real
@@ -897,5 +911,5 @@ def compile_optimizer(optimizer: Any) -> Any:
         )
     if isinstance(optimizer.__dict__.get("step"), CompiledOptimizerStep):
         return optimizer
-    optimizer.step = CompiledOptimizerStep(optimizer)
+    optimizer.step = CompiledOptimizerStep(optimizer, backend=backend)
     return optimizer

@@ -14,29 +14,69 @@ import os
 from typing import Any
 
 from lucid._native_loader import _native
-from lucid.backends.base import Backend
+from lucid.backends.base import Backend, Unsupported
 from lucid.backends.cpu.fuse import fuse_elementwise
 from lucid.backends.cpu.program import Program
 from lucid.backends.prim_ops import PRIM_OPS
 
 
 class CPUBackend(Backend):
-    """Compiles :class:`Program` objects to native executables (cached process-wide)."""
+    """The native CPU runtime: ``prim-simplify`` after ``lower-to-prim``, then the prim module is
+    emitted as a native :class:`Program`, elementwise chains are fused and ``lucid._native``
+    compiles it (buffer planning; executables cached process-wide, ``LUCID_COMPILE_MAX_CACHE``).
+    """
 
     name = "cpu"
+    pipeline = "prim-simplify"
 
     def __init__(self, fuse: bool = True, cache: bool = True) -> None:
         self.fuse = fuse
         self.cache = cache
 
+    def available(self) -> tuple[bool, str]:
+        return True, ""  # the native module is part of every install
+
+    def check_settings(self) -> None:
+        error = thread_setting_error()
+        if error is not None:
+            raise ValueError(error)
+
     def supported_ops(self) -> frozenset[str]:
         return frozenset(PRIM_OPS) & frozenset(_native.op_names())
 
-    def compile(self, program: Program) -> Any:
-        """A native executable: ``run(feeds) -> list[np.ndarray]``; ValueError if malformed."""
-        if self.fuse:
-            program = fuse_elementwise(program)
+    def program(self, module: Any, *, inplace_updates: bool = True) -> Program:
+        """The (fused, unless ``fuse=False``) native program of a prim module; with
+        ``inplace_updates``, ``update:<role>`` results are written into their feeds by the
+        runtime."""
+        from lucid.backends.cpu.emit import EmitError, emit_program
+        from lucid.backends.cpu.program import Instr
+        from lucid.backends.prim_ops import Aval
+
+        try:
+            desc = emit_program(module, inplace_updates=inplace_updates).desc
+        except EmitError as e:
+            raise Unsupported(str(e)) from e
+        program = Program()
+        program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
+        program.instrs = [Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]]
+        program.feeds = list(desc["feeds"])
+        program.results = list(desc["results"])
+        program.inplace = dict(desc.get("inplace", {}))
+        return fuse_elementwise(program) if self.fuse else program
+
+    def compile(self, module: Any, *, inplace_updates: bool = True) -> Any:
+        """A native executable (``run(feeds) -> list[np.ndarray]``) of a prim module, or of an
+        already emitted :class:`Program` (tests and tools); ValueError if malformed."""
+        if isinstance(module, Program):
+            program = fuse_elementwise(module) if self.fuse else module
+        else:
+            program = self.program(module, inplace_updates=inplace_updates)
         return _native.compile(program.describe(), self.cache)
+
+    def stage_ir(self, module: Any) -> str:
+        from lucid.ir import print_ir
+
+        return print_ir(module) + "\n// native program\n" + self.program(module).dump()
 
 
 def cache_info() -> dict[str, int]:
