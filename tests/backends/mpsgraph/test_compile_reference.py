@@ -24,6 +24,7 @@ import lucid.nn.functional as F
 from lucid import optim
 from lucid.backends.mpsgraph import (
     EmitError,
+    MPSGraphLegalize,
     MPSGraphReferenceBackend,
     MPSGraphUnsupported,
     SymbolicUnsafe,
@@ -104,6 +105,15 @@ def mpsgraph_reference(monkeypatch):
         return real(self, module, **kw)
 
     monkeypatch.setattr(MPSGraphReferenceBackend, "compile", counting)
+    # Through the registry, the backend's pipeline (mpsgraph-legalize) runs before compile and
+    # is where float64 is refused: it counts too.
+    real_apply = MPSGraphLegalize.apply
+
+    def counting_apply(self, ctx, op):
+        calls.append(1)
+        return real_apply(self, ctx, op)
+
+    monkeypatch.setattr(MPSGraphLegalize, "apply", counting_apply)
     yield calls
     assert calls, "nothing went through the mpsgraph-reference backend"
 
