@@ -260,3 +260,35 @@ def test_compile_names_no_backend_and_no_native_module():
             if pattern.search(line):
                 hits.append(f"{path.name}:{n}: {line.strip()}")
     assert hits == []
+
+
+def test_auto_prefers_mpsgraph_where_it_runs():
+    import lucid.backends as registry
+
+    real = registry._FACTORIES["mpsgraph"]
+
+    class FakeMetal(InterpreterBackend):
+        name = "mpsgraph"
+
+    try:
+        assert resolve_backend("auto") == "cpu"  # Linux: mpsgraph is not available
+        register_backend("mpsgraph", FakeMetal, replace=True)
+        assert resolve_backend("auto") == "mpsgraph"
+        cm = lucid.compile(_mlp())  # backend="auto"
+        with lucid.no_grad():
+            cm(_data()[0])
+        assert cm._options.backend == "mpsgraph"
+    finally:
+        register_backend("mpsgraph", real, replace=True)
+    assert resolve_backend("auto") == "cpu"
+
+
+def test_unknown_env_backend_is_refused_by_the_training_entry_points(monkeypatch):
+    monkeypatch.setenv("LUCID_COMPILE_BACKEND", "tpu")
+    model = _mlp()
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        make_step(model, F.cross_entropy)
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        fused_step(model, F.cross_entropy, optim.SGD(model.parameters(), lr=0.1))
+    # An explicit backend= wins over the variable.
+    make_step(model, F.cross_entropy, backend="cpu")(*_data())

@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lucid
 import lucid.nn as nn
@@ -142,3 +144,45 @@ def test_nan_scalars_share_one_entry():
             assert np.isnan(out.numpy()).all()
         np.testing.assert_array_equal(cf(x, 1.0).numpy(), np.full(3, 2.0))
     assert cf.cache_info()["entries"] == 2
+
+
+_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
+_structures = st.recursive(
+    _shapes,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=3).map(tuple),
+        st.lists(inner, min_size=1, max_size=3),
+        st.dictionaries(st.sampled_from("abc"), inner, min_size=1, max_size=3),
+    ),
+    max_leaves=5,
+)
+
+
+def _build(structure, rng):
+    if isinstance(structure, tuple) and all(isinstance(d, int) for d in structure):
+        return lucid.tensor(rng.standard_normal(structure).astype(np.float32))
+    if isinstance(structure, dict):
+        return {k: _build(v, rng) for k, v in structure.items()}
+    return type(structure)(_build(e, rng) for e in structure)
+
+
+def _total(arg):
+    if isinstance(arg, lucid.Tensor):
+        return (arg * 2.0).sum()
+    items = arg.values() if isinstance(arg, dict) else arg
+    out = lucid.zeros(())
+    for e in items:
+        out = out + _total(e)
+    return out
+
+
+@given(structure=_structures, seed=st.integers(0, 2**16))
+@settings(max_examples=15)
+def test_random_containers_hit_one_entry_and_match_eager(structure, seed):
+    rng = np.random.default_rng(seed)
+    cf = lucid.compile(_total)
+    with lucid.no_grad():
+        for _ in range(3):
+            arg = _build(structure, rng)
+            np.testing.assert_allclose(cf(arg).numpy(), _total(arg).numpy(), rtol=1e-5, atol=1e-5)
+    assert cf.cache_info()["entries"] == 1
