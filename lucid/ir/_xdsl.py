@@ -4,6 +4,8 @@ An xDSL upgrade should touch only this file. Names are re-exported as they are, 
 documentation applies to them.
 """
 
+import re as _re
+
 from xdsl.context import Context
 from xdsl.dialects import builtin, func
 from xdsl.dialects.builtin import (
@@ -71,6 +73,17 @@ from xdsl.utils.exceptions import (
     ParseError,
     VerifyException,
 )
+from xdsl.utils.lexer import Input, Span
+from xdsl.utils.mlir_lexer import MLIRLexer as _MLIRLexer
+
+# xDSL 0.75's string-literal pattern nests a quantifier inside a quantifier, so a string left
+# unterminated on its line backtracks exponentially (each character doubles the time: 22 take
+# 2 s, 30 about ten minutes): one stray quote hung lucid-opt. The same language, in linear time.
+_SLOW_STRING_LITERAL = r'"(?:[^"\\\n\v\f]+|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
+if _MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
+    _MLIRLexer._unescaped_characters_regex = _re.compile(
+        r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
+    )
 
 ui8 = IntegerType(8, Signedness.UNSIGNED)
 
@@ -105,6 +118,7 @@ __all__ = [
     "ModuleOp",
     "ModulePass",
     "Operation",
+    "Input",
     "ParseError",
     "ParsePropInAttrDict",
     "Parser",
@@ -118,6 +132,7 @@ __all__ = [
     "Rewriter",
     "SSAValue",
     "Signedness",
+    "Span",
     "StringAttr",
     "TensorType",
     "UnitAttr",

@@ -109,6 +109,8 @@ class LucidOp(x.IRDLOperation):
                 raise x.VerifyException(
                     f"{self.name} has no attribute {k!r}; it takes {sorted(opdef.attrs) or 'none'}"
                 )
+        if self.attributes:  # Lucid ops carry no discardable attributes: a typo must not pass
+            _refuse_attributes(self, opdef.attrs)
         try:
             attrs = self.lucid_attrs()
             args = self.operand_groups([operand_aval(v) for v in self.operands])
@@ -133,6 +135,16 @@ class LucidOp(x.IRDLOperation):
                     f"{self.name}: result {i} is declared {r.type} but the op gives {want} for "
                     f"operands ({operands}) and attributes {attrs}"
                 )
+
+
+def _refuse_attributes(op: x.Operation, known) -> None:
+    k = next(iter(op.attributes))
+    if k in known:
+        raise x.VerifyException(
+            f"{op.name}: attribute {k!r} is given as a discardable attribute; in the generic "
+            f"form it belongs in the properties, <{{{k} = ...}}>"
+        )
+    raise x.VerifyException(f"{op.name} has no attribute {k!r}; it takes {sorted(known) or 'none'}")
 
 
 def _type_matches(declared: AVal, av: AVal) -> bool:
@@ -174,6 +186,8 @@ class ConstantOp(x.IRDLOperation):
 
     def verify_(self) -> None:
         v = self.properties.get("value")
+        if self.attributes:
+            _refuse_attributes(self, ("value",))
         if len(self.results) != 1:
             raise x.VerifyException("lucid.constant has exactly one result")
         t = self.results[0].type

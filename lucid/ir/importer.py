@@ -10,11 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from lucid.ir import _xdsl as x
-from lucid.ir.dialect import get_op_class, make_constant
+from lucid.ir.dialect import ConstantOp, get_op_class, make_constant
 from lucid.ir.types import attr_to_ir, tensor_type
 from lucid.trace import Const, Trace
 
-__all__ = ["ROLE", "import_trace", "feed_roles", "result_roles", "forward_func"]
+__all__ = [
+    "ROLE",
+    "feed_roles",
+    "forward_func",
+    "import_checked_trace",
+    "import_trace",
+    "result_roles",
+]
 
 ROLE = "lucid.role"
 
@@ -100,6 +107,35 @@ def import_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
         res_attrs=_roles([role for role, _ in trace.outputs]),
     )
     return x.ModuleOp([fn])
+
+
+def import_checked_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
+    """``import_trace`` for a trace from outside (a file), verified: an unknown op, an attribute
+    with no IR form or an op that does not verify is a ValueError naming the op by its place in
+    the trace JSON (``$.ops[N]``)."""
+    from lucid.ops._registry import REGISTRY
+
+    for i, top in enumerate(trace.ops):
+        if top.name not in REGISTRY:
+            raise ValueError(f"$.ops[{i}]: unknown op {top.name!r} (not in the op registry)")
+        for k, v in top.attrs.items():
+            try:
+                attr_to_ir(v)
+            except TypeError as e:
+                raise ValueError(f"$.ops[{i}].attrs.{k}: {e}") from None
+    module = import_trace(trace, name)
+    body = forward_func(module, name).body.blocks.first
+    traced = [op for op in body.ops if not isinstance(op, (ConstantOp, x.func.ReturnOp))]
+    for i, op in enumerate(traced):
+        try:
+            op.verify(verify_nested_ops=False)
+        except Exception as e:  # VerifyException, or a verifier tripping on odd attributes
+            raise ValueError(f"$.ops[{i}] ({op.name}) does not verify: {e}") from None
+    try:
+        module.verify()
+    except Exception as e:
+        raise ValueError(f"the imported module does not verify: {e}") from None
+    return module
 
 
 def forward_func(module: x.ModuleOp, name: str = "forward") -> x.func.FuncOp:

@@ -135,9 +135,9 @@ class PrimIROp(x.IRDLOperation):
     def verify_(self) -> None:
         op = self.PRIM
         try:
-            unknown = set(self.properties) - set(op.attrs)
+            unknown = (set(self.properties) | set(self.attributes)) - set(op.attrs)
             if unknown:
-                raise P.PrimError(f"prim.{op.name}: unknown attribute(s) {sorted(unknown)}")
+                raise P.PrimError(f"unknown attribute(s) {sorted(unknown)}")
             avals = [aval_of_type(v.type) for v in self.operands]
             outs = P.infer(op.name, avals, self.given_attrs())
         except (P.PrimError, ValueError) as e:

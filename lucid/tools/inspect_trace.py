@@ -3,6 +3,9 @@
 lucid-inspect-trace trace.json            feeds, op counts, outputs
 lucid-inspect-trace old.json new.json     what changed between two traces
 lucid-inspect-trace trace.json --mlir     the trace imported into the lucid dialect
+
+Exit status: 0, or 1 when two traces differ (as diff does); 2 for an error, reported as one
+line on stderr that names the file and the place in it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,33 @@ from collections import Counter
 from collections.abc import Sequence
 
 
+class _UserError(Exception):
+    """A problem with the user's input: reported as one line, exit status 2."""
+
+
 def _load(path: str):
+    import json
+
+    from lucid.ir.text import decode_source
     from lucid.trace._trace import Trace
 
-    with open(path) as f:
-        return Trace.from_json(f.read())
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise _UserError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        obj = json.loads(decode_source(data, path))
+    except json.JSONDecodeError as e:
+        raise _UserError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from None
+    except RecursionError:
+        raise _UserError(f"{path}: the JSON nests too deeply to be a trace") from None
+    except ValueError as e:  # not UTF-8
+        raise _UserError(str(e)) from None
+    try:
+        return Trace.from_dict(obj)
+    except (ValueError, TypeError) as e:
+        raise _UserError(f"{path}: {e}") from None
 
 
 def _shape(v) -> str:
@@ -67,6 +92,28 @@ def diff(a, b, names: tuple[str, str] = ("a", "b")) -> str:
     )
 
 
+def _mlir(trace, path: str) -> str:
+    import lucid  # noqa: F401  (registers every op)
+    from lucid.ir import print_ir
+    from lucid.ir.importer import import_checked_trace
+
+    try:
+        return print_ir(import_checked_trace(trace))
+    except ValueError as e:
+        raise _UserError(f"{path}: {e}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    first = _load(args.trace)
+    second = _load(args.other) if args.other else None
+    if second is not None:
+        text = diff(first, second, (args.trace, args.other))
+        sys.stdout.write(text or "traces are identical\n")
+        return 1 if text else 0
+    sys.stdout.write(_mlir(first, args.trace) if args.mlir else summary(first))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lucid-inspect-trace", description=__doc__.splitlines()[0])
     p.add_argument("trace", help="a trace JSON file (lucid.compile.trace/v1)")
@@ -74,23 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mlir", action="store_true", help="print the trace as lucid-dialect IR")
     args = p.parse_args(argv)
     try:
-        first = _load(args.trace)
-        second = _load(args.other) if args.other else None
-    except (OSError, ValueError) as e:
-        sys.stderr.write(f"lucid-inspect-trace: error: {e}\n")
-        return 1
-    if second is not None:
-        text = diff(first, second, (args.trace, args.other))
-        sys.stdout.write(text or "traces are identical\n")
-        return 1 if text else 0
-    if args.mlir:
-        import lucid  # noqa: F401  (registers every op)
-        from lucid.ir import import_trace, print_ir
-
-        sys.stdout.write(print_ir(import_trace(first)))
-        return 0
-    sys.stdout.write(summary(first))
-    return 0
+        return _run(args)
+    except _UserError as e:
+        sys.stderr.write(f"lucid-inspect-trace: error: {' '.join(str(e).split())}\n")
+        return 2
 
 
 if __name__ == "__main__":

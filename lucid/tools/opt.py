@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 
@@ -82,21 +83,60 @@ def _locate_failure(module, text: str, name: str) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.list_passes:
-        sys.stdout.write("Available passes:\n")
-        _list_passes(sys.stdout)
-        return 0
+class _UserError(Exception):
+    """A problem with the user's input or flags: reported as one line, exit status 1."""
 
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
+
+
+def _read_source(path: str) -> tuple[str, str]:
+    name = "<stdin>" if path == "-" else path
+    try:
+        if path == "-":
+            stream = getattr(sys.stdin, "buffer", None)  # a test may swap in a text stream
+            data = stream.read() if stream is not None else sys.stdin.read().encode()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        raise _UserError(f"cannot read {name}: {e.strerror or e}") from None
+    from lucid.ir.text import decode_source
+
+    try:
+        return name, decode_source(data, name)
+    except ValueError as e:
+        raise _UserError(str(e)) from None
+
+
+def _prepare_tree_dir(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise _UserError(f"--print-ir-tree-dir {path}: exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise _UserError(
+            f"--print-ir-tree-dir {path}: cannot create it: {e.strerror or e}"
+        ) from None
+
+
+def _write_output(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise _UserError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _run(args: argparse.Namespace) -> None:
     import lucid  # noqa: F401  (registers every op, so the dialect is complete)
     from lucid.ir import _xdsl as x
-    from lucid.ir.text import make_context, parse_ir, print_ir
+    from lucid.ir.text import describe_parse_error, make_context, parse_ir, print_ir
     from lucid.passes import PassFailure, PassManager, PipelineError
-
-    def fail(msg: str) -> int:
-        sys.stderr.write(f"lucid-opt: error: {msg.rstrip()}\n")
-        return 1
 
     try:
         pm = PassManager(
@@ -113,13 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream=sys.stderr,
         )
     except PipelineError as e:
-        return fail(str(e))
+        raise _UserError(_describe_pipeline_error(e)) from None
+    if args.print_ir_tree_dir:
+        _prepare_tree_dir(args.print_ir_tree_dir)
 
-    name = "<stdin>" if args.input == "-" else args.input
-    try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
-    except OSError as e:
-        return fail(f"cannot read {name}: {e.strerror}")
+    name, text = _read_source(args.input)
     ctx = make_context()
     if "prim." in text:  # a lowered module: the prim dialect is loaded only when needed
         from lucid.ir.prim import prim_dialect
@@ -128,22 +166,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = parse_ir(text, ctx=ctx, name=name)
     except x.ParseError as e:
-        return fail(f"cannot parse {name}:\n{e}")
+        raise _UserError(describe_parse_error(e)) from None
     if not args.no_verify:
         try:
             module.verify()
-        except x.VerifyException as e:
-            return fail(f"{_locate_failure(module, text, name) or name} does not verify: {e}")
+        except RecursionError:
+            raise _UserError(f"{name}: the module nests too deeply to verify") from None
+        except Exception as e:  # VerifyException, or a verifier tripping on odd input
+            where = _locate_failure(module, text, name) or name
+            raise _UserError(f"{where} does not verify: {e}") from None
     try:
         pm.run(module, ctx)
     except PassFailure as e:
-        return fail(str(e))
-    result = print_ir(module, generic=args.print_op_generic, debuginfo=args.mlir_print_debuginfo)
-    if args.output == "-":
-        sys.stdout.write(result)
-    else:
-        with open(args.output, "w") as f:
-            f.write(result)
+        raise _UserError(str(e)) from None
+    except OSError as e:  # writing the IR tree
+        raise _UserError(f"cannot write {e.filename or 'the IR tree'}: {e.strerror or e}") from None
+    try:
+        result = print_ir(
+            module, generic=args.print_op_generic, debuginfo=args.mlir_print_debuginfo
+        )
+    except RecursionError:
+        raise _UserError(f"{name}: the module nests too deeply to print") from None
+    _write_output(args.output, result)
+
+
+def _describe_pipeline_error(e: Exception) -> str:
+    # xDSL's spec errors draw a caret under the spec on extra lines; keep the words only.
+    lines = [ln for ln in str(e).splitlines() if ln.strip() and set(ln.strip()) != {"^"}]
+    return " ".join(ln.strip() for ln in lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list_passes:
+        sys.stdout.write("Available passes:\n")
+        _list_passes(sys.stdout)
+        return 0
+    try:
+        _run(args)
+    except _UserError as e:
+        sys.stderr.write(f"lucid-opt: error: {_one_line(str(e))}\n")
+        return 1
     return 0
 
 
