@@ -28,6 +28,7 @@ _BUILTIN = {
     "vjp": "lucid.passes.vjp:VJP",
     "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
     "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",
+    "shape-specialize": "lucid.passes.shape_specialize:ShapeSpecialize",
 }
 
 _PASSES: dict[str, Callable[[], type[x.ModulePass]]] = {}

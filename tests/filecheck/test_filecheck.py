@@ -3,8 +3,10 @@ line says and matches the output against its ``// CHECK`` lines.
 
 Directives: ``// RUN: lucid-opt %s <flags>`` (``%s`` is the file), ``// CHECK: text`` (found
 on a later line), ``// CHECK-NEXT: text`` (on the very next line), ``// CHECK-NOT: text``
-(absent between the surrounding matches). ``{{regex}}`` inside a pattern is a regular
-expression; the rest matches literally. Files may hold several cases separated by ``// -----``.
+(absent between the surrounding matches), ``// ERROR: text`` (the case must fail: lucid-opt
+exits 1 with one error line matching each ERROR pattern). ``{{regex}}`` inside a pattern is a
+regular expression; the rest matches literally. Files may hold several cases separated by
+``// -----``.
 """
 
 from __future__ import annotations
@@ -67,12 +69,19 @@ def test_filecheck(path, index, tmp_path, capsys):
     assert run, f"{path.name} has no '// RUN: lucid-opt %s ...' line"
     case = text.split("// -----")[index]
     directives = re.findall(r"^\s*// (CHECK(?:-NEXT|-NOT)?): (.*)$", case, re.M)
-    assert directives, f"{path.name} case {index} has no CHECK lines"
+    errors = re.findall(r"^\s*// ERROR: (.*)$", case, re.M)
+    assert directives or errors, f"{path.name} case {index} has no CHECK or ERROR lines"
     source = tmp_path / "case.mlir"
     source.write_text(case)
     capsys.readouterr()
     code = lucid_opt([str(source), *shlex.split(run.group(1))])
     out, err = capsys.readouterr()
+    if errors:
+        assert code == 1 and out == "", f"{path.name} case {index} should fail:\n{out}{err}"
+        assert err.count("\n") == 1 and err.startswith("lucid-opt: error: "), err
+        for pattern in errors:
+            assert _regex(pattern).search(err), f"ERROR {pattern!r} not in: {err}"
+        return
     assert code == 0, err
     _check(out, directives, f"{path.name} case {index}")
 
