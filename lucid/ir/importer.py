@@ -114,6 +114,7 @@ def import_checked_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
     with no IR form or an op that does not verify is a ValueError naming the op by its place in
     the trace JSON (``$.ops[N]``)."""
     from lucid.ops._registry import REGISTRY
+    from lucid.trace._trace import Const
 
     for i, top in enumerate(trace.ops):
         if top.name not in REGISTRY:
@@ -121,9 +122,21 @@ def import_checked_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
         for k, v in top.attrs.items():
             try:
                 attr_to_ir(v)
-            except TypeError as e:
-                raise ValueError(f"$.ops[{i}].attrs.{k}: {e}") from None
-    module = import_trace(trace, name)
+            except Exception as e:  # TypeError, or xDSL refusing e.g. an int beyond i64
+                raise ValueError(f"$.ops[{i}].attrs.{k}: {v!r} has no IR form: {e}") from None
+        for j, c in enumerate(top.inputs):
+            for e in c if isinstance(c, list) else [c]:
+                if isinstance(e, Const):
+                    try:
+                        make_constant(e.value)
+                    except Exception as err:
+                        raise ValueError(
+                            f"$.ops[{i}].inputs[{j}]: constant {e.value!r} has no IR form: {err}"
+                        ) from None
+    try:
+        module = import_trace(trace, name)
+    except Exception as e:
+        raise ValueError(f"the trace does not import: {type(e).__name__}: {e}") from None
     body = forward_func(module, name).body.blocks.first
     traced = [op for op in body.ops if not isinstance(op, (ConstantOp, x.func.ReturnOp))]
     for i, op in enumerate(traced):
