@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from lucid.backends.base import BackendUnavailable
 from lucid.backends.mpsgraph.program import RecordingBuilder
 
 __all__ = ["MPSGraphUnavailable", "NativeBuilder", "native_status"]
 
 
-class MPSGraphUnavailable(RuntimeError):
+class MPSGraphUnavailable(BackendUnavailable):
     """The native MPSGraph part cannot run here; the message says why."""
 
 

@@ -1,12 +1,11 @@
-"""The lucid.compile entry points running through the MPSGraph emission and reference builder.
-
-Once lucid/compile serves ``backend="mpsgraph-reference"`` the tests select it with
-``LUCID_COMPILE_BACKEND``; until then a test-only shim puts the mpsgraph-reference backend where
-lucid/compile reaches the CPU (its compile target and ``training._compile_native``). Either way the
-same user paths run every graph through
-mpsgraph-legalize, the emitter and the reference builder: ``lucid.compile(m)(x)``, gradients
-through ``cm(x)``, ``make_step``, ``fused_step`` with each of the nine optimizers and
-``compile_optimizer`` with a scheduler. Models are float32 (MPSGraph has no float64).
+"""The lucid.compile entry points with ``backend="mpsgraph-reference"``: every graph goes through
+lower-to-prim, mpsgraph-legalize, the emitter and the reference builder. ``lucid.compile(m)(x)``
+(the zoo, eval and train), gradients through ``cm(x)``, ``make_step``, ``fused_step`` with each of
+the nine optimizers, ``compile_optimizer`` with a scheduler, dropout, a float64 model's fallback
+and the symbolic batch (``LUCID_COMPILE_DYNAMIC=1``). The backend is named explicitly in each
+call; the fixture also sets ``LUCID_COMPILE_BACKEND`` so an entry point that ignored ``backend=``
+would still not reach the CPU, and it fails a test that never reached the backend. Models are
+float32 (MPSGraph has no float64).
 """
 
 from __future__ import annotations
@@ -22,16 +21,8 @@ import lucid
 import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import optim
-from lucid.backends.mpsgraph import (
-    EmitError,
-    MPSGraphLegalize,
-    MPSGraphReferenceBackend,
-    MPSGraphUnsupported,
-    SymbolicUnsafe,
-)
-from lucid.compile import _pipeline, compile_optimizer, fused_step, make_step
-from lucid.compile import training as _training
-from lucid.passes import PassFailure, PassManager
+from lucid.backends.mpsgraph import MPSGraphLegalize, MPSGraphReferenceBackend
+from lucid.compile import compile_optimizer, fused_step, make_step
 
 _spec = importlib.util.spec_from_file_location(
     "compile_models_mps",
@@ -40,63 +31,12 @@ _spec = importlib.util.spec_from_file_location(
 models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(models)
 
-BACKEND = MPSGraphReferenceBackend()
-_REFUSALS = (MPSGraphUnsupported, SymbolicUnsafe, EmitError)
-
-
-def _lower(module) -> None:
-    try:
-        PassManager("lower-to-prim,prim-simplify").run(module)
-    except PassFailure as e:
-        raise _pipeline.Unsupported(str(e.cause)) from e
-
-
-class _ReferenceTarget:
-    """What lucid/compile's registry will hold for "mpsgraph-reference" (test-only stand-in)."""
-
-    name = "mpsgraph-reference"
-
-    def compile_module(self, module, inst=None):
-        _lower(module)
-        try:
-            return BACKEND.compile(module, inplace_updates=True), {}
-        except _REFUSALS as e:
-            raise _pipeline.Unsupported(str(e)) from e
-
-    def stage_ir(self, module, stage):
-        _lower(module)
-        return BACKEND.stage_ir(module)
-
-
-def _compile_on_reference(module, *, inplace: bool):
-    _lower(module)
-    try:
-        return BACKEND.compile(module, inplace_updates=inplace)
-    except _REFUSALS as e:
-        raise _pipeline.Unsupported(str(e)) from e
-
-
-def _registry_serves_mpsgraph_reference() -> bool:
-    """True once lucid/compile reaches backends by name and knows mpsgraph-reference."""
-    try:
-        lucid.compile(nn.Identity(), backend="mpsgraph-reference")
-    except (ValueError, TypeError):
-        return False
-    return True
+REF = "mpsgraph-reference"
 
 
 @pytest.fixture(autouse=True)
 def mpsgraph_reference(monkeypatch):
-    if _registry_serves_mpsgraph_reference():
-        monkeypatch.setenv("LUCID_COMPILE_BACKEND", "mpsgraph-reference")
-    elif hasattr(_pipeline, "_TARGETS") and hasattr(_training, "_compile_native"):
-        monkeypatch.setitem(_pipeline._TARGETS, "cpu", _ReferenceTarget())
-        monkeypatch.setattr(_training, "_compile_native", _compile_on_reference)
-    else:
-        pytest.fail(
-            "lucid/compile changed how it reaches backends but does not serve "
-            "backend='mpsgraph-reference': register MPSGraphReferenceBackend there"
-        )
+    monkeypatch.setenv("LUCID_COMPILE_BACKEND", REF)
     calls = []
     real = MPSGraphReferenceBackend.compile
 
@@ -105,8 +45,8 @@ def mpsgraph_reference(monkeypatch):
         return real(self, module, **kw)
 
     monkeypatch.setattr(MPSGraphReferenceBackend, "compile", counting)
-    # Through the registry, the backend's pipeline (mpsgraph-legalize) runs before compile and
-    # is where float64 is refused: it counts too.
+    # The backend's pipeline (mpsgraph-legalize) runs before compile and is where float64 is
+    # refused: it counts too.
     real_apply = MPSGraphLegalize.apply
 
     def counting_apply(self, ctx, op):
@@ -165,7 +105,7 @@ def test_compiled_forward_matches_eager(name, train):
     model.train(train)
     twin.train(train)
     x, _ = _data(name)
-    cm = lucid.compile(twin)
+    cm = lucid.compile(twin, backend=REF)
     for _ in range(2):  # the second call is a cache hit; BatchNorm statistics move twice
         close(cm(x).detach().numpy(), model(x).detach().numpy())
     for (_k, a), (_, b) in zip(model.named_buffers(), twin.named_buffers(), strict=True):
@@ -180,7 +120,7 @@ def test_gradients_through_a_compiled_call(name):
     x, y = _data(name)
     loss_fn = MODELS[name][1]
     loss_fn(model(x), y).backward()
-    loss_fn(lucid.compile(twin)(x), y).backward()
+    loss_fn(lucid.compile(twin, backend=REF)(x), y).backward()
     for (_n, a), (_, b) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
         close(b.grad.numpy(), a.grad.numpy(), 5e-4)
 
@@ -192,7 +132,7 @@ def test_make_step_loss_and_gradients_match_eager(name):
     loss_fn = MODELS[name][1]
     want = loss_fn(model(x), y)
     want.backward()
-    got = make_step(twin, loss_fn)(x, y)
+    got = make_step(twin, loss_fn, backend=REF)(x, y)
     got.backward()
     close(got.detach().numpy(), want.detach().numpy())
     for (_n, a), (_, b) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
@@ -218,7 +158,7 @@ def test_fused_step_with_each_optimizer_matches_eager(opt_name):
     model, twin = _pair("mlp")
     x, y = _data("mlp")
     ref_opt, opt = cls(model.parameters(), **kw), cls(twin.parameters(), **kw)
-    step = fused_step(twin, F.cross_entropy, opt)
+    step = fused_step(twin, F.cross_entropy, opt, backend=REF)
     for _ in range(3):
         ref_opt.zero_grad()
         want = F.cross_entropy(model(x), y)
@@ -234,7 +174,8 @@ def test_fused_step_trains_the_cnn_with_batchnorm():
     model, twin = _pair("cnn_bn")
     x, y = _data("cnn_bn")
     ref_opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    step = fused_step(twin, F.cross_entropy, optim.SGD(twin.parameters(), lr=0.05, momentum=0.9))
+    opt = optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    step = fused_step(twin, F.cross_entropy, opt, backend=REF)
     for _ in range(3):
         ref_opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
@@ -255,7 +196,7 @@ def test_compile_optimizer_follows_a_scheduler():
     ref_opt, opt = optim.Adam(ref, lr=0.05), optim.Adam(got, lr=0.05)
     ref_sched = optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.5)
     sched = optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    compile_optimizer(opt)
+    compile_optimizer(opt, backend=REF)
     for _i in range(5):
         g = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         for p, q, gi in zip(ref, got, g, strict=True):
@@ -274,7 +215,7 @@ def test_dropout_in_a_compiled_model_draws_eagers_numbers():
     twin = copy.deepcopy(model)
     x = lucid.tensor(np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32))
     assert twin.training
-    cm = lucid.compile(twin)
+    cm = lucid.compile(twin, backend=REF)
     draws = []
     for seed in (5, 6):
         lucid.manual_seed(seed)
@@ -287,7 +228,7 @@ def test_dropout_in_a_compiled_model_draws_eagers_numbers():
 
 def test_a_float64_model_falls_back_with_the_reason():
     model = nn.Linear(3, 2).double()
-    cm = lucid.compile(model)
+    cm = lucid.compile(model, backend=REF)
     x = lucid.tensor(np.ones((2, 3)))
     close(cm(x).detach().numpy(), model(x).detach().numpy(), 1e-12)
     reasons = " ".join(str(v) for v in cm.cache_info().values())
@@ -306,18 +247,13 @@ def _symbolic_calls(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.skipif(
-    not _registry_serves_mpsgraph_reference(),
-    reason="lucid/compile has no backend registry yet: symbolic batch through mpsgraph-reference "
-    "is tested at the prim level (test_passes.py) until it serves compile_symbolic",
-)
 def test_symbolic_batch_shares_one_program_and_unsafe_graphs_fall_back(monkeypatch):
     monkeypatch.setenv("LUCID_COMPILE_DYNAMIC", "1")
     symbolic = _symbolic_calls(monkeypatch)
     model, twin = _pair("mlp")
     model.eval()
     twin.eval()
-    cm = lucid.compile(twin, dynamic=True)
+    cm = lucid.compile(twin, dynamic=True, backend=REF)
     rng = np.random.default_rng(0)
     # Under no_grad: grad-mode calls do not take the symbolic entry yet (issue 12, item 3).
     with lucid.no_grad():
@@ -329,8 +265,17 @@ def test_symbolic_batch_shares_one_program_and_unsafe_graphs_fall_back(monkeypat
     def unsafe(x):
         return x * lucid.ones_like(x).sum()  # a batch-shaped constant
 
-    cu = lucid.compile(unsafe, dynamic=True)
+    cu = lucid.compile(unsafe, dynamic=True, backend=REF)
     for n in (3, 5):
         x = lucid.tensor(rng.standard_normal((n, 4)).astype(np.float32))
         close(cu(x).numpy(), unsafe(x).numpy())
     assert "batch" in str(cu.cache_info()["not_symbolic"])
+
+
+def test_the_final_stage_shows_the_mpsgraph_program():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    cm = lucid.compile(model, backend=REF)
+    cm(lucid.tensor(np.ones((2, 4), np.float32)))
+    text = cm.ir(stage="final")
+    assert "prim.matmul" in text and "// MPSGraph program (lucid.mpsgraph/v1)" in text
+    assert "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name:(" in text

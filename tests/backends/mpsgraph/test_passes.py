@@ -151,3 +151,12 @@ def test_the_native_backend_says_why_it_is_unavailable_here():
     module = lowered(lambda x: x + 1.0, _batch(2))
     with pytest.raises(MPSGraphUnavailable, match="not macOS"):
         MPSGraphBackend().compile(module)
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="checks the reason given off macOS")
+def test_asking_lucid_compile_for_mpsgraph_here_says_why_not():
+    import lucid
+    import lucid.nn as nn
+
+    with pytest.raises(ValueError, match="not macOS"):
+        lucid.compile(nn.Linear(2, 2), backend="mpsgraph")(lucid.tensor(np.ones((1, 2), "f4")))
