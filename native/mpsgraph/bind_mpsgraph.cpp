@@ -45,6 +45,17 @@ std::string to_str(const py::handle& value, const std::string& where) {
   return value.cast<std::string>();
 }
 
+// A dtype name the backend knows, or a ValueError saying where the unknown one is.
+std::string to_dtype(const py::handle& value, const std::string& where) {
+  std::string name = to_str(value, where);
+  try {
+    dtype_size(name);
+  } catch (const std::invalid_argument& e) {
+    bad(where, e.what());
+  }
+  return name;
+}
+
 py::object get(const py::dict& d, const char* key, const std::string& where) {
   if (!d.contains(key)) bad(where, std::string("missing key '") + key + "'");
   return d[key];
@@ -143,8 +154,7 @@ Arg parse_arg(const py::handle& value, const std::string& where) {
   } else if (d.contains("dtype")) {
     only({"dtype"});
     arg.kind = ArgKind::DType;
-    arg.name = to_str(d["dtype"], where + ".dtype");
-    dtype_size(arg.name);  // unknown names fail here, with the name
+    arg.name = to_dtype(d["dtype"], where + ".dtype");
   } else if (d.contains("enum")) {
     only({"enum", "value"});
     arg.kind = ArgKind::Enum;
@@ -167,8 +177,7 @@ Arg parse_arg(const py::handle& value, const std::string& where) {
     py::dict cd = py::reinterpret_borrow<py::dict>(c);
     arg.kind = ArgKind::Constant;
     arg.ints = to_ints(get(cd, "shape", where), where + ".constant.shape");
-    arg.name = to_str(get(cd, "dtype", where), where + ".constant.dtype");
-    dtype_size(arg.name);
+    arg.name = to_dtype(get(cd, "dtype", where), where + ".constant.dtype");
     std::string b64 = to_str(get(cd, "data_b64", where), where + ".constant.data_b64");
     py::bytes raw;
     try {
@@ -202,8 +211,7 @@ Program parse_program(const py::dict& desc) {
     Placeholder ph;
     ph.id = to_int(get(p, "id", where), where + ".id");
     ph.shape = to_ints(get(p, "shape", where), where + ".shape");
-    ph.dtype = to_str(get(p, "dtype", where), where + ".dtype");
-    dtype_size(ph.dtype);
+    ph.dtype = to_dtype(get(p, "dtype", where), where + ".dtype");
     if (p.contains("role")) ph.role = to_str(p["role"], where + ".role");
     program.placeholders.push_back(std::move(ph));
   }

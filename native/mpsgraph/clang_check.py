@@ -83,8 +83,8 @@ def find_toolchain() -> Toolchain:
 
 def command(toolchain: Toolchain, source: Path, extra: tuple[str, ...] = ()) -> list[str]:
     """The clang invocation that type-checks one file against the stub SDK."""
-    # The pybind11 binding is plain C++ (and needs pybind11's and Python's headers).
-    binding = source.suffix == ".cpp"
+    # The .cpp files are plain C++; the pybind11 binding also needs pybind11's and Python's headers.
+    binding = source.name.startswith("bind_")
     language = {".h": "objective-c++-header", ".cpp": "c++"}.get(source.suffix, "objective-c++")
     return [
         toolchain.clang,
@@ -92,7 +92,8 @@ def command(toolchain: Toolchain, source: Path, extra: tuple[str, ...] = ()) -> 
         "-x",
         language,
         "-std=c++17",
-        *(binding_includes() if binding else ("-fobjc-arc",)),
+        *(binding_includes() if binding else ()),
+        *(("-fobjc-arc",) if source.suffix != ".cpp" else ()),
         "-target",
         f"arm64-apple-macos{DEPLOYMENT_TARGET}",
         "-Werror=unguarded-availability-new",
@@ -160,8 +161,9 @@ def binding_checkable() -> str | None:
 def project_sources(binding: bool = True) -> list[Path]:
     """Every source and header of native/mpsgraph (the stubs excepted), the slowest first: the
     pybind11 binding (when `binding`), then the Objective-C++."""
-    objc = sorted(path for suffix in ("*.mm", "*.h") for path in HERE.glob(suffix))
-    return (sorted(HERE.glob("*.cpp")) if binding else []) + objc
+    rest = sorted(path for suffix in ("*.mm", "*.h", "*.cpp") for path in HERE.glob(suffix))
+    rest = [path for path in rest if not path.name.startswith("bind_")]
+    return (sorted(HERE.glob("bind_*.cpp")) if binding else []) + rest
 
 
 def binding_includes() -> tuple[str, ...]:

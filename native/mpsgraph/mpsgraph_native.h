@@ -1,7 +1,9 @@
 // The native MPSGraph backend's C++ face: a recorded program ("lucid.mpsgraph/v1", built by
 // lucid/backends/mpsgraph) as plain structs, and the runtime that replays, compiles, caches, runs
 // and serializes it. No Objective-C and no pybind11 here: bind_mpsgraph.cpp fills the structs from
-// Python objects, mpsgraph_runtime.mm implements the functions with MPSGraph. Built only on macOS.
+// Python objects, mpsgraph_program.cpp implements the portable part (structural key, cache,
+// bindings file), mpsgraph_runtime.mm and mpsgraph_replay.mm the MPSGraph part. Built only on
+// macOS.
 #pragma once
 
 #include <cstddef>
@@ -121,6 +123,17 @@ class Executable {
 
 inline constexpr const char* kBindingsSuffix = ".lucid-bindings";
 
+// What a serialized package does not carry: where each program feed and result sits in the
+// executable's own order. Written beside the package with the program's structural hash.
+struct Bindings {
+  std::vector<size_t> feed_order;    // executable input position -> program feed index
+  std::vector<size_t> result_order;  // executable result position -> program result index
+};
+void write_bindings(const std::string& path, uint64_t hash, const Bindings& bindings);
+// Reads a bindings file; throws std::runtime_error when it is missing, malformed, or was written
+// for a program with another structural hash.
+Bindings read_bindings(const std::string& path, const Program& program);
+
 struct Availability {
   bool available = false;
   std::string reason;  // why not, or what was found
@@ -131,6 +144,8 @@ Availability availability();
 
 // Replays `program` into an MPSGraph and compiles it (through the LRU when use_cache).
 std::shared_ptr<Executable> compile(const Program& program, bool use_cache, bool* cache_hit);
+// The same without the cache (the Metal side, mpsgraph_runtime.mm).
+std::shared_ptr<Executable> compile_uncached(const Program& program);
 
 // Loads an executable serialized by Executable::serialize; `program` must be the one it was
 // compiled from (checked against the recorded structural hash).

@@ -1004,16 +1004,15 @@ size_t selector_arity(const std::string& selector) {
 struct DataTypeName {
   const char* name;
   MPSDataType type;
-  size_t size;
 };
 
 const DataTypeName kDataTypes[] = {
-    {"MPSDataTypeFloat32", MPSDataTypeFloat32, 4}, {"MPSDataTypeFloat16", MPSDataTypeFloat16, 2},
-    {"MPSDataTypeBFloat16", MPSDataTypeBFloat16, 2}, {"MPSDataTypeInt8", MPSDataTypeInt8, 1},
-    {"MPSDataTypeInt16", MPSDataTypeInt16, 2},     {"MPSDataTypeInt32", MPSDataTypeInt32, 4},
-    {"MPSDataTypeInt64", MPSDataTypeInt64, 8},     {"MPSDataTypeUInt8", MPSDataTypeUInt8, 1},
-    {"MPSDataTypeUInt16", MPSDataTypeUInt16, 2},   {"MPSDataTypeUInt32", MPSDataTypeUInt32, 4},
-    {"MPSDataTypeUInt64", MPSDataTypeUInt64, 8},   {"MPSDataTypeBool", MPSDataTypeBool, 1},
+    {"MPSDataTypeFloat32", MPSDataTypeFloat32}, {"MPSDataTypeFloat16", MPSDataTypeFloat16},
+    {"MPSDataTypeBFloat16", MPSDataTypeBFloat16}, {"MPSDataTypeInt8", MPSDataTypeInt8},
+    {"MPSDataTypeInt16", MPSDataTypeInt16},     {"MPSDataTypeInt32", MPSDataTypeInt32},
+    {"MPSDataTypeInt64", MPSDataTypeInt64},     {"MPSDataTypeUInt8", MPSDataTypeUInt8},
+    {"MPSDataTypeUInt16", MPSDataTypeUInt16},   {"MPSDataTypeUInt32", MPSDataTypeUInt32},
+    {"MPSDataTypeUInt64", MPSDataTypeUInt64},   {"MPSDataTypeBool", MPSDataTypeBool},
 };
 
 }  // namespace
@@ -1031,13 +1030,6 @@ std::string mps_data_type_name(MPSDataType type) {
   }
   throw std::invalid_argument("MPSDataType " + std::to_string(static_cast<uint32_t>(type)) +
                               " is not one the backend uses");
-}
-
-size_t dtype_size(const std::string& dtype) {
-  for (const DataTypeName& entry : kDataTypes) {
-    if (dtype == entry.name) return entry.size;
-  }
-  throw std::invalid_argument("unknown MPSDataType '" + dtype + "'");
 }
 
 std::vector<std::string> replay_selectors() {

@@ -1,6 +1,6 @@
-// The native MPSGraph runtime: compiles a replayed program into an MPSGraphExecutable, keeps
-// executables in a process-wide LRU keyed by the program's structure, runs them on Metal buffers
-// in shared storage, and serializes them to .mpsgraphpackage (macOS 14).
+// The native MPSGraph runtime: compiles a replayed program into an MPSGraphExecutable (the cache
+// in mpsgraph_program.cpp keeps them), runs them on Metal buffers in shared storage, and
+// serializes them to .mpsgraphpackage (macOS 14).
 
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
@@ -9,122 +9,17 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <fstream>
-#include <list>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 #import "mpsgraph_replay.h"
 
 namespace lucid::mpsgraph {
-
-const char* arg_kind_name(ArgKind kind) {
-  switch (kind) {
-    case ArgKind::Tensor: return "tensor";
-    case ArgKind::Tensors: return "tensors";
-    case ArgKind::Int: return "int";
-    case ArgKind::Double: return "double";
-    case ArgKind::Bool: return "bool";
-    case ArgKind::Shape: return "shape";
-    case ArgKind::Ints: return "ints";
-    case ArgKind::DType: return "dtype";
-    case ArgKind::Enum: return "enum";
-    case ArgKind::Descriptor: return "descriptor";
-    case ArgKind::Constant: return "constant";
-    case ArgKind::NilObject: return "nil";
-  }
-  return "?";
-}
-
-// ---- structural key ----------------------------------------------------------------------------
-
-namespace {
-
-void put_ints(std::ostringstream& out, const std::vector<int64_t>& values) {
-  out << '[';
-  for (int64_t v : values) out << v << ',';
-  out << ']';
-}
-
-void put_arg(std::ostringstream& out, const Arg& arg) {
-  out << arg_kind_name(arg.kind) << '(';
-  switch (arg.kind) {
-    case ArgKind::Tensor: out << arg.tensor; break;
-    case ArgKind::Tensors: put_ints(out, arg.ids); break;
-    case ArgKind::Int:
-    case ArgKind::Bool: out << arg.integer; break;
-    case ArgKind::Double: {
-      // Bit-exact: two programs differing in the last bit of a constant are different programs.
-      uint64_t bits = 0;
-      std::memcpy(&bits, &arg.real, sizeof bits);
-      out << std::hex << bits << std::dec;
-      break;
-    }
-    case ArgKind::Shape:
-    case ArgKind::Ints: put_ints(out, arg.ints); break;
-    case ArgKind::DType: out << arg.name; break;
-    case ArgKind::Enum: out << arg.name << '=' << arg.integer; break;
-    case ArgKind::Descriptor:
-      out << arg.name;
-      for (const Field& field : arg.fields) {
-        out << ';' << field.name << ':';
-        put_arg(out, field.value);
-      }
-      break;
-    case ArgKind::Constant:
-      out << arg.name;
-      put_ints(out, arg.ints);
-      out << arg.bytes.size() << ':';
-      out.write(arg.bytes.data(), static_cast<std::streamsize>(arg.bytes.size()));
-      break;
-    case ArgKind::NilObject: break;
-  }
-  out << ')';
-}
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-}  // namespace
-
-std::string structural_key(const Program& program) {
-  std::ostringstream out;
-  out << kProgramFormat << '\n';
-  for (const Placeholder& p : program.placeholders) {
-    // The role is a label only; it does not change the executable.
-    out << "p" << p.id << ':' << p.dtype;
-    put_ints(out, p.shape);
-    out << '\n';
-  }
-  for (const Call& call : program.calls) {
-    out << call.selector << '(';
-    for (const Arg& arg : call.args) put_arg(out, arg);
-    out << ")->";
-    put_ints(out, call.results);
-    out << '\n';
-  }
-  out << "targets";
-  put_ints(out, program.targets);
-  out << "\ninplace";
-  for (const auto& [result, feed] : program.inplace) out << result << '>' << feed << ',';
-  return out.str();
-}
-
-uint64_t structural_hash(const Program& program) { return fnv1a(structural_key(program)); }
 
 // ---- device ------------------------------------------------------------------------------------
 
@@ -409,38 +304,6 @@ std::vector<std::shared_ptr<ResultBuffer>> MetalExecutable::run(
   return results;
 }
 
-void write_bindings(const std::string& path, uint64_t hash, const std::vector<size_t>& feeds,
-                    const std::vector<size_t>& results) {
-  std::ofstream out(path, std::ios::trunc);
-  out << "lucid.mpsgraph.bindings/v1\n" << hash << "\n";
-  for (size_t f : feeds) out << f << ' ';
-  out << "\n";
-  for (size_t r : results) out << r << ' ';
-  out << "\n";
-  if (!out) throw std::runtime_error("could not write " + path);
-}
-
-std::vector<size_t> read_index_line(std::istream& in, size_t expected, const std::string& what,
-                                    const std::string& path) {
-  std::string line;
-  std::getline(in, line);
-  std::istringstream fields(line);
-  std::vector<size_t> out;
-  size_t value = 0;
-  while (fields >> value) out.push_back(value);
-  std::vector<bool> seen(expected, false);
-  bool permutation = out.size() == expected;
-  for (size_t v : out) {
-    if (v >= expected || seen[v]) permutation = false;
-    if (v < expected) seen[v] = true;
-  }
-  if (!permutation) {
-    throw std::runtime_error(path + ": the " + what + " order does not match the program (" +
-                             std::to_string(expected) + " expected)");
-  }
-  return out;
-}
-
 void MetalExecutable::serialize(const std::string& path) {
   in_autorelease_pool([&] {
     MPSGraphExecutableSerializationDescriptor* descriptor =
@@ -460,7 +323,7 @@ void MetalExecutable::serialize(const std::string& path) {
       throw std::runtime_error("MPSGraph wrote no package at " + path);
     }
   });
-  write_bindings(path + kBindingsSuffix, hash_, feed_order_, result_order_);
+  write_bindings(path + kBindingsSuffix, hash_, {feed_order_, result_order_});
 }
 
 // Where each placeholder / target of the program sits in the executable's own order.
@@ -487,7 +350,9 @@ std::vector<size_t> positions_in(NSArray<MPSGraphTensor*>* executable_order,
   return out;
 }
 
-std::shared_ptr<MetalExecutable> compile_uncached(const Program& program) {
+}  // namespace
+
+std::shared_ptr<Executable> compile_uncached(const Program& program) {
   const Device& dev = usable_device();
   if (program.targets.empty()) throw std::invalid_argument("the program has no targets");
   for (const auto& [result, feed] : program.inplace) {
@@ -530,95 +395,11 @@ std::shared_ptr<MetalExecutable> compile_uncached(const Program& program) {
   return out;
 }
 
-// ---- the cache ---------------------------------------------------------------------------------
-
-size_t initial_capacity() {
-  const char* env = std::getenv("LUCID_COMPILE_MAX_CACHE");
-  if (env && *env) {
-    char* end = nullptr;
-    long v = std::strtol(env, &end, 10);
-    if (end && *end == '\0' && v >= 0) return static_cast<size_t>(v);
-  }
-  return 32;
-}
-
-struct Cache {
-  std::mutex mu;
-  size_t capacity = initial_capacity();
-  size_t hits = 0, misses = 0, evictions = 0;
-  using Entry = std::pair<std::string, std::shared_ptr<Executable>>;
-  std::list<Entry> lru;  // most recent first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index;
-
-  void evict_to(size_t cap) {
-    while (lru.size() > cap) {
-      index.erase(lru.back().first);
-      lru.pop_back();
-      ++evictions;
-    }
-  }
-};
-
-Cache& cache() {
-  static Cache* c = new Cache;  // never destroyed: executables may outlive static teardown
-  return *c;
-}
-
-}  // namespace
-
-std::shared_ptr<Executable> compile(const Program& program, bool use_cache, bool* cache_hit) {
-  if (cache_hit) *cache_hit = false;
-  if (!use_cache) return compile_uncached(program);
-  Cache& c = cache();
-  // The full key, not only its hash: a hash collision must never return another program.
-  std::string key = structural_key(program);
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    auto it = c.index.find(key);
-    if (it != c.index.end()) {
-      c.lru.splice(c.lru.begin(), c.lru, it->second);
-      ++c.hits;
-      if (cache_hit) *cache_hit = true;
-      return it->second->second;
-    }
-  }
-  // Compile outside the lock: other threads keep hitting the cache meanwhile.
-  std::shared_ptr<Executable> executable = compile_uncached(program);
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto it = c.index.find(key);
-  if (it != c.index.end()) {  // another thread compiled the same program first
-    ++c.hits;
-    if (cache_hit) *cache_hit = true;
-    return it->second->second;
-  }
-  ++c.misses;
-  if (c.capacity == 0) return executable;
-  c.lru.emplace_front(std::move(key), executable);
-  c.index[c.lru.front().first] = c.lru.begin();
-  c.evict_to(c.capacity);
-  return executable;
-}
-
 std::shared_ptr<Executable> load(const std::string& path, const Program& program) {
   usable_device();  // fails early, with the reason, where MPSGraph cannot run
-  std::string bindings_path = path + kBindingsSuffix;
-  std::ifstream in(bindings_path);
-  if (!in) throw std::runtime_error("no bindings file " + bindings_path + " beside the package");
-  std::string magic, hash_line;
-  std::getline(in, magic);
-  std::getline(in, hash_line);
-  if (magic != "lucid.mpsgraph.bindings/v1") {
-    throw std::runtime_error(bindings_path + " is not a Lucid MPSGraph bindings file");
-  }
-  if (hash_line != std::to_string(structural_hash(program))) {
-    throw std::runtime_error(path + " was compiled from a different program (structural hash " +
-                             hash_line + ", this program's is " +
-                             std::to_string(structural_hash(program)) + ")");
-  }
-  std::vector<size_t> feed_order =
-      read_index_line(in, program.placeholders.size(), "feed", bindings_path);
-  std::vector<size_t> result_order =
-      read_index_line(in, program.targets.size(), "result", bindings_path);
+  Bindings bindings = read_bindings(path + kBindingsSuffix, program);
+  std::vector<size_t> feed_order = std::move(bindings.feed_order);
+  std::vector<size_t> result_order = std::move(bindings.result_order);
   std::shared_ptr<Executable> out;
   in_autorelease_pool([&] {
     NSString* ns_path = [NSString stringWithUTF8String:path.c_str()];
@@ -645,27 +426,6 @@ std::shared_ptr<Executable> load(const std::string& path, const Program& program
                                             std::move(result_order));
   });
   return out;
-}
-
-CacheStats cache_stats() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  return {c.lru.size(), c.capacity, c.hits, c.misses, c.evictions};
-}
-
-void cache_clear() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.lru.clear();
-  c.index.clear();
-  c.hits = c.misses = c.evictions = 0;
-}
-
-void cache_set_capacity(size_t capacity) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.capacity = capacity;
-  c.evict_to(capacity);
 }
 
 }  // namespace lucid::mpsgraph
