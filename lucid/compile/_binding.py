@@ -84,27 +84,32 @@ class LRU(dict):
 def owner_modules(target: Any) -> list[Module]:
     """The modules whose parameters and buffers a compiled ``target`` binds: the target itself,
     a bound method's module, or the modules a function reaches through its closure, its default
-    arguments and the globals its code names (one level; ``functools.partial`` unwrapped)."""
+    arguments and the globals its code names, and likewise through the functions it calls that
+    way (a few levels deep; ``functools.partial`` unwrapped)."""
     seen: dict[int, Module] = {}
+    visited: set[int] = set()
 
-    def add(obj: Any) -> None:
+    def add(obj: Any, depth: int) -> None:
         if isinstance(obj, Module):
             seen.setdefault(id(obj), obj)
+        elif isinstance(obj, (types.FunctionType, types.MethodType)) or hasattr(obj, "func"):
+            visit(obj, depth + 1)  # a helper function the target calls
 
     def visit(fn: Any, depth: int) -> None:
         if isinstance(fn, Module):
-            add(fn)
+            seen.setdefault(id(fn), fn)
             return
-        if depth > 2:
+        if depth > 3 or id(fn) in visited:
             return
+        visited.add(id(fn))
         inner = getattr(fn, "func", None)  # functools.partial
         if inner is not None and hasattr(fn, "args"):
             visit(inner, depth + 1)
             for a in (*fn.args, *fn.keywords.values()):
-                add(a)
+                add(a, depth)
             return
         if isinstance(fn, types.MethodType):
-            add(fn.__self__)
+            add(fn.__self__, depth)
             visit(fn.__func__, depth + 1)
             return
         code = getattr(fn, "__code__", None)
@@ -112,18 +117,18 @@ def owner_modules(target: Any) -> list[Module]:
             # A callable object: the modules among its attributes.
             if not isinstance(fn, type) and hasattr(fn, "__dict__"):
                 for v in vars(fn).values():
-                    add(v)
+                    add(v, depth)
             return
         for cell in getattr(fn, "__closure__", None) or ():
             try:
-                add(cell.cell_contents)
+                add(cell.cell_contents, depth)
             except ValueError:  # an empty cell
                 pass
         for d in getattr(fn, "__defaults__", None) or ():
-            add(d)
+            add(d, depth)
         g = getattr(fn, "__globals__", {})
         for name in code.co_names:
-            add(g.get(name))
+            add(g.get(name), depth)
 
     visit(target, 0)
     return list(seen.values())

@@ -245,3 +245,27 @@ def test_compile_optimizer_follows_its_param_groups():
         o.step()
     _close(model[0].weight, ref[0].weight)
     assert opt.param_groups[0]["params"][0] is model[0].weight
+
+
+_GLOBAL_MODEL = _mlp(seed=3)
+
+
+def _helper(x):
+    return _GLOBAL_MODEL(x)
+
+
+def _calls_a_helper(x):
+    return _helper(x) + 1.0
+
+
+def test_a_function_reaching_a_model_through_a_helper():
+    cf = lucid.compile(_calls_a_helper)
+    x = _x()
+    old = _GLOBAL_MODEL[2]
+    try:
+        with lucid.no_grad():
+            cf(x)
+            _GLOBAL_MODEL[2] = nn.Linear(16, 2)
+            _close(cf(x), _calls_a_helper(x))
+    finally:
+        _GLOBAL_MODEL[2] = old
