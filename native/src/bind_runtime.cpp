@@ -2,6 +2,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
 
 #include "lucid/parallel.h"
 #include "lucid/runtime.h"
@@ -11,6 +16,13 @@ namespace py = pybind11;
 namespace lucid {
 
 namespace {
+
+// numpy's byte-order character of a dtype whose bytes are swapped relative to this machine.
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+constexpr char kForeignByteOrder = '<';
+#else
+constexpr char kForeignByteOrder = '>';
+#endif
 
 [[noreturn]] void bad(const std::string& msg) { throw py::value_error(msg); }
 
@@ -130,6 +142,35 @@ Program parse_program(const py::dict& desc) {
   return p;
 }
 
+// The thread Python runs signal handlers on (the thread that forked, in a forked child).
+std::atomic<unsigned long> g_main_thread{0};
+
+void main_thread_is_this_one() { g_main_thread = PyThread_get_thread_ident(); }
+
+// Lets a run on the main thread be interrupted (Ctrl-C): between steps, at most every 50 ms, it
+// takes the GIL and runs pending signal handlers; an exception they raise abandons the run
+// (feeds untouched) and is raised from run().
+class SignalCheck {
+ public:
+  bool operator()() {
+    auto now = std::chrono::steady_clock::now();  // first call: after kInterruptCheckWork
+    if (now < next_) return false;
+    next_ = now + std::chrono::milliseconds(50);
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return false;
+    raised_ = std::make_unique<py::error_already_set>();
+    return true;
+  }
+  [[noreturn]] void rethrow() {
+    if (raised_) throw *raised_;
+    throw std::runtime_error("run interrupted without a Python exception");
+  }
+
+ private:
+  std::chrono::steady_clock::time_point next_{};
+  std::unique_ptr<py::error_already_set> raised_;
+};
+
 py::dtype numpy_dtype(DType d) {
   switch (d) {
     case DType::F32: return py::dtype::of<float>();
@@ -194,6 +235,10 @@ struct PyExecutable {
       if (a.dtype().num() != feed_type_nums[i])
         throw py::type_error("feed " + std::to_string(i) + " has dtype " + std::string(py::str(a.dtype())) +
                              ", expected " + std::string(py::str(feed_dtypes[i])));
+      // A byte-swapped array has the same type number; its bytes would be read as native.
+      if (a.dtype().byteorder() == kForeignByteOrder)
+        bad("feed " + std::to_string(i) + " has non-native byte order (dtype " +
+            std::string(py::str(a.dtype())) + "); convert it with arr.astype(arr.dtype.newbyteorder('='))");
       bool shape_ok = a.ndim() == static_cast<py::ssize_t>(feed_shapes[i].size());
       for (py::ssize_t d = 0; shape_ok && d < a.ndim(); ++d) shape_ok = a.shape(d) == feed_shapes[i][d];
       if (!shape_ok) {
@@ -221,9 +266,19 @@ struct PyExecutable {
         out[j] = std::move(r);
       }
     }
-    {
+    // Runs too short to reach an interrupt check, or off the main thread, skip the checks.
+    if (ex->work() < kInterruptCheckWork || PyThread_get_thread_ident() != g_main_thread) {
       py::gil_scoped_release release;
       ex->run(fptr, rptr, step_seconds);
+      return out;
+    }
+    SignalCheck signals;
+    InterruptCheck check = [&signals] { return signals(); };
+    try {
+      py::gil_scoped_release release;
+      ex->run(fptr, rptr, step_seconds, &check);
+    } catch (const RunInterrupted&) {
+      signals.rethrow();
     }
     return out;
   }
@@ -243,6 +298,9 @@ py::dict stats_dict() {
 }  // namespace
 
 void init_runtime(py::module_& m) {
+  g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  install_fork_handlers();
+  pthread_atfork(nullptr, nullptr, main_thread_is_this_one);
   py::class_<PyExecutable>(m, "Executable", "A compiled program: run(feeds) -> list of arrays.")
       .def("run", &PyExecutable::run, py::arg("feeds"),
            "Run on a sequence of numpy arrays (C-contiguous, exact dtype and shape; not copied). "
@@ -256,6 +314,9 @@ void init_runtime(py::module_& m) {
                              "Whether compile() found this executable in the cache.")
       .def_property_readonly("arena_bytes", [](const PyExecutable& e) { return e.ex->arena_bytes(); },
                              "Scratch bytes of one run after buffer reuse.")
+      .def_property_readonly("work", [](const PyExecutable& e) { return e.ex->work(); },
+                             "The program's work estimate (about one unit per GEMM multiply-add; "
+                             "at most 2^42).")
       .def_property_readonly("unplanned_bytes", [](const PyExecutable& e) { return e.ex->unplanned_bytes(); },
                              "Scratch bytes the intermediates would take without reuse.")
       .def_property_readonly("arena_offsets", [](const PyExecutable& e) { return e.ex->arena_offsets(); },

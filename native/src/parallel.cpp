@@ -105,7 +105,9 @@ Pool* g_pool = nullptr;
 std::once_flag g_once;
 
 // A forked child has none of the parent's workers: give it a fresh pool (the old one is leaked,
-// its mutexes may be held by threads that do not exist in the child).
+// its mutexes may be held by threads that do not exist in the child). No job is half done at
+// fork: parallel_for runs only inside Executable::run, and fork waits for every run in progress
+// (runtime.cpp, ForkGate).
 void reset_after_fork() {
   int n = g_pool ? g_pool->threads() : 1;
   g_pool = new Pool(n);

@@ -15,8 +15,6 @@ const char* const kOpNames[] = {
 #undef LUCID_NAME
 };
 
-constexpr int64_t kMaxElements = int64_t(1) << 40;
-
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
 std::string slot_str(const Slot& s) { return std::string(dtype_name(s.dtype)) + shape_str(s.shape); }
@@ -60,6 +58,18 @@ bool parse_dtype(const std::string& name, DType* out) {
   for (auto& [n, d] : table)
     if (name == n) { *out = d; return true; }
   return false;
+}
+
+int64_t checked_add(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) fail(std::string(what) + " overflows 64-bit integers");
+  return r;
+}
+
+int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) fail(std::string(what) + " overflows 64-bit integers");
+  return r;
 }
 
 int64_t numel(const Shape& s) {
@@ -270,13 +280,21 @@ void check_nonneg_shape(const Shape& s) {
   for (int64_t d : s)
     if (d < 0) fail("negative dimension in shape " + shape_str(s));
   if (s.size() > 16) fail("rank above 16 is not supported");
+  int64_t total = 1;
+  for (int64_t d : s) {
+    int64_t extent = std::max<int64_t>(d, 1);
+    if (total > kMaxElements / extent)
+      fail("shape " + shape_str(s) + " exceeds 2^40 elements (zero dimensions counted as 1)");
+    total *= extent;
+  }
 }
 
 int64_t window(int64_t size, int64_t k, int64_t stride, int64_t dil, int64_t lo, int64_t hi) {
-  int64_t span = dil * (k - 1) + 1;
-  int64_t extent = size + lo + hi - span;
+  int64_t span = checked_add(checked_mul(dil, k - 1, "dilation * (kernel - 1)"), 1, "window span");
+  int64_t padded = checked_add(checked_add(size, lo, "padded size"), hi, "padded size");
+  int64_t extent = padded - span;
   if (extent < 0)
-    fail("window " + std::to_string(span) + " larger than padded size " + std::to_string(size + lo + hi));
+    fail("window " + std::to_string(span) + " larger than padded size " + std::to_string(padded));
   return extent / stride + 1;
 }
 
@@ -297,7 +315,7 @@ Shape conv_shape(const Instr& in, const Shape& x, const Shape& w) {
   if (g < 1) fail("groups must be >= 1");
   if (x.size() != 4 || w.size() != 4)
     fail("input and weight need rank 4 (NCHW, OIHW), got " + shape_str(x) + " and " + shape_str(w));
-  if (x[1] != w[1] * g || w[0] % g)
+  if (x[1] != checked_mul(w[1], g, "weight channels * groups") || w[0] % g)
     fail("channels do not fit groups=" + std::to_string(g) + ": input " + shape_str(x) +
          ", weight " + shape_str(w));
   if (w[2] < 1 || w[3] < 1) fail("kernel size must be >= 1");
@@ -527,7 +545,7 @@ Slot infer(const Program& p, const Instr& in) {
         if (sd[i] < 1 || st[i] < 0 || st[i] > en[i] || en[i] > x.shape[i])
           fail("axis " + std::to_string(i) + ": need 0 <= start <= end <= " +
                std::to_string(x.shape[i]) + " and stride >= 1");
-        s.push_back((en[i] - st[i] + sd[i] - 1) / sd[i]);
+        s.push_back(en[i] == st[i] ? 0 : (en[i] - st[i] - 1) / sd[i] + 1);
       }
       return Slot{s, x.dtype};
     }
@@ -542,7 +560,7 @@ Slot infer(const Program& p, const Instr& in) {
         for (size_t d = 0; ok && d < s.size(); ++d)
           if (static_cast<int64_t>(d) != axis && o[d] != s[d]) ok = false;
         if (!ok) fail("shapes " + shape_str(x.shape) + " and " + shape_str(o) + " differ off the axis");
-        s[axis] += o[axis];
+        s[axis] = checked_add(s[axis], o[axis], "concatenated size");
       }
       return Slot{s, x.dtype};
     }
@@ -554,7 +572,7 @@ Slot infer(const Program& p, const Instr& in) {
       Shape s = x.shape;
       for (size_t i = 0; i < s.size(); ++i) {
         if (lo[i] < 0 || hi[i] < 0) fail("pad widths must be >= 0");
-        s[i] += lo[i] + hi[i];
+        s[i] = checked_add(s[i], checked_add(lo[i], hi[i], "pad widths"), "padded size");
       }
       return Slot{s, x.dtype};
     }
@@ -708,11 +726,22 @@ std::vector<ExprNode> decode_expr(const Program& p, const Instr& in) {
 
 std::vector<int> expr_outputs(const Instr& in, size_t n_nodes) {
   auto it = in.attrs.find("sub_outputs");
-  if (in.op != Op::fused || it == in.attrs.end()) return {static_cast<int>(n_nodes) - 1};
+  if (in.op != Op::fused || it == in.attrs.end()) {
+    // Callers index one node per output slot: without sub_outputs there is exactly one.
+    if (in.out.size() != 1)
+      fail("fused: " + std::to_string(in.out.size()) +
+           " output slots need sub_outputs (one node index per output slot)");
+    return {static_cast<int>(n_nodes) - 1};
+  }
   std::vector<int> outs;
+  std::vector<bool> taken(n_nodes, false);
   for (int64_t k : attr_ints(in, "sub_outputs")) {
     if (k < 0 || k >= static_cast<int64_t>(n_nodes))
       fail("fused: sub_outputs entry " + std::to_string(k) + " is not a node");
+    // The evaluator writes each node to one output slot: a second slot of the same node would
+    // never be written.
+    if (taken[k]) fail("fused: sub_outputs names node " + std::to_string(k) + " twice");
+    taken[k] = true;
     outs.push_back(static_cast<int>(k));
   }
   if (outs.size() != in.out.size())
@@ -721,21 +750,111 @@ std::vector<int> expr_outputs(const Instr& in, size_t n_nodes) {
   return outs;
 }
 
+namespace {
+
+// a * b, or INT64_MAX when that overflows: work estimates only need to exceed the bound.
+int64_t sat_mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+int64_t sat_add(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+// The GEMM shapes of a conv instruction: (N, C, O, KH, KW, HO, WO, groups).
+struct ConvDims {
+  int64_t n, c, o, kh, kw, ho, wo, g;
+};
+ConvDims conv_dims(const Program& p, const Instr& in) {
+  const Shape *x, *w, *y;
+  if (in.op == Op::conv2d) {
+    x = &p.slots[in.in[0]].shape; w = &p.slots[in.in[1]].shape; y = &p.slots[in.out[0]].shape;
+  } else if (in.op == Op::conv2d_data_grad) {
+    x = &p.slots[in.out[0]].shape; w = &p.slots[in.in[1]].shape; y = &p.slots[in.in[0]].shape;
+  } else {
+    x = &p.slots[in.in[0]].shape; w = &p.slots[in.out[0]].shape; y = &p.slots[in.in[1]].shape;
+  }
+  return {(*x)[0], (*x)[1], (*w)[0], (*w)[2], (*w)[3], (*y)[2], (*y)[3], attr_int(in, "groups")};
+}
+
+// Sizes the kernels hand to BLAS (32-bit) and the im2col scratch they allocate.
+void check_kernel_sizes(const Program& p, const Instr& in) {
+  auto blas_dim = [](int64_t d, const char* what) {
+    if (d > kMaxBlasDim)
+      fail(std::string(what) + " " + std::to_string(d) + " exceeds the BLAS limit 2^31-1");
+  };
+  if (in.op == Op::matmul || in.op == Op::matmul_accumulate) {
+    const Shape &a = p.slots[in.in[0]].shape, &o = p.slots[in.out[0]].shape;
+    const bool ta = attr_bool(in, "transpose_a");
+    const int64_t m = o[o.size() - 2], n = o.back(), k = ta ? a[a.size() - 2] : a.back();
+    blas_dim(m, "matmul rows");
+    blas_dim(n, "matmul columns");
+    blas_dim(k, "matmul contraction size");
+    blas_dim(sat_mul(m, numel(Shape(o.begin(), o.end() - 2))), "matmul rows times batch");
+  } else if (in.op == Op::conv2d || in.op == Op::conv2d_data_grad ||
+             in.op == Op::conv2d_weights_grad) {
+    ConvDims d = conv_dims(p, in);
+    const int64_t ckk = sat_mul(d.c / d.g, sat_mul(d.kh, d.kw));
+    const int64_t cols = sat_mul(d.n, sat_mul(d.ho, d.wo));
+    blas_dim(d.o, "conv output channels");
+    blas_dim(ckk, "conv channels times kernel area");
+    blas_dim(cols, "conv batch times output area");
+    if (sat_add(sat_mul(ckk, cols), sat_mul(d.o, cols)) > kMaxElements)
+      fail("conv im2col scratch exceeds 2^40 elements");
+  }
+}
+
+}  // namespace
+
+int64_t instr_work(const Program& p, const Instr& in) {
+  auto size_of = [&](int s) { return std::max<int64_t>(p.slots[s].size(), 1); };
+  constexpr int64_t kPerElement = 2, kPerTap = 64;
+  int64_t moved = 0;
+  for (int s : in.in) moved = sat_add(moved, size_of(s));
+  for (int s : in.out) moved = sat_add(moved, size_of(s));
+  const int64_t base = sat_add(1, sat_mul(moved, kPerElement));
+  switch (in.op) {
+    case Op::fused: {
+      const int64_t nodes = static_cast<int64_t>(attr_strs(in, "sub_ops").size());
+      return sat_add(base, sat_mul(sat_mul(size_of(in.out[0]), nodes), kPerElement));
+    }
+    case Op::matmul: case Op::matmul_accumulate: {
+      const Shape& a = p.slots[in.in[0]].shape;
+      const int64_t k = attr_bool(in, "transpose_a") ? a[a.size() - 2] : a.back();
+      return sat_add(base, sat_mul(size_of(in.out[0]), std::max<int64_t>(k, 1)));
+    }
+    case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad: {
+      ConvDims d = conv_dims(p, in);
+      const int64_t cols = sat_mul(d.n, sat_mul(d.ho, d.wo));
+      const int64_t taps = sat_mul(d.kh, d.kw);
+      // The GEMM's multiply-adds plus the im2col / col2im copies.
+      const int64_t gemm = sat_mul(sat_mul(cols, d.o), sat_mul(d.c / d.g, taps));
+      return sat_add(base, sat_add(gemm, sat_mul(sat_mul(cols, d.c), sat_mul(taps, kPerElement))));
+    }
+    case Op::max_pool2d: case Op::avg_pool2d: case Op::max_pool2d_grad:
+    case Op::avg_pool2d_grad: {
+      const auto& k = attr_ints(in, "kernel");
+      const bool forward = in.op == Op::max_pool2d || in.op == Op::avg_pool2d;
+      const int64_t windows = forward ? size_of(in.out[0]) : size_of(in.in[0]);
+      return sat_add(base, sat_mul(sat_mul(windows, sat_mul(k[0], k[1])), kPerTap));
+    }
+    default:
+      return base;
+  }
+}
+
 void validate(const Program& p) {
   int n = static_cast<int>(p.slots.size());
   for (int i = 0; i < n; ++i) {
     try {
       check_nonneg_shape(p.slots[i].shape);
-      int64_t total = 1;
-      for (int64_t d : p.slots[i].shape) {
-        if (d > 0 && total > kMaxElements / d) fail("more than 2^40 elements");
-        total *= d;
-      }
     } catch (const std::invalid_argument& e) {
       fail("slot " + std::to_string(i) + ": " + e.what());
     }
   }
   std::vector<bool> defined(n, false);
+  int64_t work = 0;
   auto check_slot = [&](int s, const std::string& where) {
     if (s < 0 || s >= n)
       fail(where + ": slot " + std::to_string(s) + " out of range (program has " + std::to_string(n) + " slots)");
@@ -774,6 +893,15 @@ void validate(const Program& p) {
       if (defined[o]) fail(where + ": output slot " + std::to_string(o) + " is written twice");
       defined[o] = true;
     }
+    try {
+      check_kernel_sizes(p, in);
+    } catch (const std::invalid_argument& e) {
+      fail(where + ": " + e.what());
+    }
+    work = sat_add(work, instr_work(p, in));
+    if (work > kMaxWork)
+      fail(where + ": the program describes more than 2^42 units of work (minutes of CPU; "
+           "see instr_work); split it");
   }
   for (size_t i = 0; i < p.results.size(); ++i) {
     check_slot(p.results[i], "result " + std::to_string(i));
@@ -839,16 +967,20 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 std::string dump(const Program& p) {
+  // Also dumps programs that did not validate: a slot index out of range prints as '?'.
   std::ostringstream os;
   auto sl = [&](int s) { return "%" + std::to_string(s); };
+  auto ty = [&](int s) {
+    return s >= 0 && s < static_cast<int>(p.slots.size()) ? slot_str(p.slots[s]) : std::string("?");
+  };
   os << "program(";
   for (size_t i = 0; i < p.feeds.size(); ++i)
-    os << (i ? ", " : "") << sl(p.feeds[i]) << ": " << slot_str(p.slots[p.feeds[i]]);
+    os << (i ? ", " : "") << sl(p.feeds[i]) << ": " << ty(p.feeds[i]);
   os << ")\n";
   for (const Instr& in : p.instrs) {
     os << "  ";
     for (size_t j = 0; j < in.out.size(); ++j)
-      os << (j ? ", " : "") << sl(in.out[j]) << ": " << slot_str(p.slots[in.out[j]]);
+      os << (j ? ", " : "") << sl(in.out[j]) << ": " << ty(in.out[j]);
     os << " = " << op_name(in.op);
     if (!in.attrs.empty()) {
       os << "{";

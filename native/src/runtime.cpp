@@ -1,8 +1,14 @@
 // The CPU runtime: buffer planning by liveness, running the steps, and the executable cache.
 #include "lucid/runtime.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -141,6 +147,92 @@ int Executable::reusable_input(const Program& p, const Instr& in, int k,
   return -1;
 }
 
+// ---- fork safety ----------------------------------------------------------------------------
+
+namespace {
+
+// Counts the runs in progress. fork's prepare handler raises `forking`, waits for the count to
+// drop to zero and holds `mu` across fork. A run enters with one atomic increment (no lock) and
+// steps back to wait when it finds a fork pending; each side writes its flag before reading the
+// other's (sequentially consistent), so at least one of them sees the other.
+struct ForkGate {
+  std::atomic<int> active{0};
+  std::atomic<bool> forking{false};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+ForkGate* g_fork_gate = new ForkGate;  // replaced (never freed) in a forked child
+
+std::mutex& cache_mutex();
+
+void gate_leave(ForkGate* g) {
+  if (g->active.fetch_sub(1) == 1 && g->forking.load()) {
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->cv.notify_all();
+  }
+}
+
+void gate_enter(ForkGate* g) {
+  for (;;) {
+    g->active.fetch_add(1);
+    if (!g->forking.load()) return;
+    gate_leave(g);
+    std::unique_lock<std::mutex> lock(g->mu);
+    g->cv.wait(lock, [g] { return !g->forking.load(); });
+  }
+}
+
+void before_fork() {
+  ForkGate* g = g_fork_gate;
+  g->forking.store(true);
+  std::unique_lock<std::mutex> lock(g->mu);
+  g->cv.wait(lock, [g] { return g->active.load() == 0; });
+  lock.release();  // held across fork; the parent or child handler lets go
+  cache_mutex().lock();
+}
+
+void after_fork_in_parent() {
+  cache_mutex().unlock();
+  ForkGate* g = g_fork_gate;
+  g->forking.store(false);
+  g->mu.unlock();
+  g->cv.notify_all();
+}
+
+void after_fork_in_child() {
+  cache_mutex().unlock();  // this thread locked it before fork
+  // The condition variable may count waiters that do not exist here: start afresh.
+  g_fork_gate = new ForkGate;
+}
+
+}  // namespace
+
+void install_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); });
+}
+
+// Counts the current thread as running an executable while it is inside (see ForkGate).
+class Executable::RunGate {
+ public:
+  RunGate() { enter(); }
+  ~RunGate() {
+    if (inside_) leave();
+  }
+  void enter() {
+    gate_enter(g_fork_gate);
+    inside_ = true;
+  }
+  void leave() {
+    inside_ = false;
+    gate_leave(g_fork_gate);
+  }
+
+ private:
+  bool inside_ = false;
+};
+
 struct Executable::Arena {
   std::vector<double> memory;  // 8-byte aligned; offsets are 64-byte multiples
   std::vector<void*> ptrs;
@@ -214,11 +306,20 @@ Executable::Executable(Program program) : program_(std::move(program)) {
         planner.release(where_[s], p.slots[s].bytes());
   }
   arena_bytes_ = planner.end();
+  // A run may be abandoned until its first step that writes into a feed's buffer.
+  std::vector<bool> writes_feed(n, false);
+  for (int j : inplace_direct_) writes_feed[p.results[j]] = true;
+  abandonable_steps_ = SIZE_MAX;
   for (int k = 0; k < forever; ++k)
     if (p.instrs[k].op != Op::constant) {
+      for (int o : p.instrs[k].out)
+        if (writes_feed[o]) abandonable_steps_ = std::min(abandonable_steps_, steps_.size());
       steps_.push_back(make_step(p, p.instrs[k]));
       step_instr_.push_back(k);
+      step_work_.push_back(instr_work(p, p.instrs[k]));
+      work_ += step_work_.back();
     }
+  abandonable_steps_ = std::min(abandonable_steps_, steps_.size());
 }
 
 Executable::~Executable() {
@@ -259,7 +360,8 @@ void Executable::release(Arena* a) const {
 }
 
 void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results,
-                     std::vector<double>* step_seconds) const {
+                     std::vector<double>* step_seconds, const InterruptCheck* interrupt) const {
+  RunGate gate;
   Arena* a = acquire();
   struct Giveback {
     const Executable* ex;
@@ -279,12 +381,22 @@ void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& 
       ptrs[s] = staged.back().data();
     }
   }
-  if (step_seconds) {
+  if (step_seconds || interrupt) {
     using clock = std::chrono::steady_clock;
+    int64_t work_since_check = 0;
     for (size_t k = 0; k < steps_.size(); ++k) {
-      auto t0 = clock::now();
+      if (interrupt && k < abandonable_steps_ && work_since_check >= kInterruptCheckWork) {
+        work_since_check = 0;
+        // Between steps this run holds no lock and no worker: a fork may proceed meanwhile.
+        gate.leave();
+        const bool stop = (*interrupt)();
+        gate.enter();
+        if (stop) throw RunInterrupted();
+      }
+      work_since_check += step_work_[k];
+      auto t0 = step_seconds ? clock::now() : clock::time_point();
       steps_[k](ptrs);
-      (*step_seconds)[k] += std::chrono::duration<double>(clock::now() - t0).count();
+      if (step_seconds) (*step_seconds)[k] += std::chrono::duration<double>(clock::now() - t0).count();
     }
   } else {
     for (const Step& step : steps_) step(ptrs);
@@ -347,6 +459,8 @@ Cache& cache() {
   static Cache* c = new Cache;  // never destroyed: executables may outlive static teardown
   return *c;
 }
+
+std::mutex& cache_mutex() { return cache().mu; }
 
 }  // namespace
 

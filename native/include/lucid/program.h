@@ -91,8 +91,28 @@ struct Program {
   std::vector<std::pair<int, int>> inplace;  // (result index, feed index)
 };
 
+// Limits the validator enforces. Per slot (and per shape attribute): the product of its
+// dimensions, zeros counted as one, so no loop over a huge dimension hides behind an empty one.
+constexpr int64_t kMaxElements = int64_t(1) << 40;
+// Per program: the summed work estimate of its instructions (instr_work), a few minutes of CPU.
+// Bounds how long a run can take (one instruction cannot be interrupted) and keeps every index
+// computation of the kernels far from overflow.
+constexpr int64_t kMaxWork = int64_t(1) << 42;
+// BLAS takes 32-bit sizes (scipy-openblas32).
+constexpr int64_t kMaxBlasDim = (int64_t(1) << 31) - 1;
+
+// Size arithmetic on values a program supplies (shapes, attributes): overflow throws
+// std::invalid_argument naming `what` instead of wrapping. Every size the validator derives goes
+// through these two.
+int64_t checked_add(int64_t a, int64_t b, const char* what);
+int64_t checked_mul(int64_t a, int64_t b, const char* what);
+
 // Checks everything; throws std::invalid_argument (ValueError in Python) naming the problem.
 void validate(const Program& p);
+// Work estimate of one instruction of a validated program, >= 1, in units of about one GEMM
+// multiply-add: a GEMM's multiply-adds, 2 per element read, written or computed by a fused
+// node, 64 per pooling tap (scalar, with a bounds check each).
+int64_t instr_work(const Program& p, const Instr& in);
 // A canonical text of the program: equal programs (ops, attrs, shapes, dtypes) give equal keys.
 std::string structural_key(const Program& p);
 uint64_t fnv1a(const std::string& s);

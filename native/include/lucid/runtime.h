@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,22 @@
 #include "lucid/program.h"
 
 namespace lucid {
+
+// Asked between the steps of a run (after about kInterruptCheckWork units of work, see
+// instr_work) while abandoning the run still leaves every feed untouched; returning true
+// abandons it with RunInterrupted. Called outside the fork gate (it may take the GIL).
+using InterruptCheck = std::function<bool()>;
+constexpr int64_t kInterruptCheckWork = int64_t(1) << 22;
+
+struct RunInterrupted : std::runtime_error {
+  RunInterrupted() : std::runtime_error("run interrupted") {}
+};
+
+// fork() waits for every run in progress to finish (or reach an interrupt check) and for the
+// executable cache's lock, so the child never inherits a lock, a busy worker pool or a BLAS
+// call half done (OpenBLAS shuts its threads down in its own fork handler, which then finds them
+// idle). Installed once, when the module loads.
+void install_fork_handlers();
 
 class Executable {
  public:
@@ -23,8 +41,10 @@ class Executable {
   // results[j]: result j's output buffer, or for an in-place result the buffer of its feed.
   // Thread-safe: concurrent runs use separate scratch arenas.
   // With step_seconds (sized like steps()), each step's wall time is added to its entry.
+  // With `interrupt`, the run checks it between steps (see InterruptCheck).
   void run(const std::vector<void*>& feeds, const std::vector<void*>& results,
-           std::vector<double>* step_seconds = nullptr) const;
+           std::vector<double>* step_seconds = nullptr,
+           const InterruptCheck* interrupt = nullptr) const;
   // Instruction index (into program().instrs) of each step; constants have no step.
   const std::vector<int>& step_instrs() const { return step_instr_; }
 
@@ -32,6 +52,8 @@ class Executable {
   const std::string& key() const { return key_; }
   uint64_t hash() const { return hash_; }
   size_t arena_bytes() const { return arena_bytes_; }
+  // The program's work estimate (sum of instr_work; the validator caps it at kMaxWork).
+  int64_t work() const { return work_; }
   // What the intermediates would take without buffer reuse.
   size_t unplanned_bytes() const { return unplanned_bytes_; }
   // Arena offset of each slot, or -1 when the slot is not in the arena.
@@ -44,6 +66,7 @@ class Executable {
  private:
   enum class Loc : uint8_t { Feed, Arena, Const, Result };
   struct Arena;
+  class RunGate;
   Arena* acquire() const;
   bool writes_alias_feeds(const std::vector<void*>& feeds) const;
   int reusable_input(const Program& p, const Instr& in, int k, const std::vector<int>& last) const;
@@ -54,6 +77,9 @@ class Executable {
   uint64_t hash_ = 0;
   std::vector<Step> steps_;
   std::vector<int> step_instr_;
+  std::vector<int64_t> step_work_;       // instr_work of each step
+  size_t abandonable_steps_ = 0;         // steps before the first write into a feed's buffer
+  int64_t work_ = 0;
   std::vector<Loc> loc_;
   std::vector<int64_t> where_;
   std::vector<int> inplace_feed_;

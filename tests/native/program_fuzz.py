@@ -1,0 +1,431 @@
+"""Mutation fuzzer of native program descriptions (issue 15).
+
+Seeds are the descriptions ``lucid._native.compile`` receives when small real models are compiled
+(inference, training steps, a CNN, an embedding model). A case is one seed with a few random
+mutations (opcodes, attributes, slots, shapes, dtypes, feeds, results, in-place pairs, fused
+expressions and ``sub_outputs``, huge and negative integers), often followed by *repair*: the
+declared output slots are set to what the validator says the op gives, so mutated geometry
+reaches the kernels too. Each case is validated, compiled and, when small enough, run on random
+feeds. The only acceptable outcomes are a result or a Python exception of the documented kinds.
+
+Cases are deterministic functions of (seed number, case index), so a batch runs in a child
+process (``python -m tests.native.program_fuzz SEEDS_FILE SEED START COUNT``) that prints the
+index of each case before trying it: when the child crashes or hangs, the parent rebuilds the
+offending case from the last index printed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import random
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+INTERESTING_INTS = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    -1,
+    -2,
+    -3,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**32 + 1,
+    2**40,
+    2**40 + 1,
+    2**62,
+    2**62 + 1,
+    2**63 - 1,
+    -(2**63),
+]
+INTERESTING_FLOATS = [0.0, -0.0, 1.0, -1.0, 1e-30, 1e30, float("inf"), float("-inf"), float("nan")]
+DTYPES = ["f32", "f64", "i32", "i64", "bool"]
+# Outcomes a case may have besides a result (run-time index checks raise IndexError).
+EXPECTED_ERRORS = (ValueError, TypeError, IndexError, MemoryError, OverflowError)
+# Only programs this small are run (bytes of scratch + results + feeds; work units).
+RUN_MAX_BYTES = 64 << 20
+RUN_MAX_WORK = 1 << 26
+CHILD_MEMORY_LIMIT = 3 << 30  # address space of a child process
+
+
+# ---- seeds ---------------------------------------------------------------------------------------
+
+
+def collect_seed_programs() -> list[dict[str, Any]]:
+    """The program descriptions compiled for a few small models (inference and training)."""
+    import lucid
+    import lucid.nn as nn
+    import lucid.nn.functional as F
+    from lucid import _native
+
+    seen: list[dict[str, Any]] = []
+    real_compile = _native.compile
+
+    def recording_compile(desc, *args, **kwargs):
+        seen.append(copy.deepcopy(desc))
+        return real_compile(desc, *args, **kwargs)
+
+    _native.compile = recording_compile
+    try:
+        lucid.manual_seed(0)
+        mlp = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        x = lucid.randn(4, 6)
+        lucid.compile(mlp)(x)
+        labels = lucid.tensor(np.array([0, 2, 1, 1]))
+        lucid.compile.fused_step(mlp, F.cross_entropy, lucid.optim.Adam(mlp.parameters()))(
+            x, labels
+        )
+
+        cnn = nn.Sequential(
+            nn.Conv2d(1, 2, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(2, 2, 3, groups=2, dilation=1),
+            nn.AvgPool2d(2, count_include_pad=False, padding=1),
+            nn.Flatten(),
+            nn.Linear(8, 3),
+        )
+        images = lucid.randn(2, 1, 8, 8)
+        lucid.compile(cnn)(images)
+        lucid.compile.fused_step(cnn, F.cross_entropy, lucid.optim.SGD(cnn.parameters(), lr=0.1))(
+            images, lucid.tensor(np.array([0, 2]))
+        )
+
+        class Tokens(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(10, 4)
+                self.norm = nn.LayerNorm(4)
+
+            def forward(self, ids):
+                h = self.norm(self.embed(ids))
+                return F.log_softmax(h.sum(dim=1), dim=-1).cumsum(dim=-1)
+
+        lucid.compile(Tokens())(lucid.tensor(np.array([[1, 2, 3], [4, 5, 9]])))
+
+        # BatchNorm statistics, dropout's random numbers, plain SGD (matmul_accumulate).
+        regularized = nn.Sequential(
+            nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3)
+        )
+        lucid.compile.fused_step(
+            regularized, F.cross_entropy, lucid.optim.SGD(regularized.parameters(), lr=0.1)
+        )(x, labels)
+
+        @lucid.compile
+        def attention(q, k, v):
+            scores = F.scaled_dot_product_attention(q, k, v)
+            return scores.var(dim=-1), scores.argmax(dim=-1), lucid.where(q > 0, q, -q)
+
+        attention(lucid.randn(2, 3, 4), lucid.randn(2, 3, 4), lucid.randn(2, 3, 4))
+    finally:
+        _native.compile = real_compile
+    if len(seen) < 4:
+        raise RuntimeError(f"expected at least 4 seed programs, recorded {len(seen)}")
+    return seen
+
+
+# ---- mutations -----------------------------------------------------------------------------------
+
+
+def _any_int(rng: random.Random, near: int | None = None) -> int:
+    r = rng.random()
+    if near is not None and r < 0.4:
+        return near + rng.choice([-2, -1, 1, 2, 3])
+    if r < 0.8:
+        return rng.choice(INTERESTING_INTS)
+    return rng.randint(-5, 40)
+
+
+def _mutate_value(rng: random.Random, value: Any, op_names: list[str]) -> Any:
+    if isinstance(value, bool):
+        return rng.choice([not value, 0, "f32", [True]])
+    if isinstance(value, int):
+        return _any_int(rng, value)
+    if isinstance(value, float):
+        return rng.choice(INTERESTING_FLOATS + [rng.uniform(-5, 5), 3])
+    if isinstance(value, str):
+        return rng.choice(DTYPES + op_names[:5] + ["", "f16", value + "x"])
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        choice = rng.random()
+        if not items or choice < 0.2:
+            items.append(_mutate_value(rng, items[-1], op_names) if items else _any_int(rng))
+        elif choice < 0.35:
+            items.pop(rng.randrange(len(items)))
+        elif choice < 0.45:
+            return rng.choice([[], 5, "x", [1.5, 2], [[1]]])
+        else:
+            i = rng.randrange(len(items))
+            items[i] = _mutate_value(rng, items[i], op_names)
+        return items
+    return _any_int(rng)
+
+
+def _random_slot(rng: random.Random, desc: dict) -> int:
+    n = len(desc["slots"])
+    if rng.random() < 0.85 and n:
+        return rng.randrange(n)
+    return rng.choice([-1, n, n + 5, 2**31 - 1, -(2**31)])
+
+
+def _mutate_instr(rng: random.Random, desc: dict, op_names: list[str]) -> None:
+    instrs = desc["instrs"]
+    k = rng.randrange(len(instrs))
+    op, ins, outs, attrs = instrs[k]
+    ins, outs, attrs = list(ins), list(outs), dict(attrs)
+    what = rng.random()
+    if what < 0.12:
+        op = rng.choice(op_names)
+    elif what < 0.55 and attrs:
+        name = rng.choice(sorted(attrs))
+        if rng.random() < 0.1:
+            del attrs[name]
+        else:
+            attrs[name] = _mutate_value(rng, attrs[name], op_names)
+    elif what < 0.65:
+        if op == "fused" or rng.random() < 0.3:
+            nodes = len(attrs.get("sub_ops", [])) or 2
+            count = rng.choice([1, 2, len(outs) + 1, len(outs)])
+            attrs["sub_outputs"] = [
+                rng.choice([rng.randrange(nodes), nodes, -1, 0]) for _ in range(count)
+            ]
+        else:
+            attrs[rng.choice(["axis", "shape", "kernel", "groups", "x"])] = _any_int(rng)
+    elif what < 0.8:
+        seq = ins if rng.random() < 0.6 else outs
+        r = rng.random()
+        if seq and r < 0.6:
+            seq[rng.randrange(len(seq))] = _random_slot(rng, desc)
+        elif seq and r < 0.8:
+            seq.pop(rng.randrange(len(seq)))
+        else:
+            seq.append(_random_slot(rng, desc))
+    elif what < 0.87:
+        j = rng.randrange(len(instrs))
+        instrs[k], instrs[j] = instrs[j], instrs[k]
+        return
+    elif what < 0.93 and len(instrs) > 1:
+        del instrs[k]
+        return
+    else:
+        instrs.insert(rng.randrange(len(instrs) + 1), instrs[k])
+        return
+    instrs[k] = (op, ins, outs, attrs)
+
+
+def _mutate_slots(rng: random.Random, desc: dict) -> None:
+    slots = desc["slots"]
+    i = rng.randrange(len(slots))
+    shape, dtype = slots[i]
+    shape = list(shape)
+    r = rng.random()
+    if r < 0.5 and shape:
+        shape[rng.randrange(len(shape))] = _any_int(rng, shape[0])
+    elif r < 0.65:
+        shape.insert(rng.randrange(len(shape) + 1), rng.choice([0, 1, 2, 3]))
+    elif r < 0.75 and shape:
+        shape.pop(rng.randrange(len(shape)))
+    elif r < 0.8:
+        shape = [1] * rng.choice([17, 20])
+    else:
+        dtype = rng.choice(DTYPES)
+    slots[i] = (tuple(shape), dtype)
+
+
+def _mutate_io(rng: random.Random, desc: dict) -> None:
+    r = rng.random()
+    if r < 0.3:
+        key = "feeds"
+    elif r < 0.6:
+        key = "results"
+    else:
+        inplace = dict(desc.get("inplace", {}))
+        if inplace and rng.random() < 0.5:
+            victim = rng.choice(sorted(inplace))
+            inplace[victim] = rng.choice([_any_int(rng), inplace[victim] + 1])
+        else:
+            inplace[rng.randrange(max(len(desc["results"]), 1) + 1)] = rng.randrange(
+                max(len(desc["feeds"]), 1) + 1
+            )
+        desc["inplace"] = inplace
+        return
+    seq = list(desc[key])
+    if seq and rng.random() < 0.5:
+        seq[rng.randrange(len(seq))] = _random_slot(rng, desc)
+    elif seq and rng.random() < 0.5:
+        seq.pop(rng.randrange(len(seq)))
+    else:
+        seq.append(_random_slot(rng, desc))
+    desc[key] = seq
+
+
+_DECLARED = re.compile(r"output slot (\d+) is declared \S+ but the op gives (\w+)\[([-\d,]*)\]")
+
+
+def repair(desc: dict, validate, rounds: int = 8) -> None:
+    """Sets declared output slots to what the validator says the ops give (a few rounds)."""
+    for _ in range(rounds):
+        try:
+            validate(desc)
+            return
+        except ValueError as e:
+            m = _DECLARED.search(str(e))
+            if not m:
+                return
+            slot, dtype, dims = int(m.group(1)), m.group(2), m.group(3)
+            shape = tuple(int(d) for d in dims.split(",")) if dims else ()
+            desc["slots"][slot] = (shape, dtype)
+        except Exception:
+            return
+
+
+def make_case(seeds: list[dict], seed: int, index: int, op_names: list[str], validate) -> dict:
+    """Case `index` of run `seed`: a deterministic mutation of one seed program."""
+    rng = random.Random(f"{seed}:{index}")
+    desc = copy.deepcopy(rng.choice(seeds))
+    desc["slots"] = list(desc["slots"])
+    desc["instrs"] = list(desc["instrs"])
+    for _ in range(rng.choice([1, 1, 1, 2, 2, 3, 5])):
+        r = rng.random()
+        if r < 0.6:
+            _mutate_instr(rng, desc, op_names)
+        elif r < 0.85:
+            _mutate_slots(rng, desc)
+        else:
+            _mutate_io(rng, desc)
+    if rng.random() < 0.6:
+        repair(desc, validate)
+    return desc
+
+
+# ---- running cases -------------------------------------------------------------------------------
+
+
+def _feed(rng: np.random.Generator, shape: tuple, dtype: str) -> np.ndarray:
+    if dtype in ("f32", "f64"):
+        return rng.standard_normal(shape).astype(np.float32 if dtype == "f32" else np.float64)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    # Mostly valid small indices, sometimes negative or large.
+    values = rng.integers(-1, 4, size=shape)
+    return values.astype(np.int32 if dtype == "i32" else np.int64)
+
+
+def try_case(desc: dict, native) -> str:
+    """Validates, compiles and (when small) runs one case; returns its outcome's name."""
+    try:
+        native.structural_hash(desc)
+        native.dump_program(desc)
+        native.validate(desc)
+    except EXPECTED_ERRORS as e:
+        return "invalid:" + type(e).__name__
+    ex = native.compile(desc, cache=False)  # validated: must compile
+    sizes = {"f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}
+    io_bytes = sum(
+        int(np.prod(desc["slots"][s][0], dtype=np.int64)) * sizes[desc["slots"][s][1]]
+        for s in list(desc["feeds"]) + list(desc["results"])
+    )
+    if ex.arena_bytes + io_bytes > RUN_MAX_BYTES or ex.work > RUN_MAX_WORK:
+        return "compiled"
+    rng = np.random.default_rng(len(desc["instrs"]))
+    feeds = [_feed(rng, tuple(desc["slots"][s][0]), desc["slots"][s][1]) for s in desc["feeds"]]
+    before = [f.copy() for f in feeds]
+    try:
+        ex.run(feeds)
+    except EXPECTED_ERRORS as e:
+        # A failed run must leave every feed as it was.
+        for f, b in zip(feeds, before, strict=True):
+            if not np.array_equal(f, b, equal_nan=True):
+                raise AssertionError("a failed run changed a feed") from e
+        return "run-error:" + type(e).__name__
+    return "ran"
+
+
+def run_batch(seeds_file: str, seed: int, start: int, count: int) -> None:
+    """Child process: tries cases start..start+count-1, printing each index first."""
+    import resource
+
+    # A mutated shape can ask for terabytes: let such allocations fail (MemoryError) instead of
+    # pressing the shared machine.
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_LIMIT, CHILD_MEMORY_LIMIT))
+    from lucid import _native
+
+    with open(seeds_file, "rb") as f:
+        seeds = pickle.load(f)
+    op_names = list(_native.op_names())
+    outcomes: dict[str, int] = {}
+    for index in range(start, start + count):
+        print(f"case {index}", flush=True)
+        desc = make_case(seeds, seed, index, op_names, _native.validate)
+        try:
+            outcome = try_case(desc, _native)
+        except Exception as e:  # noqa: BLE001  (reported, with the case, by the parent)
+            print(f"unexpected {type(e).__name__}: {e}", flush=True)
+            raise SystemExit(3) from e
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    print("outcomes", repr(outcomes), flush=True)
+
+
+@dataclass
+class BatchReport:
+    outcomes: dict[str, int]
+    failure: str | None  # what went wrong, with the offending case; None when all went well
+
+
+def run_batch_in_subprocess(
+    seeds_file: str, seed: int, start: int, count: int, timeout: float
+) -> BatchReport:
+    """Runs one batch in a child process; a crash, a hang (timeout) or an unexpected exception
+    becomes a failure naming the case (rebuilt here from the last index the child printed)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.native.program_fuzz",
+        seeds_file,
+        str(seed),
+        str(start),
+        str(count),
+    ]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", LUCID_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=root, env=env
+        )
+        stdout, stderr, code, hung = proc.stdout, proc.stderr, proc.returncode, False
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        code, hung = None, True
+    lines = stdout.strip().splitlines()
+    if not hung and code == 0 and lines and lines[-1].startswith("outcomes "):
+        return BatchReport(eval(lines[-1][len("outcomes ") :]), None)  # our own dict literal
+    what = "hang (timeout)" if hung else f"exit code {code}"
+    cases = [int(line.split()[1]) for line in lines if line.startswith("case ")]
+    if not cases:
+        return BatchReport({}, f"{what} before any case: {stderr[-2000:]}")
+    from lucid import _native
+
+    with open(seeds_file, "rb") as f:
+        seeds = pickle.load(f)
+    desc = make_case(seeds, seed, cases[-1], list(_native.op_names()), _native.validate)
+    return BatchReport(
+        {},
+        f"{what} at case (seed={seed}, index={cases[-1]}):\n{desc!r}\n"
+        f"stdout tail: {lines[-3:]}\nstderr tail: {stderr[-1500:]}",
+    )
+
+
+if __name__ == "__main__":
+    run_batch(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
