@@ -35,6 +35,7 @@ __all__ = [
     "get_rng_state",
     "initial_seed",
     "manual_seed",
+    "multinomial",
     "normal",
     "rand",
     "rand_like",
@@ -187,6 +188,113 @@ register(
         doc="Dropout's mask: x's shape, entries 0 (probability p) or 1/(1-p).",
     )
 )
+
+
+# --- multinomial: categorical draws from the rows of a probability tensor
+
+
+def _multinomial_infer(rng, probs, num_samples, replacement):
+    _check_rng(rng, "multinomial")
+    if not probs.dtype.is_floating_point:
+        raise TypeError(f"multinomial: probabilities must be floating point, got {probs.dtype}")
+    if probs.ndim not in (1, 2):
+        raise ValueError(f"multinomial: probabilities must be 1-d or 2-d, got {probs.ndim}-d")
+    n = probs.shape[-1]
+    if n == 0:
+        raise ValueError("multinomial: the number of categories cannot be 0")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples <= 0:
+        raise ValueError(f"multinomial: num_samples must be a positive int, got {num_samples!r}")
+    if not replacement and n is not None and num_samples > n:
+        raise ValueError(
+            f"multinomial: cannot draw {num_samples} samples without replacement from {n} "
+            "categories"
+        )
+    return AVal((*probs.shape[:-1], num_samples), _dtype.int64)
+
+
+def _multinomial_kernel(rng, probs, num_samples, replacement):
+    rows = np.asarray(probs, dtype=np.float64).reshape(-1, probs.shape[-1])
+    m, n = rows.shape
+    if not np.all(np.isfinite(rows)) or np.any(rows < 0):
+        raise ValueError("multinomial: probabilities must be finite and non-negative")
+    positive = np.count_nonzero(rows > 0, axis=1)
+    if np.any(positive == 0):
+        raise ValueError("multinomial: a row of probabilities sums to 0")
+    if not replacement and np.any(positive < num_samples):
+        raise ValueError(
+            f"multinomial: cannot draw {num_samples} samples without replacement from a row with "
+            f"only {int(positive.min())} non-zero probabilities"
+        )
+    if replacement:
+        # Inverse CDF: the number of cumulative sums at or below u * total. A category of
+        # probability 0 spans an empty interval, so it is never drawn.
+        cdf = np.cumsum(rows, axis=1)
+        u = _random.uniform01(rng, m * num_samples, double=True).reshape(m, num_samples)
+        target = u * cdf[:, -1:]
+        drawn = np.sum(cdf[:, None, :] <= target[:, :, None], axis=2)
+        last = np.max(np.where(rows > 0, np.arange(n), 0), axis=1, keepdims=True)
+        out = np.minimum(drawn, last)
+    else:
+        # PyTorch's algorithm: the top num_samples of p / E with E ~ Exp(1) (exponential races).
+        from lucid.ops.sorting import stable_order
+
+        u = _random.uniform01(rng, m * n, double=True).reshape(m, n)
+        race = -np.log1p(-u)
+        with np.errstate(divide="ignore"):  # a race of 0 (u == 0) wins: p / 0 = inf
+            keys = np.where(rows > 0, rows / race, -1.0)
+        out = stable_order(keys, 1, True)[:, :num_samples]
+    return out.astype(np.int64).reshape(*probs.shape[:-1], num_samples)
+
+
+register(
+    OpDef(
+        "multinomial",
+        ("rng", "probs"),
+        _multinomial_infer,
+        _multinomial_kernel,
+        None,
+        attrs={"num_samples": 1, "replacement": False},
+        props=_RANDOM,
+        saves_inputs=False,
+        saves_outputs=False,
+        doc="Category indices drawn from each row of (unnormalised) probabilities.",
+    )
+)
+
+
+def multinomial(
+    input: Tensor,  # noqa: A002
+    num_samples: int,
+    replacement: bool = False,
+    *,
+    generator: Any = None,
+) -> Tensor:
+    """``num_samples`` category indices (int64) per row of the non-negative weights ``input``
+    (1-d or 2-d, rows need not sum to 1), with or without replacement, as PyTorch. Draws from
+    the global stream (``lucid.manual_seed``) unless a ``lucid.Generator`` is given."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"multinomial(): expected a Tensor, got {type(input).__name__}")
+    if generator is None:
+        rng = _random.next_rng()
+    else:
+        from lucid._generator import Generator
+
+        if not isinstance(generator, Generator):
+            raise TypeError(
+                f"multinomial(): generator must be a lucid.Generator, got "
+                f"{type(generator).__name__}"
+            )
+        rng = Tensor._wrap(generator.next_state())
+    return apply(
+        "multinomial",
+        rng,
+        input,
+        num_samples=operator.index(num_samples),
+        replacement=bool(replacement),
+    )
+
+
+Tensor.multinomial = multinomial
 
 # --- fronts
 

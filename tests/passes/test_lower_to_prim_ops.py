@@ -517,6 +517,32 @@ for _dt in (lucid.float32, lucid.float64):
     sample("bernoulli_mask", lambda r, d=_dt: ([state(r), np.zeros((4, 6), d.numpy)], {"p": 0.3}))
 sample("randint", lambda r: ([state(r)], {"shape": (4, 5), "low": -3, "high": 9}))
 sample("bernoulli_mask", lambda r: ([state(r), np.zeros(5, np.float32)], {"p": 1.0}))
+# sort/topk: ties (rounded ints), NaN and infinities, every dim, bool and integer rows
+_TIES = np.array([[2.0, np.nan, 1.0, 2.0, -np.inf], [0.0, -0.0, np.nan, 3.0, 0.0]], np.float32)
+for _desc in (False, True):
+    sample("sort", lambda r, d=_desc: ([_TIES.copy()], {"dim": 1, "descending": d}))
+    sample("sort", lambda r, d=_desc: ([np.round(f(r, 3, 4, 2))], {"dim": 1, "descending": d}))
+    sample("sort", lambda r, d=_desc: ([ints(r, 4, 3, lo=0, hi=3)], {"dim": 0, "descending": d}))
+    sample("sort", lambda r, d=_desc: ([bools(r, 6)], {"dim": 0, "descending": d}))
+    sample("topk", lambda r, d=_desc: ([_TIES.copy()], {"k": 3, "dim": -1, "largest": d}))
+    sample(
+        "topk",
+        lambda r, d=_desc: ([f(r, 2, 5, 3, dtype=np.float64)], {"k": 2, "dim": 1, "largest": d}),
+    )
+sample("topk", lambda r: ([ints(r, 3, 6, lo=0, hi=4, dtype=np.int32)], {"k": 6, "dim": 1}))
+sample("topk", lambda r: ([f(r, 4)], {"k": 4, "dim": 0, "largest": False}))
+for _repl in (False, True):
+    sample(
+        "multinomial",
+        lambda r, p=_repl: (
+            [state(r), np.array([[0.1, 0.0, 0.6, 0.3], [1.0, 2.0, 3.0, 0.5]], np.float32)],
+            {"num_samples": 3, "replacement": p},
+        ),
+        lambda r, p=_repl: (
+            [state(r), r.random(7) + np.array([0, 0, 1, 0, 0, 0, 0]) * 5],
+            {"num_samples": 4 + 3 * p, "replacement": p},
+        ),
+    )
 # randperm: a permutation of the same law, not eager's (which argsorts raw 32-bit words)
 RANDOM_OPS = {"randperm"}
 

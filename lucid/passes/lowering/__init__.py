@@ -13,6 +13,7 @@ from lucid.passes.lowering import (  # noqa: F401  (registers rules)
     random,
     reduction,
     shape,
+    sorting,
 )
 from lucid.passes.lowering._core import RULES, UNSUPPORTED, LoweringUnsupported
 

@@ -85,3 +85,35 @@ def _randperm(b: Builder, rng, n, dtype):
     positions = b.const(np.arange(n), _dtype.int64, (n,))
     perm = b.op("scatter_add", b.full(0, (n,), _dtype.int64), rank, positions, axis=0)
     return b.cast(perm, out)
+
+
+@rule("multinomial")
+def _multinomial(b: Builder, rng, probs, num_samples, replacement):
+    """Eager's formulas on the same draws: the inverse CDF with replacement, the top
+    ``num_samples`` of p / Exp(1) without (ranked as ``topk``). The probabilities' checks (finite,
+    non-negative, enough non-zero entries) read values and stay eager's."""
+    from lucid.passes.lowering.sorting import sorted_positions
+
+    f64 = _dtype.float64
+    n = probs.shape[-1]
+    m = probs.size // n
+    s = num_samples
+    rows = b.reshape(b.cast(probs, f64), (m, n))
+    positive = b.binary("gt", rows, 0.0, f64)
+    if replacement:
+        cdf = b.op("cumsum", rows, axis=1)
+        total = b.slice_axis(cdf, 1, n - 1, n)
+        u = b.op("random_uniform", rng, shape=(m, s), dtype="f64")
+        target = b.op("mul", u, total)
+        at_or_below = b.op("le", b.reshape(cdf, (m, 1, n)), b.reshape(target, (m, s, 1)))
+        drawn = b.reduce("reduce_sum", b.cast(at_or_below, _dtype.int64), (2,))
+        # Rounding can put u * total at the last sum: clamp to the last drawable category.
+        where_positive = b.select(positive, b.arange_along(n, 1, 2), 0, _dtype.int64)
+        last = b.reduce("reduce_max", where_positive, (1,), keepdims=True)
+        out = b.op("minimum", drawn, last)
+    else:
+        u = b.op("random_uniform", rng, shape=(m, n), dtype="f64")
+        race = b.op("neg", b.op("log1p", b.op("neg", u)))
+        keys = b.select(positive, b.op("div", rows, race), -1.0, f64)
+        out = b.slice_axis(sorted_positions(b, keys, True, "multinomial"), 1, 0, s)
+    return b.reshape(out, b.outs[0].shape)
