@@ -223,6 +223,8 @@ CASES: dict[str, tuple] = {
         lambda g, x: apply("threshold_backward", g, x, threshold=0.0),
         [f(3, 4), distinct(3, 4) - 2.0],
     ),
+    "sort": (lambda x: x.sort(dim=0, descending=True)[0] * x, [distinct(3, 4)]),
+    "topk": (lambda x: lucid.topk(x, 2, dim=1)[0] * x[:, :2], [distinct(3, 4)]),
     "tril": (lambda x: x.tril(-1), [f(3, 4)]),
     "triu": (lambda x: x.triu(1), [f(3, 4)]),
     "trunc": (lambda x: x.trunc() * x, [distinct(5)]),
