@@ -164,8 +164,17 @@ class MPSGraphReferenceBackend(Backend):
         )
 
     def refusal(self, module: Any) -> str | None:
-        """Why MPSGraph would refuse the prim ``module`` (``diagnose``'s column), or None."""
-        return legalize_refusal(module)
+        """Why MPSGraph would refuse the prim ``module`` (``diagnose``'s column), or None: what
+        mpsgraph-legalize refuses, else what the emitter cannot emit (the module is unchanged;
+        the emission goes to a throwaway recording)."""
+        reason = legalize_refusal(module)
+        if reason is not None:
+            return reason
+        try:
+            emit_module(module, A.RecordingBuilder())
+        except (EmitError, A.ProgramError) as e:
+            return str(e)
+        return None
 
 
 class MPSGraphBackend(MPSGraphReferenceBackend):

@@ -151,3 +151,63 @@ def check_index_error_and_random_stream(backend) -> None:
     np.testing.assert_allclose(got[0], want[0].numpy(), rtol=1e-6)
     np.testing.assert_allclose(got[1], want[1].numpy(), rtol=1e-6)
     np.testing.assert_array_equal(after_compiled, _random.get_rng_state().numpy())
+
+
+def compare_backends(backend: str, other: str, tol: dict) -> None:
+    """The zoo of tests/compile/models.py through ``lucid.compile(..., backend=backend)`` against
+    ``other`` and eager (forward in eval and train mode, buffers written back), and three
+    ``fused_step`` Adam steps of the MLP on each backend against eager."""
+    import importlib.util as iu
+    import os
+
+    from lucid import optim
+    from lucid.compile import fused_step
+
+    spec = iu.spec_from_file_location(
+        "compile_models_cmp",
+        os.path.join(os.path.dirname(__file__), "..", "..", "compile", "models.py"),
+    )
+    models = iu.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    zoo_inputs = {
+        models.MLP: lambda: lucid.tensor(rng.standard_normal((8, 16)).astype(f32)),
+        models.LeNet: lambda: lucid.tensor(rng.standard_normal((4, 1, 12, 12)).astype(f32)),
+        models.TinyGPT: lambda: lucid.tensor(rng.integers(0, 20, (2, 8))),
+        models.LSTMModel: lambda: lucid.tensor(rng.standard_normal((3, 5, 6)).astype(f32)),
+    }
+    for cls, make_x in zoo_inputs.items():
+        for train in (False, True):
+            lucid.manual_seed(0)
+            ref = cls()
+            ref.train(train)
+            a, b = copy.deepcopy(ref), copy.deepcopy(ref)
+            x = make_x()
+            want = ref(x).detach().numpy()
+            got_a = lucid.compile(a, backend=backend)(x).detach().numpy()
+            got_b = lucid.compile(b, backend=other)(x).detach().numpy()
+            np.testing.assert_allclose(got_a, got_b, **tol, err_msg=f"{cls.__name__} {backend}")
+            np.testing.assert_allclose(got_a, want, **tol, err_msg=f"{cls.__name__} eager")
+            for (k, va), (_, vr) in zip(a.named_buffers(), ref.named_buffers(), strict=True):
+                np.testing.assert_allclose(va.numpy(), vr.numpy(), **tol, err_msg=k)
+    lucid.manual_seed(1)
+    ref = models.MLP()
+    x = lucid.tensor(rng.standard_normal((8, 16)).astype(f32))
+    y = lucid.tensor(rng.integers(0, 4, 8))
+    copies = {n: copy.deepcopy(ref) for n in (backend, other)}
+    steps = {
+        n: fused_step(m, F.cross_entropy, optim.Adam(m.parameters(), lr=0.01), backend=n)
+        for n, m in copies.items()
+    }
+    ref_opt = optim.Adam(ref.parameters(), lr=0.01)
+    for _ in range(3):
+        ref_opt.zero_grad()
+        want = F.cross_entropy(ref(x), y)
+        want.backward()
+        ref_opt.step()
+        for n, step in steps.items():
+            np.testing.assert_allclose(step(x, y).numpy(), want.detach().numpy(), **tol, err_msg=n)
+    for n, m in copies.items():
+        for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+            np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), **tol, err_msg=n)

@@ -61,3 +61,7 @@ def test_a_cache_hit_is_much_faster_than_a_compile():
 
 def test_native_index_error_and_random_stream():
     zoo.check_index_error_and_random_stream(MPSGraphBackend())
+
+
+def test_lucid_compile_on_mpsgraph_matches_the_reference_and_eager():
+    zoo.compare_backends("mpsgraph", "mpsgraph-reference", TOL)

@@ -160,3 +160,20 @@ def test_asking_lucid_compile_for_mpsgraph_here_says_why_not():
 
     with pytest.raises(ValueError, match="not macOS"):
         lucid.compile(nn.Linear(2, 2), backend="mpsgraph")(lucid.tensor(np.ones((1, 2), "f4")))
+
+
+def test_diagnose_reports_what_mpsgraph_refuses_and_why():
+    import lucid
+    import lucid.nn as nn
+    from lucid.compile import diagnose
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    report = diagnose(
+        model, lucid.tensor(np.ones((2, 3), np.float32)), backend="mpsgraph-reference"
+    )
+    columns = [s.stages["mpsgraph-reference"] for s in report.support]
+    assert columns and all(c == "yes" for c in columns), columns
+    double = nn.Linear(3, 4).double()
+    report = diagnose(double, lucid.tensor(np.ones((2, 3))), backend="mpsgraph-reference")
+    refused = [s.stages["mpsgraph-reference"] for s in report.support]
+    assert any(c.startswith("no: ") and "float64" in c for c in refused), refused

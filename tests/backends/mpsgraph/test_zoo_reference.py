@@ -41,3 +41,10 @@ def test_zoo_model_matches_eager(name, train):
 
 def test_index_errors_and_the_random_stream_match_eager():
     zoo.check_index_error_and_random_stream(BACKEND)
+
+
+@pytest.mark.slow  # ~10-25 s: every zoo model compiled twice; the default run has the pieces
+def test_mpsgraph_reference_against_the_cpu_backend_and_eager():
+    # The same comparison the macOS module runs for the native backend (mpsgraph vs
+    # mpsgraph-reference), here between the two backends this machine runs.
+    zoo.compare_backends("mpsgraph-reference", "cpu", {"rtol": 2e-4, "atol": 2e-5})
