@@ -31,10 +31,14 @@ def _native_module() -> Any:
     return _native
 
 
+def _on_macos() -> bool:
+    return sys.platform == "darwin"
+
+
 def native_status() -> tuple[bool, str]:
     """(available, reason): the native MPSGraph part is built and a Metal device on macOS >= 14
     is present."""
-    if sys.platform != "darwin":
+    if not _on_macos():
         return False, "MPSGraph native part not built: not macOS"
     native = _native_module()
     if not hasattr(native, "mpsgraph_available"):
