@@ -48,3 +48,31 @@ def test_mpsgraph_reference_against_the_cpu_backend_and_eager():
     # The same comparison the macOS module runs for the native backend (mpsgraph vs
     # mpsgraph-reference), here between the two backends this machine runs.
     zoo.compare_backends("mpsgraph-reference", "cpu", {"rtol": 2e-4, "atol": 2e-5})
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "lstm"])
+def test_symbolic_batch_over_the_zoo(name):
+    import lucid
+    from lucid._tensor import Tensor
+    from lucid.backends.mpsgraph import SymbolicUnsafe
+
+    make, inputs = zoo.zoo()[name]
+    lucid.manual_seed(0)
+    model = make()
+    model.eval()
+    a = inputs(np.random.default_rng(0))
+    b = [np.concatenate([x, x[:1]]) for x in a]  # one more row: another batch size
+    with lucid.no_grad():
+        module, captured = zoo.lowered(model, model, [Tensor._wrap(x) for x in a])
+        probe, _ = zoo.lowered(model, model, [Tensor._wrap(x) for x in b])
+    if name == "lstm":  # its zero initial state is a batch-shaped constant: MPSGraph would abort
+        with pytest.raises(SymbolicUnsafe, match="prim.constant"):
+            BACKEND.compile_symbolic(module, probe)
+        return
+    exe = BACKEND.compile_symbolic(module, probe)
+    params = [captured[r]._data for r in exe.feed_roles if not r.startswith("input:")]
+    for x in (a[0], b[0], np.concatenate([b[0], b[0]])):
+        with lucid.no_grad():
+            want = model(Tensor._wrap(x)).numpy()
+        (got,) = exe.run([x, *params])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
