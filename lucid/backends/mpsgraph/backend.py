@@ -18,7 +18,7 @@ import numpy as np
 
 from lucid.backends.base import Backend
 from lucid.backends.mpsgraph import program as A
-from lucid.backends.mpsgraph.emit import EmitError, emit_module
+from lucid.backends.mpsgraph.emit import HANDLED_OPS, EmitError, emit_module
 from lucid.backends.mpsgraph.legalize import MPSGraphUnsupported, legalize, legalize_refusal
 from lucid.backends.mpsgraph.native import MPSGraphUnavailable, NativeBuilder, native_status
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
@@ -91,7 +91,7 @@ class MPSGraphReferenceBackend(Backend):
         return True, ""
 
     def supported_ops(self) -> frozenset[str]:
-        return frozenset(EMISSIONS)
+        return frozenset(EMISSIONS) & HANDLED_OPS
 
     def _builder(self) -> A.RecordingBuilder:
         return ReferenceBuilder()

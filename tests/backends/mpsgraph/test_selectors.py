@@ -113,3 +113,11 @@ def test_docs_carry_the_current_emission_table():
         "docs/backend-mpsgraph.md is stale: regenerate its emission table with "
         "lucid.backends.mpsgraph.selectors.emission_markdown()"
     )
+
+
+def test_the_emitter_and_the_reference_cover_the_tables():
+    from lucid.backends.mpsgraph.emit import HANDLED_OPS
+    from lucid.backends.mpsgraph.reference import IMPLEMENTED_SELECTORS
+
+    assert HANDLED_OPS == set(PRIM_OPS) == set(EMISSIONS)
+    assert IMPLEMENTED_SELECTORS == set(SELECTORS) - set(INPUT_SELECTORS)
