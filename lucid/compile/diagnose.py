@@ -310,8 +310,8 @@ def _recommendation(uncovered, breaks, support) -> str:
 def diagnose(fn: Callable, *example_inputs: Any, backend: str | None = None) -> DiagnosisReport:
     """Trace ``fn(*example_inputs)`` once (nothing runs) and report gradient coverage, backend
     support, symbolic-batch safety and graph breaks. ``backend``: report on that backend only
-    (``"auto"`` and ``LUCID_COMPILE_BACKEND`` as for ``lucid.compile``); by default on every
-    backend available on this machine."""
+    (``"auto"`` and ``LUCID_COMPILE_BACKEND`` as for ``lucid.compile``); by default on the
+    backend ``LUCID_COMPILE_BACKEND`` names, else on every backend available on this machine."""
     model = fn if hasattr(fn, "named_parameters") else None
     breaks: list[GraphBreakInfo] = []
     with _tracing(model) as tracer:
@@ -325,6 +325,8 @@ def diagnose(fn: Callable, *example_inputs: Any, backend: str | None = None) -> 
     first_use: dict[str, Any] = {}
     for top in tracer.trace.ops:
         first_use.setdefault(top.name, top)
+    if backend is None and os.environ.get("LUCID_COMPILE_BACKEND", "").strip():
+        backend = "auto"  # the variable picks the backend, as for every entry point
     support = _support(first_use, backend)
     return DiagnosisReport(
         total_ops=total,

@@ -292,3 +292,9 @@ def test_unknown_env_backend_is_refused_by_the_training_entry_points(monkeypatch
         fused_step(model, F.cross_entropy, optim.SGD(model.parameters(), lr=0.1))
     # An explicit backend= wins over the variable.
     make_step(model, F.cross_entropy, backend="cpu")(*_data())
+
+
+def test_diagnose_follows_the_env_variable(toy, monkeypatch):
+    monkeypatch.setenv("LUCID_COMPILE_BACKEND", toy)
+    report = diagnose(_mlp(), _data()[0])
+    assert set(report.support[0].stages) == {"lowers to prim", toy}
