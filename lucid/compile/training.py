@@ -618,14 +618,17 @@ class FusedStep:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
         objects). A replaced parameter the optimizer still holds would silently stop training
         (the optimizer updates the old object, as in PyTorch): refuse it, naming it."""
-        old = self._bound.tensors
-        if not self._bound.changed():
+        bound = self._bound
+        old, old_version = bound.tensors, bound.version
+        if not bound.changed():
             return
         self._entries.clear()
         self._params = list(self.model.parameters())
         held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
-        stale = [n for n, t in self._bound.replaced(old) if id(t) in held]
+        stale = [n for n, t in bound.replaced(old) if id(t) in held]
         if stale:
+            # Checked again on every call until the optimizer no longer holds them.
+            bound.tensors, bound.version = old, old_version
             raise RuntimeError(
                 f"fused_step: the model's parameter(s) {', '.join(map(repr, stale))} were "
                 "replaced after the optimizer was created; the optimizer still holds the old "

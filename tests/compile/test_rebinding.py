@@ -214,8 +214,9 @@ def test_fused_step_refuses_a_parameter_its_optimizer_no_longer_trains():
     new = nn.Parameter(lucid.randn(4, 16))
     new_before = new.numpy().copy()
     model[2].weight = new
-    with pytest.raises(RuntimeError, match=r"'2\.weight'.*replaced after the optimizer"):
-        step(x, y)
+    for _ in range(2):  # refused on every call, not only the first
+        with pytest.raises(RuntimeError, match=r"'2\.weight'.*replaced after the optimizer"):
+            step(x, y)
     np.testing.assert_array_equal(new.numpy(), new_before)
     for p, s in opt.state.items():
         for k, v in s.items():
