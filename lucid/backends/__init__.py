@@ -13,6 +13,8 @@ runtime, every platform), ``mpsgraph`` (Apple Silicon, macOS 14+, native part bu
 from __future__ import annotations
 
 import importlib
+import platform
+import sys
 import threading
 from collections.abc import Callable
 
@@ -39,6 +41,20 @@ _BUILTIN = {
 # ``auto``: the first available of these.
 AUTO_ORDER = ("mpsgraph", "cpu")
 
+
+def _apple_silicon() -> tuple[bool, str]:
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return True, ""
+    return (
+        False,
+        f"MPSGraph needs macOS 14+ on Apple Silicon (this is {sys.platform}/{platform.machine()})",
+    )
+
+
+# Cheap necessary conditions checked before a built-in backend is imported (importing the
+# MPSGraph package only to learn that this is not a Mac would slow every first compile).
+_PRECONDITIONS = {"mpsgraph": _apple_silicon}
+
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}
 _LOCK = threading.Lock()
@@ -51,6 +67,7 @@ def _lazy(target: str) -> Callable[[], Backend]:
 
 for _name, _target in _BUILTIN.items():
     _FACTORIES[_name] = _lazy(_target)
+_BUILTIN_FACTORIES = dict(_FACTORIES)
 
 
 def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool = False) -> None:
@@ -100,6 +117,11 @@ def _instance(name: str) -> Backend:
 
 
 def _status(name: str) -> tuple[bool, str]:
+    precondition = _PRECONDITIONS.get(name)
+    if precondition is not None and _FACTORIES.get(name) is _BUILTIN_FACTORIES.get(name):
+        ok, why = precondition()
+        if not ok:
+            return False, why
     try:
         return _instance(name).available()
     except BackendUnavailable as e:
@@ -123,10 +145,11 @@ def resolve_backend(name: str) -> str:
                 return candidate
         reasons = "; ".join(f"{n}: {_status(n)[1]}" for n in AUTO_ORDER if n in _FACTORIES)
         raise BackendUnavailable(f"no backend is available on this machine ({reasons})")
-    ok, why = _status(name) if name in _FACTORIES else (True, "")
-    backend = _instance(name)  # an unknown name raises here
+    if name not in _FACTORIES:
+        _instance(name)  # raises: unknown backend, listing the known ones
+    ok, why = _status(name)
     if not ok:
-        raise BackendUnavailable(f"backend {backend.name!r} is not available here: {why}")
+        raise BackendUnavailable(f"backend {name!r} is not available here: {why}")
     return name
 
 
