@@ -43,12 +43,12 @@ AUTO_ORDER = ("mpsgraph", "cpu")
 
 
 def _apple_silicon() -> tuple[bool, str]:
-    if sys.platform == "darwin" and platform.machine() == "arm64":
-        return True, ""
-    return (
-        False,
-        f"MPSGraph needs macOS 14+ on Apple Silicon (this is {sys.platform}/{platform.machine()})",
-    )
+    where = f"{sys.platform}/{platform.machine()}"
+    if sys.platform != "darwin":
+        return False, f"MPSGraph needs macOS 14+ on Apple Silicon: not macOS ({where})"
+    if platform.machine() != "arm64":
+        return False, f"MPSGraph needs macOS 14+ on Apple Silicon: not Apple Silicon ({where})"
+    return True, ""
 
 
 # Cheap necessary conditions checked before a built-in backend is imported (importing the
