@@ -17,11 +17,13 @@ PyTorch's rule, which differs from numpy's in one corner: integers select first 
 shapes broadcast; their result dims stand where they are when adjacent, or go first when a slice
 or a new axis separates them). So ``x[0, :, idx]`` has shape ``(x.shape[1], len(idx))``, where
 numpy gives the transpose. ``True``/``False`` add a dim of size 1/0. A bool mask becomes integer
-index tensors through the ``nonzero`` op, the one op here whose output shape depends on data.
+index tensors through the ``nonzero`` op, the one op here whose output shape depends on data,
+except in ``x[mask] = value`` with a one-element value, which is ``masked_fill`` (a select).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -455,7 +457,58 @@ def _getitem(x: Tensor, idx: Any) -> Tensor:
     return out
 
 
+def _is_full_slice(it: Any) -> bool:
+    return isinstance(it, slice) and it.start is None and it.stop is None and it.step is None
+
+
+def _mask_as_fill(x: Tensor, idx: Any, value: Any) -> Tensor | None:
+    """The mask of ``x[idx] = value`` as a ``masked_fill`` mask (shaped to broadcast against
+    ``x``), when that assignment is one: a single bool mask among full slices and an ellipsis,
+    matching ``x``'s dims exactly, and a value of one element. Otherwise None.
+
+    Such an assignment writes the value wherever the mask is true, which is what
+    ``masked_fill`` computes without ``nonzero`` (whose output shape depends on data: a graph
+    break). torch.compile traces it the same way (index_put with a bool mask becomes a where).
+    """
+    items = idx if isinstance(idx, tuple) else (idx,)
+    masks = [i for i, it in enumerate(items) if isinstance(it, Tensor) and it.dtype is _dtype.bool_]
+    if len(masks) != 1:
+        return None
+    (at,) = masks
+    rest = items[:at] + items[at + 1 :]
+    if sum(it is Ellipsis for it in rest) > 1 or not all(
+        it is Ellipsis or _is_full_slice(it) for it in rest
+    ):
+        return None
+    size = getattr(value, "shape", None)
+    if isinstance(value, Tensor):
+        if any(d is None for d in value.shape) or math.prod(value.shape) != 1:
+            return None
+    elif not isinstance(value, (bool, int, float, np.number, np.bool_)) or size not in (None, ()):
+        return None
+    mask = items[at]
+    n_slices = len(rest) - sum(it is Ellipsis for it in rest)
+    if mask.ndim + n_slices > x.ndim:
+        return None  # too many indices: the general path raises the error
+    before = items[:at]
+    if any(it is Ellipsis for it in before):
+        after = sum(_is_full_slice(it) for it in items[at + 1 :])
+        dim = x.ndim - mask.ndim - after
+    else:
+        dim = len(before)
+    if tuple(x.shape[dim : dim + mask.ndim]) != tuple(mask.shape):
+        return None  # a shape mismatch: the general path raises the error
+    trailing = x.ndim - dim - mask.ndim
+    return mask.reshape(*mask.shape, *([1] * trailing)) if trailing else mask
+
+
 def _setitem(x: Tensor, idx: Any, value: Any) -> None:
+    mask = _mask_as_fill(x, idx, value)
+    if mask is not None:
+        if isinstance(value, Tensor) and value.ndim:
+            value = value.reshape(())
+        x._apply_inplace(lambda alias, v: apply("masked_fill", alias, mask, v), value)
+        return
     items, tensors, empty = _parse_index(x, idx)
     if empty:
         return  # x[False] = v selects nothing
