@@ -6,6 +6,7 @@ from lucid.nn.modules import (
     activation,
     container,
     conv,
+    conv_transpose,
     dropout,
     flatten,
     linear,
@@ -20,6 +21,6 @@ from lucid.nn.modules import (
 from lucid.nn.parameter import Parameter
 
 __all__ = ["Parameter", "functional", "init", "utils"]
-for _m in (activation, container, conv, dropout, flatten, linear, loss, module, normalization,
-           pooling, rnn, sparse, transformer):  # fmt: skip
+for _m in (activation, container, conv, conv_transpose, dropout, flatten, linear, loss, module,
+           normalization, pooling, rnn, sparse, transformer):  # fmt: skip
     __all__ += _m.__all__

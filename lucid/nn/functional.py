@@ -12,7 +12,7 @@ from typing import Any
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ops import activation as _act
-from lucid.ops.conv import conv1d, conv2d, linear
+from lucid.ops.conv import conv1d, conv2d, conv_transpose2d, linear
 from lucid.ops.rnn import lstm, lstm_cell
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "celu",
     "conv1d",
     "conv2d",
+    "conv_transpose2d",
     "cosine_similarity",
     "cross_entropy",
     "dropout",

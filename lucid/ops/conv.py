@@ -4,6 +4,11 @@
 registry ops of their own (``conv2d_input_grad``, ``conv2d_weight_grad``) so a traced backward pass
 holds them as units; being bilinear, each has a VJP rule made of the other two (double backward).
 An absent bias is the scalar operand 0.0, so every op has a fixed operand list.
+
+``conv_transpose2d`` is conv2d's input gradient seen as a layer (weight (C_in, C_out/groups, kh,
+kw)): its kernel, VJP rule and lowering are ``conv2d_input_grad``'s, conv2d and
+conv2d_weight_grad, with PyTorch's ``output_padding`` taken from the bottom/right padding (or, when
+it exceeds the padding, appended as zero rows/columns no input reaches).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ops._registry import SYMBOLIC_BATCH_SAFE, AVal, OpDef, register
 
-__all__ = ["conv1d", "conv2d"]
+__all__ = ["conv1d", "conv2d", "conv_transpose2d"]
 
 
 def _is_tensor(x) -> bool:
@@ -340,6 +345,132 @@ register(
 )
 
 
+# --- conv_transpose2d: conv2d_input_grad as a layer
+
+
+def transpose_plan(x_shape, w_shape, stride, padding, output_padding, dilation, groups):
+    """How ``conv_transpose2d`` runs as ``conv2d_input_grad``: (the conv input shape it produces,
+    its (top, bottom, left, right) padding, the zero rows/columns appended (bottom, right)).
+
+    PyTorch's output size per dim is ``(H - 1) * s - 2 * p + d * (k - 1) + output_padding + 1``;
+    the extra ``output_padding`` rows come from a smaller bottom padding while they fit in it."""
+    op = "conv_transpose2d"
+    if len(x_shape) != 4:
+        raise ValueError(f"{op}: expected a 4-d input (N, C, H, W), got shape {tuple(x_shape)}")
+    if len(w_shape) != 4:
+        raise ValueError(
+            f"{op}: expected a 4-d weight (C_in, C_out/groups, kh, kw), got {tuple(w_shape)}"
+        )
+    n, c_in, h, w = x_shape
+    if not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    if c_in != w_shape[0]:
+        raise ValueError(
+            f"{op}: input has {c_in} channels but weight expects {w_shape[0]} (weight.shape[0])"
+        )
+    if c_in % groups:
+        raise ValueError(f"{op}: in_channels {c_in} is not divisible by groups={groups}")
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or min(output_padding) < 0:
+        raise ValueError(
+            f"{op}: stride and dilation must be >= 1, padding and output_padding >= 0, got "
+            f"stride={stride}, padding={padding}, output_padding={output_padding}, "
+            f"dilation={dilation}"
+        )
+    sizes, pads, extra = [], [], []
+    for i, size in enumerate((h, w)):
+        s, p, o, d, k = stride[i], padding[i], output_padding[i], dilation[i], w_shape[2 + i]
+        if o >= s and o >= d:
+            raise ValueError(
+                f"{op}: output_padding {output_padding} must be smaller than either stride "
+                f"{stride} or dilation {dilation}"
+            )
+        out = (size - 1) * s - 2 * p + d * (k - 1) + o + 1
+        if out < 1:
+            raise ValueError(f"{op}: the output size {out} (dim {2 + i}) is not positive")
+        low_side = min(o, p)
+        sizes.append(out - (o - low_side))
+        pads += [p, p - low_side]
+        extra.append(o - low_side)
+    conv_input = (n, w_shape[1] * groups, sizes[0], sizes[1])
+    return conv_input, tuple(pads), tuple(extra)
+
+
+def _transpose_out_shape(conv_input, extra) -> tuple:
+    n, c, h, w = conv_input
+    return (n, c, h + extra[0], w + extra[1])
+
+
+def _conv_transpose2d_infer(x, weight, bias, stride, padding, output_padding, dilation, groups):
+    _check_float_pair("conv_transpose2d", x, weight)
+    conv_input, _, extra = transpose_plan(
+        x.shape, weight.shape, stride, padding, output_padding, dilation, groups
+    )
+    _check_bias("conv_transpose2d", bias, conv_input[1])
+    return AVal(_transpose_out_shape(conv_input, extra), x.dtype)
+
+
+def _conv_transpose2d_kernel(x, weight, bias, stride, padding, output_padding, dilation, groups):
+    conv_input, pads, extra = transpose_plan(
+        x.shape, weight.shape, stride, padding, output_padding, dilation, groups
+    )
+    out = _input_grad_kernel(x, weight, conv_input, stride, pads, dilation, groups)
+    if any(extra):
+        out = np.pad(out, ((0, 0), (0, 0), (0, extra[0]), (0, extra[1])))
+    if bias.ndim:
+        out += bias.reshape(1, -1, 1, 1)
+    return out
+
+
+def _conv_transpose2d_vjp(c, g):
+    x, weight, bias = c.inputs
+    need_x, need_w, need_b = c.needs_input_grad
+    conv_input, pads, extra = transpose_plan(
+        tuple(x.shape), tuple(weight.shape), **_transpose_attrs(c.attrs)
+    )
+    attrs = {
+        "stride": c.attrs["stride"],
+        "padding": pads,
+        "dilation": c.attrs["dilation"],
+        "groups": c.attrs["groups"],
+    }
+    # The appended zero rows/columns take no input: their gradient is dropped.
+    g_in = g[:, :, : conv_input[2], : conv_input[3]] if any(extra) else g
+    gx = gw = gb = None
+    if need_x:
+        gx = apply("conv2d", g_in, weight, 0.0, **attrs)
+    if need_w:
+        gw = apply("conv2d_weight_grad", g_in, x, weight_shape=tuple(weight.shape), **attrs)
+    if need_b and isinstance(bias, Tensor):
+        gb = g.sum((0, 2, 3))
+    return gx, gw, gb
+
+
+def _transpose_attrs(attrs: dict) -> dict:
+    keys = ("stride", "padding", "output_padding", "dilation", "groups")
+    return {k: attrs[k] for k in keys}
+
+
+register(
+    OpDef(
+        "conv_transpose2d",
+        ("x", "weight", "bias"),
+        _conv_transpose2d_infer,
+        _conv_transpose2d_kernel,
+        _conv_transpose2d_vjp,
+        attrs={
+            "stride": (1, 1),
+            "padding": (0, 0),
+            "output_padding": (0, 0),
+            "dilation": (1, 1),
+            "groups": 1,
+        },
+        props=frozenset({SYMBOLIC_BATCH_SAFE}),
+        saves_outputs=False,
+        doc="2-d transposed convolution (conv2d's input gradient as a layer), PyTorch's sizes.",
+    )
+)
+
+
 # --- fronts
 
 
@@ -454,3 +585,36 @@ def conv1d(
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
     """``input @ weight.T + bias`` with weight of shape (out_features, in_features)."""
     return apply("linear", input, weight, _bias_operand(bias))
+
+
+def conv_transpose2d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    output_padding: int | tuple[int, int] = 0,
+    groups: int = 1,
+    dilation: int | tuple[int, int] = 1,
+) -> Tensor:
+    """2-d transposed convolution over (N, C_in, H, W) or unbatched (C_in, H, W) input; weight
+    (C_in, C_out/groups, kh, kw); PyTorch's argument order and output size."""
+    op = "conv_transpose2d"
+    if not isinstance(padding, (int, tuple, list)):
+        raise ValueError(f"{op}: padding must be an int or a pair of ints, got {padding!r}")
+    if input.ndim not in (3, 4):
+        raise ValueError(f"{op}: expected a 3-d or 4-d input, got shape {tuple(input.shape)}")
+    unbatched = input.ndim == 3
+    x = input.reshape(1, *input.shape) if unbatched else input
+    out = apply(
+        op,
+        x,
+        weight,
+        _bias_operand(bias),
+        stride=_pair(stride, "stride", op),
+        padding=_pair(padding, "padding", op),
+        output_padding=_pair(output_padding, "output_padding", op),
+        dilation=_pair(dilation, "dilation", op),
+        groups=groups,
+    )
+    return out.reshape(out.shape[1:]) if unbatched else out

@@ -300,6 +300,15 @@ sample(
     "conv2d_weight_grad",
     lambda r: ([f(r, 2, 4, 7, 8), f(r, 2, 6, 3, 7)], {**_CONV, "weight_shape": (6, 2, 3, 3)}),
 )
+sample(
+    "conv_transpose2d",
+    lambda r: (
+        [f(r, 2, 4, 3, 5), f(r, 4, 3, 3, 2), f(r, 6)],
+        {"stride": (2, 3), "padding": (1, 0), "output_padding": (1, 2), "dilation": (1, 2),
+         "groups": 2},
+    ),
+    lambda r: ([f(r, 1, 2, 4, 4, dtype=np.float64), f(r, 2, 3, 2, 2, dtype=np.float64), 0.0], {}),
+)  # fmt: skip
 _POOL = {"kernel_size": (3, 2), "stride": (2, 2), "padding": (1, 1)}
 sample(
     "max_pool2d",

@@ -86,6 +86,12 @@ CASES: dict[str, tuple] = {
         lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2),
         [f(2, 4, 5, 5), f(6, 2, 3, 2), f(6)],
     ),
+    "conv_transpose2d": (
+        lambda x, w, b: F.conv_transpose2d(
+            x, w, b, stride=2, padding=(1, 0), output_padding=(1, 1), groups=2, dilation=(1, 2)
+        ),
+        [f(2, 4, 3, 3), f(4, 3, 3, 2), f(6)],
+    ),
     "conv2d_input_grad": (
         lambda g, w: apply(
             "conv2d_input_grad", g, w, input_shape=(1, 2, 4, 4), padding=(1, 1, 1, 1)

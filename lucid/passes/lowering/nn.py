@@ -158,6 +158,27 @@ def _conv2d_weight_grad(b: Builder, v, grad, weight_shape, stride, padding, dila
     )  # fmt: skip
 
 
+@rule("conv_transpose2d")
+def _conv_transpose2d(
+    b: Builder, v, weight, bias, stride, padding, output_padding, dilation, groups
+):
+    from lucid.ops.conv import transpose_plan
+
+    dt = b.outs[0].dtype
+    conv_input, pads, extra = transpose_plan(
+        v.shape, weight.shape, stride, padding, output_padding, dilation, groups
+    )
+    y = b.op(
+        "conv2d_data_grad", b.cast(v, dt), b.cast(weight, dt), input_shape=conv_input,
+        **_conv_attrs(stride, pads, dilation, groups),
+    )  # fmt: skip
+    if any(extra):
+        y = b.op("pad", y, low=(0, 0, 0, 0), high=(0, 0, *extra), value=0.0)
+    if isinstance(bias, PV):
+        y = b.op("add", y, b.reshape(b.cast(bias, dt), (1, bias.size, 1, 1)))
+    return y
+
+
 # --- pooling
 
 
