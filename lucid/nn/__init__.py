@@ -17,10 +17,11 @@ from lucid.nn.modules import (
     rnn,
     sparse,
     transformer,
+    upsampling,
 )
 from lucid.nn.parameter import Parameter
 
 __all__ = ["Parameter", "functional", "init", "utils"]
 for _m in (activation, container, conv, conv_transpose, dropout, flatten, linear, loss, module,
-           normalization, pooling, rnn, sparse, transformer):  # fmt: skip
+           normalization, pooling, rnn, sparse, transformer, upsampling):  # fmt: skip
     __all__ += _m.__all__

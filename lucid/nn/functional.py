@@ -14,6 +14,7 @@ from lucid._tensor import Tensor
 from lucid.ops import activation as _act
 from lucid.ops.conv import conv1d, conv2d, conv_transpose2d, linear
 from lucid.ops.rnn import lstm, lstm_cell
+from lucid.ops.upsample import interpolate
 
 __all__ = [
     "bilinear",
@@ -41,6 +42,7 @@ __all__ = [
     "hardtanh",
     "huber_loss",
     "instance_norm",
+    "interpolate",
     "kl_div",
     "l1_loss",
     "layer_norm",

@@ -309,6 +309,22 @@ sample(
     ),
     lambda r: ([f(r, 1, 2, 4, 4, dtype=np.float64), f(r, 2, 3, 2, 2, dtype=np.float64), 0.0], {}),
 )  # fmt: skip
+for _up in (
+    {"output_size": (7, 3), "mode": "nearest"},
+    {"output_size": (8, 4), "mode": "nearest", "scales": (2.0, 0.8)},
+    {"output_size": (7, 3), "mode": "bilinear"},
+    {"output_size": (6, 9), "mode": "bilinear", "align_corners": True},
+    {"output_size": (4, 7), "mode": "bilinear", "scales": (1.0, 1.5)},
+):
+    sample("upsample2d", lambda r, a=_up: ([f(r, 2, 3, 4, 5)], dict(a)))
+    sample(
+        "upsample2d_backward",
+        lambda r, a=_up: ([f(r, 2, 3, *a["output_size"])], {**a, "input_size": (4, 5)}),
+    )
+sample(
+    "upsample2d",
+    lambda r: ([f(r, 1, 2, 3, 3, dtype=np.float64)], {"output_size": (5, 4), "mode": "bilinear"}),
+)
 _POOL = {"kernel_size": (3, 2), "stride": (2, 2), "padding": (1, 1)}
 sample(
     "max_pool2d",

@@ -238,6 +238,16 @@ CASES: dict[str, tuple] = {
         lambda x, y: lucid.div(x, y, rounding_mode="trunc") + x * y,
         [distinct(4) + 3.0, pos(4)],
     ),
+    "upsample2d": (
+        lambda x: F.interpolate(x, size=(5, 7), mode="bilinear") * F.interpolate(x, size=(5, 7)),
+        [f(2, 2, 3, 4)],
+    ),
+    "upsample2d_backward": (
+        lambda g: apply(
+            "upsample2d_backward", g, input_size=(3, 4), output_size=(5, 7), mode="bilinear"
+        ),
+        [f(2, 2, 5, 7)],
+    ),
     "var": (lambda x: lucid.var(x, dim=0), [f(3, 4)]),
     "where": (lambda x, y: lucid.where(x > 0, x, y), [f(3, 4), f(4)]),
 }

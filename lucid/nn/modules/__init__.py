@@ -14,3 +14,4 @@ from lucid.nn.modules.pooling import *  # noqa: F403
 from lucid.nn.modules.rnn import *  # noqa: F403
 from lucid.nn.modules.sparse import *  # noqa: F403
 from lucid.nn.modules.transformer import *  # noqa: F403
+from lucid.nn.modules.upsampling import *  # noqa: F403

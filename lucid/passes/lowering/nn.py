@@ -179,6 +179,66 @@ def _conv_transpose2d(
     return y
 
 
+# --- upsampling: constant-index gathers (and scatter-adds for the gradient) per spatial dim
+
+
+def _weights_along(b: Builder, w, axis: int, dt) -> PV:
+    shape = [1, 1, 1, 1]
+    shape[axis] = w.size
+    return b.const(w.reshape(shape), dt, tuple(shape))
+
+
+def _upsample_tables(x_shape, output_size, mode, align_corners, scales, dt):
+    from lucid.ops.upsample import axis_table
+
+    return [
+        axis_table(mode, x_shape[2 + i], output_size[i], scales[i], align_corners, dt.numpy)
+        for i in range(2)
+    ]
+
+
+@rule("upsample2d")
+def _upsample2d(b: Builder, v, output_size, mode, align_corners, scales):
+    dt = b.outs[0].dtype
+    tables = _upsample_tables(v.shape, output_size, mode, align_corners, scales, dt)
+    out = b.cast(v, dt)
+    for axis in (3, 2):  # width first, as eager (PyTorch's order for bilinear)
+        idx0, idx1, w0, w1 = tables[axis - 2]
+        a = b.op("gather", out, b.const(idx0, _dtype.int64, idx0.shape), axis=axis)
+        if w0 is not None:
+            c = b.op("gather", out, b.const(idx1, _dtype.int64, idx1.shape), axis=axis)
+            a = b.op(
+                "add",
+                b.op("mul", a, _weights_along(b, w0, axis, dt)),
+                b.op("mul", c, _weights_along(b, w1, axis, dt)),
+            )
+        out = a
+    return out
+
+
+@rule("upsample2d_backward")
+def _upsample2d_backward(b: Builder, g, input_size, output_size, mode, align_corners, scales):
+    dt = b.outs[0].dtype
+    in_shape = (*g.shape[:2], *input_size)
+    tables = _upsample_tables(in_shape, output_size, mode, align_corners, scales, dt)
+    out = b.cast(g, dt)
+    for axis in (2, 3):  # the adjoint of the forward: height first
+        idx0, idx1, w0, w1 = tables[axis - 2]
+        shape = list(out.shape)
+        shape[axis] = input_size[axis - 2]
+        acc = b.full(0, tuple(shape), dt)
+        if w0 is None:
+            acc = b.op("scatter_add", acc, b.const(idx0, _dtype.int64, idx0.shape), out, axis=axis)
+        else:
+            for idx, w in ((idx0, w0), (idx1, w1)):
+                part = b.op("mul", out, _weights_along(b, w, axis, dt))
+                acc = b.op(
+                    "scatter_add", acc, b.const(idx, _dtype.int64, idx.shape), part, axis=axis
+                )
+        out = acc
+    return out
+
+
 # --- pooling
 
 
