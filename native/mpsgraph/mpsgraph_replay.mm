@@ -830,6 +830,13 @@ const ReplayEntry kReplayTable[] = {
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g reductionArgMinimumWithTensor:a.tensor(0) axis:a.integer(1) name:a.name(2)]);
      }},
+    {"argSortWithTensor:axis:descending:name:",
+     [](MPSGraph* g, const CallArgs& a) -> Results {
+       return a.one([g argSortWithTensor:a.tensor(0)
+                                   axis:a.integer(1)
+                             descending:a.flag(2)
+                                   name:a.name(3)]);
+     }},
     {"softMaxWithTensor:axis:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g softMaxWithTensor:a.tensor(0) axis:a.integer(1) name:a.name(2)]);

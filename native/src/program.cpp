@@ -499,6 +499,11 @@ Slot infer(const Program& p, const Instr& in) {
       if (!x.shape.empty() && x.shape[axis] == 0) fail("cannot reduce an empty axis");
       return Slot{reduce_shape(x.shape, {axis}, attr_bool(in, "keepdims")), DType::I64};
     }
+    case Op::argsort: {
+      if (!x.shape.empty()) normalize_axis(attr_int(in, "axis"), static_cast<int64_t>(x.shape.size()));
+      attr_bool(in, "descending");
+      return Slot{x.shape, DType::I64};
+    }
     case Op::softmax: case Op::log_softmax: case Op::cumsum: {
       bool float_only = op != Op::cumsum;
       need_dtype(float_only ? is_float(x.dtype) : is_numeric(x.dtype), x,

@@ -339,6 +339,40 @@ Step make_shape_step(const Program& p, const Instr& in) {
         if (s[o] != s[a]) std::memcpy(s[o], s[a], bytes);
       };
     }
+    case Op::argsort: {
+      // A stable sort of every row along `axis`; NaN is the largest value (numpy's and
+      // PyTorch's order), so equal keys keep their positions ascending or descending.
+      const int64_t r = static_cast<int64_t>(x.shape.size());
+      const int64_t axis = r ? normalize_axis(attr_int(in, "axis"), r) : 0;
+      const bool desc = attr_bool(in, "descending");
+      int64_t outer = 1, len = 1, inner = 1;
+      for (int64_t d = 0; d < r; ++d) (d < axis ? outer : d == axis ? len : inner) *= x.shape[d];
+      const DType d = x.dtype;
+      return [=](void* const* s) {
+        auto* out = static_cast<int64_t*>(s[o]);
+        std::vector<int64_t> order(static_cast<size_t>(len));
+        dispatch_dtype(d, [&](auto t) {
+          using T = decltype(t);
+          const T* xs = static_cast<const T*>(s[a]);
+          for (int64_t q = 0; q < outer; ++q)
+            for (int64_t i = 0; i < inner; ++i) {
+              const T* row = xs + q * len * inner + i;
+              auto before = [&](int64_t p, int64_t k) {
+                const T u = row[p * inner], v = row[k * inner];
+                if constexpr (std::is_floating_point_v<T>) {
+                  const bool un = std::isnan(u), vn = std::isnan(v);
+                  if (un || vn) return desc ? (un && !vn) : (vn && !un);
+                }
+                return desc ? v < u : u < v;
+              };
+              for (int64_t k = 0; k < len; ++k) order[k] = k;
+              std::stable_sort(order.begin(), order.end(), before);
+              int64_t* dst = out + q * len * inner + i;
+              for (int64_t k = 0; k < len; ++k) dst[k * inner] = order[k];
+            }
+        });
+      };
+    }
     case Op::random_uniform: case Op::random_normal: {
       Instr copy = in;
       Slot out_slot = y;

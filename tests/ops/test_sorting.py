@@ -241,3 +241,12 @@ def test_draw_counts_are_not_all_the_same_category():
     lucid.manual_seed(0)
     c = collections.Counter(lucid.multinomial(lucid.tensor([0.5, 0.5]), 200, True).tolist())
     assert c[0] > 50 and c[1] > 50
+
+
+def test_top_k_over_a_large_vocabulary_compiles_through_prim_argsort():
+    # GPT-2's vocabulary: one native sort per row, exactly eager's indices (ties included).
+    logits = lucid.tensor(np.round(np.random.default_rng(9).standard_normal((2, 50257)), 2))
+    fn = lucid.compile(lambda t: lucid.topk(t, 50), strict=True)
+    (v, i), (ev, ei) = fn(logits), lucid.topk(logits, 50)
+    np.testing.assert_array_equal(i.numpy(), ei.numpy())
+    np.testing.assert_array_equal(v.numpy(), ev.numpy())

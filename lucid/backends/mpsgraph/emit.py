@@ -385,6 +385,21 @@ _HANDLERS["argmax"] = _make_arg_reduction("Maximum")
 _HANDLERS["argmin"] = _make_arg_reduction("Minimum")
 
 
+@_handles("argsort")
+def _argsort(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x = ins[0]
+    axis = P.normalize_axis("argsort", attrs["axis"], x.rank)
+    key = c.cast(x.id, "i32") if x.dtype == "bool" else x.id
+    r = c.call(
+        "argSortWithTensor:axis:descending:name:",
+        A.tensor(key),
+        A.integer(axis),
+        A.boolean(attrs["descending"]),
+        A.NIL,
+    )
+    return [c.cast(r, outs[0].dtype)]  # MPSGraph returns Int32 indices
+
+
 @_handles("softmax")
 def _softmax(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     axis = P.normalize_axis("softmax", attrs["axis"], ins[0].rank)

@@ -359,6 +359,15 @@ def _argmin(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
     return np.argmin(x, axis=axis, keepdims=True).astype(np.int32)
 
 
+@_impl("argSortWithTensor:axis:descending:name:")
+def _argsort(x: np.ndarray, axis: int, descending: bool, _name: None) -> np.ndarray:
+    # Assumed stable with NaN largest, as prim.argsort (Apple's documentation does not say).
+    if not descending:
+        return np.argsort(x, axis=axis, kind="stable").astype(np.int32)
+    rev = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+    return ((x.shape[axis] - 1) - np.flip(rev, axis)).astype(np.int32)
+
+
 @_impl("softMaxWithTensor:axis:name:")
 def _softmax(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))

@@ -154,6 +154,7 @@ _sel("varianceOfTensor:axes:name:", "T", "ints", "name")
 _sel("reductionArgMaximumWithTensor:axis:name:", "T", "i", "name", introduced="12.0")
 _sel("reductionArgMinimumWithTensor:axis:name:", "T", "i", "name", introduced="12.0")
 _sel("softMaxWithTensor:axis:name:", "T", "i", "name")
+_sel("argSortWithTensor:axis:descending:name:", "T", "i", "bool", "name", introduced="13.0")
 _sel("cumulativeSumWithTensor:axis:exclusive:reverse:name:", "T", "i", "bool", "bool", "name",
      introduced="13.0")  # fmt: skip
 
@@ -486,6 +487,10 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         "castTensor:toType:name:",
         "reshapeTensor:withShape:name:",
     ),  # fmt: skip
+    "argsort": (
+        "argSortWithTensor:axis:descending:name:",
+        "castTensor:toType:name:",
+    ),  # fmt: skip
     "softmax": ("softMaxWithTensor:axis:name:",),
     "log_softmax": (
         "reductionMaximumWithTensor:axes:name:",
@@ -567,6 +572,7 @@ INPUT_SELECTORS = ("placeholderWithShape:dataType:name:",)
 
 # Composite emissions (several calls for one prim op), described for the docs.
 EMISSION_NOTES: dict[str, str] = {
+    "argsort": "bool keys as Int32; the Int32 result cast to Int64",
     "relu": "floats: NaN-propagating maximum with 0 (Apple leaves reLU's NaN unspecified); "
     "integers: reLU",
     "expm1": "exp(x) − 1, and 2·tanh(x/2)/(1−tanh(x/2)) where abs(x) < 0.5 (no cancellation)",

@@ -113,6 +113,34 @@ for _name, _fn, _mps in (
     )  # fmt: skip
 
 
+def _argsort_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
+    x = avals[0]
+    normalize_axis("argsort", attrs["axis"], x.ndim)
+    return [Aval(x.shape, "i64")]
+
+
+def _argsort_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    x = xs[0]
+    if x.ndim == 0:
+        return [np.zeros((), np.int64)]
+    axis = attrs["axis"] % x.ndim
+    if not attrs["descending"]:
+        return [np.argsort(x, axis=axis, kind="stable")]
+    # Descending with ties in position order: an ascending sort of the reversed row, read back
+    # to front (numpy puts NaN last ascending, so it comes first descending).
+    rev = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+    return [(x.shape[axis] - 1) - np.flip(rev, axis)]
+
+
+_register(
+    PrimOp(
+        "argsort", ("x",), {"axis": Attr("int", -1), "descending": Attr("bool", False)},
+        _argsort_infer, _argsort_ref, "reduction", "argSortWithTensor:axis:descending:name:",
+        "13.0", "shape.cpp: stable sort per row (NaN largest)", props=frozenset({"GRAD_SINK"}),
+    )
+)  # fmt: skip
+
+
 def _axis_rows_infer(name: str, allowed: frozenset[str]) -> Callable[..., list[Aval]]:
     def rule(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
         _need(name, avals[0], allowed)

@@ -90,7 +90,7 @@ def _randperm(b: Builder, rng, n, dtype):
 @rule("multinomial")
 def _multinomial(b: Builder, rng, probs, num_samples, replacement):
     """Eager's formulas on the same draws: the inverse CDF with replacement, the top
-    ``num_samples`` of p / Exp(1) without (ranked as ``topk``). The probabilities' checks (finite,
+    ``num_samples`` of p / Exp(1) without (sorted as ``topk``). The probabilities' checks (finite,
     non-negative, enough non-zero entries) read values and stay eager's."""
     from lucid.passes.lowering.sorting import sorted_positions
 
@@ -115,5 +115,5 @@ def _multinomial(b: Builder, rng, probs, num_samples, replacement):
         u = b.op("random_uniform", rng, shape=(m, n), dtype="f64")
         race = b.op("neg", b.op("log1p", b.op("neg", u)))
         keys = b.select(positive, b.op("div", rows, race), -1.0, f64)
-        out = b.slice_axis(sorted_positions(b, keys, True, "multinomial"), 1, 0, s)
+        out = b.slice_axis(sorted_positions(b, keys, True), 1, 0, s)
     return b.reshape(out, b.outs[0].shape)

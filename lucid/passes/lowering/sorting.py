@@ -1,11 +1,8 @@
-"""Lowering rules of ``sort`` and ``topk`` by ranking: prim has no sort op, so each element's
-place in the sorted order is counted from a pairwise comparison along the sorted axis.
+"""Lowering rules of ``sort`` and ``topk`` onto ``prim.argsort``: a stable sort of every row
+(ties keep their positions, NaN is the largest value), so the indices are exactly eager's.
 
-An element's rank is the number of elements that come before it: smaller ones (larger when
-descending), NaN counting as the largest value, and equal ones at an earlier position (a stable
-order, as eager's kernel). Sending every position to its rank (``scatter_add_along_axis``) gives
-the sorting permutation, and a gather the values. The comparison holds rows x n x n entries, so
-long rows are refused (``MAX_RANK_ELEMENTS``) and run eagerly after a graph break.
+The sorted axis is moved last; ``prim.argsort`` gives the permutation (its first k columns for
+``topk``) and ``prim.gather_along_axis`` the values.
 """
 
 from __future__ import annotations
@@ -16,52 +13,14 @@ import numpy as np
 
 from lucid import _dtype
 from lucid.ops._registry import normalize_dim
-from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, rule
+from lucid.passes.lowering._core import PV, Builder, rule
 
-MAX_RANK_ELEMENTS = 1 << 24  # entries of the pairwise comparison (rows * n * n)
-
-_I32, _I64, _BOOL = _dtype.int32, _dtype.int64, _dtype.bool_
+_I64 = _dtype.int64
 
 
-def stable_ranks(b: Builder, v: PV, descending: bool, op: str) -> PV:
-    """The rank (int64) of every element of ``v`` within its last axis, in the stable order
-    eager's sort uses (NaN largest)."""
-    n = v.shape[-1]
-    rows = v.size // n if n else 0
-    if rows * n * n > MAX_RANK_ELEMENTS:
-        raise LoweringUnsupported(
-            f"{op} along a dim of {n} over {rows} rows: ranking compares {rows * n * n} pairs "
-            f"(> {MAX_RANK_ELEMENTS}; prim has no sort op)"
-        )
-    if v.dtype is _BOOL:
-        v = b.cast(v, _I32)
-    lead = v.shape[:-1]
-    mine = b.reshape(v, (*lead, n, 1))  # element i (axis -2)
-    other = b.reshape(v, (*lead, 1, n))  # element j (axis -1)
-    before = b.op("gt" if descending else "lt", other, mine)
-    same = b.op("eq", other, mine)
-    if v.dtype.is_floating_point:
-        nan_mine, nan_other = b.op("isnan", mine), b.op("isnan", other)
-        # NaN is the largest value and NaNs are equal to each other.
-        if descending:
-            nan_first = b.op("logical_and", nan_other, b.op("logical_not", nan_mine))
-        else:
-            nan_first = b.op("logical_and", nan_mine, b.op("logical_not", nan_other))
-        before = b.op("logical_or", before, nan_first)
-        same = b.op("logical_or", same, b.op("logical_and", nan_mine, nan_other))
-    earlier = b.const(np.tril(np.ones((n, n), dtype=bool), -1), _BOOL, (n, n))  # [i, j]: j < i
-    before = b.op("logical_or", before, b.op("logical_and", same, earlier))
-    return b.cast(b.reduce("reduce_sum", b.cast(before, _I32), (v.ndim,)), _I64)
-
-
-def sorted_positions(b: Builder, v: PV, descending: bool, op: str) -> PV:
+def sorted_positions(b: Builder, v: PV, descending: bool) -> PV:
     """The permutation that sorts ``v`` along its last axis (int64, ``v``'s shape)."""
-    rank = stable_ranks(b, v, descending, op)
-    n = v.shape[-1]
-    positions = b.broadcast_to(b.arange_along(n, v.ndim - 1, v.ndim), v.shape)
-    return b.op(
-        "scatter_add_along_axis", b.full(0, v.shape, _I64), rank, positions, axis=v.ndim - 1
-    )
+    return b.op("argsort", v, axis=v.ndim - 1, descending=descending)
 
 
 def _to_last(b: Builder, v: PV, axis: int) -> tuple[PV, tuple[int, ...]]:
@@ -77,7 +36,7 @@ def _sort_top(b: Builder, v: PV, dim: int, descending: bool, k: int | None, op: 
     if math.prod(out_shape) == 0:
         return b.full(0, out_shape, v.dtype), b.full(0, out_shape, _I64)
     work, back = _to_last(b, v, axis)
-    order = sorted_positions(b, work, descending, op)
+    order = sorted_positions(b, work, descending)
     if k is not None:
         order = b.slice_axis(order, work.ndim - 1, 0, k)
     values = b.op("gather_along_axis", work, order, axis=work.ndim - 1)

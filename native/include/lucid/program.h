@@ -52,7 +52,7 @@ using Attrs = std::map<std::string, AttrValue>;
   X(eq) X(ne) X(lt) X(le) X(gt) X(ge) X(logical_and) X(logical_or) X(logical_xor)
 #define LUCID_OTHER_OPS(X)                                                                       \
   X(select) X(cast) X(normalize) X(matmul) X(matmul_accumulate) X(reduce_sum) X(reduce_mean) X(reduce_max)            \
-  X(reduce_min) X(reduce_prod) X(variance) X(argmax) X(argmin) X(softmax) X(log_softmax)         \
+  X(reduce_min) X(reduce_prod) X(variance) X(argmax) X(argmin) X(argsort) X(softmax) X(log_softmax) \
   X(cumsum) X(reshape) X(transpose) X(broadcast_to) X(slice) X(concat) X(pad) X(gather)          \
   X(gather_along_axis) X(scatter_add) X(scatter_add_along_axis) X(one_hot) X(check_index)   \
   X(conv2d)                                                                                      \

@@ -55,6 +55,33 @@ def test_arg_reductions_pick_first_extreme(name, shape, keepdims, seed, data):
     check(name, [x], {"axis": axis, "keepdims": keepdims})
 
 
+@settings(max_examples=25)
+@given(shape=SHAPES, seed=SEEDS, descending=st.booleans(), data=st.data())
+def test_argsort_is_stable_with_nan_largest(shape, seed, descending, data):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    dtype = data.draw(st.sampled_from(sorted(prim_ops.DTYPES)))
+    # Few distinct values (and NaN, infinities for floats): ties decide the order.
+    rng = np.random.default_rng(seed)
+    if dtype in prim_ops.FLOAT:
+        pool = np.array([0.0, -0.0, 1.5, -2.0, np.nan, np.inf, -np.inf])
+        x = rng.choice(pool, size=shape).astype(prim_ops.NUMPY_DTYPES[dtype])
+    else:
+        x = rng.integers(0, 3, size=shape).astype(prim_ops.NUMPY_DTYPES[dtype])
+    got = check("argsort", [x], {"axis": axis, "descending": descending})
+    moved = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+    rows = np.moveaxis(got, axis, -1).reshape(moved.shape)
+    for row, idx in zip(moved, rows, strict=True):
+        keys = [(bool(np.isnan(v)) if v.dtype.kind == "f" else False, v) for v in row]
+        for p, q in zip(idx[:-1], idx[1:], strict=True):  # each neighbour pair in order
+            (nan_p, vp), (nan_q, vq) = keys[p], keys[q]
+            if nan_p and nan_q or (not nan_p and not nan_q and vp == vq):
+                assert p < q  # ties keep their positions
+            elif descending:
+                assert nan_p or (not nan_q and vp > vq)
+            else:
+                assert nan_q or (not nan_p and vp < vq)
+
+
 def test_argmax_returns_the_first_nan():
     x = np.array([[1.0, np.nan, 5.0, np.nan]], np.float32)
     assert check("argmax", [x], {"axis": 1})[0] == 1
