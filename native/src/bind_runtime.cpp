@@ -147,15 +147,16 @@ std::atomic<unsigned long> g_main_thread{0};
 
 void main_thread_is_this_one() { g_main_thread = PyThread_get_thread_ident(); }
 
-// Lets a run on the main thread be interrupted (Ctrl-C): between steps, at most every 50 ms, it
+// Lets a run on the main thread be interrupted (Ctrl-C): between steps, at most every 100 ms, it
 // takes the GIL and runs pending signal handlers; an exception they raise abandons the run
-// (feeds untouched) and is raised from run().
+// (feeds untouched) and is raised from run(). Not more often: taking the GIL from a busy Python
+// thread can wait for its switch interval (5 ms).
 class SignalCheck {
  public:
   bool operator()() {
     auto now = std::chrono::steady_clock::now();  // first call: after kInterruptCheckWork
     if (now < next_) return false;
-    next_ = now + std::chrono::milliseconds(50);
+    next_ = now + std::chrono::milliseconds(100);
     py::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() == 0) return false;
     raised_ = std::make_unique<py::error_already_set>();

@@ -313,12 +313,14 @@ def make_case(seeds: list[dict], seed: int, index: int, op_names: list[str], val
 
 
 def _feed(rng: np.random.Generator, shape: tuple, dtype: str) -> np.ndarray:
+    # np.asarray: with shape () the generators return scalars, not arrays.
     if dtype in ("f32", "f64"):
-        return rng.standard_normal(shape).astype(np.float32 if dtype == "f32" else np.float64)
+        values = np.asarray(rng.standard_normal(shape))
+        return values.astype(np.float32 if dtype == "f32" else np.float64)
     if dtype == "bool":
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     # Mostly valid small indices, sometimes negative or large.
-    values = rng.integers(-1, 4, size=shape)
+    values = np.asarray(rng.integers(-1, 4, size=shape))
     return values.astype(np.int32 if dtype == "i32" else np.int64)
 
 
@@ -330,7 +332,10 @@ def try_case(desc: dict, native) -> str:
         native.validate(desc)
     except EXPECTED_ERRORS as e:
         return "invalid:" + type(e).__name__
-    ex = native.compile(desc, cache=False)  # validated: must compile
+    try:
+        ex = native.compile(desc, cache=False)  # validated: must compile, memory permitting
+    except MemoryError:  # a constant of a valid but huge shape
+        return "compile-error:MemoryError"
     sizes = {"f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}
     io_bytes = sum(
         int(np.prod(desc["slots"][s][0], dtype=np.int64)) * sizes[desc["slots"][s][1]]
