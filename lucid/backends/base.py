@@ -17,6 +17,9 @@ the registry in ``lucid/backends/__init__.py``. A backend gives:
 - ``refusals``: the exception types ``compile`` (or a ``pipeline`` pass) raises for a graph it
   cannot handle; the compiler turns them into a fallback (or ``CompileError``) with the message
   as the reason. Other exceptions are bugs and surface as such;
+- optionally ``program_format``, ``export_program(module) -> str`` and
+  ``import_program(text) -> Executable``: the backend's final program as text (for
+  ``save_compiled`` and the disk cache); without them a saved signature is rebuilt from its IR;
 - optionally ``supports_symbolic_batch`` and ``compile_symbolic(module, probe)``: one executable
   serving every batch size (``LUCID_COMPILE_DYNAMIC=1``). Without it, the compiler specialises
   the symbolic trace per batch size and calls ``compile`` for each.
@@ -102,6 +105,19 @@ class Backend(ABC):
         (``module`` and ``probe``). Only called when ``supports_symbolic_batch``; raise
         ``Unsupported`` (or one of ``refusals``) when it cannot be proven safe."""
         raise Unsupported(f"backend {self.name!r} compiles one executable per batch size")
+
+    #: Names and versions the text of ``export_program``; None: the backend exports nothing.
+    program_format: str | None = None
+
+    def export_program(self, module: Any) -> str | None:
+        """The final program of the prim ``module`` (``pipeline`` already run) as text that
+        ``import_program`` turns back into an executable (no code in it), or None."""
+        return None
+
+    def import_program(self, text: str, *, inplace_updates: bool = True) -> Executable:
+        """An executable from ``export_program``'s text; ValueError when the text is not a
+        valid program of this backend (the caller then rebuilds from the IR)."""
+        raise ValueError(f"backend {self.name!r} does not import programs")
 
     def refusal(self, module: Any) -> str | None:
         """Why this backend would refuse the prim ``module`` (None: it would not), without

@@ -8,6 +8,7 @@
 import sys
 import types
 
+from lucid.compile.aot import LoadedModule, load_compiled, save_compiled
 from lucid.compile.api import CacheKey, CompiledModule, CompileError, compile
 from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
 from lucid.compile.training import (
@@ -24,6 +25,7 @@ __all__ = [
     "CompiledModule",
     "DiagnosisReport",
     "GraphBreak",
+    "LoadedModule",
     "OpInfo",
     "Trace",
     "Tracer",
@@ -33,7 +35,9 @@ __all__ = [
     "compiled_step",
     "diagnose",
     "fused_step",
+    "load_compiled",
     "make_step",
+    "save_compiled",
     "trace",
 ]
 

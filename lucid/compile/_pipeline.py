@@ -21,6 +21,7 @@ from typing import Any
 from lucid.backends import Unsupported as BackendUnsupported
 from lucid.backends import get_backend
 from lucid.backends import resolve_backend as _resolve
+from lucid.compile import _disk_cache
 from lucid.ir import feed_roles as _feed_roles
 from lucid.ir import forward_func, import_trace, print_ir, result_roles
 from lucid.passes import Instrumentation, PassFailure, PassManager
@@ -82,6 +83,8 @@ class CompiledGraph:
     feed_roles: list[str]
     result_roles: list[str]
     passes_ms: dict[str, float]
+    #: True when the executable came from the disk cache (``LUCID_COMPILE_DISK_CACHE``).
+    from_disk: bool = False
 
     def run(self, feeds: list) -> list:
         try:
@@ -119,13 +122,55 @@ def compile_trace(
     pipeline: str | None = None,
     switches: dict[str, Any] | None = None,
 ) -> CompiledGraph:
-    """Stages 2-6 for ``trace`` on ``backend`` (a registry name)."""
+    """Stages 2-6 for ``trace`` on ``backend`` (a registry name). With the disk cache on
+    (``LUCID_COMPILE_DISK_CACHE=1``, see ``_disk_cache``) a graph compiled before, by any
+    process, skips the passes, the lowering and the backend's program building."""
+    target = backend_of(backend)
+    cached = _from_disk(trace, target, pipeline, switches)
+    if isinstance(cached, CompiledGraph):
+        return cached
     module, inst, timings = _graph_module(trace, pipeline, switches)
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
-    executable, backend_ms = compile_module(module, backend_of(backend), inst=inst)
+    executable, backend_ms = compile_module(module, target, inst=inst)
     timings.update(backend_ms)
+    if cached is not None:
+        t0 = time.perf_counter()
+        _disk_cache.store(cached, roles[0], roles[1], target.export_program(module))
+        timings["disk-cache-store"] = (time.perf_counter() - t0) * 1e3
     return CompiledGraph(executable, roles[0], roles[1], timings)
+
+
+def _from_disk(
+    trace: Any, target: Any, pipeline: str | None, switches: dict[str, Any] | None
+) -> CompiledGraph | str | None:
+    """The disk cache's graph for ``trace`` (a hit), its entry name (a miss: the caller stores
+    what it compiles), or None (the cache is off, the backend exports no program, or the pass
+    manager is asked to print or verify, which a hit would skip)."""
+    if not _disk_cache.enabled() or getattr(target, "program_format", None) is None:
+        return None
+    if switches or Instrumentation.from_env() != Instrumentation():
+        return None
+    t0 = time.perf_counter()
+    module = import_trace(trace)
+    name = _disk_cache.key(print_ir(module), backend=target, graph_pipeline=_graph_passes(pipeline))
+    hit = _disk_cache.load(name)
+    if hit is None:
+        return name
+    feeds, results, program = hit
+    fn = forward_func(module)
+    if feeds != _feed_roles(fn) or results != result_roles(fn):
+        _disk_cache.discard(name, "its roles are not the graph's")
+        return name
+    try:
+        executable = target.import_program(program)
+    except ValueError as e:
+        _disk_cache.discard(name, f"the backend refused its program ({e})")
+        return name
+    graph = CompiledGraph(executable, feeds, results, {})
+    graph.passes_ms["disk-cache-load"] = (time.perf_counter() - t0) * 1e3
+    graph.from_disk = True
+    return graph
 
 
 def compile_symbolic_trace(

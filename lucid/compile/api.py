@@ -638,6 +638,8 @@ class CompiledModule:
         entry = _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
         entry.feed_roles = list(graph.feed_roles)
         entry.captured_tensors = list(captured.values())
+        # For save_compiled (lucid/compile/aot.py): the output structure and the bound feeds.
+        entry.aot_output, entry.aot_captured = (out, leaves, passthrough), captured
         return entry
 
     # --- introspection --------------------------------------------------------------------------
@@ -673,6 +675,7 @@ class CompiledModule:
                 "last_run_ms": e.last_run_ms,
                 "n_hits": e.n_hits,
                 "passes_ms": dict(e.passes_ms),
+                "from_disk": bool(getattr(e.graph, "from_disk", False)),
             }
             for k, e in self._entries.items()
         ]

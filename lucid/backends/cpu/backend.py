@@ -10,6 +10,7 @@ before starting a process that interleaves numpy BLAS and compiled calls. See do
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -73,10 +74,38 @@ class CPUBackend(Backend):
             program = self.program(module, inplace_updates=inplace_updates)
         return _native.compile(program.describe(), self.cache)
 
+    program_format = "lucid-cpu-program/1"
+
+    def export_program(self, module: Any) -> str:
+        """The program description ``lucid._native.compile`` takes, as JSON (in-place updates
+        on, as ``compile`` uses them by default)."""
+        # allow_nan: attributes hold infinities (reduction identities, clamps); Python reads them.
+        return json.dumps(self.program(module).describe())
+
+    def import_program(self, text: str, *, inplace_updates: bool = True) -> Any:
+        """A native executable of ``export_program``'s JSON; the native validator checks every
+        slot, instruction and attribute, so a malformed description is a ValueError."""
+        try:
+            desc = json.loads(text)
+            desc["slots"] = [(tuple(shape), dtype) for shape, dtype in desc["slots"]]
+            desc["instrs"] = [
+                (op, list(i), list(o), {k: _attr(v) for k, v in a.items()})
+                for op, i, o, a in desc["instrs"]
+            ]
+            desc["inplace"] = {int(r): int(f) for r, f in desc.get("inplace", {}).items()}
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise ValueError(f"not a CPU program description: {e}") from None
+        return _native.compile(desc, self.cache)
+
     def stage_ir(self, module: Any) -> str:
         from lucid.ir import print_ir
 
         return print_ir(module) + "\n// native program\n" + self.program(module).dump()
+
+
+def _attr(value: Any) -> Any:
+    # JSON has no tuples: shape-like attributes come back as lists.
+    return tuple(_attr(v) for v in value) if isinstance(value, list) else value
 
 
 def cache_info() -> dict[str, int]:

@@ -1,0 +1,212 @@
+"""The on-disk compile cache (``LUCID_COMPILE_DISK_CACHE=1``): backend programs by IR hash.
+
+An entry is one JSON file ``<key>.json`` in ``LUCID_COMPILE_DISK_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/lucid/compile``, else ``~/.cache/lucid/compile``). The key is a SHA-256 of what
+determines the executable: the imported IR text of the traced graph, the graph and backend pass
+pipelines, the backend and its program format, the Lucid version and the machine (OS, CPU
+architecture). An entry holds the feed and result roles and the backend's program text, with a
+SHA-256 over them: a file that does not parse or match it is ignored, removed, and reported once
+on the ``lucid.compile`` logger. Entries are written beside and renamed into place, so a reader
+never sees half an entry and concurrent writers of one key leave one whole file. A hit touches
+the file's mtime; when the folder holds more than ``LUCID_COMPILE_DISK_CACHE_MAX_MB`` (default
+1024) the least recently used entries are removed. Nothing in an entry is executed: the program
+is a description the backend validates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+from typing import Any
+
+logger = logging.getLogger("lucid.compile")
+
+ENTRY_FORMAT = "lucid.compile-cache"
+ENTRY_VERSION = 1
+DEFAULT_MAX_MB = 1024.0
+_REPORTED: set[str] = set()
+
+
+def enabled() -> bool:
+    value = os.environ.get("LUCID_COMPILE_DISK_CACHE", "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+def directory() -> str:
+    """The cache folder: ``LUCID_COMPILE_DISK_CACHE_DIR``, else the user's cache folder."""
+    folder = os.environ.get("LUCID_COMPILE_DISK_CACHE_DIR", "").strip()
+    if folder:
+        return os.path.abspath(os.path.expanduser(folder))
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return os.path.join(base, "lucid", "compile")
+
+
+def max_bytes() -> int:
+    value = os.environ.get("LUCID_COMPILE_DISK_CACHE_MAX_MB", "").strip()
+    if not value:
+        return int(DEFAULT_MAX_MB * 2**20)
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = -1.0
+    if not mb > 0:
+        raise ValueError(
+            f"LUCID_COMPILE_DISK_CACHE_MAX_MB must be a positive number, got {value!r}"
+        )
+    return int(mb * 2**20)
+
+
+def machine_facts() -> list[str]:
+    """What of this machine an executable may depend on."""
+    return [sys.platform, platform.machine(), sys.byteorder]
+
+
+def key(ir_text: str, *, backend: Any, graph_pipeline: str) -> str:
+    """The entry name of a graph (its imported IR) compiled by ``backend``."""
+    import lucid
+
+    facts = [
+        ENTRY_VERSION,
+        str(lucid.__version__),
+        backend.name,
+        backend.pipeline,
+        getattr(backend, "program_format", None),
+        graph_pipeline,
+        machine_facts(),
+    ]
+    h = hashlib.sha256(json.dumps(facts).encode())
+    h.update(b"\0")
+    h.update(ir_text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def _digest(feed_roles: list, result_roles: list, program: str) -> str:
+    text = json.dumps([feed_roles, result_roles, program])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _report(path: str, problem: str) -> None:
+    if path not in _REPORTED:
+        _REPORTED.add(path)
+        logger.warning("lucid.compile: disk cache entry %s ignored and removed: %s", path, problem)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def load(name: str) -> tuple[list[str], list[str], str] | None:
+    """The (feed roles, result roles, program text) of entry ``name``, or None (absent, or
+    corrupt: then removed and reported once)."""
+    path = os.path.join(directory(), name + ".json")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _report(path, f"unreadable ({e.strerror or e})")
+        return None
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+        if entry["format"] != ENTRY_FORMAT or entry["version"] != ENTRY_VERSION:
+            raise ValueError("another entry format")
+        if entry["key"] != name:
+            raise ValueError("it belongs to another key")
+        feeds, results, program = entry["feed_roles"], entry["result_roles"], entry["program"]
+        if not (
+            isinstance(program, str)
+            and isinstance(feeds, list)
+            and isinstance(results, list)
+            and all(isinstance(r, str) for r in [*feeds, *results])
+        ):
+            raise ValueError("malformed fields")
+        if entry["sha256"] != _digest(feeds, results, program):
+            raise ValueError("checksum mismatch")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
+        _report(path, f"corrupt ({e})")
+        _remove(path)
+        return None
+    try:
+        os.utime(path)  # recency for the LRU eviction
+    except OSError:
+        pass
+    return feeds, results, program
+
+
+def discard(name: str, problem: str) -> None:
+    """Remove entry ``name`` that the backend refused (reported once)."""
+    path = os.path.join(directory(), name + ".json")
+    _report(path, problem)
+    _remove(path)
+
+
+def store(name: str, feed_roles: list[str], result_roles: list[str], program: str) -> None:
+    """Write entry ``name`` atomically, then evict down to the size cap. Failing to write (a
+    read-only folder, a full disk) is reported once and otherwise ignored."""
+    folder = directory()
+    entry = {
+        "format": ENTRY_FORMAT,
+        "version": ENTRY_VERSION,
+        "key": name,
+        "feed_roles": list(feed_roles),
+        "result_roles": list(result_roles),
+        "program": program,
+        "sha256": _digest(list(feed_roles), list(result_roles), program),
+    }
+    data = json.dumps(entry).encode("utf-8")
+    tmp = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(folder, name + ".json"))
+        tmp = None
+    except OSError as e:
+        if folder not in _REPORTED:
+            _REPORTED.add(folder)
+            logger.warning("lucid.compile: cannot write the disk cache in %s: %s", folder, e)
+        return
+    finally:
+        if tmp is not None:
+            _remove(tmp)
+    evict(folder, max_bytes())
+
+
+def evict(folder: str, cap: int) -> list[str]:
+    """Remove the least recently used entries until the folder's entries fit in ``cap``
+    bytes; returns the names removed. Entries vanishing meanwhile (another process evicting)
+    are fine."""
+    entries = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for n in names:
+        if not n.endswith(".json"):
+            continue
+        try:
+            st = os.stat(os.path.join(folder, n))
+        except OSError:
+            continue
+        entries.append((st.st_mtime_ns, st.st_size, n))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    for _, size, n in sorted(entries):
+        if total <= cap:
+            break
+        _remove(os.path.join(folder, n))
+        total -= size
+        removed.append(n[: -len(".json")])
+    return removed

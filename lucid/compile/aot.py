@@ -1,0 +1,638 @@
+"""AOT export: ``save_compiled`` writes a ``CompiledModule``'s signatures to one file and
+``load_compiled`` serves them again, in another process, without the model's Python class.
+
+The file is a Lucid checkpoint (safetensors, written and validated by ``lucid.serialization``)
+holding one object::
+
+    {"format": "lucid.compiled", "manifest": <JSON text>, "manifest_sha256": <hex>,
+     "parts": {name: text}, "weights": {feed role: ndarray}}
+
+The manifest (``FORMAT_VERSION``) names the Lucid version, the backend and its pass pipeline,
+and per signature: the key it serves (argument signatures, keyword names, training flag), the
+feed and result roles with their shapes and dtypes, the output structure used to re-pack the
+results, the names of its parts (``ir/<i>``: the optimized ``lucid``-dialect MLIR;
+``program/<i>``: the backend's final program when the backend can export one) and the SHA-256
+of every part and every weight. Loading parses JSON and numbers only: nothing is imported,
+called by name or evaluated. The backend's program is used when the Lucid version and backend
+match and the backend accepts it; otherwise the signature is rebuilt from its IR.
+
+Output containers come back as plain ones: a namedtuple as a tuple, a dataclass as a dict of
+its fields (loading them as their classes would need the classes' code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from lucid import _random
+from lucid._tensor import Tensor
+
+logger = logging.getLogger("lucid.compile")
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "LoadedModule", "load_compiled", "save_compiled"]
+
+FORMAT = "lucid.compiled"
+FORMAT_VERSION = 1
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class _NotSaveable(Exception):
+    """One signature cannot be written (the reason is logged, the others are saved)."""
+
+
+def _sha256(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def _array_sha256(arr: np.ndarray) -> str:
+    head = f"{arr.dtype.str}{list(arr.shape)}".encode()
+    return hashlib.sha256(head + np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def _lucid_version() -> str:
+    import lucid
+
+    return str(lucid.__version__)
+
+
+# --- argument signatures, as JSON: computed from a CacheKey (save) and from arguments (load) ----
+def _scalar(value: Any) -> list:
+    if isinstance(value, float) and not math.isfinite(value):
+        return ["float", repr(value)]
+    if isinstance(value, _SCALARS):
+        return [type(value).__name__, value]
+    if isinstance(value, np.generic):
+        return _scalar(value.item())
+    if isinstance(value, (tuple, list)):
+        return [type(value).__name__ if type(value) in (tuple, list) else "tuple",
+                [_scalar(v) for v in value]]  # fmt: skip
+    raise _NotSaveable(f"an argument of type {type(value).__name__} is not a JSON value")
+
+
+def _key_sig(sig: tuple) -> list:
+    """The JSON form of one argument signature of a ``CacheKey``."""
+    if len(sig) == 3:
+        shape, dt, _ = sig
+        if any(d is None for d in shape):
+            raise _NotSaveable("a symbolic-batch signature (LUCID_COMPILE_DYNAMIC)")
+        return ["tensor", [int(d) for d in shape], np.dtype(dt).name]
+    kind, value = sig
+    from lucid.compile.api import _TreeSig
+
+    if isinstance(value, _TreeSig):
+        tree_kind, items = value
+        if issubclass(tree_kind, dict):
+            return ["dict", [[str(k), _key_sig(s)] for k, s in items]]
+        return ["list" if issubclass(tree_kind, list) else "tuple", [_key_sig(s) for s in items]]
+    if repr(value) == "nan":
+        return ["float", "nan"]
+    return _scalar(value)
+
+
+def _arg_sig(a: Any) -> list:
+    """The JSON form of an argument, as ``_key_sig`` gives it for the key that argument makes."""
+    if isinstance(a, Tensor):
+        if a._data is None:
+            raise TypeError("load_compiled: a trace tensor cannot be fed to a loaded module")
+        return ["tensor", list(a._data.shape), a._data.dtype.name]
+    if isinstance(a, dict) and _has_tensor(a):
+        return ["dict", [[str(k), _arg_sig(v)] for k, v in a.items()]]
+    if isinstance(a, (tuple, list)) and _has_tensor(a):
+        return ["list" if isinstance(a, list) else "tuple", [_arg_sig(e) for e in a]]
+    if isinstance(a, float) and a != a:
+        return ["float", "nan"]
+    return _scalar(a)
+
+
+def _has_tensor(a: Any) -> bool:
+    if isinstance(a, Tensor):
+        return True
+    if isinstance(a, (tuple, list)):
+        return any(_has_tensor(e) for e in a)
+    if isinstance(a, dict):
+        return any(_has_tensor(e) for e in a.values())
+    return False
+
+
+def _match_text(args_sig: list, kwargs_sig: list, training: bool) -> str:
+    return json.dumps([args_sig, kwargs_sig, bool(training)], separators=(",", ":"))
+
+
+# --- the output structure ---------------------------------------------------------------------
+def _encode_output(out: Any, leaves: list, passthrough: dict) -> Any:
+    """The JSON tree that re-packs results: ``["out", k]`` is the k-th computed output,
+    ``["arg", path]`` / ``["kw", name]`` an input returned unchanged, ``["const", v]`` a
+    constant; containers are ``["tuple"|"list", items]`` and ``["dict", [[key, node], ...]]``."""
+    index = {id(t): j for j, t in enumerate(leaves)}
+    computed = {j: k for k, j in enumerate(j for j in range(len(leaves)) if j not in passthrough)}
+
+    def enc(obj: Any) -> Any:
+        if isinstance(obj, Tensor):
+            j = index[id(obj)]
+            if j in passthrough:
+                kind, ref = passthrough[j]
+                return ["arg", list(ref)] if kind == "arg" else ["kw", ref]
+            return ["out", computed[j]]
+        if isinstance(obj, (tuple, list)):
+            tag = "list" if isinstance(obj, list) else "tuple"
+            return [tag, [enc(e) for e in obj]]
+        if isinstance(obj, dict):
+            if not all(isinstance(k, (str, int)) for k in obj):
+                raise _NotSaveable("the output is a dict with keys other than str/int")
+            return ["dict", [[k, enc(v)] for k, v in obj.items()]]
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            fields = [f.name for f in dataclasses.fields(obj) if f.init]
+            return ["dict", [[f, enc(getattr(obj, f))] for f in fields]]
+        if isinstance(obj, _SCALARS) and not (isinstance(obj, float) and not math.isfinite(obj)):
+            return ["const", obj]
+        raise _NotSaveable(f"the output holds a {type(obj).__name__} (not a JSON constant)")
+
+    return enc(out)
+
+
+def _decode_output(node: Any, outs: list, args: tuple, kwargs: dict) -> Any:
+    tag, body = node
+    if tag == "out":
+        return outs[body]
+    if tag == "arg":
+        value: Any = args
+        for k in body:
+            value = value[k]
+        return value
+    if tag == "kw":
+        return kwargs[body]
+    if tag == "const":
+        return body
+    if tag in ("tuple", "list"):
+        items = [_decode_output(e, outs, args, kwargs) for e in body]
+        return tuple(items) if tag == "tuple" else items
+    if tag == "dict":
+        return {k: _decode_output(v, outs, args, kwargs) for k, v in body}
+    raise ValueError(f"unknown output node {tag!r}")
+
+
+# --- save ----------------------------------------------------------------------------------------
+def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) -> dict:
+    from lucid.backends.base import Unsupported
+    from lucid.compile import _pipeline
+    from lucid.ir import print_ir
+
+    args_sig, kwargs_sig, training, grad, _ = key
+    if grad:
+        raise _NotSaveable("it records gradients (loaded modules serve inference only)")
+    output = getattr(entry, "aot_output", None)
+    graph = entry.graph
+    if output is None or not hasattr(graph, "executable"):
+        raise _NotSaveable("it is not a plain compiled forward signature")
+    record = {
+        "key": repr(key),
+        "match": _match_text(
+            [_key_sig(s) for s in args_sig], [[k, _key_sig(s)] for k, s in kwargs_sig], training
+        ),
+        "training": bool(training),
+    }
+    out, leaves, passthrough = output
+    record["output"] = _encode_output(out, leaves, passthrough)
+    options = cm._options
+    module, _, _ = _pipeline._graph_module(entry.trace, options.pipeline, None)
+    ir_text = print_ir(module)
+    backend = _pipeline.backend_of(options.backend)
+    program = None
+    try:
+        _pipeline.lower(module, backend)
+        program = backend.export_program(module)
+    except (_pipeline.Unsupported, Unsupported) as e:
+        logger.info("save_compiled: no backend program for %r (%s); the IR is saved", key, e)
+    record["feed_roles"] = list(graph.feed_roles)
+    record["result_roles"] = list(graph.result_roles)
+    record["feeds"] = [[list(f.value.shape), _np_name(f.value.dtype)] for f in entry.trace.feeds]
+    record["results"] = [[list(v.shape), _np_name(v.dtype)] for _, v in entry.trace.outputs]
+    parts[f"ir/{index}"] = ir_text
+    record["ir"] = f"ir/{index}"
+    if program is not None:
+        parts[f"program/{index}"] = program
+        record["program"] = f"program/{index}"
+    return record
+
+
+def _np_name(dt: Any) -> str:
+    from lucid import _dtype
+
+    return np.dtype(_dtype.canonical(dt).numpy).name
+
+
+def save_compiled(cm: Any, path: str | os.PathLike, *, include_weights: bool = True) -> bool:
+    """Write every compiled signature of ``cm`` (a ``CompiledModule``) to the file ``path``:
+    the manifest, the optimized IR, the backend's program and (``include_weights``) the
+    parameters, buffers and captured tensors. Atomic (written beside, then renamed). Returns
+    False, saying why on the ``lucid.compile`` logger, when no signature can be saved."""
+    from lucid import serialization
+    from lucid.compile.api import CompiledModule
+
+    if not isinstance(cm, CompiledModule):
+        raise TypeError(f"save_compiled needs a CompiledModule, got {type(cm).__name__}")
+    path = os.fspath(path)
+    parts: dict[str, str] = {}
+    signatures = []
+    weights: dict[str, np.ndarray] = {}
+    weight_specs: dict[str, list] = {}
+    skipped = []
+    with cm._lock:
+        entries = list(cm._entries.items())
+        for key, entry in entries:
+            try:
+                record = _signature_record(cm, key, entry, len(signatures), parts)
+            except _NotSaveable as e:
+                skipped.append(f"{key!r}: {e}")
+                continue
+            captured = getattr(entry, "aot_captured", {})
+            for role, tensor in captured.items():
+                arr = np.array(tensor._data, order="C")  # (ascontiguousarray makes 0-d 1-d)
+                spec = [list(arr.shape), arr.dtype.name]
+                if weight_specs.setdefault(role, spec) != spec:
+                    raise ValueError(f"save_compiled: feed {role!r} differs between signatures")
+                if include_weights:
+                    weights[role] = arr
+            signatures.append(record)
+    for why in skipped:
+        logger.warning("save_compiled: skipping signature %s", why)
+    if not signatures:
+        reasons = "; ".join(skipped) or "the module has no compiled signature (call it first)"
+        if cm._eager_only:
+            reasons += f"; eager-only signatures: {', '.join(map(repr, cm._eager_only))}"
+        logger.warning("save_compiled: nothing to save to %r: %s", path, reasons)
+        return False
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "lucid_version": _lucid_version(),
+        "backend": cm._options.backend,
+        "pipeline": cm._options.pipeline,
+        "program_format": _backend_program_format(cm._options.backend),
+        "signatures": signatures,
+        "weights": {
+            role: {"shape": s[0], "dtype": s[1], "sha256": _array_sha256(weights[role])}
+            if role in weights
+            else {"shape": s[0], "dtype": s[1]}
+            for role, s in weight_specs.items()
+        },
+        "parts": {name: _sha256(text) for name, text in parts.items()},
+    }
+    manifest_text = json.dumps(manifest, sort_keys=True, allow_nan=False)
+    payload = {
+        "format": FORMAT,
+        "manifest": manifest_text,
+        "manifest_sha256": _sha256(manifest_text),
+        "parts": parts,
+        "weights": weights,
+    }
+    serialization.save(payload, path)
+    return True
+
+
+def _backend_program_format(name: str) -> str | None:
+    from lucid.compile import _pipeline
+
+    return getattr(_pipeline.backend_of(name), "program_format", None)
+
+
+# --- load ----------------------------------------------------------------------------------------
+def _bad(path: str, problem: str) -> ValueError:
+    return ValueError(f"load_compiled: {path!r} is not a usable compiled file: {problem}")
+
+
+def _read(path: str) -> tuple[dict, dict, dict]:
+    from lucid import serialization
+
+    try:
+        obj = serialization.load(path)
+    except ValueError as e:
+        raise _bad(path, str(e)) from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise _bad(path, f"it is not a {FORMAT} file (a plain checkpoint? use lucid.load)")
+    manifest_text, digest = obj.get("manifest"), obj.get("manifest_sha256")
+    parts, weights = obj.get("parts"), obj.get("weights")
+    if not (isinstance(manifest_text, str) and isinstance(digest, str)):
+        raise _bad(path, "its manifest is missing")
+    if _sha256(manifest_text) != digest:
+        raise _bad(path, "the manifest does not match its checksum (corrupted or tampered)")
+    try:
+        manifest = json.loads(manifest_text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise _bad(path, f"the manifest is not JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _bad(path, "the manifest is not a lucid.compiled manifest")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise _bad(path, f"format version {version!r}; this Lucid reads version {FORMAT_VERSION}")
+    if not isinstance(parts, dict) or not isinstance(weights, dict):
+        raise _bad(path, "its parts or weights are missing")
+    expected_parts = manifest.get("parts")
+    if not isinstance(expected_parts, dict) or set(expected_parts) != set(parts):
+        raise _bad(path, "its parts are not the ones the manifest lists")
+    for name, text in parts.items():
+        if not isinstance(text, str) or _sha256(text) != expected_parts[name]:
+            raise _bad(path, f"part {name!r} does not match its checksum (corrupted or tampered)")
+    arrays = {}
+    specs = manifest.get("weights")
+    if not isinstance(specs, dict):
+        raise _bad(path, "the manifest lists no weights")
+    for role, arr in weights.items():
+        spec = specs.get(role)
+        if isinstance(arr, Tensor):
+            arr = arr._data
+        if not isinstance(arr, np.ndarray) or not isinstance(spec, dict):
+            raise _bad(path, f"weight {role!r} is not listed in the manifest")
+        if spec.get("sha256") != _array_sha256(arr):
+            raise _bad(path, f"weight {role!r} does not match its checksum")
+        arrays[role] = arr
+    return manifest, parts, arrays
+
+
+class _Signature:
+    """One saved signature, ready to run: its executable and how to bind and unpack it."""
+
+    def __init__(self, record: dict, executable: Any, source: str, build_ms: float):
+        self.record = record
+        self.key = record["key"]
+        self.feed_roles = record["feed_roles"]
+        self.result_roles = record["result_roles"]
+        self.output = record["output"]
+        self.executable = executable
+        self.source = source
+        self.build_ms = build_ms
+        self.n_hits = 0
+        self.last_run_ms = 0.0
+
+
+class LoadedModule:
+    """What ``load_compiled`` returns: the saved signatures of a compiled module, runnable
+    without its class (``__call__``, ``cache_info``, ``timing``, ``ir``)."""
+
+    def __init__(self, path: str, manifest: dict, parts: dict, weights: dict[str, Tensor],
+                 signatures: dict[str, _Signature], model: Any, backend: str) -> None:  # fmt: skip
+        self.path = path
+        self.manifest = manifest
+        self._parts = parts
+        self._weights = weights
+        self._signatures = signatures
+        self._model = model
+        self._backend = backend
+        self._fallback = None
+        self.training = any(s.record["training"] for s in signatures.values()) and all(
+            s.record["training"] for s in signatures.values()
+        )
+
+    def train(self, mode: bool = True) -> LoadedModule:
+        self.training = bool(mode)
+        if self._model is not None and hasattr(self._model, "train"):
+            self._model.train(mode)
+        return self
+
+    def eval(self) -> LoadedModule:
+        return self.train(False)
+
+    def __repr__(self) -> str:
+        return f"LoadedModule({self.path!r}, {len(self._signatures)} signature(s))"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            match = _match_text(
+                [_arg_sig(a) for a in args],
+                sorted([[k, _arg_sig(v)] for k, v in kwargs.items()]),
+                self.training,
+            )
+        except _NotSaveable:
+            match = None
+        sig = self._signatures.get(match) if match is not None else None
+        if sig is None:
+            return self._unsaved(args, kwargs)
+        t0 = time.perf_counter()
+        feeds = self._bind(sig, args, kwargs)
+        try:
+            results = sig.executable.run(feeds)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"load_compiled: the inputs do not fit {sig.key}: {e}") from e
+        out = self._finish(sig, results, args, kwargs)
+        sig.n_hits += 1
+        sig.last_run_ms = (time.perf_counter() - t0) * 1e3
+        return out
+
+    def _unsaved(self, args: tuple, kwargs: dict) -> Any:
+        if self._model is None:
+            saved = "; ".join(s.key for s in self._signatures.values())
+            raise ValueError(
+                "load_compiled: these arguments match no saved signature (pass model= to "
+                f"compile new ones); saved: {saved}"
+            )
+        if self._fallback is None:
+            from lucid.compile.api import CompiledModule
+
+            self._fallback = CompiledModule(self._model, backend=self._backend)
+        return self._fallback(*args, **kwargs)
+
+    def _bind(self, sig: _Signature, args: tuple, kwargs: dict) -> list[np.ndarray]:
+        from lucid.compile.api import _at, _tensor_paths
+
+        positions: list[tuple] = []
+        _tensor_paths(args, (), positions)
+        feeds = []
+        for role in sig.feed_roles:
+            kind, _, name = role.partition(":")
+            if kind == "input":
+                t = _at(args, positions[int(name)]) if name.isdigit() else kwargs[name]
+                data = t._data
+                if not (data.flags.c_contiguous and data.flags.aligned):
+                    data = np.array(data, order="C")
+                feeds.append(data)
+            elif role == "rng":
+                feeds.append(_random.get_rng_state()._data)
+            else:
+                feeds.append(self._weights[role]._data)
+        return feeds
+
+    def _finish(self, sig: _Signature, results: list, args: tuple, kwargs: dict) -> Any:
+        outs = []
+        for res, role in zip(results, sig.result_roles, strict=True):
+            if role.startswith("output:"):
+                outs.append(Tensor._wrap(res))
+            elif role == "update:rng":
+                _random.set_rng_state(res)
+            elif role.startswith("update:"):
+                target = role[len("update:") :]
+                if target.startswith("input:"):
+                    name = target[len("input:") :]
+                    from lucid.compile.api import _at, _tensor_paths
+
+                    positions: list[tuple] = []
+                    _tensor_paths(args, (), positions)
+                    t = kwargs[name] if not name.isdigit() else _at(args, positions[int(name)])
+                else:
+                    t = self._weights[target]
+                if res is not t._data:
+                    np.copyto(t._data, res)
+                t._version[0] += 1
+        return _decode_output(sig.output, outs, args, kwargs)
+
+    # --- introspection ---------------------------------------------------------------------------
+    def cache_info(self) -> dict[str, Any]:
+        """``entries``, ``keys`` (the saved signatures), ``n_calls``, ``sources`` (``program``:
+        the backend's saved program ran; ``ir``: rebuilt from the saved IR) and, with
+        ``model=``, the ``compiled`` module's own cache_info for new signatures."""
+        sigs = list(self._signatures.values())
+        info = {
+            "entries": len(sigs),
+            "keys": tuple(s.key for s in sigs),
+            "n_calls": {s.key: s.n_hits for s in sigs},
+            "sources": {s.key: s.source for s in sigs},
+            "backend": self._backend,
+        }
+        if self._fallback is not None:
+            info["compiled"] = self._fallback.cache_info()
+        return info
+
+    def timing(self) -> list[dict[str, Any]]:
+        """One row per saved signature: ``key``, ``load_ms`` (building its executable),
+        ``last_run_ms``, ``n_hits`` and ``source`` (``program`` or ``ir``)."""
+        return [
+            {
+                "key": s.key,
+                "load_ms": s.build_ms,
+                "compile_ms": s.build_ms,
+                "last_run_ms": s.last_run_ms,
+                "n_hits": s.n_hits,
+                "source": s.source,
+                "from_file": True,
+            }
+            for s in self._signatures.values()
+        ]
+
+    def ir(self, key: str | None = None, stage: str = "optimized") -> str:
+        """The saved MLIR of a signature (``key``: its repr, as in ``cache_info()["keys"]``;
+        default the first): ``optimized`` as saved, or ``final`` (lowered for the backend)."""
+        sigs = {s.key: s for s in self._signatures.values()}
+        if key is None:
+            key = next(iter(sigs))
+        sig = sigs.get(str(key))
+        if sig is None:
+            raise KeyError(f"no saved signature {key!r}; saved: {', '.join(sigs)}")
+        text = self._parts[sig.record["ir"]]
+        if stage == "optimized":
+            return text
+        if stage not in ("prim", "final"):
+            raise ValueError(f"load_compiled: stage must be optimized, prim or final: {stage!r}")
+        from lucid.compile import _pipeline
+        from lucid.ir import parse_ir, print_ir
+
+        module = parse_ir(text)
+        backend = _pipeline.backend_of(self._backend)
+        _pipeline.lower(module, backend)
+        return print_ir(module) if stage == "prim" else backend.stage_ir(module)
+
+
+def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tuple[Any, str]:
+    """The executable of one saved signature: the backend's saved program when it is usable
+    here, else rebuilt from the saved IR."""
+    from lucid.compile import _pipeline
+    from lucid.ir import feed_roles, forward_func, parse_ir, result_roles
+
+    backend = _pipeline.backend_of(backend_name)
+    program_name = record.get("program")
+    same = (
+        manifest.get("backend") == backend_name
+        and manifest.get("lucid_version") == _lucid_version()
+        and manifest.get("program_format") == getattr(backend, "program_format", None)
+    )
+    if program_name is not None and same:
+        try:
+            return backend.import_program(parts[program_name]), "program"
+        except (ValueError, TypeError, KeyError) as e:
+            logger.info("load_compiled: rebuilding %s from its IR: %s", record["key"], e)
+    try:
+        module = parse_ir(parts[record["ir"]])
+    except Exception as e:  # the parser's own errors have no common base
+        raise ValueError(f"load_compiled: the IR of {record['key']} does not parse: {e}") from e
+    fn = forward_func(module)
+    if feed_roles(fn) != record["feed_roles"] or result_roles(fn) != record["result_roles"]:
+        raise ValueError(f"load_compiled: the IR of {record['key']} disagrees with the manifest")
+    try:
+        executable, _ = _pipeline.compile_module(module, backend)
+    except _pipeline.Unsupported as e:
+        raise ValueError(
+            f"load_compiled: backend {backend_name!r} cannot run {record['key']}: {e}"
+        ) from e
+    return executable, "ir"
+
+
+def _model_weights(model: Any) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    for method, kind in (("named_parameters", "param"), ("named_buffers", "buffer")):
+        fn = getattr(model, method, None)
+        if fn is not None:
+            for name, t in fn():
+                if t is not None:
+                    out.setdefault(f"{kind}:{name}", t)
+    return out
+
+
+def load_compiled(path: str | os.PathLike, *, model: Any = None, backend: str = "auto"):
+    """Load what ``save_compiled`` wrote: a callable serving the saved signatures (weights from
+    the file, or from ``model=`` by name, checked against the manifest). With ``model=``, a call
+    that matches no saved signature is compiled as ``lucid.compile(model)`` would; without, it
+    raises naming the saved ones. Never executes code from the file; a truncated, corrupted,
+    tampered or wrong-version file raises ValueError (OSError when it cannot be read)."""
+    from lucid.compile import _pipeline
+
+    path = os.fspath(path)
+    manifest, parts, arrays = _read(path)
+    backend_name = _pipeline.resolve_backend(backend)
+    try:
+        records = list(manifest["signatures"])
+        specs = dict(manifest["weights"])
+    except (KeyError, TypeError) as e:
+        raise _bad(path, f"the manifest lacks {e}") from None
+    weights: dict[str, Tensor] = {}
+    from_model = _model_weights(model) if model is not None else {}
+    for role, spec in specs.items():
+        if role in from_model:
+            t = from_model[role]
+            got = [list(t._data.shape), t._data.dtype.name]
+            if got != [spec["shape"], spec["dtype"]]:
+                raise ValueError(
+                    f"load_compiled: model= has {role} of shape {tuple(got[0])} and dtype "
+                    f"{got[1]}; the file was compiled for {tuple(spec['shape'])} {spec['dtype']}"
+                )
+            if not t._data.flags.c_contiguous:
+                t._data = np.array(t._data, order="C")
+            weights[role] = t
+        elif role in arrays:
+            arr = arrays[role]
+            if [list(arr.shape), arr.dtype.name] != [spec["shape"], spec["dtype"]]:
+                raise _bad(path, f"weight {role!r} does not have the manifest's shape and dtype")
+            weights[role] = Tensor._wrap(np.array(arr, copy=True))
+        else:
+            raise ValueError(
+                f"load_compiled: {path!r} holds no weight {role!r} (saved with "
+                "include_weights=False?) and model= does not provide it"
+            )
+    signatures: dict[str, _Signature] = {}
+    for record in records:
+        try:
+            t0 = time.perf_counter()
+            executable, source = _build(record, manifest, parts, backend_name)
+            sig = _Signature(record, executable, source, (time.perf_counter() - t0) * 1e3)
+        except (KeyError, TypeError) as e:
+            raise _bad(path, f"a signature record lacks {e}") from None
+        signatures[record["match"]] = sig
+    return LoadedModule(path, manifest, parts, weights, signatures, model, backend_name)

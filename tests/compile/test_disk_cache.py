@@ -1,0 +1,172 @@
+"""The on-disk compile cache: a second compile of one graph comes from disk with the same
+numbers; concurrent processes; corrupt entries ignored, removed and reported once; LRU eviction."""
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lucid
+from lucid.compile import _disk_cache
+
+sys.path.insert(0, str(Path(__file__).parent))
+from models import MLP, LeNet  # noqa: E402
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE", "1")
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_DIR", str(folder))
+    _disk_cache._REPORTED.clear()
+    return folder
+
+
+def _entries(folder):
+    return sorted(p for p in folder.glob("*.json")) if folder.exists() else []
+
+
+def _run(model, x):
+    cm = lucid.compile(model, backend="cpu")
+    with lucid.no_grad():
+        out = cm(x).numpy()
+    return cm, out
+
+
+def test_second_compile_comes_from_disk_with_identical_results(cache_dir):
+    model = LeNet().eval()
+    x = lucid.randn(2, 1, 12, 12)
+    cold, want = _run(model, x)
+    assert not cold.timing()[0]["from_disk"]
+    assert len(_entries(cache_dir)) == 1
+    warm, got = _run(model, x)
+    row = warm.timing()[0]
+    assert row["from_disk"] and "disk-cache-load" in row["passes_ms"]
+    assert "lower-to-prim" not in row["passes_ms"]
+    assert got.tobytes() == want.tobytes()
+    # Another graph (other weights' shapes) is another entry.
+    _run(MLP(), lucid.randn(3, 16))
+    assert len(_entries(cache_dir)) == 2
+
+
+def test_cache_off_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("LUCID_COMPILE_DISK_CACHE", raising=False)
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_DIR", str(tmp_path / "c"))
+    cm, _ = _run(MLP(), lucid.randn(2, 16))
+    assert not (tmp_path / "c").exists() and not cm.timing()[0]["from_disk"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda raw: raw[: len(raw) // 2],
+        lambda raw: (
+            raw[: len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 4]) + raw[len(raw) // 2 + 1 :]
+        ),
+        lambda raw: b"\xff\xfe" + raw,
+        lambda raw: b"",
+    ],
+)
+def test_corrupt_entry_is_ignored_removed_and_reported_once(cache_dir, caplog, damage):
+    model = MLP().eval()
+    x = lucid.randn(2, 16)
+    _, want = _run(model, x)
+    (entry,) = _entries(cache_dir)
+    entry.write_bytes(damage(entry.read_bytes()))
+    with caplog.at_level(logging.WARNING, logger="lucid.compile"):
+        cm, got = _run(model, x)
+    assert not cm.timing()[0]["from_disk"]
+    assert got.tobytes() == want.tobytes()
+    assert caplog.text.count("disk cache entry") == 1 and "ignored and removed" in caplog.text
+    # The recompiled entry replaced it and is good again.
+    warm, got = _run(model, x)
+    assert warm.timing()[0]["from_disk"] and got.tobytes() == want.tobytes()
+
+
+def test_eviction_keeps_the_most_recently_used_under_the_cap(cache_dir, monkeypatch):
+    models = [MLP(d_hidden=h) for h in (8, 12, 16)]
+    x = lucid.randn(2, 16)
+    for m in models:
+        _run(m, x)
+        time.sleep(0.02)  # distinct mtimes
+    entries = _entries(cache_dir)
+    assert len(entries) == 3
+    sizes = {p.stem: p.stat().st_size for p in entries}
+    first_key = min(entries, key=lambda p: p.stat().st_mtime_ns).stem
+    time.sleep(0.02)
+    _run(models[0], x)  # a hit: now the most recently used
+    cap_mb = (sum(sizes.values()) - 1) / 2**20
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_MAX_MB", repr(cap_mb))
+    _run(MLP(d_hidden=20), x)  # a fourth entry: the two oldest go
+    left = {p.stem for p in _entries(cache_dir)}
+    assert first_key in left and len(left) == 2
+    total = sum(p.stat().st_size for p in _entries(cache_dir))
+    assert total <= cap_mb * 2**20
+
+
+def test_bad_cap_setting_is_refused(cache_dir, monkeypatch):
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_MAX_MB", "lots")
+    with pytest.raises(ValueError, match="LUCID_COMPILE_DISK_CACHE_MAX_MB"):
+        _disk_cache.max_bytes()
+
+
+def test_unwritable_folder_compiles_anyway(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE", "1")
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_DIR", str(blocker / "sub"))
+    _disk_cache._REPORTED.clear()
+    with caplog.at_level(logging.WARNING, logger="lucid.compile"):
+        cm, _ = _run(MLP(), lucid.randn(2, 16))
+    assert cm.cache_info()["entries"] == 1 and "cannot write the disk cache" in caplog.text
+
+
+_WORKER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import lucid
+    import lucid.nn as nn
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    x = lucid.tensor(np.arange(32, dtype=np.float32).reshape(2, 16) / 10)
+    cm = lucid.compile(model, backend="cpu")
+    with lucid.no_grad():
+        out = cm(x).numpy()
+    np.save(sys.argv[1], out)
+    print("disk" if cm.timing()[0]["from_disk"] else "compiled")
+    """
+)
+
+
+def test_processes_compiling_concurrently_share_the_cache(cache_dir, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    env = dict(os.environ)
+
+    def start(i):
+        return subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"out{i}.npy")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+
+    procs = [start(i) for i in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
+    assert len(_entries(cache_dir)) == 1
+    assert not list(cache_dir.glob("*.tmp"))
+    late = start(2)
+    stdout, stderr = late.communicate(timeout=300)
+    assert late.returncode == 0 and stdout.strip() == "disk", stderr
+    outs = [np.load(tmp_path / f"out{i}.npy") for i in range(3)]
+    assert all(o.tobytes() == outs[0].tobytes() for o in outs)
