@@ -3,7 +3,7 @@
 An entry is one JSON file ``<key>.json`` in ``LUCID_COMPILE_DISK_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/lucid/compile``, else ``~/.cache/lucid/compile``). The key is a SHA-256 of what
 determines the executable: the imported IR text of the traced graph, the graph and backend pass
-pipelines, the backend and its program format, the Lucid version and the machine (OS, CPU
+pipelines, the backend and its program format, the Lucid version and the machine (OS, processor
 architecture). An entry holds the feed and result roles and the backend's program text, with a
 SHA-256 over them: a file that does not parse or match it is ignored, removed, and reported once
 on the ``lucid.compile`` logger. Entries are written beside and renamed into place, so a reader
