@@ -675,7 +675,7 @@ class CompiledModule:
                 "last_run_ms": e.last_run_ms,
                 "n_hits": e.n_hits,
                 "passes_ms": dict(e.passes_ms),
-                "from_disk": bool(getattr(e.graph, "from_disk", False)),
+                "from_disk": bool(getattr(getattr(e, "graph", None), "from_disk", False)),
             }
             for k, e in self._entries.items()
         ]
