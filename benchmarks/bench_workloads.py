@@ -1,5 +1,7 @@
 """The PERF.md workloads (A–E) for Lucid eager, Lucid compiled and the peers, side by side.
 
+A quick look only: the reference is ``bench_per_process.py``, which runs each case in a process
+of its own (here three frameworks' thread pools share the cores and distort each other).
 Every framework runs in this one process, and the timed rounds of a row's cases are interleaved
 (one round of each case, then the next), so machine noise hits them alike. Reported per row: the
 median time per call (of ``--rounds`` rounds, each long enough to time reliably), the ratio of
@@ -77,7 +79,8 @@ TARGETS = {
 }
 # E is measured against JAX jit only: infer at most 0.7x, train at most 1.0x.
 E_TARGETS = {"infer": 0.7, "train": 1.0}
-# PERF.md's reference numbers (ms), used only when a peer is missing from this run.
+# PERF.md's reference numbers (ms), for the reader; never used in a ratio (peers are measured
+# in the same run or the ratio is left out).
 REFERENCE_MS = {
     ("train", "A"): {"torch": 0.67, "torch.compile": 0.73, "jax": 0.50},
     ("infer", "A"): {"torch": 0.18, "torch.compile": 0.20, "jax": 0.20},
@@ -139,34 +142,50 @@ def first_call_seconds(make) -> tuple[float, object]:
 
 
 # --- inference --------------------------------------------------------------------------------
-def infer_cases(wl: str, args) -> dict[str, tuple]:
-    """name -> (make() returning a zero-argument callable; it is called once to compile)."""
-    import lucid
+FRAMEWORKS = ("lucid", "torch", "jax")
 
+
+def framework_of(case: str) -> str:
+    """The framework a case name belongs to ("lucid compiled" -> "lucid", "torch.compile" ->
+    "torch")."""
+    return case.split()[0].split(".")[0]
+
+
+def infer_cases(wl: str, args, frameworks=FRAMEWORKS) -> dict[str, tuple]:
+    """name -> (make() returning a zero-argument callable; it is called once to compile).
+
+    Only the cases of ``frameworks`` are built (and only those frameworks imported); the peers
+    copy Lucid's weights when Lucid is among them."""
     x_np, _ = W.data(wl)
     cases: dict[str, object] = {}
-    model = W.lucid_model(wl).eval()
-    x = lucid.tensor(x_np) if wl != "D" else lucid.tensor(x_np)
+    model = None
+    if "lucid" in frameworks:
+        import lucid
 
-    def lucid_eager():
-        def run():
-            with lucid.no_grad():
-                return model(x)
+        model = W.lucid_model(wl).eval()
+        x = lucid.tensor(x_np)
 
-        return run
+        def lucid_eager():
+            def run():
+                with lucid.no_grad():
+                    return model(x)
 
-    def lucid_compiled():
-        cm = lucid.compile(model)
+            return run
 
-        def run():
-            with lucid.no_grad():
-                return cm(x)
+        def lucid_compiled():
+            cm = lucid.compile(model)
 
-        return run
+            def run():
+                with lucid.no_grad():
+                    return cm(x)
 
-    cases["lucid eager"] = lucid_eager
-    cases["lucid compiled"] = lucid_compiled
+            return run
+
+        cases["lucid eager"] = lucid_eager
+        cases["lucid compiled"] = lucid_compiled
     try:
+        if "torch" not in frameworks:
+            raise ImportError
         import torch
 
         torch.set_num_threads(args.threads)
@@ -196,6 +215,8 @@ def infer_cases(wl: str, args) -> dict[str, tuple]:
     except ImportError:
         pass
     try:
+        if "jax" not in frameworks:
+            raise ImportError
         import jax
 
         apply, params = W.jax_forward(wl)
@@ -214,12 +235,10 @@ def infer_cases(wl: str, args) -> dict[str, tuple]:
 OPTIMIZERS = {"sgd": "SGD lr 0.01", "adam": "Adam lr 1e-3"}
 
 
-def train_cases(wl: str, args, opt_name: str = "sgd") -> dict[str, object]:
-    """Training rows: Lucid eager, ``make_step`` + eager optimizer, ``fused_step`` ("lucid
-    compiled"), torch eager, torch.compile, JAX jit; all with ``opt_name`` (SGD or Adam)."""
+def _lucid_train_cases(wl: str, opt_name: str, x_np, y_np) -> dict:
+    """Lucid's training cases, plus the model under "model" (the peers copy its weights)."""
     import lucid
 
-    x_np, y_np = W.data(wl)
     cases: dict[str, object] = {}
     model = W.lucid_model(wl)
     loss_fn = W.lucid_loss(wl)
@@ -260,7 +279,23 @@ def train_cases(wl: str, args, opt_name: str = "sgd") -> dict[str, object]:
     cases["lucid eager"] = lucid_eager
     cases["lucid make_step"] = lucid_make_step
     cases["lucid compiled"] = lucid_fused
+    cases["model"] = model
+    return cases
+
+
+def train_cases(wl: str, args, opt_name: str = "sgd", frameworks=FRAMEWORKS) -> dict[str, object]:
+    """Training rows: Lucid eager, ``make_step`` + eager optimizer, ``fused_step`` ("lucid
+    compiled"), torch eager, torch.compile, JAX jit; all with ``opt_name`` (SGD or Adam). Only
+    the cases of ``frameworks`` are built."""
+    x_np, y_np = W.data(wl)
+    cases: dict[str, object] = {}
+    model = None
+    if "lucid" in frameworks:
+        cases.update(_lucid_train_cases(wl, opt_name, x_np, y_np))
+        model = cases.pop("model")
     try:
+        if "torch" not in frameworks:
+            raise ImportError
         import torch
 
         torch.set_num_threads(args.threads)
@@ -304,6 +339,8 @@ def train_cases(wl: str, args, opt_name: str = "sgd") -> dict[str, object]:
     except ImportError:
         pass
     try:
+        if "jax" not in frameworks:
+            raise ImportError
         import jax
         import jax.numpy as jnp
 
@@ -410,6 +447,37 @@ def _measure_memory(spec: str, args) -> None:
     print((high_water_kib() - base) / 1024.0)
 
 
+def summarize(row: dict) -> dict:
+    """Add the ratio of Lucid compiled to the best measured peer (for E: to JAX jit), its
+    target and whether it holds, and the speed-ups over Lucid eager, to ``row``.
+
+    A ratio is only ever taken against a peer measured in this run: with no peer installed the
+    row says so (``peer_source``) and has no ratio; PERF.md's figures stay in
+    ``REFERENCE_MS`` for the reader, never in a ratio."""
+    mode, wl = row["mode"], row["workload"]
+    peers = {p: row["ms"][p] for p in PEERS if p in row["ms"]}
+    row["peer_source"] = "measured" if peers else "no peer installed"
+    compiled = row["ms"].get("lucid compiled")
+    if wl == "E":
+        base_name = "jax" if "jax" in peers else None
+        target = E_TARGETS[mode]
+    else:
+        base_name = min(peers, key=peers.get) if peers else None
+        target = TARGETS.get((mode, wl))
+    if compiled is not None and base_name is not None:
+        row["vs"] = base_name
+        row["ratio"] = compiled / peers[base_name]
+        row["target"] = target
+        row["holds"] = row["ratio"] <= target
+    eager = row["ms"].get("lucid eager")
+    if compiled is not None and eager:
+        row["speedup_vs_eager"] = eager / compiled
+    made = row["ms"].get("lucid make_step")
+    if made is not None and eager:
+        row["make_step_speedup_vs_eager"] = eager / made
+    return row
+
+
 def run_row(mode: str, wl: str, args, opt_name: str | None = None) -> dict:
     if mode == "infer":
         cases = infer_cases(wl, args)
@@ -437,30 +505,7 @@ def run_row(mode: str, wl: str, args, opt_name: str | None = None) -> dict:
             for name in cases
             if name in row["ms"]
         }
-    ref = REFERENCE_MS.get((mode, wl), {})
-    peers = {p: row["ms"][p] for p in PEERS if p in row["ms"]}
-    row["peer_source"] = "measured" if peers else "PERF.md reference"
-    if not peers:
-        peers = dict(ref)
-    compiled = row["ms"].get("lucid compiled")
-    if wl == "E":
-        base_name = "jax"
-        target = E_TARGETS[mode]
-    else:
-        base_name = min(peers, key=peers.get) if peers else None
-        target = TARGETS.get((mode, wl))
-    base = peers.get(base_name) if base_name else None
-    if compiled is not None and base:
-        row["vs"] = base_name
-        row["ratio"] = compiled / base
-        row["target"] = target
-        row["holds"] = row["ratio"] <= target
-    eager = row["ms"].get("lucid eager")
-    if compiled is not None and eager:
-        row["speedup_vs_eager"] = eager / compiled
-    made = row["ms"].get("lucid make_step")
-    if made is not None and eager:
-        row["make_step_speedup_vs_eager"] = eager / made
+    summarize(row)
     return row
 
 

@@ -1,0 +1,459 @@
+"""The PERF.md workloads (A–E), every (framework, workload, phase) case in a fresh process.
+
+This is the reference benchmark for ``docs/performance.md``. Users run one framework per
+process; measured together in one process, three thread pools share two cores and distort each
+other (JAX's A step took 0.97 ms next to PyTorch and Lucid, 0.52 ms alone). Here each case
+(e.g. "train D, torch.compile") is a child process of its own that imports only its framework,
+compiles, calibrates, and times ``--rounds`` rounds; the parent runs every case once per pass,
+row by row (a row's cases back to back, so a slow spell of a shared machine hits them alike,
+their order rotated from pass to pass), over ``--passes`` passes. Reported per case: the median
+over passes of each process's median round, and the range over passes; per row, the ratio of
+Lucid compiled to the best peer measured in this run (E: to JAX jit), with the range of the
+per-pass ratios. A peer that is not installed is marked missing and never enters a ratio.
+
+Each child records the BLAS libraries it loaded (threadpoolctl when installed, else numpy's
+build config and scipy-openblas32's ``openblas_get_config``) and its thread settings; the run
+records the machine, versions and load average. Nothing is written unless asked:
+
+    python benchmarks/bench_per_process.py [--mode infer|train|all] [--workloads ABCDE]
+        [--cases "lucid compiled,jax"] [--passes 3] [--rounds 5] [--min-round-s 0.1]
+        [--threads 2] [--no-torch-compile] [--json PATH] [--chart PATH] [--write]
+
+``--write`` stores the run as the reference (``benchmarks/results/workloads.json`` and
+``docs/performance.png``); ``--json``/``--chart`` write elsewhere. ``bench_workloads.py`` (all
+frameworks in one process) stays as a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+REFERENCE_JSON = os.path.join(HERE, "results", "workloads.json")
+REFERENCE_CHART = os.path.join(REPO, "docs", "performance.png")
+
+INFER_CASES = ("lucid eager", "lucid compiled", "torch", "torch.compile", "jax")
+TRAIN_CASES = (
+    "lucid eager",
+    "lucid make_step",
+    "lucid compiled",
+    "torch",
+    "torch.compile",
+    "jax",
+)
+FRAMEWORK_MODULES = {"lucid": "lucid", "torch": "torch", "jax": "jax"}
+# Above this load average per core the run is flagged: its figures are not fit for the docs.
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["infer", "train", "all"], default="all")
+    ap.add_argument("--workloads", default="ABCDE")
+    ap.add_argument(
+        "--cases", default=None, help="comma-separated case names to run (default: all)"
+    )
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds inside each process")
+    ap.add_argument("--min-round-s", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per child process")
+    ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--json", default=None, help="write the run's results to PATH")
+    ap.add_argument("--chart", default=None, help="write a PNG chart to PATH")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="store this run as the reference (benchmarks/results/workloads.json and "
+        "docs/performance.png)",
+    )
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.passes < 1 or args.rounds < 1 or args.threads < 1:
+        ap.error("--passes, --rounds and --threads must be at least 1")
+    bad = set(args.workloads) - set("ABCDE")
+    if bad:
+        ap.error(f"unknown workloads {''.join(sorted(bad))!r}; choose from ABCDE")
+    if args.cases is not None:
+        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = [c for c in wanted if c not in TRAIN_CASES]
+        if unknown:
+            ap.error(f"unknown cases {unknown}; choose from {list(TRAIN_CASES)}")
+        args.cases = wanted
+    return args
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment every child gets: the same thread count for every pool, idle OpenBLAS
+    workers asleep at once."""
+    n = str(threads)
+    return {
+        "OPENBLAS_NUM_THREADS": n,
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "LUCID_NUM_THREADS": n,
+        "OPENBLAS_THREAD_TIMEOUT": os.environ.get("OPENBLAS_THREAD_TIMEOUT", "1"),
+        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={n}",
+    }
+
+
+# --- child ------------------------------------------------------------------------------------
+def torch_kernels() -> list[str]:
+    """PyTorch's own BLAS and CPU kernel choice (its MKL is linked in: threadpoolctl misses it)."""
+    import torch
+
+    keep = ("BLAS_INFO", "LAPACK_INFO", "CPU capability", "USE_MKLDNN", "USE_OPENMP")
+    lines = [ln.strip() for ln in torch.__config__.show().splitlines()]
+    found = [ln for ln in lines if any(k in ln for k in keep)]
+    parts = [p.strip() for ln in found for p in ln.split(",") if any(k in p for k in keep)]
+    return [p.removeprefix("- ").removeprefix("Build settings: ") for p in parts]
+
+
+def blas_info() -> dict:
+    """The BLAS libraries loaded in this process and their thread counts."""
+    extra = {"torch": torch_kernels()} if "torch" in sys.modules else {}
+    try:
+        from threadpoolctl import threadpool_info
+
+        return {"source": "threadpoolctl", "pools": threadpool_info(), **extra}
+    except ImportError:
+        pass
+    info: dict = {"source": "numpy/scipy-openblas32 config", **extra}
+    try:
+        import numpy as np
+
+        cfg = np.show_config(mode="dicts")
+        info["numpy"] = cfg.get("Build Dependencies", {}).get("blas")
+    except Exception as e:  # numpy < 1.26 has no dict mode
+        info["numpy"] = f"unavailable: {type(e).__name__}"
+    if "lucid" in sys.modules:
+        try:
+            import scipy_openblas32
+
+            info["lucid native"] = scipy_openblas32.get_openblas_config()
+        except ImportError:
+            pass
+    return info
+
+
+def framework_threads(framework: str) -> dict:
+    out: dict = {k: os.environ.get(k) for k in thread_env(1)}
+    if framework == "lucid":
+        from lucid.backends import cpu
+
+        out["lucid native pool"] = cpu.get_num_threads()
+    elif framework == "torch":
+        import torch
+
+        out["torch.get_num_threads"] = torch.get_num_threads()
+        out["torch.get_num_interop_threads"] = torch.get_num_interop_threads()
+    return out
+
+
+def run_child(spec: str, args: argparse.Namespace) -> dict:
+    """Build, compile and time one case in this (fresh) process."""
+    mode, wl, case, opt_name = spec.split(":")
+    import bench_workloads as BW
+
+    framework = BW.framework_of(case)
+    # Only this case's framework may load: a blocked import makes the others' builders skip.
+    for other, module in FRAMEWORK_MODULES.items():
+        if other != framework:
+            sys.modules[module] = None  # type: ignore[assignment]
+    if mode == "infer":
+        cases = BW.infer_cases(wl, args, frameworks=(framework,))
+    else:
+        cases = BW.train_cases(wl, args, opt_name, frameworks=(framework,))
+    if case not in cases:
+        return {"error": f"case {case!r} not available in this environment"}
+    first_s, fn = BW.first_call_seconds(cases[case])
+    n = BW.calls_per_round(fn, args.min_round_s)
+    rounds = []
+    for _ in range(args.rounds):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - t0) / n * 1e3)
+    versions = {"python": platform.python_version()}
+    for name in ("numpy", framework):
+        mod = sys.modules.get(name)
+        versions[name] = getattr(mod, "__version__", None)
+    return {
+        "first_call_s": first_s,
+        "calls_per_round": n,
+        "round_ms": rounds,
+        "ms": statistics.median(rounds),
+        "blas": blas_info(),
+        "threads": framework_threads(framework),
+        "versions": versions,
+    }
+
+
+# --- parent -----------------------------------------------------------------------------------
+def installed(framework: str) -> bool:
+    return importlib.util.find_spec(FRAMEWORK_MODULES[framework]) is not None
+
+
+def planned_rows(args) -> list[tuple[str, str, str]]:
+    """(mode, workload, optimizer or "") of every row, in PERF.md's order."""
+    modes = ["infer", "train"] if args.mode == "all" else [args.mode]
+    rows = []
+    for mode in modes:
+        for wl in args.workloads:
+            if mode == "infer":
+                rows.append((mode, wl, ""))
+            else:
+                rows += [(mode, wl, o) for o in (("sgd", "adam") if wl == "A" else ("sgd",))]
+    return rows
+
+
+def row_cases(mode: str, args) -> tuple[list[str], list[str]]:
+    """(cases to run, cases missing because their framework is not installed)."""
+    import bench_workloads as BW
+
+    cases = list(INFER_CASES if mode == "infer" else TRAIN_CASES)
+    if args.cases is not None:
+        cases = [c for c in cases if c in args.cases]
+    if args.no_torch_compile:
+        cases = [c for c in cases if c != "torch.compile"]
+    missing = [c for c in cases if not installed(BW.framework_of(c))]
+    return [c for c in cases if c not in missing], missing
+
+
+def spawn(spec: str, args) -> dict:
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        spec,
+        "--threads",
+        str(args.threads),
+        "--rounds",
+        str(args.rounds),
+        "--min-round-s",
+        str(args.min_round_s),
+    ]
+    env = dict(os.environ, **thread_env(args.threads))
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=args.timeout_s, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout_s:.0f} s"}
+    lines = out.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = out.stderr.strip().splitlines()[-3:]
+        return {"error": f"exit {out.returncode}: " + " | ".join(tail)}
+    result["process_s"] = time.perf_counter() - t0
+    return result
+
+
+def machine_info() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def summarize_row(mode: str, wl: str, opt: str, runs: dict, missing: list[str]) -> dict:
+    """Median and range over passes per case, and the ratio to the best measured peer."""
+    import bench_workloads as BW
+    import workloads as W
+
+    what = W.WORKLOADS[wl] + (f", {BW.OPTIMIZERS[opt]}" if opt else "")
+    row: dict = {"mode": mode, "workload": wl, "what": what, "ms": {}, "range_ms": {}}
+    if opt:
+        row["opt"] = opt
+    row["compile_s"], row["passes_ms"], row["missing"] = {}, {}, missing
+    for case, results in runs.items():
+        good = [r for r in results if "ms" in r]
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            row.setdefault("errors", {})[case] = errors[0]
+        if not good:
+            continue
+        # One entry per pass (None where that pass's process failed), aligned across cases.
+        row["passes_ms"][case] = [r.get("ms") for r in results]
+        per_pass = [r["ms"] for r in good]
+        row["ms"][case] = statistics.median(per_pass)
+        row["range_ms"][case] = [min(per_pass), max(per_pass)]
+        row["compile_s"][case] = statistics.median(r["first_call_s"] for r in good)
+        row.setdefault("blas", {})[case] = good[0]["blas"]
+        row.setdefault("threads", {})[case] = good[0]["threads"]
+        row.setdefault("versions", {})[case] = good[0]["versions"]
+    BW.summarize(row)
+    if "vs" in row:
+        # Per-pass ratios: each pass ran the row's cases back to back.
+        compiled = row["passes_ms"].get("lucid compiled", [])
+        peer = row["passes_ms"].get(row["vs"], [])
+        ratios = [
+            c / p for c, p in zip(compiled, peer, strict=True) if c is not None and p is not None
+        ]
+        if ratios:
+            row["ratio_range"] = [min(ratios), max(ratios)]
+    return row
+
+
+def fmt_cell(row: dict, case: str) -> str:
+    import bench_workloads as BW
+
+    if case in row.get("missing", []):
+        return "not installed"
+    if case not in row["ms"]:
+        return "error" if case in row.get("errors", {}) else "-"
+    lo, hi = row["range_ms"][case]
+    if lo == hi:
+        return BW.fmt_ms(row["ms"][case])
+    return f"{BW.fmt_ms(row['ms'][case])} ({BW.fmt_ms(lo)}–{BW.fmt_ms(hi)})"
+
+
+def print_tables(rows: list[dict]) -> None:
+    for mode, cases in (("infer", INFER_CASES), ("train", TRAIN_CASES)):
+        sel = [r for r in rows if r["mode"] == mode]
+        if not sel:
+            continue
+        print(f"\n{mode}: median over passes (range)")
+        print("| wl | opt | " + " | ".join(cases) + " | ratio (vs) [range] | target | holds |")
+        print("|" + "---|" * (len(cases) + 5))
+        for r in sel:
+            if "ratio" in r:
+                lo, hi = r.get("ratio_range", [r["ratio"], r["ratio"]])
+                ratio = f"{r['ratio']:.2f} ({r['vs']}) [{lo:.2f}–{hi:.2f}]"
+                tgt = f"<= {r['target']}"
+                holds = "yes" if r["holds"] else "NO"
+            else:
+                ratio, tgt, holds = "no peer measured", "-", "-"
+            cells = " | ".join(fmt_cell(r, c) for c in cases)
+            print(
+                f"| {r['workload']} | {r.get('opt', '-')} | {cells} | {ratio} | {tgt} | {holds} |"
+            )
+        for r in sel:
+            for name, err in r.get("errors", {}).items():
+                print(f"note: {mode} {r['workload']} {name}: {err}")
+
+
+def describe_blas(rows: list[dict]) -> list[str]:
+    """One line per framework: the BLAS libraries its process loaded and their threads."""
+    import bench_workloads as BW
+
+    seen: dict[str, str] = {}
+    for r in rows:
+        for case, info in r.get("blas", {}).items():
+            fw = BW.framework_of(case)
+            if fw in seen:
+                continue
+            if info.get("source") == "threadpoolctl":
+                parts = [
+                    f"{p.get('internal_api')} {p.get('version')} {p.get('architecture') or ''}"
+                    f" threads={p.get('num_threads')} ({os.path.basename(p.get('filepath', ''))})"
+                    for p in info["pools"]
+                ]
+                seen[fw] = "; ".join(parts + info.get("torch", [])) or (
+                    "no BLAS/OpenMP pool found by threadpoolctl"
+                )
+            else:
+                seen[fw] = json.dumps({k: v for k, v in info.items() if k != "source"})
+    return [f"{fw}: {desc}" for fw, desc in seen.items()]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args.child, args)))
+        return 0
+    sys.path.insert(0, HERE)
+    load_before = load_average()
+    if load_before is not None and load_before > BUSY_LOAD_PER_CORE * (os.cpu_count() or 1):
+        print(
+            f"warning: load average {load_before:.1f} on {os.cpu_count()} cores: the machine is "
+            "busy, these figures are not fit for the docs",
+            file=sys.stderr,
+        )
+    plan = []
+    for mode, wl, opt in planned_rows(args):
+        cases, missing = row_cases(mode, args)
+        plan.append(((mode, wl, opt), cases, missing))
+    runs: dict = {key: {c: [] for c in cases} for key, cases, _ in plan}
+    started = time.time()
+    for p in range(args.passes):
+        for key, cases, _ in plan:
+            k = p % len(cases) if cases else 0
+            for case in cases[k:] + cases[:k]:
+                mode, wl, opt = key
+                result = spawn(f"{mode}:{wl}:{case}:{opt or 'sgd'}", args)
+                runs[key][case].append(result)
+                shown = f"{result['ms']:.4g} ms" if "ms" in result else result["error"]
+                print(
+                    f"pass {p + 1}/{args.passes} {mode} {wl} {opt} {case}: {shown}", file=sys.stderr
+                )
+    rows = [summarize_row(*key, runs[key], missing) for key, _, missing in plan]
+    load_after = load_average()
+    meta = {
+        "method": "per-process",
+        "threads": args.threads,
+        "passes": args.passes,
+        "rounds": args.rounds,
+        "min_round_s": args.min_round_s,
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+        "minutes": (time.time() - started) / 60,
+        "load_average": [load_before, load_after],
+        "machine": machine_info(),
+        "thread_env": thread_env(args.threads),
+    }
+    print_tables(rows)
+    print("\nBLAS per framework:")
+    for line in describe_blas(rows):
+        print("  " + line)
+    print(
+        f"threads {args.threads}; {args.passes} passes x {args.rounds} rounds; load average "
+        f"{load_before} -> {load_after}; {meta['minutes']:.1f} min"
+    )
+    json_path = args.json or (REFERENCE_JSON if args.write else None)
+    chart_path = args.chart or (REFERENCE_CHART if args.write else None)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+        print(f"wrote {json_path}")
+    if chart_path:
+        import bench_workloads as BW
+
+        BW.chart([r for r in rows if r["ms"]], chart_path)
+        print(f"wrote {chart_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        # Before any BLAS loads; the parent sets the same in the child's environment.
+        sys.path.insert(0, HERE)
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The per-process benchmark's bookkeeping: ratios only against measured peers, aligned passes,
+nothing written unless asked. (Timing itself is never asserted: the machine is shared.)"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+sys.path.insert(0, os.path.abspath(BENCH))
+
+import bench_per_process as BP  # noqa: E402
+
+
+def ok(ms: float) -> dict:
+    return {
+        "ms": ms,
+        "first_call_s": 0.5,
+        "blas": {"source": "test"},
+        "threads": {},
+        "versions": {},
+    }
+
+
+def test_ratio_is_against_the_best_measured_peer_with_per_pass_range():
+    runs = {
+        "lucid compiled": [ok(2.0), ok(3.0), ok(2.5)],
+        "torch": [ok(4.0), ok(3.0), ok(5.0)],
+        "jax": [ok(2.5), ok(6.0), ok(2.6)],
+    }
+    row = BP.summarize_row("infer", "D", "", runs, missing=["torch.compile"])
+    assert row["ms"]["lucid compiled"] == 2.5
+    assert row["range_ms"]["torch"] == [3.0, 5.0]
+    assert row["vs"] == "jax" and row["ratio"] == pytest.approx(2.5 / 2.6)
+    assert row["ratio_range"] == pytest.approx([3.0 / 6.0, 2.5 / 2.6])
+    assert row["holds"] is False  # 0.96 > 0.9
+    assert BP.fmt_cell(row, "torch.compile") == "not installed"
+
+
+def test_no_ratio_without_a_measured_peer():
+    runs = {"lucid compiled": [ok(1.0)], "lucid eager": [ok(5.0)]}
+    row = BP.summarize_row("train", "A", "sgd", runs, missing=["torch", "torch.compile", "jax"])
+    assert "ratio" not in row and "vs" not in row
+    assert row["peer_source"] == "no peer installed"
+    assert row["speedup_vs_eager"] == pytest.approx(5.0)
+
+
+def test_e_is_only_compared_with_jax():
+    runs = {"lucid compiled": [ok(0.01)], "torch": [ok(0.005)]}
+    row = BP.summarize_row("infer", "E", "", runs, missing=["jax"])
+    assert "ratio" not in row
+
+
+def test_a_failed_pass_is_left_out_of_medians_and_ratio_pairs():
+    runs = {
+        "lucid compiled": [ok(1.0), {"error": "boom"}, ok(3.0)],
+        "jax": [ok(2.0), ok(100.0), ok(2.0)],
+    }
+    row = BP.summarize_row("infer", "A", "", runs, missing=[])
+    assert row["ms"]["lucid compiled"] == 2.0
+    assert row["errors"]["lucid compiled"] == "boom"
+    assert row["ratio_range"] == pytest.approx([0.5, 1.5])
+
+
+def test_rows_and_cases_follow_the_arguments():
+    args = BP.parse_args(["--mode", "train", "--workloads", "AD", "--cases", "lucid compiled,jax"])
+    assert BP.planned_rows(args) == [
+        ("train", "A", "sgd"),
+        ("train", "A", "adam"),
+        ("train", "D", "sgd"),
+    ]
+    cases, missing = BP.row_cases("train", args)
+    assert sorted(cases + missing) == ["jax", "lucid compiled"]
+    assert args.json is None and not args.write  # nothing is written unless asked
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(SystemExit):
+        BP.parse_args(["--workloads", "AZ"])
+    with pytest.raises(SystemExit):
+        BP.parse_args(["--cases", "numpy"])
