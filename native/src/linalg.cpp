@@ -78,6 +78,11 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
     gemm<T>(false, p.tb, p.M * p.batch, p.N, p.K, A, p.K, B, ldb, T(0), C, p.N);
     return;
   }
+  if constexpr (std::is_floating_point_v<T>) {
+    const BatchedGemm<T> g{p.ta, p.tb, p.batch, p.M, p.N, p.K, A, p.a_off.data(), lda,
+                           B, p.b_off.data(), ldb, C};
+    if (gemm_batch_parallel(g)) return;
+  }
   for (int64_t i = 0; i < p.batch; ++i)
     gemm<T>(p.ta, p.tb, p.M, p.N, p.K, A + p.a_off[i], lda, B + p.b_off[i], ldb, T(0),
             C + i * p.M * p.N, p.N);

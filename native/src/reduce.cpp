@@ -7,12 +7,16 @@
 
 #include "lucid/fastmath.h"
 #include "lucid/kernels.h"
+#include "lucid/parallel.h"
 
 namespace lucid {
 
 namespace {
 
 constexpr int kMaxDims = 16;
+// A softmax over fewer elements runs on the calling thread (its exp pass is compute-bound, so
+// larger ones are split by rows across the worker pool, like compute-bound elementwise chains).
+constexpr int64_t kSoftmaxParallelMinElements = 1 << 16;
 
 // Sum of a contiguous run with independent partial sums, so the adds pipeline and vectorize.
 template <class T>
@@ -257,7 +261,12 @@ void softmax_row(bool log, const T* xs, T* ys, int64_t n) {
 template <class T>
 void run_softmax(bool log, const AxisGeom& g, const T* x, T* y) {
   if (g.inner == 1) {
-    for (int64_t o = 0; o < g.outer; ++o) softmax_row(log, x + o * g.len, y + o * g.len, g.len);
+    // Rows are independent (each computed as one thread would): split them across the cores.
+    auto rows = [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o) softmax_row(log, x + o * g.len, y + o * g.len, g.len);
+    };
+    if (g.outer * g.len < kSoftmaxParallelMinElements) return rows(0, g.outer);
+    parallel_for(g.outer, std::max<int64_t>(1, kSoftmaxParallelMinElements / 2 / g.len), rows);
     return;
   }
   std::vector<double> mx(g.inner), sum(g.inner);

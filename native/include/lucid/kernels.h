@@ -38,6 +38,26 @@ void dispatch_dtype(DType d, Fn&& fn) {
   }
 }
 
+// A batch of row-major GEMMs C_i = op(A + a_off[i]) @ op(B + b_off[i]), C_i at C + i*M*N (N
+// columns, beta 0), all with K > 0.
+template <class T>
+struct BatchedGemm {
+  bool ta, tb;
+  int64_t batch, M, N, K;
+  const T* A;
+  const int64_t* a_off;
+  int64_t lda;
+  const T* B;
+  const int64_t* b_off;
+  int64_t ldb;
+  T* C;
+};
+
+// Runs the batch split across the worker pool when its GEMMs are small enough that the BLAS
+// keeps each on one thread; false (nothing done) otherwise (batched_gemm.cpp).
+bool gemm_batch_parallel(const BatchedGemm<float>& g);
+bool gemm_batch_parallel(const BatchedGemm<double>& g);
+
 void blas_set_threads(int n);
 int blas_get_threads();
 
