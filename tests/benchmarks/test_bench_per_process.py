@@ -81,3 +81,19 @@ def test_bad_arguments_are_refused():
         BP.parse_args(["--workloads", "AZ"])
     with pytest.raises(SystemExit):
         BP.parse_args(["--cases", "numpy"])
+
+
+def test_a_child_process_times_its_case_and_records_blas_and_threads():
+    args = BP.parse_args(["--rounds", "2", "--min-round-s", "0.001", "--threads", "1"])
+    result = BP.spawn("infer:E:lucid compiled:sgd", args)
+    assert "error" not in result, result.get("error")
+    assert len(result["round_ms"]) == 2 and result["ms"] > 0
+    assert result["threads"]["LUCID_NUM_THREADS"] == "1"
+    assert result["threads"]["lucid native pool"] == 1
+    assert result["blas"]["source"] in ("threadpoolctl", "numpy/scipy-openblas32 config")
+
+
+def test_a_child_reports_a_case_it_cannot_build():
+    args = BP.parse_args(["--rounds", "1", "--min-round-s", "0.001"])
+    result = BP.spawn("infer:E:no such case:sgd", args)
+    assert "error" in result
