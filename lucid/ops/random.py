@@ -242,7 +242,10 @@ def _multinomial_kernel(rng, probs, num_samples, replacement):
         race = -np.log1p(-u)
         with np.errstate(divide="ignore"):  # a race of 0 (u == 0) wins: p / 0 = inf
             keys = np.where(rows > 0, rows / race, -1.0)
-        out = stable_order(keys, 1, True)[:, :num_samples]
+        if num_samples == 1:  # the first largest key, without sorting (as PyTorch)
+            out = np.argmax(keys, axis=1)[:, None]
+        else:
+            out = stable_order(keys, 1, True)[:, :num_samples]
     return out.astype(np.int64).reshape(*probs.shape[:-1], num_samples)
 
 

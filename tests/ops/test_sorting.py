@@ -250,3 +250,11 @@ def test_top_k_over_a_large_vocabulary_compiles_through_prim_argsort():
     (v, i), (ev, ei) = fn(logits), lucid.topk(logits, 50)
     np.testing.assert_array_equal(i.numpy(), ei.numpy())
     np.testing.assert_array_equal(v.numpy(), ev.numpy())
+
+
+def test_a_single_draw_without_replacement_follows_the_weights():
+    # num_samples=1 takes the largest p / Exp(1) key directly (no sort), as PyTorch.
+    lucid.manual_seed(12)
+    draws = lucid.multinomial(lucid.tensor([[0.5, 0.0, 1.5, 3.0]] * 8000), 1).numpy()
+    assert draws.shape == (8000, 1)
+    np.testing.assert_allclose(_freq(draws, 4), [0.1, 0.0, 0.3, 0.6], atol=0.02)

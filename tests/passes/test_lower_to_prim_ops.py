@@ -567,6 +567,10 @@ for _repl in (False, True):
             [state(r), r.random(7) + np.array([0, 0, 1, 0, 0, 0, 0]) * 5],
             {"num_samples": 4 + 3 * p, "replacement": p},
         ),
+        lambda r, p=_repl: (
+            [state(r), np.array([[0.0, 2.0, 2.0, 1.0], [3.0, 0.0, 0.0, 0.0]], np.float32)],
+            {"num_samples": 1, "replacement": p},
+        ),
     )
 # randperm: a permutation of the same law, not eager's (which argsorts raw 32-bit words)
 RANDOM_OPS = {"randperm"}

@@ -115,5 +115,8 @@ def _multinomial(b: Builder, rng, probs, num_samples, replacement):
         u = b.op("random_uniform", rng, shape=(m, n), dtype="f64")
         race = b.op("neg", b.op("log1p", b.op("neg", u)))
         keys = b.select(positive, b.op("div", rows, race), -1.0, f64)
-        out = b.slice_axis(sorted_positions(b, keys, True), 1, 0, s)
+        if s == 1:  # the first largest key, as eager
+            out = b.op("argmax", keys, axis=1, keepdims=True)
+        else:
+            out = b.slice_axis(sorted_positions(b, keys, True), 1, 0, s)
     return b.reshape(out, b.outs[0].shape)
