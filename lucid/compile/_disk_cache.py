@@ -2,7 +2,9 @@
 
 An entry is one JSON file ``<key>.json`` in ``LUCID_COMPILE_DISK_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/lucid/compile``, else ``~/.cache/lucid/compile``). The key is a SHA-256 of what
-determines the executable: the imported IR text of the traced graph, the graph and backend pass
+determines the executable: the traced graph (its JSON with value ids renumbered in order, so
+the same code traced after other work has the same key; importing it to IR would cost more
+than the rest of a hit), the graph and backend pass
 pipelines, the backend and its program format, the Lucid version and the machine (OS, processor
 architecture). An entry holds the feed and result roles and the backend's program text, with a
 SHA-256 over them: a file that does not parse or match it is ignored, removed, and reported once
@@ -68,8 +70,34 @@ def machine_facts() -> list[str]:
     return [sys.platform, platform.machine(), sys.byteorder]
 
 
-def key(ir_text: str, *, backend: Any, graph_pipeline: str) -> str:
-    """The entry name of a graph (its imported IR) compiled by ``backend``."""
+def trace_text(trace: Any) -> str | None:
+    """The canonical text of a trace (value ids renumbered by first appearance, no source
+    locations), or None when it does not serialise (the graph is then not cached)."""
+    ids: dict[int, int] = {}
+
+    def canon(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for k, v in node.items():
+                if k == "loc":
+                    continue
+                if k == "id" and isinstance(v, int) and not isinstance(v, bool):
+                    out[k] = ids.setdefault(v, len(ids))
+                else:
+                    out[k] = canon(v)
+            return out
+        if isinstance(node, list):
+            return [canon(e) for e in node]
+        return node
+
+    try:
+        return json.dumps(canon(trace.to_dict()), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
+
+
+def key(graph_text: str, *, backend: Any, graph_pipeline: str) -> str:
+    """The entry name of a graph (``trace_text``) compiled by ``backend``."""
     import lucid
 
     facts = [
@@ -83,7 +111,7 @@ def key(ir_text: str, *, backend: Any, graph_pipeline: str) -> str:
     ]
     h = hashlib.sha256(json.dumps(facts).encode())
     h.update(b"\0")
-    h.update(ir_text.encode("utf-8"))
+    h.update(graph_text.encode("utf-8"))
     return h.hexdigest()
 
 

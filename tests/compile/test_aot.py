@@ -376,3 +376,18 @@ def test_two_processes_saving_to_one_path_leave_one_whole_file(tmp_path):
     got = load_compiled(target)(x).numpy().tobytes()
     assert got in {np.load(tmp_path / f"o{s}.npy").tobytes() for s in (1, 2)}
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_mpsgraph_reference_saves_ir_and_loads_on_either_backend(tmp_path):
+    model = LeNet().eval()
+    x = _rand(2, 1, 12, 12)
+    cm = lucid.compile(model, backend="mpsgraph-reference")
+    with lucid.no_grad():
+        want = cm(x).numpy()
+    path = tmp_path / "ref.lucidc"
+    assert save_compiled(cm, path)
+    same = load_compiled(path, backend="mpsgraph-reference")
+    assert set(same.cache_info()["sources"].values()) == {"ir"}  # it exports no program
+    assert same(x).numpy().tobytes() == want.tobytes()
+    cpu = load_compiled(path, backend="cpu")
+    np.testing.assert_allclose(cpu(x).numpy(), want, rtol=1e-5, atol=1e-6)
