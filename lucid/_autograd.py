@@ -359,8 +359,12 @@ def run_backward(
                     f"VJP rule of {node.op.name!r} returned {len(gins)} gradients for "
                     f"{len(node.inputs)} operands"
                 )
-            for x, g, (child, out_idx, need) in zip(node.inputs, gins, node.edges, strict=True):
+            for i, (x, g, (child, out_idx, need)) in enumerate(
+                zip(node.inputs, gins, node.edges, strict=True)
+            ):
                 if g is None or not need:
+                    if need:
+                        _check_no_grad(node.op, i)
                     continue
                 g = _reduce_to(g, x)
                 if child is None:
@@ -373,6 +377,21 @@ def run_backward(
     if capture is not None:
         return [captured.get(i) for i in range(len(capture))]
     return None
+
+
+def _check_no_grad(op, i: int) -> None:
+    """A registry op's VJP gave no gradient for operand ``i``, which requires grad: allowed only
+    when the op declares it (``OpDef.no_grad_operands``). Custom ops (autograd.Function, compiled
+    calls) may return None, as torch allows."""
+    from lucid.ops import REGISTRY
+
+    if REGISTRY.get(op.name) is not op:
+        return
+    name = op.operand_name(i)
+    if name not in op.no_grad_operands:
+        raise RuntimeError(
+            f"op {op.name!r} computes no gradient for its operand {name!r}, which requires grad"
+        )
 
 
 def _default_grads(roots, grads):

@@ -29,7 +29,7 @@ from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline, _pytree
-from lucid.compile._binding import name_feeds
+from lucid.compile._binding import LRU, max_entries, name_feeds
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
@@ -37,7 +37,7 @@ from lucid.ops._registry import OpDef
 from lucid.passes import PassFailure, PassManager
 from lucid.passes._graph import append_results, block_of, erase_args, keep_results, set_arg_roles
 from lucid.passes.vjp import VJP
-from lucid.trace._tracing import _tracing
+from lucid.trace._tracing import GraphBreak, _tracing
 
 __all__ = ["GradEntry", "compile_grad_call", "split_forward_backward"]
 
@@ -119,23 +119,46 @@ def _erase_unused_args(fn: x.func.FuncOp) -> None:
     erase_args(fn, [i for i, a in enumerate(block_of(fn).args) if not a.uses])
 
 
+class _Program:
+    """The compiled forward and backward of one concrete shape, with their feed plans."""
+
+    def __init__(self, **kw: Any):
+        self.__dict__.update(kw)
+
+
 class GradEntry:
     """An entry of ``CompiledModule``'s cache for grad mode: ``entry(args, kwargs)`` runs the
-    compiled forward and returns outputs whose ``grad_fn`` runs the compiled backward."""
+    compiled forward and returns outputs whose ``grad_fn`` runs the compiled backward.
+
+    A symbolic-batch entry (``symbolic``) holds one trace for every batch size; the program of a
+    batch size is made on first sight (``shape-specialize`` then ``vjp``, no retrace) and kept."""
 
     def __init__(self, **kw: Any):
         self.__dict__.update(kw)
         self.n_hits = 0
         self.last_run_ms = 0.0
 
+    def _program_for(self, args: tuple) -> _Program:
+        if not self.symbolic:
+            return self.program
+        batch = args[self.tensor_pos[0]].shape[0]
+        prog = self.by_batch.get(batch)
+        if prog is None:
+            prog = self.build(batch)
+            self.by_batch.put(batch, prog)
+        return prog
+
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         t0 = time.perf_counter()
+        prog = self._program_for(args) if self.symbolic else self.program
         tensor_args = [args[i] for i in self.tensor_pos]
         feeds = []
         rng = rng_before = None
-        for kind, ref in self.fwd_plan:
+        for kind, ref in prog.fwd_plan:
             if kind == "input":
                 feeds.append(tensor_args[ref]._data)
+            elif kind == "kw":
+                feeds.append(kwargs[ref]._data)
             elif kind == "rng":
                 rng = _random.get_rng_state()._data
                 feeds.append(rng)
@@ -145,12 +168,12 @@ class GradEntry:
             else:
                 feeds.append(ref._data)
         try:
-            res = self.fwd.run(feeds)
+            res = prog.fwd.run(feeds)
         except (TypeError, ValueError) as e:
-            raise _pipeline.FeedMismatch(name_feeds(str(e), self.fwd.feed_roles)) from e
+            raise _pipeline.FeedMismatch(name_feeds(str(e), prog.fwd.feed_roles)) from e
         outs: list[Any] = [None] * self.n_leaves
         residuals: list[np.ndarray] = []
-        for i, (kind, ref) in enumerate(self.fwd_results):
+        for i, (kind, ref) in enumerate(prog.fwd_results):
             if kind == "output":
                 outs[ref] = Tensor._wrap(res[i])
             elif kind == "rng":
@@ -159,22 +182,33 @@ class GradEntry:
                 ref._version[0] += 1
             else:
                 residuals.append(res[i])
-        wrt = [tensor_args[ref] if kind == "input" else ref for kind, ref in self.wrt]
+        wrt = [
+            tensor_args[ref] if kind == "input" else kwargs[ref] if kind == "kw" else ref
+            for kind, ref in prog.wrt
+        ]
         if _state.grad_enabled and any(t._requires_grad for t in wrt):
-            self._attach(outs, wrt, tensor_args, residuals, rng_before)
+            self._attach(prog, outs, wrt, tensor_args, kwargs, residuals, rng_before)
         result = self.rebuild(outs)
         self.last_run_ms = (time.perf_counter() - t0) * 1e3
         return result
 
     def _attach(
-        self, outs: list, wrt: list, tensor_args: list, residuals: list, rng_before: Any
+        self,
+        prog: _Program,
+        outs: list,
+        wrt: list,
+        tensor_args: list,
+        kwargs: dict,
+        residuals: list,
+        rng_before: Any,
     ) -> None:
-        bwd, bwd_plan, cot_dtypes = self.bwd, self.bwd_plan, self.cot_dtypes
+        bwd, bwd_plan, cot_dtypes = prog.bwd, prog.bwd_plan, self.cot_dtypes
         saved = [
-            tensor_args[ref] if kind == "input" else ref
+            tensor_args[ref] if kind == "input" else kwargs[ref] if kind == "kw" else ref
             for kind, ref in bwd_plan
-            if kind in ("input", "tensor")
+            if kind in ("input", "kw", "tensor")
         ]
+        kw_tensors = dict(kwargs)
 
         def vjp(ctx, *gouts):
             if _state.tracer is not None or _state.grad_enabled:
@@ -190,12 +224,10 @@ class GradEntry:
                     g = gouts[ref]
                     # np.ascontiguousarray would make a 0-d cotangent (a scalar loss) 1-d.
                     feeds.append(np.asarray(g._data, dtype=cot_dtypes[ref], order="C"))
-                elif kind == "input":
-                    feeds.append(tensor_args[ref]._data)
                 elif kind == "rng":
                     feeds.append(rng_before)
                 else:
-                    feeds.append(ref._data)
+                    feeds.append(_feed_tensor(kind, ref, tensor_args, kw_tensors)._data)
             grads = bwd.run(feeds)
             return [Tensor._wrap(g) for g in grads]
 
@@ -215,30 +247,61 @@ class GradEntry:
             node.versions = [(t, t._version[0]) for t in saved]
 
 
-def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> GradEntry:
+def _feed_tensor(kind: str, ref: Any, tensor_args: list, kwargs: dict) -> Tensor:
+    if kind == "input":
+        return tensor_args[ref]
+    if kind == "kw":
+        return kwargs[ref]
+    return ref
+
+
+def compile_grad_call(
+    model: Any, args: tuple, kwargs: dict, options: Any, *, symbolic: bool = False
+) -> GradEntry:
     """Trace, differentiate, split and compile ``model(*args, **kwargs)`` for grad mode.
-    Raises ``_pipeline.Unsupported`` for what this path does not handle."""
+    Tensor keyword arguments are fed (role ``input:<name>``) and get gradients like positional
+    ones. With ``symbolic`` the positional tensors' shared leading dim is traced as a symbolic
+    batch (``api._NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
+    for what this path does not handle."""
     t0 = time.perf_counter()
-    if any(isinstance(v, Tensor) for v in kwargs.values()):
-        raise _pipeline.Unsupported("tensor keyword arguments in grad mode")
-    from lucid.compile.api import _has_tensor
+    from lucid.compile.api import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
 
     if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
         raise _pipeline.Unsupported("tensors inside a container argument in grad mode")
+    if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
+        raise _pipeline.Unsupported("tensors inside a container keyword argument in grad mode")
     with _tracing(model) as tracer:
         tensor_pos: list[int] = []
         targs = []
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
                 tensor_pos.append(i)
-                targs.append(tracer.input_like(a))
+                if symbolic:
+                    t = tracer.input((None, *a.shape[1:]), a.dtype)
+                    t._requires_grad = a.requires_grad
+                else:
+                    t = tracer.input_like(a)
+                targs.append(t)
             else:
                 targs.append(a)
-        out = model(*targs, **kwargs)
+        tkwargs = {
+            k: tracer.input_like(v, role=f"input:{k}") if isinstance(v, Tensor) else v
+            for k, v in kwargs.items()
+        }
+        try:
+            out = model(*targs, **tkwargs)
+        except (TypeError, ValueError, IndexError, GraphBreak) as e:
+            if symbolic:
+                raise _NotSymbolic(f"tracing with a symbolic batch failed: {e}") from e
+            raise
         leaves: list[Tensor] = []
         rebuild = _pytree.flatten(out, leaves)
-        if any(any(t is targs[i] for i in tensor_pos) for t in leaves):
+        fed = [targs[i] for i in tensor_pos] + [
+            v for v in tkwargs.values() if isinstance(v, Tensor)
+        ]
+        if any(any(t is f for f in fed) for t in leaves):
             raise _pipeline.Unsupported("an input returned unchanged in grad mode")
+        n_model_ops = len(tracer.trace.ops)  # the seeding below reduces over the batch
         seeded = None
         cot_index: dict[int, int] = {}
         for j, t in enumerate(leaves):
@@ -252,22 +315,63 @@ def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> Gr
             raise _pipeline.Unsupported("no floating output to differentiate")
         trace = tracer.finish([seeded, *leaves])
         captured = tracer.feed_tensors()
+    if symbolic:
+        # Each batch size gets its own program (shape-specialize then vjp): the model's ops
+        # must specialise soundly; the seeded sum over the batch is then concrete.
+        model_ops = trace.ops[:n_model_ops]
+        unsafe = sorted({op.name for op in model_ops if op.name not in _SYMBOLIC_SAFE_OPS()})
+        if unsafe:
+            raise _NotSymbolic(f"ops not safe under a symbolic batch: {', '.join(unsafe)}")
     check_vjp_coverage(trace)
-    module = import_trace(trace)
-    roles = feed_roles(forward_func(module))
-    wrt_roles = []
-    for role in roles:
-        if role.startswith("param:") and captured[role]._requires_grad:
-            wrt_roles.append(role)
-        elif role.startswith("input:") and args[tensor_pos[int(role[6:])]]._requires_grad:
-            wrt_roles.append(role)
-    if not wrt_roles:
-        raise _pipeline.Unsupported("nothing the outputs depend on requires grad")
-    try:
-        PassManager([VJP(wrt=" ".join(wrt_roles))]).run(module)
-    except PassFailure as e:
-        raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
-    PassManager(options.pipeline or _pipeline.GRAPH_PIPELINE).run(module)
+
+    def requires_grad(role: str) -> bool:
+        if role.startswith("param:"):
+            return captured[role]._requires_grad
+        if role.startswith("input:"):
+            name = role[6:]
+            t = args[tensor_pos[int(name)]] if name.isdigit() else kwargs[name]
+            return t._requires_grad
+        return False
+
+    def build(batch: int | None) -> _Program:
+        module = import_trace(trace)
+        if batch is not None:
+            PassManager(f"shape-specialize{{batch={batch}}}").run(module)
+        wrt_roles = [r for r in feed_roles(forward_func(module)) if requires_grad(r)]
+        if not wrt_roles:
+            raise _pipeline.Unsupported("nothing the outputs depend on requires grad")
+        try:
+            PassManager([VJP(wrt=" ".join(wrt_roles))]).run(module)
+        except PassFailure as e:
+            raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
+        PassManager(options.pipeline or _pipeline.GRAPH_PIPELINE).run(module)
+        return _compile_split(module, captured, options)
+
+    batch = args[tensor_pos[0]].shape[0] if symbolic else None
+    program = build(batch)
+    entry = GradEntry(
+        program=program,
+        symbolic=symbolic,
+        build=build,
+        by_batch=LRU(max_entries()),
+        cot_dtypes={j: leaves[j].dtype.numpy for j in cot_index},
+        tensor_pos=tensor_pos,
+        n_leaves=len(leaves),
+        rebuild=rebuild,
+        trace=trace,
+        compile_ms=(time.perf_counter() - t0) * 1e3,
+        passes_ms={},
+        fwd_module=program.fwd_module,
+        bwd_module=program.bwd_module,
+        captured_tensors=list(captured.values()),
+    )
+    if symbolic:
+        entry.by_batch.put(batch, program)
+    return entry
+
+
+def _compile_split(module: x.ModuleOp, captured: dict, options: Any) -> _Program:
+    """Split a differentiated module and compile both halves on the backend."""
     fwd_mod, bwd_mod = split_forward_backward(module)
     fwd_fn, bwd_fn = forward_func(fwd_mod), forward_func(bwd_mod)
     backend = _pipeline.backend_of(options.backend)
@@ -276,7 +380,8 @@ def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> Gr
 
     def plan_for(role: str) -> tuple[str, Any]:
         if role.startswith("input:"):
-            return ("input", int(role[6:]))
+            name = role[6:]
+            return ("input", int(name)) if name.isdigit() else ("kw", name)
         if role == "rng":
             return ("rng", None)
         if role.startswith("residual:"):
@@ -302,23 +407,13 @@ def compile_grad_call(model: Any, args: tuple, kwargs: dict, options: Any) -> Gr
     if any(k == "rng" for k, _ in bwd_plan) and not any(k == "rng" for k, _ in fwd_plan):
         raise _pipeline.Unsupported("the backward reads an RNG state the forward does not")
     grad_roles = [r[len("grad:") :] for r in result_roles(bwd_fn)]
-    wrt = [plan_for(r) for r in grad_roles]
-    cot_dtypes = {j: leaves[j].dtype.numpy for j in cot_index}
-    return GradEntry(
+    return _Program(
         fwd=_pipeline.CompiledGraph(fwd_exe, feed_roles(fwd_fn), result_roles(fwd_fn), {}),
         bwd=bwd_exe,
         fwd_plan=fwd_plan,
         fwd_results=fwd_results,
         bwd_plan=bwd_plan,
-        wrt=wrt,
-        cot_dtypes=cot_dtypes,
-        tensor_pos=tensor_pos,
-        n_leaves=len(leaves),
-        rebuild=rebuild,
-        trace=trace,
-        compile_ms=(time.perf_counter() - t0) * 1e3,
-        passes_ms={},
+        wrt=[plan_for(r) for r in grad_roles],
         fwd_module=fwd_mod,
         bwd_module=bwd_mod,
-        captured_tensors=list(captured.values()),
     )

@@ -97,11 +97,17 @@ def _graph_passes(pipeline: str | None) -> str:
     return pipeline if pipeline is not None else GRAPH_PIPELINE
 
 
+def _specialized_passes(pipeline: str | None, batch: int) -> str:
+    """The graph pipeline with ``shape-specialize{batch=B}`` in front (the dynamic path)."""
+    return f"shape-specialize{{batch={batch}}}," + _graph_passes(pipeline)
+
+
 def _graph_module(
-    trace: Any, pipeline: str | None, switches: dict[str, Any] | None
+    trace: Any, pipeline: str | None, switches: dict[str, Any] | None, batch: int | None = None
 ) -> tuple[Any, Instrumentation, dict[str, float]]:
     """Stages 2-3: the imported module after the graph passes, the instrumentation used and the
-    time of each stage."""
+    time of each stage. With ``batch``, a symbolic-batch trace is specialised to that size by
+    the ``shape-specialize`` pass, first in the pipeline (so ``--print-ir-after-all`` shows it)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     module = import_trace(trace)
@@ -109,7 +115,8 @@ def _graph_module(
     inst = Instrumentation.from_env()
     for name, value in (switches or {}).items():
         setattr(inst, name, value)
-    graph = PassManager(_graph_passes(pipeline), inst).run(module)
+    passes = _graph_passes(pipeline) if batch is None else _specialized_passes(pipeline, batch)
+    graph = PassManager(passes, inst).run(module)
     for name, ms in graph.passes_ms().items():
         timings[name] = timings.get(name, 0.0) + ms
     return module, inst, timings
@@ -121,15 +128,19 @@ def compile_trace(
     backend: str,
     pipeline: str | None = None,
     switches: dict[str, Any] | None = None,
+    batch: int | None = None,
 ) -> CompiledGraph:
-    """Stages 2-6 for ``trace`` on ``backend`` (a registry name). With the disk cache on
+    """Stages 2-6 for ``trace`` on ``backend`` (a registry name); a symbolic-batch ``trace``
+    is specialised to ``batch`` by ``shape-specialize``. With the disk cache on
     (``LUCID_COMPILE_DISK_CACHE=1``, see ``_disk_cache``) a graph compiled before, by any
     process, skips the passes, the lowering and the backend's program building."""
     target = backend_of(backend)
-    cached = _from_disk(trace, target, pipeline, switches)
+    # The batch is part of what the disk cache keys on (the symbolic trace is the same).
+    disk_pipeline = pipeline if batch is None else _specialized_passes(pipeline, batch)
+    cached = _from_disk(trace, target, disk_pipeline, switches)
     if isinstance(cached, CompiledGraph):
         return cached
-    module, inst, timings = _graph_module(trace, pipeline, switches)
+    module, inst, timings = _graph_module(trace, pipeline, switches, batch)
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
     executable, backend_ms = compile_module(module, target, inst=inst)
@@ -185,8 +196,8 @@ def compile_symbolic_trace(
     probe that tells the backend which dimensions are the batch). A backend refusal is
     ``Unsupported`` with its reason."""
     target = backend_of(backend)
-    module, inst, timings = _graph_module(specialize_batch(trace, batch), pipeline, switches)
-    probe, _, _ = _graph_module(specialize_batch(trace, batch + 1), pipeline, switches)
+    module, inst, timings = _graph_module(trace, pipeline, switches, batch)
+    probe, _, _ = _graph_module(trace, pipeline, switches, batch + 1)
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
     timings.update(lower(module, target, inst))

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -23,7 +24,7 @@ import numpy as np
 from lucid import _random
 from lucid._state import state
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline, _pytree
+from lucid.compile import _parity, _pipeline, _pytree, _recompile
 from lucid.compile._binding import (
     LRU,
     STRUCTURE_VERSION,
@@ -38,6 +39,8 @@ from lucid.compile._binding import (
 from lucid.trace._tracing import GraphBreak, _tracing
 
 logger = logging.getLogger("lucid.compile")
+
+_RECOMPILE_HISTORY = 64  # explanations kept per wrapper
 
 __all__ = ["CacheKey", "CompileError", "CompiledModule", "compile"]
 
@@ -268,6 +271,9 @@ class CompiledModule:
         backend: str = "auto",
         strict: bool = False,
         options: dict[str, Any] | None = None,
+        check: str | None = None,
+        check_tolerance: tuple[float, float] | None = None,
+        mode: str = "default",
     ):
         if not callable(target):
             raise TypeError(
@@ -284,9 +290,22 @@ class CompiledModule:
             pipeline=pipeline,
             switches=switches,
         )
+        # Parity checking (see _parity.py): None, "first" or "always"; (rtol, atol).
+        self.__dict__["_check"] = _parity.check_mode(check)
+        self.__dict__["_check_tol"] = _parity.tolerance(check_tolerance)
+        self.__dict__["_parity"] = []
+        if mode not in ("default", "auto"):
+            raise ValueError(f"lucid.compile: mode must be 'default' or 'auto', got {mode!r}")
+        # mode="auto": per signature, compiled vs eager timed on the first calls (_AutoEntry).
+        self.__dict__["_mode"] = mode
+        self.__dict__["_auto"] = {}
         self.__dict__["_lock"] = threading.RLock()
         self.__dict__["_owners"] = owner_modules(target)
         self.__dict__["_max_entries"] = max_entries()
+        # Why each new signature compiled while others were cached (kept across clear_cache).
+        self.__dict__["_recompiles"] = []
+        self.__dict__["_n_compiled"] = 0
+        self.__dict__["_recompile_warned"] = False
         self._reset()
         # Like functools.wraps, but without routing through __setattr__ (which forwards to the
         # model: a model must never gain itself as an attribute).
@@ -500,6 +519,7 @@ class CompiledModule:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None and key not in self._eager_only:
+                self._note_recompile(key)
                 try:
                     entry = self._compile(key, args, kwargs)
                 except _NotSymbolic as e:
@@ -519,6 +539,14 @@ class CompiledModule:
                     if self._options.strict:
                         raise
                     return self._fall_back(key, args, kwargs, e, unexpected=True)
+                if self._mode == "auto" and self._check is None:
+                    entry = _AutoEntry(self, key, entry)
+                if self._check is not None:
+                    # "always": every hit is checked too (a wrapper: no cost when unchecked).
+                    if self._check == "always":
+                        entry = _CheckedEntry(self, key, entry)
+                    self._entries.put(key, entry)
+                    return self._checked(key, getattr(entry, "inner", entry), args, kwargs)
                 self._entries.put(key, entry)
         if entry is None:
             return self._model(*args, **kwargs)
@@ -526,6 +554,86 @@ class CompiledModule:
             return entry(args, kwargs)
         except (TypeError, ValueError, _pipeline.FeedMismatch):
             return self._run_fixed(entry, args, kwargs)
+
+    def _checked(self, key: CacheKey, entry: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``entry`` and the model eagerly from the same state and compare every output
+        (and buffer update). A mismatch returns the eager result, makes ``key`` eager-only
+        with the reason and bisects to the culprit pass or lowering rule."""
+        buffers = [t for _, t in self._bound.tensors if not t._requires_grad]
+        saved = [np.array(t._data, copy=True) for t in buffers]
+        rng = np.array(_random.get_rng_state()._data, copy=True)
+        roles = getattr(entry, "feed_roles", None)
+        feeds = None
+        if roles is not None:
+            args, kwargs = _contiguous(args, kwargs)
+            feeds = [np.array(f, copy=True) for f in entry.bind(args, kwargs)]
+        try:
+            out = entry(args, kwargs)
+        except (TypeError, ValueError, _pipeline.FeedMismatch):
+            out = self._run_fixed(entry, args, kwargs)
+        got = _leaf_arrays(out)
+        got_buffers = [np.array(t._data, copy=True) for t in buffers]
+        for t, data in zip(buffers, saved, strict=True):
+            np.copyto(t._data, data)
+        _random.set_rng_state(Tensor._wrap(rng))
+        eager = self._model(*args, **kwargs)
+        tol = self._check_tol
+        bad = _parity.compare(got, _leaf_arrays(eager), tol)
+        if bad is None:
+            bad = _parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
+        if bad is None:
+            return out
+        culprit = None
+        if feeds is not None:
+            try:
+                culprit = _parity.bisect(
+                    entry.trace,
+                    dict(zip(roles, feeds, strict=True)),
+                    pipeline=self._options.pipeline or _pipeline.GRAPH_PIPELINE,
+                    backend=self._options.backend,
+                    tol=tol,
+                    batch=feeds[0].shape[0] if _is_symbolic(key) and feeds[0].ndim else None,
+                )
+            except Exception as e:  # noqa: BLE001 - the user still gets the eager result
+                logger.warning("lucid.compile: parity bisection failed: %s: %s", type(e), e)
+        reason = f"parity check failed: {bad}" + (f"; culprit: {culprit}" if culprit else "")
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._n_calls[key] = self._n_calls.get(key, 0) + old.n_hits
+            self._eager_only.put(key, reason)
+        self._parity.append({"key": key, "mismatch": bad, "culprit": culprit})
+        logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
+        return eager
+
+    def _note_recompile(self, key: CacheKey) -> None:
+        """Log why ``key`` compiles against the nearest cached key; past the recompile limit,
+        warn once naming what varies."""
+        d = self.__dict__
+        d["_n_compiled"] += 1
+        cached = [*self._entries, *self._eager_only]
+        if not cached:
+            return
+        info = _recompile.explain(key, cached)
+        history = d["_recompiles"]
+        history.append(info)
+        del history[:-_RECOMPILE_HISTORY]
+        level = logging.WARNING if _env_flag("LUCID_COMPILE_VERBOSE") else logging.INFO
+        logger.log(level, "lucid.compile: %s", info["message"])
+        limit = _recompile.recompile_limit()
+        if d["_n_compiled"] > limit and not d["_recompile_warned"]:
+            d["_recompile_warned"] = True
+            varying = Counter(v for r in history for v in r["varying"])
+            hints = sorted({h for r in history for h in r["hints"]})
+            logger.warning(
+                "lucid.compile: %d signatures compiled on %s (LUCID_COMPILE_RECOMPILE_LIMIT=%d); "
+                "what varies: %s%s",
+                d["_n_compiled"],
+                self.__dict__.get("__qualname__", type(self._model).__name__),
+                limit,
+                ", ".join(f"{v} ({n}x)" for v, n in varying.most_common(3)) or "unknown",
+                (". Hint: " + "; ".join(hints)) if hints else "",
+            )
 
     def _fall_back(
         self, key: CacheKey, args: tuple, kwargs: dict, err: BaseException, unexpected: bool = False
@@ -547,7 +655,9 @@ class CompiledModule:
             # Outputs carry a grad_fn running a compiled backward (lucid.compile._grad_call).
             from lucid.compile._grad_call import compile_grad_call
 
-            return compile_grad_call(self._model, args, kwargs, self._options)
+            return compile_grad_call(
+                self._model, args, kwargs, self._options, symbolic=_is_symbolic(key)
+            )
         del training
         if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
             raise _pipeline.Unsupported("tensors inside a container keyword argument")
@@ -657,6 +767,13 @@ class CompiledModule:
             "reasons": dict(self._eager_only),
             # With LUCID_COMPILE_DYNAMIC=1: symbolic keys served per shape instead, and why.
             "not_symbolic": dict(self._not_symbolic),
+            # Why each new signature compiled while others were cached (see _recompile.py).
+            "recompiles": [dict(r) for r in self._recompiles],
+            # With check=: each parity mismatch (key, what differed, the bisected culprit).
+            "parity": [dict(r) for r in self._parity],
+            # mode="auto": per key, the decision ("compiled", "eager" or None while timing) and
+            # the median ms of each path.
+            "auto": {k: dict(v) for k, v in self._auto.items()},
         }
 
     def _call_counts(self) -> dict[CacheKey, int]:
@@ -676,6 +793,7 @@ class CompiledModule:
                 "n_hits": e.n_hits,
                 "passes_ms": dict(e.passes_ms),
                 "from_disk": bool(getattr(getattr(e, "graph", None), "from_disk", False)),
+                **({"auto": dict(self._auto[k])} if k in self._auto else {}),
             }
             for k, e in self._entries.items()
         ]
@@ -783,6 +901,82 @@ class CompiledModule:
         return fn(*args)
 
 
+class _CheckedEntry:
+    """A cache entry under ``check="always"``: every call is compared with eager."""
+
+    def __init__(self, owner: CompiledModule, key: CacheKey, inner: Any):
+        self.owner, self.key, self.inner = owner, key, inner
+        self.n_hits = 0
+        self.last_used = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        return self.owner._checked(self.key, self.inner, args, kwargs)
+
+
+AUTO_TRIALS = 3  # timed calls of each path before mode="auto" decides
+
+
+class _AutoEntry:
+    """A cache entry under ``mode="auto"``: the next ``2 * AUTO_TRIALS`` calls alternate
+    compiled and eager (interleaved, so both see the same machine load) and time them; the
+    faster path (by median) serves the signature from then on. A compiled decision puts the
+    plain entry back in the cache (no cost on hits); an eager one keeps this wrapper."""
+
+    def __init__(self, owner: CompiledModule, key: CacheKey, inner: Any):
+        self.owner, self.key, self.inner = owner, key, inner
+        self.n_hits = 0
+        self.last_used = 0
+        self.times: dict[str, list[float]] = {"compiled": [], "eager": []}
+        self.decision: str | None = None
+        owner._auto[key] = {"decision": None, "compiled_ms": None, "eager_ms": None}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.decision == "eager":
+            return self.owner._model(*args, **kwargs)
+        times = self.times
+        path = "eager" if len(times["eager"]) < len(times["compiled"]) else "compiled"
+        t0 = perf_counter()
+        out = self.inner(args, kwargs) if path == "compiled" else self.owner._model(*args, **kwargs)
+        times[path].append((perf_counter() - t0) * 1e3)
+        if len(times["eager"]) >= AUTO_TRIALS:
+            self._decide()
+        return out
+
+    def _decide(self) -> None:
+        compiled = float(np.median(self.times["compiled"]))
+        eager = float(np.median(self.times["eager"]))
+        self.decision = "compiled" if compiled <= eager else "eager"
+        self.owner._auto[self.key] = {
+            "decision": self.decision,
+            "compiled_ms": compiled,
+            "eager_ms": eager,
+        }
+        logger.info(
+            "lucid.compile: mode='auto' serves %r %s (compiled %.3f ms, eager %.3f ms)",
+            self.key,
+            self.decision,
+            compiled,
+            eager,
+        )
+        if self.decision == "compiled":
+            entries = self.owner._entries
+            if entries.get(self.key) is self:
+                self.inner.n_hits = self.n_hits
+                entries.put(self.key, self.inner)
+
+
+def _leaf_arrays(out: Any) -> list[np.ndarray]:
+    leaves: list = []
+    _pytree.flatten(out, leaves)
+    return [np.array(t._data, copy=True) for t in leaves if isinstance(t, Tensor)]
+
+
 def _input_tensors(args: tuple, kwargs: dict) -> list[Tensor]:
     """Every tensor among the arguments, including inside tuples, lists and dicts."""
     paths: list[tuple] = []
@@ -858,10 +1052,11 @@ class _SymbolicGraph:
 
     def _specialize(self, batch: int) -> Any:
         graph = _pipeline.compile_trace(
-            _pipeline.specialize_batch(self.trace, batch),
+            self.trace,
             backend=self.options.backend,
             pipeline=self.options.pipeline,
             switches=self.options.switches,
+            batch=batch,
         )
         self.by_batch.put(batch, graph)
         return graph
@@ -995,14 +1190,27 @@ def compile(
     backend: str = "auto",  # noqa: A001
     strict: bool = False,
     options: dict[str, Any] | None = None,
+    check: str | None = None,
+    check_tolerance: tuple[float, float] | None = None,
+    mode: str = "default",
 ):
     """Wrap an ``nn.Module`` or a callable so its calls run as cached native executables.
 
     Usable directly (``lucid.compile(model)``) and as a decorator (``@lucid.compile``,
-    ``@lucid.compile(dynamic=True)``).
+    ``@lucid.compile(dynamic=True)``). ``check="first"`` (or ``LUCID_COMPILE_CHECK``) compares
+    the first call of each signature with eager within ``check_tolerance=(rtol, atol)``;
+    ``check="always"`` every call. ``mode="auto"`` times compiled against eager on the first
+    calls of each signature and serves it with the faster (default: always compiled).
     """
+    kw = dict(
+        dynamic=dynamic,
+        backend=backend,
+        strict=strict,
+        options=options,
+        check=check,
+        check_tolerance=check_tolerance,
+        mode=mode,
+    )
     if target is None:
-        return lambda t: CompiledModule(
-            t, dynamic=dynamic, backend=backend, strict=strict, options=options
-        )
-    return CompiledModule(target, dynamic=dynamic, backend=backend, strict=strict, options=options)
+        return lambda t: CompiledModule(t, **kw)
+    return CompiledModule(target, **kw)

@@ -80,6 +80,16 @@ class OpDef:
     # Parts this op deliberately lacks, with the reason users see: {"vjp": "...", "cpu": "..."}.
     unsupported: dict[str, str] = field(default_factory=dict)
     doc: str = ""
+    # Operands whose VJP is None by design even when they require grad, with why (a zero
+    # gradient: e.g. read only for its shape). Any other None for such an operand makes
+    # backward() raise, naming the op and the operand.
+    no_grad_operands: dict[str, str] = field(default_factory=dict)
+
+    def operand_name(self, i: int) -> str:
+        """The name of the ``i``-th flattened operand (a variadic operand's elements share it)."""
+        if self.variadic and i >= len(self.operands) - 1:
+            return self.operands[-1].rstrip("*")
+        return self.operands[i]
 
     @property
     def variadic(self) -> bool:

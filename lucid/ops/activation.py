@@ -93,6 +93,10 @@ def _erf_block(x: np.ndarray) -> np.ndarray:
 # --- relu / hardtanh / leaky_relu / elu: piecewise-linear-ish, backward ops linear in g
 
 
+# The gradient of these backward ops in ``x`` (a mask of x) is zero almost everywhere.
+_STEP_IN_X = "piecewise constant in x: its gradient is zero almost everywhere"
+
+
 def _threshold_backward_vjp(c, gg):
     return (apply("threshold_backward", gg, c.inputs[1], **c.attrs), None)
 
@@ -107,6 +111,7 @@ register(
         attrs={"threshold": 0.0},
         props=_EW,
         saves_outputs=False,
+        no_grad_operands={"x": _STEP_IN_X},
         doc="``grad`` where ``x > threshold``, else 0 (relu's backward, read from its output).",
     )
 )
@@ -136,6 +141,7 @@ register(
         attrs={"min_val": -1.0, "max_val": 1.0},
         props=_EW,
         saves_outputs=False,
+        no_grad_operands={"x": _STEP_IN_X},
     )
 )
 
@@ -165,6 +171,7 @@ register(
         attrs={"negative_slope": 0.01},
         props=_EW,
         saves_outputs=False,
+        no_grad_operands={"x": _STEP_IN_X},
     )
 )
 

@@ -84,7 +84,21 @@ def _vjp(c, g):
 
     q, k, v, mask = c.inputs
     dq, dk, dv = apply(f"{_OP}_backward", g, q, k, v, mask, **c.attrs)
-    return dq, dk, dv, None
+    dmask = None
+    if c.needs_input_grad[3]:
+        # A float mask is added to the scores: its gradient is the scores' (autograd sums it
+        # over the broadcast dims). Composed from registry ops, so it also traces.
+        scale = c.attrs["scale"]
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        from lucid.ops.activation import softmax
+        from lucid.ops.linalg import matmul
+        from lucid.ops.reduction import sum as reduce_sum
+        from lucid.ops.shape import transpose
+
+        p = softmax(matmul(q, transpose(k, -1, -2)) * scale + mask, dim=-1)
+        dp = matmul(g, transpose(v, -1, -2))
+        dmask = p * (dp - reduce_sum(dp * p, -1, keepdim=True))
+    return dq, dk, dv, dmask
 
 
 register(

@@ -1,0 +1,289 @@
+"""Parity checking (``lucid.compile(model, check="first"|"always")``): a compiled call also runs
+eagerly and the outputs are compared; on a mismatch the signature becomes eager-only and the
+culprit is bisected.
+
+Bisection, on the trace and the call's feeds:
+
+1. graph passes: the pipeline is re-run one pass at a time on the imported module, the ``lucid``
+   interpreter (eager kernels) after each; the first pass whose result leaves the imported
+   module's is guilty (its changed ops are named);
+2. lowering: ``lower-to-prim`` then the ``prim`` interpreter against the ``lucid`` interpreter;
+   if they differ, op by op: each traced op alone, lowered, against its eager kernel;
+3. otherwise the backend (its passes or codegen) is named.
+
+A repro folder holds the trace JSON, the feeds as ``.npy``, the IR before and after the guilty
+pass and a ``lucid-opt`` command line (``README.txt``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lucid._dispatch import _run_eager
+from lucid._tensor import Tensor
+from lucid.ir import forward_func, import_trace, interpret, print_ir
+from lucid.ir.importer import feed_roles
+from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ops import REGISTRY
+from lucid.passes import PassManager, parse_pipeline_spec
+
+__all__ = ["Culprit", "bisect", "check_mode", "compare", "tolerance"]
+
+MODES = ("first", "always")
+DEFAULT_TOLERANCE = (1e-4, 1e-5)  # (rtol, atol) for float32; scaled by the output's magnitude
+
+
+def check_mode(value: str | None) -> str | None:
+    """The ``check=`` argument, or ``LUCID_COMPILE_CHECK`` when it is None; None: no checking."""
+    if value is None:
+        value = os.environ.get("LUCID_COMPILE_CHECK", "").strip().lower() or None
+        if value in ("0", "off", "false", "no"):
+            value = None
+    if value is not None and value not in MODES:
+        raise ValueError(f"lucid.compile: check must be one of {MODES} or None, got {value!r}")
+    return value
+
+
+def tolerance(value: Any) -> tuple[float, float]:
+    """``check_tolerance=(rtol, atol)``; default ``DEFAULT_TOLERANCE``."""
+    if value is None:
+        return DEFAULT_TOLERANCE
+    try:
+        rtol, atol = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"lucid.compile: check_tolerance must be (rtol, atol), got {value!r}"
+        ) from None
+    if rtol < 0 or atol < 0:
+        raise ValueError(f"lucid.compile: check_tolerance must be non-negative, got {value!r}")
+    return rtol, atol
+
+
+def _array(a: Any) -> np.ndarray:
+    return np.asarray(a._data if isinstance(a, Tensor) else a)
+
+
+def compare(got: list, want: list, tol: tuple[float, float], what: str = "output") -> str | None:
+    """None when every pair is close (NaNs equal); else what differs, naming the element."""
+    rtol, atol = tol
+    if len(got) != len(want):
+        return f"{len(got)} {what}s compiled, {len(want)} eager"
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = _array(g), _array(w)
+        if g.shape != w.shape:
+            return f"{what} {i}: shape {g.shape} compiled, {w.shape} eager"
+        if not np.issubdtype(w.dtype, np.inexact):
+            if not np.array_equal(g, w):
+                return f"{what} {i}: integer/bool values differ"
+            continue
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        scale = float(np.nanmax(np.abs(w64), initial=0.0)) if w64.size else 0.0
+        bad = ~np.isclose(g64, w64, rtol=rtol, atol=atol + rtol * scale, equal_nan=True)
+        if bad.any():
+            j = tuple(int(k) for k in np.argwhere(bad)[0])
+            return (
+                f"{what} {i}: {int(bad.sum())} of {bad.size} elements differ beyond "
+                f"rtol={rtol}, atol={atol} (at {j}: compiled {g64[j]!r}, eager {w64[j]!r})"
+            )
+    return None
+
+
+@dataclass
+class Culprit:
+    """What the bisection found: the ``stage`` (``pass``, ``lowering``, ``backend``), the pass
+    and op names, a sentence, and the repro folder."""
+
+    stage: str
+    pass_name: str | None = None
+    op: str | None = None
+    detail: str = ""
+    folder: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        where = f"pass {self.pass_name!r}" if self.pass_name else self.stage
+        op = f", op {self.op}" if self.op else ""
+        folder = f"; repro written to {self.folder}" if self.folder else ""
+        return f"{where}{op}: {self.detail}{folder}"
+
+
+def _outputs(results: list, roles: list[str]) -> list:
+    return [r for r, role in zip(results, roles, strict=True) if role.startswith("output:")]
+
+
+def _result_roles(module: Any) -> list[str]:
+    from lucid.ir import result_roles
+
+    return result_roles(forward_func(module))
+
+
+def _run_lucid(module: Any, feeds: dict[str, np.ndarray]) -> list:
+    return _outputs(interpret(module, feeds), _result_roles(module))
+
+
+def _changed_ops(before: Any, after: Any) -> str:
+    def names(m: Any) -> Counter:
+        return Counter(op.name for op in forward_func(m).body.blocks.first.ops)
+
+    b, a = names(before), names(after)
+    gone = sorted((b - a).elements())
+    new = sorted((a - b).elements())
+    if gone or new:
+        return f"{', '.join(gone) or '-'} -> {', '.join(new) or '-'}"
+    return "ops rewritten in place: " + ", ".join(sorted(set(b)))
+
+
+def bisect(
+    trace: Any,
+    feeds: dict[str, np.ndarray],
+    *,
+    pipeline: str,
+    backend: Any,
+    tol: tuple[float, float],
+    batch: int | None = None,
+    folder: str | None = None,
+) -> Culprit:
+    """Find which pass or lowering rule makes the compiled result of ``trace`` differ from
+    eager, and write a repro folder."""
+    module = import_trace(trace)
+    if batch is not None:
+        PassManager(f"shape-specialize{{batch={batch}}}").run(module)
+    reference = _run_lucid(module, feeds)
+    passes = list(parse_pipeline_spec(pipeline))
+    for p in passes:
+        before = module.clone()
+        PassManager([p]).run(module)
+        bad = compare(_run_lucid(module, feeds), reference, tol)
+        if bad:
+            name = p.name
+            culprit = Culprit("pass", name, _changed_ops(before, module), bad)
+            _write_repro(culprit, trace, feeds, before, module, name, folder)
+            return culprit
+    optimized = module.clone()
+    prim = module.clone()
+    PassManager("lower-to-prim").run(prim)
+    bad = compare(_outputs(interpret_prim(prim, feeds), _result_roles(prim)), reference, tol)
+    if bad:
+        culprit = _bisect_lowering(trace, feeds, tol) or Culprit(
+            "lowering", "lower-to-prim", None, f"the whole graph differs: {bad}"
+        )
+        culprit.pass_name = "lower-to-prim"
+        _write_repro(culprit, trace, feeds, optimized, prim, "lower-to-prim", folder)
+        return culprit
+    culprit = Culprit(
+        "backend",
+        None,
+        None,
+        f"the prim interpreter agrees with eager: the {getattr(backend, 'name', backend)!r} "
+        "backend's passes or code generation differ",
+    )
+    _write_repro(culprit, trace, feeds, optimized, prim, "lower-to-prim", folder)
+    return culprit
+
+
+def _bisect_lowering(trace: Any, feeds: dict[str, np.ndarray], tol: tuple) -> Culprit | None:
+    """Each op of the trace alone, lowered and run by the prim interpreter, against its eager
+    kernel on the values the eager run gives it."""
+    from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
+
+    env: dict[int, Tensor] = {}
+    for f in trace.feeds:
+        env[f.value.id] = Tensor._wrap(np.asarray(feeds[f.role]))
+
+    def operand(v: Any) -> Any:
+        if isinstance(v, Value):
+            return env[v.id]
+        if isinstance(v, Const):
+            return v.value
+        if isinstance(v, list):
+            return [operand(e) for e in v]
+        return v
+
+    for index, op in enumerate(trace.ops):
+        opdef = REGISTRY[op.name]
+        args = tuple(operand(v) for v in op.inputs)
+        out = _run_eager(opdef, args, dict(op.attrs))
+        outs = (out,) if opdef.n_outputs == 1 else tuple(out)
+        for v, o in zip(op.outputs, outs, strict=True):
+            env[v.id] = o
+        feeds_one: list[Feed] = []
+        values: dict[str, np.ndarray] = {}
+        inputs = [_feed_of(v, env, feeds_one, values) for v in op.inputs]
+        one = Trace(
+            feeds=feeds_one,
+            ops=[TraceOp(op.name, inputs, list(op.outputs), dict(op.attrs))],
+            outputs=[(f"output:{i}", v) for i, v in enumerate(op.outputs)],
+        )
+        try:
+            mod = import_trace(one)
+            PassManager("lower-to-prim").run(mod)
+            got = interpret_prim(mod, values)
+        except Exception as e:  # noqa: BLE001 - a rule that crashes is the culprit too
+            return Culprit("lowering", None, f"lucid.{op.name}", f"op #{index} fails: {e}")
+        bad = compare(got, list(outs), tol)
+        if bad:
+            loc = f" at {op.loc[0]}:{op.loc[1]}" if op.loc else ""
+            return Culprit("lowering", None, f"lucid.{op.name}", f"op #{index}{loc}: {bad}")
+    return None
+
+
+def _feed_of(v: Any, env: dict, feeds: list, values: dict) -> Any:
+    """Make each Value operand of a one-op trace a feed holding its eager value."""
+    from lucid.trace._trace import Feed, Value
+
+    if isinstance(v, Value):
+        role = f"input:{len(feeds)}"
+        feeds.append(Feed(v, role))
+        values[role] = np.asarray(env[v.id]._data)
+        return v
+    if isinstance(v, list):
+        return [_feed_of(e, env, feeds, values) for e in v]
+    return v
+
+
+def _safe(role: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", role)
+
+
+def _write_repro(
+    culprit: Culprit,
+    trace: Any,
+    feeds: dict[str, np.ndarray],
+    before: Any,
+    after: Any,
+    pass_spec: str,
+    folder: str | None,
+) -> None:
+    base = folder or os.environ.get("LUCID_COMPILE_DEBUG_DIR") or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    out = tempfile.mkdtemp(prefix="lucid-parity-", dir=base)
+    files = {"trace": os.path.join(out, "trace.json")}
+    with open(files["trace"], "w") as f:
+        json.dump(trace.to_dict(), f, indent=1)
+    os.makedirs(os.path.join(out, "inputs"))
+    for role, value in feeds.items():
+        np.save(os.path.join(out, "inputs", _safe(role) + ".npy"), np.asarray(value))
+    files["before"] = os.path.join(out, "before.mlir")
+    files["after"] = os.path.join(out, "after.mlir")
+    with open(files["before"], "w") as f:
+        f.write(print_ir(before))
+    with open(files["after"], "w") as f:
+        f.write(print_ir(after))
+    command = f'lucid-opt {files["before"]} --pass-pipeline="{pass_spec}"'
+    files["command"] = command
+    with open(os.path.join(out, "README.txt"), "w") as f:
+        f.write(
+            f"lucid.compile parity mismatch: {culprit}\n\n"
+            f"Reproduce the guilty stage:\n  {command}\n"
+            f"and compare with after.mlir. inputs/<role>.npy are the feeds by role "
+            f"({', '.join(feed_roles(forward_func(before)))}).\n"
+        )
+    culprit.folder, culprit.files = out, files
