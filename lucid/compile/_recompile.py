@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Difference", "explain", "nearest", "recompile_limit"]
+__all__ = ["Difference", "StepRecompiles", "explain", "nearest", "recompile_limit"]
 
 BATCH_HINT = "the batch dim changes: compile with dynamic=True to share one executable"
 SCALAR_HINT = "a Python scalar argument changes value: pass it as a tensor to reuse the executable"
@@ -40,7 +40,8 @@ class Difference:
 
 
 def _is_tensor_sig(sig: Any) -> bool:
-    return isinstance(sig, tuple) and len(sig) == 3
+    # (shape, dtype, requires_grad) for a call; (shape, dtype) for a training step's input.
+    return isinstance(sig, tuple) and len(sig) in (2, 3) and not isinstance(sig[0], type)
 
 
 def _dim(d: Any) -> Any:
@@ -51,7 +52,10 @@ def _sig_diffs(where: str, old: Any, new: Any) -> list[Difference]:
     if old == new:
         return []
     if _is_tensor_sig(old) and _is_tensor_sig(new):
-        (oshape, odt, org), (nshape, ndt, nrg) = old, new
+        (oshape, odt, org), (nshape, ndt, nrg) = (
+            (tuple(old) + (False,))[:3],
+            (tuple(new) + (False,))[:3],
+        )
         out: list[Difference] = []
         if len(oshape) != len(nshape):
             out.append(Difference(where, "rank", len(oshape), len(nshape)))
@@ -106,12 +110,36 @@ def diff(old: tuple, new: tuple) -> list[Difference]:
     return out
 
 
-def nearest(new: tuple, cached: list[tuple]) -> tuple[tuple, list[Difference]] | None:
+def diff_step(old: tuple, new: tuple) -> list[Difference]:
+    """Every difference between two training-step keys: ``(input signatures, training, ...)``
+    (``make_step``: parameters' ``(requires_grad, dtype)``; ``fused_step``: the optimizer's
+    baked-in settings, then parameters' ``requires_grad``)."""
+    out: list[Difference] = []
+    oin, nin = old[0], new[0]
+    if len(oin) != len(nin):
+        out.append(Difference("inputs", "count", len(oin), len(nin)))
+    for i, (a, b) in enumerate(zip(oin, nin, strict=False)):
+        out += _sig_diffs(f"input {i}", a, b)
+    if old[1] != new[1]:
+        mode = ("eval", "train")
+        out.append(Difference("model", "training flag", mode[bool(old[1])], mode[bool(new[1])]))
+    rest = ("optimizer settings", "parameters") if len(new) == 4 else ("parameters",)
+    for name, a, b in zip(rest, old[2:], new[2:], strict=False):
+        if a != b:
+            changed = [i for i, (u, v) in enumerate(zip(a, b, strict=False)) if u != v]
+            what = "requires_grad/dtype" if name == "parameters" else "values"
+            out.append(Difference(name, f"{what} at {changed or 'count'}", "cached", "new"))
+    return out
+
+
+def nearest(
+    new: tuple, cached: list[tuple], differ: Any = None
+) -> tuple[tuple, list[Difference]] | None:
     """The cached key with the fewest differences from ``new``, and those differences."""
     best = None
     best_score = 0
     for key in cached:
-        d = diff(key, new)
+        d = (differ or diff)(key, new)
         # A different argument count hides every per-argument difference: rank it far.
         score = sum(3 if x.part == "count" else 1 for x in d)
         if best is None or score < best_score:
@@ -119,10 +147,10 @@ def nearest(new: tuple, cached: list[tuple]) -> tuple[tuple, list[Difference]] |
     return best
 
 
-def explain(new: tuple, cached: list[tuple]) -> dict[str, Any] | None:
+def explain(new: tuple, cached: list[tuple], differ: Any = None) -> dict[str, Any] | None:
     """Why ``new`` compiles while ``cached`` keys exist: ``{"key", "nearest", "differences",
     "hints", "message"}``; None when nothing is cached."""
-    found = nearest(new, cached)
+    found = nearest(new, cached, differ)
     if found is None:
         return None
     near, diffs = found
@@ -156,3 +184,43 @@ def recompile_limit() -> int:
     if value < 1:
         raise ValueError(f"LUCID_COMPILE_RECOMPILE_LIMIT must be a positive integer, got {raw!r}")
     return value
+
+
+class StepRecompiles:
+    """The recompile explanations of one training step (``make_step`` / ``fused_step``)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.history: list[dict[str, Any]] = []
+        self.n_compiled = 0
+        self.warned = False
+
+    def note(self, key: tuple, cached: list[tuple], logger: Any) -> None:
+        """Log why ``key`` compiles against the nearest of ``cached``; warn once past the
+        limit."""
+        self.n_compiled += 1
+        if not cached:
+            return
+        info = explain(key, cached, diff_step)
+        self.history.append(info)
+        del self.history[:-64]
+        verbose = os.environ.get("LUCID_COMPILE_VERBOSE", "").strip().lower() not in (
+            "",
+            "0",
+            "false",
+            "no",
+            "off",
+        )
+        logger.log(30 if verbose else 20, "lucid.compile: %s: %s", self.what, info["message"])
+        limit = recompile_limit()
+        if self.n_compiled > limit and not self.warned:
+            self.warned = True
+            varying = sorted({v for r in self.history for v in r["varying"]})
+            logger.warning(
+                "lucid.compile: %s: %d signatures compiled (LUCID_COMPILE_RECOMPILE_LIMIT=%d); "
+                "what varies: %s",
+                self.what,
+                self.n_compiled,
+                limit,
+                ", ".join(varying) or "unknown",
+            )

@@ -18,6 +18,7 @@ scheduler takes effect without recompiling.
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 import weakref
@@ -32,7 +33,7 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline
+from lucid.compile import _pipeline, _recompile
 from lucid.compile._binding import (
     LRU,
     STRUCTURE_VERSION,
@@ -52,6 +53,8 @@ from lucid.compile.api import CompileError
 from lucid.ops._registry import OpDef
 from lucid.passes import PassFailure
 from lucid.trace._tracing import GraphBreak
+
+logger = logging.getLogger("lucid.compile")
 
 __all__ = [
     "CompiledOptimizerStep",
@@ -444,6 +447,7 @@ class TrainStep:
         self._entries: LRU = LRU(max_entries())
         self._params = list(model.parameters())
         self._bound = Bound([model])
+        self._recompiles = _recompile.StepRecompiles("make_step")
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: every entry binds stale objects."""
@@ -460,6 +464,7 @@ class TrainStep:
 
     def _build(self, key: tuple, inputs: tuple) -> _Entry:
         check_settings(self.backend)
+        self._recompiles.note(key, list(self._entries), logger)
         t0 = time.perf_counter()
         try:
             tm = build_training_module(self.model, self.loss_fn, inputs)
@@ -511,6 +516,7 @@ class TrainStep:
             "evictions": self._entries.evictions,
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
+            "recompiles": [dict(r) for r in self._recompiles.history],
         }
 
 
@@ -613,6 +619,7 @@ class FusedStep:
         self._params = list(model.parameters())
         self._entries: LRU = LRU(max_entries())
         self._bound = Bound([model])
+        self._recompiles = _recompile.StepRecompiles("fused_step")
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
@@ -703,6 +710,7 @@ class FusedStep:
         key = self._key(inputs, scalars)
         entry = self._entries.get(key)
         if entry is None:
+            self._recompiles.note(key, list(self._entries), logger)
             key, entry = self._build(inputs)
         else:
             entry.last_used = next(TICK)
@@ -747,6 +755,7 @@ class FusedStep:
             "evictions": self._entries.evictions,
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
+            "recompiles": [dict(r) for r in self._recompiles.history],
         }
 
     def module(self, index: int = -1) -> Any:

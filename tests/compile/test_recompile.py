@@ -125,3 +125,27 @@ def test_nearest_key_is_the_one_with_fewest_differences():
         cm(lucid.randn(2, 4).double())
     last = cm.cache_info()["recompiles"][-1]
     assert len(last["differences"]) == 1
+
+
+def test_training_steps_explain_their_recompiles(logs):
+    lucid.manual_seed(0)
+    model = nn.Linear(4, 2)
+
+    def loss_fn(out, y):
+        return ((out - y) ** 2).mean()
+
+    step = lucid.compile.make_step(model, loss_fn)
+    step(lucid.randn(3, 4), lucid.randn(3, 2))
+    step(lucid.randn(5, 4), lucid.randn(5, 2))
+    (r,) = step.cache_info()["recompiles"]
+    assert "input 0: shape dim 0 3 -> 5" in r["differences"]
+    assert any("dynamic=True" in h for h in r["hints"])
+    assert any("make_step" in m and "shape dim 0" in m for m in _messages(logs))
+
+    opt = lucid.optim.SGD(model.parameters(), lr=0.1)
+    fused = lucid.compile.fused_step(model, loss_fn, opt)
+    fused(lucid.randn(3, 4), lucid.randn(3, 2))
+    model.eval()
+    fused(lucid.randn(3, 4), lucid.randn(3, 2))
+    (r,) = fused.cache_info()["recompiles"]
+    assert "model: training flag 'train' -> 'eval'" in r["differences"]
