@@ -474,9 +474,13 @@ class CompiledModule:
                         d["_n_calls"][key] = d["_n_calls"].get(key, 0) + old.n_hits - 1
                     self.__dict__["_params"] = None
                     self._param_list()
-                    key = self._key(args, kwargs)
+                    stale, key = key, self._key(args, kwargs)
                     if d["_symbolic"]:
                         key = self._symbolic_key(key, args, kwargs)
+                    if key != stale:  # its calls move to the new key (cache_info stays whole)
+                        moved = d["_n_calls"].pop(stale, 0)
+                        if moved:
+                            d["_n_calls"][key] = d["_n_calls"].get(key, 0) + moved
         n_calls = d["_n_calls"]
         n_calls[key] = n_calls.get(key, 0) + 1
         if key in d["_eager_only"]:

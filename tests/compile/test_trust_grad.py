@@ -137,3 +137,25 @@ def test_dynamic_path_specialises_with_the_pass(monkeypatch, capfd):
     out = capfd.readouterr()
     text = out.out + out.err
     assert "IR Dump After shape-specialize" in text and "tensor<5x6xf32>" in text
+
+
+def test_cache_info_stays_consistent_when_a_parameter_changes_dtype_behind_our_back():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(lucid.randn(4))
+
+        def forward(self, x):
+            return (x * self.w.type(x.dtype)).sum(-1)
+
+    model = M()
+    cm = lucid.compile(model)
+    x = lucid.randn(2, 4)
+    with lucid.no_grad():
+        for _ in range(3):
+            cm(x)
+        model.w.data = model.w.data.double()  # the executable's feed check catches it
+        np.testing.assert_allclose(cm(x).numpy(), model(x).numpy(), rtol=1e-6)
+    info = cm.cache_info()
+    _consistent(info)
+    assert sum(info["n_calls"].values()) == 4
