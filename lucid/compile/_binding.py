@@ -221,6 +221,10 @@ def check_settings(backend: str) -> None:
 
     get_backend(backend).check_settings()
     max_entries()
+    from lucid.compile import _disk_cache
+
+    if _disk_cache.enabled():
+        _disk_cache.max_bytes()  # LUCID_COMPILE_DISK_CACHE_MAX_MB
     if os.environ.get("LUCID_COMPILE_DEBUG", "").strip().lower() in ("", "0", "false", "no", "off"):
         return
     folder = os.environ.get("LUCID_COMPILE_DEBUG_DIR")

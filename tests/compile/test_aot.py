@@ -391,3 +391,33 @@ def test_mpsgraph_reference_saves_ir_and_loads_on_either_backend(tmp_path):
     assert same(x).numpy().tobytes() == want.tobytes()
     cpu = load_compiled(path, backend="cpu")
     np.testing.assert_allclose(cpu(x).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_reader_during_writes_sees_a_whole_file(tmp_path):
+    import threading
+
+    models = [MLP().eval(), MLP().eval()]
+    x = _rand(2, 16)
+    saved = []
+    for i, model in enumerate(models):
+        cm, path, outs = _save_case(tmp_path, f"m{i}", model, [((x,), {})])
+        saved.append((cm, outs[0][0].tobytes()))
+    target = tmp_path / "live.lucidc"
+    assert save_compiled(saved[0][0], target)
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            save_compiled(saved[i % 2][0], target)
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(15):
+            got = load_compiled(target)(x).numpy().tobytes()
+            assert got in (saved[0][1], saved[1][1])
+    finally:
+        stop.set()
+        thread.join()

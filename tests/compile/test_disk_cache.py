@@ -114,6 +114,10 @@ def test_bad_cap_setting_is_refused(cache_dir, monkeypatch):
     monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_MAX_MB", "lots")
     with pytest.raises(ValueError, match="LUCID_COMPILE_DISK_CACHE_MAX_MB"):
         _disk_cache.max_bytes()
+    cm = lucid.compile(MLP(), backend="cpu")
+    with pytest.raises(ValueError, match="LUCID_COMPILE_DISK_CACHE_MAX_MB must be a positive"):
+        cm(lucid.randn(2, 16))  # refused at the first compile, not a silent fallback
+    assert not cm.cache_info()["eager_only"]
 
 
 def test_unwritable_folder_compiles_anyway(tmp_path, monkeypatch, caplog):
