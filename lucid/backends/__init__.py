@@ -29,6 +29,7 @@ __all__ = [
     "get_backend",
     "register_backend",
     "registered_backends",
+    "reporting_backends",
     "resolve_backend",
 ]
 
@@ -131,6 +132,25 @@ def _status(name: str) -> tuple[bool, str]:
 def available_backends() -> tuple[str, ...]:
     """The registered backends that can run on this machine."""
     return tuple(n for n in _FACTORIES if _status(n)[0])
+
+
+def reporting_backends() -> dict[str, tuple[Backend, str]]:
+    """For reports (``diagnose``): every registered backend available here, and every one whose
+    ``refusal`` holds without running (``reports_when_unavailable``) even where it cannot run,
+    by name: ``(backend, "")`` when available, else ``(backend, why not)``."""
+    out: dict[str, tuple[Backend, str]] = {}
+    for name in tuple(_FACTORIES):
+        ok, why = _status(name)
+        if ok:
+            out[name] = (_instance(name), "")
+            continue
+        try:
+            backend = _instance(name)
+        except BackendUnavailable:
+            continue  # cannot even be loaded: nothing to report with
+        if backend.reports_when_unavailable:
+            out[name] = (backend, why)
+    return out
 
 
 def resolve_backend(name: str) -> str:

@@ -13,7 +13,8 @@ the registry in ``lucid/backends/__init__.py``. A backend gives:
   prim module after ``pipeline`` plus the backend's own program);
 - ``available()``: ``(True, "")`` or ``(False, why)`` on this machine; ``check_settings()`` raises
   ``ValueError`` naming a bad setting of the backend's environment variables;
-- ``supported_ops()`` and ``refusal(module)``: what ``diagnose`` reports;
+- ``supported_ops()`` and ``refusal(module)``: what ``diagnose`` reports (with
+  ``reports_when_unavailable``, also where the backend cannot run);
 - ``refusals``: the exception types ``compile`` (or a ``pipeline`` pass) raises for a graph it
   cannot handle; the compiler turns them into a fallback (or ``CompileError``) with the message
   as the reason. Other exceptions are bugs and surface as such;
@@ -76,6 +77,9 @@ class Backend(ABC):
     refusals: tuple[type[BaseException], ...] = ()
     #: True when ``compile_symbolic`` builds one executable for every batch size.
     supports_symbolic_batch: bool = False
+    #: True when ``refusal`` needs nothing of this machine (pure Python over the prim module):
+    #: reports (``diagnose``) then show the backend even where it is not available.
+    reports_when_unavailable: bool = False
 
     def available(self) -> tuple[bool, str]:
         """``(True, "")`` when this backend runs on this machine, else ``(False, why)``."""

@@ -6,7 +6,8 @@ It traces ``fn`` once (computing nothing) and reports, for the ops recorded:
   (``grad_sinks``: comparisons, argmax, integer casts, factories) and ops with no rule
   (``uncovered``), each with its count and the shape/dtype of its first result at first use;
 - per op, whether it lowers to ``prim`` (its first use is lowered, with its real operand types)
-  and whether each available backend compiles the ``prim`` ops it lowers to (plus any backend
+  and whether each available backend compiles the ``prim`` ops it lowers to (plus a backend
+  whose refusal holds where it cannot run, marked "not available here", and any backend
   publishing a per-op table for ``docs/ops.md``), and whether it is safe under a symbolic batch
   axis;
 - a graph break (a value read such as ``.item()``), with the user's source line; coverage then
@@ -57,7 +58,8 @@ class OpInfo:
 @dataclass(frozen=True)
 class OpSupport:
     """Per op: each later stage's status (``"yes"`` or ``"no: <reason>"``; keys such as
-    ``lowers to prim`` and one per backend, by its registry name) and symbolic-batch safety."""
+    ``lowers to prim`` and one per backend, by its registry name, ``"<name> (not available
+    here)"`` for a backend reported where it cannot run) and symbolic-batch safety."""
 
     name: str
     stages: dict[str, str]
@@ -212,13 +214,19 @@ def check_vjp_coverage(trace: Any) -> None:
 
 
 def _backends(backend: str | None) -> dict[str, Any]:
-    """The backends to report on, by name: ``backend`` alone (resolved through the registry), or
-    every backend available on this machine."""
-    from lucid.backends import available_backends, get_backend
+    """The backends to report on, by column name: ``backend`` alone (resolved through the
+    registry), or every backend available on this machine plus those whose refusal holds
+    without running them (their column says "(not available here)")."""
+    from lucid.backends import get_backend, reporting_backends
     from lucid.compile._pipeline import resolve_backend
 
-    names = [resolve_backend(backend)] if backend is not None else list(available_backends())
-    return {name: get_backend(name) for name in names}
+    if backend is not None:
+        name = resolve_backend(backend)
+        return {name: get_backend(name)}
+    return {
+        name if not why else f"{name} (not available here)": target
+        for name, (target, why) in reporting_backends().items()
+    }
 
 
 def _lower_one(top: Any) -> tuple[str, set[str], Any]:

@@ -99,6 +99,26 @@ def test_op_that_cannot_lower_is_reported_for_every_backend(no_rule_op):
     assert "Not supported:" in str(report)
 
 
+def test_mpsgraph_column_shows_its_refusal_even_where_it_cannot_run():
+    from lucid.backends import _status
+
+    def fn(x):
+        return F.relu(x) * x
+
+    report = diagnose(fn, lucid.randn(2, 4, dtype=lucid.float64))
+    available, _ = _status("mpsgraph")
+    column = "mpsgraph" if available else "mpsgraph (not available here)"
+    stages = {s.name: s.stages for s in report.support}
+    for name in ("mul", "relu"):
+        assert stages[name]["mpsgraph-reference"].startswith("no: ")
+        assert stages[name][column].startswith("no: ") and "float64" in stages[name][column]
+        assert stages[name]["cpu"] == "yes"
+    assert f"relu: {column}: " in str(report) and "64-bit float" in str(report)
+    # The same function in float32 passes MPSGraph legalization.
+    ok = diagnose(fn, lucid.randn(2, 4))
+    assert all(s.stages[column] == "yes" for s in ok.support)
+
+
 def test_graph_break_is_reported_with_its_source_line():
     def f(x):
         y = x * 2

@@ -182,6 +182,9 @@ class MPSGraphBackend(MPSGraphReferenceBackend):
 
     name = "mpsgraph"
     _python_writes_back = False  # the native run writes in-place results back itself
+    # Its refusal is the reference's (legalization and emission, in Python): diagnose shows it
+    # on any machine.
+    reports_when_unavailable = True
 
     def available(self) -> tuple[bool, str]:
         return native_status()
