@@ -167,7 +167,7 @@ def _make_class(op: P.PrimOp) -> type[PrimIROp]:
     random = "RANDOM" in op.props
     ns: dict[str, Any] = {
         "__module__": __name__,
-        "__doc__": f"``prim.{op.name}`` (MPSGraph: {op.mps}; CPU: {op.cpu_kernel})",
+        "__doc__": f"``prim.{op.name}`` (CPU: {op.cpu_kernel})",
         "name": f"prim.{op.name}",
         "args": x.var_operand_def(x.TensorType),
         "res": x.var_result_def(x.TensorType),

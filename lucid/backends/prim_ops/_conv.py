@@ -157,7 +157,6 @@ def _conv_weights_grad_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[
 _register(
     PrimOp(
         "conv2d", ("x", "weight"), dict(_CONV_ATTRS), _conv_infer, _conv_ref, "convolution",
-        "convolution2DWithSourceTensor:weightsTensor:descriptor:name:", "12.0",
         "linalg.cpp: im2col + sgemm per (image, group)",
     )
 )  # fmt: skip
@@ -165,18 +164,14 @@ _register(
     PrimOp(
         "conv2d_data_grad", ("grad", "weight"),
         {**_CONV_ATTRS, "input_shape": Attr("ints")}, _conv_data_grad_infer, _conv_data_grad_ref,
-        "convolution",
-        "convolution2DDataGradientWithIncomingGradientTensor:weightsTensor:outputShape:"
-        "forwardConvolutionDescriptor:name:", "12.0", "linalg.cpp: sgemm + col2im",
+        "convolution", "linalg.cpp: sgemm + col2im",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "conv2d_weights_grad", ("x", "grad"),
         {**_CONV_ATTRS, "weight_shape": Attr("ints")}, _conv_weights_grad_infer,
-        _conv_weights_grad_ref, "convolution",
-        "convolution2DWeightsGradientWithIncomingGradientTensor:sourceTensor:outputShape:"
-        "forwardConvolutionDescriptor:name:", "12.0", "linalg.cpp: im2col + sgemm",
+        _conv_weights_grad_ref, "convolution", "linalg.cpp: im2col + sgemm",
     )
 )  # fmt: skip
 
@@ -303,28 +298,26 @@ def _avg_pool_grad_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.n
 _register(
     PrimOp(
         "max_pool2d", ("x",), dict(_MAX_POOL_ATTRS), _max_pool_infer, _max_pool_ref, "pooling",
-        "maxPooling2DWithSourceTensor:descriptor:name:", "12.0", "linalg.cpp: window max",
+        "linalg.cpp: window max",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "max_pool2d_grad", ("grad", "x"), dict(_MAX_POOL_ATTRS), _max_pool_grad_infer,
         _max_pool_grad_ref, "pooling",
-        "maxPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:", "12.0",
         "linalg.cpp: route to the window maximum (first of ties, last NaN)",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "avg_pool2d", ("x",), dict(_AVG_POOL_ATTRS), _avg_pool_infer, _avg_pool_ref, "pooling",
-        "avgPooling2DWithSourceTensor:descriptor:name:", "12.0", "linalg.cpp: window mean",
+        "linalg.cpp: window mean",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "avg_pool2d_grad", ("grad",), {**_AVG_POOL_ATTRS, "input_shape": Attr("ints")},
         _avg_pool_grad_infer, _avg_pool_grad_ref, "pooling",
-        "avgPooling2DGradientWithGradientTensor:sourceTensor:descriptor:name:", "12.0",
         "linalg.cpp: spread window share",
     )
 )  # fmt: skip

@@ -68,8 +68,7 @@ class PrimOp:
     infer: Callable[[list[Aval], dict[str, Any]], list[Aval]]
     reference: Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
     family: str
-    mps: str
-    macos: str
+    # What MPSGraph calls for it lives in its emission table (``lucid.backends.mpsgraph``).
     cpu_kernel: str
     variadic: bool = False
     elementwise: bool = False

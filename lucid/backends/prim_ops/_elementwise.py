@@ -50,85 +50,80 @@ def _sign(x: np.ndarray) -> np.ndarray:
 
 
 # --- elementwise ------------------------------------------------------------------------------
-# name -> (allowed input dtypes, output dtype or None for "same", numpy function, MPSGraph method)
-UNARY: dict[str, tuple[frozenset[str], str | None, Callable[[np.ndarray], np.ndarray], str]] = {
-    "neg": (NUMERIC, None, np.negative, "negativeWithTensor:name:"),
-    "abs": (NUMERIC, None, np.abs, "absoluteWithTensor:name:"),
-    "sign": (NUMERIC, None, _sign, "signWithTensor:name:"),
-    "square": (NUMERIC, None, np.square, "squareWithTensor:name:"),
-    "relu": (NUMERIC, None, lambda x: np.maximum(x, np.zeros((), x.dtype)), "reLUWithTensor:name:"),
-    "exp": (FLOAT, None, np.exp, "exponentWithTensor:name:"),
-    "expm1": (FLOAT, None, np.expm1, "exponentWithTensor:name: + subtraction (composite)"),
-    "log": (FLOAT, None, np.log, "logarithmWithTensor:name:"),
-    "log1p": (FLOAT, None, np.log1p, "logarithmWithTensor:name: of 1+x (composite)"),
-    "sqrt": (FLOAT, None, np.sqrt, "squareRootWithTensor:name:"),
-    "rsqrt": (FLOAT, None, lambda x: 1 / np.sqrt(x), "reverseSquareRootWithTensor:name:"),
-    "reciprocal": (FLOAT, None, np.reciprocal, "reciprocalWithTensor:name:"),
-    "sin": (FLOAT, None, np.sin, "sinWithTensor:name:"),
-    "cos": (FLOAT, None, np.cos, "cosWithTensor:name:"),
-    "tan": (FLOAT, None, np.tan, "tanWithTensor:name:"),
-    "tanh": (FLOAT, None, np.tanh, "tanhWithTensor:name:"),
-    "sigmoid": (FLOAT, None, lambda x: 1 / (1 + np.exp(-x)), "sigmoidWithTensor:name:"),
-    "erf": (FLOAT, None, _erf, "erfWithTensor:name:"),
-    "floor": (FLOAT, None, np.floor, "floorWithTensor:name:"),
-    "ceil": (FLOAT, None, np.ceil, "ceilWithTensor:name:"),
-    "round": (FLOAT, None, np.rint, "rintWithTensor:name:"),
-    "logical_not": (frozenset({"bool"}), None, np.logical_not, "notWithTensor:name:"),
-    "isnan": (FLOAT, "bool", np.isnan, "isNaNWithTensor:name:"),
-    "isinf": (FLOAT, "bool", np.isinf, "isInfiniteWithTensor:name:"),
-    "isfinite": (FLOAT, "bool", np.isfinite, "isFiniteWithTensor:name:"),
+# name -> (allowed input dtypes, output dtype or None for "same", numpy function)
+UNARY: dict[str, tuple[frozenset[str], str | None, Callable[[np.ndarray], np.ndarray]]] = {
+    "neg": (NUMERIC, None, np.negative),
+    "abs": (NUMERIC, None, np.abs),
+    "sign": (NUMERIC, None, _sign),
+    "square": (NUMERIC, None, np.square),
+    "relu": (NUMERIC, None, lambda x: np.maximum(x, np.zeros((), x.dtype))),
+    "exp": (FLOAT, None, np.exp),
+    "expm1": (FLOAT, None, np.expm1),
+    "log": (FLOAT, None, np.log),
+    "log1p": (FLOAT, None, np.log1p),
+    "sqrt": (FLOAT, None, np.sqrt),
+    "rsqrt": (FLOAT, None, lambda x: 1 / np.sqrt(x)),
+    "reciprocal": (FLOAT, None, np.reciprocal),
+    "sin": (FLOAT, None, np.sin),
+    "cos": (FLOAT, None, np.cos),
+    "tan": (FLOAT, None, np.tan),
+    "tanh": (FLOAT, None, np.tanh),
+    "sigmoid": (FLOAT, None, lambda x: 1 / (1 + np.exp(-x))),
+    "erf": (FLOAT, None, _erf),
+    "floor": (FLOAT, None, np.floor),
+    "ceil": (FLOAT, None, np.ceil),
+    "round": (FLOAT, None, np.rint),
+    "logical_not": (frozenset({"bool"}), None, np.logical_not),
+    "isnan": (FLOAT, "bool", np.isnan),
+    "isinf": (FLOAT, "bool", np.isinf),
+    "isfinite": (FLOAT, "bool", np.isfinite),
 }
 
-BINARY: dict[str, tuple[frozenset[str], str | None, Callable[..., np.ndarray], str]] = {
-    "add": (NUMERIC, None, np.add, "additionWithPrimaryTensor:secondaryTensor:name:"),
-    "sub": (NUMERIC, None, np.subtract, "subtractionWithPrimaryTensor:secondaryTensor:name:"),
-    "mul": (NUMERIC, None, np.multiply, "multiplicationWithPrimaryTensor:secondaryTensor:name:"),
-    "div": (FLOAT, None, np.divide, "divisionWithPrimaryTensor:secondaryTensor:name:"),
-    "pow": (FLOAT, None, np.power, "powerWithPrimaryTensor:secondaryTensor:name:"),
-    "atan2": (FLOAT, None, np.arctan2, "atan2WithPrimaryTensor:secondaryTensor:name:"),
-    "maximum": (NUMERIC, None, np.maximum, "maximumWithPrimaryTensor:secondaryTensor:name:"),
-    "minimum": (NUMERIC, None, np.minimum, "minimumWithPrimaryTensor:secondaryTensor:name:"),
+BINARY: dict[str, tuple[frozenset[str], str | None, Callable[..., np.ndarray]]] = {
+    "add": (NUMERIC, None, np.add),
+    "sub": (NUMERIC, None, np.subtract),
+    "mul": (NUMERIC, None, np.multiply),
+    "div": (FLOAT, None, np.divide),
+    "pow": (FLOAT, None, np.power),
+    "atan2": (FLOAT, None, np.arctan2),
+    "maximum": (NUMERIC, None, np.maximum),
+    "minimum": (NUMERIC, None, np.minimum),
     "floor_divide": (
         NUMERIC,
         None,
         _floor_divide,
-        "floorDivisionWithPrimaryTensor:secondaryTensor:name:",
     ),
-    "remainder": (NUMERIC, None, _remainder, "moduloWithPrimaryTensor:secondaryTensor:name:"),
-    "eq": (ANY, "bool", np.equal, "equalWithPrimaryTensor:secondaryTensor:name:"),
-    "ne": (ANY, "bool", np.not_equal, "notEqualWithPrimaryTensor:secondaryTensor:name:"),
-    "lt": (ANY, "bool", np.less, "lessThanWithPrimaryTensor:secondaryTensor:name:"),
-    "le": (ANY, "bool", np.less_equal, "lessThanOrEqualToWithPrimaryTensor:secondaryTensor:name:"),
-    "gt": (ANY, "bool", np.greater, "greaterThanWithPrimaryTensor:secondaryTensor:name:"),
+    "remainder": (NUMERIC, None, _remainder),
+    "eq": (ANY, "bool", np.equal),
+    "ne": (ANY, "bool", np.not_equal),
+    "lt": (ANY, "bool", np.less),
+    "le": (ANY, "bool", np.less_equal),
+    "gt": (ANY, "bool", np.greater),
     "ge": (
         ANY,
         "bool",
         np.greater_equal,
-        "greaterThanOrEqualToWithPrimaryTensor:secondaryTensor:name:",
     ),
     "logical_and": (
         frozenset({"bool"}),
         None,
         np.logical_and,
-        "logicalANDWithPrimaryTensor:secondaryTensor:name:",
     ),
     "logical_or": (
         frozenset({"bool"}),
         None,
         np.logical_or,
-        "logicalORWithPrimaryTensor:secondaryTensor:name:",
     ),
     "logical_xor": (
         frozenset({"bool"}),
         None,
         np.logical_xor,
-        "logicalXORWithPrimaryTensor:secondaryTensor:name:",
     ),
 }
 
 
 def _unary_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval]]:
-    allowed, out_dtype, _, _ = UNARY[name]
+    allowed, out_dtype, _ = UNARY[name]
 
     def rule(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
         _need(name, avals[0], allowed)
@@ -148,7 +143,7 @@ def _unary_ref(name: str) -> Callable[[list[np.ndarray], dict[str, Any]], list[n
 
 
 def _binary_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval]]:
-    allowed, out_dtype, _, _ = BINARY[name]
+    allowed, out_dtype, _ = BINARY[name]
 
     def rule(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
         dtype = _same_dtype(name, avals)
@@ -168,18 +163,18 @@ def _binary_ref(name: str) -> Callable[[list[np.ndarray], dict[str, Any]], list[
     return ref
 
 
-for _name, (_allowed, _out, _fn, _mps) in UNARY.items():
+for _name in UNARY:
     _register(
         PrimOp(
-            _name, ("x",), {}, _unary_infer(_name), _unary_ref(_name), "unary", _mps, "12.0",
+            _name, ("x",), {}, _unary_infer(_name), _unary_ref(_name), "unary",
             "elementwise.cpp: unary", elementwise=True,
         )
     )  # fmt: skip
-for _name, (_allowed, _out, _fn, _mps) in BINARY.items():
+for _name in BINARY:
     _register(
         PrimOp(
-            _name, ("a", "b"), {}, _binary_infer(_name), _binary_ref(_name), "binary", _mps,
-            "12.0", "elementwise.cpp: binary", elementwise=True,
+            _name, ("a", "b"), {}, _binary_infer(_name), _binary_ref(_name), "binary",
+            "elementwise.cpp: binary", elementwise=True,
         )
     )  # fmt: skip
 
@@ -194,7 +189,6 @@ _register(
     PrimOp(
         "select", ("cond", "a", "b"), {}, _select_infer,
         lambda xs, at: [np.where(xs[0], xs[1], xs[2])], "select",
-        "selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:name:", "12.0",
         "elementwise.cpp: select", elementwise=True,
     )
 )  # fmt: skip
@@ -218,7 +212,7 @@ _register(
     PrimOp(
         "cast", ("x",), {"dtype": Attr("dtype")},
         lambda avals, attrs: [Aval(avals[0].shape, attrs["dtype"])], _cast_ref, "cast",
-        "castTensor:toType:name:", "12.0", "elementwise.cpp: cast", elementwise=True,
+        "elementwise.cpp: cast", elementwise=True,
     )
 )  # fmt: skip
 
@@ -238,8 +232,7 @@ _register(
     PrimOp(
         "normalize", ("x", "mean", "variance", "gamma", "beta"), {"epsilon": Attr("float", 1e-5)},
         _normalize_infer, _normalize_ref, "normalization",
-        "normalizationWithTensor:meanTensor:varianceTensor:gammaTensor:betaTensor:epsilon:name:",
-        "12.0", "elementwise.cpp: normalize", elementwise=True,
+        "elementwise.cpp: normalize", elementwise=True,
     )
 )  # fmt: skip
 

@@ -54,9 +54,7 @@ _register(
     PrimOp(
         "matmul", ("a", "b"),
         {"transpose_a": Attr("bool", False), "transpose_b": Attr("bool", False)},
-        _matmul_infer, _matmul_ref, "linalg",
-        "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name: (+ transposeTensor)",
-        "12.0", "linalg.cpp: sgemm/dgemm per batch",
+        _matmul_infer, _matmul_ref, "linalg", "linalg.cpp: sgemm/dgemm per batch",
     )
 )  # fmt: skip
 
@@ -90,9 +88,6 @@ _register(
         "matmul_accumulate", ("a", "b", "c", "alpha"),
         {"transpose_a": Attr("bool", False), "transpose_b": Attr("bool", False)},
         _matmul_acc_infer, _matmul_acc_ref, "linalg",
-        "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name:, then "
-        "multiplicationWithPrimaryTensor:secondaryTensor:name: by alpha and "
-        "additionWithPrimaryTensor:secondaryTensor:name: of c",
-        "12.0", "linalg.cpp: sgemm/dgemm with alpha and beta = 1",
+        "linalg.cpp: sgemm/dgemm with alpha and beta = 1",
     )
 )  # fmt: skip

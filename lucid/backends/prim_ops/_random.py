@@ -49,15 +49,13 @@ _register(
     PrimOp(
         "constant", (), {"shape": Attr("ints"), "dtype": Attr("dtype"), "value": Attr("floats")},
         _constant_infer, _constant_ref, "factory",
-        "constantWithScalar:shape:dataType: / constantWithData:shape:dataType:", "12.0",
         "runtime.cpp: materialised once at compile time", props=frozenset({"GRAD_SINK"}),
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "fill", ("value",), {"shape": Attr("ints")}, _fill_infer,
-        lambda xs, at: [np.full(at["shape"], xs[0])], "factory",
-        "broadcastTensor:toShape:name: of a scalar", "12.0", "shape.cpp: broadcast copy",
+        lambda xs, at: [np.full(at["shape"], xs[0])], "factory", "shape.cpp: broadcast copy",
     )
 )  # fmt: skip
 
@@ -136,8 +134,7 @@ _register(
         {"shape": Attr("ints"), "dtype": Attr("dtype", "f32"), "low": Attr("float", 0.0),
          "high": Attr("float", 1.0)},
         _random_infer("random_uniform"), _random_uniform_ref, "random",
-        "randomUniformTensorWithShape:stateTensor:name: (state adapted to MPSGraph's int32[7])",
-        "12.3", "shape.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK"}),
+        "shape.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK"}),
     )
 )  # fmt: skip
 _register(
@@ -146,7 +143,6 @@ _register(
         {"shape": Attr("ints"), "dtype": Attr("dtype", "f32"), "mean": Attr("float", 0.0),
          "std": Attr("float", 1.0)},
         _random_infer("random_normal"), _random_normal_ref, "random",
-        "randomTensorWithShape:descriptor:stateTensor:name: (normal descriptor)", "12.3",
         "shape.cpp: Philox-4x32-10 + Box-Muller", props=frozenset({"RANDOM", "GRAD_SINK"}),
     )
 )  # fmt: skip

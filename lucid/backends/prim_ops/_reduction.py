@@ -30,12 +30,12 @@ def _reduce_shape(op: str, aval: Aval, axes: Sequence[int], keepdims: bool) -> t
 
 
 REDUCTIONS = {
-    "reduce_sum": (NUMERIC, np.sum, "reductionSumWithTensor:axes:name:"),
-    "reduce_mean": (FLOAT, np.mean, "meanOfTensor:axes:name:"),
-    "reduce_max": (NUMERIC, np.max, "reductionMaximumWithTensor:axes:name:"),
-    "reduce_min": (NUMERIC, np.min, "reductionMinimumWithTensor:axes:name:"),
-    "reduce_prod": (NUMERIC, np.prod, "reductionProductWithTensor:axes:name:"),
-    "variance": (FLOAT, np.var, "varianceOfTensor:axes:name:"),
+    "reduce_sum": (NUMERIC, np.sum),
+    "reduce_mean": (FLOAT, np.mean),
+    "reduce_max": (NUMERIC, np.max),
+    "reduce_min": (NUMERIC, np.min),
+    "reduce_prod": (NUMERIC, np.prod),
+    "variance": (FLOAT, np.var),
 }
 
 
@@ -69,11 +69,11 @@ def _reduce_ref(name: str) -> Callable[[list[np.ndarray], dict[str, Any]], list[
     return ref
 
 
-for _name, (_allowed, _fn, _mps) in REDUCTIONS.items():
+for _name in REDUCTIONS:
     _register(
         PrimOp(
             _name, ("x",), {"axes": Attr("ints"), "keepdims": Attr("bool", False)},
-            _reduce_infer(_name), _reduce_ref(_name), "reduction", _mps, "12.0",
+            _reduce_infer(_name), _reduce_ref(_name), "reduction",
             "reduce.cpp: strided accumulate (f64 accumulators for floats)",
         )
     )  # fmt: skip
@@ -100,14 +100,14 @@ def _arg_ref(fn: Callable[..., np.ndarray]) -> Callable[..., list[np.ndarray]]:
     return ref
 
 
-for _name, _fn, _mps in (
-    ("argmax", np.argmax, "reductionArgMaximumWithTensor:axis:name:"),
-    ("argmin", np.argmin, "reductionArgMinimumWithTensor:axis:name:"),
+for _name, _fn in (
+    ("argmax", np.argmax),
+    ("argmin", np.argmin),
 ):
     _register(
         PrimOp(
             _name, ("x",), {"axis": Attr("int"), "keepdims": Attr("bool", False)},
-            _arg_infer(_name), _arg_ref(_fn), "reduction", _mps, "12.0",
+            _arg_infer(_name), _arg_ref(_fn), "reduction",
             "reduce.cpp: arg reduce (first occurrence, NaN wins)", props=frozenset({"GRAD_SINK"}),
         )
     )  # fmt: skip
@@ -135,8 +135,8 @@ def _argsort_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray
 _register(
     PrimOp(
         "argsort", ("x",), {"axis": Attr("int", -1), "descending": Attr("bool", False)},
-        _argsort_infer, _argsort_ref, "reduction", "argSortWithTensor:axis:descending:name:",
-        "13.0", "shape.cpp: stable sort per row (NaN largest)", props=frozenset({"GRAD_SINK"}),
+        _argsort_infer, _argsort_ref, "reduction",
+        "shape.cpp: stable sort per row (NaN largest)", props=frozenset({"GRAD_SINK"}),
     )
 )  # fmt: skip
 
@@ -178,18 +178,17 @@ def _cumsum_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]
     return [c.astype(x.dtype)]
 
 
-for _name, _ref, _mps, _allowed, _kernel in (
-    ("softmax", _softmax_ref, "softMaxWithTensor:axis:name:", FLOAT, "reduce.cpp: row softmax"),
+for _name, _ref, _allowed, _kernel in (
+    ("softmax", _softmax_ref, FLOAT, "reduce.cpp: row softmax"),
     (
         "log_softmax", _log_softmax_ref,
-        "softMaxWithTensor:axis:name: + logarithmWithTensor:name: (or reduction + subtraction)",
         FLOAT, "reduce.cpp: row log-softmax",
     ),
 ):  # fmt: skip
     _register(
         PrimOp(
             _name, ("x",), {"axis": Attr("int")}, _axis_rows_infer(_name, _allowed), _ref,
-            "softmax", _mps, "12.0", _kernel,
+            "softmax", _kernel,
         )
     )  # fmt: skip
 _register(
@@ -197,7 +196,6 @@ _register(
         "cumsum", ("x",),
         {"axis": Attr("int"), "exclusive": Attr("bool", False), "reverse": Attr("bool", False)},
         _axis_rows_infer("cumsum", NUMERIC), _cumsum_ref, "reduction",
-        "cumulativeSumWithTensor:axis:exclusive:reverse:name:", "13.0",
         "reduce.cpp: running sum along an axis",
     )
 )  # fmt: skip

@@ -98,43 +98,39 @@ def _pad_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
 _register(
     PrimOp(
         "reshape", ("x",), {"shape": Attr("ints")}, _reshape_infer,
-        lambda xs, at: [xs[0].reshape(at["shape"])], "shape",
-        "reshapeTensor:withShape:name:", "12.0", "shape.cpp: copy (alias-free)",
+        lambda xs, at: [xs[0].reshape(at["shape"])], "shape", "shape.cpp: copy (alias-free)",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "transpose", ("x",), {"perm": Attr("ints")}, _transpose_infer,
-        lambda xs, at: [np.transpose(xs[0], at["perm"])], "shape",
-        "transposeTensor:permutation:name:", "13.0", "shape.cpp: strided copy",
+        lambda xs, at: [np.transpose(xs[0], at["perm"])], "shape", "shape.cpp: strided copy",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "broadcast_to", ("x",), {"shape": Attr("ints")}, _broadcast_to_infer,
         lambda xs, at: [np.broadcast_to(xs[0], at["shape"])], "shape",
-        "broadcastTensor:toShape:name:", "12.0", "shape.cpp: strided copy (stride 0)",
+        "shape.cpp: strided copy (stride 0)",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "slice", ("x",), {"starts": Attr("ints"), "ends": Attr("ints"), "strides": Attr("ints")},
-        _slice_infer, _slice_ref, "shape",
-        "sliceTensor:starts:ends:strides:name:", "12.0", "shape.cpp: strided copy",
+        _slice_infer, _slice_ref, "shape", "shape.cpp: strided copy",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "concat", ("xs",), {"axis": Attr("int")}, _concat_infer,
         lambda xs, at: [np.concatenate(xs, axis=at["axis"])], "shape",
-        "concatTensors:dimension:name:", "12.0", "shape.cpp: block copies", variadic=True,
+        "shape.cpp: block copies", variadic=True,
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "pad", ("x",), {"low": Attr("ints"), "high": Attr("ints"), "value": Attr("float", 0.0)},
         _pad_infer, _pad_ref, "shape",
-        "padTensor:withPaddingMode:leftPadding:rightPadding:constantValue:name:", "12.0",
         "shape.cpp: fill + strided copy",
     )
 )  # fmt: skip
@@ -232,21 +228,16 @@ def _scatter_add_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.nda
     return [np.ascontiguousarray(np.moveaxis(out, 0, axis))]
 
 
-for _name, _operands, _infer, _ref, _mps in (
-    ("gather", ("x", "indices"), _gather_infer, _gather_ref,
-     "gatherWithUpdatesTensor:indicesTensor:axis:batchDimensions:name:"),
-    ("gather_along_axis", ("x", "indices"), _gather_along_axis_infer, _gather_along_axis_ref,
-     "gatherAlongAxis:withUpdatesTensor:indicesTensor:name:"),
-    ("scatter_add", ("data", "indices", "updates"), _scatter_add_infer, _scatter_add_ref,
-     "scatterWithDataTensor:updatesTensor:indicesTensor:axis:mode:name: (mode Add)"),
+for _name, _operands, _infer, _ref in (
+    ("gather", ("x", "indices"), _gather_infer, _gather_ref),
+    ("gather_along_axis", ("x", "indices"), _gather_along_axis_infer, _gather_along_axis_ref),
+    ("scatter_add", ("data", "indices", "updates"), _scatter_add_infer, _scatter_add_ref),
     ("scatter_add_along_axis", ("data", "indices", "updates"), _scatter_along_axis_infer,
-     _scatter_along_axis_ref,
-     "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name: (mode Add)"),
+     _scatter_along_axis_ref),
 ):  # fmt: skip
     _register(
         PrimOp(
-            _name, _operands, {"axis": Attr("int")}, _infer, _ref, "gather", _mps,
-            "12.3" if "AlongAxis" in _mps else "12.0",
+            _name, _operands, {"axis": Attr("int")}, _infer, _ref, "gather",
             "shape.cpp: index walk with range check (IndexError)",
         )
     )  # fmt: skip
@@ -279,8 +270,6 @@ _register(
         "check_index", ("indices",),
         {"low": Attr("int"), "high": Attr("int"), "message": Attr("str")},
         _check_index_infer, _check_index_ref, "gather",
-        "greaterThanOrEqualToWithPrimaryTensor:secondaryTensor:name: + lessThan.. + "
-        "reductionAndWithTensor:axes:name: (a check target read after the run)", "12.0",
         "shape.cpp: range check, then a copy (IndexError naming the user's op)",
     )
 )  # fmt: skip
@@ -312,7 +301,6 @@ _register(
         "one_hot", ("indices",),
         {"depth": Attr("int"), "axis": Attr("int", -1), "dtype": Attr("dtype", "f32")},
         _one_hot_infer, _one_hot_ref, "gather",
-        "oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:", "12.0",
         "shape.cpp: one_hot", props=frozenset({"GRAD_SINK"}),
     )
 )  # fmt: skip
