@@ -199,11 +199,14 @@ def _cast_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     if x.dtype.kind == "f" and target.kind == "i":
         # Float to int truncates toward zero; NaN gives 0 and out-of-range values saturate.
         info = np.iinfo(target)
-        with np.errstate(invalid="ignore"):
-            t = np.trunc(np.nan_to_num(x, nan=0.0))
-            t = np.clip(t, info.min, info.max)
-        out = np.where(t >= info.max, info.max, t.astype(np.float64)).astype(np.int64)
-        return [out.astype(target)]
+        t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+        # Compared in float64, where int64's max rounds up to 2**63: ``>=`` catches exactly the
+        # values that do not fit. The saturated ends are written as integers (a float 2**63
+        # converted to int64 would wrap to INT64_MIN).
+        high, low = t >= float(info.max), t <= float(info.min)
+        inside = np.where(high | low, 0.0, t).astype(np.int64)
+        out = np.where(high, np.int64(info.max), np.where(low, np.int64(info.min), inside))
+        return [np.asarray(out).astype(target)]
     with np.errstate(all="ignore"):
         return [x.astype(target)]
 

@@ -98,6 +98,28 @@ def test_cast_float_to_int_saturates_and_maps_nan_to_zero():
     np.testing.assert_array_equal(out, [0, 2**31 - 1, -(2**31), -2, 2])
 
 
+def _documented_float_to_int(value: float, bits: int) -> int:
+    """docs/prim.md: truncate toward zero, NaN gives 0, out-of-range values saturate."""
+    if math.isnan(value):
+        return 0
+    lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    if math.isinf(value):
+        return hi if value > 0 else lo
+    return min(max(math.trunc(value), lo), hi)
+
+
+@pytest.mark.parametrize("src", ["f32", "f64"])
+@pytest.mark.parametrize("dst", sorted(d for d in prim_ops.ANY if d.startswith("i")))
+def test_cast_float_to_int_follows_the_documented_rule_at_the_edges(src, dst):
+    bits = int(dst[1:])
+    edges = [np.inf, -np.inf, np.nan, 1e30, -1e30, 2.0**63, -(2.0**63), 2.0**62, -(2.0**62)]
+    edges += [2.0 ** (bits - 1), -(2.0 ** (bits - 1)), 2.0 ** (bits - 1) - 1e9, -0.9, 0.9]
+    x = np.array(edges, {"f32": np.float32, "f64": np.float64}[src])
+    out = check("cast", [x], {"dtype": dst})  # native kernel == reference
+    expected = [_documented_float_to_int(float(v), bits) for v in x]
+    assert [int(v) for v in out] == expected
+
+
 @FEW
 @given(
     shape=hnp.array_shapes(min_dims=1, max_dims=4, max_side=5),
