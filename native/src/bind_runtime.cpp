@@ -293,6 +293,11 @@ py::dict stats_dict() {
   d["hits"] = s.hits;
   d["misses"] = s.misses;
   d["evictions"] = s.evictions;
+  ArenaStats a = arena_stats();
+  d["idle_arenas"] = a.idle;
+  d["idle_arena_bytes"] = a.idle_bytes;
+  d["arena_budget"] = a.budget;
+  d["arenas_freed"] = a.freed;
   return d;
 }
 
@@ -353,13 +358,20 @@ void init_runtime(py::module_& m) {
         for (int i = 0; i < static_cast<int>(Op::kCount); ++i) names.push_back(op_name(static_cast<Op>(i)));
         return names;
       }, "Opcodes the CPU runtime implements.");
-  m.def("cache_stats", &stats_dict, "Executable cache: size, capacity, hits, misses, evictions.");
+  m.def("cache_stats", &stats_dict, "Executable cache: size, capacity, hits, misses, evictions; idle scratch arenas: "
+        "idle_arenas, idle_arena_bytes, arena_budget, arenas_freed.");
   m.def("cache_size", []() { return cache_stats().size; });
   m.def("cache_clear", &cache_clear, "Drop every cached executable and reset the counters.");
   m.def("cache_set_capacity", [](py::ssize_t n) {
         if (n < 0) bad("cache capacity must be >= 0");
         cache_set_capacity(static_cast<size_t>(n));
       }, py::arg("capacity"), "Change the LRU cap (evicts down to it).");
+  m.def("set_arena_budget", [](py::ssize_t n) {
+        if (n < 0) bad("arena budget must be >= 0 bytes");
+        set_arena_budget(static_cast<size_t>(n));
+      }, py::arg("bytes"),
+      "Bytes of idle scratch arenas kept across runs over all executables (least recently used "
+      "freed past it; the most recent is always kept).");
   m.def("set_num_threads", [](int n) {
         if (n < 1) bad("number of threads must be >= 1");
         blas_set_threads(n);

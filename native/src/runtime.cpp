@@ -165,6 +165,7 @@ struct ForkGate {
 ForkGate* g_fork_gate = new ForkGate;  // replaced (never freed) in a forked child
 
 std::mutex& cache_mutex();
+std::mutex& idle_arenas_mutex();
 
 void gate_leave(ForkGate* g) {
   if (g->active.fetch_sub(1) == 1 && g->forking.load()) {
@@ -190,9 +191,11 @@ void before_fork() {
   g->cv.wait(lock, [g] { return g->active.load() == 0; });
   lock.release();  // held across fork; the parent or child handler lets go
   cache_mutex().lock();
+  idle_arenas_mutex().lock();
 }
 
 void after_fork_in_parent() {
+  idle_arenas_mutex().unlock();
   cache_mutex().unlock();
   ForkGate* g = g_fork_gate;
   g->forking.store(false);
@@ -201,6 +204,7 @@ void after_fork_in_parent() {
 }
 
 void after_fork_in_child() {
+  idle_arenas_mutex().unlock();
   cache_mutex().unlock();  // this thread locked it before fork
   // The condition variable may count waiters that do not exist here: start afresh.
   g_fork_gate = new ForkGate;
@@ -236,7 +240,70 @@ class Executable::RunGate {
 struct Executable::Arena {
   std::vector<double> memory;  // 8-byte aligned; offsets are 64-byte multiples
   std::vector<void*> ptrs;
+  const Executable* owner = nullptr;
+  std::list<Arena*>::iterator idle_pos;  // in IdleArenas::lru while pooled
+  size_t bytes() const { return memory.size() * sizeof(double); }
 };
+
+namespace {
+
+// Every executable keeps the scratch arena of its last run for the next one; with the cache
+// holding `capacity` executables of growing shapes, those idle arenas alone grew resident memory
+// by capacity x (bytes per batch row) per new shape. One process-wide budget bounds them: past
+// it, the least recently used idle arenas are freed (the most recent one is always kept, so a hot
+// loop over one large executable never reallocates). One lock for all pools: acquire and release
+// hold it for a few pointer moves.
+struct IdleArenas {
+  std::mutex mu;
+  std::list<Executable::Arena*> lru;  // most recently released first
+  size_t bytes = 0;
+  size_t budget = initial_budget();
+  size_t freed = 0;
+
+  static size_t initial_budget() {
+    const char* env = std::getenv("LUCID_ARENA_BUDGET_MB");
+    if (env && *env) {
+      char* end = nullptr;
+      long v = std::strtol(env, &end, 10);
+      if (end && *end == '\0' && v >= 0) return static_cast<size_t>(v) << 20;
+    }
+    return size_t(32) << 20;
+  }
+};
+
+IdleArenas& idle_arenas() {
+  static IdleArenas* a = new IdleArenas;  // never destroyed, like the cache
+  return *a;
+}
+
+}  // namespace
+
+size_t Executable::trim_idle_arenas_locked(size_t budget) {
+  IdleArenas& g = idle_arenas();
+  while (g.bytes > budget && g.lru.size() > 1) {
+    Arena* victim = g.lru.back();
+    g.lru.pop_back();
+    g.bytes -= victim->bytes();
+    auto& pool = victim->owner->pool_;
+    pool.erase(std::find(pool.begin(), pool.end(), victim));
+    delete victim;
+    ++g.freed;
+  }
+  return g.bytes;
+}
+
+void set_arena_budget(size_t bytes) {
+  IdleArenas& g = idle_arenas();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.budget = bytes;
+  Executable::trim_idle_arenas_locked(bytes);
+}
+
+ArenaStats arena_stats() {
+  IdleArenas& g = idle_arenas();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return {g.lru.size(), g.bytes, g.budget, g.freed};
+}
 
 Executable::Executable(Program program) : program_(std::move(program)) {
   validate(program_);
@@ -323,7 +390,13 @@ Executable::Executable(Program program) : program_(std::move(program)) {
 }
 
 Executable::~Executable() {
-  for (Arena* a : pool_) delete a;
+  IdleArenas& g = idle_arenas();
+  std::lock_guard<std::mutex> lock(g.mu);
+  for (Arena* a : pool_) {
+    g.lru.erase(a->idle_pos);
+    g.bytes -= a->bytes();
+    delete a;
+  }
 }
 
 std::vector<int64_t> Executable::arena_offsets() const {
@@ -335,14 +408,18 @@ std::vector<int64_t> Executable::arena_offsets() const {
 
 Executable::Arena* Executable::acquire() const {
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    IdleArenas& g = idle_arenas();
+    std::lock_guard<std::mutex> lock(g.mu);
     if (!pool_.empty()) {
       Arena* a = pool_.back();
       pool_.pop_back();
+      g.lru.erase(a->idle_pos);
+      g.bytes -= a->bytes();
       return a;
     }
   }
   auto* a = new Arena;
+  a->owner = this;
   a->memory.assign(arena_bytes_ / sizeof(double) + 1, 0.0);
   a->ptrs.assign(loc_.size(), nullptr);
   auto* base = reinterpret_cast<uint8_t*>(a->memory.data());
@@ -355,8 +432,13 @@ Executable::Arena* Executable::acquire() const {
 }
 
 void Executable::release(Arena* a) const {
-  std::lock_guard<std::mutex> lock(pool_mu_);
+  IdleArenas& g = idle_arenas();
+  std::lock_guard<std::mutex> lock(g.mu);
   pool_.push_back(a);
+  g.lru.push_front(a);
+  a->idle_pos = g.lru.begin();
+  g.bytes += a->bytes();
+  trim_idle_arenas_locked(g.budget);
 }
 
 void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results,
@@ -461,6 +543,7 @@ Cache& cache() {
 }
 
 std::mutex& cache_mutex() { return cache().mu; }
+std::mutex& idle_arenas_mutex() { return idle_arenas().mu; }
 
 }  // namespace
 

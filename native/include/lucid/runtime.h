@@ -63,14 +63,19 @@ class Executable {
   // In-place results computed straight into their feed's buffer (no copy after the run).
   const std::vector<int>& direct_inplace_results() const { return inplace_direct_; }
 
+  struct Arena;  // one run's scratch memory (runtime.cpp)
+
  private:
   enum class Loc : uint8_t { Feed, Arena, Const, Result };
-  struct Arena;
   class RunGate;
   Arena* acquire() const;
   bool writes_alias_feeds(const std::vector<void*>& feeds) const;
   int reusable_input(const Program& p, const Instr& in, int k, const std::vector<int>& last) const;
   void release(Arena* a) const;
+  // Frees least recently used idle arenas (of any executable) down to `budget` bytes, keeping
+  // the most recent; the idle-arena lock must be held. Returns the idle bytes left.
+  static size_t trim_idle_arenas_locked(size_t budget);
+  friend void set_arena_budget(size_t bytes);
 
   Program program_;
   std::string key_;
@@ -88,9 +93,16 @@ class Executable {
   std::vector<int> inplace_direct_;          // in-place results among direct_ (result indices)
   std::vector<double> consts_;               // 8-byte aligned storage of constant slots
   size_t arena_bytes_ = 0, unplanned_bytes_ = 0;
-  mutable std::mutex pool_mu_;
-  mutable std::vector<Arena*> pool_;
+  mutable std::vector<Arena*> pool_;  // idle arenas; guarded by the process-wide idle-arena lock
 };
+
+// Idle scratch arenas kept across runs, over all executables: bounded by a byte budget
+// (LUCID_ARENA_BUDGET_MB, default 32; the most recently used arena is always kept).
+struct ArenaStats {
+  size_t idle, idle_bytes, budget, freed;
+};
+void set_arena_budget(size_t bytes);
+ArenaStats arena_stats();
 
 struct CacheStats {
   size_t size, capacity, hits, misses, evictions;
