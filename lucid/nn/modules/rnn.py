@@ -56,13 +56,34 @@ def _lstm_direction(
     return [o for o in outs if o is not None], h, c
 
 
-class LSTM(Module):
+class _RNNBase(Module):
+    """What LSTM and GRU share: torch's parameter names per layer and direction, their init."""
+
+    #: Parameter name stems, in the order ``_weights`` returns them (absent ones as None).
+    _weight_stems: tuple[str, ...] = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+
+    def reset_parameters(self) -> None:
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            init.uniform_(p, -stdv, stdv)
+
+    def flatten_parameters(self) -> None:
+        """No-op (cuDNN weight packing has no meaning here); kept for torch compatibility."""
+
+    def _weights(self, layer: int, direction: int) -> tuple:
+        sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
+        return tuple(self._parameters.get(stem + sfx) for stem in self._weight_stems)
+
+
+class LSTM(_RNNBase):
     """Long short-term memory over (T, N, input_size) inputs ((N, T, ...) with ``batch_first``).
 
     ``forward(input, (h_0, c_0)=None)`` returns ``output, (h_n, c_n)`` as torch. Gates are ordered
     i, f, g, o in ``weight_ih_l{k}`` (4*hidden_size, input) and ``weight_hh_l{k}``; every
     parameter starts as U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)).
     """
+
+    _weight_stems = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
 
     def __init__(
         self,
@@ -111,25 +132,6 @@ class LSTM(Module):
                 if proj_size > 0:
                     setattr(self, "weight_hr" + sfx, empty_parameter((proj_size, hidden_size), dt))
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        stdv = 1.0 / math.sqrt(self.hidden_size)
-        for p in self.parameters():
-            init.uniform_(p, -stdv, stdv)
-
-    def flatten_parameters(self) -> None:
-        """No-op (cuDNN weight packing has no meaning here); kept for torch compatibility."""
-
-    def _weights(self, layer: int, direction: int) -> tuple:
-        sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
-        get = self._parameters.get
-        return (
-            get("weight_ih" + sfx),
-            get("weight_hh" + sfx),
-            get("bias_ih" + sfx),
-            get("bias_hh" + sfx),
-            get("weight_hr" + sfx),
-        )
 
     def _flat_weights(self) -> list[Tensor]:
         """Parameters in the functional form's order: per layer and direction, w_ih, w_hh[, b_ih,
@@ -271,7 +273,7 @@ def _gru_direction(
     return [o for o in outs if o is not None], h
 
 
-class GRU(Module):
+class GRU(_RNNBase):
     """Gated recurrent unit over (L, N, input_size) inputs ((N, L, ...) with ``batch_first``,
     (L, input_size) unbatched), as ``torch.nn.GRU``.
 
@@ -336,24 +338,6 @@ class GRU(Module):
                     setattr(self, "bias_ih" + sfx, empty_parameter((gate,), dt))
                     setattr(self, "bias_hh" + sfx, empty_parameter((gate,), dt))
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        stdv = 1.0 / math.sqrt(self.hidden_size)
-        for p in self.parameters():
-            init.uniform_(p, -stdv, stdv)
-
-    def flatten_parameters(self) -> None:
-        """No-op (cuDNN weight packing has no meaning here); kept for torch compatibility."""
-
-    def _weights(self, layer: int, direction: int) -> tuple:
-        sfx = f"_l{layer}" + ("_reverse" if direction == 1 else "")
-        get = self._parameters.get
-        return (
-            get("weight_ih" + sfx),
-            get("weight_hh" + sfx),
-            get("bias_ih" + sfx),
-            get("bias_hh" + sfx),
-        )
 
     def forward(
         self,
