@@ -62,6 +62,25 @@ class _RNNBase(Module):
     #: Parameter name stems, in the order ``_weights`` returns them (absent ones as None).
     _weight_stems: tuple[str, ...] = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
+    def _make_weights(self, gates: int, dt: Any, proj_size: int = 0) -> None:
+        """torch's parameters per layer and direction: ``gates`` stacked gate blocks, and with
+        ``proj_size`` the LSTM projection ``weight_hr``."""
+        out_size = proj_size if proj_size > 0 else self.hidden_size
+        dirs = 2 if self.bidirectional else 1
+        gate = gates * self.hidden_size
+        for layer in range(self.num_layers):
+            layer_in = self.input_size if layer == 0 else out_size * dirs
+            for d in range(dirs):
+                sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
+                setattr(self, "weight_ih" + sfx, empty_parameter((gate, layer_in), dt))
+                setattr(self, "weight_hh" + sfx, empty_parameter((gate, out_size), dt))
+                if self.bias:
+                    setattr(self, "bias_ih" + sfx, empty_parameter((gate,), dt))
+                    setattr(self, "bias_hh" + sfx, empty_parameter((gate,), dt))
+                if proj_size > 0:
+                    shape = (proj_size, self.hidden_size)
+                    setattr(self, "weight_hr" + sfx, empty_parameter(shape, dt))
+
     def reset_parameters(self) -> None:
         stdv = 1.0 / math.sqrt(self.hidden_size)
         for p in self.parameters():
@@ -117,20 +136,7 @@ class LSTM(_RNNBase):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional, self.proj_size = bidirectional, proj_size
-        out_size = proj_size if proj_size > 0 else hidden_size
-        dirs = 2 if bidirectional else 1
-        gate = 4 * hidden_size
-        for layer in range(num_layers):
-            layer_in = input_size if layer == 0 else out_size * dirs
-            for d in range(dirs):
-                sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
-                setattr(self, "weight_ih" + sfx, empty_parameter((gate, layer_in), dt))
-                setattr(self, "weight_hh" + sfx, empty_parameter((gate, out_size), dt))
-                if bias:
-                    setattr(self, "bias_ih" + sfx, empty_parameter((gate,), dt))
-                    setattr(self, "bias_hh" + sfx, empty_parameter((gate,), dt))
-                if proj_size > 0:
-                    setattr(self, "weight_hr" + sfx, empty_parameter((proj_size, hidden_size), dt))
+        self._make_weights(4, dt, proj_size)
         self.reset_parameters()
 
     def _flat_weights(self) -> list[Tensor]:
@@ -326,17 +332,7 @@ class GRU(_RNNBase):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional = bidirectional
-        dirs = 2 if bidirectional else 1
-        gate = 3 * hidden_size
-        for layer in range(num_layers):
-            layer_in = input_size if layer == 0 else hidden_size * dirs
-            for d in range(dirs):
-                sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
-                setattr(self, "weight_ih" + sfx, empty_parameter((gate, layer_in), dt))
-                setattr(self, "weight_hh" + sfx, empty_parameter((gate, hidden_size), dt))
-                if bias:
-                    setattr(self, "bias_ih" + sfx, empty_parameter((gate,), dt))
-                    setattr(self, "bias_hh" + sfx, empty_parameter((gate,), dt))
+        self._make_weights(3, dt)
         self.reset_parameters()
 
     def forward(
