@@ -34,7 +34,7 @@ from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
 from lucid.ops._registry import OpDef
-from lucid.passes import PassFailure, PassManager
+from lucid.passes import PassFailure, PassManager, parse_pipeline_spec
 from lucid.passes._graph import append_results, block_of, erase_args, keep_results, set_arg_roles
 from lucid.passes.vjp import VJP
 from lucid.trace._tracing import GraphBreak, _tracing
@@ -256,14 +256,21 @@ def _feed_tensor(kind: str, ref: Any, tensor_args: list, kwargs: dict) -> Tensor
 
 
 def compile_grad_call(
-    model: Any, args: tuple, kwargs: dict, options: Any, *, symbolic: bool = False
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    options: Any,
+    *,
+    symbolic: bool = False,
+    session: _pipeline.CompileSession | None = None,
 ) -> GradEntry:
     """Trace, differentiate, split and compile ``model(*args, **kwargs)`` for grad mode.
     Tensor keyword arguments are fed (role ``input:<name>``) and get gradients like positional
     ones. With ``symbolic`` the positional tensors' shared leading dim is traced as a symbolic
     batch (``api._NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
-    for what this path does not handle."""
-    t0 = time.perf_counter()
+    for what this path does not handle. ``session`` carries the debugging switches and collects
+    the time of each stage (graph passes with ``vjp``; ``forward:``/``backward:`` lowering)."""
+    first_session = session or _pipeline.CompileSession(getattr(options, "switches", None))
     from lucid.compile.api import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
 
     if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
@@ -333,22 +340,30 @@ def compile_grad_call(
             return t._requires_grad
         return False
 
-    def build(batch: int | None) -> _Program:
-        module = import_trace(trace)
-        if batch is not None:
-            PassManager(f"shape-specialize{{batch={batch}}}").run(module)
+    def build(batch: int | None, session: _pipeline.CompileSession | None = None) -> _Program:
+        # A later batch size of a symbolic entry is a compile of its own (switches apply again).
+        session = session or _pipeline.CompileSession(getattr(options, "switches", None))
+        with session.timed("import"):
+            module = import_trace(trace)
         wrt_roles = [r for r in feed_roles(forward_func(module)) if requires_grad(r)]
         if not wrt_roles:
             raise _pipeline.Unsupported("nothing the outputs depend on requires grad")
+        # One graph pipeline: [shape-specialize,] vjp, then the graph passes.
+        passes: list = []
+        if batch is not None:
+            passes += parse_pipeline_spec(f"shape-specialize{{batch={batch}}}")
+        passes.append(VJP(wrt=" ".join(wrt_roles)))
+        passes += parse_pipeline_spec(options.pipeline or _pipeline.GRAPH_PIPELINE)
         try:
-            PassManager([VJP(wrt=" ".join(wrt_roles))]).run(module)
+            session.run_passes(passes, module, pipeline="graph")
         except PassFailure as e:
-            raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
-        PassManager(options.pipeline or _pipeline.GRAPH_PIPELINE).run(module)
-        return _compile_split(module, captured, options)
+            if e.pass_name == "vjp":
+                raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
+            raise
+        return _compile_split(module, captured, options, session)
 
     batch = args[tensor_pos[0]].shape[0] if symbolic else None
-    program = build(batch)
+    program = build(batch, first_session)
     entry = GradEntry(
         program=program,
         symbolic=symbolic,
@@ -359,8 +374,8 @@ def compile_grad_call(
         n_leaves=len(leaves),
         rebuild=rebuild,
         trace=trace,
-        compile_ms=(time.perf_counter() - t0) * 1e3,
-        passes_ms={},
+        compile_ms=(time.perf_counter() - first_session.t0) * 1e3,
+        passes_ms=first_session.passes_ms,
         fwd_module=program.fwd_module,
         bwd_module=program.bwd_module,
         captured_tensors=list(captured.values()),
@@ -370,13 +385,21 @@ def compile_grad_call(
     return entry
 
 
-def _compile_split(module: x.ModuleOp, captured: dict, options: Any) -> _Program:
-    """Split a differentiated module and compile both halves on the backend."""
-    fwd_mod, bwd_mod = split_forward_backward(module)
+def _compile_split(
+    module: x.ModuleOp, captured: dict, options: Any, session: _pipeline.CompileSession
+) -> _Program:
+    """Split a differentiated module and compile both halves on the backend (each its own
+    pipeline of ``session``: ``forward-lowering`` and ``backward-lowering``)."""
+    with session.timed("split"):
+        fwd_mod, bwd_mod = split_forward_backward(module)
     fwd_fn, bwd_fn = forward_func(fwd_mod), forward_func(bwd_mod)
     backend = _pipeline.backend_of(options.backend)
-    fwd_exe = _pipeline.compile_module(fwd_mod, backend, inplace=True)[0]
-    bwd_exe = _pipeline.compile_module(bwd_mod, backend, inplace=False)[0]
+    fwd_exe = session.compile_module(
+        fwd_mod, backend, inplace=True, pipeline="forward-lowering", prefix="forward:"
+    )
+    bwd_exe = session.compile_module(
+        bwd_mod, backend, inplace=False, pipeline="backward-lowering", prefix="backward:"
+    )
 
     def plan_for(role: str) -> tuple[str, Any]:
         if role.startswith("input:"):

@@ -10,11 +10,15 @@ so the compile path itself never prints.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +32,13 @@ from lucid.passes import Instrumentation, PassFailure, PassManager
 
 GRAPH_PIPELINE = "canonicalize,cse,dce"
 STAGES = ("imported", "optimized", "prim", "final")
+
+logger = logging.getLogger("lucid.compile")
+
+
+class CompileError(RuntimeError):
+    """Compilation of a signature failed (raised instead of falling back when ``strict``, by
+    the training entry points, and for ``LUCID_MANUAL_VJP_REQUIRE=1`` coverage gaps)."""
 
 
 class Unsupported(Exception):
@@ -52,9 +63,193 @@ def resolve_backend(name: str) -> str:
     return _resolve(name)
 
 
+# ``options=`` keys besides "pipeline": the pass manager's debugging switches, named as the
+# environment variables are (``LUCID_COMPILE_<KEY upper-cased>``), mapped to Instrumentation.
+SWITCH_OPTIONS = {
+    "print_ir_before_all": "print_ir_before_all",
+    "print_ir_after_all": "print_ir_after_all",
+    "print_ir_after_change": "print_ir_after_change",
+    "print_ir_after_failure": "print_ir_after_failure",
+    "print_ir_tree_dir": "print_ir_tree_dir",
+    "verify_each": "verify_each",
+    "pass_timing": "timing",
+    "pass_statistics": "statistics",
+    "print_generic": "generic",
+    "print_debuginfo": "debuginfo",
+}
+
+
+def parse_options(
+    options: dict[str, Any] | None, who: str = "lucid.compile"
+) -> tuple[str | None, dict[str, Any]]:
+    """An ``options=`` dict as ``(graph pipeline or None, switches)``: the switches are
+    Instrumentation fields for ``CompileSession``. Unknown keys and a non-string pipeline are
+    refused by name (``who`` starts the message)."""
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - {"pipeline", *SWITCH_OPTIONS})
+    if unknown:
+        raise ValueError(
+            f"{who}: unknown option(s) {', '.join(map(repr, unknown))}; accepted: "
+            + ", ".join(["pipeline", *SWITCH_OPTIONS])
+        )
+    pipeline = opts.pop("pipeline", None)
+    if pipeline is not None and not isinstance(pipeline, str):
+        raise TypeError(f"{who}: option 'pipeline' must be a string, got {pipeline!r}")
+    switches = {}
+    for key, value in opts.items():
+        if key == "print_ir_tree_dir":
+            switches[SWITCH_OPTIONS[key]] = None if value is None else os.fspath(value)
+        else:
+            switches[SWITCH_OPTIONS[key]] = bool(value)
+    return pipeline, switches
+
+
+def env_flag(name: str) -> bool:
+    """True when the environment variable ``name`` is set to anything but 0/false/no/off."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+_TREE_ENTRY = re.compile(r"^(\d+)_")
+
+
+def _tree_subfolder(tree: str, pipeline: str) -> str:
+    """A new folder ``<tree>/<NN>_<pipeline>`` numbered after every entry already there, so
+    that no two pipelines (of one compile, of several, of earlier processes) share one."""
+    os.makedirs(tree, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", pipeline)
+    while True:
+        taken = [int(m.group(1)) for e in os.listdir(tree) if (m := _TREE_ENTRY.match(e))]
+        path = os.path.join(tree, f"{max(taken, default=-1) + 1:02d}_{name}")
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:  # another thread or process took the number: try the next
+            continue
+
+
+class CompileSession:
+    """The debugging switches and the timings of one compile, whatever the entry point
+    (``lucid.compile`` calls with or without grad mode, training steps).
+
+    Every pass pipeline of the compile runs through ``run_passes`` (or ``lower`` /
+    ``compile_module``) with the switches of ``LUCID_COMPILE_PRINT_IR_*`` and friends plus the
+    ``options=`` ones; ``LUCID_COMPILE_PRINT_IR_TREE_DIR`` gives each pipeline its own
+    numbered subfolder (``03_forward-lowering/00_input.mlir``). ``passes_ms`` collects the time
+    of each stage (``prefix:`` tells pipelines apart, e.g. ``backward:lower-to-prim``), and
+    ``finish`` applies ``LUCID_COMPILE_VERBOSE`` (one log line) and ``LUCID_COMPILE_DEBUG``
+    (the trace JSON written out).
+
+    >>> session = CompileSession(switches)
+    >>> session.run_passes("canonicalize,cse,dce", module, pipeline="graph")
+    >>> exe = session.compile_module(module, backend, pipeline="lowering")
+    >>> session.finish("fused_step (x: 32x784)", trace=trace, backend=name)
+    """
+
+    def __init__(self, switches: dict[str, Any] | None = None, *, env: bool = True):
+        self.switches = dict(switches or {})
+        self.env = env  # False: the LUCID_COMPILE_* variables do not apply (internal compiles)
+        self.passes_ms: dict[str, float] = {}
+        self.t0 = time.perf_counter()
+
+    def instrumentation(self, pipeline: str) -> Instrumentation:
+        """The pass manager's switches for one pipeline of this compile."""
+        inst = Instrumentation.from_env() if self.env else Instrumentation()
+        for name, value in self.switches.items():
+            setattr(inst, name, value)
+        if inst.print_ir_tree_dir:
+            inst.print_ir_tree_dir = _tree_subfolder(inst.print_ir_tree_dir, pipeline)
+        return inst
+
+    @property
+    def quiet(self) -> bool:
+        """No pass-manager switch is on (the disk cache may then skip the passes)."""
+        return not self.switches and (
+            not self.env or Instrumentation.from_env() == Instrumentation()
+        )
+
+    def record(self, name: str, ms: float) -> None:
+        self.passes_ms[name] = self.passes_ms.get(name, 0.0) + ms
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Time the block as the stage ``name``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record(name, (time.perf_counter() - t0) * 1e3)
+
+    def run_passes(
+        self,
+        passes: str | Sequence[Any],
+        module: Any,
+        *,
+        pipeline: str,
+        prefix: str = "",
+        instrumented: bool = True,
+    ) -> None:
+        """Run ``passes`` (a spec or pass instances) on ``module`` in place with the switches
+        (``pipeline`` names the run in the IR tree); a ``PassFailure`` propagates."""
+        inst = self.instrumentation(pipeline) if instrumented else Instrumentation()
+        report = PassManager(passes, inst).run(module)
+        for name, ms in report.passes_ms().items():
+            self.record(prefix + name, ms)
+
+    def lower(
+        self, module: Any, backend: Any, *, pipeline: str = "lowering", prefix: str = ""
+    ) -> None:
+        """Stages 4-5: ``lower-to-prim`` and the backend's own passes, in place; a pass that
+        refuses the graph raises ``Unsupported`` with its reason."""
+        passes = "lower-to-prim" + ("," + backend.pipeline if backend.pipeline else "")
+        try:
+            self.run_passes(passes, module, pipeline=pipeline, prefix=prefix)
+        except PassFailure as e:
+            raise Unsupported(str(e.cause)) from e
+
+    def compile_module(
+        self,
+        module: Any,
+        backend: Any,
+        *,
+        inplace: bool = True,
+        pipeline: str = "lowering",
+        prefix: str = "",
+    ) -> Any:
+        """Lower a ``lucid``-dialect module and compile it on ``backend``; the executable. With
+        ``inplace`` the ``update:`` results are written into their feeds by the run."""
+        self.lower(module, backend, pipeline=pipeline, prefix=prefix)
+        with self.timed(prefix + "backend-compile"):
+            try:
+                return backend.compile(module, inplace_updates=inplace)
+            except (BackendUnsupported, *backend.refusals) as e:
+                raise Unsupported(str(e)) from e
+
+    def finish(self, what: str, *, trace: Any = None, backend: str = "", n_ops: int | None = None):
+        """End of the compile: the milliseconds since the session began. With
+        ``LUCID_COMPILE_VERBOSE`` one line on the ``lucid.compile`` logger (what, ops, time per
+        stage, backend); with ``LUCID_COMPILE_DEBUG`` the trace JSON is written
+        (``LUCID_COMPILE_DEBUG_DIR``)."""
+        compile_ms = (time.perf_counter() - self.t0) * 1e3
+        if env_flag("LUCID_COMPILE_VERBOSE"):
+            if n_ops is None:
+                n_ops = len(trace.ops) if trace is not None else 0
+            split = ", ".join(f"{k} {v:.1f}" for k, v in self.passes_ms.items())
+            logger.warning(
+                "lucid.compile: compiled %s: %d ops, %.1f ms (%s), backend %s",
+                what,
+                n_ops,
+                compile_ms,
+                split,
+                backend,
+            )
+        if trace is not None and env_flag("LUCID_COMPILE_DEBUG"):
+            dump_trace(trace)
+        return compile_ms
+
+
 def lower(module: Any, backend: Any, inst: Instrumentation | None = None) -> dict[str, float]:
-    """Stage 4-5: ``lower-to-prim`` and the backend's own passes, in place; a pass that refuses
-    the graph raises ``Unsupported`` with its reason."""
+    """Stage 4-5 without debugging switches (``inst``: the pass manager's, if any): the time of
+    each pass. A pass that refuses the graph raises ``Unsupported`` with its reason."""
     pipeline = "lower-to-prim" + ("," + backend.pipeline if backend.pipeline else "")
     try:
         return PassManager(pipeline, inst or Instrumentation()).run(module).passes_ms()
@@ -63,18 +258,14 @@ def lower(module: Any, backend: Any, inst: Instrumentation | None = None) -> dic
 
 
 def compile_module(
-    module: Any, backend: Any, *, inplace: bool = True, inst: Instrumentation | None = None
+    module: Any, backend: Any, *, inplace: bool = True, session: CompileSession | None = None
 ) -> tuple[Any, dict[str, float]]:
     """Lower a ``lucid``-dialect module and compile it on ``backend``: (executable, ms per
-    stage). With ``inplace`` the ``update:`` results are written into their feeds by the run."""
-    timings = lower(module, backend, inst)
-    t0 = time.perf_counter()
-    try:
-        executable = backend.compile(module, inplace_updates=inplace)
-    except (BackendUnsupported, *backend.refusals) as e:
-        raise Unsupported(str(e)) from e
-    timings["backend-compile"] = (time.perf_counter() - t0) * 1e3
-    return executable, timings
+    stage). With ``inplace`` the ``update:`` results are written into their feeds by the run.
+    Without ``session`` no debugging switch applies (a session: see ``CompileSession``)."""
+    session = session or CompileSession(env=False)
+    executable = session.compile_module(module, backend, inplace=inplace)
+    return executable, dict(session.passes_ms)
 
 
 @dataclass
@@ -103,23 +294,24 @@ def _specialized_passes(pipeline: str | None, batch: int) -> str:
 
 
 def _graph_module(
-    trace: Any, pipeline: str | None, switches: dict[str, Any] | None, batch: int | None = None
-) -> tuple[Any, Instrumentation, dict[str, float]]:
-    """Stages 2-3: the imported module after the graph passes, the instrumentation used and the
-    time of each stage. With ``batch``, a symbolic-batch trace is specialised to that size by
-    the ``shape-specialize`` pass, first in the pipeline (so ``--print-ir-after-all`` shows it)."""
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    module = import_trace(trace)
-    timings["import"] = (time.perf_counter() - t0) * 1e3
-    inst = Instrumentation.from_env()
-    for name, value in (switches or {}).items():
-        setattr(inst, name, value)
+    trace: Any,
+    pipeline: str | None,
+    switches: dict[str, Any] | None,
+    batch: int | None = None,
+    *,
+    session: CompileSession | None = None,
+    label: str = "graph",
+    prefix: str = "",
+) -> tuple[Any, CompileSession, dict[str, float]]:
+    """Stages 2-3: the imported module after the graph passes, the session and the time of
+    each stage so far. With ``batch``, a symbolic-batch trace is specialised to that size by the
+    ``shape-specialize`` pass, first in the pipeline (so ``--print-ir-after-all`` shows it)."""
+    session = session or CompileSession(switches)
+    with session.timed(prefix + "import"):
+        module = import_trace(trace)
     passes = _graph_passes(pipeline) if batch is None else _specialized_passes(pipeline, batch)
-    graph = PassManager(passes, inst).run(module)
-    for name, ms in graph.passes_ms().items():
-        timings[name] = timings.get(name, 0.0) + ms
-    return module, inst, timings
+    session.run_passes(passes, module, pipeline=label, prefix=prefix)
+    return module, session, dict(session.passes_ms)
 
 
 def compile_trace(
@@ -129,38 +321,38 @@ def compile_trace(
     pipeline: str | None = None,
     switches: dict[str, Any] | None = None,
     batch: int | None = None,
+    session: CompileSession | None = None,
 ) -> CompiledGraph:
     """Stages 2-6 for ``trace`` on ``backend`` (a registry name); a symbolic-batch ``trace``
     is specialised to ``batch`` by ``shape-specialize``. With the disk cache on
     (``LUCID_COMPILE_DISK_CACHE=1``, see ``_disk_cache``) a graph compiled before, by any
     process, skips the passes, the lowering and the backend's program building."""
+    session = session or CompileSession(switches)
     target = backend_of(backend)
     # The batch is part of what the disk cache keys on (the symbolic trace is the same).
     disk_pipeline = pipeline if batch is None else _specialized_passes(pipeline, batch)
-    cached = _from_disk(trace, target, disk_pipeline, switches)
+    cached = _from_disk(trace, target, disk_pipeline, session)
     if isinstance(cached, CompiledGraph):
         return cached
-    module, inst, timings = _graph_module(trace, pipeline, switches, batch)
+    module, _, _ = _graph_module(trace, pipeline, None, batch, session=session)
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
-    executable, backend_ms = compile_module(module, target, inst=inst)
-    timings.update(backend_ms)
+    executable = session.compile_module(module, target)
     if cached is not None:
-        t0 = time.perf_counter()
-        _disk_cache.store(cached, roles[0], roles[1], target.export_program(module))
-        timings["disk-cache-store"] = (time.perf_counter() - t0) * 1e3
-    return CompiledGraph(executable, roles[0], roles[1], timings)
+        with session.timed("disk-cache-store"):
+            _disk_cache.store(cached, roles[0], roles[1], target.export_program(module))
+    return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
 
 
 def _from_disk(
-    trace: Any, target: Any, pipeline: str | None, switches: dict[str, Any] | None
+    trace: Any, target: Any, pipeline: str | None, session: CompileSession
 ) -> CompiledGraph | str | None:
     """The disk cache's graph for ``trace`` (a hit), its entry name (a miss: the caller stores
     what it compiles), or None (the cache is off, the backend exports no program, or the pass
     manager is asked to print or verify, which a hit would skip)."""
     if not _disk_cache.enabled() or getattr(target, "program_format", None) is None:
         return None
-    if switches or Instrumentation.from_env() != Instrumentation():
+    if not session.quiet:
         return None
     t0 = time.perf_counter()
     text = _disk_cache.trace_text(trace)
@@ -190,25 +382,28 @@ def compile_symbolic_trace(
     backend: str,
     pipeline: str | None = None,
     switches: dict[str, Any] | None = None,
+    session: CompileSession | None = None,
 ) -> CompiledGraph:
     """One executable for every batch size of a symbolic-batch ``trace``, on a backend that
     ``supports_symbolic_batch``: the trace is lowered at ``batch`` and at ``batch + 1`` (the
     probe that tells the backend which dimensions are the batch). A backend refusal is
     ``Unsupported`` with its reason."""
+    session = session or CompileSession(switches)
     target = backend_of(backend)
-    module, inst, timings = _graph_module(trace, pipeline, switches, batch)
-    probe, _, _ = _graph_module(trace, pipeline, switches, batch + 1)
+    module, _, _ = _graph_module(trace, pipeline, None, batch, session=session)
+    probe, _, _ = _graph_module(
+        trace, pipeline, None, batch + 1, session=session, label="probe-graph", prefix="probe:"
+    )
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
-    timings.update(lower(module, target, inst))
-    lower(probe, target)
-    t0 = time.perf_counter()
-    try:
-        executable = target.compile_symbolic(module, probe, inplace_updates=True)
-    except (BackendUnsupported, *target.refusals) as e:
-        raise Unsupported(str(e)) from e
-    timings["backend-compile"] = (time.perf_counter() - t0) * 1e3
-    return CompiledGraph(executable, roles[0], roles[1], timings)
+    session.lower(module, target)
+    session.lower(probe, target, pipeline="probe-lowering", prefix="probe:")
+    with session.timed("backend-compile"):
+        try:
+            executable = target.compile_symbolic(module, probe, inplace_updates=True)
+        except (BackendUnsupported, *target.refusals) as e:
+            raise Unsupported(str(e)) from e
+    return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
 
 
 def stage_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = None) -> str:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,8 +43,7 @@ _RECOMPILE_HISTORY = 64  # explanations kept per wrapper
 __all__ = ["CacheKey", "CompileError", "CompiledModule", "compile"]
 
 
-class CompileError(RuntimeError):
-    """Compilation of a signature failed (raised instead of falling back when ``strict``)."""
+CompileError = _pipeline.CompileError
 
 
 class CacheKey(tuple):
@@ -213,44 +210,8 @@ class _Options:
     switches: dict[str, Any] = field(default_factory=dict)
 
 
-# ``options=`` keys besides "pipeline": the pass manager's debugging switches, named as the
-# environment variables are (``LUCID_COMPILE_<KEY upper-cased>``), mapped to Instrumentation.
-_SWITCH_OPTIONS = {
-    "print_ir_before_all": "print_ir_before_all",
-    "print_ir_after_all": "print_ir_after_all",
-    "print_ir_after_change": "print_ir_after_change",
-    "print_ir_after_failure": "print_ir_after_failure",
-    "print_ir_tree_dir": "print_ir_tree_dir",
-    "verify_each": "verify_each",
-    "pass_timing": "timing",
-    "pass_statistics": "statistics",
-    "print_generic": "generic",
-    "print_debuginfo": "debuginfo",
-}
-
-
-def _parse_options(options: dict[str, Any] | None) -> tuple[str | None, dict[str, Any]]:
-    opts = dict(options or {})
-    unknown = sorted(set(opts) - {"pipeline", *_SWITCH_OPTIONS})
-    if unknown:
-        raise ValueError(
-            f"lucid.compile: unknown option(s) {', '.join(map(repr, unknown))}; accepted: "
-            + ", ".join(["pipeline", *_SWITCH_OPTIONS])
-        )
-    pipeline = opts.pop("pipeline", None)
-    if pipeline is not None and not isinstance(pipeline, str):
-        raise TypeError(f"lucid.compile: option 'pipeline' must be a string, got {pipeline!r}")
-    switches = {}
-    for key, value in opts.items():
-        if key == "print_ir_tree_dir":
-            switches[_SWITCH_OPTIONS[key]] = None if value is None else os.fspath(value)
-        else:
-            switches[_SWITCH_OPTIONS[key]] = bool(value)
-    return pipeline, switches
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+_parse_options = _pipeline.parse_options
+_env_flag = _pipeline.env_flag
 
 
 class CompiledModule:
@@ -653,16 +614,24 @@ class CompiledModule:
         return out
 
     def _compile(self, key: CacheKey, args: tuple, kwargs: dict) -> _Entry:
-        t0 = time.perf_counter()
-        training, needs_grad = key[2], key[3]
-        if needs_grad:
+        # Every pipeline of this compile gets the debugging switches (see CompileSession).
+        session = _pipeline.CompileSession(self._options.switches)
+        if key[3]:  # grad mode
             # Outputs carry a grad_fn running a compiled backward (lucid.compile._grad_call).
             from lucid.compile._grad_call import compile_grad_call
 
-            return compile_grad_call(
-                self._model, args, kwargs, self._options, symbolic=_is_symbolic(key)
+            entry = compile_grad_call(
+                self._model,
+                args,
+                kwargs,
+                self._options,
+                symbolic=_is_symbolic(key),
+                session=session,
             )
-        del training
+            entry.compile_ms = session.finish(
+                repr(key), trace=entry.trace, backend=self._options.backend
+            )
+            return entry
         if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
             raise _pipeline.Unsupported("tensors inside a container keyword argument")
         with _tracing(self._model) as tracer:
@@ -717,13 +686,13 @@ class CompiledModule:
             if unsafe:
                 raise _NotSymbolic(f"ops not safe under a symbolic batch: {', '.join(unsafe)}")
             batch = next(a.shape[0] for a in args if isinstance(a, Tensor))
-            graph = _SymbolicGraph(trace, self._options, batch)
+            graph = _SymbolicGraph(trace, self._options, batch, session)
         else:
             graph = _pipeline.compile_trace(
                 trace,
                 backend=self._options.backend,
                 pipeline=self._options.pipeline,
-                switches=self._options.switches,
+                session=session,
             )
         bind = _make_binder(graph.feed_roles, tensor_pos, captured)
         finish = _make_finisher(
@@ -736,19 +705,7 @@ class CompiledModule:
             tensor_pos,
             returns_tensor=isinstance(out, Tensor),
         )
-        compile_ms = (time.perf_counter() - t0) * 1e3
-        if _env_flag("LUCID_COMPILE_VERBOSE"):
-            split = ", ".join(f"{k} {v:.1f}" for k, v in graph.passes_ms.items())
-            logger.warning(
-                "lucid.compile: compiled %r: %d ops, %.1f ms (%s), backend %s",
-                key,
-                len(trace.ops),
-                compile_ms,
-                split,
-                self._options.backend,
-            )
-        if _env_flag("LUCID_COMPILE_DEBUG"):
-            _pipeline.dump_trace(trace)
+        compile_ms = session.finish(repr(key), trace=trace, backend=self._options.backend)
         entry = _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
         entry.feed_roles = list(graph.feed_roles)
         entry.captured_tensors = list(captured.values())
@@ -1033,7 +990,7 @@ class _SymbolicGraph:
     sizes; on the others the program is specialised per batch size on first sight (no retrace)
     and kept, so later calls of any seen batch size only bind and run."""
 
-    def __init__(self, trace: Any, options: _Options, batch: int):
+    def __init__(self, trace: Any, options: _Options, batch: int, session: Any):
         self.trace = trace
         self.options = options
         self.by_batch: LRU = LRU(max_entries())
@@ -1045,22 +1002,23 @@ class _SymbolicGraph:
                     batch,
                     backend=options.backend,
                     pipeline=options.pipeline,
-                    switches=options.switches,
+                    session=session,
                 )
             except _pipeline.Unsupported as e:
                 raise _NotSymbolic(f"the backend cannot share one executable: {e}") from e
         else:
-            first = self._specialize(batch)
+            first = self._specialize(batch, session)
         self.feed_roles, self.result_roles = first.feed_roles, first.result_roles
         self.passes_ms = first.passes_ms
 
-    def _specialize(self, batch: int) -> Any:
+    def _specialize(self, batch: int, session: Any = None) -> Any:
         graph = _pipeline.compile_trace(
             self.trace,
             backend=self.options.backend,
             pipeline=self.options.pipeline,
             switches=self.options.switches,
             batch=batch,
+            session=session,
         )
         self.by_batch.put(batch, graph)
         return graph
