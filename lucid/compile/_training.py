@@ -40,7 +40,7 @@ from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
 from lucid.ops._registry import GRAD_SINK, REGISTRY
-from lucid.passes import PassFailure, PassManager
+from lucid.passes import Instrumentation, PassFailure, PassManager, parse_pipeline_spec
 from lucid.passes.ghost_grads import GhostGrads
 from lucid.passes.optimizer_fusion import OptimizerFusion
 from lucid.passes.vjp import VJP
@@ -77,6 +77,11 @@ class TrainingModule:
     _scalar_sources: list[_ScalarSource] = field(default_factory=list)
     # grad:param:<name> feeds of an optimizer-only module: role -> the parameter (its .grad)
     grad_feeds: dict[str, Tensor] = field(default_factory=dict)
+    # What made ``module``: the trace, the pipeline run on its import (a spec ``lucid-opt``
+    # takes) and the ms of each pass (for parity bisection and the steps' introspection).
+    trace: Any = None
+    pipeline: str = ""
+    passes_ms: dict[str, float] = field(default_factory=dict)
 
     def feed_values(self, *inputs: Any) -> dict[str, np.ndarray]:
         """Every feed's current value, by role (the inputs given, then captured tensors,
@@ -162,6 +167,7 @@ def build_training_module(
     fuse_optimizer: bool = True,
     keep_grads: bool = False,
     pipeline: str = "canonicalize,cse,dce",
+    instrumentation: Instrumentation | None = None,
 ) -> TrainingModule:
     """Trace and differentiate one training step of ``model``.
 
@@ -169,7 +175,8 @@ def build_training_module(
     the module returns the loss and the gradient of every parameter that requires grad; with
     one, it also applies the optimizer's update (gradients reach it through ghost feeds bound by
     ``ghost-grads``) and returns the parameters' and state's new values as ``update:`` results
-    (``keep_grads=True`` keeps the gradients too). ``pipeline`` runs last.
+    (``keep_grads=True`` keeps the gradients too). ``pipeline`` runs last. ``instrumentation``
+    (the pass manager's printing and timing switches) covers every pass, as one pipeline.
     """
     example_inputs = tuple(example_inputs)
     if not example_inputs:
@@ -200,12 +207,14 @@ def build_training_module(
             # them and never absorbs part of the backward graph, so all chains look alike.
             passes.append(OptimizerFusion())
         passes.append(GhostGrads(keep_grads=keep_grads))
+    autodiff = {p.name for p in passes}
+    passes.extend(parse_pipeline_spec(pipeline))
     try:
-        PassManager(passes).run(module)
+        report = PassManager(passes, instrumentation).run(module)
     except PassFailure as e:  # the pass's own error (e.g. an op with no VJP rule) is the message
-        raise e.cause from None
-    if pipeline:
-        PassManager(pipeline).run(module)
+        if e.pass_name in autodiff:
+            raise e.cause from None
+        raise
     fn = forward_func(module)
     feeds = {r: t for r, t in tracer.feed_tensors().items() if r in feed_roles(fn)}
     return TrainingModule(
@@ -218,6 +227,9 @@ def build_training_module(
         optimizer=optimizer,
         params={f"param:{names[id(p)]}": p for p in trained},
         _scalar_sources=sources,
+        trace=trace,
+        pipeline=",".join(str(p.spec()) for p in passes),
+        passes_ms=report.passes_ms(),
     )
 
 
@@ -290,7 +302,9 @@ def _trace_update(
     return sources
 
 
-def build_optimizer_module(optimizer: Any, *, fuse_optimizer: bool = True) -> TrainingModule:
+def build_optimizer_module(
+    optimizer: Any, *, fuse_optimizer: bool = True, instrumentation: Instrumentation | None = None
+) -> TrainingModule:
     """The optimizer's step alone as a module (what ``compile_optimizer`` runs): it takes
     ``param:<g>.<i>`` (parameter ``i`` of group ``g``), ``grad:param:<g>.<i>`` (its ``.grad``),
     ``state:<g>.<i>.<key>`` and ``scalar:`` feeds and returns the ``update:`` results, for the
@@ -312,7 +326,7 @@ def build_optimizer_module(optimizer: Any, *, fuse_optimizer: bool = True) -> Tr
         trace = tracer.finish([])
     module = import_trace(trace)
     passes = "optimizer-fusion,canonicalize,cse,dce" if fuse_optimizer else "canonicalize,cse,dce"
-    PassManager(passes).run(module)
+    report = PassManager(passes, instrumentation).run(module)
     fn = forward_func(module)
     roles = feed_roles(fn)
     feeds = {r: t for r, t in tracer.feed_tensors().items() if r in roles}
@@ -331,4 +345,7 @@ def build_optimizer_module(optimizer: Any, *, fuse_optimizer: bool = True) -> Tr
             for p in trained
             if f"grad:param:{names[id(p)]}" in roles
         },
+        trace=trace,
+        pipeline=passes,
+        passes_ms=report.passes_ms(),
     )

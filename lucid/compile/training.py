@@ -33,7 +33,7 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline, _recompile
+from lucid.compile import _parity, _pipeline, _recompile, _step_parity
 from lucid.compile._binding import (
     LRU,
     STRUCTURE_VERSION,
@@ -416,6 +416,136 @@ class _OptimizerView:
 
 
 # ---------------------------------------------------------------------------------------------
+# Options, parity checking and introspection shared by the training steps
+# ---------------------------------------------------------------------------------------------
+class _StepOptions:
+    """A training step's ``options=`` (graph pipeline, pass-manager switches) and ``check=``
+    state: the mode, the tolerance, the signatures a failed check made eager-only (with the
+    reason) and the mismatches found."""
+
+    def __init__(
+        self,
+        what: str,
+        options: dict[str, Any] | None,
+        check: str | None,
+        check_tolerance: tuple[float, float] | None,
+    ):
+        from lucid.compile.api import _parse_options
+
+        self.what = what
+        pipeline, self.switches = _parse_options(options)
+        self.pipeline = _pipeline.GRAPH_PIPELINE if pipeline is None else pipeline
+        self.mode = _parity.check_mode(check)
+        self.tol = _parity.tolerance(check_tolerance)
+        self.eager_only: LRU = LRU(max_entries())
+        self.parity: list[dict[str, Any]] = []
+
+    def wants(self, entry: _Entry) -> bool:
+        """Whether this run of ``entry`` is compared with eager."""
+        mode = self.mode
+        return mode == "always" or (mode == "first" and entry.n_runs == 0)
+
+    def mismatch(
+        self,
+        owner: Any,
+        key: tuple,
+        entry: _Entry,
+        bad: str,
+        feeds: dict[str, np.ndarray],
+        reference: dict[str, np.ndarray],
+    ) -> None:
+        """Take ``key`` off the compiler (eager-only, with the reason) after a failed check,
+        bisect to the culprit and write the repro folder."""
+        culprit = None
+        try:
+            culprit = _step_parity.bisect_step(
+                entry.tm.trace,
+                entry.tm.pipeline,
+                feeds,
+                reference,
+                backend=owner.backend,
+                tol=self.tol,
+            )
+        except Exception as e:  # noqa: BLE001 - the user still gets the eager result
+            logger.warning(
+                "lucid.compile: %s: parity bisection failed: %s: %s", self.what, type(e).__name__, e
+            )
+        reason = f"parity check failed: {bad}" + (f"; culprit: {culprit}" if culprit else "")
+        owner._entries.pop(key, None)
+        self.eager_only.put(key, reason)
+        self.parity.append({"key": key, "mismatch": bad, "culprit": culprit})
+        logger.warning("lucid.compile: %s: running %r eagerly: %s", self.what, key, reason)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "eager_only": tuple(self.eager_only),
+            "reasons": dict(self.eager_only),
+            "parity": [dict(r) for r in self.parity],
+        }
+
+
+def _unique(tensors: Any) -> list[Tensor]:
+    seen: dict[int, Tensor] = {}
+    for t in tensors:
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def _save(tensors: list[Tensor]) -> list[np.ndarray]:
+    return [np.array(t._data, copy=True) for t in tensors]
+
+
+def _restore(tensors: list[Tensor], saved: list[np.ndarray]) -> None:
+    for t, data in zip(tensors, saved, strict=True):
+        np.copyto(t._data, data)
+
+
+def _result_values(entry: _Entry, loss: np.ndarray) -> dict[str, np.ndarray]:
+    """The loss and the current value of every tensor the step updates, by result role."""
+    out = {"output:0": np.array(loss, copy=True)}
+    for role in entry.result_roles:
+        if role.startswith("update:") and role != "update:rng":
+            out[role] = np.array(entry.tm.feeds[role[len("update:") :]]._data, copy=True)
+    return out
+
+
+def _grad_roles(entry: _Entry, grads: list[tuple[Tensor, np.ndarray]]) -> list[tuple[str, Any]]:
+    """``(grad:param:<name>, gradient)`` of ``grads`` (in ``entry.grad_index`` order)."""
+    return [
+        (entry.result_roles[ri], g) for (ri, _), (_, g) in zip(entry.grad_index, grads, strict=True)
+    ]
+
+
+def _feed_values(entry: _Entry, inputs: tuple) -> dict[str, np.ndarray]:
+    """A copy of every feed of ``entry`` as the next run would read it, by role."""
+    tensors = [a for a in inputs if isinstance(a, Tensor)]
+    out: dict[str, np.ndarray] = {}
+    for role, ref in zip(entry.feed_roles, entry.refs, strict=True):
+        if ref is not None:
+            out[role] = np.array(ref._data, copy=True)
+    for fi, ii in entry.input_pos:
+        out[entry.feed_roles[fi]] = np.array(tensors[ii]._data, copy=True)
+    if entry.rng_slot is not None:
+        out["rng"] = np.array(_random.get_rng_state()._data, copy=True)
+    return out
+
+
+def _rebind_state(opt: Any, bound: dict[Tensor, dict[str, Any]]) -> None:
+    """Put the state tensors compiled entries bind back into ``opt.state`` after an eager step
+    that created new ones (its values copied into them)."""
+    for p, st in bound.items():
+        if p not in opt.state:
+            continue
+        now = opt.state[p]
+        for k, old in st.items():
+            new = now.get(k)
+            if isinstance(old, Tensor) and isinstance(new, Tensor) and new is not old:
+                np.copyto(old._data, new._data)
+                old._version[0] += 1
+                now[k] = old
+
+
+# ---------------------------------------------------------------------------------------------
 # make_step / compiled_step
 # ---------------------------------------------------------------------------------------------
 class TrainStep:
@@ -435,6 +565,9 @@ class TrainStep:
         *,
         dynamic: bool = False,
         backend: str = "auto",
+        options: dict[str, Any] | None = None,
+        check: str | None = None,
+        check_tolerance: tuple[float, float] | None = None,
     ):
         if not callable(model) or not hasattr(model, "named_parameters"):
             raise TypeError(f"make_step needs an nn.Module, got {type(model).__name__}")
@@ -448,6 +581,7 @@ class TrainStep:
         self._params = list(model.parameters())
         self._bound = Bound([model])
         self._recompiles = _recompile.StepRecompiles("make_step")
+        self._opts = _StepOptions("make_step", options, check, check_tolerance)
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: every entry binds stale objects."""
@@ -466,8 +600,9 @@ class TrainStep:
         check_settings(self.backend)
         self._recompiles.note(key, list(self._entries), logger)
         t0 = time.perf_counter()
+        opts = self._opts
         try:
-            tm = build_training_module(self.model, self.loss_fn, inputs)
+            tm = build_training_module(self.model, self.loss_fn, inputs, pipeline=opts.pipeline)
             executable = _compile_on(self.backend, tm.module, inplace=True)
         except _COMPILER_ERRORS as e:
             raise CompileError(
@@ -485,11 +620,21 @@ class TrainStep:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
         key = self._key(inputs)
+        opts = self._opts
+        if key in opts.eager_only:
+            return self._eager_run(inputs)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._build(key, inputs)
         else:
             entry.last_used = next(TICK)
+        if opts.wants(entry):
+            return self._checked_run(key, entry, inputs)
+        return self._compiled_run(key, entry, inputs)[1:]
+
+    def _compiled_run(
+        self, key: tuple, entry: _Entry, inputs: tuple
+    ) -> tuple[_Entry, np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         try:
             res = _run_checked(entry, tensors, "make_step")
@@ -499,7 +644,42 @@ class TrainStep:
             entry = self._build(self._key(inputs), inputs)
             res = _run_checked(entry, tensors, "make_step")
         entry.after_success(res)
-        return res[entry.loss_index], [(p, res[i]) for i, p in entry.grad_index]
+        return entry, res[entry.loss_index], [(p, res[i]) for i, p in entry.grad_index]
+
+    def _eager_run(self, inputs: tuple) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
+        """An eager-only signature (its parity check failed): eager forward and backward."""
+        trained = [p for p in self._params if p._requires_grad]
+        loss, grads = _step_parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
+        return loss, [(p, g) for p, g in zip(trained, grads, strict=True) if g is not None]
+
+    def _checked_run(
+        self, key: tuple, entry: _Entry, inputs: tuple
+    ) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
+        """The compiled step, then an eager one from the same state (buffers, RNG), compared
+        by role: loss, gradients, buffer updates. A mismatch returns eager's, leaves the
+        buffers as eager left them and makes ``key`` eager-only (with the bisected culprit)."""
+        buffers = _unique(self.model.buffers())
+        saved = _save(buffers)
+        rng = np.array(_random.get_rng_state()._data, copy=True)
+        entry, loss, grads = self._compiled_run(key, entry, inputs)
+        got = _result_values(entry, loss)
+        got.update((role, np.array(g, copy=True)) for role, g in _grad_roles(entry, grads))
+        _restore(buffers, saved)
+        _random.set_rng_state(Tensor._wrap(rng))
+        feeds = _feed_values(entry, inputs)
+        trained = [p for _, p in entry.grad_index]
+        loss_e, grads_e = _step_parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
+        want = _result_values(entry, loss_e)
+        eager_grads = [
+            (p, g if g is not None else np.zeros_like(p._data))
+            for p, g in zip(trained, grads_e, strict=True)
+        ]
+        want.update(_grad_roles(entry, eager_grads))
+        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        if bad is None:
+            return loss, grads
+        self._opts.mismatch(self, key, entry, bad, feeds, want)
+        return loss_e, eager_grads
 
     def __call__(self, x: Any, *extra: Any) -> Tensor:
         inputs = (x, *extra)
@@ -510,6 +690,10 @@ class TrainStep:
         return loss
 
     def cache_info(self) -> dict[str, Any]:
+        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
+        ``recompiles`` (why each new signature compiled), ``eager_only`` and ``reasons`` (the
+        signatures a parity check took off the compiler, and why) and ``parity`` (each
+        mismatch: key, what differed, the bisected culprit)."""
         return {
             "entries": len(self._entries),
             "max_entries": self._entries.cap,
@@ -517,6 +701,7 @@ class TrainStep:
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
             "recompiles": [dict(r) for r in self._recompiles.history],
+            **self._opts.info(),
         }
 
 
@@ -552,31 +737,50 @@ def make_step(
     *,
     dynamic: bool = False,
     backend: str = "auto",
+    options: dict[str, Any] | None = None,
+    check: str | None = None,
+    check_tolerance: tuple[float, float] | None = None,
 ) -> TrainStep:
     """A compiled forward + backward: ``step(x, *extra)`` returns ``loss_fn(model(x), *extra)``
-    with a working ``grad_fn`` (``loss.backward()`` fills ``p.grad``). ``backend`` as for
-    ``lucid.compile``."""
-    return TrainStep(model, loss_fn, dynamic=dynamic, backend=backend)
+    with a working ``grad_fn`` (``loss.backward()`` fills ``p.grad``). ``backend``,
+    ``options``, ``check`` and ``check_tolerance`` as for ``lucid.compile`` (``check`` compares
+    the loss, the gradients and the buffer updates with an eager step)."""
+    return TrainStep(
+        model,
+        loss_fn,
+        dynamic=dynamic,
+        backend=backend,
+        options=options,
+        check=check,
+        check_tolerance=check_tolerance,
+    )
 
 
 _COMPILED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def compiled_step(
-    model: Any, x: Any, loss_fn: Callable[..., Tensor], *extra: Any, backend: str = "auto"
+    model: Any,
+    x: Any,
+    loss_fn: Callable[..., Tensor],
+    *extra: Any,
+    backend: str = "auto",
+    check: str | None = None,
+    check_tolerance: tuple[float, float] | None = None,
 ) -> Tensor:
     """One compiled forward + backward: accumulates the gradient of
     ``loss_fn(model(x), *extra)`` into every trained parameter's ``.grad`` and returns the loss
     (detached). The compiled step is cached per model and loss function; compilation errors
-    raise ``CompileError`` (no eager fallback)."""
+    raise ``CompileError`` (no eager fallback). ``check``: as for ``make_step``."""
     per_model = _COMPILED_STEPS.get(model)
     if per_model is None:
         per_model = _COMPILED_STEPS[model] = LRU(max_entries())
     name = _pipeline.resolve_backend(backend)
-    step = per_model.get((loss_fn, name))
+    mode, tol = _parity.check_mode(check), _parity.tolerance(check_tolerance)
+    step = per_model.get((loss_fn, name, mode, tol))
     if step is None:
-        step = TrainStep(model, loss_fn, backend=name)
-        per_model.put((loss_fn, name), step)
+        step = TrainStep(model, loss_fn, backend=name, check=mode, check_tolerance=tol)
+        per_model.put((loss_fn, name, mode, tol), step)
     loss_arr, grads = step.run((x, *extra))
     for p, g in grads:
         if p._grad is None:
@@ -603,6 +807,9 @@ class FusedStep:
         *,
         check_finite: bool = False,
         backend: str = "auto",
+        options: dict[str, Any] | None = None,
+        check: str | None = None,
+        check_tolerance: tuple[float, float] | None = None,
     ):
         if not hasattr(model, "named_parameters"):
             raise TypeError(f"fused_step needs an nn.Module, got {type(model).__name__}")
@@ -620,6 +827,7 @@ class FusedStep:
         self._entries: LRU = LRU(max_entries())
         self._bound = Bound([model])
         self._recompiles = _recompile.StepRecompiles("fused_step")
+        self._opts = _StepOptions("fused_step", options, check, check_tolerance)
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
@@ -663,6 +871,7 @@ class FusedStep:
                 inputs,
                 optimizer=self.optimizer,
                 fuse_optimizer=_fuse_updates(p for p in self._params if p._requires_grad),
+                pipeline=self._opts.pipeline,
             )
             executable = _compile_on(self.backend, tm.module, inplace=not self.check_finite)
         except _COMPILER_ERRORS as e:
@@ -708,12 +917,27 @@ class FusedStep:
             self._entries.clear()
         scalars = view.group_scalars()
         key = self._key(inputs, scalars)
+        opts = self._opts
+        if key in opts.eager_only:
+            return self._eager_step(inputs)
         entry = self._entries.get(key)
         if entry is None:
             self._recompiles.note(key, list(self._entries), logger)
             key, entry = self._build(inputs)
+            if key in opts.eager_only:  # known once the optimizer state exists
+                self._entries.pop(key, None)
+                return self._eager_step(inputs)
         else:
             entry.last_used = next(TICK)
+        if opts.wants(entry):
+            return self._checked_step(key, entry, inputs, scalars)
+        return self._run_step(key, entry, inputs, scalars)[2]
+
+    def _run_step(
+        self, key: tuple, entry: _Entry, inputs: tuple, scalars: list
+    ) -> tuple[tuple, _Entry, Tensor]:
+        """Run ``entry`` (rebuilt once if a feed changed dtype or layout): (key, entry, loss)."""
+        view = self._view
         if entry.n_runs == 0 and entry.first_scalars is not None:
             entry.set_scalars(entry.first_scalars)  # a first step may differ (SGD's buffer)
         else:
@@ -745,10 +969,82 @@ class FusedStep:
         entry.after_success(res)
         entry.first_scalars = None
         entry.created_state = None
-        return Tensor._wrap(loss_arr)
+        return key, entry, Tensor._wrap(loss_arr)
+
+    def _clip(self) -> Callable[[list[Tensor]], None] | None:
+        """What the eager reference does between backward and the update (gradient clipping
+        when the step clips)."""
+        max_norm = getattr(self, "max_grad_norm", None)
+        if max_norm is None:
+            return None
+        from lucid.nn.utils import clip_grad_norm_
+
+        return lambda params: clip_grad_norm_([p for p in params if p._grad is not None], max_norm)
+
+    def _eager_step(self, inputs: tuple) -> Tensor:
+        """An eager-only signature (its parity check failed): an eager training step."""
+        loss, _ = _step_parity.eager_optimizer_step(
+            self.model, self.loss_fn, self.optimizer, inputs, self._clip()
+        )
+        self._view.find_reps()
+        return Tensor._wrap(loss)
+
+    def _checked_step(self, key: tuple, entry: _Entry, inputs: tuple, scalars: list) -> Tensor:
+        """The compiled step, then an eager one (forward, backward, the optimizer's own
+        ``step``) from the same parameters, optimizer state, buffers and RNG, compared by role.
+        The eager step's values stay (the compiled ones agree within the tolerance, or are
+        wrong: then ``key`` becomes eager-only, with the bisected culprit)."""
+        opt = self.optimizer
+        # The state as the entry binds it (objects), and the keys that existed before a new
+        # entry's build created the rest (an eager first step must create them itself: SGD's
+        # first momentum step differs from later ones).
+        bound_state = {p: dict(st) for p, st in opt.state.items()}
+        pre_build = entry.created_state if entry.n_runs == 0 else None
+        tracked = _unique(
+            [
+                *self.model.parameters(),
+                *self.model.buffers(),
+                *(v for st in bound_state.values() for v in st.values() if isinstance(v, Tensor)),
+            ]
+        )
+        saved = _save(tracked)
+        plain = {
+            p: {k: v for k, v in st.items() if not isinstance(v, Tensor)}
+            for p, st in bound_state.items()
+        }
+        rng = np.array(_random.get_rng_state()._data, copy=True)
+        key, entry, loss = self._run_step(key, entry, inputs, scalars)
+        got = _result_values(entry, loss._data)
+        _restore(tracked, saved)
+        for p, values in plain.items():
+            opt.state[p].update(values)
+        _random.set_rng_state(Tensor._wrap(rng))
+        feeds = _feed_values(entry, inputs)
+        if pre_build is not None:
+            self._view.restore(pre_build)
+        try:
+            loss_e, grads_e = _step_parity.eager_optimizer_step(
+                self.model, self.loss_fn, opt, inputs, self._clip()
+            )
+        finally:
+            _rebind_state(opt, bound_state)
+            self._view.find_reps()
+        want = _result_values(entry, loss_e)
+        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        if bad is None:
+            return loss
+        reference = dict(want)
+        for role, p in entry.tm.params.items():
+            g = grads_e.get(id(p))
+            if g is not None:
+                reference[f"grad:{role}"] = g
+                feeds[f"ghost:{role}"] = g
+        self._opts.mismatch(self, key, entry, bad, feeds, reference)
+        return Tensor._wrap(loss_e)
 
     def cache_info(self) -> dict[str, Any]:
-        """``entries`` (compiled signatures), ``keys`` and ``compile_ms`` per entry."""
+        """As ``TrainStep.cache_info``: ``entries``, ``keys``, ``compile_ms`` per entry,
+        ``recompiles``, ``eager_only``, ``reasons`` and ``parity``."""
         return {
             "entries": len(self._entries),
             "max_entries": self._entries.cap,
@@ -756,6 +1052,7 @@ class FusedStep:
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
             "recompiles": [dict(r) for r in self._recompiles.history],
+            **self._opts.info(),
         }
 
     def module(self, index: int = -1) -> Any:
@@ -771,6 +1068,9 @@ def fused_step(
     *,
     check_finite: bool = False,
     backend: str = "auto",
+    options: dict[str, Any] | None = None,
+    check: str | None = None,
+    check_tolerance: tuple[float, float] | None = None,
 ) -> FusedStep:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
@@ -779,8 +1079,21 @@ def fused_step(
     returns the loss. A new input shape compiles a new entry. What cannot be compiled raises
     ``CompileError`` (no eager fallback). With ``check_finite=True`` a non-finite loss raises
     ``FloatingPointError`` before anything is written. ``p.grad`` is not filled.
+    ``backend``, ``options`` and ``check``/``check_tolerance`` as for ``lucid.compile``:
+    ``check="first"`` compares the first step of each signature with an eager step (loss,
+    updated parameters, optimizer state and buffers); on a mismatch the eager step's values
+    stay and the signature runs eagerly from then on.
     """
-    return FusedStep(model, loss_fn, optimizer, check_finite=check_finite, backend=backend)
+    return FusedStep(
+        model,
+        loss_fn,
+        optimizer,
+        check_finite=check_finite,
+        backend=backend,
+        options=options,
+        check=check,
+        check_tolerance=check_tolerance,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
