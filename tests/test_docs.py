@@ -1,0 +1,279 @@
+"""Every code block of README.md and docs/*.md runs here.
+
+The convention, written in the fence's info string: the language, then markers.
+
+    ```python               runs on its own: a fresh namespace, a scratch working folder
+    ```python continued     runs after the previous python block that runs in the same file,
+                            in its namespace and folder (prefer blocks that stand alone)
+    ```python fragment      an excerpt that cannot run on its own (not run)
+    ```python slow          runs only with ``-m slow``
+    ```sh                   shell commands, run with bash -e in a scratch folder; ``python``,
+                            ``lucid-opt``, ``lucid-inspect-trace`` and ``xdsl-opt`` are this venv's
+    ```sh continued         runs in the folder of the previous shell block of the file
+    ```sh manual            a whole command the suite does not run (installs, benchmarks, needs
+                            another machine, runs the suite itself)
+    ```text, ```mlir, ...   not code (output, IR, diagrams, data): not run; ```json must parse
+
+Every block names its language: a bare fence fails `test_every_block_declares_its_language`, as
+does an unknown marker. Markers combine where it makes sense (``python continued slow``).
+
+Shell blocks find these sample files in their folder: ``model.mlir`` (the module of
+docs/passes.md's first example), ``trace.json`` (its trace) and ``symbolic.mlir`` (a
+``Linear(8, 4)`` + ReLU traced with a symbolic batch: ``tensor<?x8xf32>``).
+
+A failure names the block as ``file:line`` (the line of its opening fence) with the traceback,
+whose frames point at the doc's own lines. The blocks run in a helper process
+(tests/docs_runner.py) that imports Lucid once and forks a child per chain of blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = Path(__file__).resolve().parent / "docs_runner.py"
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+PYTHON = {"python", "py", "python3"}
+SHELL = {"sh", "bash", "shell"}
+MARKERS = {"continued", "fragment", "slow", "manual"}
+CHAIN_TIMEOUT_S = 300.0
+# A shell block that runs must stay inside its scratch folder and this venv: one that installs,
+# deletes or names a path outside is refused (mark it manual) rather than run.
+_UNSAFE_SHELL = re.compile(
+    r"\b(pip3?|venv|virtualenv|sudo|apt-get|apt|git|rm|curl|wget|pytest)\b"
+    r"|(^|[\s=\"'])(/(?!dev/null\b)|~|\.\./|\.venv/)"
+)
+
+_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: str  # relative to the repository, e.g. "docs/user-guide.md"
+    line: int  # 1-based line of the opening fence
+    lang: str
+    markers: tuple[str, ...]
+    code: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def kind(self) -> str:
+        if self.lang in PYTHON:
+            return "python"
+        return "sh" if self.lang in SHELL else "data"
+
+    @property
+    def runs(self) -> bool:
+        """Run by this module (slow ones under ``-m slow``)."""
+        return self.kind != "data" and not {"fragment", "manual"} & set(self.markers)
+
+
+def parse_blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of one Markdown file, in order."""
+    rel = path.relative_to(REPO).as_posix()
+    lines = path.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        m = _OPEN.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence = m["indent"], m["fence"]
+        words = m["info"].split()
+        close = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
+        j = i + 1
+        while j < len(lines) and not close.match(lines[j]):
+            j += 1
+        body = [
+            ln[len(indent) :] if ln.startswith(indent) else ln.lstrip() for ln in lines[i + 1 : j]
+        ]
+        blocks.append(
+            Block(
+                path=rel,
+                line=i + 1,
+                lang=words[0].lower() if words else "",
+                markers=tuple(words[1:]),
+                code="\n".join(body) + "\n",
+            )
+        )
+        i = j + 1
+    return blocks
+
+
+ALL_BLOCKS = [b for path in DOC_FILES for b in parse_blocks(path)]
+
+
+def chains_of(blocks: list[Block]) -> dict[Block, list[Block]]:
+    """Each running block -> its chain: the block that starts it and its continuations."""
+    chains: dict[Block, list[Block]] = {}
+    by_file: dict[tuple[str, str], list[Block]] = {}
+    for b in blocks:
+        if b.runs:
+            by_file.setdefault((b.path, b.kind), []).append(b)
+    for file_blocks in by_file.values():
+        chain: list[Block] = []
+        for b in file_blocks:
+            if "continued" not in b.markers or not chain:
+                chain = []
+            chain.append(b)
+            chains[b] = chain
+    return chains
+
+
+CHAINS = chains_of(ALL_BLOCKS)
+
+
+def test_every_block_declares_its_language_and_known_markers():
+    problems = []
+    runs_before: set[tuple[str, str]] = set()
+    for b in ALL_BLOCKS:
+        if not b.lang:
+            problems.append(
+                f"{b.where}: a fence without a language: name it (python, sh, text, mlir, ...)"
+            )
+        unknown = set(b.markers) - MARKERS
+        if unknown:
+            problems.append(
+                f"{b.where}: unknown markers {sorted(unknown)}; known: {sorted(MARKERS)}"
+            )
+        if {"fragment", "manual"} & set(b.markers) and "continued" in b.markers:
+            problems.append(f"{b.where}: a block that does not run cannot be 'continued'")
+        if "continued" in b.markers and b.runs and (b.path, b.kind) not in runs_before:
+            problems.append(
+                f"{b.where}: 'continued', but no earlier {b.kind} block of {b.path} runs"
+            )
+        if b.runs and b.kind == "sh" and _UNSAFE_SHELL.search(b.code):
+            problems.append(
+                f"{b.where}: a shell block that installs, deletes or reaches outside its "
+                f"folder ({_UNSAFE_SHELL.search(b.code).group(0).strip()!r}) must be 'manual'"
+            )
+        if b.runs:
+            runs_before.add((b.path, b.kind))
+    assert not problems, "code blocks of the docs:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in ALL_BLOCKS if b.lang == "json"],
+    ids=lambda b: b.where,
+)
+def test_json_block_parses(block):
+    try:
+        json.loads(block.code)
+    except json.JSONDecodeError as e:
+        pytest.fail(f"{block.where}: the json block does not parse: {e}", pytrace=False)
+
+
+class Runner:
+    """The helper process (tests/docs_runner.py) and the results of the chains it ran."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(RUNNER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=tempfile.gettempdir(),
+        )
+        ready = self.proc.stdout.readline()
+        if not ready:
+            raise RuntimeError("tests/docs_runner.py exited before it was ready (see stderr)")
+        self.results: dict[Block, dict] = {}
+        self.scratch = tempfile.TemporaryDirectory(prefix="lucid-docs-")
+
+    def run(self, chain: list[Block]) -> dict:
+        folder = tempfile.mkdtemp(dir=self.scratch.name)
+        request = {
+            "blocks": [
+                {
+                    "lang": b.kind,
+                    "code": b.code,
+                    "line": b.line,
+                    "abspath": str(REPO / b.path),
+                }
+                for b in chain
+            ],
+            "cwd": folder,
+            "timeout": CHAIN_TIMEOUT_S,
+        }
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError("tests/docs_runner.py died (see stderr)")
+        return json.loads(answer)
+
+    def result_of(self, block: Block, slow_selected: bool) -> dict:
+        if block not in self.results:
+            chain = CHAINS[block]
+            # Run the chain up to this block, and on through the continuations after it that
+            # this run selects, so each chain usually runs once.
+            upto = chain.index(block)
+            while (
+                upto + 1 < len(chain)
+                and chain[upto + 1] not in self.results
+                and (slow_selected or "slow" not in chain[upto + 1].markers)
+            ):
+                upto += 1
+            answer = self.run(chain[: upto + 1])
+            if answer.get("timeout"):
+                for b in chain[: upto + 1]:
+                    self.results[b] = {"ok": False, "error": f"timed out after {CHAIN_TIMEOUT_S} s"}
+            else:
+                by_line = {r["line"]: r for r in answer["results"]}
+                failed = next((r for r in answer["results"] if not r["ok"]), None)
+                for b in chain[: upto + 1]:
+                    if b.line in by_line:
+                        self.results[b] = by_line[b.line]
+                    else:
+                        first = next(c for c in chain if c.line == failed["line"]) if failed else b
+                        self.results[b] = {
+                            "ok": False,
+                            "error": f"not run: {first.where}, earlier in its chain, failed",
+                        }
+        return self.results[block]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.scratch.cleanup()
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = Runner()
+    yield r
+    r.close()
+
+
+def _param(b: Block):
+    marks = [pytest.mark.slow] if "slow" in b.markers else []
+    return pytest.param(b, id=b.where, marks=marks)
+
+
+@pytest.mark.parametrize("block", [_param(b) for b in ALL_BLOCKS if b.runs])
+def test_code_block_runs(block, runner, request):
+    unsafe = [b for b in CHAINS[block] if b.kind == "sh" and _UNSAFE_SHELL.search(b.code)]
+    if unsafe:
+        pytest.fail(f"{unsafe[0].where}: not run: mark this shell block 'manual'", pytrace=False)
+    slow_selected = "not slow" not in (request.config.getoption("-m") or "")
+    result = runner.result_of(block, slow_selected)
+    if not result["ok"]:
+        printed = result.get("printed")
+        extra = f"\n--- printed before the failure ---\n{printed}" if printed else ""
+        pytest.fail(
+            f"{block.where} ({block.kind} block) failed:\n{result['error']}{extra}",
+            pytrace=False,
+        )
