@@ -113,9 +113,10 @@ class Backend(ABC):
     #: Names and versions the text of ``export_program``; None: the backend exports nothing.
     program_format: str | None = None
 
-    def export_program(self, module: Any) -> str | None:
+    def export_program(self, module: Any, *, inplace_updates: bool = True) -> str | None:
         """The final program of the prim ``module`` (``pipeline`` already run) as text that
-        ``import_program`` turns back into an executable (no code in it), or None."""
+        ``import_program`` turns back into an executable (no code in it), or None
+        (``inplace_updates`` as for ``compile``)."""
         return None
 
     def import_program(self, text: str, *, inplace_updates: bool = True) -> Executable:

@@ -41,7 +41,9 @@ logger = logging.getLogger("lucid.compile")
 __all__ = ["FORMAT", "FORMAT_VERSION", "LoadedModule", "load_compiled", "save_compiled"]
 
 FORMAT = "lucid.compiled"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this Lucid reads: 1 (compiled modules only) and 2 (adds ``kind``: training steps).
+READABLE_VERSIONS = (1, 2)
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -232,17 +234,32 @@ def _np_name(dt: Any) -> str:
     return np.dtype(_dtype.canonical(dt).numpy).name
 
 
-def save_compiled(cm: Any, path: str | os.PathLike, *, include_weights: bool = True) -> bool:
-    """Write every compiled signature of ``cm`` (a ``CompiledModule``) to the file ``path``:
-    the manifest, the optimized IR, the backend's program and (``include_weights``) the
-    parameters, buffers and captured tensors. Atomic (written beside, then renamed). Returns
-    False, saying why on the ``lucid.compile`` logger, when no signature can be saved."""
-    from lucid import serialization
-    from lucid.compile.api import CompiledModule
+def save_compiled(
+    cm: Any, path: str | os.PathLike, *, include_weights: bool = True, scheduler: Any = None
+) -> bool:
+    """Write every compiled signature of ``cm`` to the file ``path``: the manifest, the
+    optimized IR, the backend's program and (``include_weights``) the parameters, buffers and
+    captured tensors. Atomic (written beside, then renamed). Returns False, saying why on the
+    ``lucid.compile`` logger, when no signature can be saved.
 
-    if not isinstance(cm, CompiledModule):
-        raise TypeError(f"save_compiled needs a CompiledModule, got {type(cm).__name__}")
+    ``cm`` is a ``CompiledModule``, or a training step (what ``fused_step`` / ``make_step``
+    return): then every compiled entry is saved with the parameters, buffers, optimizer state
+    (step counters included), the optimizer's options, ``scheduler``'s state (a
+    ``lucid.optim.lr_scheduler`` scheduler of the step's optimizer) and the RNG state, so
+    ``load_compiled`` resumes the training exactly (``include_weights`` must stay True)."""
+    from lucid.compile.api import CompiledModule
+    from lucid.compile.training import FusedStep, TrainStep
+
     path = os.fspath(path)
+    if isinstance(cm, (FusedStep, TrainStep)):
+        return _save_step(cm, path, include_weights, scheduler)
+    if not isinstance(cm, CompiledModule):
+        raise TypeError(
+            "save_compiled needs a CompiledModule or a training step (fused_step, make_step), "
+            f"got {type(cm).__name__}"
+        )
+    if scheduler is not None:
+        raise TypeError("save_compiled: scheduler= is for training steps (fused_step)")
     parts: dict[str, str] = {}
     signatures = []
     weights: dict[str, np.ndarray] = {}
@@ -276,6 +293,7 @@ def save_compiled(cm: Any, path: str | os.PathLike, *, include_weights: bool = T
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "kind": "module",
         "lucid_version": _lucid_version(),
         "backend": cm._options.backend,
         "pipeline": cm._options.pipeline,
@@ -289,6 +307,54 @@ def save_compiled(cm: Any, path: str | os.PathLike, *, include_weights: bool = T
         },
         "parts": {name: _sha256(text) for name, text in parts.items()},
     }
+    _write(path, manifest, parts, weights)
+    return True
+
+
+def _save_step(step: Any, path: str, include_weights: bool, scheduler: Any) -> bool:
+    from lucid.compile import _aot_step
+
+    if not include_weights:
+        raise ValueError(
+            "save_compiled: a training step is saved with its weights and optimizer state "
+            "(include_weights=False would lose what it trains)"
+        )
+    with step._lock if hasattr(step, "_lock") else _NO_LOCK:
+        try:
+            fields, parts, weights = _aot_step.save_step(step, scheduler)
+        except _aot_step.NotSaveable as e:
+            logger.warning("save_compiled: nothing to save to %r: %s", path, e)
+            return False
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "lucid_version": _lucid_version(),
+        "program_format": _backend_program_format(fields["backend"]),
+        **fields,
+        "weights": {
+            role: {"shape": list(a.shape), "dtype": a.dtype.name, "sha256": _array_sha256(a)}
+            for role, a in weights.items()
+        },
+        "parts": {name: _sha256(text) for name, text in parts.items()},
+    }
+    _write(path, manifest, parts, weights)
+    return True
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+def _write(path: str, manifest: dict, parts: dict, weights: dict) -> None:
+    from lucid import serialization
+
     manifest_text = json.dumps(manifest, sort_keys=True, allow_nan=False)
     payload = {
         "format": FORMAT,
@@ -298,7 +364,6 @@ def save_compiled(cm: Any, path: str | os.PathLike, *, include_weights: bool = T
         "weights": weights,
     }
     serialization.save(payload, path)
-    return True
 
 
 def _backend_program_format(name: str) -> str | None:
@@ -334,8 +399,12 @@ def _read(path: str) -> tuple[dict, dict, dict]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _bad(path, "the manifest is not a lucid.compiled manifest")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise _bad(path, f"format version {version!r}; this Lucid reads version {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise _bad(
+            path,
+            f"format version {version!r}; this Lucid reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}",
+        )
     if not isinstance(parts, dict) or not isinstance(weights, dict):
         raise _bad(path, "its parts or weights are missing")
     expected_parts = manifest.get("parts")
@@ -597,6 +666,13 @@ def load_compiled(path: str | os.PathLike, *, model: Any = None, backend: str = 
     path = os.fspath(path)
     manifest, parts, arrays = _read(path)
     backend_name = _pipeline.resolve_backend(backend)
+    kind = manifest.get("kind", "module")
+    if kind != "module":
+        from lucid.compile import _aot_step
+
+        if kind not in _aot_step.KINDS:
+            raise _bad(path, f"it holds a {kind!r}, which this Lucid does not know")
+        return _aot_step.load_step(path, manifest, parts, arrays, backend_name, model)
     try:
         records = list(manifest["signatures"])
         specs = dict(manifest["weights"])

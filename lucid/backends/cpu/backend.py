@@ -76,11 +76,11 @@ class CPUBackend(Backend):
 
     program_format = "lucid-cpu-program/1"
 
-    def export_program(self, module: Any) -> str:
-        """The program description ``lucid._native.compile`` takes, as JSON (in-place updates
-        on, as ``compile`` uses them by default)."""
+    def export_program(self, module: Any, *, inplace_updates: bool = True) -> str:
+        """The program description ``lucid._native.compile`` takes, as JSON (``inplace_updates``
+        as for ``compile``)."""
         # allow_nan: attributes hold infinities (reduction identities, clamps); Python reads them.
-        return json.dumps(self.program(module).describe())
+        return json.dumps(self.program(module, inplace_updates=inplace_updates).describe())
 
     def import_program(self, text: str, *, inplace_updates: bool = True) -> Any:
         """A native executable of ``export_program``'s JSON; the native validator checks every

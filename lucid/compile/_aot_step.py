@@ -1,0 +1,566 @@
+"""AOT export of compiled training steps: what ``fused_step`` and ``make_step`` return.
+
+``save_step`` writes every compiled entry of a step (its backend program, its lowered IR, its
+feed and result roles, its step-scalar plan) with the tensors the entries bind (parameters,
+buffers, optimizer state), the optimizer (class name among ``lucid.optim``'s, options and
+non-tensor state), an attached learning-rate scheduler's state and the global RNG state, into
+the same ``lucid.compiled`` file ``aot.save_compiled`` writes. ``load_step`` turns it back into
+a ``LoadedStep``: a callable that continues the training exactly where the original left it
+(the same executables, fed the same step scalars computed by a real ``lucid.optim`` optimizer
+rebuilt from the file).
+
+Nothing in the file is executed: the optimizer and scheduler classes are looked up in a fixed
+table of ``lucid.optim`` classes, and their state is plain JSON (``_encode``/``_decode``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from lucid import _random
+from lucid._tensor import Tensor
+
+logger = logging.getLogger("lucid.compile")
+
+KINDS = ("fused_step", "make_step")
+
+
+class NotSaveable(Exception):
+    """The step cannot be written (the message says why)."""
+
+
+# --- JSON with the Python types optimizer options and scheduler state use ----------------------
+def _encode(value: Any) -> Any:
+    """``value`` as JSON: tuples, non-finite floats, dicts with non-string keys and Counters are
+    tagged so ``_decode`` gives them back with their types."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, np.generic):
+        return _encode(value.item())
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, tuple):
+        return {"$tuple": [_encode(v) for v in value]}
+    if isinstance(value, dict):
+        tag = "$counter" if isinstance(value, Counter) else "$dict"
+        return {tag: [[_encode(k), _encode(v)] for k, v in value.items()]}
+    raise NotSaveable(f"a value of type {type(value).__name__} is not plain data")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise ValueError("a tagged value has one key")
+    (tag, body), = value.items()  # fmt: skip
+    if tag == "$float":
+        if body not in ("inf", "-inf", "nan"):
+            raise ValueError(f"not a float: {body!r}")
+        return float(body)
+    if tag == "$tuple":
+        return tuple(_decode(v) for v in body)
+    if tag in ("$dict", "$counter"):
+        items = {_hashable(_decode(k)): _decode(v) for k, v in body}
+        return Counter(items) if tag == "$counter" else items
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def _hashable(key: Any) -> Any:
+    hash(key)  # a list key is a malformed file: TypeError, reported by the caller
+    return key
+
+
+def _optimizer_classes() -> dict[str, type]:
+    import lucid.optim as optim
+
+    return {
+        name: cls
+        for name in optim.__all__
+        if isinstance(cls := getattr(optim, name), type)
+        and issubclass(cls, optim.Optimizer)
+        and cls is not optim.Optimizer
+    }
+
+
+def _scheduler_classes() -> dict[str, type]:
+    from lucid.optim import lr_scheduler as sched
+
+    # LambdaLR holds functions: their code is not data, so it cannot be saved.
+    return {
+        name: cls
+        for name in sched.__all__
+        if isinstance(cls := getattr(sched, name), type)
+        and issubclass(cls, sched.LRScheduler)
+        and name not in ("LRScheduler", "LambdaLR")
+    }
+
+
+# --- save --------------------------------------------------------------------------------------
+def _sig_json(sig: tuple) -> list:
+    """The JSON form of a step key's input signature (``training._input_sig``)."""
+    from lucid.compile.aot import _scalar
+
+    out = []
+    for item in sig:
+        first, second = item
+        if isinstance(first, tuple):  # (shape, numpy dtype)
+            out.append(["tensor", [int(d) for d in first], np.dtype(second).name])
+        else:  # (type, value)
+            try:
+                out.append(_scalar(second))
+            except Exception as e:
+                raise NotSaveable(str(e)) from None
+    return out
+
+
+def _input_json(inputs: tuple) -> list:
+    from lucid.compile.aot import _scalar
+
+    out = []
+    for a in inputs:
+        if isinstance(a, Tensor):
+            if a._data is None:
+                raise TypeError("a loaded training step cannot take a trace tensor as input")
+            out.append(["tensor", list(a._data.shape), a._data.dtype.name])
+        else:
+            try:
+                out.append(_scalar(a))
+            except Exception:
+                out.append(["unsaveable", type(a).__name__])
+    return out
+
+
+def _match(sig: list, training: bool) -> str:
+    return json.dumps([sig, bool(training)], separators=(",", ":"))
+
+
+def save_step(step: Any, scheduler: Any = None) -> tuple[dict, dict[str, str], dict]:
+    """The manifest fields, parts and tensors (by role) of a ``FusedStep`` or ``TrainStep``.
+    Raises ``NotSaveable`` when the step has no compiled entry or holds what is not data."""
+    from lucid.compile import _pipeline
+    from lucid.compile.training import FusedStep
+    from lucid.ir import print_ir
+
+    kind = "fused_step" if isinstance(step, FusedStep) else "make_step"
+    entries = list(step._entries.items())
+    if not entries:
+        raise NotSaveable("the step has no compiled entry (call it once first)")
+    tensors: dict[str, Tensor] = {}  # role -> tensor; one role per object (the first seen)
+    role_of: dict[int, str] = {}
+
+    def bind(role: str, t: Tensor) -> str:
+        first = role_of.setdefault(id(t), role)
+        tensors.setdefault(first, t)
+        return first
+
+    for n, p in step.model.named_parameters():
+        bind(f"param:{n}", p)
+    if hasattr(step.model, "named_buffers"):
+        for n, b in step.model.named_buffers():
+            if b is not None:
+                bind(f"buffer:{n}", b)
+    backend = _pipeline.backend_of(step.backend)
+    parts: dict[str, str] = {}
+    records = []
+    for index, (key, entry) in enumerate(entries):
+        aliases = {}
+        for role, t in entry.tm.feeds.items():
+            canonical = bind(role, t)
+            if canonical != role:
+                aliases[role] = canonical
+        scalar_sources = []
+        for src in entry.tm._scalar_sources:
+            group_index = next(
+                i for i, g in enumerate(step.optimizer.param_groups) if g is src.group
+            )
+            scalar_sources.append([src.role, group_index, role_of[id(src.param)], src.key])
+        module = entry.tm.module  # lowered in place by the compile: the prim module
+        parts[f"ir/{index}"] = print_ir(module)
+        record = {
+            "key": repr(key),
+            "match": _match(_sig_json(key[0]), key[1]),
+            "training": bool(key[1]),
+            "statics": _encode(key[2]) if kind == "fused_step" else None,
+            "feed_roles": list(entry.feed_roles),
+            "result_roles": list(entry.result_roles),
+            "aliases": aliases,
+            "scalars": {r: float(v) for r, v in entry.tm.scalars.items()},
+            "first_scalars": (
+                {r: float(v) for r, v in entry.first_scalars.items()}
+                if entry.n_runs == 0 and entry.first_scalars is not None
+                else None
+            ),
+            "scalar_sources": scalar_sources,
+            "grads": [role for role in entry.result_roles if role.startswith("grad:")],
+            "inplace": bool(entry.inplace),
+            "n_runs": int(entry.n_runs),
+            "ir": f"ir/{index}",
+        }
+        program = None
+        if getattr(backend, "program_format", None) is not None:
+            program = backend.export_program(module, inplace_updates=entry.inplace)
+        if program is not None:
+            parts[f"program/{index}"] = program
+            record["program"] = f"program/{index}"
+        records.append(record)
+    fields: dict[str, Any] = {
+        "kind": kind,
+        "backend": step.backend,
+        "entries": records,
+        # A list: the manifest's keys are sorted, and parameters() keeps the model's order.
+        "trainable": [[role, bool(t.requires_grad)] for role, t in tensors.items()],
+        "model_training": bool(getattr(step.model, "training", False)),
+        "rng_state": [int(v) for v in _random.get_rng_state()._data],
+    }
+    if kind == "fused_step":
+        fields["check_finite"] = bool(step.check_finite)
+        fields["optimizer"] = _save_optimizer(step.optimizer, role_of, bind)
+    elif scheduler is not None:
+        raise NotSaveable("make_step has no optimizer, so no scheduler to save")
+    if scheduler is not None:
+        if getattr(scheduler, "optimizer", None) is not step.optimizer:
+            raise NotSaveable("the scheduler does not schedule the step's optimizer")
+        name = type(scheduler).__name__
+        if _scheduler_classes().get(name) is not type(scheduler):
+            raise NotSaveable(f"scheduler {name} is not one of lucid.optim.lr_scheduler's that "
+                              "hold only data (LambdaLR holds functions)")  # fmt: skip
+        fields["scheduler"] = {"class": name, "state": _encode(scheduler.state_dict())}
+    arrays = {role: np.array(t._data, order="C") for role, t in tensors.items()}
+    return fields, parts, arrays
+
+
+def _save_optimizer(opt: Any, role_of: dict[int, str], bind: Any) -> dict:
+    name = type(opt).__name__
+    if _optimizer_classes().get(name) is not type(opt):
+        raise NotSaveable(f"optimizer {name} is not one of lucid.optim's")
+    groups = []
+    for group in opt.param_groups:
+        roles = []
+        for p in group["params"]:
+            if id(p) not in role_of:
+                raise NotSaveable("the optimizer holds a parameter that is not the model's")
+            roles.append(role_of[id(p)])
+        options = {k: v for k, v in group.items() if k != "params"}
+        groups.append({"params": roles, "options": _encode(options)})
+    state = {}
+    for p, st in opt.state.items():
+        pname = role_of[id(p)][len("param:") :]
+        entry = {}
+        for k, v in st.items():
+            if isinstance(v, Tensor):
+                entry[k] = {"tensor": bind(f"state:{pname}.{k}", v)}
+            else:
+                entry[k] = {"value": _encode(v)}
+        state[role_of[id(p)]] = entry
+    from lucid.optim.optimizer import required
+
+    defaults = {k: v for k, v in opt.defaults.items() if v is not required}
+    return {"class": name, "defaults": _encode(defaults), "groups": groups, "state": state}
+
+
+# --- load --------------------------------------------------------------------------------------
+class LoadedStep:
+    """What ``load_compiled`` returns for a saved training step: ``step(x, *extra) -> loss``
+    continuing the saved training (parameters, optimizer state and step scalars as they were).
+    ``named_parameters()``/``parameters()``, ``optimizer`` and ``scheduler`` (when saved) are the
+    live objects the step trains; ``cache_info()`` and ``timing()`` as for a loaded module."""
+
+    def __init__(self, path: str, fields: dict, tensors: dict[str, Tensor], optimizer: Any,
+                 scheduler: Any, entries: dict[str, Any], sources: dict[str, str],
+                 build_ms: dict[str, float]) -> None:  # fmt: skip
+        from lucid.compile.training import _OptimizerView
+
+        self.path = path
+        self.kind = fields["kind"]
+        self.training = bool(fields["model_training"])
+        self.check_finite = bool(fields.get("check_finite", False))
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self._tensors = tensors
+        self._entries = entries
+        self._sources = sources
+        self._build_ms = build_ms
+        self._view = _OptimizerView(optimizer) if optimizer is not None else None
+
+    def __repr__(self) -> str:
+        return f"LoadedStep({self.path!r}, {self.kind}, {len(self._entries)} entr(y/ies))"
+
+    def named_parameters(self) -> list[tuple[str, Tensor]]:
+        return [(r[len("param:") :], t) for r, t in self._tensors.items() if r.startswith("param:")]
+
+    def parameters(self) -> list[Tensor]:
+        return [t for _, t in self.named_parameters()]
+
+    def named_buffers(self) -> list[tuple[str, Tensor]]:
+        return [
+            (r[len("buffer:") :], t) for r, t in self._tensors.items() if r.startswith("buffer:")
+        ]
+
+    def _entry(self, inputs: tuple) -> tuple[str, Any]:
+        match = _match(_input_json(inputs), self.training)
+        entry = self._entries.get(match)
+        if entry is None:
+            saved = "; ".join(e.saved_key for e in self._entries.values())
+            raise ValueError(
+                f"load_compiled: the step's inputs match no saved entry (a saved step runs only "
+                f"the signatures it was compiled for); saved: {saved}"
+            )
+        return match, entry
+
+    def __call__(self, x: Any, *extra: Any) -> Tensor:
+        from lucid._state import state as _state
+        from lucid.compile.training import _attach_grads, _run_checked
+
+        inputs = (x, *extra)
+        _, entry = self._entry(inputs)
+        view = self._view
+        if view is not None:
+            if view.changed():
+                raise RuntimeError(
+                    "load_compiled: the loaded step's optimizer state or param_groups were "
+                    "replaced (load_state_dict); load the file again instead"
+                )
+            scalars = view.group_scalars()
+            if entry.statics is not None and _encode(view.statics(scalars)) != entry.statics:
+                raise ValueError(
+                    "load_compiled: the optimizer's structural options (e.g. nesterov, amsgrad) "
+                    "differ from the saved step's; they are compiled in"
+                )
+            if entry.n_runs == 0 and entry.first_scalars is not None:
+                entry.set_scalars(entry.first_scalars)
+            else:
+                view.refresh(entry, scalars)
+        tensors = [a for a in inputs if isinstance(a, Tensor)]
+        t0 = time.perf_counter()
+        res = _run_checked(entry, tensors, "load_compiled step")
+        loss_arr = res[entry.loss_index]
+        if self.check_finite and not np.isfinite(loss_arr).all():
+            raise FloatingPointError(
+                f"loaded step: the loss is {float(loss_arr)}; parameters and optimizer state "
+                "were left unchanged"
+            )
+        entry.after_success(res)
+        entry.first_scalars = None
+        entry.last_run_ms = (time.perf_counter() - t0) * 1e3
+        loss = Tensor._wrap(loss_arr)
+        if self.kind == "make_step" and _state.grad_enabled and entry.grad_index:
+            _attach_grads(loss, [(p, res[i]) for i, p in entry.grad_index])
+        return loss
+
+    def cache_info(self) -> dict[str, Any]:
+        """``entries``, ``keys`` (the saved entries' keys), ``n_calls`` and ``sources``
+        (``program`` or ``ir``) per entry."""
+        entries = list(self._entries.values())
+        return {
+            "entries": len(entries),
+            "keys": tuple(e.saved_key for e in entries),
+            "n_calls": {e.saved_key: e.n_runs - e.saved_runs for e in entries},
+            "sources": {e.saved_key: self._sources[e.saved_key] for e in entries},
+        }
+
+    def timing(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "key": e.saved_key,
+                "load_ms": self._build_ms[e.saved_key],
+                "last_run_ms": getattr(e, "last_run_ms", 0.0),
+                "n_hits": e.n_runs - e.saved_runs,
+                "source": self._sources[e.saved_key],
+                "from_file": True,
+            }
+            for e in self._entries.values()
+        ]
+
+
+def _check_fields(fields: dict) -> None:
+    """The types the loader relies on (the checksum proves integrity, not sense)."""
+    if fields.get("kind") not in KINDS:
+        raise ValueError(f"unknown kind {fields.get('kind')!r}")
+    if not isinstance(fields.get("entries"), list) or not fields["entries"]:
+        raise ValueError("no entries")
+    if not isinstance(fields.get("trainable"), list):
+        raise ValueError("no parameter list")
+
+
+def load_step(path: str, manifest: dict, parts: dict, arrays: dict[str, np.ndarray],
+              backend_name: str, model: Any = None) -> LoadedStep:  # fmt: skip
+    """Rebuild a saved training step (see ``LoadedStep``); ``model=`` provides the parameters
+    and buffers by name (checked against the file) instead of the file's copies."""
+    from lucid.compile.aot import _bad, _model_weights
+    from lucid.nn.parameter import Parameter
+
+    try:
+        _check_fields(manifest)
+        specs = manifest["weights"]
+        tensors: dict[str, Tensor] = {}
+        from_model = _model_weights(model) if model is not None else {}
+        for role, trainable in manifest["trainable"]:
+            spec = specs[role]
+            if role in from_model:
+                t = from_model[role]
+                got = [list(t._data.shape), t._data.dtype.name]
+                if got != [spec["shape"], spec["dtype"]]:
+                    raise ValueError(
+                        f"load_compiled: model= has {role} of shape {tuple(got[0])} and dtype "
+                        f"{got[1]}; the file was saved with {tuple(spec['shape'])} {spec['dtype']}"
+                    )
+                tensors[role] = t
+                continue
+            if role not in arrays:
+                raise KeyError(f"weight {role!r}")
+            arr = np.array(arrays[role], copy=True, order="C")
+            tensors[role] = Parameter(Tensor._wrap(arr), requires_grad=bool(trainable)) \
+                if role.startswith("param:") else Tensor._wrap(arr)  # fmt: skip
+        for role in specs:
+            if role not in tensors:
+                if role not in arrays:
+                    raise KeyError(f"weight {role!r}")
+                tensors[role] = Tensor._wrap(np.array(arrays[role], copy=True, order="C"))
+        optimizer = scheduler = None
+        if manifest["kind"] == "fused_step":
+            optimizer = _load_optimizer(manifest["optimizer"], tensors)
+            if "scheduler" in manifest:
+                scheduler = _load_scheduler(manifest["scheduler"], optimizer)
+        entries: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        build_ms: dict[str, float] = {}
+        for record in manifest["entries"]:
+            t0 = time.perf_counter()
+            entry, source = _build_entry(record, manifest, parts, tensors, optimizer, backend_name)
+            build_ms[record["key"]] = (time.perf_counter() - t0) * 1e3
+            sources[record["key"]] = source
+            entries[record["match"]] = entry
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        problem = f"the saved step is incomplete or malformed ({type(e).__name__}: {e})"
+        raise _bad(path, problem) from None
+    rng = manifest.get("rng_state")
+    uses_rng = any("rng" in r["feed_roles"] for r in manifest["entries"])
+    if uses_rng and isinstance(rng, list):
+        # The step draws random numbers (dropout): continuing exactly means continuing the
+        # saved process's random stream.
+        _random.set_rng_state(np.array(rng, dtype=np.int64))
+    return LoadedStep(path, manifest, tensors, optimizer, scheduler, entries, sources, build_ms)
+
+
+def _load_optimizer(saved: dict, tensors: dict[str, Tensor]) -> Any:
+    cls = _optimizer_classes().get(saved["class"])
+    if cls is None:
+        raise ValueError(f"load_compiled: unknown optimizer class {saved['class']!r}")
+    groups = []
+    for g in saved["groups"]:
+        options = _decode(g["options"])
+        groups.append({**options, "params": [tensors[r] for r in g["params"]]})
+    opt = cls(groups)
+    opt.defaults = _decode(saved["defaults"])
+    for prole, entry in saved["state"].items():
+        st = {}
+        for k, v in entry.items():
+            st[k] = tensors[v["tensor"]] if "tensor" in v else _decode(v["value"])
+        opt.state[tensors[prole]] = st
+    return opt
+
+
+def _load_scheduler(saved: dict, optimizer: Any) -> Any:
+    cls = _scheduler_classes().get(saved["class"])
+    if cls is None:
+        raise ValueError(f"load_compiled: unknown scheduler class {saved['class']!r}")
+    scheduler = cls.__new__(cls)  # its state is restored whole below: no __init__ side effects
+    scheduler.optimizer = optimizer
+    scheduler.load_state_dict(_decode(saved["state"]))
+    return scheduler
+
+
+def _build_entry(record: dict, manifest: dict, parts: dict, tensors: dict[str, Tensor],
+                 optimizer: Any, backend_name: str) -> tuple[Any, str]:  # fmt: skip
+    from lucid.compile import _pipeline
+    from lucid.compile._training import TrainingModule, _ScalarSource
+    from lucid.compile.aot import _lucid_version
+    from lucid.compile.training import _make_entry
+
+    backend = _pipeline.backend_of(backend_name)
+    inplace = bool(record["inplace"])
+    executable, source = None, "ir"
+    same = (
+        manifest.get("backend") == backend_name
+        and manifest.get("lucid_version") == _lucid_version()
+        and manifest.get("program_format") == getattr(backend, "program_format", None)
+    )
+    if record.get("program") is not None and same:
+        try:
+            executable = backend.import_program(parts[record["program"]], inplace_updates=inplace)
+            source = "program"
+        except (ValueError, TypeError, KeyError) as e:
+            logger.info("load_compiled: rebuilding %s from its IR: %s", record["key"], e)
+    if executable is None:
+        executable = _rebuild(record, parts, backend, inplace)
+    feeds = {}
+    for role in record["feed_roles"]:
+        if role.startswith(("input:", "scalar:")) or role == "rng":
+            continue
+        feeds[role] = tensors[record["aliases"].get(role, role)]
+    params = {}
+    for role in record["grads"]:
+        target = role[len("grad:") :]
+        params[target] = tensors[target]
+    sources = []
+    if optimizer is not None:
+        for role, gi, prole, key in record["scalar_sources"]:
+            sources.append(_ScalarSource(role, optimizer.param_groups[gi], tensors[prole], key))
+    tm = TrainingModule(
+        module=None,
+        feed_roles=list(record["feed_roles"]),
+        result_roles=list(record["result_roles"]),
+        feeds=feeds,
+        scalars=dict(record["scalars"]),
+        n_inputs=sum(r.startswith("input:") for r in record["feed_roles"]),
+        optimizer=optimizer,
+        params=params,
+        _scalar_sources=sources,
+    )
+    entry = _make_entry(tm, executable, inplace=inplace, compile_ms=0.0)
+    entry.first_scalars = (
+        dict(record["first_scalars"]) if record.get("first_scalars") is not None else None
+    )
+    entry.n_runs = entry.saved_runs = int(record["n_runs"])
+    entry.statics = record.get("statics")
+    entry.saved_key = record["key"]
+    return entry, source
+
+
+def _rebuild(record: dict, parts: dict, backend: Any, inplace: bool) -> Any:
+    """The executable of an entry from its saved (prim-dialect) IR, for this backend."""
+    from lucid.ir import feed_roles, forward_func, parse_ir, result_roles
+    from lucid.ir.prim import prim_dialect
+    from lucid.ir.text import make_context
+
+    ctx = make_context()
+    ctx.load_dialect(prim_dialect())  # the saved IR is the lowered (prim) module
+    try:
+        module = parse_ir(parts[record["ir"]], ctx=ctx)
+    except Exception as e:  # the parser's own errors have no common base
+        raise ValueError(f"load_compiled: the IR of {record['key']} does not parse: {e}") from e
+    fn = forward_func(module)
+    if feed_roles(fn) != record["feed_roles"] or result_roles(fn) != record["result_roles"]:
+        raise ValueError(f"load_compiled: the IR of {record['key']} disagrees with the manifest")
+    from lucid.backends import Unsupported as BackendUnsupported
+    from lucid.passes import PassFailure, PassManager
+
+    try:
+        if backend.pipeline:  # the saved module is lowered: only the backend's own passes
+            PassManager(backend.pipeline).run(module)
+        return backend.compile(module, inplace_updates=inplace)
+    except (PassFailure, BackendUnsupported, *backend.refusals) as e:
+        raise ValueError(f"load_compiled: cannot rebuild {record['key']}: {e}") from e
