@@ -23,7 +23,10 @@ class device:  # noqa: N801  (torch.device)
         if isinstance(type, device):
             type = type.type
         if type not in ("cpu", "metal"):
-            raise ValueError(f"unknown device {type!r}; expected 'cpu' or 'metal'")
+            raise ValueError(
+                f"unknown device {type!r}: Lucid's devices are 'cpu' (every machine) and "
+                "'metal' (Apple Silicon GPU through the MPSGraph backend)"
+            )
         if type == "metal":
             raise RuntimeError(
                 "device 'metal' needs the MPSGraph backend (Apple Silicon, macOS 14+); "
@@ -386,7 +389,8 @@ class Tensor:
         if kwargs:
             raise TypeError(f"to() got unexpected arguments {sorted(kwargs)}")
         for a in args:
-            if isinstance(a, (str, device)) and str(a) in ("cpu", "metal"):
+            # A string that is no dtype name is a device ("cuda" gets the list of devices).
+            if isinstance(a, device) or (isinstance(a, str) and a not in _dtype._BY_NAME):
                 dev = a
             elif isinstance(a, Tensor):
                 target_dtype = a.dtype

@@ -412,6 +412,9 @@ class CompiledModule:
             if d["_symbolic"]:
                 key = self._symbolic_key(key, args, kwargs)
         except _Unhashable:
+            key = None
+        if key is None:
+            # Outside the except block: an error of the model's own is not chained to ours.
             return d["_model"](*args, **kwargs)
         # A hit is counted by its entry's n_hits (cache_info adds them to n_calls): no second
         # dict update hashing the key on the hot path.
@@ -500,6 +503,8 @@ class CompiledModule:
                     )
                 except (GraphBreak, _pipeline.Unsupported) as e:
                     return self._fall_back(key, args, kwargs, e)
+                except CompileError:
+                    raise  # asked for (LUCID_MANUAL_VJP_REQUIRE=1): never a silent fallback
                 except Exception as e:
                     if self._options.strict:
                         raise

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lucid._tensor import Tensor
+from lucid.compile._pipeline import CompileError
 from lucid.ops._registry import GRAD_SINK, REGISTRY, SYMBOLIC_BATCH_SAFE
 from lucid.trace._tracing import GraphBreak, _tracing
 
@@ -157,8 +158,9 @@ def _short(status: str) -> str:
     return "no" if status.startswith("no") else status
 
 
-class VJPCoverageError(RuntimeError):
-    """``LUCID_MANUAL_VJP_REQUIRE=1`` and the graph has ops with no VJP rule."""
+class VJPCoverageError(CompileError):
+    """``LUCID_MANUAL_VJP_REQUIRE=1`` and the graph has ops with no VJP rule (a
+    ``lucid.compile.CompileError``, as every refusal to compile)."""
 
     def __init__(self, uncovered: list[OpInfo]):
         self.uncovered = uncovered

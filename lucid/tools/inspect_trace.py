@@ -4,6 +4,9 @@ lucid-inspect-trace trace.json            feeds, op counts, outputs
 lucid-inspect-trace old.json new.json     what changed between two traces
 lucid-inspect-trace trace.json --mlir     the trace imported into the lucid dialect
 
+A file may also hold ``CompiledModule.graph_dump()``'s list of signatures: the summary covers
+each; ``--sig N`` picks the N-th for a diff or ``--mlir``.
+
 Exit status: 0, or 1 when two traces differ (as diff does); 2 for an error, reported as one
 line on stderr that names the file and the place in it.
 """
@@ -21,11 +24,13 @@ class _UserError(Exception):
     """A problem with the user's input: reported as one line, exit status 2."""
 
 
-def _load(path: str):
+def _load(path: str, sig: int | None = None):
+    """The trace in ``path``; for a graph_dump() file, every ``(sig, trace)`` unless ``sig``
+    picks one."""
     import json
 
     from lucid.ir.text import decode_source
-    from lucid.trace._trace import Trace
+    from lucid.trace._trace import traces_from_json
 
     try:
         with open(path, "rb") as f:
@@ -41,9 +46,27 @@ def _load(path: str):
     except ValueError as e:  # not UTF-8
         raise _UserError(str(e)) from None
     try:
-        return Trace.from_dict(obj)
+        traces = traces_from_json(obj)
     except (ValueError, TypeError) as e:
         raise _UserError(f"{path}: {e}") from None
+    if not isinstance(obj, list):
+        return traces[0][1]
+    if sig is None:
+        return traces
+    if not 0 <= sig < len(traces):
+        raise _UserError(f"{path}: --sig {sig}: the dump holds {len(traces)} signature(s)")
+    return traces[sig][1]
+
+
+def _one(path: str, sig: int | None):
+    loaded = _load(path, sig)
+    if isinstance(loaded, list):
+        if len(loaded) != 1:
+            raise _UserError(
+                f"{path} holds {len(loaded)} signatures (a graph_dump()): pick one with --sig N"
+            )
+        return loaded[0][1]
+    return loaded
 
 
 def _shape(v) -> str:
@@ -104,8 +127,18 @@ def _mlir(trace, path: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    first = _load(args.trace)
-    second = _load(args.other) if args.other else None
+    if not args.other and not args.mlir:
+        loaded = _load(args.trace, args.sig)
+        if isinstance(loaded, list):
+            parts = [f"{len(loaded)} signature(s)\n"]
+            for i, (sig, trace) in enumerate(loaded):
+                parts.append(f"\n--sig {i}: {sig}\n{summary(trace)}")
+            sys.stdout.write("".join(parts))
+        else:
+            sys.stdout.write(summary(loaded))
+        return 0
+    first = _one(args.trace, args.sig)
+    second = _one(args.other, args.sig) if args.other else None
     if second is not None:
         text = diff(first, second, (args.trace, args.other))
         sys.stdout.write(text or "traces are identical\n")
@@ -119,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("trace", help="a trace JSON file (lucid.compile.trace/v1)")
     p.add_argument("other", nargs="?", help="a second trace to diff against")
     p.add_argument("--mlir", action="store_true", help="print the trace as lucid-dialect IR")
+    p.add_argument(
+        "--sig", type=int, default=None, help="in a graph_dump() file, the signature to use"
+    )
     args = p.parse_args(argv)
     try:
         return _run(args)

@@ -136,6 +136,26 @@ class Trace:
         return cls.from_dict(json.loads(text))
 
 
+def traces_from_json(data: Any) -> list[tuple[str | None, Trace]]:
+    """The traces in a JSON document: one trace (``lucid.compile.trace/v1``) as ``[(None,
+    trace)]``, or ``CompiledModule.graph_dump()``'s list of ``{"sig", "graph"}`` as one
+    ``(sig, trace)`` per cached signature. Anything else: ValueError naming the problem."""
+    if not isinstance(data, list):
+        return [(None, Trace.from_dict(data))]
+    out: list[tuple[str | None, Trace]] = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or set(item) != {"sig", "graph"}:
+            raise ValueError(
+                f"entry {i} of the list is not a graph_dump() entry "
+                '({"sig": ..., "graph": <trace>})'
+            )
+        try:
+            out.append((str(item["sig"]), Trace.from_dict(item["graph"])))
+        except ValueError as e:
+            raise ValueError(f"entry {i} ({item['sig']}): {e}") from None
+    return out
+
+
 _MAX_DIM = 2**63 - 1  # shapes are int64 in the IR
 
 
