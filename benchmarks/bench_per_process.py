@@ -1,4 +1,4 @@
-"""The PERF.md workloads (A–E), every (framework, workload, phase) case in a fresh process.
+"""Workloads A–E (docs/performance.md): every (framework, workload, phase) case in its own process.
 
 This is the reference benchmark for ``docs/performance.md``. Users run one framework per
 process; measured together in one process, three thread pools share two cores and distort each
@@ -206,7 +206,7 @@ def installed(framework: str) -> bool:
 
 
 def planned_rows(args) -> list[tuple[str, str, str]]:
-    """(mode, workload, optimizer or "") of every row, in PERF.md's order."""
+    """(mode, workload, optimizer or "") of every row, in docs/performance.md's order."""
     modes = ["infer", "train"] if args.mode == "all" else [args.mode]
     rows = []
     for mode in modes:

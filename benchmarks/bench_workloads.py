@@ -1,11 +1,11 @@
-"""The PERF.md workloads (A–E) for Lucid eager, Lucid compiled and the peers, side by side.
+"""Workloads A–E (docs/performance.md): Lucid eager, Lucid compiled and the peers, side by side.
 
 A quick look only: the reference is ``bench_per_process.py``, which runs each case in a process
 of its own (here three frameworks' thread pools share the cores and distort each other).
 Every framework runs in this one process, and the timed rounds of a row's cases are interleaved
 (one round of each case, then the next), so machine noise hits them alike. Reported per row: the
 median time per call (of ``--rounds`` rounds, each long enough to time reliably), the ratio of
-Lucid compiled to the best peer, the PERF.md target and whether it holds, and the first-call
+Lucid compiled to the best peer, the workload's target and whether it holds, and the first-call
 (compile) latency. Peers that are not installed are marked missing.
 
     python benchmarks/bench_workloads.py [--mode infer|train|all] [--workloads ABCDE]
@@ -66,7 +66,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workloads as W  # noqa: E402
 
-# PERF.md: target ratio of Lucid compiled to the best peer, per (mode, workload).
+# Target ratio of Lucid compiled to the best peer, per (mode, workload): docs/performance.md,
+# "Workloads A–E".
 TARGETS = {
     ("infer", "A"): 0.9,
     ("infer", "B"): 1.0,
@@ -79,8 +80,8 @@ TARGETS = {
 }
 # E is measured against JAX jit only: infer at most 0.7x, train at most 1.0x.
 E_TARGETS = {"infer": 0.7, "train": 1.0}
-# PERF.md's reference numbers (ms), for the reader; never used in a ratio (peers are measured
-# in the same run or the ratio is left out).
+# The peers' times (ms) measured when the targets were set, for the reader; never used in a
+# ratio (peers are measured in the same run or the ratio is left out).
 REFERENCE_MS = {
     ("train", "A"): {"torch": 0.67, "torch.compile": 0.73, "jax": 0.50},
     ("infer", "A"): {"torch": 0.18, "torch.compile": 0.20, "jax": 0.20},
@@ -452,7 +453,7 @@ def summarize(row: dict) -> dict:
     target and whether it holds, and the speed-ups over Lucid eager, to ``row``.
 
     A ratio is only ever taken against a peer measured in this run: with no peer installed the
-    row says so (``peer_source``) and has no ratio; PERF.md's figures stay in
+    row says so (``peer_source``) and has no ratio; earlier peer figures stay in
     ``REFERENCE_MS`` for the reader, never in a ratio."""
     mode, wl = row["mode"], row["workload"]
     peers = {p: row["ms"][p] for p in PEERS if p in row["ms"]}
@@ -621,7 +622,7 @@ def main() -> None:
     for mode in modes:
         for wl in args.workloads:
             if mode == "train":
-                # PERF.md's training rows: A with SGD and with Adam, the others with SGD.
+                # The training rows: A with SGD and with Adam, the others with SGD.
                 for opt_name in ("sgd", "adam") if wl == "A" else ("sgd",):
                     rows.append(run_row(mode, wl, args, opt_name))
                     print(f"done {mode} {wl} {opt_name}", file=sys.stderr)

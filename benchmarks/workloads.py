@@ -1,4 +1,4 @@
-"""The workloads of PERF.md (A–E), built for each framework from the same random weights.
+"""The workloads A–E of docs/performance.md, built for each framework from the same random weights.
 
 Each builder returns ``(forward, inputs)`` for inference and ``(step, inputs)`` for training,
 where calling ``forward(*inputs)`` / ``step(*inputs)`` runs one call. Peers (torch, jax) are

@@ -277,3 +277,46 @@ def test_code_block_runs(block, runner, request):
             f"{block.where} ({block.kind} block) failed:\n{result['error']}{extra}",
             pytrace=False,
         )
+
+
+def test_readme_has_two_setup_commands_and_ci_runs_them():
+    """The README's set-up is two commands (install + demo, tests), and .ci/run runs the same."""
+    readme = (REPO / "README.md").read_text()
+    setup = readme[readme.index("## Set up") :]
+    setup = setup[: setup.index("\n## ", 1)]
+    blocks = [b for b in parse_blocks(REPO / "README.md") if b.kind == "sh"]
+    commands = [b.code.strip() for b in blocks if b.code.strip() in setup]
+    assert len(commands) == 2, f"README.md's set-up has {len(commands)} shell commands, not 2"
+    install, tests = commands
+    ci = (REPO / ".ci" / "run").read_text()
+    for part in install.split(" && ") + [tests]:
+        part = part.replace("-m lucid.demo", "-m lucid.demo --quick")  # CI runs the quick demo
+        assert part in ci, f".ci/run does not run the README's set-up step {part!r}"
+
+
+OUTSIDE_DOCUMENTS = re.compile(
+    r"\b(DESIGN|PERF|API|NATIVE-BUILD|XDSL-NOTES|MPSGRAPH-NOTES|STYLE)\.md\b|MPSGRAPH-NOTES"
+    r"|/work/|\bissue \d+\b"
+)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_docs_stand_alone():
+    """No reference to documents outside the repository (the project's planning notes, issue
+    numbers, this machine's folders); every relative link names a file of the repository."""
+    problems = []
+    texts = [*DOC_FILES, *sorted((REPO / "benchmarks").glob("*.py"))]
+    for path in texts:
+        rel = path.relative_to(REPO).as_posix()
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            m = OUTSIDE_DOCUMENTS.search(line)
+            if m:
+                problems.append(f"{rel}:{n}: refers to {m.group(0)!r}, outside the repository")
+            if path.suffix != ".md":
+                continue
+            for target in _LINK.findall(line):
+                if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                    continue  # a web address or an anchor of the same page
+                if not (path.parent / target.split("#")[0]).exists():
+                    problems.append(f"{rel}:{n}: the link {target!r} names no file")
+    assert not problems, "\n".join(problems)

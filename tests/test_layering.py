@@ -1,4 +1,4 @@
-"""The import direction of ../shared/DESIGN.md ("Layers and who may import whom"), checked on the
+"""The import direction of docs/architecture.md ("Layers"), checked on the
 source: every ``import`` and ``from ... import`` statement of every module under ``lucid/``,
 including imports inside functions. Imports only point down:
 eager core -> trace -> ir -> passes -> backends -> compile."""
