@@ -20,7 +20,8 @@ records the machine, versions and load average. Nothing is written unless asked:
         [--threads 2] [--no-torch-compile] [--json PATH] [--chart PATH] [--write]
 
 ``--write`` stores the run as the reference (``benchmarks/results/workloads.json`` and
-``docs/performance.png``); ``--json``/``--chart`` write elsewhere. ``bench_workloads.py`` (all
+``docs/performance.png``), and only a full run (every mode, workload and case);
+``--json``/``--chart`` write elsewhere. ``bench_workloads.py`` (all
 frameworks in one process) stays as a quick look.
 """
 
@@ -89,6 +90,23 @@ def parse_args(argv=None) -> argparse.Namespace:
         if unknown:
             ap.error(f"unknown cases {unknown}; choose from {list(TRAIN_CASES)}")
         args.cases = wanted
+    if args.write:
+        narrowed = [
+            flag
+            for flag, on in (
+                (f"--mode {args.mode}", args.mode != "all"),
+                (f"--workloads {args.workloads}", sorted(set(args.workloads)) != list("ABCDE")),
+                ("--cases", args.cases is not None),
+                ("--no-torch-compile", args.no_torch_compile),
+            )
+            if on
+        ]
+        if narrowed:
+            ap.error(
+                "--write replaces the committed reference run (benchmarks/results/workloads.json "
+                f"and docs/performance.png) and needs a full run; this one is narrowed by "
+                f"{', '.join(narrowed)}: write it elsewhere with --json PATH / --chart PATH"
+            )
     return args
 
 
