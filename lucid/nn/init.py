@@ -1,7 +1,8 @@
 """``lucid.nn.init``: in-place weight initialisation, as ``torch.nn.init``.
 
 Every function fills its tensor in place under ``no_grad`` and returns it. Random draws come from
-Lucid's global generator (``lucid.manual_seed`` reproduces a model's initial weights).
+Lucid's global generator (``lucid.manual_seed`` reproduces a model's initial weights), or from
+the ``lucid.Generator`` passed as ``generator=``.
 """
 
 from __future__ import annotations
@@ -46,16 +47,18 @@ def _write(tensor: Tensor, values: np.ndarray) -> Tensor:
     return tensor
 
 
-def _draw(kind: str, like: Tensor, shape: tuple, a: float, b: float) -> np.ndarray:
-    """Draws from the global RNG (float64 for a float64 ``like``, float32 otherwise): ``uniform``
-    on [a, b), or ``normal`` (mean a, std b)."""
+def _draw(
+    kind: str, like: Tensor, shape: tuple, a: float, b: float, generator: Any = None
+) -> np.ndarray:
+    """Draws from ``generator`` or the global RNG (float64 for a float64 ``like``, float32
+    otherwise): ``uniform`` on [a, b), or ``normal`` (mean a, std b)."""
     np_dt = np.float64 if like._data.dtype == np.float64 else np.float32
     scratch = Tensor._wrap(np.zeros(shape, dtype=np_dt))
     with no_grad():
         if kind == "uniform":
-            scratch.uniform_(a, b)
+            scratch.uniform_(a, b, generator=generator)
         else:
-            scratch.normal_(a, b)
+            scratch.normal_(a, b, generator=generator)
     return scratch._data.astype(np.float64)
 
 
@@ -112,21 +115,17 @@ def _calculate_correct_fan(tensor: Tensor, mode: str) -> int:
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Tensor:
     """Fill with draws from U(a, b)."""
     _check_tensor(tensor, "uniform_")
-    if generator is not None:
-        raise TypeError("uniform_: Lucid has one global generator; pass generator=None")
     with no_grad():
-        return tensor.uniform_(a, b)
+        return tensor.uniform_(a, b, generator=generator)
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
     """Fill with draws from N(mean, std^2)."""
     _check_tensor(tensor, "normal_")
-    if generator is not None:
-        raise TypeError("normal_: Lucid has one global generator; pass generator=None")
     if std < 0:
         raise ValueError(f"normal_: std must be non-negative, got {std}")
     with no_grad():
-        return tensor.normal_(mean, std)
+        return tensor.normal_(mean, std, generator=generator)
 
 
 def _norm_ppf(p: np.ndarray) -> np.ndarray:
@@ -169,8 +168,6 @@ def trunc_normal_(
 ) -> Tensor:
     """Fill with draws from N(mean, std^2) truncated to [a, b] (a, b are absolute bounds)."""
     _check_tensor(tensor, "trunc_normal_")
-    if generator is not None:
-        raise TypeError("trunc_normal_: Lucid has one global generator; pass generator=None")
     if not a < b:
         raise ValueError(f"trunc_normal_: need a < b, got a={a}, b={b}")
 
@@ -179,7 +176,7 @@ def trunc_normal_(
 
     lo, hi = cdf((a - mean) / std), cdf((b - mean) / std)
     with no_grad():
-        u = _draw("uniform", tensor, tensor.shape, lo, hi)
+        u = _draw("uniform", tensor, tensor.shape, lo, hi, generator)
         values = np.clip(mean + std * _norm_ppf(u), a, b)
         return _write(tensor, values)
 
@@ -296,7 +293,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Ten
         return tensor
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    flat = _draw("normal", tensor, (rows, cols), 0.0, 1.0)
+    flat = _draw("normal", tensor, (rows, cols), 0.0, 1.0, generator)
     if rows < cols:
         flat = flat.T
     q, r = np.linalg.qr(flat)

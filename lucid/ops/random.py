@@ -51,6 +51,20 @@ __all__ = [
 _RANDOM = frozenset({RANDOM, GRAD_SINK})
 
 
+def _next_rng(generator: Any, op: str) -> Tensor:
+    """The (key, counter) pair for one draw: from ``generator`` when given (a
+    ``lucid.Generator``), else from the global stream."""
+    if generator is None:
+        return _random.next_rng()
+    from lucid._generator import Generator
+
+    if not isinstance(generator, Generator):
+        raise TypeError(
+            f"{op}(): generator must be a lucid.Generator, got {type(generator).__name__}"
+        )
+    return Tensor._wrap(generator.next_state())
+
+
 def _check_rng(rng: Any, op: str) -> None:
     dt = getattr(rng, "dtype", None)
     if dt is not _dtype.int64 or tuple(shape_of(rng)) != (2,):
@@ -277,20 +291,9 @@ def multinomial(
     the global stream (``lucid.manual_seed``) unless a ``lucid.Generator`` is given."""
     if not isinstance(input, Tensor):
         raise TypeError(f"multinomial(): expected a Tensor, got {type(input).__name__}")
-    if generator is None:
-        rng = _random.next_rng()
-    else:
-        from lucid._generator import Generator
-
-        if not isinstance(generator, Generator):
-            raise TypeError(
-                f"multinomial(): generator must be a lucid.Generator, got "
-                f"{type(generator).__name__}"
-            )
-        rng = Tensor._wrap(generator.next_state())
     return apply(
         "multinomial",
-        rng,
+        _next_rng(generator, "multinomial"),
         input,
         num_samples=operator.index(num_samples),
         replacement=bool(replacement),
@@ -309,19 +312,23 @@ def _float_dtype(dtype: Any, op: str) -> _dtype.dtype:
     return dt
 
 
-def rand(*shape, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand(
+    *shape, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False
+) -> Tensor:
     """Uniform samples in [0, 1); float32 unless ``dtype`` says otherwise."""
     shp, dt = _size(shape, "rand", size), _float_dtype(dtype, "rand")
     _check_device(device)
-    out = apply("uniform", _random.next_rng(), shape=shp, dtype=dt, low=0.0, high=1.0)
+    out = apply("uniform", _next_rng(generator, "rand"), shape=shp, dtype=dt, low=0.0, high=1.0)
     return _finish(out, requires_grad)
 
 
-def randn(*shape, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn(
+    *shape, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False
+) -> Tensor:
     """Standard normal samples; float32 unless ``dtype`` says otherwise."""
     shp, dt = _size(shape, "randn", size), _float_dtype(dtype, "randn")
     _check_device(device)
-    out = apply("normal", _random.next_rng(), shape=shp, dtype=dt, mean=0.0, std=1.0)
+    out = apply("normal", _next_rng(generator, "randn"), shape=shp, dtype=dt, mean=0.0, std=1.0)
     return _finish(out, requires_grad)
 
 
@@ -330,6 +337,7 @@ def normal(
     std: float = 1.0,
     size=None,
     *,
+    generator=None,
     dtype=None,
     device=None,
     requires_grad: bool = False,
@@ -342,7 +350,8 @@ def normal(
         raise ValueError(f"normal(): std must be non-negative, got {std}")
     shp, dt = _size((size,), "normal"), _float_dtype(dtype, "normal")
     _check_device(device)
-    out = apply("normal", _random.next_rng(), shape=shp, dtype=dt, mean=mean, std=std)
+    rng = _next_rng(generator, "normal")
+    out = apply("normal", rng, shape=shp, dtype=dt, mean=mean, std=std)
     return _finish(out, requires_grad)
 
 
@@ -353,7 +362,9 @@ def _randint_bounds(low: Any, high: Any) -> tuple[int, int]:
     return low, high
 
 
-def randint(*args, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randint(
+    *args, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False
+) -> Tensor:
     """Integers uniform in [low, high): ``randint(high, size)`` or ``randint(low, high, size)``."""
     args = list(args)
     if size is None:
@@ -370,24 +381,26 @@ def randint(*args, size=None, dtype=None, device=None, requires_grad: bool = Fal
     shp = _size((size,), "randint")
     _check_device(device)
     dt = _dtype_or(dtype, _dtype.int64)
-    if dt.is_floating_point:
-        out = apply(
-            "randint", _random.next_rng(), shape=shp, dtype=_dtype.int64, low=low, high=high
-        )
-        return _finish(out.type(dt), requires_grad)
-    if requires_grad:
+    if not dt.is_floating_point and requires_grad:
         raise RuntimeError("randint(): only floating point tensors can require gradients")
-    return apply("randint", _random.next_rng(), shape=shp, dtype=dt, low=low, high=high)
+    rng = _next_rng(generator, "randint")
+    if dt.is_floating_point:
+        out = apply("randint", rng, shape=shp, dtype=_dtype.int64, low=low, high=high)
+        return _finish(out.type(dt), requires_grad)
+    return apply("randint", rng, shape=shp, dtype=dt, low=low, high=high)
 
 
-def randperm(n: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randperm(
+    n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False
+) -> Tensor:
     """A random permutation of ``0 .. n-1``; int64 by default."""
     n = operator.index(n)
     if n < 0:
         raise ValueError(f"randperm(): n must be non-negative, got {n}")
     _check_device(device)
     dt = _dtype_or(dtype, _dtype.int64)
-    return _finish(apply("randperm", _random.next_rng(), n=n, dtype=dt), requires_grad)
+    rng = _next_rng(generator, "randperm")
+    return _finish(apply("randperm", rng, n=n, dtype=dt), requires_grad)
 
 
 def _like_shape(x: Any, op: str) -> tuple:
@@ -423,13 +436,14 @@ def randint_like(x, low: int = 0, high: int | None = None, *, dtype=None, device
     return randint(low, high, _like_shape(x, "randint_like"), dtype=dtype or x.dtype, device=device)
 
 
-def bernoulli(input: Tensor, p: float | None = None) -> Tensor:  # noqa: A002
+def bernoulli(input: Tensor, p: float | None = None, *, generator=None) -> Tensor:  # noqa: A002
     """0/1 draws: 1 with probability ``input`` (elementwise), or ``p`` when given."""
     probs = input if p is None else p
     if p is None and not input.dtype.is_floating_point:
         raise TypeError(f"bernoulli(): probabilities must be floating point, got {input.dtype}")
     dt = input.dtype if input.dtype.is_floating_point else _dtype.default_float
-    u = apply("uniform", _random.next_rng(), shape=tuple(input.shape), dtype=_dtype.float64)
+    rng = _next_rng(generator, "bernoulli")
+    u = apply("uniform", rng, shape=tuple(input.shape), dtype=_dtype.float64)
     return lt(u, probs).type(dt)
 
 
@@ -453,47 +467,51 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
 # value gets a zero gradient as in PyTorch.
 
 
-def _fill_from(self: Tensor, op: str, **attrs: Any) -> Tensor:
+def _fill_from(self: Tensor, op: str, generator: Any, **attrs: Any) -> Tensor:
     if not self.dtype.is_floating_point:
         raise TypeError(f"{op}_(): the tensor must be floating point, got {self.dtype}")
+    rng = _next_rng(generator, f"{op}_")
     return self._apply_inplace(
-        lambda a: apply(
-            "fill", a, apply(op, _random.next_rng(), shape=tuple(a.shape), dtype=a.dtype, **attrs)
-        )
+        lambda a: apply("fill", a, apply(op, rng, shape=tuple(a.shape), dtype=a.dtype, **attrs))
     )
 
 
-def _normal_(self: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+def _normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:
     """Fill with normal samples."""
     if std < 0:
         raise ValueError(f"normal_(): std must be non-negative, got {std}")
-    return _fill_from(self, "normal", mean=float(mean), std=float(std))
+    return _fill_from(self, "normal", generator, mean=float(mean), std=float(std))
 
 
-def _uniform_(self: Tensor, from_: float = 0.0, to: float = 1.0, **kwargs: Any) -> Tensor:
+def _uniform_(
+    self: Tensor, from_: float = 0.0, to: float = 1.0, *, generator=None, **kwargs: Any
+) -> Tensor:
     """Fill with uniform samples in ``[from, to)``."""
     from_ = kwargs.pop("from", from_)
     if kwargs:
         raise TypeError(f"uniform_() got unexpected arguments {sorted(kwargs)}")
     if from_ > to:
         raise ValueError(f"uniform_(): expected from <= to, got from={from_}, to={to}")
-    return _fill_from(self, "uniform", low=float(from_), high=float(to))
+    return _fill_from(self, "uniform", generator, low=float(from_), high=float(to))
 
 
-def _bernoulli_(self: Tensor, p: Any = 0.5) -> Tensor:
+def _bernoulli_(self: Tensor, p: Any = 0.5, *, generator=None) -> Tensor:
     """Fill with 0/1 draws, 1 with probability ``p`` (a number or a tensor)."""
-    draws = bernoulli(self, p) if not isinstance(p, Tensor) else bernoulli(p.expand(*self.shape))
+    if isinstance(p, Tensor):
+        draws = bernoulli(p.expand(*self.shape), generator=generator)
+    else:
+        draws = bernoulli(self, p, generator=generator)
     return self._apply_inplace(lambda a: apply("fill", a, draws))
 
 
-def _random_(self: Tensor, low: int = 0, high: int | None = None) -> Tensor:
+def _random_(self: Tensor, low: int = 0, high: int | None = None, *, generator=None) -> Tensor:
     """Fill with integers uniform in ``[low, high)`` (``random_(high)`` means ``[0, high)``)."""
     if high is None:
         low, high = 0, low
     low, high = _randint_bounds(low, high)
     draws = apply(
         "randint",
-        _random.next_rng(),
+        _next_rng(generator, "random_"),
         shape=tuple(self.shape),
         dtype=_dtype.int64,
         low=low,

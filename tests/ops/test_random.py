@@ -289,3 +289,48 @@ def test_randint_over_a_range_wider_than_float64_precision():
     values = x.numpy()
     assert values.min() >= -(2**62) and values.max() < 2**62
     assert values.min() < -(2**61) and values.max() > 2**61  # spread over the whole range
+
+
+_GENERATOR_DRAWS = {
+    "rand": lambda g: lucid.rand(3, 2, generator=g),
+    "randn": lambda g: lucid.randn(4, generator=g, dtype=lucid.float64),
+    "randint": lambda g: lucid.randint(0, 10, (5,), generator=g),
+    "randint_high_only": lambda g: lucid.randint(7, (6,), generator=g),
+    "randperm": lambda g: lucid.randperm(6, generator=g),
+    "normal": lambda g: lucid.normal(2.0, 3.0, size=(3,), generator=g),
+    "bernoulli": lambda g: lucid.bernoulli(lucid.full((4,), 0.5), generator=g),
+    "multinomial": lambda g: lucid.multinomial(lucid.ones(2, 5), 3, generator=g),
+    "normal_": lambda g: lucid.zeros(3).normal_(1.0, 2.0, generator=g),
+    "uniform_": lambda g: lucid.zeros(3).uniform_(-1.0, 1.0, generator=g),
+    "random_": lambda g: lucid.zeros(4).random_(0, 9, generator=g),
+    "bernoulli_": lambda g: lucid.zeros(4).bernoulli_(0.3, generator=g),
+    "init.normal_": lambda g: lucid.nn.init.normal_(lucid.zeros(3), 0.0, 1.0, generator=g),
+    "init.uniform_": lambda g: lucid.nn.init.uniform_(lucid.zeros(3), generator=g),
+    "init.kaiming_uniform_": lambda g: lucid.nn.init.kaiming_uniform_(
+        lucid.zeros(3, 4), generator=g
+    ),
+    "init.trunc_normal_": lambda g: lucid.nn.init.trunc_normal_(lucid.zeros(5), generator=g),
+    "init.orthogonal_": lambda g: lucid.nn.init.orthogonal_(lucid.zeros(3, 3), generator=g),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_GENERATOR_DRAWS))
+def test_generator_argument_draws_from_that_generator_alone(name):
+    """``generator=`` as in torch: the draw comes from the generator's stream (the same numbers
+    as the global stream after ``manual_seed`` with its seed), and the global stream stays put."""
+    draw = _GENERATOR_DRAWS[name]
+    lucid.manual_seed(11)
+    expected = draw(None).tolist()
+    lucid.manual_seed(99)
+    global_state = lucid.get_rng_state().tolist()
+    g = lucid.Generator().manual_seed(11)
+    assert draw(g).tolist() == expected
+    assert lucid.get_rng_state().tolist() == global_state
+    assert draw(g).tolist() != expected or name.startswith(("bernoulli", "multinomial"))
+
+
+def test_generator_argument_must_be_a_lucid_generator():
+    with pytest.raises(TypeError, match=r"randn\(\): generator must be a lucid.Generator"):
+        lucid.randn(3, generator=np.random.default_rng(0))
+    with pytest.raises(TypeError, match=r"normal_\(\): generator must be a lucid.Generator"):
+        lucid.zeros(3).normal_(generator=0)
