@@ -210,19 +210,21 @@ CORPUS = "the quick brown fox jumps over the lazy dog " * 20
 
 
 def main(steps=60, compile=True, seed=1337):
+    device = "cuda" if lucid.cuda.is_available() else "cpu"
     lucid.manual_seed(seed)
+    lucid.set_float32_matmul_precision("high")
     config = GPTConfig()
-    model = GPT(config)
+    model = GPT(config).to(device)
     print(f"{model.get_num_params()} parameters")
     forward = lucid.compile(model) if compile else model
     optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-3, betas=(0.9, 0.95))
-    data = encode(CORPUS)
+    data = encode(CORPUS).to(device)
     g = lucid.Generator().manual_seed(seed)
     batches = (get_batch(data, config.block_size, 8, generator=g) for _ in range(steps))
     losses = train(forward, optimizer, batches)
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     model.eval()
-    prompt = encode(CORPUS[: config.block_size]).view(1, -1)
+    prompt = encode(CORPUS[: config.block_size]).view(1, -1).to(device)
 
     def probs_fn(idx):
         return next_token_probs(forward, idx, temperature=0.8, top_k=5)

@@ -135,6 +135,7 @@ def parse_args(argv=None):
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--channels", type=int, nargs=2, default=(8, 16))
     parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--no-accel", action="store_true", help="disables accelerator")
     parser.add_argument("--save-model", action="store_true")
     parser.add_argument("--checkpoint-dir", default="mnist_checkpoint")
     parser.add_argument("--resume", action="store_true")
@@ -145,11 +146,19 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    use_accel = not args.no_accel and lucid.accelerator.is_available()
     lucid.manual_seed(args.seed)
-    device = lucid.device("cpu")
+    if use_accel:
+        device = lucid.accelerator.current_accelerator()
+    else:
+        device = lucid.device("cpu")
     shuffle_generator = lucid.Generator().manual_seed(args.seed)
     train_kwargs = {"batch_size": args.batch_size, "shuffle": True, "generator": shuffle_generator}
     test_kwargs = {"batch_size": args.test_batch_size}
+    if use_accel:
+        accel_kwargs = {"num_workers": 1, "persistent_workers": True, "pin_memory": True}
+        train_kwargs.update(accel_kwargs)
+        test_kwargs.update(accel_kwargs)
 
     dataset1 = synthetic_mnist(args.n_train, args.image_size, seed=args.seed)
     dataset2 = synthetic_mnist(args.n_test, args.image_size, seed=args.seed + 1)

@@ -72,12 +72,38 @@ def from_numpy(array) -> Tensor:
 
 
 from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
+    accelerator,
+    cuda,
     nn,
     optim,
     utils,  # noqa: E402,F401
 )
 from lucid._generator import Generator  # noqa: E402,F401
 from lucid.serialization import load, save  # noqa: E402,F401
+
+_MATMUL_PRECISIONS = ("highest", "high", "medium")
+_float32_matmul_precision = "highest"
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """Accepted for PyTorch scripts; Lucid's float32 matmuls always run in full float32
+    (``"highest"``): there are no TF32 or bfloat16 tensor cores on its devices to trade for."""
+    global _float32_matmul_precision
+    if precision not in _MATMUL_PRECISIONS:
+        raise ValueError(
+            f"set_float32_matmul_precision: expected one of {_MATMUL_PRECISIONS}, got {precision!r}"
+        )
+    _float32_matmul_precision = precision
+
+
+def get_float32_matmul_precision() -> str:
+    """The value last given to ``set_float32_matmul_precision`` (``"highest"`` by default)."""
+    return _float32_matmul_precision
+
+
+def is_tensor(obj: object) -> bool:
+    """Whether ``obj`` is a Lucid tensor (or a Parameter)."""
+    return isinstance(obj, Tensor)
 
 
 def __getattr__(name: str):
