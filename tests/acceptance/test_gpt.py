@@ -73,7 +73,7 @@ def test_compiled_training_and_sampling_match_eager(gpt, flash):
     assert list(info["n_calls"].values()) == [STEPS]  # forward and backward compiled each step
     np.testing.assert_allclose(losses, eager_losses, rtol=1e-5)
     assert losses[-1] < losses[0]
-    _assert_same_weights(_state(model), _state(eager), atol=2e-6)
+    _assert_same_weights(_state(model), _state(eager), atol=1e-5)
 
     eager.eval()
     model.eval()
@@ -121,8 +121,8 @@ def test_matches_pytorch(gpt, load_example, flash):
     losses = _train(gpt, ours, ours)
     opt = theirs.configure_optimizers(weight_decay=0.1, learning_rate=3e-3, betas=(0.9, 0.95))
     ref_losses = tgpt.train(theirs, opt, _batches(tgpt, torch, STEPS))
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-6)
-    _assert_same_weights(_state(ours), _state(theirs), atol=2e-6)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    _assert_same_weights(_state(ours), _state(theirs), atol=1e-5)
 
     ours.eval()
     theirs.eval()
