@@ -303,9 +303,14 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 def test_docs_stand_alone():
     """No reference to documents outside the repository (the project's planning notes, issue
-    numbers, this machine's folders); every relative link names a file of the repository."""
+    numbers, this machine's folders) in the docs, the benchmarks or Lucid's sources; every
+    relative link of the docs names a file of the repository."""
     problems = []
-    texts = [*DOC_FILES, *sorted((REPO / "benchmarks").glob("*.py"))]
+    texts = [
+        *DOC_FILES,
+        *sorted((REPO / "benchmarks").glob("*.py")),
+        *sorted((REPO / "lucid").rglob("*.py")),
+    ]
     for path in texts:
         rel = path.relative_to(REPO).as_posix()
         for n, line in enumerate(path.read_text().splitlines(), 1):

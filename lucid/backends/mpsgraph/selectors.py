@@ -2,11 +2,11 @@
 
 This table is the contract between the Python emitter and the native replay
 (``native/mpsgraph``): the native side replays exactly these selectors, no more and no less, and a
-test checks each entry against Apple's SDK metadata (PyObjC's ``arm64-26.5.fwinfo`` in
-``/work/shared/mpsgraph-metadata``): that the method exists on its class with these argument types
-and that it was introduced on or before macOS 14.0 (the backend's deployment target, so the native
-side needs no ``@available`` guard for any entry; an entry newer than 14.0 would carry
-``guarded=True`` and a fallback).
+test checks each entry against Apple's SDK metadata (PyObjC's ``arm64-26.5.fwinfo``, kept
+outside the repository; see docs/backend-mpsgraph-native.md): that the method exists on its class
+with these argument types and that it was introduced on or before macOS 14.0 (the backend's
+deployment target, so the native side needs no ``@available`` guard for any entry; an entry newer
+than 14.0 would carry ``guarded=True`` and a fallback).
 
 Argument kinds (``ArgSpec.kind``) are the keys of the recorded program's argument encoding (see
 ``lucid/backends/mpsgraph/program.py``): ``tensor``, ``tensors``, ``int``, ``double``, ``bool``,
