@@ -59,6 +59,7 @@ _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 @dataclass(frozen=True)
 class Block:
     path: str  # relative to the repository, e.g. "docs/user-guide.md"
+    source: str  # the file's absolute path (tracebacks show its lines)
     line: int  # 1-based line of the opening fence
     lang: str
     markers: tuple[str, ...]
@@ -80,9 +81,9 @@ class Block:
         return self.kind != "data" and not {"fragment", "manual"} & set(self.markers)
 
 
-def parse_blocks(path: Path) -> list[Block]:
-    """The fenced code blocks of one Markdown file, in order."""
-    rel = path.relative_to(REPO).as_posix()
+def parse_blocks(path: Path, root: Path = REPO) -> list[Block]:
+    """The fenced code blocks of one Markdown file, in order (paths shown relative to root)."""
+    rel = path.relative_to(root).as_posix()
     lines = path.read_text().splitlines()
     blocks, i = [], 0
     while i < len(lines):
@@ -102,6 +103,7 @@ def parse_blocks(path: Path) -> list[Block]:
         blocks.append(
             Block(
                 path=rel,
+                source=str(path.resolve()),
                 line=i + 1,
                 lang=words[0].lower() if words else "",
                 markers=tuple(words[1:]),
@@ -193,7 +195,7 @@ class Runner:
         self.results: dict[Block, dict] = {}
         self.scratch = tempfile.TemporaryDirectory(prefix="lucid-docs-")
 
-    def run(self, chain: list[Block]) -> dict:
+    def run(self, chain: list[Block], timeout: float = CHAIN_TIMEOUT_S) -> dict:
         folder = tempfile.mkdtemp(dir=self.scratch.name)
         request = {
             "blocks": [
@@ -201,12 +203,12 @@ class Runner:
                     "lang": b.kind,
                     "code": b.code,
                     "line": b.line,
-                    "abspath": str(REPO / b.path),
+                    "abspath": b.source,
                 }
                 for b in chain
             ],
             "cwd": folder,
-            "timeout": CHAIN_TIMEOUT_S,
+            "timeout": timeout,
         }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
@@ -325,3 +327,37 @@ def test_docs_stand_alone():
                 if not (path.parent / target.split("#")[0]).exists():
                     problems.append(f"{rel}:{n}: the link {target!r} names no file")
     assert not problems, "\n".join(problems)
+
+
+def test_a_failing_block_names_its_file_and_line(runner, tmp_path):
+    doc = tmp_path / "guide.md"
+    doc.write_text(
+        "# A guide\n\n```python\nx = 1\n```\n\nProse.\n\n"
+        "```python continued\ny = x + 1\nassert y == 3, 'y is not 3'\n```\n\n"
+        "```sh\necho fine\nfalse\necho never\n```\n"
+    )
+    blocks = parse_blocks(doc, root=tmp_path)
+    assert [(b.where, b.kind, b.markers) for b in blocks] == [
+        ("guide.md:3", "python", ()),
+        ("guide.md:9", "python", ("continued",)),
+        ("guide.md:14", "sh", ()),
+    ]
+    chains = chains_of(blocks)
+    assert chains[blocks[1]] == blocks[:2] and chains[blocks[2]] == blocks[2:]
+
+    first, second = runner.run(chains[blocks[1]])["results"]
+    assert first["ok"] and not second["ok"]
+    assert f'File "{doc}", line 11' in second["error"]  # the failing line of the doc itself
+    assert "AssertionError: y is not 3" in second["error"]
+    assert "docs_runner" not in second["error"]  # only the block's own frames
+
+    (shell,) = runner.run(chains[blocks[2]])["results"]
+    assert not shell["ok"] and "exit status 1" in shell["error"] and "+ false" in shell["error"]
+    assert "never" not in shell["error"].split("--- stdout ---")[1]
+
+
+def test_a_block_past_its_timeout_is_stopped(runner, tmp_path):
+    doc = tmp_path / "slow.md"
+    doc.write_text("```python\nimport time\ntime.sleep(60)\n```\n")
+    (block,) = parse_blocks(doc, root=tmp_path)
+    assert runner.run([block], timeout=1.0) == {"timeout": True}
