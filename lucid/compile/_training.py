@@ -13,9 +13,10 @@ gradient feeds) into one function, then runs ``vjp`` (and ``ghost-grads``,
 >>> tm.refresh_scalars()                 # the next step's learning rate, bias corrections...
 
 Feeds: ``input:N`` (the example inputs, in order), ``param:<name>``, ``buffer:<name>``,
-``state:<param name>.<key>`` (optimizer state), ``scalar:<group>:<key>`` (0-d float32 step
-scalars: learning rate, bias corrections; fed, never baked in, so a scheduler never forces a
-rebuild; ``scalar:<group>.<k>:<key>`` when parameters of a group disagree),
+``state:<param name>.<key>`` (optimizer state), ``scalar:<group>:<key>`` (0-d step scalars:
+learning rate, bias corrections; fed, never baked in, so a scheduler never forces a rebuild;
+``scalar:<group>.<k>:<key>`` when parameters of a group disagree; in the dtype eager arithmetic
+gives the Python float, i.e. the parameters', with ``:<dtype>`` appended unless float32),
 ``rng`` when the model draws random numbers. Results: ``output:0`` (the loss), then either
 ``grad:param:<name>`` (no optimizer) or the in-place updates ``update:param:<name>``,
 ``update:state:<name>.<key>`` (with an optimizer), plus ``update:buffer:<name>`` and
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 import lucid
+from lucid import _dtype as lucid_dtype
 from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile.diagnose import check_vjp_coverage
@@ -82,6 +84,12 @@ class TrainingModule:
     trace: Any = None
     pipeline: str = ""
     passes_ms: dict[str, float] = field(default_factory=dict)
+    # numpy dtype of every scalar: feed (float32 unless the role names another)
+    scalar_dtypes: dict[str, np.dtype] = field(default_factory=dict)
+
+    def scalar_array(self, role: str) -> np.ndarray:
+        """A fresh 0-d array holding scalar feed ``role``'s current value, in its dtype."""
+        return np.array(self.scalars[role], dtype=self.scalar_dtypes.get(role, np.float32))
 
     def feed_values(self, *inputs: Any) -> dict[str, np.ndarray]:
         """Every feed's current value, by role (the inputs given, then captured tensors,
@@ -97,8 +105,8 @@ class TrainingModule:
             if p.grad is None:
                 raise RuntimeError(f"{role}: the parameter has no gradient to feed")
             values[role] = p.grad._data
-        for role, v in self.scalars.items():
-            values[role] = np.asarray(v, dtype=np.float32)
+        for role in self.scalars:
+            values[role] = self.scalar_array(role)
         if "rng" in self.feed_roles:
             from lucid import _random
 
@@ -192,9 +200,10 @@ def build_training_module(
             p for n, p in model.named_parameters() if p.requires_grad and f"param:{n}" in used
         ]
         scalars: dict[str, float] = {}
+        scalar_dtypes: dict[str, np.dtype] = {}
         sources: list[_ScalarSource] = []
         if optimizer is not None:
-            sources = _trace_update(tracer, optimizer, trained, names, scalars)
+            sources = _trace_update(tracer, optimizer, trained, names, scalars, scalar_dtypes)
         trace = tracer.finish([loss])
     check_vjp_coverage(trace)
     module = import_trace(trace)
@@ -223,6 +232,7 @@ def build_training_module(
         result_roles=result_roles(fn),
         feeds=feeds,
         scalars=scalars,
+        scalar_dtypes=scalar_dtypes,
         n_inputs=sum(isinstance(t, Tensor) for t in example_inputs),
         optimizer=optimizer,
         params={f"param:{names[id(p)]}": p for p in trained},
@@ -247,14 +257,58 @@ def _feeds_the_loss_depends_on(trace: Any, loss_value: Any) -> set[str]:
     return {f.role for f in trace.feeds if f.value.id in needed}
 
 
+class _FedScalar:
+    """An optimizer step scalar while its update is traced, standing in for the Python float
+    eager passes: weakly typed like that float. Where it meets a tensor it becomes a 0-d feed in
+    the dtype the float would take there (a floating tensor's own dtype), created on first use:
+    float64 parameters see the learning rate at float64, float32 ones at float32, and 0-d float32
+    state (NAdam's ``mu_product``) at float32, exactly as in eager."""
+
+    __slots__ = ("_feed_in", "_key")
+
+    def __init__(self, key: str, feed_in: Callable[[Any], Tensor]):
+        self._key = key
+        self._feed_in = feed_in
+
+    def _as_feed(self, other: Any, op: str) -> Tensor:
+        if not isinstance(other, Tensor):
+            raise TypeError(
+                f"the optimizer's update uses its step scalar {self._key!r} with "
+                f"{type(other).__name__} in {op!r}: a traced update may only do arithmetic "
+                "between a step scalar and a tensor (compute derived numbers in _step_scalars)"
+            )
+        return self._feed_in(lucid_dtype.result_type(other, 1.0))
+
+    def __repr__(self) -> str:
+        return f"<step scalar {self._key!r}>"
+
+
+def _fed_scalar_operator(name: str, reflected: bool) -> Callable[[_FedScalar, Any], Tensor]:
+    def method(self: _FedScalar, other: Any) -> Tensor:
+        fed = self._as_feed(other, name)
+        return (
+            getattr(other, f"__{name}__")(fed) if reflected else getattr(fed, f"__{name}__")(other)
+        )
+
+    return method
+
+
+for _name in ("add", "sub", "mul", "truediv", "pow"):
+    setattr(_FedScalar, f"__{_name}__", _fed_scalar_operator(_name, False))
+    # ``tensor * scalar``: Tensor.__mul__ declines an unknown operand, so Python asks us.
+    setattr(_FedScalar, f"__r{_name}__", _fed_scalar_operator(_name, True))
+
+
 def _trace_update(
-    tracer, optimizer, trained, names, scalars, grad_role: str = "ghost:param:"
+    tracer, optimizer, trained, names, scalars, scalar_dtypes, grad_role: str = "ghost:param:"
 ) -> list[_ScalarSource]:
     """Record the optimizer's update of ``trained`` against ghost gradient feeds.
 
     A step scalar with the same value for every parameter of a group (the usual case: they
     share their options and step count) is one feed ``scalar:<group>:<key>``; otherwise each
-    parameter gets its own, ``scalar:<group>.<k>:<key>``."""
+    parameter gets its own, ``scalar:<group>.<k>:<key>``. The feed has the dtype eager
+    arithmetic gives the Python float (``_FedScalar``); a dtype other than float32 is appended
+    to the role (``scalar:0:lr:float64``), so a group mixing dtypes gets one feed per dtype."""
     trained_ids = {id(p) for p in trained}
     saved = {}
     for group in optimizer.param_groups:
@@ -275,7 +329,23 @@ def _trace_update(
             if key not in static:
                 values_by_key.setdefault((group_index[id(param)], key), set()).add(float(value))
     fed_tensors: dict[str, Tensor] = {}
-    sources = []
+    sources: list[_ScalarSource] = []
+    sourced: set[tuple[int, str]] = set()
+
+    def feeder(base: str, gi: int, param: Tensor, key: str, value: float):
+        def feed_in(dt: Any) -> Tensor:
+            role = base if dt is lucid.float32 else f"{base}:{dt.name}"
+            if role not in fed_tensors:
+                scalars[role] = value
+                scalar_dtypes[role] = dt.numpy
+                fed_tensors[role] = tracer.input((), dt, role=role)
+            if (id(param), role) not in sourced:
+                sourced.add((id(param), role))
+                sources.append(_ScalarSource(role, optimizer.param_groups[gi], param, key))
+            return fed_tensors[role]
+
+        return feed_in
+
     with lucid.no_grad():
         for k, (param, _placeholder, st, step_scalars) in enumerate(items):
             if id(param) not in names:
@@ -286,19 +356,24 @@ def _trace_update(
                 if isinstance(t, Tensor):
                     tracer._names[id(t)] = f"state:{pname}.{key}"
             ghost = tracer.input(tuple(param.shape), param.dtype, role=f"{grad_role}{pname}")
-            fed = {}
+            fed: dict[str, Any] = {}
             for key, value in step_scalars.items():
                 if key in static:
                     fed[key] = value
                     continue
                 shared = len(values_by_key[(gi, key)]) == 1
-                role = f"scalar:{gi}:{key}" if shared else f"scalar:{gi}.{k}:{key}"
-                if role not in fed_tensors:
-                    scalars[role] = float(value)
-                    fed_tensors[role] = tracer.input((), lucid.float32, role=role)
-                sources.append(_ScalarSource(role, optimizer.param_groups[gi], param, key))
-                fed[key] = fed_tensors[role]
-            optimizer._update(param, ghost, st, **fed)
+                base = f"scalar:{gi}:{key}" if shared else f"scalar:{gi}.{k}:{key}"
+                fed[key] = _FedScalar(key, feeder(base, gi, param, key, float(value)))
+            try:
+                optimizer._update(param, ghost, st, **fed)
+            except TypeError as e:
+                if "_FedScalar" not in str(e):
+                    raise
+                raise TypeError(
+                    f"{type(optimizer).__name__}._update passes a step scalar to a function or "
+                    "method; a traced update may only combine step scalars with tensors through "
+                    f"+, -, *, / and ** ({e})"
+                ) from None
     return sources
 
 
@@ -319,10 +394,13 @@ def build_optimizer_module(
     if not trained:
         raise ValueError("build_optimizer_module: no parameter has a gradient")
     scalars: dict[str, float] = {}
+    scalar_dtypes: dict[str, np.dtype] = {}
     with _tracing() as tracer:
         for p in trained:
             tracer._names[id(p)] = f"param:{names[id(p)]}"
-        sources = _trace_update(tracer, optimizer, trained, names, scalars, grad_role="grad:param:")
+        sources = _trace_update(
+            tracer, optimizer, trained, names, scalars, scalar_dtypes, grad_role="grad:param:"
+        )
         trace = tracer.finish([])
     module = import_trace(trace)
     passes = "optimizer-fusion,canonicalize,cse,dce" if fuse_optimizer else "canonicalize,cse,dce"
@@ -336,6 +414,7 @@ def build_optimizer_module(
         result_roles=result_roles(fn),
         feeds=feeds,
         scalars=scalars,
+        scalar_dtypes=scalar_dtypes,
         n_inputs=0,
         optimizer=optimizer,
         params={f"param:{names[id(p)]}": p for p in trained},

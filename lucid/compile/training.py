@@ -12,8 +12,8 @@ a run that raises leaves them untouched.
 
 The per-step path does no dict work: feeds are bound by a plan computed once per cache entry (a
 list of tensor references read in feed order), and step scalars (learning rate, bias
-corrections...) are preallocated 0-d float32 arrays overwritten each step, so a learning-rate
-scheduler takes effect without recompiling.
+corrections...) are preallocated 0-d arrays (in the dtype the update uses them in) overwritten
+each step, so a learning-rate scheduler takes effect without recompiling.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def _make_entry(
             input_pos.append((fi, int(role[len("input:") :])))
             refs.append(None)
         elif role.startswith("scalar:"):
-            slot = _Slot(np.array(tm.scalars[role], dtype=np.float32))
+            slot = _Slot(tm.scalar_array(role))
             scalar_slots[role] = slot
             refs.append(slot)
         elif role == "rng":

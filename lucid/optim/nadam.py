@@ -52,7 +52,8 @@ def nadam_update(
         decoupled_weight_decay=decoupled_weight_decay,
         decay_factor=decay_factor,
     )
-    state["mu_product"].mul_(mu)
+    mu_product = state["mu_product"]
+    mu_product.copy_(mu_product * mu)
     exp_avg, exp_avg_sq = update_moments(
         state, grad, beta1, one_minus_beta1, beta2, one_minus_beta2
     )

@@ -11,8 +11,10 @@ Each optimizer splits one step into three pieces:
    step count from ``state['step']`` (the step being taken is that value plus one). Keys listed in
    the class attribute ``_static_keys`` are Python bools the update branches on (``amsgrad``,
    ``nesterov``, ...): they change the structure of the update. Every other key is a number that
-   the update only does arithmetic with, so a compiler may feed it as a 0-d tensor and a learning
-   rate scheduler never forces a recompile.
+   the update only combines with tensors through the operators ``+ - * / **`` (not as an
+   argument of a function or method: ``t.copy_(t * mu)``, not ``t.mul_(mu)``), so a compiler may
+   feed it as a 0-d tensor in the dtype the Python float takes there and a learning rate
+   scheduler never forces a recompile.
 3. ``_update(param, grad, state, **scalars) -> None``: a pure function of its arguments that
    updates ``param`` and the state tensors in place (``state['step']`` included), written with
    Lucid ops and in-place tensor methods only, never numpy, so the same code runs eagerly and
