@@ -41,6 +41,7 @@ from lucid._tensor import Tensor
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
+from lucid.nn.utils.clip_grad import clip_coefficient, parse_norm_type, total_norm_of
 from lucid.ops._registry import GRAD_SINK, REGISTRY
 from lucid.passes import Instrumentation, PassFailure, PassManager, parse_pipeline_spec
 from lucid.passes.ghost_grads import GhostGrads
@@ -48,7 +49,7 @@ from lucid.passes.optimizer_fusion import OptimizerFusion
 from lucid.passes.vjp import VJP
 from lucid.trace._tracing import _tracing
 
-__all__ = ["TrainingModule", "build_optimizer_module", "build_training_module"]
+__all__ = ["GradClip", "TrainingModule", "build_optimizer_module", "build_training_module"]
 
 
 @dataclass
@@ -57,6 +58,60 @@ class _ScalarSource:
     group: dict
     param: Tensor
     key: str
+
+
+@dataclass(frozen=True)
+class GradClip:
+    """Gradient clipping traced into a training step between the backward and the optimizer's
+    update, as eager ``clip_grad_value_(params, clip_value)`` followed by
+    ``clip_grad_norm_(params, max_norm, norm_type)`` would do it (the same formulas, from
+    ``lucid.nn.utils.clip_grad``). ``None`` skips that kind of clipping."""
+
+    max_norm: float | None = None
+    norm_type: float = 2.0
+    clip_value: float | None = None
+
+    @staticmethod
+    def of(
+        max_norm: Any = None, norm_type: Any = 2.0, clip_value: Any = None, *, what: str
+    ) -> GradClip | None:
+        """A checked ``GradClip``, or None when nothing is to be clipped; ``what`` names the
+        caller in error messages."""
+        norm_type = parse_norm_type(norm_type)
+        if max_norm is not None:
+            max_norm = _nonnegative(max_norm, "max_grad_norm", what)
+        if clip_value is not None:
+            clip_value = _nonnegative(clip_value, "clip_grad_value", what)
+        if max_norm is None and clip_value is None:
+            return None
+        return GradClip(max_norm, norm_type, clip_value)
+
+    def apply(self, grads: list[Tensor]) -> tuple[list[Tensor], Tensor | None]:
+        """The clipped gradients and, with ``max_norm``, the total norm before norm clipping
+        (what ``clip_grad_norm_`` returns); Lucid ops only, so it traces."""
+        if self.clip_value is not None:
+            grads = [lucid.clamp(g, -self.clip_value, self.clip_value) for g in grads]
+        if self.max_norm is None or not grads:
+            return grads, None
+        total = total_norm_of(grads, self.norm_type)
+        coef = clip_coefficient(self.max_norm, total)
+        by_dtype: dict[Any, Tensor] = {}  # one cast per dtype: one shared 0-d operand for fusion
+        clipped = []
+        for g in grads:
+            c = by_dtype.get(g.dtype)
+            if c is None:
+                c = by_dtype[g.dtype] = coef.to(g.dtype)
+            clipped.append(g * c)
+        return clipped, total
+
+
+def _nonnegative(value: Any, name: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what}: {name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not value >= 0.0:  # NaN too
+        raise ValueError(f"{what}: {name} must be >= 0, got {value}")
+    return value
 
 
 @dataclass
@@ -86,6 +141,8 @@ class TrainingModule:
     passes_ms: dict[str, float] = field(default_factory=dict)
     # numpy dtype of every scalar: feed (float32 unless the role names another)
     scalar_dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    # index in result_roles of the total gradient norm (``grad_clip`` with a max_norm)
+    grad_norm_index: int | None = None
 
     def scalar_array(self, role: str) -> np.ndarray:
         """A fresh 0-d array holding scalar feed ``role``'s current value, in its dtype."""
@@ -176,6 +233,7 @@ def build_training_module(
     keep_grads: bool = False,
     pipeline: str = "canonicalize,cse,dce",
     instrumentation: Instrumentation | None = None,
+    grad_clip: GradClip | None = None,
 ) -> TrainingModule:
     """Trace and differentiate one training step of ``model``.
 
@@ -183,9 +241,13 @@ def build_training_module(
     the module returns the loss and the gradient of every parameter that requires grad; with
     one, it also applies the optimizer's update (gradients reach it through ghost feeds bound by
     ``ghost-grads``) and returns the parameters' and state's new values as ``update:`` results
-    (``keep_grads=True`` keeps the gradients too). ``pipeline`` runs last. ``instrumentation``
-    (the pass manager's printing and timing switches) covers every pass, as one pipeline.
+    (``keep_grads=True`` keeps the gradients too). ``grad_clip`` clips the gradients the update
+    sees; with a ``max_norm`` the total norm before clipping is result ``output:1``.
+    ``pipeline`` runs last. ``instrumentation`` (the pass manager's printing and timing
+    switches) covers every pass, as one pipeline.
     """
+    if grad_clip is not None and optimizer is None:
+        raise ValueError("build_training_module: grad_clip needs an optimizer (it clips its input)")
     example_inputs = tuple(example_inputs)
     if not example_inputs:
         raise TypeError("build_training_module needs at least one example input (the model's)")
@@ -202,9 +264,12 @@ def build_training_module(
         scalars: dict[str, float] = {}
         scalar_dtypes: dict[str, np.dtype] = {}
         sources: list[_ScalarSource] = []
+        grad_norm = None
         if optimizer is not None:
-            sources = _trace_update(tracer, optimizer, trained, names, scalars, scalar_dtypes)
-        trace = tracer.finish([loss])
+            sources, grad_norm = _trace_update(
+                tracer, optimizer, trained, names, scalars, scalar_dtypes, grad_clip=grad_clip
+            )
+        trace = tracer.finish([loss] if grad_norm is None else [loss, grad_norm])
     check_vjp_coverage(trace)
     module = import_trace(trace)
     fn = forward_func(module)
@@ -226,10 +291,12 @@ def build_training_module(
         raise
     fn = forward_func(module)
     feeds = {r: t for r, t in tracer.feed_tensors().items() if r in feed_roles(fn)}
+    results = result_roles(fn)
     return TrainingModule(
         module=module,
         feed_roles=feed_roles(fn),
-        result_roles=result_roles(fn),
+        result_roles=results,
+        grad_norm_index=results.index("output:1") if grad_norm is not None else None,
         feeds=feeds,
         scalars=scalars,
         scalar_dtypes=scalar_dtypes,
@@ -300,9 +367,17 @@ for _name in ("add", "sub", "mul", "truediv", "pow"):
 
 
 def _trace_update(
-    tracer, optimizer, trained, names, scalars, scalar_dtypes, grad_role: str = "ghost:param:"
-) -> list[_ScalarSource]:
-    """Record the optimizer's update of ``trained`` against ghost gradient feeds.
+    tracer,
+    optimizer,
+    trained,
+    names,
+    scalars,
+    scalar_dtypes,
+    grad_role: str = "ghost:param:",
+    grad_clip: GradClip | None = None,
+) -> tuple[list[_ScalarSource], Tensor | None]:
+    """Record the optimizer's update of ``trained`` against ghost gradient feeds (clipped by
+    ``grad_clip`` first); return the scalar sources and the total gradient norm (or None).
 
     A step scalar with the same value for every parameter of a group (the usual case: they
     share their options and step count) is one feed ``scalar:<group>:<key>``; otherwise each
@@ -347,15 +422,22 @@ def _trace_update(
         return feed_in
 
     with lucid.no_grad():
-        for k, (param, _placeholder, st, step_scalars) in enumerate(items):
+        grads = []
+        for param, _placeholder, st, _ in items:
             if id(param) not in names:
                 raise ValueError("the optimizer holds a parameter that is not the model's")
             pname = names[id(param)]
-            gi = group_index[id(param)]
             for key, t in st.items():
                 if isinstance(t, Tensor):
                     tracer._names[id(t)] = f"state:{pname}.{key}"
-            ghost = tracer.input(tuple(param.shape), param.dtype, role=f"{grad_role}{pname}")
+            grads.append(tracer.input(tuple(param.shape), param.dtype, role=f"{grad_role}{pname}"))
+        grad_norm = None
+        if grad_clip is not None:
+            grads, grad_norm = grad_clip.apply(grads)
+        for k, ((param, _placeholder, st, step_scalars), grad) in enumerate(
+            zip(items, grads, strict=True)
+        ):
+            gi = group_index[id(param)]
             fed: dict[str, Any] = {}
             for key, value in step_scalars.items():
                 if key in static:
@@ -365,7 +447,7 @@ def _trace_update(
                 base = f"scalar:{gi}:{key}" if shared else f"scalar:{gi}.{k}:{key}"
                 fed[key] = _FedScalar(key, feeder(base, gi, param, key, float(value)))
             try:
-                optimizer._update(param, ghost, st, **fed)
+                optimizer._update(param, grad, st, **fed)
             except TypeError as e:
                 if "_FedScalar" not in str(e):
                     raise
@@ -374,7 +456,7 @@ def _trace_update(
                     "method; a traced update may only combine step scalars with tensors through "
                     f"+, -, *, / and ** ({e})"
                 ) from None
-    return sources
+    return sources, grad_norm
 
 
 def build_optimizer_module(
@@ -398,7 +480,7 @@ def build_optimizer_module(
     with _tracing() as tracer:
         for p in trained:
             tracer._names[id(p)] = f"param:{names[id(p)]}"
-        sources = _trace_update(
+        sources, _ = _trace_update(
             tracer, optimizer, trained, names, scalars, scalar_dtypes, grad_role="grad:param:"
         )
         trace = tracer.finish([])

@@ -45,6 +45,7 @@ from lucid.compile._binding import (
     name_feeds,
 )
 from lucid.compile._training import (
+    GradClip,
     TrainingModule,
     build_optimizer_module,
     build_training_module,
@@ -810,9 +811,15 @@ class FusedStep:
         options: dict[str, Any] | None = None,
         check: str | None = None,
         check_tolerance: tuple[float, float] | None = None,
+        max_grad_norm: float | None = None,
+        norm_type: float | str = 2.0,
+        clip_grad_value: float | None = None,
     ):
         if not hasattr(model, "named_parameters"):
             raise TypeError(f"fused_step needs an nn.Module, got {type(model).__name__}")
+        self.grad_clip = GradClip.of(max_grad_norm, norm_type, clip_grad_value, what="fused_step")
+        # The total gradient norm before clipping of the last step (with max_grad_norm).
+        self.grad_norm: Tensor | None = None
         if not hasattr(optimizer, "_update") or not hasattr(optimizer, "_static_keys"):
             raise TypeError(
                 f"fused_step needs a lucid.optim optimizer, got {type(optimizer).__name__}"
@@ -872,6 +879,7 @@ class FusedStep:
                 optimizer=self.optimizer,
                 fuse_optimizer=_fuse_updates(p for p in self._params if p._requires_grad),
                 pipeline=self._opts.pipeline,
+                grad_clip=self.grad_clip,
             )
             executable = _compile_on(self.backend, tm.module, inplace=not self.check_finite)
         except _COMPILER_ERRORS as e:
@@ -960,26 +968,43 @@ class FusedStep:
             self._first_run_failed(key, entry)
             raise
         loss_arr = res[entry.loss_index]
+        norm_index = entry.tm.grad_norm_index
         if self.check_finite and not np.isfinite(loss_arr).all():
             self._first_run_failed(key, entry)
             raise FloatingPointError(
                 f"fused_step: the loss is {float(loss_arr)}; parameters and optimizer state "
                 "were left unchanged"
             )
+        if self.check_finite and norm_index is not None and not np.isfinite(res[norm_index]):
+            self._first_run_failed(key, entry)
+            raise FloatingPointError(
+                f"fused_step: the total gradient norm is {float(res[norm_index])}; parameters "
+                "and optimizer state were left unchanged"
+            )
         entry.after_success(res)
+        if norm_index is not None:
+            self.grad_norm = Tensor._wrap(np.array(res[norm_index]))
         entry.first_scalars = None
         entry.created_state = None
         return key, entry, Tensor._wrap(loss_arr)
 
     def _clip(self) -> Callable[[list[Tensor]], None] | None:
         """What the eager reference does between backward and the update (gradient clipping
-        when the step clips)."""
-        max_norm = getattr(self, "max_grad_norm", None)
-        if max_norm is None:
+        when the step clips: ``clip_grad_value_``, then ``clip_grad_norm_``, whose total norm
+        becomes ``grad_norm``)."""
+        clip = self.grad_clip
+        if clip is None:
             return None
-        from lucid.nn.utils import clip_grad_norm_
+        from lucid.nn.utils import clip_grad_norm_, clip_grad_value_
 
-        return lambda params: clip_grad_norm_([p for p in params if p._grad is not None], max_norm)
+        def clip_eagerly(params: list[Tensor]) -> None:
+            with_grad = [p for p in params if p._grad is not None]
+            if clip.clip_value is not None:
+                clip_grad_value_(with_grad, clip.clip_value)
+            if clip.max_norm is not None:
+                self.grad_norm = clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type)
+
+        return clip_eagerly
 
     def _eager_step(self, inputs: tuple) -> Tensor:
         """An eager-only signature (its parity check failed): an eager training step."""
@@ -1071,6 +1096,9 @@ def fused_step(
     options: dict[str, Any] | None = None,
     check: str | None = None,
     check_tolerance: tuple[float, float] | None = None,
+    max_grad_norm: float | None = None,
+    norm_type: float | str = 2.0,
+    clip_grad_value: float | None = None,
 ) -> FusedStep:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
@@ -1083,6 +1111,11 @@ def fused_step(
     ``check="first"`` compares the first step of each signature with an eager step (loss,
     updated parameters, optimizer state and buffers); on a mismatch the eager step's values
     stay and the signature runs eagerly from then on.
+
+    ``max_grad_norm`` clips the gradients inside the step as ``clip_grad_norm_(params,
+    max_grad_norm, norm_type)`` before ``opt.step()`` would (``step.grad_norm`` is then the total
+    norm before clipping, a 0-d tensor; a non-finite one raises ``FloatingPointError`` under
+    ``check_finite``); ``clip_grad_value`` clamps them first, as ``clip_grad_value_``.
     """
     return FusedStep(
         model,
@@ -1093,6 +1126,9 @@ def fused_step(
         options=options,
         check=check,
         check_tolerance=check_tolerance,
+        max_grad_norm=max_grad_norm,
+        norm_type=norm_type,
+        clip_grad_value=clip_grad_value,
     )
 
 

@@ -39,12 +39,24 @@ def _grads(parameters: _Tensors, what: str) -> list[Tensor]:
     return grads
 
 
-def _norm_type(norm_type: float | int | str) -> float:
+def parse_norm_type(norm_type: float | int | str) -> float:
+    """``norm_type`` as a float (``'inf'``/``'-inf'`` accepted); TypeError for anything else."""
     if norm_type in ("inf", "-inf"):
         return float(norm_type)
     if isinstance(norm_type, bool) or not isinstance(norm_type, (int, float)):
         raise TypeError(f"norm_type must be a number or 'inf', got {norm_type!r}")
     return float(norm_type)
+
+
+def total_norm_of(tensors: list[Tensor], norm_type: float) -> Tensor:
+    """The norm of the tensors' norms (torch's formula); Lucid ops only, so a compiled training
+    step traces the same arithmetic (``fused_step(..., max_grad_norm=)``)."""
+    return lucid.norm(lucid.stack([lucid.norm(t, norm_type) for t in tensors]), norm_type)
+
+
+def clip_coefficient(max_norm: float, total_norm: Tensor) -> Tensor:
+    """``min(max_norm / (total_norm + 1e-6), 1)`` as a 0-d tensor in ``total_norm``'s dtype."""
+    return lucid.clamp(max_norm / (total_norm + 1e-6), max=1.0)
 
 
 def get_total_norm(
@@ -56,12 +68,11 @@ def get_total_norm(
     """The ``norm_type``-norm of all ``tensors`` together, as if concatenated into one vector
     (``inf`` for the largest absolute value). A 0-d tensor; ``tensor(0.)`` for no tensors."""
     items = _as_list(tensors, "get_total_norm")
-    p = _norm_type(norm_type)
+    p = parse_norm_type(norm_type)
     if not items:
         return lucid.tensor(0.0)
     with lucid.no_grad():
-        norms = [lucid.norm(t.detach(), p) for t in items]
-        total = lucid.norm(lucid.stack(norms), p)
+        total = total_norm_of([t.detach() for t in items], p)
     if error_if_nonfinite and not math.isfinite(float(total.item())):
         raise RuntimeError(
             f"The total norm of order {p} for gradients from `parameters` is non-finite, so it "
@@ -86,7 +97,7 @@ def clip_grads_with_norm_(
     if not isinstance(total_norm, Tensor):
         total_norm = lucid.tensor(float(total_norm))
     with lucid.no_grad():
-        coef = lucid.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+        coef = clip_coefficient(max_norm, total_norm)
         for g in grads:
             g.mul_(coef.to(g.dtype))
 
