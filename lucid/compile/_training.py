@@ -375,9 +375,12 @@ def _trace_update(
     scalar_dtypes,
     grad_role: str = "ghost:param:",
     grad_clip: GradClip | None = None,
+    write_back_clipped: bool = False,
 ) -> tuple[list[_ScalarSource], Tensor | None]:
     """Record the optimizer's update of ``trained`` against ghost gradient feeds (clipped by
-    ``grad_clip`` first); return the scalar sources and the total gradient norm (or None).
+    ``grad_clip`` first, and with ``write_back_clipped`` the clipped gradients written back to
+    their feeds, as eager clipping does to ``p.grad``); return the scalar sources and the total
+    gradient norm (or None).
 
     A step scalar with the same value for every parameter of a group (the usual case: they
     share their options and step count) is one feed ``scalar:<group>:<key>``; otherwise each
@@ -433,7 +436,11 @@ def _trace_update(
             grads.append(tracer.input(tuple(param.shape), param.dtype, role=f"{grad_role}{pname}"))
         grad_norm = None
         if grad_clip is not None:
+            fed_grads = grads
             grads, grad_norm = grad_clip.apply(grads)
+            if write_back_clipped:
+                for fed_grad, clipped in zip(fed_grads, grads, strict=True):
+                    fed_grad.copy_(clipped)
         for k, ((param, _placeholder, st, step_scalars), grad) in enumerate(
             zip(items, grads, strict=True)
         ):
@@ -460,13 +467,19 @@ def _trace_update(
 
 
 def build_optimizer_module(
-    optimizer: Any, *, fuse_optimizer: bool = True, instrumentation: Instrumentation | None = None
+    optimizer: Any,
+    *,
+    fuse_optimizer: bool = True,
+    instrumentation: Instrumentation | None = None,
+    grad_clip: GradClip | None = None,
 ) -> TrainingModule:
     """The optimizer's step alone as a module (what ``compile_optimizer`` runs): it takes
     ``param:<g>.<i>`` (parameter ``i`` of group ``g``), ``grad:param:<g>.<i>`` (its ``.grad``),
     ``state:<g>.<i>.<key>`` and ``scalar:`` feeds and returns the ``update:`` results, for the
     parameters that have a gradient now (as ``step()`` skips the others). Identical update
-    chains are fused unless ``fuse_optimizer=False``."""
+    chains are fused unless ``fuse_optimizer=False``. ``grad_clip`` clips the gradients first
+    (written back as ``update:grad:param:*``, as eager clipping changes ``p.grad``); with a
+    ``max_norm`` the total norm before clipping is result ``output:0``."""
     names = {
         id(p): f"{gi}.{i}"
         for gi, g in enumerate(optimizer.param_groups)
@@ -480,20 +493,30 @@ def build_optimizer_module(
     with _tracing() as tracer:
         for p in trained:
             tracer._names[id(p)] = f"param:{names[id(p)]}"
-        sources, _ = _trace_update(
-            tracer, optimizer, trained, names, scalars, scalar_dtypes, grad_role="grad:param:"
+        sources, grad_norm = _trace_update(
+            tracer,
+            optimizer,
+            trained,
+            names,
+            scalars,
+            scalar_dtypes,
+            grad_role="grad:param:",
+            grad_clip=grad_clip,
+            write_back_clipped=True,
         )
-        trace = tracer.finish([])
+        trace = tracer.finish([] if grad_norm is None else [grad_norm])
     module = import_trace(trace)
     passes = "optimizer-fusion,canonicalize,cse,dce" if fuse_optimizer else "canonicalize,cse,dce"
     report = PassManager(passes, instrumentation).run(module)
     fn = forward_func(module)
     roles = feed_roles(fn)
     feeds = {r: t for r, t in tracer.feed_tensors().items() if r in roles}
+    results = result_roles(fn)
     return TrainingModule(
         module=module,
         feed_roles=roles,
-        result_roles=result_roles(fn),
+        result_roles=results,
+        grad_norm_index=results.index("output:0") if grad_norm is not None else None,
         feeds=feeds,
         scalars=scalars,
         scalar_dtypes=scalar_dtypes,

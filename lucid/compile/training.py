@@ -97,6 +97,10 @@ class _GradRef:
             raise RuntimeError(f"compiled optimizer step: parameter {self.name} lost its gradient")
         return g._data
 
+    @property
+    def _version(self) -> list[int]:  # bumped when the step writes the (clipped) gradient
+        return self.param._grad._version
+
 
 def _compile_on(backend: str, module: Any, *, inplace: bool) -> Any:
     """Lower ``module`` and compile it on ``backend`` (a registry name); with ``inplace`` the
@@ -291,6 +295,8 @@ def _make_entry(
         elif role.startswith("update:"):
             target_role = role[len("update:") :]
             target = tm.feeds.get(target_role)
+            if target is None:  # a clipped gradient written back to p.grad (compile_optimizer)
+                target = extra_refs.get(target_role)
             if target is None:
                 raise CompileError(f"the training step updates {target_role!r}, which is not fed")
             updated.append(target)
@@ -1140,7 +1146,20 @@ class CompiledOptimizerStep:
     native executable writing parameters and state in place. ``optimizer.step.eager`` is the
     original method."""
 
-    def __init__(self, optimizer: Any, *, backend: str = "auto"):
+    def __init__(
+        self,
+        optimizer: Any,
+        *,
+        backend: str = "auto",
+        max_grad_norm: float | None = None,
+        norm_type: float | str = 2.0,
+        clip_grad_value: float | None = None,
+    ):
+        self.grad_clip = GradClip.of(
+            max_grad_norm, norm_type, clip_grad_value, what="compile_optimizer"
+        )
+        # The total gradient norm before clipping of the last step (with max_grad_norm).
+        self.grad_norm: Tensor | None = None
         self.optimizer = optimizer
         self.backend = _pipeline.resolve_backend(backend)
         self.eager = optimizer.step
@@ -1160,7 +1179,7 @@ class CompiledOptimizerStep:
         t0 = time.perf_counter()
         snap = self._view.snapshot()
         try:
-            tm, refs = _build_optimizer_module(opt)
+            tm, refs = _build_optimizer_module(opt, self.grad_clip)
             executable = _compile_on(self.backend, tm.module, inplace=True)
         except _COMPILER_ERRORS as e:
             self._view.restore(snap)
@@ -1202,6 +1221,8 @@ class CompiledOptimizerStep:
         scalars = view.group_scalars()
         key = self._key(scalars, params)
         if not any(key[1]):
+            if self.grad_clip is not None and self.grad_clip.max_norm is not None:
+                self.grad_norm = lucid.tensor(0.0)  # clip_grad_norm_ of no gradients
             return loss
         entry = self._entries.get(key)
         if entry is None:
@@ -1234,6 +1255,8 @@ class CompiledOptimizerStep:
                 ) from e
         entry.after_success(res)
         entry.first_scalars = None
+        if entry.tm.grad_norm_index is not None:
+            self.grad_norm = Tensor._wrap(np.array(res[entry.tm.grad_norm_index]))
         return loss
 
     def cache_info(self) -> dict[str, Any]:
@@ -1246,7 +1269,9 @@ class CompiledOptimizerStep:
         }
 
 
-def _build_optimizer_module(opt: Any) -> tuple[TrainingModule, dict[str, Any]]:
+def _build_optimizer_module(
+    opt: Any, grad_clip: GradClip | None = None
+) -> tuple[TrainingModule, dict[str, Any]]:
     """The optimizer step alone (``build_optimizer_module``) and its gradient feeds' readers."""
     for gi, g in enumerate(opt.param_groups):
         for k, p in enumerate(g["params"]):
@@ -1256,21 +1281,45 @@ def _build_optimizer_module(opt: Any) -> tuple[TrainingModule, dict[str, Any]]:
                     f"{tuple(p._grad.shape)}"
                 )
     with_grad = (p for g in opt.param_groups for p in g["params"] if p._grad is not None)
-    tm = build_optimizer_module(opt, fuse_optimizer=_fuse_updates(with_grad))
+    tm = build_optimizer_module(opt, fuse_optimizer=_fuse_updates(with_grad), grad_clip=grad_clip)
     refs = {role: _GradRef(p, role[len("grad:param:") :]) for role, p in tm.grad_feeds.items()}
     return tm, refs
 
 
-def compile_optimizer(optimizer: Any, *, backend: str = "auto") -> Any:
+def compile_optimizer(
+    optimizer: Any,
+    *,
+    backend: str = "auto",
+    max_grad_norm: float | None = None,
+    norm_type: float | str = 2.0,
+    clip_grad_value: float | None = None,
+) -> Any:
     """Make ``optimizer.step()`` one cached native executable (in-place parameter and state
     writes) and return the optimizer. Hyperparameters and per-step scalars are fed each step,
     so schedulers take effect without recompiling; ``state``/``state_dict()`` hold the real
-    buffers. Raises ``CompileError`` for what cannot be compiled."""
+    buffers. Raises ``CompileError`` for what cannot be compiled.
+
+    ``max_grad_norm``/``norm_type``/``clip_grad_value`` clip the gradients of the optimizer's
+    parameters inside the step as ``fused_step``'s do (``p.grad`` is left clipped, as eager
+    clipping leaves it; ``optimizer.step.grad_norm`` is the total norm before clipping)."""
     if not hasattr(optimizer, "_update") or not hasattr(optimizer, "_static_keys"):
         raise TypeError(
             f"compile_optimizer needs a lucid.optim optimizer, got {type(optimizer).__name__}"
         )
-    if isinstance(optimizer.__dict__.get("step"), CompiledOptimizerStep):
+    compiled = optimizer.__dict__.get("step")
+    if isinstance(compiled, CompiledOptimizerStep):
+        clip = GradClip.of(max_grad_norm, norm_type, clip_grad_value, what="compile_optimizer")
+        if clip != compiled.grad_clip:
+            raise ValueError(
+                f"compile_optimizer: the optimizer is already compiled with gradient clipping "
+                f"{compiled.grad_clip}; asked for {clip}"
+            )
         return optimizer
-    optimizer.step = CompiledOptimizerStep(optimizer, backend=backend)
+    optimizer.step = CompiledOptimizerStep(
+        optimizer,
+        backend=backend,
+        max_grad_norm=max_grad_norm,
+        norm_type=norm_type,
+        clip_grad_value=clip_grad_value,
+    )
     return optimizer

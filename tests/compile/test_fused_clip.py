@@ -19,7 +19,7 @@ import lucid
 import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import optim
-from lucid.compile import fused_step
+from lucid.compile import compile_optimizer, fused_step
 from lucid.compile._training import build_training_module
 from lucid.nn.utils import clip_grad_norm_, clip_grad_value_
 
@@ -303,3 +303,62 @@ def test_norm_is_a_second_result_and_clipping_feeds_the_fused_update():
     )
     assert tm.result_roles[tm.grad_norm_index] == "output:1"
     assert not any(r.startswith("grad:") for r in tm.result_roles)
+
+
+# --- compile_optimizer(..., max_grad_norm=): the gradients are real p.grad tensors there -------
+@pytest.mark.parametrize("dtype", [lucid.float64, lucid.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("limit", ["below", "above"])
+@pytest.mark.parametrize("clip_value", [None, 0.02])
+def test_compile_optimizer_clipping_matches_eager(dtype, limit, clip_value):
+    norm = _unclipped_norm(dtype)
+    max_norm = norm * 10 if limit == "below" else norm / 7
+    ref, model = _model(dtype), _model(dtype)
+    ref_opt = optim.AdamW(ref.parameters(), lr=0.05)
+    opt = compile_optimizer(
+        optim.AdamW(model.parameters(), lr=0.05), max_grad_norm=max_norm, clip_grad_value=clip_value
+    )
+    x, y = _data(dtype)
+    for _ in range(3):
+        want = _eager_step(ref, ref_opt, F.mse_loss, x, y, max_norm=max_norm, clip_value=clip_value)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        _assert_close(opt.step.grad_norm.numpy(), want.numpy(), RTOL[dtype])
+        # p.grad is left clipped, as eager clipping leaves it
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            _assert_close(p.grad.numpy(), q.grad.numpy(), RTOL[dtype])
+    _assert_models_close(model, ref, RTOL[dtype])
+    assert opt.step.cache_info()["entries"] == 1
+
+
+def test_compile_optimizer_infinite_norm_zeroes_the_gradients():
+    dtype = lucid.float32
+    ref, model = _model(dtype), _model(dtype)
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1)
+    opt = compile_optimizer(optim.SGD(model.parameters(), lr=0.1), max_grad_norm=1.0)
+    x, y = _data(dtype)
+    want = _eager_step(ref, ref_opt, _huge_loss, x, y, max_norm=1.0)
+    opt.zero_grad()
+    _huge_loss(model(x), y).backward()
+    opt.step()
+    assert math.isinf(float(want)) and math.isinf(float(opt.step.grad_norm))
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def test_compile_optimizer_without_gradients_reports_a_zero_norm():
+    model = _model(lucid.float64)
+    opt = compile_optimizer(optim.SGD(model.parameters(), lr=0.1), max_grad_norm=1.0)
+    opt.step()
+    assert float(opt.step.grad_norm) == 0.0
+
+
+def test_compile_optimizer_twice_with_other_clipping_is_an_error():
+    model = _model(lucid.float64)
+    opt = compile_optimizer(optim.SGD(model.parameters(), lr=0.1), max_grad_norm=1.0)
+    assert compile_optimizer(opt, max_grad_norm=1.0) is opt
+    with pytest.raises(ValueError, match="already compiled with gradient clipping"):
+        compile_optimizer(opt, max_grad_norm=2.0)
+    with pytest.raises(ValueError, match="max_grad_norm must be >= 0"):
+        compile_optimizer(optim.SGD(model.parameters(), lr=0.1), max_grad_norm=-2.0)
