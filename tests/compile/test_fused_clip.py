@@ -362,3 +362,23 @@ def test_compile_optimizer_twice_with_other_clipping_is_an_error():
         compile_optimizer(opt, max_grad_norm=2.0)
     with pytest.raises(ValueError, match="max_grad_norm must be >= 0"):
         compile_optimizer(optim.SGD(model.parameters(), lr=0.1), max_grad_norm=-2.0)
+
+
+def test_parity_check_clips_the_eager_reference_too():
+    # check="always" compares each compiled step with an eager one that clips the same way
+    # (clip_grad_value_, then clip_grad_norm_): no mismatch, and the eager values stay.
+    norm = _unclipped_norm(lucid.float64)
+    ref, model = _model(lucid.float64), _model(lucid.float64)
+    ref_opt = optim.Adam(ref.parameters(), lr=0.05)
+    opt = optim.Adam(model.parameters(), lr=0.05)
+    step = fused_step(
+        model, F.mse_loss, opt, max_grad_norm=norm / 5, clip_grad_value=0.05, check="always"
+    )
+    x, y = _data(lucid.float64)
+    for _ in range(2):
+        want = _eager_step(ref, ref_opt, F.mse_loss, x, y, max_norm=norm / 5, clip_value=0.05)
+        step(x, y)
+        _assert_close(step.grad_norm.numpy(), want.numpy(), 1e-12)
+    info = step.cache_info()
+    assert info["parity"] == [] and info["eager_only"] == ()
+    _assert_models_close(model, ref, 1e-12)
