@@ -17,7 +17,12 @@ records the machine, versions and load average. Nothing is written unless asked:
 
     python benchmarks/bench_per_process.py [--mode infer|train|all] [--workloads ABCDE]
         [--cases "lucid compiled,jax"] [--passes 3] [--rounds 5] [--min-round-s 0.1]
-        [--threads 2] [--no-torch-compile] [--json PATH] [--chart PATH] [--write]
+        [--threads 2] [--no-torch-compile] [--lucid-python PATH] [--json PATH] [--chart PATH]
+        [--write]
+
+Lucid's cases run under ``--lucid-python`` when given (e.g. a checkout's ``.venv/bin/python``,
+with that checkout's Lucid and native module), the peers' under the interpreter running this
+script (a venv with torch and jax): so the peers' venv needs no Lucid of its own.
 
 ``--write`` stores the run as the reference (``benchmarks/results/workloads.json`` and
 ``docs/performance.png``), and only a full run (every mode, workload and case);
@@ -28,6 +33,7 @@ frameworks in one process) stays as a quick look.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -69,6 +75,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per child process")
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument(
+        "--lucid-python",
+        default=None,
+        help="interpreter for Lucid's cases (default: the one running this script)",
+    )
     ap.add_argument("--json", default=None, help="write the run's results to PATH")
     ap.add_argument("--chart", default=None, help="write a PNG chart to PATH")
     ap.add_argument(
@@ -79,6 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.lucid_python is not None and not os.access(args.lucid_python, os.X_OK):
+        ap.error(f"--lucid-python {args.lucid_python!r} is not an executable")
     if args.passes < 1 or args.rounds < 1 or args.threads < 1:
         ap.error("--passes, --rounds and --threads must be at least 1")
     bad = set(args.workloads) - set("ABCDE")
@@ -219,8 +232,23 @@ def run_child(spec: str, args: argparse.Namespace) -> dict:
 
 
 # --- parent -----------------------------------------------------------------------------------
-def installed(framework: str) -> bool:
-    return importlib.util.find_spec(FRAMEWORK_MODULES[framework]) is not None
+def interpreter(framework: str, args) -> str:
+    """The Python that runs a case of ``framework``."""
+    if framework == "lucid" and args.lucid_python:
+        return args.lucid_python
+    return sys.executable
+
+
+def installed(framework: str, args) -> bool:
+    return _importable(FRAMEWORK_MODULES[framework], interpreter(framework, args))
+
+
+@functools.cache
+def _importable(module: str, python: str) -> bool:
+    if python == sys.executable:
+        return importlib.util.find_spec(module) is not None
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", probe], check=False).returncode == 0
 
 
 def planned_rows(args) -> list[tuple[str, str, str]]:
@@ -245,13 +273,15 @@ def row_cases(mode: str, args) -> tuple[list[str], list[str]]:
         cases = [c for c in cases if c in args.cases]
     if args.no_torch_compile:
         cases = [c for c in cases if c != "torch.compile"]
-    missing = [c for c in cases if not installed(BW.framework_of(c))]
+    missing = [c for c in cases if not installed(BW.framework_of(c), args)]
     return [c for c in cases if c not in missing], missing
 
 
 def spawn(spec: str, args) -> dict:
+    import bench_workloads as BW
+
     cmd = [
-        sys.executable,
+        interpreter(BW.framework_of(spec.split(":")[2]), args),
         os.path.abspath(__file__),
         "--child",
         spec,
@@ -450,6 +480,7 @@ def main(argv=None) -> int:
         "busy": busy,
         "machine": machine_info(),
         "thread_env": thread_env(args.threads),
+        "interpreters": {fw: interpreter(fw, args) for fw in FRAMEWORK_MODULES},
     }
     print_tables(rows)
     print("\nBLAS per framework:")

@@ -97,3 +97,32 @@ def test_a_child_reports_a_case_it_cannot_build():
     args = BP.parse_args(["--rounds", "1", "--min-round-s", "0.001"])
     result = BP.spawn("infer:E:no such case:sgd", args)
     assert "error" in result
+
+
+def test_lucid_cases_run_under_the_lucid_interpreter_and_peers_under_this_one(tmp_path):
+    marker = tmp_path / "ran"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\ntouch "{marker}"\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    args = BP.parse_args(
+        [
+            "--rounds",
+            "1",
+            "--min-round-s",
+            "0.001",
+            "--threads",
+            "1",
+            "--lucid-python",
+            str(wrapper),
+        ]
+    )
+    assert BP.interpreter("lucid", args) == str(wrapper)
+    assert BP.interpreter("torch", args) == BP.interpreter("jax", args) == sys.executable
+    result = BP.spawn("infer:E:lucid compiled:sgd", args)
+    assert "error" not in result, result.get("error")
+    assert marker.exists()
+
+
+def test_a_lucid_interpreter_that_is_not_executable_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        BP.parse_args(["--lucid-python", str(tmp_path / "missing")])
