@@ -37,11 +37,26 @@ def run_threads(name, arrays, attrs, threads=(1, 2, 3)):
     return ref, outs
 
 
-def check_split(name, arrays, attrs, scale=10.0):
+def check_split(name, arrays, attrs, scale=10.0, exact=True):
     ref, outs = run_threads(name, arrays, attrs)
-    for out in outs[1:]:
+    for out in outs[1 if exact else len(outs) :]:
         np.testing.assert_array_equal(out, outs[0])
-    assert_match(outs[0], ref, scale)
+    for out in outs:
+        assert_match(out, ref, scale)
+
+
+# OpenBLAS threads a GEMM of more multiply-adds than this itself (interface/gemm.c), and its
+# split of N changes which columns its edge kernels compute: bit-identical only below it.
+BLAS_SINGLE_THREAD_MACS = 65536 * 4
+
+
+def one_blas_call_threaded_by_blas(a_shape, b_shape, ta) -> bool:
+    """True when the runtime runs the batch as one GEMM with the batch folded into M (only the
+    left operand batched) and that GEMM is large enough for OpenBLAS to split it."""
+    if ta or int(np.prod(b_shape[:-2])) != 1:
+        return False
+    m_total, k = int(np.prod(a_shape[:-1])), a_shape[-1]
+    return m_total * k * b_shape[-1] > BLAS_SINGLE_THREAD_MACS
 
 
 # Attention's products in workload D: (batch, heads, seq, head_dim), both operands batched.
@@ -72,7 +87,8 @@ def test_broadcast_batches_with_transposes(case, dtype, seed):
     a_shape, b_shape, ta, tb = case
     rng = np.random.default_rng(seed)
     a, b = random_array(rng, a_shape, dtype), random_array(rng, b_shape, dtype)
-    check_split("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb})
+    exact = not one_blas_call_threaded_by_blas(a_shape, b_shape, ta)
+    check_split("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb}, exact=exact)
 
 
 def test_gradient_shaped_batch_with_transposed_left(restore_threads):
