@@ -20,14 +20,16 @@ constexpr double kBlasSingleThreadMacs = 65536.0 * 4;
 constexpr int64_t kMinMacsPerPart = 1 << 17;
 
 template <class T>
-void gemm_one(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
-              const T* B, int64_t ldb, T* C) {
-  auto A_ = ta ? CblasTrans : CblasNoTrans;
-  auto B_ = tb ? CblasTrans : CblasNoTrans;
+void gemm_one(const BatchedGemm<T>& g, int64_t i) {
+  auto A_ = g.ta ? CblasTrans : CblasNoTrans;
+  auto B_ = g.tb ? CblasTrans : CblasNoTrans;
+  const T* A = g.A + g.a_off[i];
+  const T* B = g.B + g.b_off[i];
+  T* C = g.C + i * g.M * g.N;
   if constexpr (std::is_same_v<T, float>)
-    LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+    LUCID_SGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.N);
   else
-    LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, N);
+    LUCID_DGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.N);
 }
 
 template <class T>
@@ -39,9 +41,7 @@ bool batch_parallel(const BatchedGemm<T>& g) {
       std::max<int64_t>(1, kMinMacsPerPart / std::max<int64_t>(1, static_cast<int64_t>(macs)));
   if (g.batch < 2 * entries_per_part) return false;
   parallel_for(g.batch, entries_per_part, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      gemm_one<T>(g.ta, g.tb, g.M, g.N, g.K, g.A + g.a_off[i], g.lda, g.B + g.b_off[i], g.ldb,
-                  g.C + i * g.M * g.N);
+    for (int64_t i = i0; i < i1; ++i) gemm_one<T>(g, i);
   });
   return true;
 }

@@ -29,10 +29,10 @@ int blas_get_threads() {
 
 namespace {
 
-// C[M,N] = op(A) @ op(B) + beta * C, row-major.
+// C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major (alpha is 1 for integers).
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-          int64_t ldb, T beta, T* C, int64_t ldc) {
+          int64_t ldb, T beta, T* C, int64_t ldc, T alpha = T(1)) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     for (int64_t m = 0; m < M; ++m)
@@ -42,9 +42,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
   auto A_ = ta ? CblasTrans : CblasNoTrans;
   auto B_ = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
-    LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else if constexpr (std::is_same_v<T, double>) {
-    LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
+    LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else {
     using UT = std::make_unsigned_t<T>;  // integer products wrap, never overflow UB
     for (int64_t m = 0; m < M; ++m) {
@@ -61,6 +61,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
 
 struct MatmulPlan {
   int a, b, out;
+  int bias = -1;    // gemm's optional bias slot (a row added to every output row)
+  int addend = -1;  // gemm's optional addend slot (the output's shape)
+  double alpha = 1.0;
   DType dtype;
   bool ta, tb;
   int64_t M, N, K, batch;
@@ -74,26 +77,54 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
   const T* B = static_cast<const T*>(slots[p.b]);
   T* C = static_cast<T*>(slots[p.out]);
   int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
+  const T alpha = static_cast<T>(p.alpha);
+  // A bias and an addend (a residual) are written into C first and accumulated onto with
+  // beta = 1: BLAS would otherwise zero C itself (its beta pass), so they cost no pass over C
+  // of their own.
+  T beta = T(0);
+  const int64_t rows = p.batch * p.M;
+  if (p.addend >= 0) {
+    const T* add = static_cast<const T*>(slots[p.addend]);
+    if (p.bias >= 0) {
+      const T* bias = static_cast<const T*>(slots[p.bias]);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < p.N; ++j) C[r * p.N + j] = add[r * p.N + j] + bias[j];
+    } else {
+      std::memcpy(C, add, sizeof(T) * rows * p.N);
+    }
+    beta = T(1);
+  } else if (p.bias >= 0) {
+    const T* bias = static_cast<const T*>(slots[p.bias]);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(C + r * p.N, bias, sizeof(T) * p.N);
+    beta = T(1);
+  }
   if (p.fold_batch_into_m) {
-    gemm<T>(false, p.tb, p.M * p.batch, p.N, p.K, A, p.K, B, ldb, T(0), C, p.N);
-    return;
+    gemm<T>(false, p.tb, p.M * p.batch, p.N, p.K, A, p.K, B, ldb, beta, C, p.N, alpha);
+  } else {
+    bool done = false;
+    if constexpr (std::is_floating_point_v<T>) {
+      const BatchedGemm<T> g{p.ta, p.tb, p.batch, p.M, p.N, p.K, alpha, A, p.a_off.data(), lda,
+                             B, p.b_off.data(), ldb, beta, C};
+      done = gemm_batch_parallel(g);
+    }
+    for (int64_t i = 0; i < p.batch && !done; ++i)
+      gemm<T>(p.ta, p.tb, p.M, p.N, p.K, A + p.a_off[i], lda, B + p.b_off[i], ldb, beta,
+              C + i * p.M * p.N, p.N, alpha);
   }
-  if constexpr (std::is_floating_point_v<T>) {
-    const BatchedGemm<T> g{p.ta, p.tb, p.batch, p.M, p.N, p.K, A, p.a_off.data(), lda,
-                           B, p.b_off.data(), ldb, C};
-    if (gemm_batch_parallel(g)) return;
-  }
-  for (int64_t i = 0; i < p.batch; ++i)
-    gemm<T>(p.ta, p.tb, p.M, p.N, p.K, A + p.a_off[i], lda, B + p.b_off[i], ldb, T(0),
-            C + i * p.M * p.N, p.N);
 }
 
+// matmul, and the CPU-only gemm: alpha * matmul(a, b) (+ bias[N] on every row) (+ addend).
 Step make_matmul(const Program& prog, const Instr& in) {
   auto p = std::make_shared<MatmulPlan>();
   const Slot &a = prog.slots[in.in[0]], &b = prog.slots[in.in[1]], &o = prog.slots[in.out[0]];
   p->a = in.in[0];
   p->b = in.in[1];
   p->out = in.out[0];
+  if (in.op == Op::gemm) {
+    p->alpha = attr_float(in, "alpha");
+    for (size_t i = 2; i < in.in.size(); ++i)
+      (prog.slots[in.in[i]].shape.size() == 1 && i == 2 ? p->bias : p->addend) = in.in[i];
+  }
   p->dtype = o.dtype;
   p->ta = attr_bool(in, "transpose_a");
   p->tb = attr_bool(in, "transpose_b");
@@ -576,7 +607,7 @@ Step make_pool(const Program& p, const Instr& in) {
 
 Step make_linalg_step(const Program& p, const Instr& in) {
   switch (in.op) {
-    case Op::matmul: return make_matmul(p, in);
+    case Op::matmul: case Op::gemm: return make_matmul(p, in);
     case Op::matmul_accumulate: return make_matmul_accumulate(p, in);
     case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad:
       return make_conv(p, in);

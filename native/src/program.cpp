@@ -350,6 +350,7 @@ size_t expected_operands(Op op) {
       return 2;
     case Op::scatter_add: case Op::scatter_add_along_axis: return 3;
     case Op::matmul_accumulate: return 4;
+    case Op::layer_norm: return 3;
     case Op::constant: return 0;
     default: return 1;
   }
@@ -424,6 +425,10 @@ Slot infer(const Program& p, const Instr& in) {
   if (op == Op::fused) return infer_fused(p, in).back();
   if (op == Op::concat) {
     if (in.in.empty()) fail("concat needs at least one operand");
+  } else if (op == Op::gemm) {
+    if (in.in.size() < 2 || in.in.size() > 4)
+      fail("takes 2 to 4 operands (a, b, then an optional bias row and an optional addend of "
+           "the output's shape), got " + std::to_string(in.in.size()));
   } else if (in.in.size() != expected_operands(op)) {
     fail("takes " + std::to_string(expected_operands(op)) + " operand(s), got " +
          std::to_string(in.in.size()));
@@ -445,9 +450,11 @@ Slot infer(const Program& p, const Instr& in) {
   }
   const Slot& x = in.in.empty() ? p.slots[0] : c.arg(0);
   switch (op) {
-    case Op::matmul: {
+    case Op::matmul: case Op::gemm: {
       same_dtype(c);
-      need_dtype(is_numeric(x.dtype), x, "a numeric dtype");
+      need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,
+                 op == Op::gemm ? "a float dtype" : "a numeric dtype");
+      if (op == Op::gemm) attr_float(in, "alpha");
       const Shape &a = c.arg(0).shape, &b = c.arg(1).shape;
       if (a.size() < 2 || b.size() < 2)
         fail("operands need rank >= 2, got " + shape_str(a) + " and " + shape_str(b));
@@ -462,7 +469,28 @@ Slot infer(const Program& p, const Instr& in) {
         fail("batch dimensions of " + shape_str(a) + " and " + shape_str(b) + " do not broadcast");
       batch.push_back(m);
       batch.push_back(n);
+      // gemm's extra operands: at most one bias row [N], then at most one addend of the
+      // output's shape (rank >= 2, so the two never look alike).
+      for (size_t i = 2; i < in.in.size(); ++i) {
+        const Shape& e = c.arg(i).shape;
+        const bool bias = e.size() == 1 && i == 2;
+        if (bias ? e != Shape{n} : e != batch)
+          fail("extra operand " + std::to_string(i) + " has shape " + shape_str(e) +
+               ", expected a bias [" + std::to_string(n) + "] then an addend " +
+               shape_str(batch));
+      }
       return Slot{batch, x.dtype};
+    }
+    case Op::layer_norm: {
+      same_dtype(c);
+      need_dtype(is_float(x.dtype), x, "a float dtype");
+      if (x.shape.empty()) fail("input needs rank >= 1");
+      for (int i : {1, 2})
+        if (c.arg(i).shape != Shape{x.shape.back()})
+          fail("weight and bias need shape [" + std::to_string(x.shape.back()) + "], got " +
+               shape_str(c.arg(i).shape));
+      attr_float(in, "epsilon");
+      return x;
     }
     case Op::matmul_accumulate: {
       same_dtype(c);
@@ -789,7 +817,7 @@ void check_kernel_sizes(const Program& p, const Instr& in) {
     if (d > kMaxBlasDim)
       fail(std::string(what) + " " + std::to_string(d) + " exceeds the BLAS limit 2^31-1");
   };
-  if (in.op == Op::matmul || in.op == Op::matmul_accumulate) {
+  if (in.op == Op::matmul || in.op == Op::matmul_accumulate || in.op == Op::gemm) {
     const Shape &a = p.slots[in.in[0]].shape, &o = p.slots[in.out[0]].shape;
     const bool ta = attr_bool(in, "transpose_a");
     const int64_t m = o[o.size() - 2], n = o.back(), k = ta ? a[a.size() - 2] : a.back();
@@ -824,7 +852,7 @@ int64_t instr_work(const Program& p, const Instr& in) {
       const int64_t nodes = static_cast<int64_t>(attr_strs(in, "sub_ops").size());
       return sat_add(base, sat_mul(sat_mul(size_of(in.out[0]), nodes), kPerElement));
     }
-    case Op::matmul: case Op::matmul_accumulate: {
+    case Op::matmul: case Op::matmul_accumulate: case Op::gemm: {
       const Shape& a = p.slots[in.in[0]].shape;
       const int64_t k = attr_bool(in, "transpose_a") ? a[a.size() - 2] : a.back();
       return sat_add(base, sat_mul(size_of(in.out[0]), std::max<int64_t>(k, 1)));

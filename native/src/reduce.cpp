@@ -293,6 +293,28 @@ void run_softmax(bool log, const AxisGeom& g, const T* x, T* y) {
   }
 }
 
+// Layer norm over rows of n elements: mean and variance accumulated in double (as reduce_mean
+// does), y = (x - mean) * (1 / sqrt(var + eps)) * gamma + beta. The row stays in L1 across its
+// three passes, where the prim graph (mean, centred squares, mean, normalize) made five passes
+// over the whole tensor and a square root per element.
+template <class T>
+void layer_norm_row(const T* x, const T* gamma, const T* beta, double eps, T* y, int64_t n) {
+  const T mean = static_cast<T>(sum_run(x, n) / static_cast<double>(n));
+  const T var = static_cast<T>(sq_dev_run(x, n, static_cast<double>(mean)) / static_cast<double>(n));
+  const T inv = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var) + eps));
+  for (int64_t k = 0; k < n; ++k) y[k] = (x[k] - mean) * inv * gamma[k] + beta[k];
+}
+
+template <class T>
+void run_layer_norm(int64_t rows, int64_t n, const T* x, const T* gamma, const T* beta,
+                    double eps, T* y) {
+  auto some = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) layer_norm_row(x + r * n, gamma, beta, eps, y + r * n, n);
+  };
+  if (rows * n < kSoftmaxParallelMinElements || n == 0) return some(0, rows);
+  parallel_for(rows, std::max<int64_t>(1, kSoftmaxParallelMinElements / 2 / n), some);
+}
+
 template <class T>
 void run_cumsum(bool exclusive, bool reverse, const AxisGeom& g, const T* x, T* y) {
   using Acc = std::conditional_t<std::is_floating_point_v<T>, double, uint64_t>;
@@ -332,6 +354,21 @@ Step make_reduce_step(const Program& p, const Instr& in) {
       return [=](void* const* s) {
         if (d == DType::F32) run_softmax<float>(log, g, static_cast<const float*>(s[a]), static_cast<float*>(s[o]));
         else run_softmax<double>(log, g, static_cast<const double*>(s[a]), static_cast<double*>(s[o]));
+      };
+    }
+    case Op::layer_norm: {
+      const int64_t n = x.shape.back(), rows = n == 0 ? 0 : x.size() / n;
+      const int gi = in.in[1], bi = in.in[2];
+      const double eps = attr_float(in, "epsilon");
+      return [=](void* const* s) {
+        if (d == DType::F32)
+          run_layer_norm<float>(rows, n, static_cast<const float*>(s[a]),
+                                static_cast<const float*>(s[gi]), static_cast<const float*>(s[bi]),
+                                eps, static_cast<float*>(s[o]));
+        else
+          run_layer_norm<double>(rows, n, static_cast<const double*>(s[a]),
+                                 static_cast<const double*>(s[gi]),
+                                 static_cast<const double*>(s[bi]), eps, static_cast<double*>(s[o]));
       };
     }
     case Op::cumsum: {

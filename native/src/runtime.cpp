@@ -114,13 +114,14 @@ std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& 
 Step make_step(const Program& p, const Instr& in) {
   if (is_elementwise(in.op) || in.op == Op::fused) return make_elementwise_step(p, in);
   switch (in.op) {
-    case Op::matmul: case Op::matmul_accumulate: case Op::conv2d: case Op::conv2d_data_grad:
+    case Op::matmul: case Op::matmul_accumulate: case Op::gemm: case Op::conv2d:
+    case Op::conv2d_data_grad:
     case Op::conv2d_weights_grad: case Op::max_pool2d: case Op::max_pool2d_grad:
     case Op::avg_pool2d: case Op::avg_pool2d_grad:
       return make_linalg_step(p, in);
     case Op::reduce_sum: case Op::reduce_mean: case Op::reduce_max: case Op::reduce_min:
     case Op::reduce_prod: case Op::variance: case Op::argmax: case Op::argmin: case Op::softmax:
-    case Op::log_softmax: case Op::cumsum:
+    case Op::log_softmax: case Op::cumsum: case Op::layer_norm:
       return make_reduce_step(p, in);
     default:
       return make_shape_step(p, in);
@@ -134,6 +135,8 @@ Step make_step(const Program& p, const Instr& in) {
 // block before writing that block's output (elementwise.cpp), so writing over an input read at
 // the same element is safe, and the output lands in cache lines the input just brought in
 // (workload C's bias + ReLU over a conv output). Single-output instructions only; -1 if none.
+// A view (see view_of_) dies with its whole group: `last` holds each group's last reader at
+// its root. Returns the root slot whose buffer is taken over.
 int Executable::reusable_input(const Program& p, const Instr& in, int k,
                                const std::vector<int>& last) const {
   if (!(is_elementwise(in.op) || in.op == Op::fused) || in.out.size() != 1) return -1;
@@ -141,9 +144,9 @@ int Executable::reusable_input(const Program& p, const Instr& in, int k,
   if (loc_[o] != Loc::Arena) return -1;
   const Slot& os = p.slots[o];
   for (int s : in.in)
-    if (s != o && loc_[s] == Loc::Arena && last[s] == k && p.slots[s].shape == os.shape &&
-        dtype_size(p.slots[s].dtype) == dtype_size(os.dtype))
-      return s;
+    if (s != o && loc_[s] == Loc::Arena && last[view_of_[s]] == k &&
+        p.slots[s].shape == os.shape && dtype_size(p.slots[s].dtype) == dtype_size(os.dtype))
+      return view_of_[s];
   return -1;
 }
 
@@ -347,25 +350,43 @@ Executable::Executable(Program program) : program_(std::move(program)) {
   std::stable_sort(copies_.begin(), copies_.end(), [&](auto a, auto b) {
     return (inplace_feed_[a.first] >= 0) < (inplace_feed_[b.first] >= 0);
   });
-  // Liveness: a slot lives from its defining instruction to its last reader.
+  // A reshape of an arena slot is a view: slots are dense and row-major, so its output is the
+  // input's bytes as they are. It shares the input's buffer and runs no step (a copy of 0.5-2
+  // MB per reshape in a transformer's training step). view_of_ maps a slot to the slot that
+  // owns its buffer (itself unless it is a view).
   const int forever = static_cast<int>(p.instrs.size());
+  view_of_.resize(n);
+  for (int s = 0; s < n; ++s) view_of_[s] = s;
+  std::vector<bool> is_view(forever, false);
+  for (int k = 0; k < forever; ++k) {
+    const Instr& in = p.instrs[k];
+    if (in.op != Op::reshape || loc_[in.out[0]] != Loc::Arena) continue;
+    const int owner = view_of_[in.in[0]];
+    if (loc_[owner] != Loc::Arena) continue;
+    view_of_[in.out[0]] = owner;
+    is_view[k] = true;
+  }
+  // Liveness: a buffer lives from its defining instruction to the last reader of any of its views.
   std::vector<int> last(n, -1);
   for (int k = 0; k < forever; ++k)
     for (int s : p.instrs[k].in) last[s] = k;
   for (auto& c : copies_) last[c.second] = forever;
+  for (int s = 0; s < n; ++s) last[view_of_[s]] = std::max(last[view_of_[s]], last[s]);
   ArenaPlanner planner;
   for (int k = 0; k < forever; ++k) {
     const Instr& in = p.instrs[k];
-    const int taken = reusable_input(p, in, k, last);
+    const int taken = is_view[k] ? -1 : reusable_input(p, in, k, last);
     for (int o : in.out)
       if (loc_[o] == Loc::Arena) {
         unplanned_bytes_ += align_up(p.slots[o].bytes());
-        where_[o] = taken >= 0 ? where_[taken] : planner.allocate(p.slots[o].bytes());
+        if (is_view[k]) where_[o] = where_[view_of_[o]];
+        else where_[o] = taken >= 0 ? where_[taken] : planner.allocate(p.slots[o].bytes());
       }
     // Other inputs are freed after the outputs are placed: apart from the elementwise reuse
     // above, a kernel never reads and writes one buffer.
-    std::vector<int> dead(in.in.begin(), in.in.end());
-    dead.insert(dead.end(), in.out.begin(), in.out.end());
+    std::vector<int> dead;
+    for (int s : in.in) dead.push_back(view_of_[s]);
+    for (int s : in.out) dead.push_back(view_of_[s]);
     std::sort(dead.begin(), dead.end());
     dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
     for (int s : dead)
@@ -378,7 +399,7 @@ Executable::Executable(Program program) : program_(std::move(program)) {
   for (int j : inplace_direct_) writes_feed[p.results[j]] = true;
   abandonable_steps_ = SIZE_MAX;
   for (int k = 0; k < forever; ++k)
-    if (p.instrs[k].op != Op::constant) {
+    if (p.instrs[k].op != Op::constant && !is_view[k]) {
       for (int o : p.instrs[k].out)
         if (writes_feed[o]) abandonable_steps_ = std::min(abandonable_steps_, steps_.size());
       steps_.push_back(make_step(p, p.instrs[k]));

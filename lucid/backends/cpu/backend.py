@@ -17,13 +17,15 @@ from typing import Any
 from lucid._native_loader import _native
 from lucid.backends.base import Backend, Unsupported
 from lucid.backends.cpu.fuse import fuse_elementwise
+from lucid.backends.cpu.kernel_fusion import fuse_kernels
 from lucid.backends.cpu.program import Program
 from lucid.backends.prim_ops import PRIM_OPS
 
 
 class CPUBackend(Backend):
     """The native CPU runtime: ``prim-simplify`` after ``lower-to-prim``, then the prim module is
-    emitted as a native :class:`Program`, elementwise chains are fused and ``lucid._native``
+    emitted as a native :class:`Program`, GEMM epilogues and layer norms become single kernels
+    (``fuse-kernels``), elementwise chains are fused and ``lucid._native``
     compiles it (buffer planning; executables cached process-wide, ``LUCID_COMPILE_MAX_CACHE``).
     """
 
@@ -63,13 +65,13 @@ class CPUBackend(Backend):
         program.feeds = list(desc["feeds"])
         program.results = list(desc["results"])
         program.inplace = dict(desc.get("inplace", {}))
-        return fuse_elementwise(program) if self.fuse else program
+        return fuse_elementwise(fuse_kernels(program)) if self.fuse else program
 
     def compile(self, module: Any, *, inplace_updates: bool = True) -> Any:
         """A native executable (``run(feeds) -> list[np.ndarray]``) of a prim module, or of an
         already emitted :class:`Program` (tests and tools); ValueError if malformed."""
         if isinstance(module, Program):
-            program = fuse_elementwise(module) if self.fuse else module
+            program = fuse_elementwise(fuse_kernels(module)) if self.fuse else module
         else:
             program = self.program(module, inplace_updates=inplace_updates)
         return _native.compile(program.describe(), self.cache)

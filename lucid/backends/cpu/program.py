@@ -189,13 +189,24 @@ class Program:
                     out = np.broadcast_to(values[len(args) + k], self.slots[o].shape)
                     env[o] = np.array(out, order="C")
                 continue
-            (out,) = prim_ops.evaluate(ins.op, args, ins.attrs)
+            if ins.op in _cpu_only_references():
+                out = _cpu_only_references()[ins.op](args, ins.attrs)
+            else:
+                (out,) = prim_ops.evaluate(ins.op, args, ins.attrs)
             env[ins.outputs[0]] = np.array(out, order="C")
         results = [env[s].copy() for s in self.results]
         for r, f in self.inplace.items():
             np.copyto(feeds[f], results[r])
             results[r] = feeds[f]
         return results
+
+
+def _cpu_only_references() -> dict:
+    # The CPU-only kernels that fuse-kernels emits (gemm, layer_norm); imported late, as that
+    # module builds on this one.
+    from lucid.backends.cpu.kernel_fusion import CPU_ONLY_REFERENCES
+
+    return CPU_ONLY_REFERENCES
 
 
 def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, Any]]:

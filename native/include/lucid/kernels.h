@@ -38,18 +38,20 @@ void dispatch_dtype(DType d, Fn&& fn) {
   }
 }
 
-// A batch of row-major GEMMs C_i = op(A + a_off[i]) @ op(B + b_off[i]), C_i at C + i*M*N (N
-// columns, beta 0), all with K > 0.
+// A batch of row-major GEMMs C_i = alpha * op(A + a_off[i]) @ op(B + b_off[i]) + beta * C_i,
+// C_i at C + i*M*N (N columns), all with K > 0.
 template <class T>
 struct BatchedGemm {
   bool ta, tb;
   int64_t batch, M, N, K;
+  T alpha;
   const T* A;
   const int64_t* a_off;
   int64_t lda;
   const T* B;
   const int64_t* b_off;
   int64_t ldb;
+  T beta;
   T* C;
 };
 

@@ -42,7 +42,9 @@ struct AttrValue {
 };
 using Attrs = std::map<std::string, AttrValue>;
 
-// Every prim op, plus `fused` (a CPU-only elementwise expression tree).
+// Every prim op, plus the CPU-only `fused` (an elementwise expression tree), `gemm` (alpha *
+// matmul, plus an optional bias row) and `layer_norm` (over the last axis, one pass per row),
+// which the CPU backend's kernel fusion (lucid/backends/cpu/kernel_fusion.py) emits.
 #define LUCID_UNARY_OPS(X)                                                                       \
   X(neg) X(abs) X(sign) X(square) X(relu) X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(rsqrt)       \
   X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sigmoid) X(erf) X(floor) X(ceil) X(round)         \
@@ -57,7 +59,8 @@ using Attrs = std::map<std::string, AttrValue>;
   X(gather_along_axis) X(scatter_add) X(scatter_add_along_axis) X(one_hot) X(check_index)   \
   X(conv2d)                                                                                      \
   X(conv2d_data_grad) X(conv2d_weights_grad) X(max_pool2d) X(max_pool2d_grad) X(avg_pool2d)      \
-  X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused)
+  X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused) X(gemm)    \
+  X(layer_norm)
 #define LUCID_ALL_OPS(X) LUCID_UNARY_OPS(X) LUCID_BINARY_OPS(X) LUCID_OTHER_OPS(X)
 
 enum class Op : uint16_t {

@@ -45,7 +45,8 @@ class Executable {
   void run(const std::vector<void*>& feeds, const std::vector<void*>& results,
            std::vector<double>* step_seconds = nullptr,
            const InterruptCheck* interrupt = nullptr) const;
-  // Instruction index (into program().instrs) of each step; constants have no step.
+  // Instruction index (into program().instrs) of each step; constants and reshapes that are
+  // views of their input have no step.
   const std::vector<int>& step_instrs() const { return step_instr_; }
 
   const Program& program() const { return program_; }
@@ -87,6 +88,7 @@ class Executable {
   int64_t work_ = 0;
   std::vector<Loc> loc_;
   std::vector<int64_t> where_;
+  std::vector<int> view_of_;  // the slot owning each slot's buffer (a reshape's output is a view)
   std::vector<int> inplace_feed_;
   std::vector<std::pair<int, int>> copies_;  // (result index, source slot) copied after the run
   std::vector<std::pair<int, int>> direct_;  // (slot, result index) computed in the output array

@@ -1,0 +1,336 @@
+"""fuse-kernels: fold small passes over memory into the CPU runtime's larger kernels.
+
+Runs on a native :class:`Program` before ``fuse-elementwise``. Each rewrite replaces a few prim
+instructions by one CPU-only instruction that computes the same values in fewer passes:
+
+- ``add(matmul(a, b), bias)`` with ``bias`` of shape ``[N]`` becomes ``gemm(a, b, bias)``: the
+  runtime writes the bias rows into the output and lets BLAS accumulate onto them (``beta = 1``),
+  which costs what BLAS's own zeroing of the output did, so the separate bias pass is gone (a
+  transformer's QKV projection, whose bias add fuses with nothing);
+- ``add(gemm(...), r)`` with ``r`` of the output's shape (a residual) becomes ``gemm(..., r)``:
+  ``r`` (plus the bias) is written into the output before BLAS accumulates, one pass fewer;
+- ``mul(matmul(a, b), c)`` with ``c`` a 0-d constant becomes ``gemm{alpha = c}(a, b)``: the
+  attention's ``1/sqrt(d)`` scale and its gradient's, applied by BLAS's ``alpha``;
+- ``normalize(x, mean(x), mean((x - mean(x))^2), gamma, beta)`` over the last axis (layer norm
+  as lowered) becomes ``layer_norm(x, gamma, beta)``: one kernel per row, which stays in cache,
+  instead of four instructions and five passes over the tensor;
+- a sum of zero pads that tile one axis (plus zero constants) becomes a ``concat`` of the
+  padded values (the gradient of a fused QKV projection).
+
+A rewrite applies only when the values it removes are used nowhere else (not read by another
+instruction, not a program result), so the program computes the same values (up to float
+rounding: the layer norm multiplies by one reciprocal square root per row).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+
+from lucid.backends.cpu.program import Instr, Program
+from lucid.backends.prim_ops import Aval
+
+FLOAT_DTYPES = ("f32", "f64")
+
+
+def fuse_kernels(program: Program) -> Program:
+    """A new program with GEMM epilogues and layer norms folded; the input is left unchanged."""
+    out = Program()
+    out.slots = list(program.slots)
+    out.feeds = list(program.feeds)
+    out.results = list(program.results)
+    out.inplace = dict(program.inplace)
+    instrs: list[Instr | None] = list(program.instrs)
+    rewrites = (
+        _fold_layer_norm,
+        _fold_gemm_scale,
+        _fold_gemm_bias,
+        _fold_gemm_addend,
+        _fold_padded_sums,
+    )
+    for rewrite in rewrites:
+        rewrite(program, instrs)
+    out.instrs = [ins for ins in instrs if ins is not None]
+    return out
+
+
+class _Graph:
+    """Producers and use counts of the current instruction list."""
+
+    def __init__(self, program: Program, instrs: list[Instr | None]) -> None:
+        self.program = program
+        self.producer = {
+            s: k for k, ins in enumerate(instrs) if ins is not None for s in ins.outputs
+        }
+        self.uses = Counter(s for ins in instrs if ins is not None for s in ins.inputs)
+        self.uses.update(program.results)
+        self.instrs = instrs
+
+    def made_by(self, slot: int, op: str) -> tuple[int, Instr] | None:
+        """(index, instruction) when ``slot`` is the output of an ``op`` instruction."""
+        k = self.producer.get(slot)
+        ins = self.instrs[k] if k is not None else None
+        return (k, ins) if ins is not None and ins.op == op else None
+
+    def used_only_by(self, slot: int, count: int) -> bool:
+        return self.uses[slot] == count and slot not in self.program.results
+
+    def aval(self, slot: int):
+        return self.program.slots[slot]
+
+
+def _float_matmul(g: _Graph, slot: int) -> tuple[int, Instr] | None:
+    found = g.made_by(slot, "matmul")
+    if found is None or g.aval(slot).dtype not in FLOAT_DTYPES or not g.used_only_by(slot, 1):
+        return None
+    return found
+
+
+def _gemm_of(ins: Instr) -> Instr:
+    """``ins`` (a matmul or gemm) as a gemm."""
+    if ins.op == "gemm":
+        return ins
+    attrs = {"transpose_a": ins.attrs["transpose_a"], "transpose_b": ins.attrs["transpose_b"]}
+    return Instr("gemm", ins.inputs, ins.outputs, {**attrs, "alpha": 1.0})
+
+
+def _constant_scalar(g: _Graph, slot: int) -> float | None:
+    found = g.made_by(slot, "constant")
+    if found is None or g.aval(slot).shape != () or g.aval(slot).dtype not in FLOAT_DTYPES:
+        return None
+    value = np.asarray(found[1].attrs["value"], dtype=np.float64).reshape(-1)
+    return float(value[0]) if value.size == 1 else None
+
+
+def _fold_gemm_scale(program: Program, instrs: list[Instr | None]) -> None:
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "mul":
+            continue
+        for i in (0, 1):
+            product, scale = ins.inputs[i], ins.inputs[1 - i]
+            mm = _float_matmul(g, product)
+            alpha = _constant_scalar(g, scale)
+            if mm is None or alpha is None or g.aval(product) != g.aval(ins.outputs[0]):
+                continue
+            j, matmul = mm
+            gemm = _gemm_of(matmul)
+            # Where the mul was: the constant may be defined after the matmul.
+            instrs[j] = None
+            instrs[k] = Instr(
+                "gemm",
+                gemm.inputs,
+                ins.outputs,
+                {**gemm.attrs, "alpha": gemm.attrs["alpha"] * alpha},
+            )
+            g = _Graph(program, instrs)
+            break
+
+
+def _fold_gemm_bias(program: Program, instrs: list[Instr | None]) -> None:
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "add":
+            continue
+        out = g.aval(ins.outputs[0])
+        for i in (0, 1):
+            product, bias = ins.inputs[i], ins.inputs[1 - i]
+            found = _float_matmul(g, product) or _single_use(g, product, "gemm")
+            if found is None or len(found[1].inputs) != 2 or g.aval(product) != out:
+                continue
+            b = g.aval(bias)
+            if b.shape != out.shape[-1:] or b.dtype != out.dtype:
+                continue
+            j, matmul = found
+            gemm = _gemm_of(matmul)
+            # At the add's position: every operand (the bias too) is defined by then.
+            instrs[j] = None
+            instrs[k] = Instr("gemm", (*gemm.inputs, bias), ins.outputs, dict(gemm.attrs))
+            g = _Graph(program, instrs)
+            break
+
+
+def _fold_gemm_addend(program: Program, instrs: list[Instr | None]) -> None:
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "add":
+            continue
+        out = g.aval(ins.outputs[0])
+        for i in (0, 1):
+            product, addend = ins.inputs[i], ins.inputs[1 - i]
+            found = _float_matmul(g, product) or _single_use(g, product, "gemm")
+            if found is None or g.aval(product) != out or g.aval(addend) != out:
+                continue
+            j, matmul = found
+            gemm = _gemm_of(matmul)
+            if any(len(g.aval(s).shape) > 1 for s in gemm.inputs[2:]):
+                continue  # it has an addend already
+            instrs[j] = None
+            instrs[k] = Instr("gemm", (*gemm.inputs, addend), ins.outputs, dict(gemm.attrs))
+            g = _Graph(program, instrs)
+            break
+
+
+def _single_use(g: _Graph, slot: int, op: str) -> tuple[int, Instr] | None:
+    found = g.made_by(slot, op)
+    return found if found is not None and g.used_only_by(slot, 1) else None
+
+
+def _last_axis_mean(g: _Graph, slot: int, of: int) -> int | None:
+    """The index of ``slot``'s producer when it is ``reduce_mean(of)`` over the last axis with
+    kept dims."""
+    found = g.made_by(slot, "reduce_mean")
+    if found is None:
+        return None
+    k, ins = found
+    rank = len(g.aval(of).shape)
+    axes = [a % rank for a in ins.attrs["axes"]] if rank else []
+    if ins.inputs != (of,) or axes != [rank - 1] or not ins.attrs["keepdims"]:
+        return None
+    return k
+
+
+def _fold_layer_norm(program: Program, instrs: list[Instr | None]) -> None:
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "normalize":
+            continue
+        x, mean, var, gamma, beta = ins.inputs
+        xa = g.aval(x)
+        if xa.dtype not in FLOAT_DTYPES or not xa.shape or xa.shape != g.aval(ins.outputs[0]).shape:
+            continue
+        if any(g.aval(p) != Aval(xa.shape[-1:], xa.dtype) for p in (gamma, beta)):
+            continue
+        k_mean = _last_axis_mean(g, mean, x)
+        sq = instrs[g.producer[var]].inputs[0] if g.made_by(var, "reduce_mean") else None
+        k_var = _last_axis_mean(g, var, sq) if sq is not None else None
+        square = _single_use(g, sq, "mul") if sq is not None else None
+        if k_mean is None or k_var is None or square is None:
+            continue
+        centered = square[1].inputs[0]
+        sub = g.made_by(centered, "sub")
+        if square[1].inputs != (centered, centered) or sub is None:
+            continue
+        if sub[1].inputs != (x, mean) or g.aval(centered) != xa:
+            continue
+        # mean: read by the sub and the normalize; the variance only by the normalize.
+        if not (g.used_only_by(mean, 2) and g.used_only_by(var, 1) and g.uses[centered] == 2):
+            continue
+        if centered in program.results:
+            continue
+        eps = ins.attrs["epsilon"]
+        for j in (k_mean, k_var, square[0], sub[0]):
+            instrs[j] = None
+        instrs[k] = Instr("layer_norm", (x, gamma, beta), ins.outputs, {"epsilon": eps})
+        g = _Graph(program, instrs)
+
+
+def _zero_constant(g: _Graph, slot: int) -> bool:
+    found = g.made_by(slot, "constant")
+    return found is not None and not any(found[1].attrs["value"])
+
+
+def _sum_leaves(g: _Graph, k: int, shape: tuple) -> tuple[list[int], list[int]] | None:
+    """The leaves of the tree of single-use same-shape adds rooted at instruction ``k``, and the
+    tree's instructions; None when some add broadcasts."""
+    leaves, tree, pending = [], [k], list(g.instrs[k].inputs)
+    while pending:
+        s = pending.pop()
+        found = g.made_by(s, "add")
+        if found is not None and g.used_only_by(s, 1) and g.aval(s).shape == shape:
+            tree.append(found[0])
+            pending.extend(found[1].inputs)
+        elif g.aval(s).shape == shape:
+            leaves.append(s)
+        else:
+            return None
+    return leaves, tree
+
+
+def _fold_padded_sums(program: Program, instrs: list[Instr | None]) -> None:
+    """A sum of zero-padded pieces that tile one axis, plus zeros, becomes their concatenation:
+    the gradient of a fused QKV projection was three pads of [.., 3E] and an add of four arrays
+    (one of them a zero constant), where one concat reads each piece once."""
+    g = _Graph(program, instrs)
+    for k in reversed(range(len(instrs))):
+        ins = instrs[k]
+        if ins is None or ins.op != "add":
+            continue
+        shape = g.aval(ins.outputs[0]).shape
+        found = _sum_leaves(g, k, shape)
+        if found is None:
+            continue
+        leaves, tree = found
+        pieces, zeros = [], []
+        for s in leaves:
+            pad = _single_use(g, s, "pad")
+            if pad is not None and pad[1].attrs["value"] == 0:
+                pieces.append(pad)
+            elif _zero_constant(g, s):
+                zeros.append(s)
+            else:
+                break
+        else:
+            axis = _tiled_axis([p for _, p in pieces], shape)
+            if axis is None:
+                continue
+            pieces.sort(key=lambda jp: jp[1].attrs["low"][axis])
+            for j in tree + [j for j, _ in pieces]:
+                instrs[j] = None
+            sources = tuple(p.inputs[0] for _, p in pieces)
+            instrs[k] = Instr("concat", sources, ins.outputs, {"axis": axis})
+            g = _Graph(program, instrs)
+            for s in zeros:  # a zero constant read by nothing else now
+                if g.uses[s] == 0 and s not in program.results:
+                    instrs[g.producer[s]] = None
+            g = _Graph(program, instrs)
+
+
+def _tiled_axis(pads: list[Instr], shape: tuple) -> int | None:
+    """The one axis along which ``pads`` (at least two) place their inputs side by side,
+    covering it exactly; None otherwise."""
+    if len(pads) < 2:
+        return None
+    axes = {a for p in pads for a in range(len(shape)) if p.attrs["low"][a] or p.attrs["high"][a]}
+    if len(axes) != 1:
+        return None
+    (axis,) = axes
+    spans = sorted((p.attrs["low"][axis], shape[axis] - p.attrs["high"][axis]) for p in pads)
+    edge = 0
+    for lo, hi in spans:
+        if lo != edge or hi <= lo:
+            return None
+        edge = hi
+    return axis if edge == shape[axis] else None
+
+
+# -- numpy references of the CPU-only instructions (Program.interpret) ------------------------
+
+
+def _gemm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
+    a, b = args[0], args[1]
+    if attrs["transpose_a"]:
+        a = np.swapaxes(a, -1, -2)
+    if attrs["transpose_b"]:
+        b = np.swapaxes(b, -1, -2)
+    out = np.matmul(a, b) * a.dtype.type(attrs["alpha"])
+    for extra in args[2:]:  # a bias row, an addend of the output's shape
+        out = out + extra
+    return out
+
+
+def _layer_norm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
+    x, gamma, beta = args
+    mean = x.mean(axis=-1, keepdims=True, dtype=np.float64).astype(x.dtype)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True, dtype=np.float64).astype(x.dtype)
+    return (x - mean) / np.sqrt(var + x.dtype.type(attrs["epsilon"])) * gamma + beta
+
+
+CPU_ONLY_REFERENCES: dict[str, Callable[[list[np.ndarray], dict], np.ndarray]] = {
+    "gemm": _gemm_reference,
+    "layer_norm": _layer_norm_reference,
+}
+
+__all__ = ["CPU_ONLY_REFERENCES", "fuse_kernels"]
