@@ -361,6 +361,11 @@ def summarize_row(mode: str, wl: str, opt: str, runs: dict, missing: list[str]) 
         row.setdefault("threads", {})[case] = good[0]["threads"]
         row.setdefault("versions", {})[case] = good[0]["versions"]
     BW.summarize(row)
+    floor = W.floor_ms(wl, mode == "train")
+    if floor is not None:
+        row["floor_ms"] = floor
+        if "lucid compiled" in row["ms"]:
+            row["vs_floor"] = row["ms"]["lucid compiled"] / floor
     if "vs" in row:
         # Per-pass ratios: each pass ran the row's cases back to back.
         compiled = row["passes_ms"].get("lucid compiled", [])
@@ -387,13 +392,19 @@ def fmt_cell(row: dict, case: str) -> str:
 
 
 def print_tables(rows: list[dict]) -> None:
+    import bench_workloads as BW
+
     for mode, cases in (("infer", INFER_CASES), ("train", TRAIN_CASES)):
         sel = [r for r in rows if r["mode"] == mode]
         if not sel:
             continue
         print(f"\n{mode}: median over passes (range)")
-        print("| wl | opt | " + " | ".join(cases) + " | ratio (vs) [range] | target | holds |")
-        print("|" + "---|" * (len(cases) + 5))
+        print(
+            "| wl | opt | "
+            + " | ".join(cases)
+            + " | ratio (vs) [range] | target | holds | FLOP floor (compiled/floor) |"
+        )
+        print("|" + "---|" * (len(cases) + 6))
         for r in sel:
             if "ratio" in r:
                 lo, hi = r.get("ratio_range", [r["ratio"], r["ratio"]])
@@ -403,8 +414,13 @@ def print_tables(rows: list[dict]) -> None:
             else:
                 ratio, tgt, holds = "no peer measured", "-", "-"
             cells = " | ".join(fmt_cell(r, c) for c in cases)
+            floor = "-"
+            if "floor_ms" in r:
+                floor = BW.fmt_ms(r["floor_ms"])
+                floor += f" ({r['vs_floor']:.2f}x)" if "vs_floor" in r else ""
             print(
-                f"| {r['workload']} | {r.get('opt', '-')} | {cells} | {ratio} | {tgt} | {holds} |"
+                f"| {r['workload']} | {r.get('opt', '-')} | {cells} | {ratio} | {tgt} | {holds} "
+                f"| {floor} |"
             )
         for r in sel:
             for name, err in r.get("errors", {}).items():
@@ -466,6 +482,8 @@ def main(argv=None) -> int:
                 print(
                     f"pass {p + 1}/{args.passes} {mode} {wl} {opt} {case}: {shown}", file=sys.stderr
                 )
+    import workloads as W
+
     rows = [summarize_row(*key, runs[key], missing) for key, _, missing in plan]
     load_after = load_average()
     meta = {
@@ -481,6 +499,7 @@ def main(argv=None) -> int:
         "machine": machine_info(),
         "thread_env": thread_env(args.threads),
         "interpreters": {fw: interpreter(fw, args) for fw in FRAMEWORK_MODULES},
+        "floor_gflops": W.FLOOR_GFLOPS,
     }
     print_tables(rows)
     print("\nBLAS per framework:")

@@ -40,6 +40,47 @@ def data(wl: str, seed: int = 0):
     return rng.standard_normal((8, 16)).astype(np.float32), None
 
 
+# --- FLOP floors ------------------------------------------------------------------------------
+# The sgemm rate the floors assume: about what OpenBLAS reaches on both cores of the reference
+# machine (a multiply-add is 2 FLOP).
+FLOOR_GFLOPS = 150.0
+
+
+def flops(wl: str, train: bool) -> float | None:
+    """FLOPs of the GEMMs and convolutions of one call (training: forward, the weight gradients,
+    and the input gradients every layer but the first needs); None for E, which is all overhead.
+    Elementwise work is left out: the floor is the matrix work at the sgemm rate."""
+    b = batch_of(wl)
+    if wl in ("A", "B"):
+        dims = _mlp_sizes(wl)
+        layers = [b * i * o for i, o in zip(dims[:-1], dims[1:], strict=True)]
+        forward = 2.0 * sum(layers)
+        return forward + (2.0 * sum(layers) + 2.0 * sum(layers[1:]) if train else 0.0)
+    if wl == "C":
+        conv1, conv2 = b * 16 * 28 * 28 * 1 * 9, b * 32 * 14 * 14 * 16 * 9
+        linear = b * 32 * 7 * 7 * 10
+        layers = [conv1, conv2, linear]
+        forward = 2.0 * sum(layers)
+        return forward + (2.0 * sum(layers) + 2.0 * sum(layers[1:]) if train else 0.0)
+    if wl == "D":
+        seq, d, ffn, heads = 64, 128, 512, 4
+        rows = b * seq
+        proj = [rows * d * 3 * d, rows * d * d, rows * d * ffn, rows * ffn * d]
+        attention = 2 * b * heads * seq * seq * (d // heads)  # scores, then scores @ values
+        forward = 2.0 * (sum(proj) + attention)
+        # Backward: every projection's weight gradient, their input gradients except QKV's (the
+        # block's input needs none), and four attention products (dP, dV, dQ, dK).
+        backward = 2.0 * (sum(proj) + sum(proj[1:]) + 2 * attention)
+        return forward + (backward if train else 0.0)
+    return None
+
+
+def floor_ms(wl: str, train: bool) -> float | None:
+    """The FLOP floor of one call at FLOOR_GFLOPS, in ms."""
+    f = flops(wl, train)
+    return None if f is None else f / (FLOOR_GFLOPS * 1e9) * 1e3
+
+
 # --- Lucid ------------------------------------------------------------------------------------
 def lucid_model(wl: str):
     import lucid

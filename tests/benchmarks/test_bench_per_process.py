@@ -126,3 +126,19 @@ def test_lucid_cases_run_under_the_lucid_interpreter_and_peers_under_this_one(tm
 def test_a_lucid_interpreter_that_is_not_executable_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         BP.parse_args(["--lucid-python", str(tmp_path / "missing")])
+
+
+def test_rows_carry_their_flop_floor():
+    import workloads as W
+
+    # The figures: D's forward about 0.44 GFLOP, 2.9 ms at 150 GFLOP/s; training ~3x.
+    assert W.flops("D", False) == pytest.approx(0.44e9, rel=0.01)
+    assert W.floor_ms("D", False) == pytest.approx(2.9, rel=0.01)
+    assert 2.5 < W.flops("D", True) / W.flops("D", False) < 3.0
+    # A's inference is one 64x784 @ 784x256 GEMM plus a small one.
+    assert W.flops("A", False) == pytest.approx(2 * 64 * 784 * 256, rel=0.02)
+    assert W.flops("E", False) is None
+    row = BP.summarize_row("infer", "D", "", {"lucid compiled": [ok(3.2)]}, missing=[])
+    assert row["floor_ms"] == pytest.approx(W.floor_ms("D", False))
+    assert row["vs_floor"] == pytest.approx(3.2 / row["floor_ms"])
+    assert "floor_ms" not in BP.summarize_row("infer", "E", "", {}, missing=[])
