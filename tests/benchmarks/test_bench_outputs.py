@@ -42,7 +42,7 @@ def lucid_only_run(monkeypatch, tmp_path):
         return {"ms": 1.0, "first_call_s": 0.1, "blas": {}, "threads": {}, "versions": {}}
 
     monkeypatch.setattr(BP, "spawn", fake_spawn)
-    monkeypatch.setattr(BP, "installed", lambda framework: framework == "lucid")
+    monkeypatch.setattr(BP, "installed", lambda framework, *_: framework == "lucid")
     reference = tmp_path / "workloads.json", tmp_path / "performance.png"
     monkeypatch.setattr(BP, "REFERENCE_JSON", str(reference[0]))
     monkeypatch.setattr(BP, "REFERENCE_CHART", str(reference[1]))
