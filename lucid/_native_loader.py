@@ -12,5 +12,8 @@ if sys.platform != "darwin":
     import scipy_openblas32  # noqa: F401  (side effect: loads libscipy_openblas)
 
 from lucid import _native  # noqa: E402
+from lucid._threads import apply_thread_env  # noqa: E402
+
+apply_thread_env(_native)
 
 __all__ = ["_native"]

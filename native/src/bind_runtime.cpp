@@ -374,10 +374,35 @@ void init_runtime(py::module_& m) {
       "freed past it; the most recent is always kept).");
   m.def("set_num_threads", [](int n) {
         if (n < 1) bad("number of threads must be >= 1");
-        blas_set_threads(n);
-        set_parallel_threads(n);
+        set_configured_threads(n);
       }, py::arg("n"), "Threads the native kernels (BLAS GEMM, large elementwise ops) may use.");
-  m.def("get_num_threads", &blas_get_threads);
+  m.def("get_num_threads", &configured_threads, "The configured thread count (set_num_threads).");
+  m.def("set_adaptive_threads", &set_adaptive_threads, py::arg("on"),
+        "Use fewer threads while other processes keep the cores busy (on unless "
+        "LUCID_ADAPTIVE_THREADS=0).");
+  m.def("observe_load", [](double other_cores, int allowed_cpus) {
+        if (!(other_cores >= 0) || allowed_cpus < 1) bad("other_cores must be >= 0 and allowed_cpus >= 1");
+        return observe_load(other_cores, allowed_cpus);
+      }, py::arg("other_cores"), py::arg("allowed_cpus"),
+      "Apply the thread policy to one load observation as a sample would; returns the threads "
+      "runs use now (tests, diagnosis).");
+  m.def("thread_stats", []() {
+        ThreadStats s = thread_stats();
+        py::dict d;
+        d["configured"] = s.configured;
+        d["effective"] = s.effective;
+        d["blas_threads"] = blas_get_threads();
+        d["adaptive"] = s.adaptive;
+        d["contended"] = s.contended;
+        d["other_cores"] = s.other_cores;
+        d["allowed_cpus"] = s.allowed_cpus;
+        d["samples"] = s.samples;
+        d["changes"] = s.changes;
+        d["parts_run_by_caller"] = s.parts_run_by_caller;
+        d["sample_seconds"] = s.sample_seconds;
+        return d;
+      }, "The thread policy's state: configured and effective counts, the BLAS's own count, the "
+      "last estimate of other processes' load (cores, -1 before the first), sampling counters.");
 }
 
 }  // namespace lucid

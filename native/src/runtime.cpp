@@ -14,6 +14,8 @@
 #include <list>
 #include <unordered_map>
 
+#include "lucid/parallel.h"
+
 namespace lucid {
 
 namespace {
@@ -465,6 +467,7 @@ void Executable::release(Arena* a) const {
 void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results,
                      std::vector<double>* step_seconds, const InterruptCheck* interrupt) const {
   RunGate gate;
+  adapt_threads_to_load();
   Arena* a = acquire();
   struct Giveback {
     const Executable* ex;

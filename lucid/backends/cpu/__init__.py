@@ -5,8 +5,10 @@ from lucid.backends.cpu.backend import (
     cache_clear,
     cache_info,
     get_num_threads,
+    set_adaptive_threads,
     set_cache_capacity,
     set_num_threads,
+    thread_stats,
 )
 from lucid.backends.cpu.fuse import fuse_elementwise
 from lucid.backends.cpu.program import FusedNode, Program
@@ -19,6 +21,8 @@ __all__ = [
     "cache_info",
     "fuse_elementwise",
     "get_num_threads",
+    "set_adaptive_threads",
     "set_cache_capacity",
     "set_num_threads",
+    "thread_stats",
 ]

@@ -1,20 +1,23 @@
 """The CPU backend: fuse-elementwise on the program, then the native runtime compiles and caches it.
 
 Threading policy: the native runtime is single-threaded except for GEMM (matmul and convolution),
-which uses the OpenBLAS (or Accelerate) thread pool of the native module. Its size is
-``LUCID_NUM_THREADS`` when set, else the BLAS default (one per core); change it with
-:func:`set_num_threads`. numpy carries its own OpenBLAS: when both pools spin on the same cores
-they slow each other down, so set ``OPENBLAS_THREAD_TIMEOUT=1`` (or fewer threads on one side)
-before starting a process that interleaves numpy BLAS and compiled calls. See docs/backend-cpu.md.
+which uses the OpenBLAS (or Accelerate) thread pool of the native module, and large compute-bound
+elementwise chains, split across the module's worker pool. Both use ``LUCID_NUM_THREADS`` threads
+when set, else the BLAS default (one per core); change it with :func:`set_num_threads`. While
+other processes keep the cores busy, runs use only the cores left free (at least one) and get the
+configured count back when the load goes away (:func:`set_adaptive_threads`,
+``LUCID_ADAPTIVE_THREADS=0`` to turn it off; Linux). numpy carries its own OpenBLAS, whose idle
+workers ``import lucid`` puts to sleep at once, whatever the import order (``lucid/_threads.py``).
+See docs/backend-cpu.md.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from lucid._native_loader import _native
+from lucid._threads import thread_env_error
 from lucid.backends.base import Backend, Unsupported
 from lucid.backends.cpu.fuse import fuse_elementwise
 from lucid.backends.cpu.kernel_fusion import fuse_kernels
@@ -126,36 +129,35 @@ def set_cache_capacity(capacity: int) -> None:
 
 
 def set_num_threads(n: int) -> None:
-    """Threads the native GEMM may use."""
+    """Threads the native GEMM and the worker pool may use (at most: see
+    :func:`set_adaptive_threads`)."""
     _native.set_num_threads(n)
 
 
 def get_num_threads() -> int:
+    """The configured thread count (:func:`set_num_threads`, ``LUCID_NUM_THREADS``)."""
     return int(_native.get_num_threads())
 
 
+def set_adaptive_threads(enabled: bool) -> None:
+    """With ``enabled`` (the default unless ``LUCID_ADAPTIVE_THREADS=0``), runs use fewer threads
+    than configured while other processes keep the cores busy; off, always the configured count."""
+    _native.set_adaptive_threads(bool(enabled))
+
+
+def thread_stats() -> dict[str, Any]:
+    """The thread policy's state: ``configured`` and ``effective`` thread counts, ``blas_threads``
+    (the native BLAS's own count), ``adaptive``, ``contended``, ``other_cores`` (the last estimate
+    of other processes' load on the allowed cores, -1 before the first), ``allowed_cpus``, and
+    counters (``samples``, ``changes``, ``parts_run_by_caller``, ``sample_seconds``)."""
+    return dict(_native.thread_stats())
+
+
 def thread_setting_error() -> str | None:
-    """Why ``LUCID_NUM_THREADS`` is not a usable setting (None when it is unset or valid)."""
-    value = os.environ.get("LUCID_NUM_THREADS", "")
-    if not value.strip():
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        return f"LUCID_NUM_THREADS must be a positive integer, got {value!r}"
-    return None
+    """Why ``LUCID_NUM_THREADS`` or ``LUCID_ADAPTIVE_THREADS`` is not a usable setting (None when
+    unset or valid)."""
+    return thread_env_error()
 
-
-def _apply_thread_env() -> None:
-    # A bad value is not applied here (an import error would hide it); the compiler refuses it
-    # once, at the first compile, through thread_setting_error().
-    if thread_setting_error() is None and os.environ.get("LUCID_NUM_THREADS", "").strip():
-        set_num_threads(int(os.environ["LUCID_NUM_THREADS"]))
-
-
-_apply_thread_env()
 
 __all__ = [
     "CPUBackend",
@@ -163,6 +165,8 @@ __all__ = [
     "cache_info",
     "get_num_threads",
     "set_cache_capacity",
+    "set_adaptive_threads",
     "set_num_threads",
     "thread_setting_error",
+    "thread_stats",
 ]

@@ -7,7 +7,15 @@ import threading
 import numpy as np
 import pytest
 
-from lucid.backends.cpu import CPUBackend, FusedNode, Program, get_num_threads, set_num_threads
+from lucid.backends.cpu import (
+    CPUBackend,
+    FusedNode,
+    Program,
+    get_num_threads,
+    set_adaptive_threads,
+    set_num_threads,
+    thread_stats,
+)
 
 SHAPE = (300, 700)  # above the parallel threshold (2**16 elements)
 
@@ -31,6 +39,15 @@ def _feeds(seed: int = 0) -> list[np.ndarray]:
     m, w = (rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2))
     v = rng.random(SHAPE).astype(np.float32)
     return [m, v, w, np.array(1e-3, np.float32)]
+
+
+@pytest.fixture(autouse=True)
+def fixed_thread_count():
+    """The split paths under test run even while other processes keep the machine busy."""
+    adaptive = thread_stats()["adaptive"]
+    set_adaptive_threads(False)
+    yield
+    set_adaptive_threads(adaptive)
 
 
 @pytest.fixture
