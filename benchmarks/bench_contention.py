@@ -4,10 +4,11 @@ competing CPU-bound process.
 Workload A (MLP 784-256-10, batch 64) inference, one call at a time, each call timed on its
 own. Every case runs in a fresh process of its own (Lucid's with this interpreter, PyTorch's
 with ``--torch-python``, the benchmark venv's by default) that imports only its framework,
-warms up and times ``--calls`` calls. Each pass runs every case under both conditions: "idle"
-(no competitor of ours; the machine's own load is recorded) and "busy" (one child running
-``while True: pass``, started before and killed after the condition's cases). Conditions and
-cases are rotated from pass to pass so a slow spell of a shared machine hits them alike.
+warms up and times ``--calls`` calls (fewer if they take over ``--max-s`` seconds). Each pass
+runs every case under both conditions: "idle" (no competitor of ours; the machine's own load is
+recorded) and "busy" (one child running ``while True: pass``, started before and killed after
+the condition's cases). Conditions and cases are rotated from pass to pass so a slow spell of a
+shared machine hits them alike.
 Reported per case and condition: the median over passes of each process's median call, with
 the range over passes, and the median over passes of each process's p99 and slowest call.
 
@@ -16,7 +17,7 @@ Cases: ``lucid`` (the default: ``--threads`` threads, fewer while the cores are 
 ``torch`` (``torch.set_num_threads(--threads)``) and ``torch 1 thread``. A peer that is not
 installed is reported missing and never enters a comparison. Nothing is written unless asked:
 
-    python benchmarks/bench_contention.py [--passes 3] [--calls 2000] [--threads 2]
+    python benchmarks/bench_contention.py [--passes 3] [--calls 2000] [--max-s 20] [--threads 2]
         [--cases "lucid,torch"] [--torch-python PATH] [--json PATH]
 
 ``--overhead`` measures instead what watching the load costs a run when nothing changes: one
@@ -45,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--calls", type=int, default=2000, help="timed calls per process")
+    ap.add_argument(
+        "--max-s", type=float, default=20.0, help="stop a process's timing after this long"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of cases")
     ap.add_argument(
@@ -103,7 +107,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def run_child(case: str, calls: int) -> dict:
+def run_child(case: str, calls: int, max_s: float) -> dict:
     sys.path.insert(0, HERE)
     framework = case.split()[0]
     fn = lucid_call() if framework == "lucid" else torch_call()
@@ -113,16 +117,21 @@ def run_child(case: str, calls: int) -> dict:
         fn()
     times = []
     clock = time.perf_counter_ns
+    stop = clock() + int(max_s * 1e9)
     for _ in range(calls):
         t0 = clock()
         fn()
-        times.append((clock() - t0) * 1e-6)
+        t1 = clock()
+        times.append((t1 - t0) * 1e-6)
+        if t1 > stop:
+            break
     times.sort()
     out = {
         "median_ms": statistics.median(times),
         "p99_ms": percentile(times, 0.99),
         "max_ms": times[-1],
         "mean_ms": statistics.fmean(times),
+        "calls": len(times),
     }
     if framework == "lucid":
         from lucid.backends import cpu
@@ -219,6 +228,7 @@ def torch_installed(python: str) -> bool:
 def spawn(case: str, args) -> dict:
     python = args.torch_python if case.startswith("torch") else sys.executable
     cmd = [python, os.path.abspath(__file__), "--child", case, "--calls", str(args.calls)]
+    cmd += ["--max-s", str(args.max_s)]
     try:
         out = subprocess.run(
             cmd,
@@ -276,7 +286,7 @@ def fmt(s: dict | None) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(run_child(args.child, args.calls)))
+        print(json.dumps(run_child(args.child, args.calls, args.max_s)))
         return 0
     if args.overhead:
         return overhead(args)
@@ -320,6 +330,14 @@ def main(argv=None) -> int:
     for c in missing:
         print(f"{c:<{width}}missing: torch is not importable with {args.torch_python}")
     for k in CONDITIONS:
+        seen = [r["threads"] for r in runs.get(("lucid", k), []) if "threads" in r]
+        if seen:
+            threads = sorted({t["effective"] for t in seen})
+            others = [t["other_cores"] for t in seen]
+            print(
+                f"'lucid' at the end of its '{k}' processes: {threads} threads, other processes' "
+                f"load {min(others):.2f}-{max(others):.2f} cores"
+            )
         if loads[k]:
             print(f"load average during '{k}': {min(loads[k]):.1f}-{max(loads[k]):.1f}")
     if args.json:

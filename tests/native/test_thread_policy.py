@@ -5,6 +5,7 @@ the real measurement against a competing busy process."""
 from __future__ import annotations
 
 import ctypes
+import math
 import subprocess
 import sys
 import time
@@ -131,7 +132,7 @@ def test_a_competing_busy_process_is_noticed_and_results_do_not_change(policy):
         while time.monotonic() < deadline:
             out = ex.run(feeds)[0]
             stats = thread_stats()
-            if stats["samples"] >= samples_before + 3 and stats["effective"] == 1:
+            if stats["samples"] >= samples_before + 3 and stats["contended"]:
                 break
             time.sleep(0.005)  # leave the competitor its share, as an application would
     finally:
@@ -140,7 +141,9 @@ def test_a_competing_busy_process_is_noticed_and_results_do_not_change(policy):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
     assert stats["samples"] >= samples_before + 2, stats
     assert stats["other_cores"] >= 0.6 and stats["contended"], stats
-    assert stats["effective"] == 1 and stats["blas_threads"] == 1, stats
+    # Two cores here: one thread; a bigger machine keeps threads on its free cores.
+    free = max(1, min(2, math.floor(stats["allowed_cpus"] - stats["other_cores"])))
+    assert stats["effective"] == free and stats["blas_threads"] == free, stats
     # Back to two threads once the load is gone; the shared test machine may stay busy, so
     # this part only holds when the policy saw the load go away.
     deadline = time.monotonic() + 2.0
