@@ -3,7 +3,7 @@ competing CPU-bound process.
 
 Workload A (MLP 784-256-10, batch 64) inference, one call at a time, each call timed on its
 own. Every case runs in a fresh process of its own (Lucid's with this interpreter, PyTorch's
-with ``--torch-python``, the benchmark venv's by default) that imports only its framework,
+with ``--torch-python``, e.g. the benchmark venv's) that imports only its framework,
 warms up and times ``--calls`` calls (fewer if they take over ``--max-s`` seconds). Each pass
 runs every case under both conditions: "idle" (no competitor of ours; the machine's own load is
 recorded) and "busy" (one child running ``while True: pass``, started before and killed after
@@ -36,7 +36,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_TORCH_PYTHON = "/work/bench-venv/bin/python"
 CASES = ("lucid", "lucid fixed", "lucid 1 thread", "torch", "torch 1 thread")
 CONDITIONS = ("idle", "busy")
 WARMUP_S = 0.3
@@ -53,8 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of cases")
     ap.add_argument(
         "--torch-python",
-        default=DEFAULT_TORCH_PYTHON if os.path.exists(DEFAULT_TORCH_PYTHON) else sys.executable,
-        help="interpreter that runs the PyTorch cases",
+        default=os.environ.get("BENCH_TORCH_PYTHON", sys.executable),
+        help="interpreter of the PyTorch cases (default: $BENCH_TORCH_PYTHON, else this one)",
     )
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per child process")
     ap.add_argument("--json", default=None, help="write the run's results to PATH")
