@@ -126,7 +126,63 @@ def run_chain(request: dict, samples: str) -> list[dict]:
     return results
 
 
+# Forking a warm process is what makes a chain cheap; where fork is unsafe after the frameworks
+# have loaded (macOS's Objective-C runtime and libdispatch), each chain gets a fresh interpreter.
+USE_FORK = (
+    hasattr(os, "fork")
+    and sys.platform.startswith("linux")
+    and os.environ.get("LUCID_DOCS_NO_FORK") != "1"
+)
+
+
+def read_results(result_path: str) -> dict:
+    try:
+        with open(result_path) as f:
+            results = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        results = [{"line": 0, "ok": False, "error": "the chain's process died without a result"}]
+    return {"results": results}
+
+
+def serve_spawned(request: dict, samples: str) -> dict:
+    folder = tempfile.mkdtemp(prefix="lucid-docs-chain-")
+    request_path, result_path = (os.path.join(folder, n) for n in ("request.json", "result.json"))
+    with open(request_path, "w") as f:
+        json.dump(request, f)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--chain", request_path, samples, result_path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: a timeout kills its commands too
+    )
+    try:
+        child.wait(timeout=request["timeout"])
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+        return {"timeout": True}
+    answer = read_results(result_path)
+    shutil.rmtree(folder, ignore_errors=True)
+    return answer
+
+
+def run_chain_to_file(request: dict, samples: str, result_path: str) -> int:
+    try:
+        results = run_chain(request, samples)
+        status = 0
+    except BaseException:  # noqa: BLE001
+        results = [{"line": 0, "ok": False, "error": traceback.format_exc()}]
+        status = 1
+    with open(result_path, "w") as f:
+        json.dump(results, f)
+    return status
+
+
 def serve_one(request: dict, samples: str) -> dict:
+    if not USE_FORK:
+        return serve_spawned(request, samples)
     fd, result_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     pid = os.fork()
@@ -138,12 +194,8 @@ def serve_one(request: dict, samples: str) -> dict:
             sink = os.open(os.devnull, os.O_WRONLY)
             os.dup2(sink, 1)
             os.dup2(sink, 2)
-            results = run_chain(request, samples)
-            with open(result_path, "w") as f:
-                json.dump(results, f)
+            status = run_chain_to_file(request, samples, result_path)
         except BaseException:  # noqa: BLE001
-            with open(result_path, "w") as f:
-                json.dump([{"line": 0, "ok": False, "error": traceback.format_exc()}], f)
             status = 1
         finally:
             os._exit(status)
@@ -159,16 +211,18 @@ def serve_one(request: dict, samples: str) -> dict:
             os.unlink(result_path)
             return {"timeout": True}
         time.sleep(0.01)
-    try:
-        with open(result_path) as f:
-            results = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        results = [{"line": 0, "ok": False, "error": "the chain's process died without a result"}]
+    answer = read_results(result_path)
     os.unlink(result_path)
-    return {"results": results}
+    return answer
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--chain"]:  # one chain in this fresh process (see USE_FORK)
+        request_path, samples, result_path = sys.argv[2:5]
+        with open(request_path) as f:
+            request = json.load(f)
+        preload()
+        sys.exit(run_chain_to_file(request, samples, result_path))
     preload()
     samples = tempfile.mkdtemp(prefix="lucid-docs-samples-")
     write_sample_files(samples)

@@ -29,6 +29,7 @@ whose frames point at the doc's own lines. The blocks run in a helper process
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -181,13 +182,14 @@ def test_json_block_parses(block):
 class Runner:
     """The helper process (tests/docs_runner.py) and the results of the chains it ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(RUNNER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             cwd=tempfile.gettempdir(),
+            env=env,
         )
         ready = self.proc.stdout.readline()
         if not ready:
@@ -361,3 +363,25 @@ def test_a_block_past_its_timeout_is_stopped(runner, tmp_path):
     doc.write_text("```python\nimport time\ntime.sleep(60)\n```\n")
     (block,) = parse_blocks(doc, root=tmp_path)
     assert runner.run([block], timeout=1.0) == {"timeout": True}
+
+
+def test_chains_also_run_in_fresh_processes(tmp_path):
+    """Where forking is unsafe (macOS), each chain runs in a fresh interpreter; same answers."""
+    doc = tmp_path / "guide.md"
+    doc.write_text(
+        "```python\nimport lucid\nx = lucid.ones(2)\n```\n\n"
+        "```python continued\nassert x.sum().item() == 3, 'two ones'\n```\n\n"
+        "```sh\nlucid-opt model.mlir -p cse > /dev/null && test -f symbolic.mlir\n```\n\n"
+        "```python\nimport time\ntime.sleep(60)\n```\n"
+    )
+    blocks = parse_blocks(doc, root=tmp_path)
+    runner = Runner(env={**os.environ, "LUCID_DOCS_NO_FORK": "1"})
+    try:
+        first, second = runner.run(blocks[:2])["results"]
+        assert first["ok"] and not second["ok"]
+        assert f'File "{doc}", line 7' in second["error"] and "two ones" in second["error"]
+        (shell,) = runner.run(blocks[2:3])["results"]
+        assert shell["ok"], shell.get("error")  # the sample files are there too
+        assert runner.run(blocks[3:], timeout=2.0) == {"timeout": True}
+    finally:
+        runner.close()
