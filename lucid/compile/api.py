@@ -9,6 +9,7 @@ reason kept in ``cache_info()["reasons"]`` and one warning on the ``lucid.compil
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 from collections import Counter
@@ -34,6 +35,7 @@ from lucid.compile._binding import (
     name_feeds,
     owner_modules,
 )
+from lucid.nn.modules.module import Module
 from lucid.trace._tracing import GraphBreak, _tracing
 
 logger = logging.getLogger("lucid.compile")
@@ -214,7 +216,7 @@ _parse_options = _pipeline.parse_options
 _env_flag = _pipeline.env_flag
 
 
-class CompiledModule:
+class CompiledModule(Module):
     """A model (or callable) whose calls run as cached native executables.
 
     >>> cm = lucid.compile(model)
@@ -222,6 +224,13 @@ class CompiledModule:
     >>> y = cm(x)                  # a cache hit: binds and runs the executable
     >>> cm.cache_info()["entries"]
     1
+
+    It is an ``nn.Module`` that takes the wrapped model's place in a module tree
+    (``nn.Sequential(cm, head)``): it shares the model's children, parameters and buffers, so
+    their dotted names, ``state_dict`` and ``load_state_dict`` are the model's own and
+    checkpoints of the compiled and the eager model are interchangeable. Unlike PyTorch's
+    ``OptimizedModule`` there is no ``_orig_mod.`` level in the names (``cm._orig_mod`` is the
+    model; ``load_state_dict`` accepts PyTorch's prefixed keys too).
     """
 
     def __init__(
@@ -241,6 +250,13 @@ class CompiledModule:
                 f"lucid.compile needs an nn.Module or a callable, got {type(target).__name__}"
             )
         pipeline, switches = _parse_options(options)
+        # The module tables first (the training setter forwards nothing before _model is set).
+        Module.__init__(self)
+        if isinstance(target, Module):
+            # The wrapper takes the model's place in a module tree: it shares the model's
+            # tables, so children, parameters, buffers and their dotted names are the model's.
+            for table in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+                self.__dict__[table] = target.__dict__[table]
         self.__dict__["_model"] = target
         self.__dict__["_dynamic"] = bool(dynamic)
         # The shared symbolic-batch executable is opt-in (see the user guide, "dynamic").
@@ -315,10 +331,26 @@ class CompiledModule:
 
     @property
     def training(self) -> bool:
-        return bool(getattr(self._model, "training", False))
+        """The wrapped model's flag (part of every cache key: both modes stay cached)."""
+        return bool(getattr(self.__dict__.get("_model"), "training", False))
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        # Module.train() sets it on every module it reaches, this one included.
+        model = self.__dict__.get("_model")
+        if isinstance(model, Module):
+            model.training = mode
+
+    @property
+    def _orig_mod(self) -> Any:
+        """The wrapped model (PyTorch's ``OptimizedModule`` name for it)."""
+        return self.__dict__["_model"]
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_model"], name)
+        d = self.__dict__
+        if "_model" not in d:  # half-built (copy, unpickling)
+            raise AttributeError(name)
+        return getattr(d["_model"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in type(self).__dict__ or name in self.__dict__:
@@ -329,35 +361,105 @@ class CompiledModule:
     def __repr__(self) -> str:
         return f"CompiledModule({self._model!r})"
 
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The compiled call (``cm.forward(x)`` is ``cm(x)``)."""
+        return self(*args, **kwargs)
+
+    # --- nn.Module surface ----------------------------------------------------------------------
+    def _wrapped_module(self) -> Module | None:
+        model = self.__dict__["_model"]
+        return model if isinstance(model, Module) else None
+
+    def apply(self, fn: Callable[[Module], Any]) -> CompiledModule:
+        """``fn`` on every submodule, on the wrapped model itself, then on this wrapper."""
+        model = self._wrapped_module()
+        if model is not None:
+            model.apply(fn)
+        fn(self)
+        return self
+
+    def _load_from_state_dict(self, *args: Any) -> None:
+        model = self._wrapped_module()
+        if model is not None:
+            return model._load_from_state_dict(*args)
+        return Module._load_from_state_dict(self, *args)
+
     def train(self, mode: bool = True) -> CompiledModule:
-        self._model.train(mode)
-        self.clear_cache()
+        """Set the training flag of the model and every submodule. Nothing is recompiled or
+        dropped: the flag is part of the cache key, so both modes' executables stay cached."""
+        Module.train(self, mode)
         return self
 
     def eval(self) -> CompiledModule:
         return self.train(False)
 
     def to(self, *args: Any, **kwargs: Any) -> CompiledModule:
-        self._model.to(*args, **kwargs)
-        self.clear_cache()
+        """``Module.to``. The cache is dropped only when a parameter's or buffer's dtype or
+        device really changes (``to(float64)``); the current dtype or device keeps it."""
+        model = self._model_or_refuse("to")
+        before = self._placement()
+        model.to(*args, **kwargs)
+        if self._placement() != before:
+            self.clear_cache()
         return self
 
+    def _placement(self) -> tuple:
+        tensors = itertools.chain(self.parameters(), self.buffers())
+        return tuple((t._data.dtype, str(t.device)) for t in tensors if t._data is not None)
+
     def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False):
-        result = self._model.load_state_dict(state_dict, strict=strict, assign=assign)
-        self.clear_cache()
-        return result
+        """The wrapped model's ``load_state_dict`` (keys may carry PyTorch's ``_orig_mod.``
+        prefix). Values are copied in place, so cached executables stay valid; replaced
+        tensors (``assign=True``) are noticed by the next call, which recompiles."""
+        if isinstance(state_dict, dict) and any(
+            isinstance(k, str) and k.startswith("_orig_mod.") for k in state_dict
+        ):
+            state_dict = type(state_dict)(
+                (k.removeprefix("_orig_mod.") if isinstance(k, str) else k, v)
+                for k, v in state_dict.items()
+            )
+        model = self._wrapped_module()
+        if model is None:
+            return Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
+        return model.load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def parameters(self, recurse: bool = True):
-        return self._model.parameters(recurse)
+    def state_dict(
+        self, *args: Any, destination: dict | None = None, prefix: str = "", keep_vars: bool = False
+    ):
+        """The wrapped model's state dict (its own key names, under ``prefix``)."""
+        model = self._wrapped_module()
+        if model is None:
+            return Module.state_dict(
+                self, *args, destination=destination, prefix=prefix, keep_vars=keep_vars
+            )
+        return model.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
 
-    def named_parameters(self, *args: Any, **kwargs: Any):
-        return self._model.named_parameters(*args, **kwargs)
+    def register_forward_hook(self, hook: Callable) -> Any:
+        """``hook(cm, args, output)`` after each compiled call (a non-None result replaces
+        the output); hooks on the wrapped model run while it is traced instead."""
+        handle = Module.register_forward_hook(self, hook)
+        self._use_hooks()
+        return handle
 
-    def buffers(self, recurse: bool = True):
-        return self._model.buffers(recurse)
+    def register_forward_pre_hook(self, hook: Callable) -> Any:
+        """``hook(cm, args)`` before each compiled call (a non-None result replaces args)."""
+        handle = Module.register_forward_pre_hook(self, hook)
+        self._use_hooks()
+        return handle
 
-    def state_dict(self, *args: Any, **kwargs: Any):
-        return self._model.state_dict(*args, **kwargs)
+    def _use_hooks(self) -> None:
+        # A class switch rather than a hook check in __call__: wrappers without hooks keep the
+        # cache-hit path as it is.
+        if type(self) is CompiledModule:
+            object.__setattr__(self, "__class__", _HookedCompiledModule)
+
+    def _model_or_refuse(self, what: str) -> Module:
+        model = self._wrapped_module()
+        if model is None:
+            raise TypeError(
+                f"{what}: the compiled {type(self._model).__name__} is not an nn.Module"
+            )
+        return model
 
     # --- the cache ------------------------------------------------------------------------------
     def _param_list(self) -> list[Tensor]:
@@ -865,6 +967,17 @@ class CompiledModule:
             )
             steps.put(loss_fn, fn)
         return fn(*args)
+
+
+class _HookedCompiledModule(CompiledModule):
+    """A ``CompiledModule`` with forward hooks of its own: ``Module.__call__`` runs them around
+    ``forward``, the compiled call."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return Module.__call__(self, *args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return CompiledModule.__call__(self, *args, **kwargs)
 
 
 class _CheckedEntry:

@@ -66,18 +66,13 @@ def test_four_batch_sizes_four_entries():
     assert cm.cache_info()["entries"] == 4
 
 
-@pytest.mark.parametrize("action", ["train", "eval", "load_state_dict", "to", "clear_cache"])
-def test_cache_is_emptied_by(action):
+def test_cache_is_emptied_by_clear_cache():
+    # train(), eval(), to() and load_state_dict() keep what stays valid: test_module_surface.py
     model = models.MLP()
     cm = lucid.compile(model)
     cm(randn(2, 16))
     assert cm.cache_info()["entries"] == 1
-    if action == "load_state_dict":
-        cm.load_state_dict(model.state_dict())
-    elif action == "to":
-        cm.to(lucid.float32)
-    else:
-        getattr(cm, action)()
+    cm.clear_cache()
     info = cm.cache_info()
     assert info["entries"] == 0 and info["n_calls"] == {}
 
