@@ -51,8 +51,9 @@ from lucid.compile._training import (
     build_training_module,
 )
 from lucid.compile.api import CompileError
+from lucid.ir import import_trace, print_ir
 from lucid.ops._registry import OpDef
-from lucid.passes import PassFailure
+from lucid.passes import PassFailure, PassManager
 from lucid.trace._tracing import GraphBreak
 
 logger = logging.getLogger("lucid.compile")
@@ -102,10 +103,44 @@ class _GradRef:
         return self.param._grad._version
 
 
-def _compile_on(backend: str, module: Any, *, inplace: bool) -> Any:
-    """Lower ``module`` and compile it on ``backend`` (a registry name); with ``inplace`` the
-    ``update:`` results are written into their feeds' arrays by the run (after it succeeded)."""
-    return _pipeline.compile_module(module, _pipeline.backend_of(backend), inplace=inplace)[0]
+@dataclass
+class _Compiled:
+    """A training module compiled for one signature, with what the compile took."""
+
+    tm: TrainingModule
+    executable: Any
+    compile_ms: float
+    passes_ms: dict[str, float]
+
+
+def _compile_step(
+    what: str,
+    switches: dict[str, Any],
+    backend: str,
+    build: Callable[[Any], TrainingModule],
+    *,
+    inplace: bool,
+    describe: str,
+) -> _Compiled:
+    """Build a training module (``build(instrumentation)``) and compile it on ``backend`` (a
+    registry name) in one ``CompileSession``: the debugging switches (``LUCID_COMPILE_*`` and
+    ``options=``) apply to both pipelines, ``<what>-graph`` (``vjp``, ``optimizer-fusion``,
+    ``ghost-grads``, the graph passes) and ``<what>-lowering``, each in its own folder of
+    ``LUCID_COMPILE_PRINT_IR_TREE_DIR``; ``LUCID_COMPILE_VERBOSE`` logs one line and
+    ``LUCID_COMPILE_DEBUG`` writes the trace. With ``inplace`` the ``update:`` results are
+    written into their feeds' arrays by the run (after it succeeded)."""
+    session = _pipeline.CompileSession(switches)
+    t0 = time.perf_counter()
+    tm = build(session.instrumentation(f"{what}-graph"))
+    traced_ms = (time.perf_counter() - t0) * 1e3 - sum(tm.passes_ms.values())
+    session.record("trace", max(traced_ms, 0.0))  # tracing and import
+    for name, ms in tm.passes_ms.items():
+        session.record(name, ms)
+    executable = session.compile_module(
+        tm.module, _pipeline.backend_of(backend), inplace=inplace, pipeline=f"{what}-lowering"
+    )
+    compile_ms = session.finish(f"{what} {describe}", trace=tm.trace, backend=backend)
+    return _Compiled(tm, executable, compile_ms, dict(session.passes_ms))
 
 
 # optimizer-fusion concatenates the parameters (and gradients, and state) into one flat chain:
@@ -194,6 +229,8 @@ class _Entry:
     n_runs: int = 0
     tm: Any = None
     last_used: int = 0  # recency stamp for the entry LRU
+    passes_ms: dict[str, float] | None = None  # time of each compile stage (timing())
+    last_run_ms: float = 0.0
 
     def set_scalars(self, values: dict[str, float]) -> None:
         for role, v in values.items():
@@ -209,9 +246,21 @@ class _Entry:
         if rng is not None:
             rng._data = _random.get_rng_state()._data
             feeds[self._rng_index] = rng._data
+        t0 = time.perf_counter()
         results = self.executable.run(feeds)
+        self.last_run_ms = (time.perf_counter() - t0) * 1e3
         self.n_runs += 1
         return results
+
+    def feed_copies(self, tensor_inputs: Sequence[Tensor]) -> list[np.ndarray]:
+        """Copies of the arrays ``run`` would feed (for ``profile``: in-place results go to
+        them, not to the model)."""
+        feeds = [r._data if r is not None else None for r in self.refs]
+        for fi, ii in self.input_pos:
+            feeds[fi] = tensor_inputs[ii]._data
+        if self.rng_slot is not None:
+            feeds[self._rng_index] = _random.get_rng_state()._data
+        return [np.array(f, order="C", copy=True) for f in feeds]
 
     _rng_index: int = -1
 
@@ -233,13 +282,9 @@ class _Entry:
 
 
 def _make_entry(
-    tm: TrainingModule,
-    executable: Any,
-    *,
-    inplace: bool,
-    compile_ms: float,
-    extra_refs: dict[str, Any] | None = None,
+    compiled: _Compiled, *, inplace: bool, extra_refs: dict[str, Any] | None = None
 ) -> _Entry:
+    tm, executable, compile_ms = compiled.tm, compiled.executable, compiled.compile_ms
     refs: list[Any] = []
     input_pos: list[tuple[int, int]] = []
     scalar_slots: dict[str, _Slot] = {}
@@ -319,6 +364,7 @@ def _make_entry(
         compile_ms=compile_ms,
         first_scalars=dict(tm.scalars),
         tm=tm,
+        passes_ms=compiled.passes_ms,
     )
     entry._rng_index = rng_index
     return entry
@@ -437,10 +483,8 @@ class _StepOptions:
         check: str | None,
         check_tolerance: tuple[float, float] | None,
     ):
-        from lucid.compile.api import _parse_options
-
         self.what = what
-        pipeline, self.switches = _parse_options(options)
+        pipeline, self.switches = _pipeline.parse_options(options, what)
         self.pipeline = _pipeline.GRAPH_PIPELINE if pipeline is None else pipeline
         self.mode = _parity.check_mode(check)
         self.tol = _parity.tolerance(check_tolerance)
@@ -512,7 +556,11 @@ def _result_values(entry: _Entry, loss: np.ndarray) -> dict[str, np.ndarray]:
     out = {"output:0": np.array(loss, copy=True)}
     for role in entry.result_roles:
         if role.startswith("update:") and role != "update:rng":
-            out[role] = np.array(entry.tm.feeds[role[len("update:") :]]._data, copy=True)
+            target = role[len("update:") :]
+            t = entry.tm.feeds.get(target)
+            if t is None:  # a clipped gradient written back to p.grad (compile_optimizer)
+                t = entry.refs[entry.feed_roles.index(target)]
+            out[role] = np.array(t._data, copy=True)
     return out
 
 
@@ -552,18 +600,118 @@ def _rebind_state(opt: Any, bound: dict[Tensor, dict[str, Any]]) -> None:
                 now[k] = old
 
 
+class _StepIntrospection:
+    """``timing()``, ``ir()``, ``module()`` and ``profile()`` of a training step (its entries in
+    ``self._entries``, named ``self._what`` in messages)."""
+
+    _what = "training step"
+    _entries: LRU
+    backend: str
+
+    def timing(self) -> list[dict[str, Any]]:
+        """One row per compiled signature: ``key``, ``compile_ms``, ``last_run_ms`` (the
+        executable's last run), ``n_runs`` and ``passes_ms`` (time per compiler stage: ``trace``,
+        ``vjp``, ``optimizer-fusion``, ``ghost-grads``, the graph passes, ``lower-to-prim``, the
+        backend's passes, ``backend-compile``)."""
+        return [
+            {
+                "key": k,
+                "compile_ms": e.compile_ms,
+                "last_run_ms": e.last_run_ms,
+                "n_runs": e.n_runs,
+                "passes_ms": dict(e.passes_ms or {}),
+            }
+            for k, e in self._entries.items()
+        ]
+
+    def _entry(self, key: Any) -> _Entry:
+        entries = self._entries
+        if not entries:
+            raise KeyError(
+                f"{self._what}: nothing is compiled yet: a training step compiles on its first "
+                "call (or profile(...)); call it once, then ask again"
+            )
+        if key is None:
+            key = -1
+        if isinstance(key, int):
+            values = list(entries.values())
+            if not -len(values) <= key < len(values):
+                raise KeyError(f"{self._what}: no entry {key}: {len(values)} compiled")
+            return values[key]
+        entry = entries.get(key)
+        if entry is None:
+            raise KeyError(
+                f"{self._what}: no compiled signature {key!r}; compiled: {list(entries)!r}"
+            )
+        return entry
+
+    def module(self, key: Any = -1) -> Any:
+        """The training module of a compiled entry (by cache key, or by index in
+        ``cache_info()["keys"]``; default the latest): the function in the ``prim`` dialect as
+        compiled (forward, backward and update); print it with ``lucid.ir.print_ir``.
+        ``ir(stage=...)`` shows the other stages. Raises ``KeyError`` before the first call."""
+        return self._entry(key).tm.module
+
+    def ir(self, key: Any = None, stage: str = "final") -> str:
+        """The MLIR text of a compiled entry at ``stage``: ``imported`` (the trace: forward and
+        optimizer update), ``optimized`` (after ``vjp``, ``optimizer-fusion``, ``ghost-grads``
+        and the graph passes), ``prim`` or ``final`` (the backend's program). ``key`` as for
+        ``module``."""
+        if stage not in _pipeline.STAGES:
+            raise ValueError(f"unknown stage {stage!r}; expected one of {_pipeline.STAGES}")
+        tm = self._entry(key).tm
+        module = import_trace(tm.trace)
+        if stage != "imported":
+            PassManager(tm.pipeline).run(module)
+        if stage in ("imported", "optimized"):
+            return print_ir(module)
+        target = _pipeline.backend_of(self.backend)
+        _pipeline.lower(module, target)
+        return print_ir(module) if stage == "prim" else target.stage_ir(module)
+
+    def _profile_entry(self, inputs: tuple) -> _Entry:
+        raise NotImplementedError  # each step finds (or compiles) the entry its inputs use
+
+    def profile(self, *inputs: Any, repeats: int = 100) -> list[dict[str, Any]]:
+        """Where a step's time goes: the native executable serving ``inputs`` run ``repeats``
+        times on copies of its feeds (parameters, optimizer state, buffers and the RNG are left
+        as they were; compiling the entry first if needed, without taking a step): one row per
+        instruction, slowest first: ``index``, ``op``, ``ms`` (mean) and ``instr``."""
+        if not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
+        entry = self._profile_entry(inputs)
+        executable = entry.executable
+        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
+            raise RuntimeError(
+                f"profile: the {self.backend!r} backend's executables do not report "
+                "per-instruction times"
+            )
+        tensors = [a for a in _contiguous_inputs(inputs) if isinstance(a, Tensor)]
+        ensure_c_layout(entry.refs)
+        feeds = entry.feed_copies(tensors)
+        lines = executable.dump().splitlines()[1:]
+        rows = [
+            {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
+            for i, op, seconds in executable.profile(feeds, repeats)
+        ]
+        return sorted(rows, key=lambda r: -r["ms"])
+
+
 # ---------------------------------------------------------------------------------------------
 # make_step / compiled_step
 # ---------------------------------------------------------------------------------------------
-class TrainStep:
+class TrainStep(_StepIntrospection):
     """``step(x, *extra) -> loss``: compiled forward + backward of ``loss_fn(model(x), *extra)``.
 
     The returned loss carries a ``grad_fn``: ``loss.backward()`` accumulates the compiled
     gradients into ``p.grad`` (scaled by the upstream gradient), so an eager ``opt.step()``
     works after it. BatchNorm running statistics and the RNG state advance as in eager training.
     One executable per input signature (shapes, dtypes), training flag and set of trained
-    parameters.
+    parameters. ``cache_info()``, ``timing()``, ``ir(stage=...)``, ``module()`` and
+    ``profile(x, *extra)`` look inside.
     """
+
+    _what = "make_step"
 
     def __init__(
         self,
@@ -606,21 +754,37 @@ class TrainStep:
     def _build(self, key: tuple, inputs: tuple) -> _Entry:
         check_settings(self.backend)
         self._recompiles.note(key, list(self._entries), logger)
-        t0 = time.perf_counter()
         opts = self._opts
         try:
-            tm = build_training_module(self.model, self.loss_fn, inputs, pipeline=opts.pipeline)
-            executable = _compile_on(self.backend, tm.module, inplace=True)
+            compiled = _compile_step(
+                "make_step",
+                opts.switches,
+                self.backend,
+                lambda inst: build_training_module(
+                    self.model, self.loss_fn, inputs, pipeline=opts.pipeline, instrumentation=inst
+                ),
+                inplace=True,
+                describe=_describe(inputs),
+            )
         except _COMPILER_ERRORS as e:
             raise CompileError(
                 f"make_step: cannot compile the training step for inputs {_describe(inputs)}: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        entry = _make_entry(
-            tm, executable, inplace=True, compile_ms=(time.perf_counter() - t0) * 1e3
-        )
+        entry = _make_entry(compiled, inplace=True)
         self._entries.put(key, entry)
         return entry
+
+    def _profile_entry(self, inputs: tuple) -> _Entry:
+        if self._bound.version != STRUCTURE_VERSION[0]:
+            self._check_structure()
+        key = self._key(inputs)
+        if key in self._opts.eager_only:
+            raise RuntimeError(
+                f"profile: these inputs run eagerly ({self._opts.eager_only[key]}): no executable"
+            )
+        entry = self._entries.get(key)
+        return entry if entry is not None else self._build(key, inputs)
 
     def run(self, inputs: tuple) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         """Run one step: the loss array and ``(param, gradient array)`` pairs."""
@@ -801,10 +965,12 @@ def compiled_step(
 # ---------------------------------------------------------------------------------------------
 # fused_step
 # ---------------------------------------------------------------------------------------------
-class FusedStep:
+class FusedStep(_StepIntrospection):
     """``step(x, *extra) -> loss``: forward + loss + backward + optimizer update as one native
     executable; parameters, optimizer state, BatchNorm buffers and the RNG state are updated in
     place. See ``fused_step``."""
+
+    _what = "fused_step"
 
     def __init__(
         self,
@@ -875,19 +1041,25 @@ class FusedStep:
 
     def _build(self, inputs: tuple) -> tuple[tuple, _Entry]:
         check_settings(self.backend)
-        t0 = time.perf_counter()
         snap = self._view.snapshot()
         try:
-            tm = build_training_module(
-                self.model,
-                self.loss_fn,
-                inputs,
-                optimizer=self.optimizer,
-                fuse_optimizer=_fuse_updates(p for p in self._params if p._requires_grad),
-                pipeline=self._opts.pipeline,
-                grad_clip=self.grad_clip,
+            compiled = _compile_step(
+                "fused_step",
+                self._opts.switches,
+                self.backend,
+                lambda inst: build_training_module(
+                    self.model,
+                    self.loss_fn,
+                    inputs,
+                    optimizer=self.optimizer,
+                    fuse_optimizer=_fuse_updates(p for p in self._params if p._requires_grad),
+                    pipeline=self._opts.pipeline,
+                    grad_clip=self.grad_clip,
+                    instrumentation=inst,
+                ),
+                inplace=not self.check_finite,
+                describe=_describe(inputs),
             )
-            executable = _compile_on(self.backend, tm.module, inplace=not self.check_finite)
         except _COMPILER_ERRORS as e:
             self._view.restore(snap)
             raise CompileError(
@@ -897,12 +1069,7 @@ class FusedStep:
         except BaseException:
             self._view.restore(snap)
             raise
-        entry = _make_entry(
-            tm,
-            executable,
-            inplace=not self.check_finite,
-            compile_ms=(time.perf_counter() - t0) * 1e3,
-        )
+        entry = _make_entry(compiled, inplace=not self.check_finite)
         entry.created_state = snap  # undone if the entry's first run fails
         self._view.find_reps()
         key = self._key(inputs, self._view.group_scalars())
@@ -1086,10 +1253,27 @@ class FusedStep:
             **self._opts.info(),
         }
 
-    def module(self, index: int = -1) -> Any:
-        """The ``lucid``-dialect training module of a compiled entry (after lowering, it is in
-        the ``prim`` dialect); print it with ``lucid.ir.print_ir``."""
-        return list(self._entries.values())[index].tm.module
+    def _profile_entry(self, inputs: tuple) -> _Entry:
+        if self._bound.version != STRUCTURE_VERSION[0]:
+            self._check_structure()
+        view = self._view
+        if view.changed():
+            view.reset()
+            self._entries.clear()
+        scalars = view.group_scalars()
+        key = self._key(inputs, scalars)
+        if key in self._opts.eager_only:
+            raise RuntimeError(
+                f"profile: these inputs run eagerly ({self._opts.eager_only[key]}): no executable"
+            )
+        entry = self._entries.get(key)
+        if entry is None:
+            key, entry = self._build(inputs)
+        if entry.n_runs == 0 and entry.first_scalars is not None:
+            entry.set_scalars(entry.first_scalars)
+        else:
+            view.refresh(entry, scalars)
+        return entry
 
 
 def fused_step(
@@ -1141,20 +1325,30 @@ def fused_step(
 # ---------------------------------------------------------------------------------------------
 # compile_optimizer
 # ---------------------------------------------------------------------------------------------
-class CompiledOptimizerStep:
+class CompiledOptimizerStep(_StepIntrospection):
     """Replaces ``optimizer.step``: the update of every parameter with a gradient as one cached
     native executable writing parameters and state in place. ``optimizer.step.eager`` is the
     original method."""
+
+    _what = "compile_optimizer"
 
     def __init__(
         self,
         optimizer: Any,
         *,
         backend: str = "auto",
+        options: dict[str, Any] | None = None,
+        check: str | None = None,
+        check_tolerance: tuple[float, float] | None = None,
         max_grad_norm: float | None = None,
         norm_type: float | str = 2.0,
         clip_grad_value: float | None = None,
     ):
+        if options and "pipeline" in options:
+            raise ValueError(
+                "compile_optimizer: option 'pipeline' is not taken (the update's pipeline is "
+                "fixed); the debugging switches are"
+            )
         self.grad_clip = GradClip.of(
             max_grad_norm, norm_type, clip_grad_value, what="compile_optimizer"
         )
@@ -1162,6 +1356,7 @@ class CompiledOptimizerStep:
         self.grad_norm: Tensor | None = None
         self.optimizer = optimizer
         self.backend = _pipeline.resolve_backend(backend)
+        self._opts = _StepOptions("compile_optimizer", options, check, check_tolerance)
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
         self._entries: LRU = LRU(max_entries())
@@ -1176,11 +1371,23 @@ class CompiledOptimizerStep:
     def _build(self) -> tuple[tuple, _Entry]:
         check_settings(self.backend)
         opt = self.optimizer
-        t0 = time.perf_counter()
         snap = self._view.snapshot()
+        refs: dict[str, Any] = {}
+
+        def build(inst: Any) -> TrainingModule:
+            tm, grad_refs = _build_optimizer_module(opt, self.grad_clip, inst)
+            refs.update(grad_refs)
+            return tm
+
         try:
-            tm, refs = _build_optimizer_module(opt, self.grad_clip)
-            executable = _compile_on(self.backend, tm.module, inplace=True)
+            compiled = _compile_step(
+                "compile_optimizer",
+                self._opts.switches,
+                self.backend,
+                build,
+                inplace=True,
+                describe=f"{type(opt).__name__}.step",
+            )
         except _COMPILER_ERRORS as e:
             self._view.restore(snap)
             raise CompileError(
@@ -1190,13 +1397,8 @@ class CompiledOptimizerStep:
         except BaseException:
             self._view.restore(snap)
             raise
-        entry = _make_entry(
-            tm,
-            executable,
-            inplace=True,
-            compile_ms=(time.perf_counter() - t0) * 1e3,
-            extra_refs=refs,
-        )
+        entry = _make_entry(compiled, inplace=True, extra_refs=refs)
+        entry.created_state = snap  # an eager first step (check=) must create the state itself
         self._view.find_reps()
         params = [p for g in opt.param_groups for p in g["params"]]
         key = self._key(self._view.group_scalars(), params)
@@ -1224,11 +1426,27 @@ class CompiledOptimizerStep:
             if self.grad_clip is not None and self.grad_clip.max_norm is not None:
                 self.grad_norm = lucid.tensor(0.0)  # clip_grad_norm_ of no gradients
             return loss
+        opts = self._opts
+        if key in opts.eager_only:
+            self._eager_step()
+            return loss
         entry = self._entries.get(key)
         if entry is None:
             key, entry = self._build()
+            if key in opts.eager_only:  # known once the optimizer state exists
+                self._entries.pop(key, None)
+                self._eager_step()
+                return loss
         else:
             entry.last_used = next(TICK)
+        if opts.wants(entry):
+            self._checked_step(key, entry, scalars)
+        else:
+            self._run_step(key, entry, scalars)
+        return loss
+
+    def _run_step(self, key: tuple, entry: _Entry, scalars: list) -> tuple[tuple, _Entry]:
+        view = self._view
         if entry.n_runs == 0 and entry.first_scalars is not None:
             entry.set_scalars(entry.first_scalars)
         else:
@@ -1257,20 +1475,94 @@ class CompiledOptimizerStep:
         entry.first_scalars = None
         if entry.tm.grad_norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[entry.tm.grad_norm_index]))
-        return loss
+        entry.created_state = None
+        return key, entry
+
+    def _eager_step(self) -> None:
+        """The optimizer's own eager ``step``, after clipping the gradients eagerly as the
+        compiled step clips them (``grad_norm`` is then eager's)."""
+        opt = self.optimizer
+        clip = self.grad_clip
+        if clip is not None:
+            from lucid.nn.utils import clip_grad_norm_, clip_grad_value_
+
+            with_grad = [p for g in opt.param_groups for p in g["params"] if p._grad is not None]
+            if clip.clip_value is not None:
+                clip_grad_value_(with_grad, clip.clip_value)
+            if clip.max_norm is not None:
+                self.grad_norm = clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type)
+        type(opt).step(opt)
+
+    def _checked_step(self, key: tuple, entry: _Entry, scalars: list) -> None:
+        """The compiled update, then the optimizer's own eager ``step`` from the same
+        parameters, state and gradients, compared by role (``update:param:<g>.<i>``,
+        ``update:state:...``); the eager values stay; a mismatch makes ``key`` eager-only."""
+        opt = self.optimizer
+        bound_state = {p: dict(st) for p, st in opt.state.items()}
+        pre_build = entry.created_state if entry.n_runs == 0 else None
+        params = [p for g in opt.param_groups for p in g["params"]]
+        tracked = _unique(
+            [
+                *params,
+                *(p._grad for p in params if p._grad is not None),  # clipping writes them
+                *(v for st in bound_state.values() for v in st.values() if isinstance(v, Tensor)),
+            ]
+        )
+        saved = _save(tracked)
+        plain = {
+            p: {k: v for k, v in st.items() if not isinstance(v, Tensor)}
+            for p, st in bound_state.items()
+        }
+        key, entry = self._run_step(key, entry, scalars)
+        got = _result_values(entry, np.zeros(()))
+        _restore(tracked, saved)
+        for p, values in plain.items():
+            opt.state[p].update(values)
+        feeds = _feed_values(entry, ())
+        if pre_build is not None:
+            self._view.restore(pre_build)
+        try:
+            self._eager_step()
+        finally:
+            _rebind_state(opt, bound_state)
+            self._view.find_reps()
+        want = _result_values(entry, np.zeros(()))
+        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        if bad is not None:
+            self._opts.mismatch(self, key, entry, bad, feeds, want)
 
     def cache_info(self) -> dict[str, Any]:
+        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
+        ``eager_only``, ``reasons`` and ``parity`` (see ``check=``)."""
         return {
             "entries": len(self._entries),
             "max_entries": self._entries.cap,
             "evictions": self._entries.evictions,
             "keys": tuple(self._entries),
             "compile_ms": [e.compile_ms for e in self._entries.values()],
+            **self._opts.info(),
         }
+
+    def _profile_entry(self, inputs: tuple) -> _Entry:
+        if inputs:
+            raise TypeError("profile: a compiled optimizer step takes no inputs")
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        scalars = self._view.group_scalars()
+        key = self._key(scalars, params)
+        if not any(key[1]):
+            raise RuntimeError("profile: no parameter has a gradient: there is no step to run")
+        entry = self._entries.get(key)
+        if entry is None:
+            key, entry = self._build()
+        if entry.n_runs == 0 and entry.first_scalars is not None:
+            entry.set_scalars(entry.first_scalars)
+        else:
+            self._view.refresh(entry, scalars)
+        return entry
 
 
 def _build_optimizer_module(
-    opt: Any, grad_clip: GradClip | None = None
+    opt: Any, grad_clip: GradClip | None = None, instrumentation: Any = None
 ) -> tuple[TrainingModule, dict[str, Any]]:
     """The optimizer step alone (``build_optimizer_module``) and its gradient feeds' readers."""
     for gi, g in enumerate(opt.param_groups):
@@ -1281,7 +1573,12 @@ def _build_optimizer_module(
                     f"{tuple(p._grad.shape)}"
                 )
     with_grad = (p for g in opt.param_groups for p in g["params"] if p._grad is not None)
-    tm = build_optimizer_module(opt, fuse_optimizer=_fuse_updates(with_grad), grad_clip=grad_clip)
+    tm = build_optimizer_module(
+        opt,
+        fuse_optimizer=_fuse_updates(with_grad),
+        grad_clip=grad_clip,
+        instrumentation=instrumentation,
+    )
     refs = {role: _GradRef(p, role[len("grad:param:") :]) for role, p in tm.grad_feeds.items()}
     return tm, refs
 
@@ -1290,6 +1587,9 @@ def compile_optimizer(
     optimizer: Any,
     *,
     backend: str = "auto",
+    options: dict[str, Any] | None = None,
+    check: str | None = None,
+    check_tolerance: tuple[float, float] | None = None,
     max_grad_norm: float | None = None,
     norm_type: float | str = 2.0,
     clip_grad_value: float | None = None,
@@ -1297,7 +1597,10 @@ def compile_optimizer(
     """Make ``optimizer.step()`` one cached native executable (in-place parameter and state
     writes) and return the optimizer. Hyperparameters and per-step scalars are fed each step,
     so schedulers take effect without recompiling; ``state``/``state_dict()`` hold the real
-    buffers. Raises ``CompileError`` for what cannot be compiled.
+    buffers. Raises ``CompileError`` for what cannot be compiled. ``options``: the debugging
+    switches of ``lucid.compile``'s ``options=`` (not ``pipeline``); ``optimizer.step`` has
+    ``cache_info()``, ``timing()``, ``ir()``, ``module()`` and ``profile()``. ``check``/
+    ``check_tolerance``: as for ``fused_step`` (the update compared with the eager ``step``).
 
     ``max_grad_norm``/``norm_type``/``clip_grad_value`` clip the gradients of the optimizer's
     parameters inside the step as ``fused_step``'s do (``p.grad`` is left clipped, as eager
@@ -1318,6 +1621,9 @@ def compile_optimizer(
     optimizer.step = CompiledOptimizerStep(
         optimizer,
         backend=backend,
+        options=options,
+        check=check,
+        check_tolerance=check_tolerance,
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
         clip_grad_value=clip_grad_value,

@@ -338,3 +338,38 @@ def test_fused_step_broken_lowering_other_signatures_stay_compiled(monkeypatch):
     _eager_step(ref, ref_opt, xb, tb)
     _assert_same_state(model, ref)
     _assert_same_optimizer(opt, ref_opt)
+
+
+# --- compile_optimizer ------------------------------------------------------------------------
+def _optimizer_steps(model, opt, ref, ref_opt, seeds):
+    for seed in seeds:
+        xb, tb = _data(seed)
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            mse(m(xb), tb).backward()
+            o.step()
+        _assert_same_state(model, ref)
+        _assert_same_optimizer(opt, ref_opt)
+
+
+@pytest.mark.parametrize("make_opt", [_sgd, _adam], ids=["sgd-momentum", "adam"])
+def test_compile_optimizer_check_on_a_correct_update(make_opt):
+    model = Net()
+    ref = copy.deepcopy(model)
+    opt = lucid.compile.compile_optimizer(make_opt(model.parameters()), check="always")
+    _optimizer_steps(model, opt, ref, make_opt(ref.parameters()), range(3))
+    info = opt.step.cache_info()
+    assert info["entries"] == 1 and info["parity"] == []
+
+
+def test_compile_optimizer_broken_lowering_rule_leaves_eager_values(monkeypatch):
+    _break_rule(monkeypatch, "sqrt", lambda b, v: b.op("exp", b.cast(v, b.outs[0].dtype)))
+    model = Net()
+    ref = copy.deepcopy(model)
+    opt = lucid.compile.compile_optimizer(_adam(model.parameters()), check="first")
+    _optimizer_steps(model, opt, ref, _adam(ref.parameters()), range(3))
+    info = opt.step.cache_info()
+    assert info["entries"] == 0 and len(info["eager_only"]) == 1
+    (record,) = info["parity"]
+    assert record["mismatch"].startswith("update:")
+    assert record["culprit"].pass_name == "lower-to-prim" and record["culprit"].op == "lucid.sqrt"
