@@ -143,6 +143,19 @@ def _compile_step(
     return _Compiled(tm, executable, compile_ms, dict(session.passes_ms))
 
 
+def _entry_of(
+    compiled: _Compiled, *, inplace: bool, extra_refs: dict[str, Any] | None = None
+) -> _Entry:
+    return _make_entry(
+        compiled.tm,
+        compiled.executable,
+        inplace=inplace,
+        compile_ms=compiled.compile_ms,
+        extra_refs=extra_refs,
+        passes_ms=compiled.passes_ms,
+    )
+
+
 # optimizer-fusion concatenates the parameters (and gradients, and state) into one flat chain:
 # fewer, longer instructions, which pays off for many small tensors (workload E: ~1.3x faster
 # Adam steps) but costs a concat and a slice copy per tensor per step, which dominates once the
@@ -282,9 +295,14 @@ class _Entry:
 
 
 def _make_entry(
-    compiled: _Compiled, *, inplace: bool, extra_refs: dict[str, Any] | None = None
+    tm: TrainingModule,
+    executable: Any,
+    *,
+    inplace: bool,
+    compile_ms: float,
+    extra_refs: dict[str, Any] | None = None,
+    passes_ms: dict[str, float] | None = None,
 ) -> _Entry:
-    tm, executable, compile_ms = compiled.tm, compiled.executable, compiled.compile_ms
     refs: list[Any] = []
     input_pos: list[tuple[int, int]] = []
     scalar_slots: dict[str, _Slot] = {}
@@ -364,7 +382,7 @@ def _make_entry(
         compile_ms=compile_ms,
         first_scalars=dict(tm.scalars),
         tm=tm,
-        passes_ms=compiled.passes_ms,
+        passes_ms=passes_ms,
     )
     entry._rng_index = rng_index
     return entry
@@ -771,7 +789,7 @@ class TrainStep(_StepIntrospection):
                 f"make_step: cannot compile the training step for inputs {_describe(inputs)}: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        entry = _make_entry(compiled, inplace=True)
+        entry = _entry_of(compiled, inplace=True)
         self._entries.put(key, entry)
         return entry
 
@@ -1069,7 +1087,7 @@ class FusedStep(_StepIntrospection):
         except BaseException:
             self._view.restore(snap)
             raise
-        entry = _make_entry(compiled, inplace=not self.check_finite)
+        entry = _entry_of(compiled, inplace=not self.check_finite)
         entry.created_state = snap  # undone if the entry's first run fails
         self._view.find_reps()
         key = self._key(inputs, self._view.group_scalars())
@@ -1397,7 +1415,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         except BaseException:
             self._view.restore(snap)
             raise
-        entry = _make_entry(compiled, inplace=True, extra_refs=refs)
+        entry = _entry_of(compiled, inplace=True, extra_refs=refs)
         entry.created_state = snap  # an eager first step (check=) must create the state itself
         self._view.find_reps()
         params = [p for g in opt.param_groups for p in g["params"]]
