@@ -1532,7 +1532,7 @@ class CompiledOptimizerStep(_StepIntrospection):
             for p, st in bound_state.items()
         }
         key, entry = self._run_step(key, entry, scalars)
-        got = _result_values(entry, np.zeros(()))
+        got = self._update_values(entry)
         _restore(tracked, saved)
         for p, values in plain.items():
             opt.state[p].update(values)
@@ -1544,10 +1544,18 @@ class CompiledOptimizerStep(_StepIntrospection):
         finally:
             _rebind_state(opt, bound_state)
             self._view.find_reps()
-        want = _result_values(entry, np.zeros(()))
+        want = self._update_values(entry)
         bad = _step_parity.compare_roles(got, want, self._opts.tol)
         if bad is not None:
             self._opts.mismatch(self, key, entry, bad, feeds, want)
+
+    def _update_values(self, entry: _Entry) -> dict[str, np.ndarray]:
+        """The updates by role, and the total gradient norm (``output:0``) when clipping."""
+        values = _result_values(entry, np.zeros(()))
+        del values["output:0"]
+        if entry.tm.grad_norm_index is not None and self.grad_norm is not None:
+            values["output:0"] = np.array(self.grad_norm._data, copy=True)
+        return values
 
     def cache_info(self) -> dict[str, Any]:
         """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,

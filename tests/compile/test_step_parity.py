@@ -373,3 +373,32 @@ def test_compile_optimizer_broken_lowering_rule_leaves_eager_values(monkeypatch)
     (record,) = info["parity"]
     assert record["mismatch"].startswith("update:")
     assert record["culprit"].pass_name == "lower-to-prim" and record["culprit"].op == "lucid.sqrt"
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_compile_optimizer_check_with_clipping(broken, monkeypatch):
+    if broken:
+        _break_rule(monkeypatch, "sqrt", lambda b, v: b.op("exp", b.cast(v, b.outs[0].dtype)))
+    model = Net()
+    ref = copy.deepcopy(model)
+    opt = lucid.compile.compile_optimizer(
+        _adam(model.parameters()), check="always", max_grad_norm=0.05
+    )
+    ref_opt = _adam(ref.parameters())
+    for seed in range(2):
+        xb, tb = _data(seed)
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            mse(m(xb), tb).backward()
+        opt.step()
+        norm = lucid.nn.utils.clip_grad_norm_(list(ref.parameters()), 0.05)
+        ref_opt.step()
+        assert abs(opt.step.grad_norm.item() - norm.item()) < 1e-5
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, err_msg=name)
+        _assert_same_state(model, ref)
+        _assert_same_optimizer(opt, ref_opt)
+    info = opt.step.cache_info()
+    assert (len(info["parity"]) == 1) == broken
+    if broken:
+        assert info["parity"][0]["culprit"].op == "lucid.sqrt"
