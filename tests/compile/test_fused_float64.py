@@ -227,3 +227,41 @@ def test_update_passing_a_scalar_to_a_method_is_a_clear_error():
         step(x, y)
     for p, b in zip(model.parameters(), before, strict=True):
         np.testing.assert_array_equal(p.numpy(), b)
+
+
+def test_batchnorm_cnn_with_nesterov_and_steplr_float64():
+    # The ResNet-style case: BatchNorm (running statistics updated in the step),
+    # SGD-Nesterov with weight decay, StepLR; parameters and buffers equal eager's.
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        "compile_models", os.path.join(os.path.dirname(__file__), "models.py")
+    )
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+
+    def make():
+        lucid.manual_seed(0)
+        return models.LeNet().double()
+
+    options = dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    ref, model = make(), make()
+    ref_opt, opt = optim.SGD(ref.parameters(), **options), optim.SGD(model.parameters(), **options)
+    ref_sched = optim.lr_scheduler.StepLR(ref_opt, 1, gamma=0.7)
+    sched = optim.lr_scheduler.StepLR(opt, 1, gamma=0.7)
+    step = fused_step(model, F.cross_entropy, opt)
+    rng = np.random.default_rng(0)
+    x = lucid.tensor(rng.standard_normal((4, 1, 12, 12)))
+    y = lucid.tensor(rng.integers(0, 10, 4))
+    for _ in range(4):
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        ref_sched.step()
+        step(x, y)
+        sched.step()
+    _assert_same(model, ref)
+    for a, b in zip(model.buffers(), ref.buffers(), strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=RTOL, atol=RTOL)
+    assert step.cache_info()["entries"] == 1
