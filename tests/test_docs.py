@@ -14,8 +14,11 @@ The convention, written in the fence's info string: the language, then markers.
                             another machine, runs the suite itself)
     ```text, ```mlir, ...   not code (output, IR, diagrams, data): not run; ```json must parse
 
-Every block names its language: a bare fence fails `test_every_block_declares_its_language`, as
-does an unknown marker. Markers combine where it makes sense (``python continued slow``).
+Every block names its language: a bare fence fails
+`test_every_block_declares_its_language_and_known_markers`, as does an unknown marker, or a
+running shell block that installs, deletes or names a path outside its folder (mark it
+``manual``). Markers combine where it makes sense (``python continued slow``); a block continued
+from a slow one runs it too.
 
 Shell blocks find these sample files in their folder: ``model.mlir`` (the module of
 docs/passes.md's first example), ``trace.json`` (its trace) and ``symbolic.mlir`` (a
@@ -23,7 +26,8 @@ docs/passes.md's first example), ``trace.json`` (its trace) and ``symbolic.mlir`
 
 A failure names the block as ``file:line`` (the line of its opening fence) with the traceback,
 whose frames point at the doc's own lines. The blocks run in a helper process
-(tests/docs_runner.py) that imports Lucid once and forks a child per chain of blocks.
+(tests/docs_runner.py) that imports Lucid once and forks a child per chain of blocks (a fresh
+interpreter per chain where forking is unsafe, or with ``LUCID_DOCS_NO_FORK=1``).
 """
 
 from __future__ import annotations
