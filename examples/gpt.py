@@ -184,11 +184,26 @@ def get_batch(data, block_size, batch_size, generator=None):
     return x, y
 
 
-def train(model, optimizer, batches, grad_clip=1.0):
-    """AdamW steps with gradient clipping; returns the losses (floats)."""
+def get_lr(it, learning_rate=3e-3, warmup_iters=2, lr_decay_iters=50, min_lr=3e-4):
+    """nanoGPT's schedule: linear warmup, then cosine decay down to ``min_lr``."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def train(model, optimizer, batches, grad_clip=1.0, decay_lr=True):
+    """AdamW steps with nanoGPT's learning-rate schedule and gradient clipping; returns the
+    losses (floats)."""
     model.train()
     losses = []
-    for x, y in batches:
+    for it, (x, y) in enumerate(batches):
+        if decay_lr:
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = get_lr(it)
         _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
