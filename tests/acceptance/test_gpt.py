@@ -147,3 +147,10 @@ def test_matches_pytorch(gpt, load_example, flash):
         BLOCK,
     )
     assert out.tolist() == ref.tolist()
+
+
+def test_the_renamed_script_is_a_working_pytorch_script(load_example):
+    tgpt = load_example("gpt", "torch")
+    model, losses, out = tgpt.main(steps=6, compile=False)
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert tuple(out.shape) == (1, model.config.block_size + 40)

@@ -148,3 +148,14 @@ def test_matches_pytorch(mnist, load_example):
     reference = _state(theirs)
     for name, value in _state(ours).items():
         np.testing.assert_allclose(value, reference[name], atol=1e-5, err_msg=name)
+
+
+def test_the_renamed_script_is_a_working_pytorch_script(load_example, tmp_path):
+    """The PyTorch original (this file renamed back) runs, saves and resumes exactly in torch."""
+    tmnist = load_example("mnist", "torch")
+    _, history = tmnist.main([*TINY, "--epochs", "2", "--save-model", "--checkpoint-dir",
+                              str(tmp_path / "a")])  # fmt: skip
+    tmnist.main([*TINY, "--epochs", "1", "--save-model", "--checkpoint-dir", str(tmp_path / "b")])
+    _, resumed = tmnist.main([*TINY, "--epochs", "2", "--resume", "--checkpoint-dir",
+                              str(tmp_path / "b")])  # fmt: skip
+    assert resumed == history[1:]
