@@ -91,12 +91,8 @@ def test_compiled_forward_has_no_fallback(mnist):
     assert info["entries"] >= 1 and not info["eager_only"] and not info["reasons"]
 
 
-@pytest.mark.xfail(
-    reason="issue 14 item 5: CompiledModule.train()/eval() clear the cache, so every epoch "
-    "recompiles both signatures",
-    strict=False,
-)
 def test_compiled_forward_keeps_its_entries_across_epochs(mnist):
+    """model.train()/model.eval() every epoch switch between two cached signatures."""
     info = _train_and_test_compiled(mnist)
     assert sorted(info["n_calls"].values()) == [4, 4]  # train+grad and eval signatures
 
