@@ -810,14 +810,15 @@ class TrainStep(_StepIntrospection):
             self._check_structure()
         key = self._key(inputs)
         opts = self._opts
-        if key in opts.eager_only:
-            return self._eager_run(inputs)
         entry = self._entries.get(key)
         if entry is None:
+            # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
+            if key in opts.eager_only:
+                return self._eager_run(inputs)
             entry = self._build(key, inputs)
         else:
             entry.last_used = next(TICK)
-        if opts.wants(entry):
+        if opts.mode is not None and opts.wants(entry):
             return self._checked_run(key, entry, inputs)
         return self._compiled_run(key, entry, inputs)[1:]
 
@@ -1117,10 +1118,11 @@ class FusedStep(_StepIntrospection):
         scalars = view.group_scalars()
         key = self._key(inputs, scalars)
         opts = self._opts
-        if key in opts.eager_only:
-            return self._eager_step(inputs)
         entry = self._entries.get(key)
         if entry is None:
+            # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
+            if key in opts.eager_only:
+                return self._eager_step(inputs)
             self._recompiles.note(key, list(self._entries), logger)
             key, entry = self._build(inputs)
             if key in opts.eager_only:  # known once the optimizer state exists
@@ -1128,7 +1130,7 @@ class FusedStep(_StepIntrospection):
                 return self._eager_step(inputs)
         else:
             entry.last_used = next(TICK)
-        if opts.wants(entry):
+        if opts.mode is not None and opts.wants(entry):
             return self._checked_step(key, entry, inputs, scalars)
         return self._run_step(key, entry, inputs, scalars)[2]
 
@@ -1445,11 +1447,12 @@ class CompiledOptimizerStep(_StepIntrospection):
                 self.grad_norm = lucid.tensor(0.0)  # clip_grad_norm_ of no gradients
             return loss
         opts = self._opts
-        if key in opts.eager_only:
-            self._eager_step()
-            return loss
         entry = self._entries.get(key)
         if entry is None:
+            # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
+            if key in opts.eager_only:
+                self._eager_step()
+                return loss
             key, entry = self._build()
             if key in opts.eager_only:  # known once the optimizer state exists
                 self._entries.pop(key, None)
@@ -1457,7 +1460,7 @@ class CompiledOptimizerStep(_StepIntrospection):
                 return loss
         else:
             entry.last_used = next(TICK)
-        if opts.wants(entry):
+        if opts.mode is not None and opts.wants(entry):
             self._checked_step(key, entry, scalars)
         else:
             self._run_step(key, entry, scalars)
