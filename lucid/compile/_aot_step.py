@@ -399,7 +399,7 @@ def load_step(path: str, manifest: dict, parts: dict, arrays: dict[str, np.ndarr
               backend_name: str, model: Any = None) -> LoadedStep:  # fmt: skip
     """Rebuild a saved training step (see ``LoadedStep``); ``model=`` provides the parameters
     and buffers by name (checked against the file) instead of the file's copies."""
-    from lucid.compile.aot import _bad, _model_weights
+    from lucid.compile.aot import _bad, _model_weights, _owned
     from lucid.nn.parameter import Parameter
 
     try:
@@ -421,14 +421,14 @@ def load_step(path: str, manifest: dict, parts: dict, arrays: dict[str, np.ndarr
                 continue
             if role not in arrays:
                 raise KeyError(f"weight {role!r}")
-            arr = np.array(arrays[role], copy=True, order="C")
+            arr = _owned(arrays[role])
             tensors[role] = Parameter(Tensor._wrap(arr), requires_grad=bool(trainable)) \
                 if role.startswith("param:") else Tensor._wrap(arr)  # fmt: skip
         for role in specs:
             if role not in tensors:
                 if role not in arrays:
                     raise KeyError(f"weight {role!r}")
-                tensors[role] = Tensor._wrap(np.array(arrays[role], copy=True, order="C"))
+                tensors[role] = Tensor._wrap(_owned(arrays[role]))
         optimizer = scheduler = None
         if manifest["kind"] == "fused_step":
             optimizer = _load_optimizer(manifest["optimizer"], tensors)

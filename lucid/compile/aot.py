@@ -58,8 +58,10 @@ def _sha256(data: bytes | str) -> str:
 
 
 def _array_sha256(arr: np.ndarray) -> str:
-    head = f"{arr.dtype.str}{list(arr.shape)}".encode()
-    return hashlib.sha256(head + np.ascontiguousarray(arr).tobytes()).hexdigest()
+    h = hashlib.sha256(f"{arr.dtype.str}{list(arr.shape)}".encode())
+    # The array's own bytes, hashed in place (tobytes() would copy every weight once more).
+    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    return h.hexdigest()
 
 
 def _lucid_version() -> str:
@@ -644,6 +646,14 @@ def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tupl
     return executable, "ir"
 
 
+def _owned(arr: np.ndarray) -> np.ndarray:
+    """A weight read from the file as the loaded module's own C-contiguous, writable array:
+    ``lucid.load`` already made each a fresh copy (shared with nothing), so no second one."""
+    if arr.flags.c_contiguous and arr.flags.writeable:
+        return arr
+    return np.array(arr, order="C", copy=True)
+
+
 def _model_weights(model: Any) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     for method, kind in (("named_parameters", "param"), ("named_buffers", "buffer")):
@@ -696,7 +706,7 @@ def load_compiled(path: str | os.PathLike, *, model: Any = None, backend: str = 
             arr = arrays[role]
             if [list(arr.shape), arr.dtype.name] != [spec["shape"], spec["dtype"]]:
                 raise _bad(path, f"weight {role!r} does not have the manifest's shape and dtype")
-            weights[role] = Tensor._wrap(np.array(arr, copy=True))
+            weights[role] = Tensor._wrap(_owned(arr))
         else:
             raise ValueError(
                 f"load_compiled: {path!r} holds no weight {role!r} (saved with "

@@ -174,3 +174,65 @@ def test_processes_compiling_concurrently_share_the_cache(cache_dir, tmp_path):
     assert late.returncode == 0 and stdout.strip() == "disk", stderr
     outs = [np.load(tmp_path / f"out{i}.npy") for i in range(3)]
     assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+
+
+_WARM_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import lucid
+    import lucid.nn as nn
+    from lucid.compile import load_compiled, save_compiled
+
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    x = lucid.tensor(np.ones((2, 8), np.float32))
+    before = set(sys.modules)
+    with lucid.no_grad():
+        if sys.argv[1] == "load":
+            out = load_compiled(sys.argv[2])(x)
+        else:
+            cm = lucid.compile(model, backend="cpu")
+            out = cm(x)
+            if sys.argv[1] == "save":
+                assert save_compiled(cm, sys.argv[2])
+    new = sorted(m for m in set(sys.modules) - before if m.startswith("lucid"))
+    print(json.dumps({"modules": new, "out": out.numpy().tolist()}))
+    """
+)
+
+
+def test_a_warm_hit_and_load_compiled_skip_the_compiler_modules(cache_dir, tmp_path):
+    """A process served by the disk cache or by load_compiled never loads the lowering passes,
+    the CPU program model or its fusion pass (each costs the first call import time)."""
+    import json
+
+    script = tmp_path / "warm.py"
+    script.write_text(_WARM_PROCESS)
+    saved = tmp_path / "m.lucidc"
+
+    def run(mode):
+        out = subprocess.run(
+            [sys.executable, str(script), mode, str(saved)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env={
+                **os.environ,
+                "LUCID_COMPILE_DISK_CACHE": "1",
+                "LUCID_COMPILE_DISK_CACHE_DIR": str(cache_dir),
+            },  # fmt: skip
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold = run("save")
+    compiler = {"lucid.passes.lower_to_prim", "lucid.backends.cpu.fuse",
+                "lucid.backends.cpu.kernel_fusion", "lucid.backends.cpu.program",
+                "lucid.backends.cpu.emit"}  # fmt: skip
+    assert compiler <= set(cold["modules"])  # the cold compile needs them
+    for mode in ("compile", "load"):
+        warm = run(mode)
+        assert warm["out"] == cold["out"], mode
+        assert not compiler & set(warm["modules"]), (mode, warm["modules"])

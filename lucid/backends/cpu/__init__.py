@@ -1,5 +1,7 @@
 """The CPU backend: program model, fuse-elementwise, and the native runtime behind it."""
 
+from typing import Any
+
 from lucid.backends.cpu.backend import (
     CPUBackend,
     cache_clear,
@@ -10,8 +12,22 @@ from lucid.backends.cpu.backend import (
     set_num_threads,
     thread_stats,
 )
-from lucid.backends.cpu.fuse import fuse_elementwise
-from lucid.backends.cpu.program import FusedNode, Program
+
+# The program model and the fusion pass load on first use: serving a saved program needs neither.
+_LAZY = {
+    "fuse_elementwise": "lucid.backends.cpu.fuse",
+    "FusedNode": "lucid.backends.cpu.program",
+    "Program": "lucid.backends.cpu.program",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CPUBackend",

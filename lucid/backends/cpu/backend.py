@@ -14,15 +14,15 @@ See docs/backend-cpu.md.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lucid._native_loader import _native
 from lucid._threads import thread_env_error
 from lucid.backends.base import Backend, Unsupported
-from lucid.backends.cpu.fuse import fuse_elementwise
-from lucid.backends.cpu.kernel_fusion import fuse_kernels
-from lucid.backends.cpu.program import Program
 from lucid.backends.prim_ops import PRIM_OPS
+
+if TYPE_CHECKING:
+    from lucid.backends.cpu.program import Program
 
 
 class CPUBackend(Backend):
@@ -55,7 +55,9 @@ class CPUBackend(Backend):
         ``inplace_updates``, ``update:<role>`` results are written into their feeds by the
         runtime."""
         from lucid.backends.cpu.emit import EmitError, emit_program
-        from lucid.backends.cpu.program import Instr
+        from lucid.backends.cpu.fuse import fuse_elementwise
+        from lucid.backends.cpu.kernel_fusion import fuse_kernels
+        from lucid.backends.cpu.program import Instr, Program
         from lucid.backends.prim_ops import Aval
 
         try:
@@ -73,6 +75,12 @@ class CPUBackend(Backend):
     def compile(self, module: Any, *, inplace_updates: bool = True) -> Any:
         """A native executable (``run(feeds) -> list[np.ndarray]``) of a prim module, or of an
         already emitted :class:`Program` (tests and tools); ValueError if malformed."""
+        # Imported here, not at the top: a program loaded from a file (load_compiled, the disk
+        # cache) is compiled through import_program and never needs the program model.
+        from lucid.backends.cpu.fuse import fuse_elementwise
+        from lucid.backends.cpu.kernel_fusion import fuse_kernels
+        from lucid.backends.cpu.program import Program
+
         if isinstance(module, Program):
             program = fuse_elementwise(fuse_kernels(module)) if self.fuse else module
         else:
