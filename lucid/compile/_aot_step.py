@@ -477,9 +477,14 @@ def _load_scheduler(saved: dict, optimizer: Any) -> Any:
     cls = _scheduler_classes().get(saved["class"])
     if cls is None:
         raise ValueError(f"load_compiled: unknown scheduler class {saved['class']!r}")
+    state = _decode(saved["state"])
+    if not isinstance(state, dict) or any(
+        not isinstance(k, str) or k == "optimizer" or callable(getattr(cls, k, None)) for k in state
+    ):
+        raise ValueError("load_compiled: the scheduler's state names a method or the optimizer")
     scheduler = cls.__new__(cls)  # its state is restored whole below: no __init__ side effects
     scheduler.optimizer = optimizer
-    scheduler.load_state_dict(_decode(saved["state"]))
+    scheduler.load_state_dict(state)
     return scheduler
 
 

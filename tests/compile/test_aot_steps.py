@@ -248,10 +248,19 @@ def test_what_cannot_be_saved_returns_false_or_raises(tmp_path, caplog):
     assert not list(tmp_path.iterdir())
 
 
-def test_tampered_optimizer_class_is_refused(tmp_path):
-    *_, plan = _train_and_save(tmp_path, "fused_step", "adam")
+def test_tampered_optimizer_class_and_scheduler_state_are_refused(tmp_path):
+    *_, plan = _train_and_save(tmp_path, "fused_step", "adam", with_scheduler=True)
+    raw = open(plan["path"], "rb").read()
     _rewrite_manifest(plan["path"], lambda m: m["optimizer"].update({"class": "os.system"}))
     with pytest.raises(ValueError, match="unknown optimizer class 'os.system'"):
+        load_compiled(plan["path"])
+
+    def shadow_a_method(m):
+        m["scheduler"]["state"]["$dict"].append(["get_lr", 1.0])
+
+    open(plan["path"], "wb").write(raw)
+    _rewrite_manifest(plan["path"], shadow_a_method)
+    with pytest.raises(ValueError, match="names a method"):
         load_compiled(plan["path"])
 
 
@@ -298,3 +307,23 @@ def test_fault_injection_on_a_step_file(tmp_path):
             except (ValueError, OSError):
                 errors += 1
     assert errors >= n - 5
+
+
+def test_mpsgraph_reference_step_is_rebuilt_from_its_ir(tmp_path):
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = lucid.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = fused_step(model, F.cross_entropy, opt, backend="mpsgraph-reference")
+    xs, ys = _batches(4)
+    for i in range(2):
+        step(lucid.tensor(xs[i]), lucid.tensor(ys[i]))
+    path = tmp_path / "ref.lucidc"
+    assert save_compiled(step, path)
+    loaded = load_compiled(path, backend="mpsgraph-reference")
+    assert set(loaded.cache_info()["sources"].values()) == {"ir"}  # it exports no program
+    on_cpu = load_compiled(path, backend="cpu")
+    for i in range(2, 4):
+        x, y = lucid.tensor(xs[i]), lucid.tensor(ys[i])
+        want = step(x, y).numpy()
+        assert loaded(x, y).numpy().tobytes() == want.tobytes()
+        np.testing.assert_allclose(on_cpu(x, y).numpy(), want, rtol=1e-5, atol=1e-6)
