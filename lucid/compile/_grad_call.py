@@ -360,7 +360,10 @@ def compile_grad_call(
             if e.pass_name == "vjp":
                 raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
             raise
-        return _compile_split(module, captured, options, session)
+        program = _compile_split(module, captured, options, session)
+        # For parity bisection: the graph pipeline as a spec over the imported trace.
+        program.pipeline = ",".join(str(p.spec()) for p in passes)
+        return program
 
     batch = args[tensor_pos[0]].shape[0] if symbolic else None
     program = build(batch, first_session)
@@ -379,6 +382,7 @@ def compile_grad_call(
         fwd_module=program.fwd_module,
         bwd_module=program.bwd_module,
         captured_tensors=list(captured.values()),
+        captured=captured,
     )
     if symbolic:
         entry.by_batch.put(batch, program)
@@ -437,6 +441,7 @@ def _compile_split(
         fwd_results=fwd_results,
         bwd_plan=bwd_plan,
         wrt=[plan_for(r) for r in grad_roles],
+        grad_roles=grad_roles,
         fwd_module=fwd_mod,
         bwd_module=bwd_mod,
     )

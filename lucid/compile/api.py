@@ -631,6 +631,8 @@ class CompiledModule(Module):
         """Run ``entry`` and the model eagerly from the same state and compare every output
         (and buffer update). A mismatch returns the eager result, makes ``key`` eager-only
         with the reason and bisects to the culprit pass or lowering rule."""
+        if getattr(entry, "program", None) is not None:  # a grad-mode entry (GradEntry)
+            return self._checked_grad(key, entry, args, kwargs)
         buffers = [t for _, t in self._bound.tensors if not t._requires_grad]
         saved = [np.array(t._data, copy=True) for t in buffers]
         rng = np.array(_random.get_rng_state()._data, copy=True)
@@ -668,6 +670,117 @@ class CompiledModule(Module):
                 )
             except Exception as e:  # noqa: BLE001 - the user still gets the eager result
                 logger.warning("lucid.compile: parity bisection failed: %s: %s", type(e), e)
+        return self._parity_failed(key, bad, culprit, eager)
+
+    def _checked_grad(self, key: CacheKey, entry: Any, args: tuple, kwargs: dict) -> Any:
+        """``_checked`` for a grad-mode entry: the outputs, the buffer updates and, through a
+        probe backward with seeded random cotangents (``autograd.grad``, ``.grad`` untouched),
+        the gradients of every input and parameter that requires grad are compared with eager.
+        A mismatch returns eager's outputs (so the user's backward gives eager's gradients)
+        and bisects over the grad pipeline (vjp, graph passes, the lowering of forward and
+        backward ops)."""
+        from lucid._autograd import grad as autograd_grad
+
+        buffers = [t for _, t in self._bound.tensors if not t._requires_grad]
+        saved = {id(t): np.array(t._data, copy=True) for t in buffers}
+        rng = np.array(_random.get_rng_state()._data, copy=True)
+        args, kwargs = _contiguous(args, kwargs)
+        prog = entry._program_for(args) if entry.symbolic else entry.program
+        tensor_args = [args[i] for i in entry.tensor_pos]
+
+        def tensor_of(role: str) -> Tensor:
+            name = role[len("input:") :] if role.startswith("input:") else None
+            if name is None:
+                return entry.captured[role]
+            return tensor_args[int(name)] if name.isdigit() else kwargs[name]
+
+        wrt = [tensor_of(r) for r in prog.grad_roles]
+        try:
+            out = entry(args, kwargs)
+        except (TypeError, ValueError, _pipeline.FeedMismatch):
+            out = self._run_fixed(entry, args, kwargs)
+        got_buffers = [np.array(t._data, copy=True) for t in buffers]
+        for t in buffers:
+            np.copyto(t._data, saved[id(t)])
+        _random.set_rng_state(Tensor._wrap(rng))
+        eager = self._model(*args, **kwargs)
+        tol = self._check_tol
+        leaves_c: list = []
+        leaves_e: list = []
+        _pytree.flatten(out, leaves_c)
+        _pytree.flatten(eager, leaves_e)
+        got = [t for t in leaves_c if isinstance(t, Tensor)]
+        want = [t for t in leaves_e if isinstance(t, Tensor)]
+        bad = _parity.compare([t._data for t in got], [t._data for t in want], tol)
+        if bad is None:
+            bad = _parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
+        # Seeded cotangents (never the global RNG): one per floating output, as the trace's.
+        gen = np.random.default_rng(0)
+        cots = {
+            j: gen.standard_normal(t.shape).astype(t._data.dtype)
+            for j, t in enumerate(want)
+            if t.dtype.is_floating_point
+        }
+
+        def probe(leaves: list) -> list:
+            outs = [(t, cots[j]) for j, t in enumerate(leaves) if j in cots and t._requires_grad]
+            if not outs or not wrt:
+                return [None] * len(wrt)
+            grads = autograd_grad(
+                [t for t, _ in outs],
+                wrt,
+                grad_outputs=[Tensor._wrap(c) for _, c in outs],
+                retain_graph=True,
+                allow_unused=True,
+            )
+            return [None if g is None else np.array(g._data, copy=True) for g in grads]
+
+        want_grads = probe(want)
+        if bad is None:
+            got_grads = probe(got)
+            for role, g, w in zip(prog.grad_roles, got_grads, want_grads, strict=True):
+                if w is None and g is None:
+                    continue
+                g = np.zeros_like(w) if g is None else g  # an unused input: zero gradient
+                w = np.zeros_like(g) if w is None else w
+                bad = _parity.compare([g], [w], tol, f"gradient of {role}")
+                if bad is not None:
+                    bad = bad.replace(f"gradient of {role} 0:", f"gradient of {role}:", 1)
+                    break
+        if bad is None:
+            return out
+        culprit = None
+        try:
+            from lucid.compile._step_parity import bisect_step
+
+            feeds: dict[str, np.ndarray] = {}
+            for f in entry.trace.feeds:
+                role = f.role
+                if role == "rng":
+                    feeds[role] = rng
+                elif role.startswith("cot:"):
+                    feeds[role] = cots[int(role[4:])]
+                else:
+                    t = tensor_of(role)
+                    feeds[role] = saved.get(id(t), np.array(t._data, copy=True))
+            reference = {f"output:{j + 1}": np.asarray(t._data) for j, t in enumerate(want)}
+            for role, w in zip(prog.grad_roles, want_grads, strict=True):
+                if w is not None:
+                    reference[f"grad:{role}"] = w
+            culprit = bisect_step(
+                entry.trace,
+                prog.pipeline,
+                feeds,
+                reference,
+                backend=self._options.backend,
+                tol=tol,
+            )
+        except Exception as e:  # noqa: BLE001 - the user still gets the eager result
+            logger.warning("lucid.compile: parity bisection failed: %s: %s", type(e), e)
+        return self._parity_failed(key, bad, culprit, eager)
+
+    def _parity_failed(self, key: CacheKey, bad: str, culprit: Any, eager: Any) -> Any:
+        """Make ``key`` eager-only with the mismatch and the culprit; the eager result."""
         reason = f"parity check failed: {bad}" + (f"; culprit: {culprit}" if culprit else "")
         with self._lock:
             old = self._entries.pop(key, None)
