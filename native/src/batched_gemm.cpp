@@ -25,11 +25,11 @@ void gemm_one(const BatchedGemm<T>& g, int64_t i) {
   auto B_ = g.tb ? CblasTrans : CblasNoTrans;
   const T* A = g.A + g.a_off[i];
   const T* B = g.B + g.b_off[i];
-  T* C = g.C + i * g.M * g.N;
+  T* C = g.C + g.c_off[i];
   if constexpr (std::is_same_v<T, float>)
-    LUCID_SGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.N);
+    LUCID_SGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.ldc);
   else
-    LUCID_DGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.N);
+    LUCID_DGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.ldc);
 }
 
 template <class T>

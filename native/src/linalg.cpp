@@ -67,7 +67,8 @@ struct MatmulPlan {
   DType dtype;
   bool ta, tb;
   int64_t M, N, K, batch;
-  std::vector<int64_t> a_off, b_off;  // matrix offsets per batch entry (elements)
+  int64_t lda, ldb, ldc;               // row strides of the stored matrices
+  std::vector<int64_t> a_off, b_off, c_off;  // matrix offsets per batch entry (elements)
   bool fold_batch_into_m = false;
 };
 
@@ -76,7 +77,7 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
   const T* A = static_cast<const T*>(slots[p.a]);
   const T* B = static_cast<const T*>(slots[p.b]);
   T* C = static_cast<T*>(slots[p.out]);
-  int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
+  const int64_t lda = p.lda, ldb = p.ldb;
   const T alpha = static_cast<T>(p.alpha);
   // A bias and an addend (a residual) are written into C first and accumulated onto with
   // beta = 1: BLAS would otherwise zero C itself (its beta pass), so they cost no pass over C
@@ -103,20 +104,25 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
   } else {
     bool done = false;
     if constexpr (std::is_floating_point_v<T>) {
-      const BatchedGemm<T> g{p.ta, p.tb, p.batch, p.M, p.N, p.K, alpha, A, p.a_off.data(), lda,
-                             B, p.b_off.data(), ldb, beta, C};
+      const BatchedGemm<T> g{p.ta, p.tb, p.batch, p.M,    p.N,          p.K,  alpha,
+                             A,    p.a_off.data(), lda, B, p.b_off.data(), ldb, beta,
+                             C,    p.c_off.data(), p.ldc};
       done = gemm_batch_parallel(g);
     }
     for (int64_t i = 0; i < p.batch && !done; ++i)
       gemm<T>(p.ta, p.tb, p.M, p.N, p.K, A + p.a_off[i], lda, B + p.b_off[i], ldb, beta,
-              C + i * p.M * p.N, p.N, alpha);
+              C + p.c_off[i], p.ldc, alpha);
   }
 }
 
 // matmul, and the CPU-only gemm: alpha * matmul(a, b) (+ bias[N] on every row) (+ addend).
 Step make_matmul(const Program& prog, const Instr& in) {
   auto p = std::make_shared<MatmulPlan>();
-  const Slot &a = prog.slots[in.in[0]], &b = prog.slots[in.in[1]], &o = prog.slots[in.out[0]];
+  // Logical shapes: a head view reads a [B, L, W] slot as [B, H, L, D] (program.h).
+  const Slot a{gemm_logical_shape(prog, in, 0), DType::F32};
+  const Slot b{gemm_logical_shape(prog, in, 1), DType::F32};
+  const Slot o{gemm_logical_shape(prog, in, -1), prog.slots[in.out[0]].dtype};
+  const HeadView views[3] = {head_view(in, -1), head_view(in, 0), head_view(in, 1)};
   p->a = in.in[0];
   p->b = in.in[1];
   p->out = in.out[0];
@@ -134,14 +140,23 @@ Step make_matmul(const Program& prog, const Instr& in) {
   p->K = p->ta ? a.shape[a.shape.size() - 2] : a.shape.back();
   Shape batch(o.shape.begin(), o.shape.end() - 2);
   p->batch = numel(batch);
-  auto offsets = [&](const Shape& s, int64_t mat) {
+  // Offset of each batch entry's matrix and the stored row stride, for a dense operand or a
+  // head view ((b, h) at b*L*W + h*D + col0, rows W apart).
+  auto offsets = [&](const Shape& s, const HeadView& v, int64_t slot_width, int64_t* ld) {
     Shape bs(s.begin(), s.end() - 2);
-    std::vector<int64_t> cs = contiguous_strides(bs), st(batch.size(), 0), off;
+    std::vector<int64_t> own = contiguous_strides(bs), st(batch.size(), 0), off;
+    for (int64_t& x : own) x *= s[s.size() - 2] * s.back();
+    int64_t base = 0;
+    *ld = s.back();
+    if (v.heads > 0) {  // logical [B, H, L, D] of a [B, L, W] slot
+      own = {s[2] * slot_width, v.dim};
+      base = v.col0;
+      *ld = slot_width;
+    }
     for (size_t d = 0; d < bs.size(); ++d)
-      st[batch.size() - bs.size() + d] = bs[d] == 1 ? 0 : cs[d] * mat;
-    std::vector<int64_t> idx(batch.size(), 0);
+      st[batch.size() - bs.size() + d] = bs[d] == 1 ? 0 : own[d];
     for (int64_t i = 0; i < p->batch; ++i) {
-      int64_t o_ = 0, rem = i;
+      int64_t o_ = base, rem = i;
       for (size_t d = batch.size(); d-- > 0;) {
         o_ += (rem % batch[d]) * st[d];
         rem /= batch[d];
@@ -150,10 +165,13 @@ Step make_matmul(const Program& prog, const Instr& in) {
     }
     return off;
   };
-  p->a_off = offsets(a.shape, p->M * p->K);
-  p->b_off = offsets(b.shape, p->K * p->N);
+  auto width = [&](int slot) { return prog.slots[slot].shape.back(); };
+  p->a_off = offsets(a.shape, views[1], width(p->a), &p->lda);
+  p->b_off = offsets(b.shape, views[2], width(p->b), &p->ldb);
+  p->c_off = offsets(o.shape, views[0], width(p->out), &p->ldc);
   p->fold_batch_into_m = !p->ta && numel(Shape(b.shape.begin(), b.shape.end() - 2)) == 1 &&
-                         numel(Shape(a.shape.begin(), a.shape.end() - 2)) == p->batch;
+                         numel(Shape(a.shape.begin(), a.shape.end() - 2)) == p->batch &&
+                         views[0].heads == 0 && views[1].heads == 0 && views[2].heads == 0;
   return [p](void* const* slots) {
     dispatch_dtype(p->dtype, [&](auto t) {
       using T = decltype(t);

@@ -342,6 +342,35 @@ Shape pool_shape(const Instr& in, const Shape& x, bool has_dilation) {
           window(x[3], k[1], st[1], dl[1], pd[2], pd[3])};
 }
 
+}  // namespace
+
+HeadView head_view(const Instr& in, int i) {
+  static const char* const names[] = {"c_view", "a_view", "b_view"};
+  const char* name = names[i + 1];
+  if (in.op != Op::gemm || in.attrs.find(name) == in.attrs.end()) return {};
+  const auto& v = attr_ints(in, name);
+  if (v.size() != (i < 0 ? 2u : 3u))
+    fail(std::string(name) + " needs " + (i < 0 ? "[heads, dim]" : "[heads, dim, col0]"));
+  if (v[0] < 1 || v[1] < 1 || (i >= 0 && v[2] < 0))
+    fail(std::string(name) + " needs heads >= 1, dim >= 1 and col0 >= 0");
+  return {v[0], v[1], i < 0 ? 0 : v[2]};
+}
+
+Shape gemm_logical_shape(const Program& p, const Instr& in, int i) {
+  const Slot& s = p.slots[i < 0 ? in.out[0] : in.in[i]];
+  const HeadView v = head_view(in, i);
+  if (v.heads == 0) return s.shape;
+  if (s.shape.size() != 3) fail("a head view needs a rank-3 slot [B, L, W], got " + shape_str(s.shape));
+  const int64_t width =
+      checked_add(checked_mul(v.heads, v.dim, "head view width"), v.col0, "head view width");
+  if (i >= 0 ? width > s.shape[2] : width != s.shape[2])
+    fail("head view of " + std::to_string(v.heads) + " x " + std::to_string(v.dim) + " from column " +
+         std::to_string(v.col0) + " does not fit " + shape_str(s.shape));
+  return {s.shape[0], v.heads, s.shape[1], v.dim};
+}
+
+namespace {
+
 size_t expected_operands(Op op) {
   if (is_elementwise(op)) return static_cast<size_t>(elementwise_arity(op));
   switch (op) {
@@ -455,7 +484,7 @@ Slot infer(const Program& p, const Instr& in) {
       need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,
                  op == Op::gemm ? "a float dtype" : "a numeric dtype");
       if (op == Op::gemm) attr_float(in, "alpha");
-      const Shape &a = c.arg(0).shape, &b = c.arg(1).shape;
+      const Shape a = gemm_logical_shape(p, in, 0), b = gemm_logical_shape(p, in, 1);
       if (a.size() < 2 || b.size() < 2)
         fail("operands need rank >= 2, got " + shape_str(a) + " and " + shape_str(b));
       bool ta = attr_bool(in, "transpose_a"), tb = attr_bool(in, "transpose_b");
@@ -479,7 +508,13 @@ Slot infer(const Program& p, const Instr& in) {
                ", expected a bias [" + std::to_string(n) + "] then an addend " +
                shape_str(batch));
       }
-      return Slot{batch, x.dtype};
+      const HeadView cv = head_view(in, -1);
+      if (cv.heads == 0) return Slot{batch, x.dtype};
+      if (in.in.size() > 2) fail("an output head view takes no bias or addend");
+      if (batch.size() != 4 || batch[1] != cv.heads || batch[3] != cv.dim)
+        fail("c_view [" + std::to_string(cv.heads) + ", " + std::to_string(cv.dim) +
+             "] does not match the product " + shape_str(batch));
+      return Slot{{batch[0], batch[2], checked_mul(batch[1], batch[3], "c_view width")}, x.dtype};
     }
     case Op::layer_norm: {
       same_dtype(c);
@@ -818,7 +853,7 @@ void check_kernel_sizes(const Program& p, const Instr& in) {
       fail(std::string(what) + " " + std::to_string(d) + " exceeds the BLAS limit 2^31-1");
   };
   if (in.op == Op::matmul || in.op == Op::matmul_accumulate || in.op == Op::gemm) {
-    const Shape &a = p.slots[in.in[0]].shape, &o = p.slots[in.out[0]].shape;
+    const Shape a = gemm_logical_shape(p, in, 0), o = gemm_logical_shape(p, in, -1);
     const bool ta = attr_bool(in, "transpose_a");
     const int64_t m = o[o.size() - 2], n = o.back(), k = ta ? a[a.size() - 2] : a.back();
     blas_dim(m, "matmul rows");
@@ -853,7 +888,7 @@ int64_t instr_work(const Program& p, const Instr& in) {
       return sat_add(base, sat_mul(sat_mul(size_of(in.out[0]), nodes), kPerElement));
     }
     case Op::matmul: case Op::matmul_accumulate: case Op::gemm: {
-      const Shape& a = p.slots[in.in[0]].shape;
+      const Shape a = gemm_logical_shape(p, in, 0);
       const int64_t k = attr_bool(in, "transpose_a") ? a[a.size() - 2] : a.back();
       return sat_add(base, sat_mul(size_of(in.out[0]), std::max<int64_t>(k, 1)));
     }

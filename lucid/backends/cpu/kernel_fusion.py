@@ -14,6 +14,11 @@ instructions by one CPU-only instruction that computes the same values in fewer 
 - ``normalize(x, mean(x), mean((x - mean(x))^2), gamma, beta)`` over the last axis (layer norm
   as lowered) becomes ``layer_norm(x, gamma, beta)``: one kernel per row, which stays in cache,
   instead of four instructions and five passes over the tensor;
+- attention's per-head operands ``transpose{0,2,1,3}(reshape(slice(qkv)))`` become head views
+  of the projection (``a_view``/``b_view`` = [H, D, col0]: BLAS reads each head's [L, D] block
+  in place, rows W apart), and a per-head product transposed back and reshaped to [B, L, H*D]
+  is written in that order (``c_view``): the slices and transposes, a copy of the activation
+  each, are gone;
 - a sum of zero pads that tile one axis (plus zero constants) becomes a ``concat`` of the
   padded values (the gradient of a fused QKV projection).
 
@@ -44,14 +49,15 @@ def fuse_kernels(program: Program) -> Program:
     out.inplace = dict(program.inplace)
     instrs: list[Instr | None] = list(program.instrs)
     rewrites = (
+        _fold_gemm_scale,  # first: a scaled product is then one gemm for the head views
+        _fold_head_views,
         _fold_layer_norm,
-        _fold_gemm_scale,
         _fold_gemm_bias,
         _fold_gemm_addend,
         _fold_padded_sums,
     )
     for rewrite in rewrites:
-        rewrite(program, instrs)
+        rewrite(out, instrs)
     out.instrs = [ins for ins in instrs if ins is not None]
     return out
 
@@ -67,6 +73,19 @@ class _Graph:
         self.uses = Counter(s for ins in instrs if ins is not None for s in ins.inputs)
         self.uses.update(program.results)
         self.instrs = instrs
+        self.readers: dict[int, list[int]] = {}
+        for k, ins in enumerate(instrs):
+            for s in dict.fromkeys(ins.inputs if ins is not None else ()):
+                self.readers.setdefault(s, []).append(k)
+
+    def only_reader(self, slot: int, op: str) -> tuple[int, Instr] | None:
+        """(index, instruction) of the one ``op`` instruction reading ``slot``, when nothing else
+        reads it (and it is not a result)."""
+        readers = self.readers.get(slot, [])
+        if len(readers) != 1 or not self.used_only_by(slot, 1):
+            return None
+        ins = self.instrs[readers[0]]
+        return (readers[0], ins) if ins is not None and ins.op == op else None
 
     def made_by(self, slot: int, op: str) -> tuple[int, Instr] | None:
         """(index, instruction) when ``slot`` is the output of an ``op`` instruction."""
@@ -171,6 +190,93 @@ def _fold_gemm_addend(program: Program, instrs: list[Instr | None]) -> None:
             instrs[k] = Instr("gemm", (*gemm.inputs, addend), ins.outputs, dict(gemm.attrs))
             g = _Graph(program, instrs)
             break
+
+
+def _head_source(g: _Graph, slot: int) -> tuple[int, list[int]] | None:
+    """``(src, [H, D, col0])`` when ``slot`` is ``transpose{0,2,1,3}(reshape(x))`` of a
+    ``[B, L, W]`` value's columns ``col0 .. col0 + H*D`` (x a unit-stride slice of its last axis,
+    or the whole value): the heads of a projection, which a gemm reads in place."""
+    t = g.made_by(slot, "transpose")
+    if t is None or tuple(t[1].attrs["perm"]) != (0, 2, 1, 3):
+        return None
+    r = g.made_by(t[1].inputs[0], "reshape")
+    if r is None:
+        return None
+    b, length, heads, dim = g.aval(r[1].outputs[0]).shape
+    src = r[1].inputs[0]
+    col0 = 0
+    sl = g.made_by(src, "slice")
+    if sl is not None:
+        starts, ends, strides = (sl[1].attrs[k] for k in ("starts", "ends", "strides"))
+        whole = g.aval(sl[1].inputs[0]).shape
+        if (
+            len(whole) != 3
+            or tuple(strides) != (1, 1, 1)
+            or tuple(starts[:2]) != (0, 0)
+            or tuple(ends[:2]) != whole[:2]
+        ):
+            return None
+        src, col0 = sl[1].inputs[0], starts[2]
+    if g.aval(src).shape[:2] != (b, length) or len(g.aval(src).shape) != 3:
+        return None
+    return src, [heads, dim, col0]
+
+
+def _fold_head_views(program: Program, instrs: list[Instr | None]) -> None:
+    """Attention's per-head operands read straight from the projection, and its per-head result
+    written straight in [B, L, H*D] order: the slices and transposes around it (copies of the
+    whole activation each) are gone."""
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
+            continue
+        if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
+            continue
+        gemm = _gemm_of(ins)
+        inputs, attrs, outputs = list(gemm.inputs), dict(gemm.attrs), gemm.outputs
+        for i, name in ((0, "a_view"), (1, "b_view")):
+            if name in attrs or len(g.aval(inputs[i]).shape) != 4:
+                continue
+            found = _head_source(g, inputs[i])
+            if found is not None:
+                inputs[i], attrs[name] = found[0], found[1]
+        out = outputs[0]
+        t = g.only_reader(out, "transpose") if len(g.aval(out).shape) == 4 else None
+        if t is not None and tuple(t[1].attrs["perm"]) == (0, 2, 1, 3) and "c_view" not in attrs:
+            # The transposed value [B, L, H, D] is dense, so it is byte for byte the [B, L, H*D]
+            # value the gemm writes through c_view; readers that reshape it read that instead.
+            b, heads, length, dim = g.aval(out).shape
+            merged = (b, length, heads * dim)
+            readers = g.readers.get(t[1].outputs[0], [])
+            if t[1].outputs[0] not in program.results and all(
+                instrs[j].op == "reshape" for j in readers
+            ):
+                new = program.new_slot(merged, g.aval(out).dtype)
+                for j in readers:
+                    r = instrs[j]
+                    instrs[j] = Instr("reshape", (new,), r.outputs, dict(r.attrs))
+                outputs, attrs["c_view"] = (new,), [heads, dim]
+                # Where the transpose was: every reader of its value comes after it.
+                instrs[k] = None
+                k = t[0]
+        if attrs == gemm.attrs and outputs == gemm.outputs:
+            continue
+        instrs[k] = Instr("gemm", tuple(inputs), outputs, attrs)
+        _erase_dead_views(program, instrs)
+        g = _Graph(program, instrs)
+
+
+def _erase_dead_views(program: Program, instrs: list[Instr | None]) -> None:
+    """Drop slices, reshapes and transposes whose values nothing reads any more."""
+    changed = True
+    while changed:
+        g = _Graph(program, instrs)
+        changed = False
+        for j, ins in enumerate(instrs):
+            if ins is not None and ins.op in ("slice", "reshape", "transpose"):
+                if g.uses[ins.outputs[0]] == 0:
+                    instrs[j] = None
+                    changed = True
 
 
 def _single_use(g: _Graph, slot: int, op: str) -> tuple[int, Instr] | None:
@@ -311,6 +417,12 @@ def _tiled_axis(pads: list[Instr], shape: tuple) -> int | None:
 
 def _gemm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
     a, b = args[0], args[1]
+    for i, name in ((0, "a_view"), (1, "b_view")):
+        if name in attrs:  # [B, L, W] -> [B, H, L, D]
+            heads, dim, col0 = attrs[name]
+            x = args[i][..., col0 : col0 + heads * dim]
+            x = x.reshape(*x.shape[:2], heads, dim).transpose(0, 2, 1, 3)
+            a, b = (x, b) if i == 0 else (a, x)
     if attrs["transpose_a"]:
         a = np.swapaxes(a, -1, -2)
     if attrs["transpose_b"]:
@@ -318,6 +430,9 @@ def _gemm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
     out = np.matmul(a, b) * a.dtype.type(attrs["alpha"])
     for extra in args[2:]:  # a bias row, an addend of the output's shape
         out = out + extra
+    if "c_view" in attrs:  # [B, H, L, D] -> [B, L, H*D]
+        out = out.transpose(0, 2, 1, 3)
+        out = out.reshape(*out.shape[:2], -1)
     return out
 
 

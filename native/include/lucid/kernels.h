@@ -39,7 +39,7 @@ void dispatch_dtype(DType d, Fn&& fn) {
 }
 
 // A batch of row-major GEMMs C_i = alpha * op(A + a_off[i]) @ op(B + b_off[i]) + beta * C_i,
-// C_i at C + i*M*N (N columns), all with K > 0.
+// C_i at C + c_off[i] (rows ldc apart), all with K > 0.
 template <class T>
 struct BatchedGemm {
   bool ta, tb;
@@ -53,6 +53,8 @@ struct BatchedGemm {
   int64_t ldb;
   T beta;
   T* C;
+  const int64_t* c_off;
+  int64_t ldc;
 };
 
 // Runs the batch split across the worker pool when its GEMMs are small enough that the BLAS

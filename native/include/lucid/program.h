@@ -124,6 +124,17 @@ std::string dump(const Program& p);
 // Attribute access for validated programs (they throw std::invalid_argument otherwise).
 int64_t attr_int(const Instr& in, const char* name);
 double attr_float(const Instr& in, const char* name);
+
+// gemm's head views: operand i (0: a, 1: b) given `a_view`/`b_view` = [H, D, col0] is a [B, L, W]
+// slot read as [B, H, L, D] (element (b, h, l, d) at (b*L + l)*W + col0 + h*D + d: the heads
+// of a projection sliced out of its last axis, with no copy); the output (i = -1) given
+// `c_view` = [H, D] is a [B, L, H*D] slot written as [B, H, L, D]. heads == 0: no view.
+struct HeadView {
+  int64_t heads = 0, dim = 0, col0 = 0;
+};
+HeadView head_view(const Instr& in, int i);
+// The shape gemm (or matmul) computes with for operand i, or its output for i = -1.
+Shape gemm_logical_shape(const Program& p, const Instr& in, int i);
 bool attr_bool(const Instr& in, const char* name);
 DType attr_dtype(const Instr& in, const char* name);
 const std::vector<int64_t>& attr_ints(const Instr& in, const char* name);

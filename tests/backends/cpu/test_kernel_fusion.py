@@ -298,3 +298,127 @@ def test_pads_that_overlap_leave_gaps_or_are_reused_stay_a_sum():
         assert "concat" not in _ops(p)
         _native_vs_reference(p, _feeds(p, np.random.default_rng(0)))
     assert _ops(build([(3, 6), (0, 3)])) == ["concat"]
+
+
+# -- attention heads read and written in place --------------------------------------------------
+
+
+def _heads(p: Program, x: int, col0: int, heads: int, dim: int) -> int:
+    b, length, width = p.slots[x].shape
+    if col0 or heads * dim != width:
+        x = p.op(
+            "slice", x, starts=(0, 0, col0), ends=(b, length, col0 + heads * dim), strides=(1, 1, 1)
+        )
+    r = p.op("reshape", x, shape=(b, length, heads, dim))
+    return p.op("transpose", r, perm=(0, 2, 1, 3))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    length=st.integers(1, 9),
+    heads=st.integers(1, 4),
+    dim=st.integers(1, 6),
+    extra=st.integers(0, 2),
+    scale=st.booleans(),
+    dtype=st.sampled_from(["f32", "f64"]),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_reads_heads_from_the_projection_and_writes_them_in_place(
+    b, length, heads, dim, extra, scale, dtype, seed
+):
+    e = heads * dim
+    p = Program()
+    qkv = p.feed((b, length, 3 * e + extra), dtype)
+    q, k, v = (_heads(p, qkv, extra + j * e, heads, dim) for j in range(3))
+    s = p.op("matmul", q, k, transpose_b=True)
+    if scale:
+        s = p.op("mul", s, p.op("constant", shape=(), dtype=dtype, value=(0.5,)))
+    o = p.op("matmul", p.op("softmax", s, axis=-1), v)
+    t = p.op("transpose", o, perm=(0, 2, 1, 3))
+    out = p.op("reshape", t, shape=(b, length, e))
+    # The heads' output is read twice, as a weight gradient reads it flattened.
+    p.result(p.op("tanh", out), p.op("reshape", t, shape=(b * length, e)))
+    ops = _ops(p)
+    assert "slice" not in ops and "transpose" not in ops and ops.count("gemm") == 2
+    _native_vs_reference(p, _feeds(p, np.random.default_rng(seed)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    length=st.integers(1, 7),
+    heads=st.integers(1, 3),
+    dim=st.integers(1, 5),
+    n=st.integers(1, 6),
+    ta=st.booleans(),
+    left=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_one_operand_as_a_head_view_with_transposes(b, length, heads, dim, n, ta, left, seed):
+    # A head view [B, H, L, D] on either side, read transposed or not, against a dense operand.
+    p = Program()
+    x = p.feed((b, length, heads * dim + 2))
+    view = _heads(p, x, 2, heads, dim)
+    # op(view) is [L, D], or [D, L] when read transposed.
+    rows, cols = (dim, length) if ta else (length, dim)
+    if left:
+        other = p.feed((b, heads, cols, n))
+        y = p.op("matmul", view, other, transpose_a=ta)
+    else:
+        other = p.feed((b, heads, n, rows))
+        y = p.op("matmul", other, view, transpose_b=ta)
+    p.result(y)
+    assert "transpose" not in _ops(p)
+    _native_vs_reference(p, _feeds(p, np.random.default_rng(seed)))
+
+
+def test_heads_still_read_elsewhere_keep_their_copy():
+    p = Program()
+    x = p.feed((2, 5, 12))
+    q = _heads(p, x, 0, 3, 4)
+    p.result(p.op("matmul", q, q, transpose_b=True), q)  # the heads are a result too
+    assert _ops(p).count("transpose") == 1
+    _native_vs_reference(p, _feeds(p, np.random.default_rng(0)))
+
+
+@pytest.mark.parametrize(
+    "attrs, slots, message",
+    [
+        (
+            {"a_view": [2, 4, 1]},
+            [((2, 5, 8), "f32"), ((2, 2, 4, 3), "f32"), ((2, 2, 5, 3), "f32")],
+            "does not fit",
+        ),
+        (
+            {"a_view": [2, 4, 0]},
+            [((2, 5, 8, 1), "f32"), ((2, 2, 4, 3), "f32"), ((2, 2, 5, 3), "f32")],
+            "rank-3",
+        ),
+        (
+            {"a_view": [0, 4, 0]},
+            [((2, 5, 8), "f32"), ((2, 2, 4, 3), "f32"), ((2, 2, 5, 3), "f32")],
+            "heads >= 1",
+        ),
+        (
+            {"a_view": [2, 4]},
+            [((2, 5, 8), "f32"), ((2, 2, 4, 3), "f32"), ((2, 2, 5, 3), "f32")],
+            "col0",
+        ),
+        (
+            {"c_view": [2, 3]},
+            [((2, 2, 5, 4), "f32"), ((2, 2, 4, 3), "f32"), ((2, 5, 7), "f32")],
+            r"declared f32\[2,5,7\] but the op gives f32\[2,5,6\]",
+        ),
+        (
+            {"c_view": [3, 2]},
+            [((2, 2, 5, 4), "f32"), ((2, 2, 4, 3), "f32"), ((2, 5, 6), "f32")],
+            "c_view",
+        ),
+    ],
+)
+def test_validator_refuses_bad_head_views(attrs, slots, message):
+    base = {"transpose_a": False, "transpose_b": False, "alpha": 1.0}
+    desc = _desc([("gemm", [0, 1], [2], {**base, **attrs})], slots, [0, 1], [2])
+    with pytest.raises(ValueError, match=message):
+        _native.validate(desc)
