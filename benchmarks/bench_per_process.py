@@ -294,6 +294,7 @@ def spawn(spec: str, args) -> dict:
     ]
     env = dict(os.environ, **thread_env(args.threads))
     t0 = time.perf_counter()
+    cpu0 = _children_cpu_s()
     try:
         out = subprocess.run(
             cmd, capture_output=True, text=True, timeout=args.timeout_s, env=env, check=False
@@ -307,7 +308,17 @@ def spawn(spec: str, args) -> dict:
         tail = out.stderr.strip().splitlines()[-3:]
         return {"error": f"exit {out.returncode}: " + " | ".join(tail)}
     result["process_s"] = time.perf_counter() - t0
+    # CPU seconds of the child (all its threads): about its wall time on an idle machine when
+    # it ran mostly on one core, so a busy run still tells how long a quiet one will take.
+    result["process_cpu_s"] = _children_cpu_s() - cpu0
     return result
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def machine_info() -> dict:
@@ -485,6 +496,12 @@ def main(argv=None) -> int:
     import workloads as W
 
     rows = [summarize_row(*key, runs[key], missing) for key, _, missing in plan]
+    child_cpu_s = sum(
+        r.get("process_cpu_s", 0.0)
+        for per_case in runs.values()
+        for rs in per_case.values()
+        for r in rs
+    )
     load_after = load_average()
     meta = {
         "method": "per-process",
@@ -500,6 +517,7 @@ def main(argv=None) -> int:
         "thread_env": thread_env(args.threads),
         "interpreters": {fw: interpreter(fw, args) for fw in FRAMEWORK_MODULES},
         "floor_gflops": W.FLOOR_GFLOPS,
+        "children_cpu_minutes_per_pass": child_cpu_s / 60 / args.passes,
     }
     print_tables(rows)
     print("\nBLAS per framework:")
@@ -507,7 +525,8 @@ def main(argv=None) -> int:
         print("  " + line)
     print(
         f"threads {args.threads}; {args.passes} passes x {args.rounds} rounds; load average "
-        f"{load_before} -> {load_after}; {meta['minutes']:.1f} min"
+        f"{load_before} -> {load_after}; {meta['minutes']:.1f} min (children's CPU time "
+        f"{meta['children_cpu_minutes_per_pass']:.1f} min per pass)"
     )
     if busy:
         print(busy_note)

@@ -88,6 +88,7 @@ def test_a_child_process_times_its_case_and_records_blas_and_threads():
     result = BP.spawn("infer:E:lucid compiled:sgd", args)
     assert "error" not in result, result.get("error")
     assert len(result["round_ms"]) == 2 and result["ms"] > 0
+    assert 0 < result["process_cpu_s"]  # the child's own CPU time, counted from its rusage
     assert result["threads"]["LUCID_NUM_THREADS"] == "1"
     assert result["threads"]["lucid native pool"] == 1
     assert result["blas"]["source"] in ("threadpoolctl", "numpy/scipy-openblas32 config")
