@@ -158,6 +158,10 @@ def save_step(step: Any, scheduler: Any = None) -> tuple[dict, dict[str, str], d
     entries = list(step._entries.items())
     if not entries:
         raise NotSaveable("the step has no compiled entry (call it once first)")
+    # A loaded step knows one training flag, not per-submodule modes: mixed-mode entries stay.
+    entries = [(key, entry) for key, entry in entries if not isinstance(key[1], tuple)]
+    if not entries:
+        raise NotSaveable("every compiled entry has submodules in mixed train/eval modes")
     tensors: dict[str, Tensor] = {}  # role -> tensor; one role per object (the first seen)
     role_of: dict[int, str] = {}
 

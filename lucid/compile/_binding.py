@@ -6,6 +6,11 @@ Compiled entries bind parameters, buffers and optimizer state by object identity
 ``bn.running_mean = t``) goes through a module's parameter/buffer/submodule table, which bumps
 ``STRUCTURE_VERSION``: a wrapper compares one int per call and, only when it moved, re-reads the
 model's tensors (``Bound.changed``) and drops its entries if any of them is a different object.
+
+Every cache key also carries the bound modules' training modes (``Bound.mode``): one bool when
+all agree, else the top flag and the names in the other mode (``model.bn.eval()`` while the
+model trains), so an executable traced in one combination is never served in another. It is
+recomputed only when ``MODE_VERSION`` (bumped by any ``training`` assignment) moved.
 """
 
 from __future__ import annotations
@@ -20,17 +25,20 @@ from typing import Any
 import numpy as np
 
 from lucid._tensor import Tensor
-from lucid.nn.modules.module import STRUCTURE_VERSION, Module
+from lucid.nn.modules.module import MODE_VERSION, STRUCTURE_VERSION, Module
 
 __all__ = [
+    "MODE_VERSION",
     "STRUCTURE_VERSION",
     "Bound",
     "LRU",
     "TICK",
     "ensure_c_layout",
     "max_entries",
+    "mode_repr",
     "name_feeds",
     "owner_modules",
+    "training_modes",
 ]
 
 DEFAULT_MAX_ENTRIES = 32
@@ -142,16 +150,50 @@ def _tensors_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
     return out
 
 
+def training_modes(modules: list[Module]) -> bool | tuple[bool, tuple[str, ...]]:
+    """The training modes of ``modules`` and all their submodules, compactly: the first
+    module's flag when every module agrees (False for none), else ``(that flag, sorted names of
+    the modules in the other mode)`` (names prefixed ``i:`` when there are several owners)."""
+    if not modules:
+        return False
+    top = bool(modules[0].training)
+    several = len(modules) > 1
+    others = []
+    for i, owner in enumerate(modules):
+        for name, m in owner.named_modules():
+            if bool(m.training) != top:
+                others.append(f"{i}:{name}" if several else name)
+    return (top, tuple(sorted(others))) if others else top
+
+
+def mode_repr(mode: Any) -> str:
+    """``training_modes``'s value for people: ``train``, ``eval`` or ``train (eval: bn)``."""
+    if isinstance(mode, tuple):
+        top, others = mode
+        return f"{'train' if top else 'eval'} ({'eval' if top else 'train'}: {', '.join(others)})"
+    return "train" if mode else "eval"
+
+
 class Bound:
     """The parameters and buffers of the modules a wrapper binds, by identity, and the
-    structure version they were read at. ``stale()`` is the per-call O(1) check."""
+    structure version they were read at. ``stale()`` is the per-call O(1) check. ``mode`` is
+    ``training_modes(modules)`` as of ``mode_version`` (``modes()`` brings it up to date)."""
 
-    __slots__ = ("modules", "tensors", "version")
+    __slots__ = ("mode", "mode_version", "modules", "tensors", "version")
 
     def __init__(self, modules: list[Module]):
         self.modules = modules
         self.version = STRUCTURE_VERSION[0]
         self.tensors = _tensors_of(modules)
+        self.mode_version = MODE_VERSION[0]
+        self.mode = training_modes(modules)
+
+    def modes(self) -> bool | tuple[bool, tuple[str, ...]]:
+        """The bound modules' training modes (re-read only if a ``training`` flag was set)."""
+        if self.mode_version != MODE_VERSION[0]:
+            self.mode_version = MODE_VERSION[0]
+            self.mode = training_modes(self.modules)
+        return self.mode
 
     def stale(self) -> bool:
         return STRUCTURE_VERSION[0] != self.version
@@ -160,6 +202,7 @@ class Bound:
         """Re-read after the structure version moved: True if any bound name now holds another
         object (or names came or went). Either way the version is brought up to date."""
         self.version = STRUCTURE_VERSION[0]
+        self.mode_version = -1  # submodules may have come or gone: re-read the modes too
         now = _tensors_of(self.modules)
         old = self.tensors
         self.tensors = now

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from lucid.compile._binding import mode_repr
+
 __all__ = ["Difference", "StepRecompiles", "explain", "nearest", "recompile_limit"]
 
 BATCH_HINT = "the batch dim changes: compile with dynamic=True to share one executable"
@@ -96,8 +98,7 @@ def diff(old: tuple, new: tuple) -> list[Difference]:
         else:
             out += _sig_diffs(f"keyword {name!r}", okw_d[name], nkw_d[name])
     if otrain != ntrain:
-        mode = ("eval", "train")
-        out.append(Difference("model", "training flag", mode[bool(otrain)], mode[bool(ntrain)]))
+        out.append(Difference("model", "training flag", mode_repr(otrain), mode_repr(ntrain)))
     if ograd != ngrad:
         out.append(Difference("call", "grad mode", bool(ograd), bool(ngrad)))
     if oparams != nparams:
@@ -121,8 +122,7 @@ def diff_step(old: tuple, new: tuple) -> list[Difference]:
     for i, (a, b) in enumerate(zip(oin, nin, strict=False)):
         out += _sig_diffs(f"input {i}", a, b)
     if old[1] != new[1]:
-        mode = ("eval", "train")
-        out.append(Difference("model", "training flag", mode[bool(old[1])], mode[bool(new[1])]))
+        out.append(Difference("model", "training flag", mode_repr(old[1]), mode_repr(new[1])))
     rest = ("optimizer settings", "parameters") if len(new) == 4 else ("parameters",)
     for name, a, b in zip(rest, old[2:], new[2:], strict=False):
         if a != b:

@@ -193,6 +193,8 @@ def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) 
     from lucid.ir import print_ir
 
     args_sig, kwargs_sig, training, grad, _ = key
+    if isinstance(training, tuple):  # a loaded module knows one flag, not per-submodule modes
+        raise _NotSaveable("its submodules were in mixed train/eval modes")
     if grad:
         raise _NotSaveable("it records gradients (loaded modules serve inference only)")
     output = getattr(entry, "aot_output", None)

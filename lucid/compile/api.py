@@ -26,12 +26,14 @@ from lucid._tensor import Tensor
 from lucid.compile import _parity, _pipeline, _pytree, _recompile
 from lucid.compile._binding import (
     LRU,
+    MODE_VERSION,
     STRUCTURE_VERSION,
     TICK,
     Bound,
     check_settings,
     ensure_c_layout,
     max_entries,
+    mode_repr,
     name_feeds,
     owner_modules,
 )
@@ -50,7 +52,8 @@ CompileError = _pipeline.CompileError
 
 class CacheKey(tuple):
     """What a compiled executable is specialised on: the tensor arguments' shapes, dtypes and
-    ``requires_grad``, the values of the other arguments, keyword names, the training flag,
+    ``requires_grad``, the values of the other arguments, keyword names, the training modes
+    (the model's flag, or ``(flag, names of submodules in the other mode)`` when they differ),
     whether gradients are needed, and the parameters' dtypes."""
 
     __slots__ = ()
@@ -58,7 +61,7 @@ class CacheKey(tuple):
     def __repr__(self) -> str:
         args, kwargs, training, grad, params = self
         parts = [_sig_repr(a) for a in args] + [f"{k}={_sig_repr(v)}" for k, v in kwargs]
-        mode = "train" if training else "eval"
+        mode = mode_repr(training)
         return f"CacheKey(({', '.join(parts)}), {mode}{', grad' if grad else ''})"
 
 
@@ -267,6 +270,7 @@ class CompiledModule(Module):
             pipeline=pipeline,
             switches=switches,
         )
+        self.__dict__["_raw_options"] = options  # passed on to step()'s make_step
         # Parity checking (see _parity.py): None, "first" or "always"; (rtol, atol).
         self.__dict__["_check"] = _parity.check_mode(check)
         self.__dict__["_check_tol"] = _parity.tolerance(check_tolerance)
@@ -502,7 +506,10 @@ class CompiledModule(Module):
         if params is None:
             params = self._param_list()
         grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in params]))
-        training = getattr(d["_model"], "training", False)
+        # Every module's mode, not just the model's (model.bn.eval() while training): re-read
+        # only when some training flag was set since.
+        bound = d["_bound"]
+        training = bound.mode if bound.mode_version == MODE_VERSION[0] else bound.modes()
         return (sig, kw, training, grad, d["_fingerprint"])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -1075,8 +1082,15 @@ class CompiledModule(Module):
         if fn is None:
             from lucid.compile import make_step
 
+            # The wrapper's options and parity checking apply to its training steps too.
             fn = make_step(
-                self._model, loss_fn, dynamic=self._dynamic, backend=self._options.backend
+                self._model,
+                loss_fn,
+                dynamic=self._dynamic,
+                backend=self._options.backend,
+                options=self.__dict__["_raw_options"],
+                check=self._check,
+                check_tolerance=self._check_tol,
             )
             steps.put(loss_fn, fn)
         return fn(*args)

@@ -765,7 +765,7 @@ class TrainStep(_StepIntrospection):
     def _key(self, inputs: tuple) -> tuple:
         return (
             _input_sig(inputs),
-            bool(getattr(self.model, "training", False)),
+            self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
         )
 
@@ -1053,7 +1053,7 @@ class FusedStep(_StepIntrospection):
     def _key(self, inputs: tuple, scalars: list) -> tuple:
         return (
             _input_sig(inputs),
-            bool(getattr(self.model, "training", False)),
+            self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             self._view.statics(scalars),
             tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
         )

@@ -9,6 +9,9 @@ object identity, which is why ``to(dtype)`` and ``load_state_dict`` change them 
 Every change to one of these tables (in any module) bumps ``STRUCTURE_VERSION[0]``, so that a
 compiled wrapper can tell in O(1) on each call whether the tensors it bound may have been
 replaced (``model[2] = Linear(...)``, a new Parameter, ``load_state_dict(assign=True)``).
+Likewise every assignment to a module's ``training`` flag (``train()``, ``eval()``,
+``m.training = False``) bumps ``MODE_VERSION[0]``, so a wrapper re-reads its submodules' modes
+only when one may have changed.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from lucid._autograd import no_grad
 from lucid._tensor import Tensor, device
 from lucid.nn.parameter import Parameter
 
-__all__ = ["STRUCTURE_VERSION", "Module", "RemovableHandle"]
+__all__ = ["MODE_VERSION", "STRUCTURE_VERSION", "Module", "RemovableHandle"]
 
 # Bumped by every change to a module's parameter, buffer or submodule table, in any module.
 STRUCTURE_VERSION = [0]
+# Bumped by every assignment to a module's ``training`` flag, in any module.
+MODE_VERSION = [0]
 
 
 class _Table(OrderedDict):
@@ -301,6 +306,8 @@ class Module:
                 )
             buffers[name] = value
             return
+        if name == "training":
+            MODE_VERSION[0] += 1
         object.__setattr__(self, name, value)
 
     @staticmethod
