@@ -216,3 +216,22 @@ def test_compiled_step_passes_on_options_and_check(tmp_path):
     assert step._opts.mode == "always"
     assert step._opts.switches.get("print_ir_tree_dir") == str(tmp_path)
     assert any(tmp_path.iterdir())  # the step's compile wrote its IR tree there
+
+
+def test_save_compiled_skips_mixed_mode_signatures(tmp_path, caplog):
+    from lucid.compile import save_compiled
+
+    _, got = _pair()
+    cm = lucid.compile(got)
+    x, _ = _data()
+    got.eval()
+    got.drop.train()
+    with lucid.no_grad():
+        cm(x)
+    # A loaded module knows one training flag: the mixed-mode executable is not saved.
+    assert save_compiled(cm, tmp_path / "m.lucid") is False
+    assert "mixed train/eval modes" in caplog.text
+    got.drop.eval()
+    with lucid.no_grad():
+        cm(x)
+    assert save_compiled(cm, tmp_path / "m.lucid") is True
