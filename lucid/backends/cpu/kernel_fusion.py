@@ -148,48 +148,50 @@ def _fold_gemm_scale(program: Program, instrs: list[Instr | None]) -> None:
             break
 
 
-def _fold_gemm_bias(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_add_into_gemm(
+    program: Program,
+    instrs: list[Instr | None],
+    takes: Callable[[_Graph, Instr, int, Aval], bool],
+) -> None:
+    """Each ``add`` of a float matmul's (or single-use gemm's) product and an operand that
+    ``takes(g, gemm, operand, out_aval)`` accepts becomes that gemm with the operand as its
+    accumulator, at the add's position (every operand is defined by then)."""
     g = _Graph(program, instrs)
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "add":
             continue
         out = g.aval(ins.outputs[0])
         for i in (0, 1):
-            product, bias = ins.inputs[i], ins.inputs[1 - i]
+            product, operand = ins.inputs[i], ins.inputs[1 - i]
             found = _float_matmul(g, product) or _single_use(g, product, "gemm")
-            if found is None or len(found[1].inputs) != 2 or g.aval(product) != out:
-                continue
-            b = g.aval(bias)
-            if b.shape != out.shape[-1:] or b.dtype != out.dtype:
+            if found is None or g.aval(product) != out:
                 continue
             j, matmul = found
             gemm = _gemm_of(matmul)
-            # At the add's position: every operand (the bias too) is defined by then.
+            if not takes(g, gemm, operand, out):
+                continue
             instrs[j] = None
-            instrs[k] = Instr("gemm", (*gemm.inputs, bias), ins.outputs, dict(gemm.attrs))
+            instrs[k] = Instr("gemm", (*gemm.inputs, operand), ins.outputs, dict(gemm.attrs))
             g = _Graph(program, instrs)
             break
+
+
+def _takes_bias(g: _Graph, gemm: Instr, bias: int, out: Aval) -> bool:
+    b = g.aval(bias)
+    return len(gemm.inputs) == 2 and b.shape == out.shape[-1:] and b.dtype == out.dtype
+
+
+def _takes_addend(g: _Graph, gemm: Instr, addend: int, out: Aval) -> bool:
+    # A gemm with a full-shape addend already has its accumulator.
+    return g.aval(addend) == out and not any(len(g.aval(s).shape) > 1 for s in gemm.inputs[2:])
+
+
+def _fold_gemm_bias(program: Program, instrs: list[Instr | None]) -> None:
+    _fold_add_into_gemm(program, instrs, _takes_bias)
 
 
 def _fold_gemm_addend(program: Program, instrs: list[Instr | None]) -> None:
-    g = _Graph(program, instrs)
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "add":
-            continue
-        out = g.aval(ins.outputs[0])
-        for i in (0, 1):
-            product, addend = ins.inputs[i], ins.inputs[1 - i]
-            found = _float_matmul(g, product) or _single_use(g, product, "gemm")
-            if found is None or g.aval(product) != out or g.aval(addend) != out:
-                continue
-            j, matmul = found
-            gemm = _gemm_of(matmul)
-            if any(len(g.aval(s).shape) > 1 for s in gemm.inputs[2:]):
-                continue  # it has an addend already
-            instrs[j] = None
-            instrs[k] = Instr("gemm", (*gemm.inputs, addend), ins.outputs, dict(gemm.attrs))
-            g = _Graph(program, instrs)
-            break
+    _fold_add_into_gemm(program, instrs, _takes_addend)
 
 
 def _head_source(g: _Graph, slot: int) -> tuple[int, list[int]] | None:
