@@ -1,0 +1,29 @@
+// Stride-1 convolutions without im2col (conv.cpp): each image is copied once into a zero-padded
+// plane, and the convolution is a GEMM whose right operand rows are shifted views of that plane,
+// computed by small register-tiled kernels while the image stays in cache, images split across
+// the worker pool. The callers (linalg.cpp) fall back to im2col + BLAS when these return false.
+#pragma once
+
+#include <cstdint>
+
+namespace lucid {
+
+// NCHW input [N, C, H, W], OIHW weight [O, C/G, KH, KW], output [N, O, HO, WO]; padding top and
+// left (bottom and right follow from the output size).
+struct ConvShape {
+  int64_t N, C, H, W, O, KH, KW, HO, WO, G, sh, sw, dh, dw, pt, pl;
+};
+
+// y = conv(x, w) (+ bias[o]) (then relu when `relu`); bias may be null.
+bool conv2d_direct_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                           bool relu, float* y);
+bool conv2d_direct_forward(const ConvShape& s, const double* x, const double* w,
+                           const double* bias, bool relu, double* y);
+// dx = the gradient of conv(x, w) with respect to x, given dy.
+bool conv2d_direct_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx);
+bool conv2d_direct_data_grad(const ConvShape& s, const double* dy, const double* w, double* dx);
+// dw = the gradient of conv(x, w) with respect to w, given x and dy.
+bool conv2d_direct_weights_grad(const ConvShape& s, const float* x, const float* dy, float* dw);
+bool conv2d_direct_weights_grad(const ConvShape& s, const double* x, const double* dy, double* dw);
+
+}  // namespace lucid
