@@ -379,7 +379,7 @@ size_t expected_operands(Op op) {
       return 2;
     case Op::scatter_add: case Op::scatter_add_along_axis: return 3;
     case Op::matmul_accumulate: return 4;
-    case Op::layer_norm: return 3;
+    case Op::layer_norm: case Op::attention: case Op::attention_grad: return 3;
     case Op::constant: return 0;
     default: return 1;
   }
@@ -516,6 +516,8 @@ Slot infer(const Program& p, const Instr& in) {
              "] does not match the product " + shape_str(batch));
       return Slot{{batch[0], batch[2], checked_mul(batch[1], batch[3], "c_view width")}, x.dtype};
     }
+    case Op::attention: case Op::attention_grad:
+      return infer_attention(p, in);
     case Op::layer_norm: {
       same_dtype(c);
       need_dtype(is_float(x.dtype), x, "a float dtype");
@@ -900,6 +902,8 @@ int64_t instr_work(const Program& p, const Instr& in) {
       const int64_t gemm = sat_mul(sat_mul(cols, d.o), sat_mul(d.c / d.g, taps));
       return sat_add(base, sat_add(gemm, sat_mul(sat_mul(cols, d.c), sat_mul(taps, kPerElement))));
     }
+    case Op::attention: case Op::attention_grad:
+      return sat_add(base, attention_work(p, in));
     case Op::max_pool2d: case Op::avg_pool2d: case Op::max_pool2d_grad:
     case Op::avg_pool2d_grad: {
       const auto& k = attr_ints(in, "kernel");

@@ -125,6 +125,8 @@ Step make_step(const Program& p, const Instr& in) {
     case Op::reduce_prod: case Op::variance: case Op::argmax: case Op::argmin: case Op::softmax:
     case Op::log_softmax: case Op::cumsum: case Op::layer_norm:
       return make_reduce_step(p, in);
+    case Op::attention: case Op::attention_grad:
+      return make_attention_step(p, in);
     default:
       return make_shape_step(p, in);
   }

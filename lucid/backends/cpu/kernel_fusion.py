@@ -20,7 +20,14 @@ instructions by one CPU-only instruction that computes the same values in fewer 
   is written in that order (``c_view``): the slices and transposes, a copy of the activation
   each, are gone;
 - a sum of zero pads that tile one axis (plus zero constants) becomes a ``concat`` of the
-  padded values (the gradient of a fused QKV projection).
+  padded values (the gradient of a fused QKV projection);
+- ``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)`` over [B, H, L, D] operands (head views
+  or dense) becomes ``attention(q, k, v)``: per (batch, head) and block of query rows the scores
+  stay in cache between the two products and the softmax;
+- attention's gradient as lowered (dP = dO Vᵀ, dS = P (dP - rowsum(dP P)), dQ = alpha dS K,
+  dK = alpha dSᵀ Q, dV = Pᵀ dO, concatenated into the fused QKV projection's gradient) becomes
+  ``attention_grad(qkv, dO, P)`` (P: the forward's softmax, kept), which writes dQ, dK and dV
+  into that gradient's columns.
 
 A rewrite applies only when the values it removes are used nowhere else (not read by another
 instruction, not a program result), so the program computes the same values (up to float
@@ -55,6 +62,8 @@ def fuse_kernels(program: Program) -> Program:
         _fold_gemm_bias,
         _fold_gemm_addend,
         _fold_padded_sums,
+        _fold_attention_grad,  # first: it removes the backward's reads of the weights
+        _fold_attention,
     )
     for rewrite in rewrites:
         rewrite(out, instrs)
@@ -414,6 +423,239 @@ def _tiled_axis(pads: list[Instr], shape: tuple) -> int | None:
     return axis if edge == shape[axis] else None
 
 
+# -- attention -----------------------------------------------------------------------------------
+
+
+def _attention_operand(g: _Graph, gemm: Instr, i: int) -> tuple[int, list[int] | None, tuple]:
+    """(slot, view or None, logical [B, H, L, D] shape) of a gemm's operand ``i``."""
+    slot = gemm.inputs[i]
+    view = gemm.attrs.get(("a_view", "b_view")[i])
+    shape = g.aval(slot).shape
+    if view is None:
+        return slot, None, shape
+    heads, dim, _ = view
+    return slot, list(view), (shape[0], heads, shape[1], dim)
+
+
+def _plain_gemm(g: _Graph, slot: int, *, ta: bool, tb: bool) -> tuple[int, Instr] | None:
+    """A single-use 2-operand float matmul/gemm producing ``slot`` with these transposes."""
+    found = _single_use(g, slot, "gemm") or _single_use(g, slot, "matmul")
+    if found is None or len(found[1].inputs) != 2 or g.aval(slot).dtype not in FLOAT_DTYPES:
+        return None
+    gemm = _gemm_of(found[1])
+    if (gemm.attrs["transpose_a"], gemm.attrs["transpose_b"]) != (ta, tb):
+        return None
+    return found[0], gemm
+
+
+def _last_axis_softmax(g: _Graph, slot: int) -> tuple[int, Instr] | None:
+    found = g.made_by(slot, "softmax")
+    if found is None or len(g.aval(slot).shape) != 4 or found[1].attrs["axis"] % 4 != 3:
+        return None
+    return found
+
+
+def _scores(g: _Graph, probs: int) -> tuple[int, int, Instr] | None:
+    """(softmax index, scores gemm index, scores gemm) when ``probs`` is
+    ``softmax(gemm{alpha}(q, k, transpose_b))`` over rank-4 operands of equal batch and heads."""
+    sm = _last_axis_softmax(g, probs)
+    if sm is None:
+        return None
+    qk = _plain_gemm(g, sm[1].inputs[0], ta=False, tb=True)
+    if qk is None:
+        return None
+    q = _attention_operand(g, qk[1], 0)
+    k = _attention_operand(g, qk[1], 1)
+    if len(q[2]) != 4 or len(k[2]) != 4 or q[2][:2] != k[2][:2] or q[2][3] != k[2][3]:
+        return None
+    return sm[0], qk[0], qk[1]
+
+
+def _attention_attrs(q, k, v, alpha: float) -> dict | None:
+    """The attention attributes of (slot, view, shape) operands, None unless their logical
+    shapes are [B, H, Lq, D], [B, H, Lk, D] and [B, H, Lk, Dv]."""
+    (_, qv, qs), (_, kv, ks), (_, vv, vs) = q, k, v
+    if len(vs) != 4 or vs[:2] != qs[:2] or vs[2] != ks[2]:
+        return None
+    attrs: dict = {"alpha": float(alpha)}
+    for name, view in (("q_view", qv), ("k_view", kv), ("v_view", vv)):
+        if view is not None:
+            attrs[name] = view
+    return attrs
+
+
+def _fold_attention(program: Program, instrs: list[Instr | None]) -> None:
+    """``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)``, with the scores and weights read
+    nowhere else, becomes one ``attention(q, k, v)`` (masked scores stay unfused)."""
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
+            continue
+        pv = _gemm_of(ins)
+        if pv.attrs["transpose_a"] or pv.attrs["transpose_b"] or pv.attrs["alpha"] != 1.0:
+            continue
+        if "a_view" in pv.attrs or g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
+            continue
+        if not g.used_only_by(pv.inputs[0], 1):
+            continue
+        found = _scores(g, pv.inputs[0])
+        if found is None:
+            continue
+        j_sm, j_qk, qk = found
+        q, kk = _attention_operand(g, qk, 0), _attention_operand(g, qk, 1)
+        v = _attention_operand(g, pv, 1)
+        attrs = _attention_attrs(q, kk, v, qk.attrs["alpha"])
+        if attrs is None:
+            continue
+        out = g.aval(ins.outputs[0])
+        b, heads, length, dv = q[2][0], q[2][1], q[2][2], v[2][3]
+        if "c_view" in pv.attrs:
+            attrs["out_view"] = [heads, dv]
+            want = (b, length, heads * dv)
+        else:
+            want = (b, heads, length, dv)
+        if out.shape != want:
+            continue
+        instrs[j_sm] = instrs[j_qk] = None
+        instrs[k] = Instr("attention", (q[0], kk[0], v[0]), ins.outputs, attrs)
+        g = _Graph(program, instrs)
+
+
+def _concat_piece(g: _Graph, slot: int) -> tuple[list[int], Instr] | None:
+    """(instruction indices, gemm) when ``slot`` is a single-use gemm written through a
+    ``c_view``, possibly behind a same-shape reshape."""
+    chain = []
+    r = _single_use(g, slot, "reshape")
+    if r is not None and g.aval(r[1].inputs[0]) == g.aval(slot):
+        chain.append(r[0])
+        slot = r[1].inputs[0]
+    found = _single_use(g, slot, "gemm")
+    if found is None or "c_view" not in found[1].attrs or len(found[1].inputs) != 2:
+        return None
+    return [*chain, found[0]], found[1]
+
+
+def _mul_of(g: _Graph, slot: int, factor: int) -> tuple[int, int] | None:
+    """(index, other factor) when ``slot`` is ``mul(factor, other)`` (either order)."""
+    found = g.made_by(slot, "mul")
+    if found is None or factor not in found[1].inputs:
+        return None
+    a, b = found[1].inputs
+    return found[0], (b if a == factor else a)
+
+
+def _fold_attention_grad(program: Program, instrs: list[Instr | None]) -> None:
+    """Attention's gradient, concatenated as the fused QKV projection's gradient, becomes one
+    ``attention_grad(qkv, dO, P)`` writing dQ, dK and dV into that concatenation's columns."""
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "concat" or len(ins.inputs) != 3:
+            continue
+        out = g.aval(ins.outputs[0])
+        if len(out.shape) != 3 or ins.attrs["axis"] % 3 != 2 or out.dtype not in FLOAT_DTYPES:
+            continue
+        pieces = [_concat_piece(g, s) for s in ins.inputs]
+        if any(p is None for p in pieces):
+            continue
+        found = _attention_grad_parts(g, [p[1] for p in pieces])
+        if found is None:
+            continue
+        roles, removed, qkv, d_out, probs, attrs = found
+        cols = list(np.cumsum([0] + [g.aval(s).shape[2] for s in ins.inputs])[:3])
+        attrs["grad_cols"] = [int(cols[roles.index(r)]) for r in ("dq", "dk", "dv")]
+        attrs["grad_width"] = [out.shape[2]]
+        for j in removed + [j for p in pieces for j in p[0]]:
+            instrs[j] = None
+        instrs[k] = Instr("attention_grad", (qkv, d_out, probs), ins.outputs, attrs)
+        g = _Graph(program, instrs)
+
+
+def _attention_grad_parts(g: _Graph, gemms: list[Instr]):
+    """Matches the three gemms of a concatenation against attention's gradient: (roles in
+    concat order, indices of the other removed instructions, qkv slot, dO slot, weights slot,
+    attrs)."""
+    roles: list[str] = []
+    probs = None
+    by_role: dict[str, Instr] = {}
+    for gemm in gemms:
+        if gemm.attrs["transpose_b"] or "a_view" in gemm.attrs or "b_view" not in gemm.attrs:
+            return None
+        if gemm.attrs["transpose_a"] and g.made_by(gemm.inputs[0], "softmax"):
+            role = "dv"
+            probs = gemm.inputs[0]
+        elif gemm.attrs["transpose_a"]:
+            role = "dk"
+        else:
+            role = "dq"
+        if role in by_role:
+            return None
+        by_role[role] = gemm
+        roles.append(role)
+    dq, dk, dv = by_role["dq"], by_role["dk"], by_role["dv"]
+    ds = dq.inputs[0]
+    if dk.inputs[0] != ds or dq.inputs[1] != dk.inputs[1] or dv.attrs["alpha"] != 1.0:
+        return None
+    if dq.attrs["alpha"] != dk.attrs["alpha"] or not g.used_only_by(ds, 2):
+        return None
+    qkv, d_out = dq.inputs[1], dv.inputs[1]
+    # dS = mul(P, sub(dP, reduce_sum(mul(dP, P), last axis)))
+    m = _mul_of(g, ds, probs)
+    sub = _single_use(g, m[1], "sub") if m is not None else None
+    if sub is None:
+        return None
+    dp, row = sub[1].inputs
+    red = _single_use(g, row, "reduce_sum")
+    if red is None or not red[1].attrs["keepdims"] or [a % 4 for a in red[1].attrs["axes"]] != [3]:
+        return None
+    m2 = _mul_of(g, red[1].inputs[0], probs)
+    if m2 is None or m2[1] != dp or not g.used_only_by(red[1].inputs[0], 1):
+        return None
+    dp_found = g.made_by(dp, "gemm")
+    if dp_found is None or not g.used_only_by(dp, 2):
+        return None
+    dpg = dp_found[1]
+    if dpg.attrs["transpose_a"] or not dpg.attrs["transpose_b"] or len(dpg.inputs) != 2:
+        return None
+    if dpg.inputs != (d_out, qkv) or dpg.attrs["alpha"] != 1.0:
+        return None
+    if dpg.attrs.get("a_view") != dv.attrs["b_view"] or "a_view" not in dpg.attrs:
+        return None
+    # P = softmax(gemm{alpha}(qkv, qkv)) with Q, K, V all heads of qkv.
+    found = _scores_of(g, probs)
+    if found is None:
+        return None
+    qk = found
+    if qk.inputs != (qkv, qkv) or qk.attrs["alpha"] != dq.attrs["alpha"]:
+        return None
+    q_view, k_view, v_view = qk.attrs.get("a_view"), qk.attrs.get("b_view"), dpg.attrs.get("b_view")
+    if q_view is None or k_view is None or v_view is None:
+        return None
+    if dk.attrs["b_view"] != q_view or dq.attrs["b_view"] != k_view:
+        return None
+    removed = [dp_found[0], m2[0], red[0], sub[0], m[0]]
+    attrs = {
+        "alpha": float(qk.attrs["alpha"]),
+        "q_view": list(q_view),
+        "k_view": list(k_view),
+        "v_view": list(v_view),
+        "d_out_view": list(dv.attrs["b_view"]),
+    }
+    return roles, removed, qkv, d_out, probs, attrs
+
+
+def _scores_of(g: _Graph, probs: int) -> Instr | None:
+    sm = _last_axis_softmax(g, probs)
+    if sm is None:
+        return None
+    found = g.made_by(sm[1].inputs[0], "gemm")
+    if found is None or len(found[1].inputs) != 2:
+        return None
+    gemm = found[1]
+    if gemm.attrs["transpose_a"] or not gemm.attrs["transpose_b"]:
+        return None
+    return gemm
+
+
 # -- numpy references of the CPU-only instructions (Program.interpret) ------------------------
 
 
@@ -445,9 +687,51 @@ def _layer_norm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
     return (x - mean) / np.sqrt(var + x.dtype.type(attrs["epsilon"])) * gamma + beta
 
 
+def _heads(x: np.ndarray, view) -> np.ndarray:
+    """[B, L, W] read through view [H, D, col0] as [B, H, L, D]; a dense operand as it is."""
+    if view is None:
+        return x
+    heads, dim, col0 = view
+    x = x[..., col0 : col0 + heads * dim]
+    return x.reshape(*x.shape[:2], heads, dim).transpose(0, 2, 1, 3)
+
+
+def _softmax_rows(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _attention_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
+    q, k, v = (
+        _heads(x, attrs.get(n)) for x, n in zip(args, ("q_view", "k_view", "v_view"), strict=True)
+    )
+    alpha = q.dtype.type(attrs["alpha"])
+    out = _softmax_rows(np.matmul(q, np.swapaxes(k, -1, -2)) * alpha) @ v
+    if "out_view" in attrs:  # [B, H, L, Dv] -> [B, L, H*Dv]
+        out = out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
+    return out
+
+
+def _attention_grad_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
+    qkv, d_out, p = args
+    q, k, v = (_heads(qkv, attrs[n]) for n in ("q_view", "k_view", "v_view"))
+    d_o = _heads(d_out, attrs.get("d_out_view"))
+    alpha = q.dtype.type(attrs["alpha"])
+    dp = d_o @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    grads = (ds @ k * alpha, np.swapaxes(ds, -1, -2) @ q * alpha, np.swapaxes(p, -1, -2) @ d_o)
+    out = np.empty((*qkv.shape[:2], attrs["grad_width"][0]), dtype=qkv.dtype)
+    for col0, grad in zip(attrs["grad_cols"], grads, strict=True):
+        merged = grad.transpose(0, 2, 1, 3).reshape(*out.shape[:2], -1)
+        out[..., col0 : col0 + merged.shape[2]] = merged
+    return out
+
+
 CPU_ONLY_REFERENCES: dict[str, Callable[[list[np.ndarray], dict], np.ndarray]] = {
     "gemm": _gemm_reference,
     "layer_norm": _layer_norm_reference,
+    "attention": _attention_reference,
+    "attention_grad": _attention_grad_reference,
 }
 
 __all__ = ["CPU_ONLY_REFERENCES", "fuse_kernels"]

@@ -14,6 +14,7 @@ Step make_elementwise_step(const Program& p, const Instr& in);  // elementwise.c
 Step make_linalg_step(const Program& p, const Instr& in);       // linalg.cpp: matmul, conv, pool
 Step make_reduce_step(const Program& p, const Instr& in);       // reduce.cpp: reductions, softmax
 Step make_shape_step(const Program& p, const Instr& in);        // shape.cpp: layout, gather, random
+Step make_attention_step(const Program& p, const Instr& in);    // attention.cpp: fused attention
 
 // float32 loops of common elementwise ops (SIMD-dispatched); false when `op` is not one of them.
 // Unary ops read `a`; binary ops `a`, `b`; select reads `a` where `mask` is set, else `b`.

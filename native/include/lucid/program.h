@@ -44,7 +44,8 @@ using Attrs = std::map<std::string, AttrValue>;
 
 // Every prim op, plus the CPU-only `fused` (an elementwise expression tree), `gemm` (alpha *
 // matmul, plus an optional bias row) and `layer_norm` (over the last axis, one pass per row),
-// which the CPU backend's kernel fusion (lucid/backends/cpu/kernel_fusion.py) emits.
+// `attention` / `attention_grad` (softmax(alpha * Q Kᵀ) V per head, and its gradient; see
+// attention.cpp), which the CPU backend's kernel fusion (lucid/backends/cpu/kernel_fusion.py) emits.
 #define LUCID_UNARY_OPS(X)                                                                       \
   X(neg) X(abs) X(sign) X(square) X(relu) X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(rsqrt)       \
   X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sigmoid) X(erf) X(floor) X(ceil) X(round)         \
@@ -60,7 +61,7 @@ using Attrs = std::map<std::string, AttrValue>;
   X(conv2d)                                                                                      \
   X(conv2d_data_grad) X(conv2d_weights_grad) X(max_pool2d) X(max_pool2d_grad) X(avg_pool2d)      \
   X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused) X(gemm)    \
-  X(layer_norm)
+  X(layer_norm) X(attention) X(attention_grad)
 #define LUCID_ALL_OPS(X) LUCID_UNARY_OPS(X) LUCID_BINARY_OPS(X) LUCID_OTHER_OPS(X)
 
 enum class Op : uint16_t {
@@ -138,6 +139,10 @@ Shape gemm_logical_shape(const Program& p, const Instr& in, int i);
 bool attr_bool(const Instr& in, const char* name);
 DType attr_dtype(const Instr& in, const char* name);
 const std::vector<int64_t>& attr_ints(const Instr& in, const char* name);
+// attention / attention_grad (attention.cpp): the output slot the instruction computes (throws
+// std::invalid_argument on bad operands or attributes), and its work estimate.
+Slot infer_attention(const Program& p, const Instr& in);
+int64_t attention_work(const Program& p, const Instr& in);
 const std::vector<double>& attr_floats(const Instr& in, const char* name);
 const std::vector<std::string>& attr_strs(const Instr& in, const char* name);
 

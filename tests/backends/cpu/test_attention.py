@@ -1,0 +1,308 @@
+"""Fused attention (fuse-kernels' ``attention`` and ``attention_grad``): the fused programs match
+the unfused ones (prim interpreter and native), eager Lucid, and float64 finite differences for
+the gradient; one and two threads give bit-identical results; masked attention and attention
+whose weights are read elsewhere stay unfused; malformed instructions raise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lucid
+import lucid.nn as nn
+from lucid import _native
+from lucid.backends.cpu import (
+    CPUBackend,
+    Program,
+    get_num_threads,
+    set_adaptive_threads,
+    set_num_threads,
+    thread_stats,
+)
+from lucid.backends.cpu.kernel_fusion import fuse_kernels
+from lucid.backends.cpu.program import Instr
+
+TOL = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
+
+
+@pytest.fixture(autouse=True)
+def fixed_threads():
+    """Both thread counts run their split even while other processes load the machine."""
+    adaptive, before = thread_stats()["adaptive"], get_num_threads()
+    set_adaptive_threads(False)
+    yield
+    set_adaptive_threads(adaptive)
+    set_num_threads(before)
+
+
+def _run_at_threads(p: Program, feeds, fuse=True, threads=(1, 2)) -> list[list[np.ndarray]]:
+    outs = []
+    for n in threads:
+        set_num_threads(n)
+        ex = CPUBackend(fuse=fuse, cache=False).compile(p)
+        outs.append(ex.run([f.copy() for f in feeds]))
+    return outs
+
+
+def _check(p: Program, feeds, dtype: str, scale: float = 1.0) -> None:
+    """Fused native at 1 and 2 threads (bit-identical) against the prim interpreter and the
+    unfused native program."""
+    rtol, atol = (t * scale for t in TOL[dtype])
+    one, two = _run_at_threads(p, feeds)
+    want = p.interpret([f.copy() for f in feeds])
+    (unfused,) = _run_at_threads(p, feeds, fuse=False, threads=(2,))
+    for a, b, w, u in zip(one, two, want, unfused, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, w, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(a, u, rtol=rtol, atol=atol)
+
+
+def _attention_program(b, h, lq, lk, d, dv, dtype, scale, axis):
+    p = Program()
+    q, k, v = (
+        p.feed((b, h, lq, d), dtype),
+        p.feed((b, h, lk, d), dtype),
+        p.feed((b, h, lk, dv), dtype),
+    )
+    s = p.op("matmul", q, k, transpose_a=False, transpose_b=True)
+    s = p.op("mul", s, p.op("constant", shape=(), dtype=dtype, value=(scale,)))
+    w = p.op("softmax", s, axis=axis)
+    p.result(p.op("matmul", w, v, transpose_a=False, transpose_b=False))
+    return p
+
+
+def _feeds(p: Program, seed: int, scale: float = 1.0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in p.feeds:
+        a = p.slots[s]
+        out.append((rng.standard_normal(a.shape) * scale).astype(a.dtype.replace("f", "float")))
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 3),
+    lq=st.sampled_from([1, 2, 5, 8, 13]),
+    lk=st.sampled_from([1, 3, 7, 16]),
+    d=st.integers(1, 9),
+    dv=st.integers(1, 9),
+    dtype=st.sampled_from(["f32", "f64"]),
+    scale=st.sampled_from([0.125, 1.0, -0.7]),
+    axis=st.sampled_from([-1, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_dense_attention_folds_and_matches_unfused(b, h, lq, lk, d, dv, dtype, scale, axis, seed):
+    p = _attention_program(b, h, lq, lk, d, dv, dtype, scale, axis)
+    ops = [i.op for i in fuse_kernels(p).instrs]
+    assert "attention" in ops and "softmax" not in ops and "matmul" not in ops
+    _check(p, _feeds(p, seed, scale=2.0), dtype)
+
+
+def test_many_query_blocks_and_wide_scores_match():
+    # 300 keys: the kernel takes 54 query rows per block, so 300 queries run in 6 blocks.
+    p = _attention_program(1, 2, 300, 300, 4, 3, "f32", 0.5, -1)
+    _check(p, _feeds(p, 3), "f32", scale=5.0)
+
+
+def test_weights_read_elsewhere_or_masked_scores_stay_unfused():
+    p = _attention_program(2, 2, 4, 4, 3, 3, "f32", 0.5, -1)
+    p.results.append(p.instrs[-1].inputs[0])  # the weights are a result as well
+    ops = [i.op for i in fuse_kernels(p).instrs]
+    assert "attention" not in ops and "softmax" in ops
+    _check(p, _feeds(p, 0), "f32")
+    q = Program()
+    a, k, v = (q.feed((1, 2, 4, 3)) for _ in range(3))
+    m = q.feed((4, 4))
+    s = q.op("matmul", a, k, transpose_a=False, transpose_b=True)
+    w = q.op("softmax", q.op("add", s, m), axis=-1)
+    q.result(q.op("matmul", w, v, transpose_a=False, transpose_b=False))
+    ops = [i.op for i in fuse_kernels(q).instrs]
+    assert "attention" not in ops and "softmax" in ops
+    _check(q, _feeds(q, 1), "f32")
+
+
+# -- through lucid.compile: multi-head self-attention (head views of one QKV projection) ------
+
+
+def _mha(embed, heads, dtype=lucid.float32, seed=0):
+    lucid.manual_seed(seed)
+    return nn.MultiheadAttention(embed, heads, batch_first=True).to(dtype)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, embed, heads, need_weights=False, mask=None):
+        super().__init__()
+        self.attn = _mha(embed, heads)
+        self.need_weights, self.mask = need_weights, mask
+
+    def forward(self, x):
+        out, w = self.attn(x, x, x, need_weights=self.need_weights, attn_mask=self.mask)
+        return out if w is None else out + w.sum()
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    head_dim=st.sampled_from([1, 2, 5, 8]),
+    length=st.sampled_from([1, 2, 7, 16]),
+    seed=st.integers(0, 2**16),
+)
+def test_compiled_self_attention_matches_eager(b, heads, head_dim, length, seed):
+    model = SelfAttention(heads * head_dim, heads).eval()
+    x = lucid.tensor(np.random.default_rng(seed).standard_normal((b, length, heads * head_dim)))
+    x = x.float()
+    cm = lucid.compile(model)
+    with lucid.no_grad():
+        want = model(x).numpy()
+        got = cm(x).numpy()
+        ops = {r["op"] for r in cm.profile(x, repeats=1)}
+    assert "attention" in ops and "softmax" not in ops
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_attention_with_weights_or_masks_stays_unfused_and_correct():
+    x = lucid.tensor(np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32))
+    causal = lucid.tensor(np.triu(np.full((5, 5), -np.inf, dtype=np.float32), 1))
+    for model in (SelfAttention(8, 2, need_weights=True), SelfAttention(8, 2, mask=causal)):
+        model.eval()
+        cm = lucid.compile(model)
+        with lucid.no_grad():
+            want = model(x).numpy()
+            got = cm(x).numpy()
+            ops = {r["op"] for r in cm.profile(x, repeats=1)}
+        assert "attention" not in ops and "softmax" in ops
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _loss(out, target):
+    return ((out - target) ** 2).mean()
+
+
+def _step_gradients(model, x, t) -> tuple[dict, set]:
+    """The gradients a fused SGD step (lr = 1) applies, and the ops of its program."""
+    before = {n: p.numpy().copy() for n, p in model.named_parameters()}
+    step = lucid.compile.fused_step(model, _loss, lucid.optim.SGD(model.parameters(), lr=1.0))
+    ops = {r["op"] for r in step.profile(x, t, repeats=1)}
+    step(x, t)
+    return {n: before[n] - p.numpy() for n, p in model.named_parameters()}, ops
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    heads=st.integers(1, 3),
+    head_dim=st.sampled_from([1, 3, 4]),
+    length=st.sampled_from([1, 3, 6]),
+    seed=st.integers(0, 2**16),
+)
+def test_float64_step_gradients_match_eager_and_finite_differences(
+    b, heads, head_dim, length, seed
+):
+    embed = heads * head_dim
+    rng = np.random.default_rng(seed)
+    x = lucid.tensor(rng.standard_normal((b, length, embed)))
+    t = lucid.tensor(rng.standard_normal((b, length, embed)))
+    model = SelfAttention(embed, heads)
+    model.attn.to(lucid.float64)
+    ref = SelfAttention(embed, heads)
+    ref.attn.to(lucid.float64)
+    ref.load_state_dict(model.state_dict())
+    _loss(ref(x), t).backward()
+    grads, ops = _step_gradients(model, x, t)
+    assert "attention_grad" in ops
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-9, atol=1e-12)
+    # Central differences of the eager float64 loss along a random direction per parameter.
+    eps = 1e-6
+    for name, p in ref.named_parameters():
+        direction = rng.standard_normal(p.shape)
+        base = p.numpy().copy()
+        values = []
+        for sign in (1.0, -1.0):
+            with lucid.no_grad():
+                p.copy_(lucid.tensor(base + sign * eps * direction))
+                values.append(float(_loss(ref(x), t).item()))
+        with lucid.no_grad():
+            p.copy_(lucid.tensor(base))
+        numeric = (values[0] - values[1]) / (2 * eps)
+        analytic = float((grads[name] * direction).sum())
+        assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), name
+
+
+def test_encoder_layer_programs_fold_attention():
+    # Workload D's block at a small size: both programs keep their attention in one kernel.
+    lucid.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
+    rng = np.random.default_rng(0)
+    x = lucid.tensor(rng.standard_normal((3, 9, 16)).astype(np.float32))
+    t = lucid.tensor(rng.standard_normal((3, 9, 16)).astype(np.float32))
+    layer.eval()
+    cm = lucid.compile(layer)
+    with lucid.no_grad():
+        np.testing.assert_allclose(cm(x).numpy(), layer(x).numpy(), rtol=1e-5, atol=1e-5)
+        assert "attention" in {r["op"] for r in cm.profile(x, repeats=1)}
+    layer.train()
+    ref = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
+    ref.load_state_dict(layer.state_dict())
+    _loss(ref(x), t).backward()
+    grads, ops = _step_gradients(layer, x, t)
+    assert "attention_grad" in ops
+    for name, p in ref.named_parameters():
+        want = p.grad.numpy()
+        np.testing.assert_allclose(grads[name], want, rtol=2e-3, atol=2e-6 * np.abs(want).max())
+
+
+# -- the attention_grad instruction itself: thread counts, query blocks, bad attributes -------
+
+
+def _grad_program(b, h, length, d, dtype="f32", order=(0, 1, 2)):
+    e = h * d
+    p = Program()
+    qkv, d_out = p.feed((b, length, 3 * e), dtype), p.feed((b, length, e), dtype)
+    probs = p.feed((b, h, length, length), dtype)
+    cols = [order.index(i) * e for i in range(3)]
+    attrs = {
+        "alpha": 0.3,
+        "q_view": [h, d, 0],
+        "k_view": [h, d, e],
+        "v_view": [h, d, 2 * e],
+        "d_out_view": [h, d, 0],
+        "grad_cols": cols,
+        "grad_width": [3 * e],
+    }
+    # A CPU-only instruction (fuse-kernels emits it), so not built through Program.op.
+    grad = p.new_slot((b, length, 3 * e), dtype)
+    p.instrs.append(Instr("attention_grad", (qkv, d_out, probs), (grad,), attrs))
+    p.result(grad)
+    return p
+
+
+@pytest.mark.parametrize(
+    "b,h,length,d,order",
+    [(2, 3, 5, 4, (0, 1, 2)), (1, 2, 300, 3, (2, 0, 1)), (3, 1, 1, 2, (1, 2, 0))],
+)
+def test_attention_grad_is_thread_count_independent_and_matches_reference(b, h, length, d, order):
+    p = _grad_program(b, h, length, d, order=order)
+    feeds = _feeds(p, 7)
+    feeds[2] = np.exp(feeds[2]) / np.exp(feeds[2]).sum(axis=-1, keepdims=True)  # weights
+    one, two = _run_at_threads(p, feeds)
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_allclose(one[0], p.interpret(feeds)[0], rtol=5e-5, atol=5e-5)
+
+
+def test_malformed_attention_instructions_raise():
+    p = _grad_program(1, 2, 4, 3)
+    p.instrs[-1].attrs["grad_cols"] = [0, 6, 6]  # dk and dv overlap, a column left unwritten
+    with pytest.raises(ValueError, match="grad_cols"):
+        CPUBackend(cache=False).compile(p)
+    p = _attention_program(1, 2, 4, 4, 3, 3, "f32", 1.0, -1)
+    fused = fuse_kernels(p)
+    (att,) = [i for i in fused.instrs if i.op == "attention"]
+    att.attrs["q_view"] = [2, 3, 0]  # a head view of a dense [B, H, L, D] operand
+    with pytest.raises(ValueError, match="q_view"):
+        _native.compile(fused.describe(), False)
