@@ -1,7 +1,7 @@
 """Per-instruction profiles of compiled workloads (where a call's time goes).
 
     python benchmarks/profile_workloads.py [--workloads AD] [--mode infer|train|all]
-        [--repeats 50] [--top 25] [--threads 2] [--json PATH]
+        [--optimizer sgd|adam] [--repeats 50] [--top 25] [--threads 2] [--json PATH]
 
 Inference profiles come from ``CompiledModule.profile(x)``; training profiles read the executable
 of the ``fused_step`` entry (one run per repeat; the in-place parameter updates are applied to
@@ -22,6 +22,12 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="AD")
     ap.add_argument("--mode", choices=["infer", "train", "all"], default="all")
+    ap.add_argument(
+        "--optimizer",
+        choices=["sgd", "adam"],
+        default="sgd",
+        help="the training step's optimizer: SGD(lr=0.01) or Adam(lr=1e-3)",
+    )
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
@@ -51,12 +57,15 @@ def infer_profile(wl: str, repeats: int) -> list[dict]:
     return cm.profile(x, repeats=repeats)
 
 
-def train_profile(wl: str, repeats: int) -> list[dict]:
+def train_profile(wl: str, repeats: int, optimizer: str = "sgd") -> list[dict]:
     import lucid
 
     x_np, y_np = W.data(wl)
     model = W.lucid_model(wl)
-    opt = lucid.optim.SGD(model.parameters(), lr=0.01)
+    if optimizer == "adam":
+        opt = lucid.optim.Adam(model.parameters(), lr=1e-3)
+    else:
+        opt = lucid.optim.SGD(model.parameters(), lr=0.01)
     step = lucid.compile.fused_step(model, W.lucid_loss(wl), opt)
     args = (lucid.tensor(x_np),) + ((lucid.tensor(y_np),) if y_np is not None else ())
     step(*args)
@@ -70,8 +79,14 @@ def train_profile(wl: str, repeats: int) -> list[dict]:
     feeds = [np.array(f, copy=True) if f is not None else None for f in feeds]
     ex = entry.executable
     lines = ex.dump().splitlines()[1:]
+    kernels = ex.update_kernels  # an optimizer update run as one native pass: "fused[adam]"
     rows = [
-        {"index": i, "op": op, "ms": s * 1e3, "instr": lines[i].strip()}
+        {
+            "index": i,
+            "op": f"{op}[{kernels[i]}]" if kernels[i] else op,
+            "ms": s * 1e3,
+            "instr": lines[i].strip(),
+        }
         for i, op, s in ex.profile(feeds, repeats)
     ]
     return sorted(rows, key=lambda r: -r["ms"])
@@ -100,8 +115,12 @@ def main() -> None:
     modes = ["infer", "train"] if args.mode == "all" else [args.mode]
     for wl in args.workloads:
         for mode in modes:
-            rows = (infer_profile if mode == "infer" else train_profile)(wl, args.repeats)
-            out[f"{mode} {wl}"] = report(f"{mode} {wl}", rows, args.top)
+            if mode == "infer":
+                rows, title = infer_profile(wl, args.repeats), f"infer {wl}"
+            else:
+                rows = train_profile(wl, args.repeats, args.optimizer)
+                title = f"train {wl}" + (" (adam)" if args.optimizer == "adam" else "")
+            out[title] = report(title, rows, args.top)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

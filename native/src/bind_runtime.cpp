@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 
+#include "lucid/optim.h"
 #include "lucid/parallel.h"
 #include "lucid/runtime.h"
 
@@ -333,7 +334,15 @@ void init_runtime(py::module_& m) {
       .def_property_readonly("num_feeds", [](const PyExecutable& e) { return e.feed_dtypes.size(); })
       .def_property_readonly("num_results", [](const PyExecutable& e) { return e.result_dtypes.size(); })
       .def("dump", [](const PyExecutable& e) { return dump(e.ex->program()); },
-           "The program as readable text.");
+           "The program as readable text.")
+      .def_property_readonly("update_kernels", [](const PyExecutable& e) {
+            const Program& p = e.ex->program();
+            std::vector<std::string> names;
+            for (const Instr& in : p.instrs) names.push_back(update_kernel_name(p, in));
+            return names;
+          },
+          "Per instruction, the optimizer update kernel that runs it in one pass ('adam'), "
+          "or '' (the generic evaluator or another kernel).");
 
   m.def("compile", [](const py::dict& desc, bool use_cache) {
         Program p = parse_program(desc);

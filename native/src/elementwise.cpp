@@ -9,6 +9,7 @@
 
 #include "lucid/fastmath.h"
 #include "lucid/kernels.h"
+#include "lucid/optim.h"
 #include "lucid/parallel.h"
 
 namespace lucid {
@@ -304,6 +305,7 @@ struct InputView {
   bool direct;  // same shape as the output: read in place
   bool scalar;  // one element: filled once
   std::vector<int64_t> strides;
+  int64_t extent = 0;  // elements in the input's buffer
 };
 
 void fill_elements(uint8_t* dst, const uint8_t* src, int64_t count, size_t esize) {
@@ -348,49 +350,77 @@ struct ElementwisePlan {
   std::vector<InputView> inputs;
   std::vector<ExprNode> nodes;
   std::vector<DType> dtypes;  // per value: inputs then nodes
-  // Output slots and the node each takes. The last node writes its output in place; other
-  // outputs are copied from scratch once the whole block is computed, so every read of an input
-  // element happens before any output element is written (outputs may be in-place feeds).
+  // Output slots and the node each takes. An output is written straight into its slot while
+  // the block is computed unless its buffer overlaps an input that a later node still reads
+  // (outputs may be in-place feeds): such an output is copied from scratch once the whole
+  // block is computed, so every read of an input element happens before it is overwritten.
   std::vector<int> out_slots, out_nodes;
-  int direct_index = -1;  // the output the last node writes straight into (-1: none)
+  // Per output: the inputs read by nodes after the output's node.
+  std::vector<std::vector<int>> read_after;
+  // Scratch: one region of kBlock elements of `region_esize` bytes per live value. Values share
+  // regions by liveness, so a long chain (Adam's 13 nodes) keeps a few regions hot in L1
+  // instead of one per node.
+  std::vector<int> region;  // per value: its region, -1 for an input read in place
+  int n_regions = 0;
+  size_t region_esize = 1;
   bool compute_bound = false;  // has a division, root or transcendental
 
   void run(void* const* slots) const {
     if (total == 0) return;
+    // Which outputs go straight into their slot (decided per run: buffers differ per run).
+    uint64_t direct_mask = 0;
+    for (size_t j = 0; j < out_slots.size(); ++j) {
+      const uint8_t* o = static_cast<const uint8_t*>(slots[out_slots[j]]);
+      const size_t o_bytes = static_cast<size_t>(total) * dtype_size(nodes[out_nodes[j]].dtype);
+      bool clear = j < 64;
+      for (int i : read_after[j]) {
+        const InputView& v = inputs[i];
+        const uint8_t* b = static_cast<const uint8_t*>(slots[v.slot]);
+        const size_t b_bytes = static_cast<size_t>(v.scalar ? 1 : v.extent) * v.esize;
+        if (o < b + b_bytes && b < o + o_bytes) clear = false;
+      }
+      if (clear) direct_mask |= uint64_t(1) << j;
+    }
     const int64_t blocks = (total + kBlock - 1) / kBlock;
-    if (total < kParallelMinElements || !compute_bound) return run_blocks(slots, 0, blocks);
+    if (total < kParallelMinElements || !compute_bound)
+      return run_blocks(slots, direct_mask, 0, blocks);
     parallel_for(blocks, kParallelMinElements / kBlock / 2,
-                 [&](int64_t b0, int64_t b1) { run_blocks(slots, b0, b1); });
+                 [&](int64_t b0, int64_t b1) { run_blocks(slots, direct_mask, b0, b1); });
   }
 
   // Blocks [b0, b1) of the output; scratch is per thread, so parts run concurrently.
-  void run_blocks(void* const* slots, int64_t b0, int64_t b1) const {
+  void run_blocks(void* const* slots, uint64_t direct_mask, int64_t b0, int64_t b1) const {
     const size_t n_in = inputs.size(), n_val = n_in + nodes.size();
+    const size_t region_bytes = static_cast<size_t>(kBlock) * region_esize;
     thread_local std::vector<uint64_t> scratch;
-    if (scratch.size() < n_val * kBlock) scratch.resize(n_val * kBlock);
-    auto region = [&](size_t v) { return reinterpret_cast<uint8_t*>(scratch.data() + v * kBlock); };
+    const size_t words = (n_regions * region_bytes + 7) / 8;
+    if (scratch.size() < words) scratch.resize(words);
+    uint8_t* base_scratch = reinterpret_cast<uint8_t*>(scratch.data());
+    auto area = [&](size_t v) { return base_scratch + region[v] * region_bytes; };
     thread_local std::vector<const void*> ptr;
     if (ptr.size() < n_val) ptr.resize(n_val);
+    // Per node: the output slot it writes straight into (null: its scratch region).
+    thread_local std::vector<uint8_t*> direct_out;
+    direct_out.assign(nodes.size(), nullptr);
+    for (size_t j = 0; j < out_slots.size(); ++j)
+      if (direct_mask >> j & 1)
+        direct_out[out_nodes[j]] = static_cast<uint8_t*>(slots[out_slots[j]]);
     const void* args[5];
     DType arg_dtypes[5];
     bool arg_scalar[5];
     for (size_t i = 0; i < n_in; ++i)
       if (inputs[i].scalar) {
-        fill_elements(region(i), static_cast<const uint8_t*>(slots[inputs[i].slot]),
+        fill_elements(area(i), static_cast<const uint8_t*>(slots[inputs[i].slot]),
                       std::min(total, kBlock), inputs[i].esize);
-        ptr[i] = region(i);
+        ptr[i] = area(i);
       }
-    const int direct_node = direct_index >= 0 ? out_nodes[direct_index] : -1;
-    uint8_t* direct =
-        direct_index >= 0 ? static_cast<uint8_t*>(slots[out_slots[direct_index]]) : nullptr;
-    const size_t direct_esize = dtype_size(nodes.back().dtype);
     for (int64_t start = b0 * kBlock; start < std::min(total, b1 * kBlock); start += kBlock) {
       const int64_t n = std::min(kBlock, total - start);
       for (size_t i = 0; i < n_in; ++i) {
         const InputView& v = inputs[i];
         const uint8_t* base = static_cast<const uint8_t*>(slots[v.slot]);
         if (v.direct) ptr[i] = base + start * v.esize;
-        else if (!v.scalar) { load_block(v, dims, base, start, n, region(i)); ptr[i] = region(i); }
+        else if (!v.scalar) { load_block(v, dims, base, start, n, area(i)); ptr[i] = area(i); }
       }
       for (size_t k = 0; k < nodes.size(); ++k) {
         const ExprNode& node = nodes[k];
@@ -400,17 +430,55 @@ struct ElementwisePlan {
           arg_dtypes[j] = dtypes[a];
           arg_scalar[j] = a < n_in && inputs[a].scalar;
         }
-        void* dst = static_cast<int>(k) == direct_node ? direct + start * direct_esize
-                                                       : region(n_in + k);
+        void* dst = direct_out[k] ? direct_out[k] + start * dtype_size(node.dtype)
+                                  : static_cast<void*>(area(n_in + k));
         eval_node(node, arg_dtypes, args, arg_scalar, dst, n);
         ptr[n_in + k] = dst;
       }
       for (size_t j = 0; j < out_slots.size(); ++j) {
-        if (static_cast<int>(j) == direct_index) continue;
+        if (direct_mask >> j & 1) continue;
         const size_t es = dtype_size(nodes[out_nodes[j]].dtype);
         std::memcpy(static_cast<uint8_t*>(slots[out_slots[j]]) + start * es,
-                    region(n_in + out_nodes[j]), static_cast<size_t>(n) * es);
+                    area(n_in + out_nodes[j]), static_cast<size_t>(n) * es);
       }
+    }
+  }
+
+  // Regions by liveness: an input that is not read in place holds its region for the whole
+  // block; a node's region is free again after its last reader has run (an output's only at the
+  // block's end, as it may be copied out then). A node never takes an argument's region, so
+  // a cast to a wider type never overwrites what it reads.
+  void assign_regions() {
+    const size_t n_in = inputs.size(), n_val = n_in + nodes.size();
+    std::vector<size_t> last_use(n_val, 0);
+    for (size_t k = 0; k < nodes.size(); ++k)
+      for (int a : nodes[k].args) last_use[a] = std::max(last_use[a], n_in + k);
+    for (int o : out_nodes) last_use[n_in + o] = n_val;
+    region.assign(n_val, -1);
+    std::vector<int> free_regions;
+    for (size_t i = 0; i < n_in; ++i) {
+      if (inputs[i].direct) continue;
+      region[i] = n_regions++;
+      region_esize = std::max(region_esize, inputs[i].esize);
+    }
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      const size_t v = n_in + k;
+      region_esize = std::max(region_esize, dtype_size(nodes[k].dtype));
+      if (free_regions.empty()) {
+        region[v] = n_regions++;
+      } else {
+        region[v] = free_regions.back();
+        free_regions.pop_back();
+      }
+      for (size_t j = 0; j < nodes[k].args.size(); ++j) {
+        const int a = nodes[k].args[j];
+        bool repeat = false;  // mul(g, g) frees g's region once
+        for (size_t i = 0; i < j; ++i) repeat |= nodes[k].args[i] == a;
+        if (!repeat && static_cast<size_t>(a) >= n_in && last_use[a] == v)
+          free_regions.push_back(region[a]);
+      }
+      // A node nobody reads (and no output takes) frees its region at once.
+      if (last_use[v] == 0) free_regions.push_back(region[v]);
     }
   }
 };
@@ -423,9 +491,6 @@ Step make_elementwise_step(const Program& p, const Instr& in) {
   plan->nodes = decode_expr(p, in);
   plan->out_slots = in.out;
   plan->out_nodes = expr_outputs(in, plan->nodes.size());
-  for (size_t j = 0; j < in.out.size() && plan->direct_index < 0; ++j)
-    if (plan->out_nodes[j] + 1 == static_cast<int>(plan->nodes.size()))
-      plan->direct_index = static_cast<int>(j);
   plan->total = out.size();
   const size_t rank = out.shape.size();
   // Broadcast strides of every input, right-aligned on the output shape (0 on broadcast dims).
@@ -465,11 +530,21 @@ Step make_elementwise_step(const Program& p, const Instr& in) {
   plan->dims = dims;
   for (size_t i = 0; i < in.in.size(); ++i) {
     const Slot& s = p.slots[in.in[i]];
-    InputView v{in.in[i], dtype_size(s.dtype), s.size() == out.size(), s.size() == 1, cst[i]};
+    InputView v{in.in[i], dtype_size(s.dtype), s.size() == out.size(), s.size() == 1, cst[i],
+                s.size()};
     if (v.direct && v.scalar) v.scalar = false;
     plan->inputs.push_back(v);
   }
-  return [plan](void* const* slots) { plan->run(slots); };
+  const size_t n_in = in.in.size();
+  plan->read_after.resize(plan->out_nodes.size());
+  for (size_t j = 0; j < plan->out_nodes.size(); ++j)
+    for (size_t k = plan->out_nodes[j] + 1; k < plan->nodes.size(); ++k)
+      for (int a : plan->nodes[k].args)
+        if (static_cast<size_t>(a) < n_in) plan->read_after[j].push_back(a);
+  plan->assign_regions();
+  Step generic = [plan](void* const* slots) { plan->run(slots); };
+  if (Step update = make_update_step(p, in, plan->nodes, plan->out_nodes, generic)) return update;
+  return generic;
 }
 
 }  // namespace lucid
