@@ -943,7 +943,7 @@ void validate(const Program& p) {
       check_slot(s, where + " input");
       if (!defined[s]) fail(where + ": input slot " + std::to_string(s) + " is used before it is defined");
     }
-    if (in.out.empty() || (in.op != Op::fused && in.out.size() != 1))
+    if (in.out.empty() || (in.op != Op::fused && !is_row_kernel(in.op) && in.out.size() != 1))
       fail(where + ": needs exactly 1 output slot, got " + std::to_string(in.out.size()));
     for (int o : in.out) {
       check_slot(o, where + " output");
@@ -952,6 +952,7 @@ void validate(const Program& p) {
     std::vector<Slot> expect;
     try {
       if (in.op == Op::fused) expect = infer_fused(p, in);
+      else if (is_row_kernel(in.op)) expect = infer_row_kernel(p, in);
       else expect = {infer(p, in)};
     } catch (const std::invalid_argument& e) {
       fail(where + ": " + e.what());

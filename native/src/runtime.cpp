@@ -115,6 +115,7 @@ std::vector<bool> plan_direct_inplace(const Program& p, const std::vector<int>& 
 
 Step make_step(const Program& p, const Instr& in) {
   if (is_elementwise(in.op) || in.op == Op::fused) return make_elementwise_step(p, in);
+  if (is_row_kernel(in.op)) return make_row_kernel_step(p, in);
   switch (in.op) {
     case Op::matmul: case Op::matmul_accumulate: case Op::gemm: case Op::conv2d:
     case Op::conv2d_data_grad:

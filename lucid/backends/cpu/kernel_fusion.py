@@ -27,7 +27,12 @@ instructions by one CPU-only instruction that computes the same values in fewer 
 - attention's gradient as lowered (dP = dO Vᵀ, dS = P (dP - rowsum(dP P)), dQ = alpha dS K,
   dK = alpha dSᵀ Q, dV = Pᵀ dO, concatenated into the fused QKV projection's gradient) becomes
   ``attention_grad(qkv, dO, P)`` (P: the forward's softmax, kept), which writes dQ, dK and dV
-  into that gradient's columns.
+  into that gradient's columns;
+- GELU (erf form) and its gradient become ``gelu(x)`` and ``gelu_grad(dy, x)`` (with the
+  column sums of the gradient, the bias gradient of the layer before, as a second output), and
+  layer norm's backward (statistics recomputed, as autodiff writes it) becomes
+  ``layer_norm_grad(dy, x, gamma)`` with gamma's, beta's and the previous bias's gradients as
+  further outputs: one pass per row instead of about fourteen instructions.
 
 A rewrite applies only when the values it removes are used nowhere else (not read by another
 instruction, not a program result), so the program computes the same values (up to float
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from math import prod
 
 import numpy as np
 
@@ -59,6 +65,9 @@ def fuse_kernels(program: Program) -> Program:
         _fold_gemm_scale,  # first: a scaled product is then one gemm for the head views
         _fold_head_views,
         _fold_layer_norm,
+        _fold_layer_norm_grad,
+        _fold_gelu_grad,
+        _fold_gelu,  # after _fold_gelu_grad, which frees the cdf the backward shares
         _fold_gemm_bias,
         _fold_gemm_addend,
         _fold_padded_sums,
@@ -656,6 +665,288 @@ def _scores_of(g: _Graph, probs: int) -> Instr | None:
     return gemm
 
 
+# -- GELU and layer norm's backward as row kernels --------------------------------------------
+#
+# The autodiff graph of a layer norm and of an erf GELU is matched as expression trees over the
+# unfused prim instructions (``_match``), so operand order of adds and multiplies, and a mean
+# written as ``reduce_mean`` or as ``reduce_sum * (1/n)``, do not matter. The matched instructions
+# whose values nothing else reads are removed; the rest (the forward's GELU cdf, read by the
+# backward and by the activation) stay.
+
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
+def _is_close(value: float, want: float) -> bool:
+    return abs(value - want) <= 1e-6 * max(1.0, abs(want))
+
+
+class _Match:
+    """Matches an expression pattern against the instruction tree producing a slot.
+
+    A pattern is a variable name (binds a slot; a bound name must see the same slot again), a
+    ``("const", value)``, a ``("bind_const", name)`` (binds a 0-d float constant's value), a
+    ``("mean_last", p)`` (``reduce_mean`` over the last axis with kept dims, or that axis's
+    ``reduce_sum`` times ``1/n``), or ``(op, *operand_patterns)``, trying both operand orders of
+    ``add`` and ``mul``. ``instrs`` collects the matched instructions (constants excluded)."""
+
+    def __init__(self, g: _Graph) -> None:
+        self.g = g
+        self.env: dict[str, int | float] = {}
+        self.instrs: set[int] = set()
+
+    def match(self, slot: int, pat) -> bool:
+        saved = (dict(self.env), set(self.instrs))
+        if self._match(slot, pat):
+            return True
+        self.env, self.instrs = saved
+        return False
+
+    def _match(self, slot: int, pat) -> bool:
+        g = self.g
+        if isinstance(pat, str):
+            if pat in self.env:
+                return self.env[pat] == slot
+            self.env[pat] = slot
+            return True
+        kind = pat[0]
+        if kind == "const":
+            value = _constant_scalar(g, slot)
+            return value is not None and _is_close(value, pat[1])
+        if kind == "bind_const":
+            value = _constant_scalar(g, slot)
+            if value is None:
+                return False
+            self.env[pat[1]] = value
+            return True
+        if kind == "mean_last":
+            return self._mean_last(slot, pat[1])
+        found = g.made_by(slot, kind)
+        if found is None or len(found[1].inputs) != len(pat) - 1:
+            return False
+        k, ins = found
+        orders = [ins.inputs]
+        if kind in ("add", "mul"):
+            orders.append(ins.inputs[::-1])
+        for operands in orders:
+            saved = (dict(self.env), set(self.instrs))
+            if all(self.match(s, p) for s, p in zip(operands, pat[1:], strict=True)):
+                self.instrs.add(k)
+                return True
+            self.env, self.instrs = saved
+        return False
+
+    def _mean_last(self, slot: int, pat) -> bool:
+        g = self.g
+        found = g.made_by(slot, "reduce_mean")
+        if found is not None and _last_axis_mean(g, slot, found[1].inputs[0]) is not None:
+            if self.match(found[1].inputs[0], pat):
+                self.instrs.add(found[0])
+                return True
+            return False
+        mul = g.made_by(slot, "mul")
+        if mul is None:
+            return False
+        for total, scale in (mul[1].inputs, mul[1].inputs[::-1]):
+            summed = g.made_by(total, "reduce_sum")
+            value = _constant_scalar(g, scale)
+            if summed is None or value is None:
+                continue
+            (x,) = summed[1].inputs
+            shape = g.aval(x).shape
+            axes = [a % len(shape) for a in summed[1].attrs["axes"]] if shape else []
+            if axes != [len(shape) - 1] or not summed[1].attrs["keepdims"]:
+                continue
+            if not _is_close(value, 1.0 / shape[-1]) or not self.match(x, pat):
+                continue
+            self.instrs.update((mul[0], summed[0]))
+            return True
+        return False
+
+
+def _erase_dead(program: Program, instrs: list[Instr | None], candidates: set[int]) -> None:
+    """Drop the ``candidates`` whose values nothing reads any more (after a rewrite stopped
+    reading them), and constants left unread; values other instructions still read stay."""
+    changed = True
+    while changed:
+        g = _Graph(program, instrs)
+        changed = False
+        for k, ins in enumerate(instrs):
+            if ins is None or (k not in candidates and ins.op != "constant"):
+                continue
+            if not any(g.uses[s] for s in ins.outputs):
+                instrs[k] = None
+                changed = True
+
+
+def _column_sum(g: _Graph, slot: int, after: int) -> tuple[int, Instr] | None:
+    """A ``reduce_sum`` after instruction ``after`` of ``slot`` (or of its reshape to
+    ``[rows, n]``) over every axis but the last: the gradient of a bias added to ``slot``'s
+    rows."""
+    shape = g.aval(slot).shape
+    sources = [slot]
+    for j in g.readers.get(slot, []):
+        r = g.instrs[j]
+        if r is not None and r.op == "reshape" and len(g.aval(r.outputs[0]).shape) == 2:
+            if g.aval(r.outputs[0]).shape[-1] == shape[-1]:
+                sources.append(r.outputs[0])
+    for src in sources:
+        rank = len(g.aval(src).shape)
+        for j in g.readers.get(src, []):
+            r = g.instrs[j]
+            if j <= after or r is None or r.op != "reduce_sum":
+                continue
+            axes = sorted(a % rank for a in r.attrs["axes"])
+            out = g.aval(r.outputs[0]).shape
+            if axes == list(range(rank - 1)) and out[-1:] == shape[-1:] and prod(out) == shape[-1]:
+                return j, r
+    return None
+
+
+def _take_column_sum(
+    program: Program, instrs: list[Instr | None], g: _Graph, slot: int, after: int
+) -> int:
+    """A new ``[n]`` slot for the column sums of ``slot``: an existing column sum after
+    ``after`` becomes a reshape (a view) of it; otherwise nothing reads the new slot."""
+    aval = g.aval(slot)
+    new = program.new_slot(aval.shape[-1:], aval.dtype)
+    found = _column_sum(g, slot, after)
+    if found is not None:
+        j, r = found
+        shape = g.aval(r.outputs[0]).shape
+        instrs[j] = Instr("reshape", (new,), r.outputs, {"shape": tuple(shape)})
+    return new
+
+
+_GELU_CDF = (
+    "mul",
+    ("add", ("erf", ("mul", "x", ("const", _SQRT_HALF))), ("const", 1.0)),
+    ("const", 0.5),
+)
+_GELU_PDF = (
+    "mul",
+    ("exp", ("mul", ("mul", "x", "x"), ("const", -0.5))),
+    ("const", _INV_SQRT_2PI),
+)
+_GELU_GRAD = ("mul", "dy", ("add", _GELU_CDF, ("mul", "x", _GELU_PDF)))
+_GELU = ("mul", "x", _GELU_CDF)
+
+_LN_CENTERED = ("sub", "x", ("mean_last", "x"))
+_LN_RSTD = (
+    "pow",
+    ("add", ("mean_last", ("mul", _LN_CENTERED, _LN_CENTERED)), ("bind_const", "eps")),
+    ("const", -0.5),
+)
+_LN_XHAT = ("mul", _LN_CENTERED, "rstd")
+_LN_G = ("mul", "dy", "gamma")
+_LN_GRAD = (
+    "mul",
+    "rstd",
+    (
+        "sub",
+        ("sub", _LN_G, ("mean_last", _LN_G)),
+        ("mul", _LN_XHAT, ("mean_last", ("mul", _LN_G, _LN_XHAT))),
+    ),
+)
+
+
+def _row_kernel_candidates(program: Program, instrs: list[Instr | None], pattern, op: str):
+    """Yields (graph, index, match) for each float ``op`` instruction whose value matches
+    ``pattern``; the caller rewrites and the graph is rebuilt before the next candidate."""
+    for k in range(len(instrs)):
+        ins = instrs[k]
+        if ins is None or ins.op != op or len(ins.outputs) != 1:
+            continue
+        g = _Graph(program, instrs)
+        if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES or not g.aval(ins.outputs[0]).shape:
+            continue
+        m = _Match(g)
+        if m.match(ins.outputs[0], pattern):
+            yield g, k, m
+
+
+def _product_with_column_sum(g: _Graph, xhat: int | None, dy: int, after: int) -> int | None:
+    """The slot of ``dy * xhat`` when a column sum after ``after`` reads it."""
+    for j in g.readers.get(xhat, []) if xhat is not None else []:
+        r = g.instrs[j]
+        if r is None or r.op != "mul" or sorted(r.inputs) != sorted((dy, xhat)):
+            continue
+        if _column_sum(g, r.outputs[0], after) is not None:
+            return r.outputs[0]
+    return None
+
+
+def _fold_layer_norm_grad(program: Program, instrs: list[Instr | None]) -> None:
+    """Layer norm's backward (statistics recomputed, ``_normalize_grad`` of lucid/ops/norm.py
+    as lowered: five row reductions and eight elementwise passes, plus the column sums of
+    gamma's and beta's gradients and the bias gradient of the layer before) becomes one
+    ``layer_norm_grad(dy, x, gamma) -> (dx, dgamma, dbeta, dx column sums)``."""
+    for g, k, m in _row_kernel_candidates(program, instrs, _LN_GRAD, "mul"):
+        x, dy, gamma, rstd = (m.env[n] for n in ("x", "dy", "gamma", "rstd"))
+        xa = g.aval(x)
+        if g.aval(dy) != xa:  # dy * gamma is matched up to the order of its factors
+            dy, gamma = gamma, dy
+        rstd_ok = m.match(rstd, _LN_RSTD)
+        if not rstd_ok or g.aval(dy) != xa or g.aval(gamma) != Aval(xa.shape[-1:], xa.dtype):
+            continue
+        if g.aval(instrs[k].outputs[0]) != xa:
+            continue
+        dx = instrs[k].outputs[0]
+        xhat = next(
+            (s for j in sorted(m.instrs) for s in instrs[j].outputs if m.match(s, _LN_XHAT)),
+            None,
+        )
+        outputs, dead = [dx], set(m.instrs) - {k}
+        # gamma's gradient: the column sums of dy * xhat (that product then goes). With dy and
+        # gamma of one shape (a single row) either factor of dy * gamma may be dy.
+        product = None
+        for dy_, gamma_ in ((dy, gamma), (gamma, dy))[: 2 if g.aval(gamma) == xa else 1]:
+            product = _product_with_column_sum(g, xhat, dy_, k)
+            if product is not None:
+                dy, gamma = dy_, gamma_
+                break
+        if product is not None:
+            dead |= {g.producer[product], *g.readers.get(product, [])}
+            outputs.append(_take_column_sum(program, instrs, g, product, k))
+        else:
+            outputs.append(program.new_slot(xa.shape[-1:], xa.dtype))
+        outputs.append(_take_column_sum(program, instrs, g, dy, k))
+        if _column_sum(g, dx, k) is not None:
+            outputs.append(_take_column_sum(program, instrs, g, dx, k))
+        instrs[k] = Instr(
+            "layer_norm_grad", (dy, x, gamma), tuple(outputs), {"epsilon": float(m.env["eps"])}
+        )
+        _erase_dead(program, instrs, dead)
+
+
+def _fold_gelu_grad(program: Program, instrs: list[Instr | None]) -> None:
+    """GELU's gradient (erf form) ``dy * (cdf(x) + x * pdf(x))`` becomes ``gelu_grad(dy, x)``,
+    with the column sums of the result (the bias gradient of the layer that produced ``x``) as
+    a second output when the program takes them."""
+    for g, k, m in _row_kernel_candidates(program, instrs, _GELU_GRAD, "mul"):
+        dy, x = m.env["dy"], m.env["x"]
+        dx = instrs[k].outputs[0]
+        if g.aval(dy) != g.aval(x) or g.aval(dx) != g.aval(x):
+            continue
+        outputs = [dx]
+        if _column_sum(g, dx, k) is not None:
+            outputs.append(_take_column_sum(program, instrs, g, dx, k))
+        instrs[k] = Instr("gelu_grad", (dy, x), tuple(outputs), {})
+        _erase_dead(program, instrs, set(m.instrs) - {k})
+
+
+def _fold_gelu(program: Program, instrs: list[Instr | None]) -> None:
+    """GELU (erf form) ``x * (erf(x / sqrt 2) + 1) / 2`` becomes ``gelu(x)``: one vectorized pass
+    instead of the elementwise evaluator's five nodes (runs after ``_fold_gelu_grad``, which
+    frees the cdf the backward shared)."""
+    for g, k, m in _row_kernel_candidates(program, instrs, _GELU, "mul"):
+        x, y = m.env["x"], instrs[k].outputs[0]
+        if g.aval(x) != g.aval(y):
+            continue
+        instrs[k] = Instr("gelu", (x,), (y,), {})
+        _erase_dead(program, instrs, set(m.instrs) - {k})
+
+
 # -- numpy references of the CPU-only instructions (Program.interpret) ------------------------
 
 
@@ -727,11 +1018,53 @@ def _attention_grad_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray
     return out
 
 
-CPU_ONLY_REFERENCES: dict[str, Callable[[list[np.ndarray], dict], np.ndarray]] = {
+def _gelu_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
+    (x,) = args
+    return x * _gelu_cdf(x)
+
+
+def _gelu_cdf(x: np.ndarray) -> np.ndarray:
+    from lucid.backends import prim_ops
+
+    t = x.dtype.type
+    (erf,) = prim_ops.evaluate("erf", [x * t(_SQRT_HALF)], {})
+    return ((erf + t(1)) * t(0.5)).astype(x.dtype)
+
+
+def _gelu_grad_reference(args: list[np.ndarray], attrs: dict) -> tuple[np.ndarray, ...]:
+    dy, x = args
+    t = x.dtype.type
+    pdf = np.exp(x * x * t(-0.5)) * t(_INV_SQRT_2PI)
+    dx = dy * (_gelu_cdf(x) + x * pdf)
+    return dx, _sum_rows(dx)
+
+
+def _sum_rows(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1, a.shape[-1]).sum(axis=0, dtype=np.float64).astype(a.dtype)
+
+
+def _layer_norm_grad_reference(args: list[np.ndarray], attrs: dict) -> tuple[np.ndarray, ...]:
+    dy, x, gamma = (a.astype(np.float64) for a in args)
+    mean = x.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + attrs["epsilon"])
+    xhat = (x - mean) * rstd
+    g = dy * gamma
+    dx = rstd * (
+        g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True)
+    )
+    dt = args[1].dtype
+    return tuple(v.astype(dt) for v in (dx, _sum_rows(dy * xhat), _sum_rows(dy), _sum_rows(dx)))
+
+
+# A reference of a multi-output kernel returns a tuple: its first len(outputs) entries are used.
+CPU_ONLY_REFERENCES: dict[str, Callable[[list[np.ndarray], dict], np.ndarray | tuple]] = {
     "gemm": _gemm_reference,
     "layer_norm": _layer_norm_reference,
     "attention": _attention_reference,
     "attention_grad": _attention_grad_reference,
+    "gelu": _gelu_reference,
+    "gelu_grad": _gelu_grad_reference,
+    "layer_norm_grad": _layer_norm_grad_reference,
 }
 
 __all__ = ["CPU_ONLY_REFERENCES", "fuse_kernels"]

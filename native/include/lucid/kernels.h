@@ -15,6 +15,7 @@ Step make_linalg_step(const Program& p, const Instr& in);       // linalg.cpp: m
 Step make_reduce_step(const Program& p, const Instr& in);       // reduce.cpp: reductions, softmax
 Step make_shape_step(const Program& p, const Instr& in);        // shape.cpp: layout, gather, random
 Step make_attention_step(const Program& p, const Instr& in);    // attention.cpp: fused attention
+Step make_row_kernel_step(const Program& p, const Instr& in);   // norm_gelu.cpp: gelu, layer norm grad
 
 // float32 loops of common elementwise ops (SIMD-dispatched); false when `op` is not one of them.
 // Unary ops read `a`; binary ops `a`, `b`; select reads `a` where `mask` is set, else `b`.

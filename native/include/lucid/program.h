@@ -62,7 +62,10 @@ using Attrs = std::map<std::string, AttrValue>;
   X(conv2d_data_grad) X(conv2d_weights_grad) X(max_pool2d) X(max_pool2d_grad) X(avg_pool2d)      \
   X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused) X(gemm)    \
   X(layer_norm) X(attention) X(attention_grad)
-#define LUCID_ALL_OPS(X) LUCID_UNARY_OPS(X) LUCID_BINARY_OPS(X) LUCID_OTHER_OPS(X)
+// CPU-only row kernels with several outputs (norm_gelu.cpp): GELU, its gradient, layer norm's
+// backward.
+#define LUCID_ROW_KERNEL_OPS(X) X(gelu) X(gelu_grad) X(layer_norm_grad)
+#define LUCID_ALL_OPS(X) LUCID_UNARY_OPS(X) LUCID_BINARY_OPS(X) LUCID_OTHER_OPS(X) LUCID_ROW_KERNEL_OPS(X)
 
 enum class Op : uint16_t {
 #define LUCID_ENUM(name) name,
@@ -113,6 +116,10 @@ int64_t checked_mul(int64_t a, int64_t b, const char* what);
 
 // Checks everything; throws std::invalid_argument (ValueError in Python) naming the problem.
 void validate(const Program& p);
+// The row kernels (LUCID_ROW_KERNEL_OPS, norm_gelu.cpp): their output slots, one per output the
+// instruction declares; throws std::invalid_argument when operands or output count are wrong.
+bool is_row_kernel(Op op);
+std::vector<Slot> infer_row_kernel(const Program& p, const Instr& in);
 // Work estimate of one instruction of a validated program, >= 1, in units of about one GEMM
 // multiply-add: a GEMM's multiply-adds, 2 per element read, written or computed by a fused
 // node, 64 per pooling tap (scalar, with a bounds check each).

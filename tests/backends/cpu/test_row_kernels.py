@@ -1,0 +1,376 @@
+"""Row kernels folded out of the autodiff graph (``kernel_fusion.py``: ``gelu``, ``gelu_grad``,
+``layer_norm_grad``): native results against the prim interpreter on the unfused program, the
+numpy references of the kernels, eager Lucid, float64 finite differences through ``fused_step``,
+and bit-identical results on one thread and two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lucid
+import lucid.nn as nn
+import lucid.nn.functional as F
+from lucid import _native
+from lucid.backends.cpu import (
+    CPUBackend,
+    Program,
+    get_num_threads,
+    set_adaptive_threads,
+    set_num_threads,
+    thread_stats,
+)
+from lucid.backends.cpu.kernel_fusion import _INV_SQRT_2PI, _SQRT_HALF, fuse_kernels
+
+SHAPES = st.one_of(
+    st.tuples(st.integers(1, 40)),
+    st.tuples(st.integers(1, 70), st.integers(1, 40)),
+    st.tuples(st.integers(1, 4), st.integers(1, 20), st.integers(1, 24)),
+)
+
+
+@pytest.fixture(autouse=True)
+def fixed_thread_count():
+    """The split paths under test run even while other processes keep the machine busy."""
+    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
+    set_adaptive_threads(False)
+    yield
+    set_adaptive_threads(adaptive)
+    set_num_threads(threads)
+
+
+def _const(p: Program, value: float, dtype: str) -> int:
+    return p.op("constant", shape=(), dtype=dtype, value=(value,))
+
+
+def _mean_last(p: Program, v: int, as_sum: bool, swap: bool) -> int:
+    shape = p.slots[v].shape
+    if not as_sum:
+        return p.op("reduce_mean", v, axes=(len(shape) - 1,), keepdims=True)
+    total = p.op("reduce_sum", v, axes=(-1,), keepdims=True)
+    scale = _const(p, 1.0 / shape[-1], p.slots[v].dtype)
+    return p.op("mul", scale, total) if swap else p.op("mul", total, scale)
+
+
+def _mul(p: Program, a: int, b: int, swap: bool) -> int:
+    return p.op("mul", b, a) if swap else p.op("mul", a, b)
+
+
+def layer_norm_grad_program(shape, dtype="f32", as_sum=True, swap=False, column_sums=True):
+    """Layer norm's backward as lucid/ops/norm.py's vjp lowers it (statistics recomputed), with
+    gamma's and beta's gradients and the column sums of dx (the bias gradient before it)."""
+    p = Program()
+    x, dy, gamma = p.feed(shape, dtype), p.feed(shape, dtype), p.feed(shape[-1:], dtype)
+    centered = p.op("sub", x, _mean_last(p, x, as_sum, swap))
+    var = _mean_last(p, _mul(p, centered, centered, False), as_sum, swap)
+    rstd = p.op("pow", p.op("add", var, _const(p, 1e-5, dtype)), _const(p, -0.5, dtype))
+    xhat = _mul(p, centered, rstd, swap)
+    g = _mul(p, dy, gamma, swap)
+    centered_g = p.op("sub", g, _mean_last(p, g, as_sum, swap))
+    projection = _mul(p, xhat, _mean_last(p, _mul(p, g, xhat, swap), as_sum, not swap), swap)
+    dx = _mul(p, rstd, p.op("sub", centered_g, projection), swap)
+    p.result(dx)
+    if column_sums:
+        lead = tuple(range(len(shape) - 1))
+        dgamma = p.op("reduce_sum", _mul(p, dy, xhat, not swap), axes=lead, keepdims=True)
+        p.result(p.op("reshape", dgamma, shape=shape[-1:]))
+        p.result(p.op("reduce_sum", dy, axes=lead, keepdims=False))
+        rows = p.op("reshape", dx, shape=(int(np.prod(shape[:-1])), shape[-1]))
+        p.result(p.op("reduce_sum", rows, axes=(0,), keepdims=False))
+    return p
+
+
+def gelu_program(shape, dtype="f32", grad=True, bias_sum=True, swap=False):
+    """GELU (erf) forward and its gradient as lower_to_prim writes them, the cdf shared."""
+    p = Program()
+    x = p.feed(shape, dtype)
+    erf = p.op("erf", _mul(p, x, _const(p, _SQRT_HALF, dtype), swap))
+    cdf = _mul(p, p.op("add", erf, _const(p, 1.0, dtype)), _const(p, 0.5, dtype), swap)
+    p.result(_mul(p, x, cdf, swap))
+    if grad:
+        dy = p.feed(shape, dtype)
+        square = _mul(p, _mul(p, x, x, False), _const(p, -0.5, dtype), swap)
+        pdf = _mul(p, p.op("exp", square), _const(p, _INV_SQRT_2PI, dtype), swap)
+        dx = _mul(p, dy, p.op("add", cdf, _mul(p, x, pdf, swap)), swap)
+        p.result(dx)
+        if bias_sum:
+            lead = tuple(range(len(shape) - 1))
+            p.result(p.op("reduce_sum", dx, axes=lead, keepdims=False))
+    return p
+
+
+def _feeds(p: Program, seed: int, scale: float = 1.5) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        np.asarray(
+            rng.standard_normal(p.slots[s].shape) * scale, p.slots[s].dtype.replace("f", "float")
+        )
+        for s in p.feeds
+    ]
+
+
+def _ops(p: Program) -> list[str]:
+    return [i.op for i in fuse_kernels(p).instrs]
+
+
+def _check(p: Program, feeds, dtype: str) -> None:
+    """Native (fused) against the interpreter on the unfused program and on the fused one."""
+    tol = 2e-5 if dtype == "f32" else 1e-12
+    got = CPUBackend(cache=False).compile(p).run([f.copy() for f in feeds])
+    for reference in (p.interpret(feeds), fuse_kernels(p).interpret(feeds)):
+        for g, w in zip(got, reference, strict=True):
+            scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale * 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=SHAPES,
+    dtype=st.sampled_from(["f32", "f64"]),
+    as_sum=st.booleans(),
+    swap=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_norm_backward_is_one_kernel_matching_the_prim_graph(
+    shape, dtype, as_sum, swap, seed
+):
+    p = layer_norm_grad_program(shape, dtype, as_sum, swap)
+    ops = _ops(p)
+    assert ops.count("layer_norm_grad") == 1
+    # The column sums became views of the kernel's outputs: no reduction, no product is left.
+    assert not {"reduce_sum", "reduce_mean", "mul", "sub", "pow"} & set(ops)
+    _check(p, _feeds(p, seed), dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=SHAPES,
+    dtype=st.sampled_from(["f32", "f64"]),
+    bias_sum=st.booleans(),
+    swap=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gelu_and_its_gradient_are_kernels_matching_the_prim_graph(
+    shape, dtype, bias_sum, swap, seed
+):
+    p = gelu_program(shape, dtype, bias_sum=bias_sum, swap=swap)
+    ops = _ops(p)
+    # (a column sum of a single row is a reshape of the kernel's second output)
+    assert sorted(op for op in ops if op != "reshape") == ["gelu", "gelu_grad"]
+    grad = next(i for i in fuse_kernels(p).instrs if i.op == "gelu_grad")
+    assert len(grad.outputs) == (2 if bias_sum else 1)
+    _check(p, _feeds(p, seed, scale=3.0), dtype)
+
+
+def test_gelu_forward_alone_and_at_extreme_inputs():
+    p = gelu_program((5, 9), grad=False)
+    assert _ops(p) == ["gelu"]
+    x = np.array([-1e30, -50, -8, -4.5, -1, -1e-8, 0, 1e-8, 1, 4.5, 8, 50, 1e30] * 3 + [0.25] * 6)
+    feeds = [x.reshape(5, 9).astype(np.float32)]
+    _check(p, feeds, "f32")
+    (y,) = CPUBackend(cache=False).compile(p).run(feeds)
+    assert y[0, 0] == 0 and y.reshape(-1)[12] == np.float32(1e30)
+
+
+def test_large_inputs_split_across_threads_give_identical_results():
+    # Above the size split across the worker pool, in chunks that do not depend on the count.
+    for p in (layer_norm_grad_program((600, 130)), gelu_program((700, 128))):
+        feeds = _feeds(p, 3)
+        outs = []
+        for n in (1, 2):
+            set_num_threads(n)
+            outs.append(CPUBackend(cache=False).compile(p).run([f.copy() for f in feeds]))
+        for a, b in zip(*outs, strict=True):
+            np.testing.assert_array_equal(a, b)
+        _check(p, feeds, "f32")
+
+
+def test_matched_values_used_elsewhere_are_still_computed():
+    # xhat's statistics and the gelu cdf are results too: the kernels fold, the values stay.
+    p = layer_norm_grad_program((6, 10), column_sums=False)
+    centered = next(i.outputs[0] for i in p.instrs if i.op == "sub")
+    p.result(centered)
+    g = gelu_program((6, 10), bias_sum=False)
+    cdf = next(i.outputs[0] for i in g.instrs if i.op == "add")
+    g.result(cdf)
+    for prog in (p, g):
+        assert {"layer_norm_grad", "gelu_grad"} & set(_ops(prog))
+        _check(prog, _feeds(prog, 5), "f32")
+
+
+def test_near_misses_stay_unfused():
+    # A different exponent (not 1/sqrt) or gelu constant is another function: no kernel.
+    p = layer_norm_grad_program((4, 8), column_sums=False)
+    for ins in p.instrs:
+        if ins.op == "constant" and ins.attrs["value"] == (-0.5,):
+            ins.attrs["value"] = (-0.25,)
+    assert "layer_norm_grad" not in _ops(p)
+    _check(p, _feeds(p, 1), "f32")
+    g = gelu_program((4, 8))
+    for ins in g.instrs:
+        if ins.op == "constant" and ins.attrs["value"] == (0.5,):
+            ins.attrs["value"] = (0.4,)
+    assert not {"gelu", "gelu_grad"} & set(_ops(g))
+    _check(g, _feeds(g, 1), "f32")
+
+
+@pytest.mark.parametrize(
+    ("instr", "slots", "message"),
+    [
+        (("gelu", [0], [1], {}), [((2, 3), "i32"), ((2, 3), "i32")], "float dtype"),
+        (("gelu", [0], [1, 2], {}), [((2, 3), "f32")] * 3, "1 output"),
+        (
+            ("gelu_grad", [0, 1], [2], {}),
+            [((2, 3), "f32"), ((3, 3), "f32"), ((3, 3), "f32")],
+            "gradient has shape",
+        ),
+        (("gelu_grad", [0, 1], [2, 3], {}), [((2, 3), "f32")] * 3 + [((2,), "f32")], "declared"),
+        (("gelu_grad", [0], [1], {}), [((2, 3), "f32")] * 2, "takes 2"),
+        (
+            ("layer_norm_grad", [0, 1, 2], [3, 4, 5], {"epsilon": 1e-5}),
+            [
+                ((2, 3), "f32"),
+                ((2, 3), "f32"),
+                ((2,), "f32"),
+                ((2, 3), "f32"),
+                ((3,), "f32"),
+                ((3,), "f32"),
+            ],
+            "weight needs shape",
+        ),
+        (
+            ("layer_norm_grad", [0, 1, 2], [3, 4], {"epsilon": 1e-5}),
+            [((2, 3), "f32"), ((2, 3), "f32"), ((3,), "f32"), ((2, 3), "f32"), ((3,), "f32")],
+            "3 or 4 outputs",
+        ),
+        (
+            ("layer_norm_grad", [0, 1, 2], [3, 4, 5], {}),
+            [
+                ((2, 3), "f64"),
+                ((2, 3), "f64"),
+                ((3,), "f64"),
+                ((2, 3), "f64"),
+                ((3,), "f64"),
+                ((3,), "f64"),
+            ],
+            "epsilon",
+        ),
+        (
+            ("layer_norm_grad", [0, 1, 2], [3, 4, 5], {"epsilon": 1e-5}),
+            [
+                ((2, 3), "f32"),
+                ((2, 3), "f64"),
+                ((3,), "f32"),
+                ((2, 3), "f32"),
+                ((3,), "f32"),
+                ((3,), "f32"),
+            ],
+            "share one dtype",
+        ),
+    ],
+)
+def test_validator_refuses_malformed_row_kernels(instr, slots, message):
+    n_in = max(instr[1]) + 1
+    desc = {
+        "slots": slots,
+        "instrs": [instr],
+        "feeds": list(range(n_in)),
+        "results": list(instr[2]),
+    }
+    with pytest.raises(ValueError, match=message):
+        _native.validate(desc)
+
+
+# -- end to end: a post-norm encoder's feed-forward half, eager vs compiled ---------------------
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 6, ffn: int = 10):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.norm1 = nn.LayerNorm(d)
+        self.up = nn.Linear(d, ffn)
+        self.down = nn.Linear(ffn, d)
+        self.norm2 = nn.LayerNorm(d)
+
+    def forward(self, x):
+        h = self.norm1(x + self.inp(x))
+        return self.norm2(h + self.down(F.gelu(self.up(h))))
+
+
+def _loss(out):
+    return (out * out).mean()
+
+
+def _block(dtype):
+    lucid.manual_seed(0)
+    model = Block()
+    for norm in (model.norm1, model.norm2):  # gamma and beta away from 1 and 0
+        norm.weight.data = lucid.randn(6) * 0.5 + 1.0
+        norm.bias.data = lucid.randn(6) * 0.5
+    return model.double() if dtype == "f64" else model
+
+
+def _step_ops(step) -> list[str]:
+    entry = next(iter(step._entries.values()))
+    return entry.executable.dump()
+
+
+def test_compiled_block_matches_eager_and_uses_the_kernels():
+    model = _block("f32").eval()
+    x = lucid.randn(3, 5, 6)
+    cm = lucid.compile(model)
+    with lucid.no_grad():
+        np.testing.assert_allclose(cm(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+    ops = [row["op"] for row in cm.profile(x, repeats=1)]
+    assert "gelu" in ops
+
+
+def test_fused_step_gradients_match_finite_differences_in_float64():
+    model = _block("f64")
+    x = lucid.randn(3, 5, 6).double()
+    before = {name: p.numpy().copy() for name, p in model.named_parameters()}
+
+    def loss_at(name, flat_index, delta):
+        params = dict(model.named_parameters())
+        value = before[name].copy()
+        value.reshape(-1)[flat_index] += delta
+        params[name].data = lucid.tensor(value)
+        with lucid.no_grad():
+            out = float(_loss(model(x)).item())
+        params[name].data = lucid.tensor(before[name].copy())
+        return out
+
+    opt = lucid.optim.SGD(model.parameters(), lr=1.0)
+    step = lucid.compile.fused_step(model, _loss, opt)
+    step(x)
+    dump = _step_ops(step)
+    assert "layer_norm_grad" in dump and "gelu_grad" in dump and "gelu(" in dump
+    after = {name: p.numpy().copy() for name, p in model.named_parameters()}
+    for name in before:
+        params = dict(model.named_parameters())
+        params[name].data = lucid.tensor(before[name].copy())
+    eps = 1e-6
+    for name in before:
+        grad = before[name] - after[name]  # lr = 1
+        for i in range(before[name].size):
+            numeric = (loss_at(name, i, eps) - loss_at(name, i, -eps)) / (2 * eps)
+            assert abs(grad.reshape(-1)[i] - numeric) <= 1e-7 + 1e-5 * abs(numeric), (name, i)
+
+
+def test_fused_step_matches_eager_training_in_float32():
+    compiled, eager = _block("f32"), _block("f32")
+    x = lucid.randn(4, 7, 6)
+    step = lucid.compile.fused_step(compiled, _loss, lucid.optim.SGD(compiled.parameters(), lr=0.5))
+    opt = lucid.optim.SGD(eager.parameters(), lr=0.5)
+    for _ in range(3):
+        step(x)
+        opt.zero_grad()
+        _loss(eager(x)).backward()
+        opt.step()
+    for (name, a), (_, b) in zip(
+        compiled.named_parameters(), eager.named_parameters(), strict=True
+    ):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
