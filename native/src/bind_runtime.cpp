@@ -341,7 +341,8 @@ void init_runtime(py::module_& m) {
             for (const Instr& in : p.instrs) names.push_back(update_kernel_name(p, in));
             return names;
           },
-          "Per instruction, the optimizer update kernel that runs it in one pass ('adam'), "
+          "Per instruction, the optimizer update kernel that runs it in one pass ('adam', "
+          "'rmsprop', 'adagrad'), "
           "or '' (the generic evaluator or another kernel).");
 
   m.def("compile", [](const py::dict& desc, bool use_cache) {

@@ -5,7 +5,9 @@
 // operations (two divisions, a square root) cannot overlap the loads of the parameter, the
 // gradient and the moments, which the cheap nodes pay for. Here the whole update of one element
 // (read p, g, m, v once; write p, m, v) is one loop body, so the divider stays busy while the
-// memory streams: 2.5-3x less time on workload A's 200k-parameter update.
+// memory streams: 2.5-3x less time on workload A's 200k-parameter update. Recognized: Adam and
+// AdamW with all their options ("adam"), RMSprop without centering or momentum ("rmsprop") and
+// Adagrad ("adagrad"), each with maximization and L2 weight decay.
 //
 // Each recognized chain is matched structurally from its outputs, operand by operand (add and
 // mul in either order), against the ops the optimizer's eager update traces, and the kernel
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <set>
 
@@ -116,6 +119,29 @@ class Matcher {
   std::set<int> used_;
 };
 
+// The gradient as `begin_step` prepares it from input `grad`: grad, -grad, or either of them
+// plus p * weight_decay (L2 decay, `p` the parameter input); sets the gradient input, the decay
+// input and the form's flags.
+template <class Form>
+bool match_grad(Matcher& mt, int v, int p, int* grad, int* weight_decay, Form* form) {
+  int a, b;
+  if (mt.node(v, Op::add, &a, &b)) {  // grad + p * weight_decay, either order
+    int t = -1, s = -1;
+    if (mt.tensor_times_scalar(b, &t, &s) && t == p) v = a;
+    else if (mt.tensor_times_scalar(a, &t, &s) && t == p) v = b;
+    else return false;
+    *weight_decay = s;
+    form->l2 = true;
+  }
+  if (mt.node(v, Op::neg, &a)) {
+    v = a;
+    form->maximize = true;
+  }
+  if (!mt.tensor(v)) return false;
+  *grad = v;
+  return true;
+}
+
 // Matches Adam's chain ending at node value `pv` (the new parameter); fills `ops` and `form`.
 //   p' = P - (m' / (sqrt(S) / bc2 + eps)) * step_size,  P = p or p * decay
 //   m' = m * beta1 + G * (1 - beta1),  v' = v * beta2 + (G * G) * (1 - beta2)
@@ -154,7 +180,7 @@ bool match_adam(Matcher& mt, int pv, AdamOperands* ops, AdamForm* form) {
   }
   // The second moment first: its g * g names the gradient expression unambiguously (in the
   // first moment, m * beta1 and grad * (1 - beta1) are both a tensor times a 0-d value).
-  int g2, g, gg;
+  int g2, g;
   if (!mt.moment(v_new, &ops->v, &ops->beta2, &g2, &ops->one_minus_beta2)) return false;
   {
     int a, b;
@@ -163,27 +189,7 @@ bool match_adam(Matcher& mt, int pv, AdamOperands* ops, AdamForm* form) {
   }
   int g1;
   if (!mt.moment(m_new, &ops->m, &ops->beta1, &g1, &ops->one_minus_beta1, g)) return false;
-  gg = g;
-  {
-    int a, b;
-    if (mt.node(gg, Op::add, &a, &b)) {  // grad + p * weight_decay, either order
-      int t = -1, s = -1;
-      if (mt.tensor_times_scalar(b, &t, &s) && t == ops->p) gg = a;
-      else if (mt.tensor_times_scalar(a, &t, &s) && t == ops->p) gg = b;
-      else return false;
-      ops->weight_decay = s;
-      form->l2 = true;
-    }
-  }
-  {
-    int a;
-    if (mt.node(gg, Op::neg, &a)) {
-      gg = a;
-      form->maximize = true;
-    }
-  }
-  if (!mt.tensor(gg)) return false;
-  ops->g = gg;
+  if (!match_grad(mt, g, ops->p, &ops->g, &ops->weight_decay, form)) return false;
   ops->m_node = m_new;
   ops->v_node = v_new;
   ops->p_node = pv;
@@ -280,21 +286,125 @@ AdamRange<T> pick_adam_range(const AdamForm& f) {
   return nullptr;
 }
 
-struct AdamPlan {
-  AdamOperands ops;
-  AdamForm form;
+// RMSprop (without centering or momentum) and Adagrad (lucid/optim/rmsprop.py, adagrad.py):
+//   s' = s * alpha + (G * G) * (1 - alpha)   (RMSprop)   or   s' = s + G * G   (Adagrad)
+//   p' = p - (G / (sqrt(s') + eps)) * lr,  G as for Adam (maximize, L2 decay)
+struct RmsForm {
+  bool maximize = false, l2 = false, adagrad = false;
+};
+
+struct RmsOperands {
+  int p = -1, g = -1, s = -1;
+  int alpha = -1, one_minus_alpha = -1, eps = -1, lr = -1, weight_decay = -1;
+  int p_node = -1, s_node = -1;
+};
+
+bool match_rms(Matcher& mt, int pv, RmsOperands* ops, RmsForm* form) {
+  int delta, quotient, gexpr, denom, root = -1, acc;
+  if (!mt.node(pv, Op::sub, &ops->p, &delta) || !mt.tensor(ops->p)) return false;
+  if (!mt.times_scalar(delta, &quotient, &ops->lr)) return false;
+  if (!mt.node(quotient, Op::div, &gexpr, &denom)) return false;
+  {
+    int a, b;
+    if (!mt.node(denom, Op::add, &a, &b)) return false;
+    if (mt.scalar(b)) { root = a; ops->eps = b; }
+    else if (mt.scalar(a)) { root = b; ops->eps = a; }
+    else return false;
+  }
+  if (!mt.node(root, Op::sqrt, &acc)) return false;
+  int sq;
+  if (mt.moment(acc, &ops->s, &ops->alpha, &sq, &ops->one_minus_alpha)) {
+    form->adagrad = false;
+  } else {
+    int a, b;
+    if (!mt.node(acc, Op::add, &a, &b)) return false;
+    if (mt.tensor(a)) { ops->s = a; sq = b; }
+    else if (mt.tensor(b)) { ops->s = b; sq = a; }
+    else return false;
+    form->adagrad = true;
+  }
+  {
+    int a, b;
+    if (!mt.node(sq, Op::mul, &a, &b) || a != b || a != gexpr) return false;
+  }
+  if (!match_grad(mt, gexpr, ops->p, &ops->g, &ops->weight_decay, form)) return false;
+  ops->p_node = pv;
+  ops->s_node = acc;
+  return true;
+}
+
+#define LUCID_RMS_BODY                                                                      \
+  const T* P = in[0];                                                                       \
+  const T* G = in[1];                                                                       \
+  const T* S = in[2];                                                                       \
+  T* Po = out[0];                                                                           \
+  T* So = out[1];                                                                           \
+  const T alpha = s[0], oma = s[1], eps = s[5], lr = s[6], wd = s[7];                       \
+  (void)alpha; (void)oma; (void)wd;                                                         \
+  _Pragma("GCC ivdep") for (int64_t i = i0; i < i1; ++i) {                                  \
+    const T p = P[i];                                                                       \
+    T g = G[i];                                                                             \
+    if constexpr (kMaximize) g = -g;                                                        \
+    if constexpr (kL2) g = g + p * wd;                                                      \
+    T acc;                                                                                  \
+    if constexpr (kAdagrad) acc = S[i] + g * g;                                             \
+    else acc = S[i] * alpha + (g * g) * oma;                                                \
+    const T denom = std::sqrt(acc) + eps;                                                   \
+    So[i] = acc;                                                                            \
+    Po[i] = p - (g / denom) * lr;                                                           \
+  }
+
+template <class T, bool kMaximize, bool kL2, bool kAdagrad>
+void rms_range_baseline(const T* const* in, T* const* out, const T* s, int64_t i0, int64_t i1) {
+  LUCID_RMS_BODY
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+template <class T, bool kMaximize, bool kL2, bool kAdagrad>
+__attribute__((target("avx2,fma"))) void rms_range_avx2(const T* const* in, T* const* out,
+                                                        const T* s, int64_t i0, int64_t i1) {
+  LUCID_RMS_BODY
+}
+#endif
+
+template <class T, bool A, bool B, bool C>
+AdamRange<T> rms_range_for() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (cpu_has_avx2()) return &rms_range_avx2<T, A, B, C>;
+#endif
+  return &rms_range_baseline<T, A, B, C>;
+}
+
+template <class T>
+AdamRange<T> pick_rms_range(const RmsForm& f) {
+  const int key = (f.maximize ? 4 : 0) | (f.l2 ? 2 : 0) | (f.adagrad ? 1 : 0);
+  switch (key) {
+#define LUCID_RMS_CASE(k) \
+  case k: return rms_range_for<T, (k & 4) != 0, (k & 2) != 0, (k & 1) != 0>();
+    LUCID_RMS_CASE(0) LUCID_RMS_CASE(1) LUCID_RMS_CASE(2) LUCID_RMS_CASE(3)
+    LUCID_RMS_CASE(4) LUCID_RMS_CASE(5) LUCID_RMS_CASE(6) LUCID_RMS_CASE(7)
+#undef LUCID_RMS_CASE
+  }
+  return nullptr;
+}
+
+// A recognized update: its operand slots (in the kernel's order) and the loops to run.
+struct UpdatePlan {
+  const char* name = "";
   DType dtype = DType::F32;
   int64_t total = 0;
-  int in_slots[5] = {-1, -1, -1, -1, -1};   // p, g, m, v, vmax
-  int out_slots[4] = {-1, -1, -1, -1};      // p', m', v', vmax'
+  int in_slots[5] = {-1, -1, -1, -1, -1};   // Adam: p, g, m, v, vmax; RMS: p, g, s
+  int out_slots[4] = {-1, -1, -1, -1};      // Adam: p', m', v', vmax'; RMS: p', s'
   int scalar_slots[9] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
+  int replaces[4] = {-1, -1, -1, -1};  // out_slots[j] may be the buffer of in_slots[replaces[j]]
+  AdamRange<float> range_f32 = nullptr;
+  AdamRange<double> range_f64 = nullptr;
   Step fallback;
 
   // True when no output shares memory with another output or with an input other than the
-  // one it replaces (p' over p, m' over m, v' over v, the running max over its old value): then
-  // one loop whose iteration reads an element's inputs, then writes its outputs, is exact.
+  // one it replaces (p' over p, a moment or accumulator over its old value): then one loop
+  // whose iteration reads an element's inputs, then writes its outputs, is exact.
   bool safe(void* const* slots, size_t esize) const {
-    static constexpr int kReplaces[4] = {0, 2, 3, 4};  // out_slots[j] may be in_slots[kReplaces[j]]
     const size_t bytes = static_cast<size_t>(total) * esize;
     auto overlap = [&](const void* a, const void* b) {
       auto x = static_cast<const uint8_t*>(a), y = static_cast<const uint8_t*>(b);
@@ -305,7 +415,7 @@ struct AdamPlan {
       const void* o = slots[out_slots[j]];
       for (int i = 0; i < 5; ++i) {
         if (in_slots[i] < 0 || !overlap(o, slots[in_slots[i]])) continue;
-        if (i != kReplaces[j] || o != slots[in_slots[i]]) return false;
+        if (i != replaces[j] || o != slots[in_slots[i]]) return false;
       }
       for (int k = 0; k < j; ++k)
         if (out_slots[k] >= 0 && overlap(o, slots[out_slots[k]])) return false;
@@ -333,10 +443,34 @@ struct AdamPlan {
   }
 };
 
-// Builds Adam's plan if `in` is its chain, else null.
-std::shared_ptr<AdamPlan> plan_adam(const Program& p, const Instr& in,
-                                    const std::vector<ExprNode>& nodes,
-                                    const std::vector<int>& out_nodes) {
+// Fills the plan's slots from a match: `want` are the result nodes in the kernel's output
+// order (-1: absent), `tensors` and `scalars` input positions (-1: absent). False unless the
+// instruction's outputs are exactly the present results.
+bool bind_plan(const Program& p, const Instr& in, const std::vector<int>& out_nodes,
+               const int (&want)[4], const int (&tensors)[5], const int (&scalars)[9],
+               UpdatePlan* plan) {
+  const int n_in = static_cast<int>(in.in.size());
+  int found[4] = {-1, -1, -1, -1};
+  for (size_t j = 0; j < out_nodes.size(); ++j) {
+    int hit = -1;
+    for (int r = 0; r < 4; ++r)
+      if (want[r] >= 0 && want[r] == n_in + out_nodes[j]) hit = r;
+    if (hit < 0 || found[hit] >= 0) return false;
+    found[hit] = in.out[j];
+  }
+  for (int r = 0; r < 4; ++r)
+    if ((want[r] >= 0) != (found[r] >= 0)) return false;
+  plan->total = p.slots[in.out[0]].size();
+  for (int i = 0; i < 5; ++i) plan->in_slots[i] = tensors[i] >= 0 ? in.in[tensors[i]] : -1;
+  for (int j = 0; j < 4; ++j) plan->out_slots[j] = found[j];
+  for (int k = 0; k < 9; ++k) plan->scalar_slots[k] = scalars[k] >= 0 ? in.in[scalars[k]] : -1;
+  return true;
+}
+
+// The plan of a recognized update chain in `in`, else null.
+std::shared_ptr<UpdatePlan> plan_update(const Program& p, const Instr& in,
+                                        const std::vector<ExprNode>& nodes,
+                                        const std::vector<int>& out_nodes) {
   if (nodes.empty()) return nullptr;
   const DType dt = nodes.back().dtype;
   if (dt != DType::F32 && dt != DType::F64) return nullptr;
@@ -345,32 +479,44 @@ std::shared_ptr<AdamPlan> plan_adam(const Program& p, const Instr& in,
   // evaluator.
   if (p.slots[in.out[0]].size() <= 1) return nullptr;
   for (int o = 0; o < static_cast<int>(out_nodes.size()); ++o) {
-    Matcher mt(p, in, nodes, dt);
-    auto plan = std::make_shared<AdamPlan>();
-    if (!match_adam(mt, n_in + out_nodes[o], &plan->ops, &plan->form)) continue;
-    // Every node belongs to the chain, and the outputs are exactly its results.
-    if (mt.used().size() != nodes.size()) return nullptr;
-    const AdamOperands& a = plan->ops;
-    const int want[4] = {a.p_node, a.m_node, a.v_node, a.vmax_node};
-    int found[4] = {-1, -1, -1, -1};
-    for (size_t j = 0; j < out_nodes.size(); ++j) {
-      int hit = -1;
-      for (int r = 0; r < 4; ++r)
-        if (want[r] >= 0 && want[r] == n_in + out_nodes[j]) hit = r;
-      if (hit < 0 || found[hit] >= 0) return nullptr;
-      found[hit] = in.out[j];
-    }
-    if (found[0] < 0 || found[1] < 0 || found[2] < 0 || (a.vmax_node >= 0) != (found[3] >= 0))
-      return nullptr;
+    auto plan = std::make_shared<UpdatePlan>();
     plan->dtype = dt;
-    plan->total = p.slots[in.out[0]].size();
-    const int tensors[5] = {a.p, a.g, a.m, a.v, a.vmax};
-    for (int i = 0; i < 5; ++i) plan->in_slots[i] = tensors[i] >= 0 ? in.in[tensors[i]] : -1;
-    for (int j = 0; j < 4; ++j) plan->out_slots[j] = found[j];
-    const int scalars[9] = {a.beta1, a.one_minus_beta1, a.beta2, a.one_minus_beta2,
-                            a.bias_correction2_sqrt, a.eps, a.step_size, a.weight_decay, a.decay};
-    for (int k = 0; k < 9; ++k) plan->scalar_slots[k] = scalars[k] >= 0 ? in.in[scalars[k]] : -1;
-    return plan;
+    // Every node must belong to the chain (and, in bind_plan, every output be one of its
+    // results).
+    Matcher adam(p, in, nodes, dt);
+    AdamOperands a;
+    AdamForm af;
+    if (match_adam(adam, n_in + out_nodes[o], &a, &af)) {
+      if (adam.used().size() != nodes.size()) return nullptr;
+      if (!bind_plan(p, in, out_nodes, {a.p_node, a.m_node, a.v_node, a.vmax_node},
+                     {a.p, a.g, a.m, a.v, a.vmax},
+                     {a.beta1, a.one_minus_beta1, a.beta2, a.one_minus_beta2,
+                      a.bias_correction2_sqrt, a.eps, a.step_size, a.weight_decay, a.decay},
+                     plan.get()))
+        return nullptr;
+      plan->name = "adam";
+      const int replaces[4] = {0, 2, 3, 4};
+      std::copy(replaces, replaces + 4, plan->replaces);
+      plan->range_f32 = pick_adam_range<float>(af);
+      plan->range_f64 = pick_adam_range<double>(af);
+      return plan;
+    }
+    Matcher rms(p, in, nodes, dt);
+    RmsOperands r;
+    RmsForm rf;
+    if (match_rms(rms, n_in + out_nodes[o], &r, &rf)) {
+      if (rms.used().size() != nodes.size()) return nullptr;
+      if (!bind_plan(p, in, out_nodes, {r.p_node, r.s_node, -1, -1}, {r.p, r.g, r.s, -1, -1},
+                     {r.alpha, r.one_minus_alpha, -1, -1, -1, r.eps, r.lr, r.weight_decay, -1},
+                     plan.get()))
+        return nullptr;
+      plan->name = rf.adagrad ? "adagrad" : "rmsprop";
+      const int replaces[4] = {0, 2, -1, -1};
+      std::copy(replaces, replaces + 4, plan->replaces);
+      plan->range_f32 = pick_rms_range<float>(rf);
+      plan->range_f64 = pick_rms_range<double>(rf);
+      return plan;
+    }
   }
   return nullptr;
 }
@@ -388,25 +534,24 @@ bool update_kernels_enabled() {
 std::string update_kernel_name(const Program& p, const Instr& in) {
   if (in.op != Op::fused || !update_kernels_enabled()) return "";
   const std::vector<ExprNode> nodes = decode_expr(p, in);
-  return plan_adam(p, in, nodes, expr_outputs(in, nodes.size())) ? "adam" : "";
+  std::shared_ptr<UpdatePlan> plan = plan_update(p, in, nodes, expr_outputs(in, nodes.size()));
+  return plan ? plan->name : "";
 }
 
 Step make_update_step(const Program& p, const Instr& in, const std::vector<ExprNode>& nodes,
                       const std::vector<int>& out_nodes, Step fallback) {
   if (in.op != Op::fused || !update_kernels_enabled()) return nullptr;
-  std::shared_ptr<AdamPlan> plan = plan_adam(p, in, nodes, out_nodes);
+  std::shared_ptr<UpdatePlan> plan = plan_update(p, in, nodes, out_nodes);
   if (!plan) return nullptr;
   plan->fallback = std::move(fallback);
   if (plan->dtype == DType::F32) {
-    AdamRange<float> range = pick_adam_range<float>(plan->form);
-    return [plan, range](void* const* slots) {
-      if (plan->safe(slots, sizeof(float))) plan->run_typed<float>(slots, range);
+    return [plan](void* const* slots) {
+      if (plan->safe(slots, sizeof(float))) plan->run_typed<float>(slots, plan->range_f32);
       else plan->fallback(slots);
     };
   }
-  AdamRange<double> range = pick_adam_range<double>(plan->form);
-  return [plan, range](void* const* slots) {
-    if (plan->safe(slots, sizeof(double))) plan->run_typed<double>(slots, range);
+  return [plan](void* const* slots) {
+    if (plan->safe(slots, sizeof(double))) plan->run_typed<double>(slots, plan->range_f64);
     else plan->fallback(slots);
   };
 }

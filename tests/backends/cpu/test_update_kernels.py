@@ -1,5 +1,6 @@
 """The one-pass optimizer update kernels (native/src/optim.cpp): which fused chains run through
-them, and that they give the generic evaluator's and eager Lucid's exact bits."""
+them (Adam/AdamW, RMSprop, Adagrad), and that they give the generic evaluator's and eager
+Lucid's exact bits."""
 
 from __future__ import annotations
 
@@ -15,16 +16,23 @@ from lucid.backends.cpu.program import FusedNode
 from lucid.backends.prim_ops import NUMPY_DTYPES
 from lucid.compile import compile_optimizer
 
-ADAM_CONFIGS = [
-    (optim.Adam, dict(lr=0.01)),
-    (optim.Adam, dict(lr=0.01, amsgrad=True)),
-    (optim.Adam, dict(lr=0.01, maximize=True, betas=(0.8, 0.99))),
-    (optim.Adam, dict(lr=0.01, weight_decay=0.1)),
-    (optim.Adam, dict(lr=0.01, weight_decay=0.1, maximize=True, amsgrad=True)),
-    (optim.AdamW, dict(lr=0.01)),
-    (optim.AdamW, dict(lr=0.01, weight_decay=0.05, amsgrad=True, maximize=True)),
+# (optimizer, options, the kernel its update runs through)
+CONFIGS = [
+    (optim.Adam, dict(lr=0.01), "adam"),
+    (optim.Adam, dict(lr=0.01, amsgrad=True), "adam"),
+    (optim.Adam, dict(lr=0.01, maximize=True, betas=(0.8, 0.99)), "adam"),
+    (optim.Adam, dict(lr=0.01, weight_decay=0.1), "adam"),
+    (optim.Adam, dict(lr=0.01, weight_decay=0.1, maximize=True, amsgrad=True), "adam"),
+    (optim.AdamW, dict(lr=0.01), "adam"),
+    (optim.AdamW, dict(lr=0.01, weight_decay=0.05, amsgrad=True, maximize=True), "adam"),
+    (optim.RMSprop, dict(lr=0.01), "rmsprop"),
+    (optim.RMSprop, dict(lr=0.01, alpha=0.9, weight_decay=0.01, maximize=True), "rmsprop"),
+    (optim.Adagrad, dict(lr=0.1), "adagrad"),
+    (optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.01, maximize=True), "adagrad"),
+    # Not recognized (generic evaluator), still eager's bits.
+    (optim.RMSprop, dict(lr=0.01, centered=True, momentum=0.5), ""),
 ]
-IDS = [f"{cls.__name__}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for cls, kw in ADAM_CONFIGS]
+IDS = [f"{cls.__name__}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for cls, kw, _ in CONFIGS]
 # One tensor below the kernel's split threshold, one above it (two threads when the pool has
 # them), one with a tail that is not a whole vector.
 SHAPES = [(37,), (260, 130), (7, 11, 13)]
@@ -47,8 +55,8 @@ def _executables(step) -> list:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize(("cls", "kw"), ADAM_CONFIGS, ids=IDS)
-def test_compiled_adam_runs_the_kernel_and_matches_eager_bits(cls, kw, dtype):
+@pytest.mark.parametrize(("cls", "kw", "kernel"), CONFIGS, ids=IDS)
+def test_compiled_update_runs_its_kernel_and_matches_eager_bits(cls, kw, kernel, dtype):
     ref, got = _params(dtype), _params(dtype)
     ref_opt, opt = cls(ref, **kw), compile_optimizer(cls(got, **kw))
     for i in range(4):
@@ -56,8 +64,8 @@ def test_compiled_adam_runs_the_kernel_and_matches_eager_bits(cls, kw, dtype):
         _set_grads(got, i, dtype)
         ref_opt.step()
         opt.step()
-    kernels = [k for ex in _executables(opt.step) for k in ex.update_kernels]
-    assert "adam" in kernels
+    kernels = {k for ex in _executables(opt.step) for k in ex.update_kernels}
+    assert kernels == {kernel, ""} if kernel else kernels == {""}
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
         sa, sb = opt.state[a], ref_opt.state[b]
@@ -116,6 +124,65 @@ def _adam_program(
     for r, state in enumerate(["m", "v"] + (["vmax"] if amsgrad else []) + ["p"]):
         program.inplace_result(r, names.index(state))
     return program, names
+
+
+def _rms_program(shape, dt, *, adagrad=False, maximize=False, l2=False, swap=False):
+    """RMSprop's (or Adagrad's) chain as its eager update traces it; `swap` as above."""
+    program = Program()
+    names = ["p", "g", "v", "b1", "omb1", "eps", "ss", "wd"]
+    slot = {n: program.feed(shape if n in ("p", "g", "v") else (), dt) for n in names}
+    inputs = list(slot.values())
+    nodes: list[FusedNode] = []
+
+    def arg(x):
+        return inputs.index(slot[x]) if isinstance(x, str) else len(inputs) + x
+
+    def add(op, *xs):
+        if swap and op in ("add", "mul") and len(xs) == 2:
+            xs = xs[::-1]
+        nodes.append(FusedNode(op, tuple(arg(x) for x in xs), dt))
+        return len(nodes) - 1
+
+    g = "g"
+    if maximize:
+        g = add("neg", g)
+    if l2:
+        g = add("add", g, add("mul", "p", "wd"))
+    gg = add("mul", g, g)
+    acc = (
+        add("add", "v", gg)
+        if adagrad
+        else add("add", add("mul", "v", "b1"), add("mul", gg, "omb1"))
+    )
+    denom = add("add", add("sqrt", acc), "eps")
+    p = add("sub", "p", add("mul", add("div", g, denom), "ss"))
+    program.result(*program.fused_outputs(inputs, nodes, [acc, p]))
+    program.inplace_result(0, names.index("v"))
+    program.inplace_result(1, names.index("p"))
+    return program, names
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    adagrad=st.booleans(),
+    maximize=st.booleans(),
+    l2=st.booleans(),
+    dt=st.sampled_from(["f32", "f64"]),
+    swap=st.booleans(),
+    shape=st.sampled_from([(3,), (17, 3), (40000,)]),
+    seed=st.integers(0, 2**16),
+)
+def test_rms_chains_match_the_interpreter_bits(adagrad, maximize, l2, dt, swap, shape, seed):
+    program, names = _rms_program(shape, dt, adagrad=adagrad, maximize=maximize, l2=l2, swap=swap)
+    ex = _compile(program)
+    assert ex.update_kernels == ["adagrad" if adagrad else "rmsprop"]
+    feeds = _feeds(names, shape, dt, seed)
+    feeds[names.index("v")].flat[:2] = [np.nan, np.inf]
+    want = program.interpret([f.copy() for f in feeds])
+    got = ex.run(feeds)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert got[0] is feeds[names.index("v")] and got[1] is feeds[names.index("p")]
 
 
 def _feeds(names, shape, dt, seed) -> list[np.ndarray]:
