@@ -280,11 +280,16 @@ class LoadedStep:
     """What ``load_compiled`` returns for a saved training step: ``step(x, *extra) -> loss``
     continuing the saved training (parameters, optimizer state and step scalars as they were).
     ``named_parameters()``/``parameters()``, ``optimizer`` and ``scheduler`` (when saved) are the
-    live objects the step trains; ``cache_info()`` and ``timing()`` as for a loaded module."""
+    live objects the step trains. Like a live step: ``cache_info()``, ``timing()``,
+    ``ir(key, stage)``, ``module(key)``, ``profile(x, *extra)``, and ``train()``/``eval()``
+    choosing which saved entries (those compiled in training or in eval mode) calls run."""
+
+    _what = "load_compiled step"
 
     def __init__(self, path: str, fields: dict, tensors: dict[str, Tensor], optimizer: Any,
                  scheduler: Any, entries: dict[str, Any], sources: dict[str, str],
-                 build_ms: dict[str, float]) -> None:  # fmt: skip
+                 build_ms: dict[str, float], parts: dict[str, str], backend: str,
+                 model: Any = None) -> None:  # fmt: skip
         from lucid.compile.training import _OptimizerView
 
         self.path = path
@@ -293,14 +298,28 @@ class LoadedStep:
         self.check_finite = bool(fields.get("check_finite", False))
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.backend = backend
         self._tensors = tensors
         self._entries = entries
         self._sources = sources
         self._build_ms = build_ms
+        self._parts = parts
+        self._model = model
         self._view = _OptimizerView(optimizer) if optimizer is not None else None
 
     def __repr__(self) -> str:
         return f"LoadedStep({self.path!r}, {self.kind}, {len(self._entries)} entr(y/ies))"
+
+    def train(self, mode: bool = True) -> LoadedStep:
+        """Run the entries saved in training mode (``mode``) or in eval mode; with ``model=``
+        the model's mode follows, as ``Module.train`` would set it."""
+        self.training = bool(mode)
+        if self._model is not None and hasattr(self._model, "train"):
+            self._model.train(mode)
+        return self
+
+    def eval(self) -> LoadedStep:
+        return self.train(False)
 
     def named_parameters(self) -> list[tuple[str, Tensor]]:
         return [(r[len("param:") :], t) for r, t in self._tensors.items() if r.startswith("param:")]
@@ -313,14 +332,22 @@ class LoadedStep:
             (r[len("buffer:") :], t) for r, t in self._tensors.items() if r.startswith("buffer:")
         ]
 
-    def _entry(self, inputs: tuple) -> tuple[str, Any]:
+    def _entry_for(self, inputs: tuple) -> tuple[str, Any]:
         match = _match(_input_json(inputs), self.training)
         entry = self._entries.get(match)
         if entry is None:
             saved = "; ".join(e.saved_key for e in self._entries.values())
+            modes = {e.saved_training for e in self._entries.values()}
+            hint = ""
+            if self.training not in modes:
+                hint = (
+                    f" (this step is in {'training' if self.training else 'eval'} mode and "
+                    f"every saved entry was compiled in the other: call "
+                    f"{'eval' if self.training else 'train'}())"
+                )
             raise ValueError(
                 f"load_compiled: the step's inputs match no saved entry (a saved step runs only "
-                f"the signatures it was compiled for); saved: {saved}"
+                f"the signatures it was compiled for){hint}; saved: {saved}"
             )
         return match, entry
 
@@ -329,7 +356,7 @@ class LoadedStep:
         from lucid.compile.training import _attach_grads, _run_checked
 
         inputs = (x, *extra)
-        _, entry = self._entry(inputs)
+        _, entry = self._entry_for(inputs)
         view = self._view
         if view is not None:
             if view.changed():
@@ -364,6 +391,7 @@ class LoadedStep:
             _attach_grads(loss, [(p, res[i]) for i, p in entry.grad_index])
         return loss
 
+    # --- introspection (the live steps' surface, over what the file holds) ----------------------
     def cache_info(self) -> dict[str, Any]:
         """``entries``, ``keys`` (the saved entries' keys), ``n_calls`` and ``sources``
         (``program`` or ``ir``) per entry."""
@@ -376,17 +404,108 @@ class LoadedStep:
         }
 
     def timing(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "key": e.saved_key,
-                "load_ms": self._build_ms[e.saved_key],
-                "last_run_ms": getattr(e, "last_run_ms", 0.0),
-                "n_hits": e.n_runs - e.saved_runs,
-                "source": self._sources[e.saved_key],
-                "from_file": True,
-            }
-            for e in self._entries.values()
+        """One row per saved entry, with a live step's keys: ``key``, ``compile_ms`` (here:
+        building its executable from the file), ``last_run_ms``, ``n_runs`` (the saved count
+        plus this process's runs) and ``passes_ms`` (``load-program`` or ``rebuild-from-ir``);
+        and ``load_ms`` (= ``compile_ms``), ``n_hits`` (runs since loading), ``source`` and
+        ``from_file``."""
+        rows = []
+        for e in self._entries.values():
+            ms = self._build_ms[e.saved_key]
+            source = self._sources[e.saved_key]
+            stage = "load-program" if source == "program" else "rebuild-from-ir"
+            rows.append(
+                {
+                    "key": e.saved_key,
+                    "compile_ms": ms,
+                    "last_run_ms": getattr(e, "last_run_ms", 0.0),
+                    "n_runs": e.n_runs,
+                    "passes_ms": {stage: ms},
+                    "load_ms": ms,
+                    "n_hits": e.n_runs - e.saved_runs,
+                    "source": source,
+                    "from_file": True,
+                }
+            )
+        return rows
+
+    def _saved(self, key: Any) -> Any:
+        """A saved entry by key (its repr, as in ``cache_info()["keys"]``) or index (default:
+        the last)."""
+        entries = list(self._entries.values())
+        if key is None:
+            key = -1
+        if isinstance(key, int) and not isinstance(key, bool):
+            if not -len(entries) <= key < len(entries):
+                raise KeyError(f"{self._what}: no entry {key}: {len(entries)} saved")
+            return entries[key]
+        for e in entries:
+            if e.saved_key == str(key):
+                return e
+        saved = "; ".join(e.saved_key for e in entries)
+        raise KeyError(f"{self._what}: no saved entry {key!r}; saved: {saved}")
+
+    def module(self, key: Any = -1) -> Any:
+        """The saved training module of an entry (forward, backward and update in the ``prim``
+        dialect, as the original compiled it), parsed from the file."""
+        from lucid.ir import parse_ir
+        from lucid.ir.prim import prim_dialect
+        from lucid.ir.text import make_context
+
+        ctx = make_context()
+        ctx.load_dialect(prim_dialect())
+        return parse_ir(self._parts[self._saved(key).saved_ir], ctx=ctx)
+
+    def ir(self, key: Any = None, stage: str = "final") -> str:
+        """The MLIR text of a saved entry at ``stage``: ``prim`` (as saved: lowered, forward,
+        backward and update) or ``final`` (the backend's program). The file holds no trace, so
+        ``imported`` and ``optimized`` are not available (ask the live step before saving)."""
+        if stage not in ("prim", "final"):
+            raise ValueError(
+                f"{self._what}: stage {stage!r} is not in the file; a saved step holds its "
+                "'prim' IR (and the 'final' program built from it)"
+            )
+        entry = self._saved(key)
+        text = self._parts[entry.saved_ir]
+        if stage == "prim":
+            return text
+        from lucid.compile import _pipeline
+        from lucid.passes import PassManager
+
+        module = self.module(key)
+        backend = _pipeline.backend_of(self.backend)
+        if backend.pipeline:  # the saved module is lowered: only the backend's own passes
+            PassManager(backend.pipeline).run(module)
+        return backend.stage_ir(module)
+
+    def profile(self, *inputs: Any, repeats: int = 100) -> list[dict[str, Any]]:
+        """Where a step's time goes: the executable of the saved entry ``inputs`` match, run
+        ``repeats`` times on copies of its feeds (parameters, optimizer state, buffers and the
+        RNG are left as they were): one row per instruction, slowest first: ``index``, ``op``,
+        ``ms`` (mean) and ``instr``."""
+        from lucid.compile._binding import ensure_c_layout
+        from lucid.compile.training import _contiguous_inputs
+
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
+        if not inputs:
+            raise TypeError("profile: pass the step's inputs (x, *extra)")
+        _, entry = self._entry_for(inputs)
+        executable = entry.executable
+        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
+            raise RuntimeError(
+                f"profile: the {self.backend!r} backend's executables do not report "
+                "per-instruction times"
+            )
+        tensors = [a for a in _contiguous_inputs(inputs) if isinstance(a, Tensor)]
+        ensure_c_layout(entry.refs)
+        feeds = entry.feed_copies(tensors)
+        lines = executable.dump().splitlines()[1:]
+        rows = [
+            {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
+            for i, op, seconds in executable.profile(feeds, repeats)
         ]
+        return sorted(rows, key=lambda r: -r["ms"])
 
 
 def _check_fields(fields: dict) -> None:
@@ -456,7 +575,8 @@ def load_step(path: str, manifest: dict, parts: dict, arrays: dict[str, np.ndarr
         # The step draws random numbers (dropout): continuing exactly means continuing the
         # saved process's random stream.
         _random.set_rng_state(np.array(rng, dtype=np.int64))
-    return LoadedStep(path, manifest, tensors, optimizer, scheduler, entries, sources, build_ms)
+    return LoadedStep(path, manifest, tensors, optimizer, scheduler, entries, sources, build_ms,
+                      parts, backend_name, model)  # fmt: skip
 
 
 def _load_optimizer(saved: dict, tensors: dict[str, Tensor]) -> Any:
@@ -546,6 +666,8 @@ def _build_entry(record: dict, manifest: dict, parts: dict, tensors: dict[str, T
     entry.n_runs = entry.saved_runs = int(record["n_runs"])
     entry.statics = record.get("statics")
     entry.saved_key = record["key"]
+    entry.saved_training = bool(record["training"])
+    entry.saved_ir = record["ir"]
     return entry, source
 
 

@@ -451,7 +451,8 @@ class _Signature:
 
 class LoadedModule:
     """What ``load_compiled`` returns: the saved signatures of a compiled module, runnable
-    without its class (``__call__``, ``cache_info``, ``timing``, ``ir``)."""
+    without its class (``__call__``, ``cache_info``, ``timing``, ``ir``, ``profile``,
+    ``train``/``eval``)."""
 
     def __init__(self, path: str, manifest: dict, parts: dict, weights: dict[str, Tensor],
                  signatures: dict[str, _Signature], model: Any, backend: str) -> None:  # fmt: skip
@@ -590,6 +591,39 @@ class LoadedModule:
             }
             for s in self._signatures.values()
         ]
+
+    def profile(self, *args: Any, repeats: int = 100, **kwargs: Any) -> list[dict[str, Any]]:
+        """Where a call's time goes, as ``CompiledModule.profile``: the executable of the saved
+        signature ``args`` match, run ``repeats`` times on copies of its feeds (weights, buffers
+        and the RNG are left as they were): one row per instruction, slowest first: ``index``,
+        ``op``, ``ms`` (mean wall time) and ``instr``."""
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
+        try:
+            match = _match_text(
+                [_arg_sig(a) for a in args],
+                sorted([[k, _arg_sig(v)] for k, v in kwargs.items()]),
+                self.training,
+            )
+        except _NotSaveable:
+            match = None
+        sig = self._signatures.get(match) if match is not None else None
+        if sig is None:
+            saved = "; ".join(s.key for s in self._signatures.values())
+            raise ValueError(f"profile: these arguments match no saved signature; saved: {saved}")
+        executable = sig.executable
+        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
+            raise RuntimeError(
+                f"profile: the {self._backend!r} backend's executables do not report "
+                "per-instruction times"
+            )
+        feeds = [np.array(f, order="C", copy=True) for f in self._bind(sig, args, kwargs)]
+        lines = executable.dump().splitlines()[1:]
+        rows = [
+            {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
+            for i, op, seconds in executable.profile(feeds, repeats)
+        ]
+        return sorted(rows, key=lambda r: -r["ms"])
 
     def ir(self, key: str | None = None, stage: str = "optimized") -> str:
         """The saved MLIR of a signature (``key``: its repr, as in ``cache_info()["keys"]``;

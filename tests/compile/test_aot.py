@@ -424,3 +424,26 @@ def test_a_reader_during_writes_sees_a_whole_file(tmp_path):
     finally:
         stop.set()
         thread.join()
+
+
+def test_loaded_module_profile_leaves_buffers_and_matches_the_compiled_program(tmp_path):
+    model = LeNet()
+    model.train()
+    x = _rand(2, 1, 12, 12)
+    cm = lucid.compile(model, backend="cpu")
+    with lucid.no_grad():
+        cm(x)
+    path = tmp_path / "p.lucidc"
+    assert save_compiled(cm, path)
+    m = load_compiled(path)
+    before = {r: t.numpy().tobytes() for r, t in m._weights.items()}
+    rows = m.profile(x, repeats=2)
+    assert sorted(r["op"] for r in rows) == sorted(r["op"] for r in cm.profile(x, repeats=1))
+    assert rows[0]["ms"] >= rows[-1]["ms"] and all("instr" in r for r in rows)
+    # Training-mode BatchNorm updates its statistics in place: profiling runs on copies.
+    assert {r: t.numpy().tobytes() for r, t in m._weights.items()} == before
+    assert m.cache_info()["n_calls"] == {m.cache_info()["keys"][0]: 0}
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        m.profile(x, repeats=0)
+    with pytest.raises(ValueError, match="match no saved signature"):
+        m.eval().profile(x)  # only the training-mode signature was saved

@@ -327,3 +327,84 @@ def test_mpsgraph_reference_step_is_rebuilt_from_its_ir(tmp_path):
         want = step(x, y).numpy()
         assert loaded(x, y).numpy().tobytes() == want.tobytes()
         np.testing.assert_allclose(on_cpu(x, y).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def _state_bytes(loaded):
+    out = [p.numpy().tobytes() for p in loaded.parameters()]
+    out += [b.numpy().tobytes() for _, b in loaded.named_buffers()]
+    if loaded.optimizer is not None:
+        for st in loaded.optimizer.state.values():
+            out += [np.asarray(v.numpy()).tobytes() for v in st.values() if hasattr(v, "numpy")]
+    return out
+
+
+def test_a_loaded_step_has_the_live_steps_introspection(tmp_path):
+    model, step, opt, _, xs, ys, plan = _train_and_save(tmp_path, "fused_step", "adam")
+    loaded = load_compiled(plan["path"])
+    (live_row,) = step.timing()
+    (row,) = loaded.timing()
+    assert set(live_row) <= set(row)
+    assert row["key"] == repr(step.cache_info()["keys"][0]) and row["n_runs"] == N_BEFORE
+    assert row["passes_ms"] == {"load-program": row["compile_ms"]} and row["compile_ms"] > 0
+    # ir(): the saved lowered module, and the backend's program built from it, as the live
+    # step prints them.
+    assert loaded.ir(stage="prim") == step.ir(stage="prim")
+    assert loaded.ir() == step.ir(stage="final")
+    assert loaded.ir(0, stage="final") == loaded.ir(row["key"])
+    with pytest.raises(ValueError, match="stage 'optimized' is not in the file"):
+        loaded.ir(stage="optimized")
+    with pytest.raises(KeyError, match="no entry 3: 1 saved"):
+        loaded.ir(3)
+    # profile(): one row per instruction of the same program; nothing moves.
+    x, y = lucid.tensor(xs[N_BEFORE]), lucid.tensor(ys[N_BEFORE])
+    before, rng = _state_bytes(loaded), lucid.get_rng_state()
+    rows = loaded.profile(x, y, repeats=2)
+    assert sorted(r["op"] for r in rows) == sorted(r["op"] for r in step.profile(x, y, repeats=1))
+    assert all(r["ms"] >= 0 for r in rows) and rows[0]["ms"] >= rows[-1]["ms"]
+    assert _state_bytes(loaded) == before
+    assert lucid.get_rng_state().numpy().tobytes() == rng.numpy().tobytes()
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        loaded.profile(x, y, repeats=0)
+    # A run after profiling is the step the original takes next.
+    got = loaded(x, y).numpy()
+    lucid.set_rng_state(rng)
+    assert got.tobytes() == step(x, y).numpy().tobytes()
+    (row,) = loaded.timing()
+    assert row["n_runs"] == N_BEFORE + 1 and row["n_hits"] == 1 and row["last_run_ms"] > 0
+
+
+def test_train_and_eval_choose_the_saved_entries_of_that_mode(tmp_path):
+    lucid.manual_seed(0)
+    model = Net()
+    step = make_step(model, F.cross_entropy, backend="cpu")
+    xs, ys = _batches(2)
+    x, y = lucid.tensor(xs[0]), lucid.tensor(ys[0])
+    step(x, y)
+    path = tmp_path / "train-only.lucidc"
+    assert save_compiled(step, path)
+    model.eval()
+    want_eval = step(x, y).detach().numpy()
+    model.train()
+    assert save_compiled(step, tmp_path / "both.lucidc")
+
+    loaded = load_compiled(path)
+    assert loaded.training and loaded.eval() is loaded and not loaded.training
+    with pytest.raises(ValueError, match=r"in eval mode and every saved entry.*call train\(\)"):
+        loaded(x, y)
+    assert loaded.train() is loaded and loaded.training
+    loaded(x, y)
+
+    both = load_compiled(tmp_path / "both.lucidc").eval()
+    got = both(x, y).detach().numpy()
+    assert got.tobytes() == want_eval.tobytes()  # eval: BatchNorm's running stats, no dropout
+    n_calls = both.cache_info()["n_calls"]
+    assert sorted(n_calls.values()) == [0, 1]
+    both.train()(x, y)
+    assert sorted(both.cache_info()["n_calls"].values()) == [1, 1]
+    # model= follows the loaded step's mode.
+    other = Net()
+    other.load_state_dict(model.state_dict())
+    with_model = load_compiled(tmp_path / "both.lucidc", model=other)
+    with_model.eval()
+    assert not other.training and not other.bn.training
+    assert with_model(x, y).detach().numpy().tobytes() == want_eval.tobytes()
