@@ -24,7 +24,13 @@ Python sources: users have ``.pyc`` files, and ``PYTHONDONTWRITEBYTECODE`` would
 charge every lazily imported module to whichever column imports it first.
 
 Prints one markdown row per workload: per column the median of ``--repeats`` processes in ms
-with the range (min–max) in parentheses, and each framework's warm/cold ratio of medians.
+with the range (min–max) in parentheses, and each framework's warm/cold ratio of medians. Then,
+for Lucid, the warm process's second call and the median of its next calls (how far its first
+run is above a steady one). ``--baseline-python`` (the interpreter of another Lucid tree, e.g.
+a worktree of ``main``) runs that tree's Lucid children too, interleaved with this one's in
+alternating order, through this same harness, and adds a before/after table::
+
+    python benchmarks/bench_aot.py --repeats 5 --baseline-python ../base/.venv/bin/python
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FRAMEWORKS = ("lucid", "torch", "jax")
+STEADY_CALLS = 10  # calls after the second one, for the steady time of a warm process
 
 
 # --- children: one first call each ----------------------------------------------------------
@@ -64,6 +71,15 @@ def _lucid_child(mode: str, wl: str, path: str) -> dict:
         assert save_compiled(cm, path)
     elif mode == "compile":
         result["hit"] = bool(cm.timing()[0].get("from_disk"))
+        # The calls after the first: how far the first run is above a steady one.
+        later = []
+        with lucid.no_grad():
+            for _ in range(STEADY_CALLS + 1):
+                t0 = time.perf_counter()
+                cm(x)
+                later.append((time.perf_counter() - t0) * 1e3)
+        result["second_ms"] = later[0]
+        result["steady_ms"] = statistics.median(later[1:])
     del out
     return result
 
@@ -122,8 +138,9 @@ PYCACHE: list[str] = []
 def _run(python: str, framework: str, mode: str, wl: str, path: str, cache: str | None) -> dict:
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if PYCACHE and framework == "lucid":  # the peers' installed packages have their .pyc files
+    if PYCACHE and framework.startswith("lucid"):  # the peers' packages have their .pyc files
         env["PYTHONPYCACHEPREFIX"] = PYCACHE[0]
+    framework = "lucid" if framework.startswith("lucid") else framework
     for var in ("LUCID_COMPILE_DISK_CACHE", "LUCID_COMPILE_DISK_CACHE_DIR",
                 "TORCHINDUCTOR_CACHE_DIR"):  # fmt: skip
         env.pop(var, None)
@@ -149,7 +166,9 @@ def _run(python: str, framework: str, mode: str, wl: str, path: str, cache: str 
 def _cell(values: list[float], absent: str = "not installed") -> str:
     if not values:
         return absent
-    return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
+    mid = statistics.median(values)
+    digits = 0 if mid >= 10 else 1 if mid >= 1 else 2  # a steady call of E takes microseconds
+    return f"{mid:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
 def _ratio(warm: list[float], cold: list[float]) -> str:
@@ -168,6 +187,12 @@ def main() -> None:
     ap.add_argument("--lucid-python", default=sys.executable)
     ap.add_argument("--torch-python", default=None, help="interpreter with torch (off if unset)")
     ap.add_argument("--jax-python", default=None, help="interpreter with jax (off if unset)")
+    ap.add_argument(
+        "--baseline-python",
+        default=None,
+        help="interpreter of another Lucid tree: its Lucid children run interleaved with "
+        "--lucid-python's (alternating order), and a before/after table follows",
+    )
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -175,6 +200,12 @@ def main() -> None:
         return
     pythons = {"lucid": args.lucid_python, "torch": args.torch_python, "jax": args.jax_python}
     active = [f for f in FRAMEWORKS if pythons[f] and _available(pythons[f], f)]
+    lucids = ["lucid"] if "lucid" in active else []
+    if args.baseline_python and lucids:
+        if not _available(args.baseline_python, "lucid"):
+            raise SystemExit(f"--baseline-python {args.baseline_python} cannot import lucid")
+        pythons["lucid-baseline"] = args.baseline_python
+        lucids.append("lucid-baseline")
     for f in FRAMEWORKS:
         if f not in active:
             why = f"not installed for {pythons[f]}" if pythons[f] else "not run (no interpreter)"
@@ -188,19 +219,22 @@ def main() -> None:
     misses: list[str] = []
     pycache = tempfile.TemporaryDirectory()
     PYCACHE.append(pycache.name)
+    later: dict[tuple[str, str], dict[str, list[float]]] = {}
     for wl in args.workloads:
         times: dict[str, list[float]] = {}
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, f"{wl}.lucidc")
-            if "lucid" in active:  # untimed: fills the bytecode cache and saves the file
-                warmup = os.path.join(tmp, "lucid-warmup")
-                _run(pythons["lucid"], "lucid", "save", wl, path, warmup)
-                _run(pythons["lucid"], "lucid", "compile", wl, path, warmup)
-                _run(pythons["lucid"], "lucid", "load", wl, path, None)
+            paths = {v: os.path.join(tmp, f"{wl}-{v}.lucidc") for v in lucids}
+            for v in lucids:  # untimed: fills the bytecode cache and saves the file
+                warmup = os.path.join(tmp, f"{v}-warmup")
+                _run(pythons[v], v, "save", wl, paths[v], warmup)
+                _run(pythons[v], v, "compile", wl, paths[v], warmup)
+                _run(pythons[v], v, "load", wl, paths[v], None)
             for r in range(args.repeats):  # interleaved: every framework once per round
-                for f in active:
+                order = lucids if r % 2 == 0 else lucids[::-1]
+                for f in order + [f for f in active if f != "lucid"]:
                     if f == "torch" and args.torch_repeats is not None and r >= args.torch_repeats:
                         continue
+                    path = paths.get(f, os.path.join(tmp, f"{wl}.lucidc"))
                     cache = os.path.join(tmp, f"{f}-cache{r}")
                     cold = _run(pythons[f], f, "compile", wl, path, cache)
                     warm = _run(pythons[f], f, "compile", wl, path, cache)
@@ -208,9 +242,21 @@ def main() -> None:
                     times.setdefault(f"{f}-warm", []).append(warm["ms"])
                     if warm.get("hit") is False:
                         misses.append(f"{f} {wl} round {r}")
-                    if f == "lucid":
+                    if f.startswith("lucid"):
                         load = _run(pythons[f], f, "load", wl, path, None)
-                        times.setdefault("lucid-load", []).append(load["ms"])
+                        times.setdefault(f"{f}-load", []).append(load["ms"])
+                        rows = later.setdefault((wl, f), {})
+                        rows.setdefault("first", []).append(warm["ms"])
+                        for k in ("second_ms", "steady_ms"):
+                            rows.setdefault(k, []).append(warm[k])
+        if "lucid-baseline" in lucids:
+            for v in lucids:
+                later[(wl, v)]["cells"] = [
+                    _cell(times[f"{v}-cold"]),
+                    _cell(times[f"{v}-warm"]),
+                    _ratio(times[f"{v}-warm"], times[f"{v}-cold"]),
+                    _cell(times[f"{v}-load"]),
+                ]
         cells = [wl]
         for f in FRAMEWORKS:
             cold, warm = times.get(f"{f}-cold", []), times.get(f"{f}-warm", [])
@@ -219,6 +265,25 @@ def main() -> None:
             if f == "lucid":
                 cells.append(_cell(times.get("lucid-load", [])))
         print("| " + " | ".join(cells) + " |", flush=True)
+    if later:
+        print(
+            "\nLucid, a warm process's later calls (ms; median (min–max)): the first call "
+            "(Lucid warm above) against the second and the median of the next "
+            f"{STEADY_CALLS}, same processes"
+        )
+        print("| workload | variant | warm first call | 2nd call | steady call |")
+        print("|---|---|---|---|---|")
+        for (wl, v), rows in later.items():
+            name = "baseline" if v == "lucid-baseline" else "this tree"
+            print(f"| {wl} | {name} | {_cell(rows['first'])} | {_cell(rows['second_ms'])} "
+                  f"| {_cell(rows['steady_ms'])} |")  # fmt: skip
+    if "lucid-baseline" in lucids:
+        print("\nBefore/after (baseline: --baseline-python; after: --lucid-python), interleaved")
+        print("| workload | variant | cold | warm | warm/cold | load_compiled |")
+        print("|---|---|---|---|---|---|")
+        for (wl, v), rows in later.items():
+            name = "before" if v == "lucid-baseline" else "after"
+            print(f"| {wl} | {name} | " + " | ".join(rows["cells"]) + " |")
     if misses:
         print(f"\nwarm runs that did not hit their cache: {', '.join(misses)}")
     pycache.cleanup()

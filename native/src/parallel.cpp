@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "lucid/blas.h"
 #include "lucid/kernels.h"
 
 namespace lucid {
@@ -130,6 +131,9 @@ class Pool {
 // ---- the thread count policy -------------------------------------------------------------------
 
 constexpr int64_t kSampleIntervalNs = 100'000'000;  // /proc/stat counts in 10 ms ticks
+// The shortest span the first estimate after a baseline may cover (+-0.4 core of tick rounding
+// on two CPUs): a run that comes sooner keeps the current count and tries again later.
+constexpr int64_t kFirstEstimateNs = 50'000'000;
 // Hysteresis, in cores of other processes' CPU time: a lone busy loop shows as 0.7-1.0 core
 // (it yields some of its core to our threads); our own work mis-attributed by tick rounding as
 // up to ~0.2.
@@ -228,6 +232,15 @@ class Policy {
     have_base_ = false;
     if (!on) contended_ = false;
     apply(decide(), false);
+    // The baseline is taken now (the native module's load sets this), not at the first run:
+    // that run then already knows the load of the time since. Without it, the first runs of a
+    // fresh process used every configured thread on a busy machine, waiting tens of ms per
+    // GEMM for a worker's time slice (a 1 ms call of workload A took ~60 ms, twice).
+    if (on && configured() >= 2) {
+      const int64_t now = monotonic_ns();
+      sample(now);
+      next_sample_ns_.store(now + kFirstEstimateNs, std::memory_order_relaxed);
+    }
   }
 
   void maybe_sample() {
@@ -356,6 +369,32 @@ int configured_threads() { return policy().configured(); }
 void set_configured_threads(int n) { policy().set_configured(n); }
 
 void adapt_threads_to_load() { policy().maybe_sample(); }
+
+// Measured with scipy-openblas32 0.3.34 (Haswell kernels) on the 2-core VM, and the same with
+// numpy's own OpenBLAS: in a process whose GEMMs have all been single-threaded and small, a
+// 64x784 @ 784x256 sgemm (workload A) takes ~2.3 ms of CPU, and ~0.8 ms for the rest of the
+// process once one GEMM of at least about 64 x 128 x 512 (or a multi-threaded one) has run;
+// the other GEMM shapes of workloads A-E do not change. Where the time goes: the kernel's
+// prefetch instruction (perf annotate). A process whose first runs are multi-threaded gets
+// there by itself; one that runs single-threaded from its first run (a busy machine seen at
+// load, LUCID_NUM_THREADS=1, one core) runs such a GEMM once (8 MFLOP, ~0.7 ms of CPU here:
+// repaid by A's second call). Its inputs are read-only zeros from calloc (untouched pages:
+// nothing to fault in but the output).
+void prime_single_thread_blas() {
+#if defined(LUCID_BLAS_SET_THREADS)
+  static std::once_flag once;
+  std::call_once(once, [] {
+    constexpr int M = 64, K = 128, N = 512;
+    void* zeros = std::calloc(size_t(K) * N, sizeof(float));  // A and B (read-only) share it
+    std::vector<float> c(size_t(M) * N);
+    if (!zeros) return;
+    const auto* z = static_cast<const float*>(zeros);
+    LUCID_SGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, z, K, z, N, 0.0f,
+                c.data(), N);
+    std::free(zeros);
+  });
+#endif
+}
 
 void set_adaptive_threads(bool on) { policy().set_adaptive(on); }
 

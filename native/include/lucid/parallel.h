@@ -33,6 +33,10 @@ void set_configured_threads(int n);
 void adapt_threads_to_load();
 void set_adaptive_threads(bool on);  // LUCID_ADAPTIVE_THREADS=0 turns it off at start
 
+// Once per process, before the first single-threaded run with GEMMs worth it: brings the BLAS
+// out of a slow single-thread start state (parallel.cpp says what was measured).
+void prime_single_thread_blas();
+
 // Feeds one observation (other processes' load in cores, allowed cores) to the policy as a
 // sample would, and applies the result; for tests and for diagnosing the policy.
 int observe_load(double other_cores, int allowed_cpus);
