@@ -629,40 +629,22 @@ def _attention_grad_parts(g: _Graph, gemms: list[Instr]):
         return None
     if dpg.attrs.get("a_view") != dv.attrs["b_view"] or "a_view" not in dpg.attrs:
         return None
-    # P = softmax(gemm{alpha}(qkv, qkv)) with Q, K, V all heads of qkv.
-    found = _scores_of(g, probs)
-    if found is None:
+    # P: any last-axis softmax (masked scores too: the gradient's formula does not read them);
+    # Q, K and V: heads of qkv as the dK, dQ and dP products read them.
+    if _last_axis_softmax(g, probs) is None:
         return None
-    qk = found
-    if qk.inputs != (qkv, qkv) or qk.attrs["alpha"] != dq.attrs["alpha"]:
-        return None
-    q_view, k_view, v_view = qk.attrs.get("a_view"), qk.attrs.get("b_view"), dpg.attrs.get("b_view")
-    if q_view is None or k_view is None or v_view is None:
-        return None
-    if dk.attrs["b_view"] != q_view or dq.attrs["b_view"] != k_view:
+    q_view, k_view, v_view = dk.attrs["b_view"], dq.attrs["b_view"], dpg.attrs.get("b_view")
+    if v_view is None:
         return None
     removed = [dp_found[0], m2[0], red[0], sub[0], m[0]]
     attrs = {
-        "alpha": float(qk.attrs["alpha"]),
+        "alpha": float(dq.attrs["alpha"]),
         "q_view": list(q_view),
         "k_view": list(k_view),
         "v_view": list(v_view),
         "d_out_view": list(dv.attrs["b_view"]),
     }
     return roles, removed, qkv, d_out, probs, attrs
-
-
-def _scores_of(g: _Graph, probs: int) -> Instr | None:
-    sm = _last_axis_softmax(g, probs)
-    if sm is None:
-        return None
-    found = g.made_by(sm[1].inputs[0], "gemm")
-    if found is None or len(found[1].inputs) != 2:
-        return None
-    gemm = found[1]
-    if gemm.attrs["transpose_a"] or not gemm.attrs["transpose_b"]:
-        return None
-    return gemm
 
 
 # -- GELU and layer norm's backward as row kernels --------------------------------------------
