@@ -71,7 +71,7 @@ def fuse_kernels(program: Program) -> Program:
         _fold_gemm_bias,
         _fold_gemm_addend,
         _fold_padded_sums,
-        _fold_attention_grad,  # first: it removes the backward's reads of the weights
+        _fold_attention_grad,  # after _fold_padded_sums, whose concat it absorbs
         _fold_attention,
     )
     for rewrite in rewrites:
