@@ -325,9 +325,34 @@ T* scratch(size_t n) {
   return reinterpret_cast<T*>(buf.data());
 }
 
+// conv2d_bias's epilogue after an im2col + BLAS convolution: y = relu?(y + bias[channel]).
 template <class T>
-void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y) {
-  if (conv2d_direct_forward(g.shape(), x, w, static_cast<const T*>(nullptr), false, y)) return;
+void add_bias_relu(const ConvGeom& g, const T* bias, bool relu, T* y) {
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t o = 0; o < g.O; ++o) {
+      T* p = y + (n * g.O + o) * g.howo();
+      const T b = bias[o];
+      for (int64_t i = 0; i < g.howo(); ++i) {
+        const T v = p[i] + b;
+        p[i] = relu && v < 0 ? T(0) : v;
+      }
+    }
+}
+
+template <class T>
+void conv_forward_im2col(const ConvGeom& g, const T* x, const T* w, T* y);
+
+// y = conv(x, w), plus bias[channel] and then ReLU for conv2d_bias (bias non-null).
+template <class T>
+void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y, const T* bias = nullptr,
+                  bool relu = false) {
+  if (conv2d_direct_forward(g.shape(), x, w, bias, relu, y)) return;
+  conv_forward_im2col(g, x, w, y);
+  if (bias) add_bias_relu(g, bias, relu, y);
+}
+
+template <class T>
+void conv_forward_im2col(const ConvGeom& g, const T* x, const T* w, T* y) {
   if (g.G == 1 && g.N > 1) {
     // All images side by side in one im2col matrix: one large GEMM instead of N small ones
     // (better BLAS efficiency and threading), then the [O, N, HW] result is put back as NCHW.
@@ -407,9 +432,11 @@ void conv_weights_grad(const ConvGeom& g, const T* x, const T* dy, T* dw) {
 
 Step make_conv(const Program& p, const Instr& in) {
   int a = in.in[0], b = in.in[1], o = in.out[0];
+  const int bias = in.op == Op::conv2d_bias ? in.in[2] : -1;
+  const bool relu = in.op == Op::conv2d_bias && attr_bool(in, "relu");
   DType d = p.slots[o].dtype;
   ConvGeom g;
-  if (in.op == Op::conv2d) g = conv_geom(in, p.slots[a].shape, p.slots[b].shape, p.slots[o].shape);
+  if (in.op == Op::conv2d || in.op == Op::conv2d_bias) g = conv_geom(in, p.slots[a].shape, p.slots[b].shape, p.slots[o].shape);
   else if (in.op == Op::conv2d_data_grad)
     g = conv_geom(in, p.slots[o].shape, p.slots[b].shape, p.slots[a].shape);
   else g = conv_geom(in, p.slots[a].shape, p.slots[o].shape, p.slots[b].shape);
@@ -419,14 +446,16 @@ Step make_conv(const Program& p, const Instr& in) {
       auto* x = static_cast<const float*>(s[a]);
       auto* y = static_cast<const float*>(s[b]);
       auto* out = static_cast<float*>(s[o]);
-      if (op == Op::conv2d) conv_forward(g, x, y, out);
+      if (op == Op::conv2d_bias) conv_forward(g, x, y, out, static_cast<const float*>(s[bias]), relu);
+      else if (op == Op::conv2d) conv_forward(g, x, y, out);
       else if (op == Op::conv2d_data_grad) conv_data_grad(g, x, y, out);
       else conv_weights_grad(g, x, y, out);
     } else {
       auto* x = static_cast<const double*>(s[a]);
       auto* y = static_cast<const double*>(s[b]);
       auto* out = static_cast<double*>(s[o]);
-      if (op == Op::conv2d) conv_forward(g, x, y, out);
+      if (op == Op::conv2d_bias) conv_forward(g, x, y, out, static_cast<const double*>(s[bias]), relu);
+      else if (op == Op::conv2d) conv_forward(g, x, y, out);
       else if (op == Op::conv2d_data_grad) conv_data_grad(g, x, y, out);
       else conv_weights_grad(g, x, y, out);
     }
@@ -443,7 +472,8 @@ struct PoolGeom {
 PoolGeom pool_geom(const Instr& in, const Shape& x, const Shape& y) {
   const auto &k = attr_ints(in, "kernel"), &st = attr_ints(in, "strides"),
              &pd = attr_ints(in, "padding");
-  bool is_max = in.op == Op::max_pool2d || in.op == Op::max_pool2d_grad;
+  bool is_max = in.op == Op::max_pool2d || in.op == Op::max_pool2d_grad ||
+                in.op == Op::max_pool2d_relu_grad;
   std::vector<int64_t> dl = is_max ? attr_ints(in, "dilation") : std::vector<int64_t>{1, 1};
   bool include = is_max ? true : attr_bool(in, "count_include_pad");
   return {x[0] * x[1], x[2], x[3], y[2], y[3], k[0], k[1], st[0], st[1], dl[0], dl[1],
@@ -540,8 +570,10 @@ inline T pick(bool c, T x, T y) {
 
 // max_pool2d_grad for 2x2 windows at stride 2 without padding: windows do not overlap, so each
 // input element receives its window's gradient or 0, written once, and the winner (max_tap's
-// rule: first maximum, last NaN) is picked with selects instead of branches.
-template <class T>
+// rule: first maximum, last NaN) is picked with selects instead of branches. With `Relu`
+// (max_pool2d_relu_grad) the winner gets it only where it is > 0: ReLU's gradient, when the pool
+// reads a ReLU's output.
+template <bool Relu, class T>
 void max_pool_grad_2x2(const PoolGeom& g, const T* dy, const T* x, T* out) {
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
   if (g.H != 2 * g.HO || g.W != 2 * g.WO) std::fill_n(out, g.NC * plane, T(0));  // odd edges
@@ -559,7 +591,13 @@ void max_pool_grad_2x2(const PoolGeom& g, const T* dy, const T* x, T* out) {
         const bool tc = (c > m1) | (c != c);
         const T m2 = pick(tc, c, m1);
         const bool td = (d > m2) | (d != d);
-        const bool wd = td, wc = tc & !td, wb = tb & !tc & !td, wa = !(tb | tc | td);
+        bool wd = td, wc = tc & !td, wb = tb & !tc & !td, wa = !(tb | tc | td);
+        if constexpr (Relu) {
+          wa &= a > 0;
+          wb &= b > 0;
+          wc &= c > 0;
+          wd &= d > 0;
+        }
         const T v = gy[ow];
         o0[2 * ow] = pick(wa, v, T(0));
         o0[2 * ow + 1] = pick(wb, v, T(0));
@@ -569,12 +607,14 @@ void max_pool_grad_2x2(const PoolGeom& g, const T* dy, const T* x, T* out) {
     }
 }
 
+// `relu` (max_pool2d_relu_grad, with op max_pool2d_grad): only winners > 0 get the gradient.
 template <class T>
-void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out) {
+void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out, bool relu = false) {
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
   if (op == Op::max_pool2d_grad && g.KH == 2 && g.KW == 2 && g.sh == 2 && g.sw == 2 &&
       g.pt == 0 && g.pl == 0 && g.dh == 1 && g.dw == 1 && 2 * g.HO <= g.H && 2 * g.WO <= g.W) {
-    max_pool_grad_2x2(g, a, b, out);
+    if (relu) max_pool_grad_2x2<true>(g, a, b, out);
+    else max_pool_grad_2x2<false>(g, a, b, out);
     return;
   }
   if (op == Op::max_pool2d && g.pt == 0 && g.pl == 0 && g.dh == 1 && g.dw == 1 &&
@@ -593,7 +633,7 @@ void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out) {
         } else if (op == Op::max_pool2d_grad) {  // a = grad, b = x
           T best;
           int64_t arg = max_tap(g, b + nc * plane, oh, ow, &best);
-          if (arg >= 0) out[nc * plane + arg] += a[o];
+          if (arg >= 0 && (!relu || b[nc * plane + arg] > 0)) out[nc * plane + arg] += a[o];
         } else {
           int64_t h0 = oh * g.sh - g.pt, w0 = ow * g.sw - g.pl;
           T div = avg_divisor<T>(g, oh, ow), sum = 0;
@@ -608,7 +648,8 @@ void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out) {
 }
 
 Step make_pool(const Program& p, const Instr& in) {
-  Op op = in.op;
+  const bool relu = in.op == Op::max_pool2d_relu_grad;
+  Op op = relu ? Op::max_pool2d_grad : in.op;
   int a = in.in[0], b = in.in.size() > 1 ? in.in[1] : in.in[0], o = in.out[0];
   const Shape& xs = (op == Op::max_pool2d || op == Op::avg_pool2d) ? p.slots[a].shape
                     : p.slots[o].shape;
@@ -619,10 +660,10 @@ Step make_pool(const Program& p, const Instr& in) {
   return [=](void* const* s) {
     if (d == DType::F32)
       pool<float>(op, g, static_cast<const float*>(s[a]), static_cast<const float*>(s[b]),
-                  static_cast<float*>(s[o]));
+                  static_cast<float*>(s[o]), relu);
     else
       pool<double>(op, g, static_cast<const double*>(s[a]), static_cast<const double*>(s[b]),
-                   static_cast<double*>(s[o]));
+                   static_cast<double*>(s[o]), relu);
   };
 }
 
@@ -632,7 +673,8 @@ Step make_linalg_step(const Program& p, const Instr& in) {
   switch (in.op) {
     case Op::matmul: case Op::gemm: return make_matmul(p, in);
     case Op::matmul_accumulate: return make_matmul_accumulate(p, in);
-    case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad:
+    case Op::conv2d: case Op::conv2d_bias: case Op::conv2d_data_grad:
+    case Op::conv2d_weights_grad:
       return make_conv(p, in);
     default: return make_pool(p, in);
   }

@@ -376,7 +376,9 @@ size_t expected_operands(Op op) {
   switch (op) {
     case Op::matmul: case Op::gather: case Op::gather_along_axis: case Op::conv2d:
     case Op::conv2d_data_grad: case Op::conv2d_weights_grad: case Op::max_pool2d_grad:
+    case Op::max_pool2d_relu_grad:
       return 2;
+    case Op::conv2d_bias: return 3;
     case Op::scatter_add: case Op::scatter_add_along_axis: return 3;
     case Op::matmul_accumulate: return 4;
     case Op::layer_norm: case Op::attention: case Op::attention_grad: return 3;
@@ -686,6 +688,19 @@ Slot infer(const Program& p, const Instr& in) {
       same_dtype(c);
       need_dtype(is_float(x.dtype), x, "a float dtype");
       return Slot{conv_shape(in, x.shape, c.arg(1).shape), x.dtype};
+    case Op::conv2d_bias: {
+      same_dtype(c);
+      need_dtype(is_float(x.dtype), x, "a float dtype");
+      attr_bool(in, "relu");
+      Shape out = conv_shape(in, x.shape, c.arg(1).shape);
+      const Shape& b = c.arg(2).shape;
+      const int64_t o = out[1];
+      if (b != Shape{o} && b != Shape{o, 1, 1} && b != Shape{1, o, 1, 1})
+        fail("bias needs one value per output channel ([" + std::to_string(o) + "], [" +
+             std::to_string(o) + ", 1, 1] or [1, " + std::to_string(o) + ", 1, 1]), got " +
+             shape_str(b));
+      return Slot{out, x.dtype};
+    }
     case Op::conv2d_data_grad: {
       same_dtype(c);
       need_dtype(is_float(x.dtype), x, "a float dtype");
@@ -708,7 +723,7 @@ Slot infer(const Program& p, const Instr& in) {
     case Op::max_pool2d: case Op::avg_pool2d:
       need_dtype(is_float(x.dtype), x, "a float dtype");
       return Slot{pool_shape(in, x.shape, op == Op::max_pool2d), x.dtype};
-    case Op::max_pool2d_grad: {
+    case Op::max_pool2d_grad: case Op::max_pool2d_relu_grad: {
       same_dtype(c);
       const Slot& src = c.arg(1);
       need_dtype(is_float(src.dtype), src, "a float dtype");
@@ -838,7 +853,7 @@ struct ConvDims {
 };
 ConvDims conv_dims(const Program& p, const Instr& in) {
   const Shape *x, *w, *y;
-  if (in.op == Op::conv2d) {
+  if (in.op == Op::conv2d || in.op == Op::conv2d_bias) {
     x = &p.slots[in.in[0]].shape; w = &p.slots[in.in[1]].shape; y = &p.slots[in.out[0]].shape;
   } else if (in.op == Op::conv2d_data_grad) {
     x = &p.slots[in.out[0]].shape; w = &p.slots[in.in[1]].shape; y = &p.slots[in.in[0]].shape;
@@ -862,7 +877,7 @@ void check_kernel_sizes(const Program& p, const Instr& in) {
     blas_dim(n, "matmul columns");
     blas_dim(k, "matmul contraction size");
     blas_dim(sat_mul(m, numel(Shape(o.begin(), o.end() - 2))), "matmul rows times batch");
-  } else if (in.op == Op::conv2d || in.op == Op::conv2d_data_grad ||
+  } else if (in.op == Op::conv2d || in.op == Op::conv2d_bias || in.op == Op::conv2d_data_grad ||
              in.op == Op::conv2d_weights_grad) {
     ConvDims d = conv_dims(p, in);
     const int64_t ckk = sat_mul(d.c / d.g, sat_mul(d.kh, d.kw));
@@ -894,7 +909,8 @@ int64_t instr_work(const Program& p, const Instr& in) {
       const int64_t k = attr_bool(in, "transpose_a") ? a[a.size() - 2] : a.back();
       return sat_add(base, sat_mul(size_of(in.out[0]), std::max<int64_t>(k, 1)));
     }
-    case Op::conv2d: case Op::conv2d_data_grad: case Op::conv2d_weights_grad: {
+    case Op::conv2d: case Op::conv2d_bias: case Op::conv2d_data_grad:
+    case Op::conv2d_weights_grad: {
       ConvDims d = conv_dims(p, in);
       const int64_t cols = sat_mul(d.n, sat_mul(d.ho, d.wo));
       const int64_t taps = sat_mul(d.kh, d.kw);
@@ -905,7 +921,7 @@ int64_t instr_work(const Program& p, const Instr& in) {
     case Op::attention: case Op::attention_grad:
       return sat_add(base, attention_work(p, in));
     case Op::max_pool2d: case Op::avg_pool2d: case Op::max_pool2d_grad:
-    case Op::avg_pool2d_grad: {
+    case Op::max_pool2d_relu_grad: case Op::avg_pool2d_grad: {
       const auto& k = attr_ints(in, "kernel");
       const bool forward = in.op == Op::max_pool2d || in.op == Op::avg_pool2d;
       const int64_t windows = forward ? size_of(in.out[0]) : size_of(in.in[0]);

@@ -124,7 +124,8 @@ Step make_step(const Program& p, const Instr& in) {
     case Op::matmul: case Op::matmul_accumulate: case Op::gemm: case Op::conv2d:
     case Op::conv2d_data_grad:
     case Op::conv2d_weights_grad: case Op::max_pool2d: case Op::max_pool2d_grad:
-    case Op::avg_pool2d: case Op::avg_pool2d_grad:
+    case Op::avg_pool2d: case Op::avg_pool2d_grad: case Op::conv2d_bias:
+    case Op::max_pool2d_relu_grad:
       return make_linalg_step(p, in);
     case Op::reduce_sum: case Op::reduce_mean: case Op::reduce_max: case Op::reduce_min:
     case Op::reduce_prod: case Op::variance: case Op::argmax: case Op::argmin: case Op::softmax:

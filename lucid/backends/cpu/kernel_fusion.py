@@ -47,6 +47,7 @@ from math import prod
 
 import numpy as np
 
+from lucid.backends.cpu import conv_fusion
 from lucid.backends.cpu.program import Instr, Program
 from lucid.backends.prim_ops import Aval
 
@@ -73,6 +74,7 @@ def fuse_kernels(program: Program) -> Program:
         _fold_padded_sums,
         _fold_attention_grad,  # after _fold_padded_sums, whose concat it absorbs
         _fold_attention,
+        _fold_conv_epilogues,
     )
     for rewrite in rewrites:
         rewrite(out, instrs)
@@ -412,6 +414,11 @@ def _fold_padded_sums(program: Program, instrs: list[Instr | None]) -> None:
                 if g.uses[s] == 0 and s not in program.results:
                     instrs[g.producer[s]] = None
             g = _Graph(program, instrs)
+
+
+def _fold_conv_epilogues(program: Program, instrs: list[Instr | None]) -> None:
+    conv_fusion.fold_conv_bias_relu(program, instrs, _Graph)
+    conv_fusion.fold_max_pool_relu_grad(program, instrs, _Graph)
 
 
 def _tiled_axis(pads: list[Instr], shape: tuple) -> int | None:
@@ -1047,6 +1054,7 @@ CPU_ONLY_REFERENCES: dict[str, Callable[[list[np.ndarray], dict], np.ndarray | t
     "gelu": _gelu_reference,
     "gelu_grad": _gelu_grad_reference,
     "layer_norm_grad": _layer_norm_grad_reference,
+    **conv_fusion.CONV_REFERENCES,
 }
 
 __all__ = ["CPU_ONLY_REFERENCES", "fuse_kernels"]

@@ -45,7 +45,9 @@ using Attrs = std::map<std::string, AttrValue>;
 // Every prim op, plus the CPU-only `fused` (an elementwise expression tree), `gemm` (alpha *
 // matmul, plus an optional bias row) and `layer_norm` (over the last axis, one pass per row),
 // `attention` / `attention_grad` (softmax(alpha * Q Kᵀ) V per head, and its gradient; see
-// attention.cpp), which the CPU backend's kernel fusion (lucid/backends/cpu/kernel_fusion.py) emits.
+// attention.cpp), which the CPU backend's kernel fusion (lucid/backends/cpu/kernel_fusion.py)
+// emits, and `conv2d_bias` (conv2d + a per-channel bias, then ReLU if `relu`) and `max_pool2d_relu_grad`
+// (max_pool2d_grad masked where the pooled input is not > 0) from conv_fusion.py.
 #define LUCID_UNARY_OPS(X)                                                                       \
   X(neg) X(abs) X(sign) X(square) X(relu) X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(rsqrt)       \
   X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sigmoid) X(erf) X(floor) X(ceil) X(round)         \
@@ -61,7 +63,7 @@ using Attrs = std::map<std::string, AttrValue>;
   X(conv2d)                                                                                      \
   X(conv2d_data_grad) X(conv2d_weights_grad) X(max_pool2d) X(max_pool2d_grad) X(avg_pool2d)      \
   X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused) X(gemm)    \
-  X(layer_norm) X(attention) X(attention_grad)
+  X(layer_norm) X(attention) X(attention_grad) X(conv2d_bias) X(max_pool2d_relu_grad)
 // CPU-only row kernels with several outputs (norm_gelu.cpp): GELU, its gradient, layer norm's
 // backward.
 #define LUCID_ROW_KERNEL_OPS(X) X(gelu) X(gelu_grad) X(layer_norm_grad)
