@@ -1,12 +1,14 @@
 // Stride-1 convolutions as GEMMs over shifted views of a zero-padded image (see conv.h).
 //
-// With the image padded to Hp x Wp and the output computed on an HO x Wp grid (the last Wp - WO
-// columns of each row are computed and dropped), the im2col row of tap (c, i, j) is the padded
-// plane of channel c read from offset i*dh*Wp + j*dw onwards: a contiguous run. So the GEMM reads
-// its right operand straight from the padded image (16 KB for workload C's second conv) instead of
-// an im2col matrix nine times the image's size, writes each image's output in NCHW order (no
-// transpose of an [O, N*HW] result), and images run on the worker pool. im2col + one BLAS GEMM
-// for the batch spent half its time in the copies; the BLAS GEMM itself had K = 9 or 144.
+// With the image padded to Hp x Wp, output pixel (h, w) of tap (c, i, j) reads the padded plane of
+// channel c at (h + i*dh)*Wp + w + j*dw: for a run of pixels along a row (or along the HO x Wp
+// grid whose last Wp - WO columns of each row are computed and dropped, in the weight gradient)
+// that is a contiguous run. So the GEMM reads its right operand straight from the padded image
+// (16 KB for workload C's second conv) instead of an im2col matrix nine times the image's size,
+// writes each image's output in NCHW order through the epilogue (bias, ReLU) while it is still in
+// registers (no transpose of an [O, N*HW] result, no pass of its own), and images run on the
+// worker pool. im2col + one BLAS GEMM for the batch spent half its time in the copies; the BLAS
+// GEMM itself had K = 9 or 144.
 //
 // Every output element is computed by one thread in a fixed order whatever the thread count, so
 // results are the same at any thread count (the weight gradient sums fixed chunks of images in
@@ -15,10 +17,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <cstring>
 #include <vector>
 
 #include "lucid/parallel.h"
+
+// The kernels pass 256-bit vectors only between always-inlined functions: no ABI is involved.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 #define LUCID_ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -28,14 +35,18 @@ namespace {
 
 template <class T>
 struct Simd;
+// V: a register of L lanes; U: the same at any element alignment, for loads and stores (a
+// memcpy into a V array made GCC bounce every load through the stack).
 template <>
 struct Simd<float> {
   typedef float V __attribute__((vector_size(32)));
+  typedef float U __attribute__((vector_size(32), aligned(4), may_alias));
   static constexpr int L = 8;
 };
 template <>
 struct Simd<double> {
   typedef double V __attribute__((vector_size(32)));
+  typedef double U __attribute__((vector_size(32), aligned(8), may_alias));
   static constexpr int L = 4;
 };
 
@@ -47,14 +58,14 @@ constexpr int64_t kGradChunk = 4;
 constexpr int64_t kMaxWeightBytes = 512 << 10;
 constexpr int64_t kMaxImageBytes = 2 << 20;
 
-template <class V, class T>
-LUCID_ALWAYS_INLINE void load(V& v, const T* p) {
-  std::memcpy(&v, p, sizeof(V));
+template <class T>
+LUCID_ALWAYS_INLINE typename Simd<T>::V load(const T* p) {
+  return *reinterpret_cast<const typename Simd<T>::U*>(p);
 }
 
-template <class V, class T>
-LUCID_ALWAYS_INLINE void store(T* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
+template <class T>
+LUCID_ALWAYS_INLINE void store(T* p, typename Simd<T>::V v) {
+  *reinterpret_cast<typename Simd<T>::U*>(p) = v;
 }
 
 
@@ -90,84 +101,91 @@ T* thread_buffer(int which, size_t n) {
   return b.data();
 }
 
-// Copies image x [Cin, Hin, Win] into its zero-padded planes; false when it holds an inf or NaN.
+// Copies image x [Cin, Hin, Win] into its zero-padded planes.
 template <class T>
-LUCID_ALWAYS_INLINE bool pad_image(const Plan& q, const T* x, T* xpad) {
+LUCID_ALWAYS_INLINE void pad_image(const Plan& q, const T* x, T* xpad) {
   std::fill_n(xpad, q.image, T(0));
-  T probe = 0;  // x - x is 0 for every finite x, NaN otherwise
   for (int64_t c = 0; c < q.Cin; ++c)
-    for (int64_t h = 0; h < q.Hin; ++h) {
-      const T* src = x + (c * q.Hin + h) * q.Win;
-      T* dst = xpad + c * q.plane + (h + q.pt) * q.Wp + q.pl;
-      for (int64_t w = 0; w < q.Win; ++w) {
-        dst[w] = src[w];
-        probe += src[w] - src[w];
-      }
-    }
-  return probe == 0;
+    for (int64_t h = 0; h < q.Hin; ++h)
+      std::memcpy(xpad + c * q.plane + (h + q.pt) * q.Wp + q.pl, x + (c * q.Hin + h) * q.Win,
+                  sizeof(T) * q.Win);
 }
 
-// out[r][l] = sum_k w[k*ldw + r] * src[off[k] + l] for r < kMR, l < 2 vectors.
+// True when x[0 .. n) holds no inf or NaN (all exponent bits set), in integer ops that vectorize.
+template <class T>
+LUCID_ALWAYS_INLINE bool all_finite(const T* x, int64_t n) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr Bits exponent = sizeof(T) == 4 ? Bits(0x7f800000u) : Bits(0x7ff0000000000000ull);
+  const Bits* b = reinterpret_cast<const Bits*>(x);
+  Bits bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= Bits((b[i] & exponent) == exponent);
+  return bad == 0;
+}
+
+// Output channels o0 .. o0+kMR of one output row segment (n_out <= 2 vectors of pixels):
+// out[r*ldo + l] = epilogue(sum_k w[k*ldw + r] * src[off[k] + l]) for the channels r < rows;
+// bias points at channel o0's.
 template <class T>
 LUCID_ALWAYS_INLINE void forward_tile(const T* src, const int64_t* off, int64_t K, const T* w,
-                                      int64_t ldw, T* out, int64_t ldo) {
+                                      int64_t ldw, const T* bias, bool relu, int64_t rows,
+                                      int64_t n_out, T* out, int64_t ldo) {
   using V = typename Simd<T>::V;
   constexpr int L = Simd<T>::L;
-  V acc[kMR][2] = {};
+  V acc[kMR][2];
+  for (int r = 0; r < kMR; ++r) acc[r][0] = acc[r][1] = V{};
   for (int64_t k = 0; k < K; ++k) {
     const T* b = src + off[k];
-    V b0, b1;
-    load(b0, b);
-    load(b1, b + L);
+    const V b0 = load(b), b1 = load(b + L);
     const T* a = w + k * ldw;
     for (int r = 0; r < kMR; ++r) {
       acc[r][0] += a[r] * b0;
       acc[r][1] += a[r] * b1;
     }
   }
-  for (int r = 0; r < kMR; ++r) {
-    store(out + r * ldo, acc[r][0]);
-    store(out + r * ldo + L, acc[r][1]);
+  for (int r = 0; r < kMR && r < rows; ++r) {
+    V v0 = acc[r][0], v1 = acc[r][1];
+    if (bias) {
+      v0 += bias[r];
+      v1 += bias[r];
+    }
+    if (relu) {  // v < 0 ? 0 : v, so NaN stays NaN
+      v0 = v0 < 0 ? V{} : v0;
+      v1 = v1 < 0 ? V{} : v1;
+    }
+    T* o = out + r * ldo;
+    if (n_out == 2 * L) {
+      store(o, v0);
+      store(o + L, v1);
+    } else {
+      T tmp[2 * L];
+      store(tmp, v0);
+      store(tmp + L, v1);
+      for (int64_t l = 0; l < n_out; ++l) o[l] = tmp[l];
+    }
   }
 }
 
-// Images [n0, n1) of a direct convolution; wp holds the weights packed [G][K][ldw].
+// Images [n0, n1) of a direct convolution; wp holds the weights packed [G][K][ldw]. Output rows
+// are computed in segments of two vectors of pixels that leave registers through the epilogue
+// straight into y.
 template <class T>
 LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, const T* bias,
                                         bool relu, T* y, int64_t n0, int64_t n1) {
   constexpr int64_t NR = 2 * Simd<T>::L;
   T* xpad = thread_buffer<T>(0, q.image);
-  T* grid = thread_buffer<T>(1, q.ldw * q.P);
   const int64_t out_plane = q.HO * q.WO;
   for (int64_t n = n0; n < n1; ++n) {
     pad_image(q, x + n * q.Cin * q.Hin * q.Win, xpad);
     for (int64_t gr = 0; gr < q.G; ++gr) {
       const T* src = xpad + gr * q.cin * q.plane;
       const T* wg = wp + gr * q.K * q.ldw;
-      for (int64_t p0 = 0; p0 < q.P; p0 += NR)
-        for (int64_t o0 = 0; o0 < q.ldw; o0 += kMR)
-          forward_tile(src + p0, q.off.data(), q.K, wg + o0, q.ldw, grid + o0 * q.P + p0, q.P);
-      for (int64_t o = 0; o < q.cout; ++o) {
-        T* yo = y + ((n * q.G + gr) * q.cout + o) * out_plane;
-        const T* g = grid + o * q.P;
-        const T b = bias ? bias[gr * q.cout + o] : T(0);
-        for (int64_t h = 0; h < q.HO; ++h) {
-          const T* gh = g + h * q.Wp;
-          T* yh = yo + h * q.WO;
-          if (bias && relu) {
-            for (int64_t w = 0; w < q.WO; ++w) {
-              const T v = gh[w] + b;
-              yh[w] = v < 0 ? T(0) : v;
-            }
-          } else if (bias) {
-            for (int64_t w = 0; w < q.WO; ++w) yh[w] = gh[w] + b;
-          } else if (relu) {
-            for (int64_t w = 0; w < q.WO; ++w) yh[w] = gh[w] < 0 ? T(0) : gh[w];
-          } else {
-            std::memcpy(yh, gh, sizeof(T) * q.WO);
-          }
-        }
-      }
+      T* yg = y + (n * q.G + gr) * q.cout * out_plane;
+      for (int64_t h = 0; h < q.HO; ++h)
+        for (int64_t w0 = 0; w0 < q.WO; w0 += NR)
+          for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
+            forward_tile(src + h * q.Wp + w0, q.off.data(), q.K, wg + o0, q.ldw,
+                         bias ? bias + gr * q.cout + o0 : nullptr, relu, q.cout - o0,
+                         std::min(NR, q.WO - w0), yg + o0 * out_plane + h * q.WO + w0, out_plane);
     }
   }
 }
@@ -179,16 +197,17 @@ LUCID_ALWAYS_INLINE void grad_tile(const T* dy, int64_t ldd, int64_t dy_image, c
                                    T* out, int64_t ldo) {
   using V = typename Simd<T>::V;
   constexpr int L = Simd<T>::L;
-  V acc[kMR][QB] = {};
+  V acc[kMR][QB];
+  for (int r = 0; r < kMR; ++r)
+    for (int t = 0; t < QB; ++t) acc[r][t] = V{};
   for (int64_t n = 0; n < images; ++n) {
     const T* d = dy + n * dy_image;
     const T* s = x + n * x_image;
     for (int64_t p = 0; p < P; p += L) {
       V b[QB];
-      for (int t = 0; t < QB; ++t) load(b[t], s + off[t] + p);
+      for (int t = 0; t < QB; ++t) b[t] = load(s + off[t] + p);
       for (int r = 0; r < kMR; ++r) {
-        V dr;
-        load(dr, d + r * ldd + p);
+        const V dr = load(d + r * ldd + p);
         for (int t = 0; t < QB; ++t) acc[r][t] += dr * b[t];
       }
     }
@@ -212,7 +231,9 @@ LUCID_ALWAYS_INLINE bool grad_chunk(const Plan& q, const T* x, const T* dy, int6
   bool finite = true;
   for (int64_t i = 0; i < images; ++i) {
     const int64_t n = n0 + i;
-    finite &= pad_image(q, x + n * q.Cin * q.Hin * q.Win, xpads + i * q.image);
+    const T* xn = x + n * q.Cin * q.Hin * q.Win;
+    finite &= all_finite(xn, q.Cin * q.Hin * q.Win);
+    pad_image(q, xn, xpads + i * q.image);
     T* gi = grid + i * dy_image;
     std::fill_n(gi, dy_image, T(0));
     for (int64_t gr = 0; gr < q.G; ++gr)
@@ -319,18 +340,17 @@ bool data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
   q.derive(Simd<T>::L);
   if (!fits(q, sizeof(T))) return false;
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));
-  T probe = 0;  // a padded zero of dy times an infinite weight would be NaN where eager has none
   for (int64_t gr = 0; gr < s.G; ++gr)
     for (int64_t o = 0; o < og; ++o)
       for (int64_t c = 0; c < cg; ++c)
         for (int64_t i = 0; i < s.KH; ++i)
           for (int64_t j = 0; j < s.KW; ++j) {
             const T v = w[(((gr * og + o) * cg + c) * s.KH + i) * s.KW + j];
-            probe += v - v;
             const int64_t k = (o * s.KH + (s.KH - 1 - i)) * s.KW + (s.KW - 1 - j);
             wp[(gr * q.K + k) * q.ldw + c] = v;
           }
-  if (probe != 0) return false;
+  // A padded zero of dy times an infinite weight would be NaN where the reference has none.
+  if (!all_finite(w, s.O * cg * s.KH * s.KW)) return false;
   run_forward(q, dy, wp.data(), static_cast<const T*>(nullptr), false, dx);
   return true;
 }
