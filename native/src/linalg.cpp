@@ -9,6 +9,7 @@
 #include "lucid/blas.h"
 #include "lucid/conv.h"
 #include "lucid/kernels.h"
+#include "lucid/parallel.h"
 
 namespace lucid {
 
@@ -525,11 +526,18 @@ inline T max_nan(T best, T v) {
 
 // max_pool2d with every tap inside the plane (no padding, dilation 1): the common case, without
 // per-tap bounds checks; 2x2 windows at stride 2 (the usual downsampling) unrolled.
+// Planes per part when a pooling kernel is split across the worker pool: at least 2^16 input
+// elements each, so waking a worker pays. Each plane is computed as one thread would: the same
+// bits at any thread count.
+inline int64_t planes_per_part(const PoolGeom& g) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, g.H * g.W));
+}
+
 template <class T>
-void max_pool_unpadded(const PoolGeom& g, const T* x, T* out) {
+void max_pool_unpadded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
   const bool two_by_two = g.KH == 2 && g.KW == 2 && g.sh == 2 && g.sw == 2;
-  for (int64_t nc = 0; nc < g.NC; ++nc) {
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
     const T* xp = x + nc * plane;
     T* yp = out + nc * oplane;
     for (int64_t oh = 0; oh < g.HO; ++oh) {
@@ -574,10 +582,12 @@ inline T pick(bool c, T x, T y) {
 // (max_pool2d_relu_grad) the winner gets it only where it is > 0: ReLU's gradient, when the pool
 // reads a ReLU's output.
 template <bool Relu, class T>
-void max_pool_grad_2x2(const PoolGeom& g, const T* dy, const T* x, T* out) {
+void max_pool_grad_2x2(const PoolGeom& g, const T* dy, const T* x, T* out, int64_t nc0,
+                       int64_t nc1) {
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
-  if (g.H != 2 * g.HO || g.W != 2 * g.WO) std::fill_n(out, g.NC * plane, T(0));  // odd edges
-  for (int64_t nc = 0; nc < g.NC; ++nc)
+  if (g.H != 2 * g.HO || g.W != 2 * g.WO)  // odd edges
+    std::fill(out + nc0 * plane, out + nc1 * plane, T(0));
+  for (int64_t nc = nc0; nc < nc1; ++nc)
     for (int64_t oh = 0; oh < g.HO; ++oh) {
       const T* r0 = x + nc * plane + 2 * oh * g.W;
       const T* r1 = r0 + g.W;
@@ -613,13 +623,16 @@ void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out, bool relu = 
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
   if (op == Op::max_pool2d_grad && g.KH == 2 && g.KW == 2 && g.sh == 2 && g.sw == 2 &&
       g.pt == 0 && g.pl == 0 && g.dh == 1 && g.dw == 1 && 2 * g.HO <= g.H && 2 * g.WO <= g.W) {
-    if (relu) max_pool_grad_2x2<true>(g, a, b, out);
-    else max_pool_grad_2x2<false>(g, a, b, out);
+    parallel_for(g.NC, planes_per_part(g), [&](int64_t nc0, int64_t nc1) {
+      if (relu) max_pool_grad_2x2<true>(g, a, b, out, nc0, nc1);
+      else max_pool_grad_2x2<false>(g, a, b, out, nc0, nc1);
+    });
     return;
   }
   if (op == Op::max_pool2d && g.pt == 0 && g.pl == 0 && g.dh == 1 && g.dw == 1 &&
       (g.HO - 1) * g.sh + g.KH <= g.H && (g.WO - 1) * g.sw + g.KW <= g.W) {
-    max_pool_unpadded(g, a, out);
+    parallel_for(g.NC, planes_per_part(g),
+                 [&](int64_t nc0, int64_t nc1) { max_pool_unpadded(g, a, out, nc0, nc1); });
     return;
   }
   if (op == Op::max_pool2d_grad || op == Op::avg_pool2d_grad)

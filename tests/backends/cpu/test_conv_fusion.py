@@ -209,3 +209,21 @@ def test_compiled_cnn_float64_gradients_match_finite_differences():
     assert "conv2d_bias" in ops and "max_pool2d_relu_grad" in ops
     for p, b, n in zip(params, before, numeric, strict=True):
         np.testing.assert_allclose(b - p.numpy(), n, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_max_pool_split_over_planes_gives_the_same_bits_at_one_and_two_threads(relu):
+    """Workload C's first pool (and its gradient) is split across the pool by planes."""
+    attrs = {"kernel": (2, 2), "strides": (2, 2), "padding": (0, 0, 0, 0), "dilation": (1, 1)}
+    p = Program()
+    x = p.feed((8, 16, 28, 27))  # odd width: the gradient's uncovered column is zero
+    dy = p.feed((8, 16, 14, 13))
+    p.result(p.op("max_pool2d", x, **attrs))
+    if relu:
+        zero = p.op("constant", shape=(), dtype="f32", value=(0.0,))
+        grad = p.op("max_pool2d_grad", dy, x, **attrs)
+        p.result(p.op("select", p.op("gt", x, zero), grad, zero))
+        assert "max_pool2d_relu_grad" in _ops(p)
+    else:
+        p.result(p.op("max_pool2d_grad", dy, x, **attrs))
+    _check_native(p, _feeds(p, np.random.default_rng(6)))
