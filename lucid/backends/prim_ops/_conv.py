@@ -157,21 +157,21 @@ def _conv_weights_grad_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[
 _register(
     PrimOp(
         "conv2d", ("x", "weight"), dict(_CONV_ATTRS), _conv_infer, _conv_ref, "convolution",
-        "linalg.cpp: im2col + sgemm per (image, group)",
+        "conv.cpp: direct (stride 1); else linalg.cpp im2col + sgemm",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "conv2d_data_grad", ("grad", "weight"),
         {**_CONV_ATTRS, "input_shape": Attr("ints")}, _conv_data_grad_infer, _conv_data_grad_ref,
-        "convolution", "linalg.cpp: sgemm + col2im",
+        "convolution", "conv.cpp: direct (stride 1); else sgemm + col2im",
     )
 )  # fmt: skip
 _register(
     PrimOp(
         "conv2d_weights_grad", ("x", "grad"),
         {**_CONV_ATTRS, "weight_shape": Attr("ints")}, _conv_weights_grad_infer,
-        _conv_weights_grad_ref, "convolution", "linalg.cpp: im2col + sgemm",
+        _conv_weights_grad_ref, "convolution", "conv.cpp: direct (stride 1); else im2col + sgemm",
     )
 )  # fmt: skip
 
