@@ -17,10 +17,7 @@ from lucid import _native
 from lucid.backends.cpu import (
     CPUBackend,
     Program,
-    get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
 from lucid.backends.cpu.kernel_fusion import fuse_kernels
 from lucid.backends.cpu.program import Instr
@@ -28,14 +25,7 @@ from lucid.backends.cpu.program import Instr
 TOL = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
 
 
-@pytest.fixture(autouse=True)
-def fixed_threads():
-    """Both thread counts run their split even while other processes load the machine."""
-    adaptive, before = thread_stats()["adaptive"], get_num_threads()
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
-    set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 def _run_at_threads(p: Program, feeds, fuse=True, threads=(1, 2)) -> list[list[np.ndarray]]:

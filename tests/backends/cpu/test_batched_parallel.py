@@ -11,9 +11,7 @@ from lucid.backends.cpu import (
     CPUBackend,
     Program,
     get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
 from lucid.backends.cpu.testing import assert_match, random_array
 from lucid.backends.prim_ops import dtype_of
@@ -21,13 +19,7 @@ from lucid.backends.prim_ops import dtype_of
 SEEDS = st.integers(0, 2**32 - 1)
 
 
-@pytest.fixture(autouse=True)
-def fixed_thread_count():
-    """The split paths under test run even while other processes keep the machine busy."""
-    adaptive = thread_stats()["adaptive"]
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 @pytest.fixture

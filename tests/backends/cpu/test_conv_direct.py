@@ -11,23 +11,12 @@ import lucid
 from lucid.backends.cpu import (
     CPUBackend,
     Program,
-    get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
 from lucid.backends.cpu.testing import assert_match
 from lucid.backends.prim_ops import dtype_of
 
-
-@pytest.fixture(autouse=True)
-def fixed_thread_count():
-    """Thread counts under test hold even while other processes keep the machine busy."""
-    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
-    set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 def compiled(name, arrays, attrs):

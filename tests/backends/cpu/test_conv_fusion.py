@@ -12,22 +12,12 @@ import lucid
 from lucid.backends.cpu import (
     CPUBackend,
     Program,
-    get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
 from lucid.backends.cpu.kernel_fusion import fuse_kernels
 from lucid.testing import numerical_grads
 
-
-@pytest.fixture(autouse=True)
-def fixed_thread_count():
-    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
-    set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 def _feeds(p: Program, rng) -> list[np.ndarray]:

@@ -12,9 +12,7 @@ from lucid.backends.cpu import (
     FusedNode,
     Program,
     get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
 
 SHAPE = (300, 700)  # above the parallel threshold (2**16 elements)
@@ -41,13 +39,7 @@ def _feeds(seed: int = 0) -> list[np.ndarray]:
     return [m, v, w, np.array(1e-3, np.float32)]
 
 
-@pytest.fixture(autouse=True)
-def fixed_thread_count():
-    """The split paths under test run even while other processes keep the machine busy."""
-    adaptive = thread_stats()["adaptive"]
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 @pytest.fixture

@@ -17,10 +17,7 @@ from lucid import _native
 from lucid.backends.cpu import (
     CPUBackend,
     Program,
-    get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
 from lucid.backends.cpu.kernel_fusion import _INV_SQRT_2PI, _SQRT_HALF, fuse_kernels
 
@@ -31,14 +28,7 @@ SHAPES = st.one_of(
 )
 
 
-@pytest.fixture(autouse=True)
-def fixed_thread_count():
-    """The split paths under test run even while other processes keep the machine busy."""
-    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
-    set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 def _const(p: Program, value: float, dtype: str) -> int:
