@@ -483,29 +483,14 @@ class LoadedStep:
         ``repeats`` times on copies of its feeds (parameters, optimizer state, buffers and the
         RNG are left as they were): one row per instruction, slowest first: ``index``, ``op``,
         ``ms`` (mean) and ``instr``."""
-        from lucid.compile._binding import ensure_c_layout
-        from lucid.compile.training import _contiguous_inputs
+        from lucid.compile.training import profile_entry
 
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
         if not inputs:
             raise TypeError("profile: pass the step's inputs (x, *extra)")
         _, entry = self._entry_for(inputs)
-        executable = entry.executable
-        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
-            raise RuntimeError(
-                f"profile: the {self.backend!r} backend's executables do not report "
-                "per-instruction times"
-            )
-        tensors = [a for a in _contiguous_inputs(inputs) if isinstance(a, Tensor)]
-        ensure_c_layout(entry.refs)
-        feeds = entry.feed_copies(tensors)
-        lines = executable.dump().splitlines()[1:]
-        rows = [
-            {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
-            for i, op, seconds in executable.profile(feeds, repeats)
-        ]
-        return sorted(rows, key=lambda r: -r["ms"])
+        return profile_entry(entry, inputs, repeats, self.backend)
 
 
 def _check_fields(fields: dict) -> None:

@@ -480,7 +480,8 @@ class LoadedModule:
     def __repr__(self) -> str:
         return f"LoadedModule({self.path!r}, {len(self._signatures)} signature(s))"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _saved_signature(self, args: tuple, kwargs: dict) -> Any:
+        """The saved signature these arguments (and the current mode) match, or None."""
         try:
             match = _match_text(
                 [_arg_sig(a) for a in args],
@@ -488,8 +489,11 @@ class LoadedModule:
                 self.training,
             )
         except _NotSaveable:
-            match = None
-        sig = self._signatures.get(match) if match is not None else None
+            return None
+        return self._signatures.get(match)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        sig = self._saved_signature(args, kwargs)
         if sig is None:
             return self._unsaved(args, kwargs)
         t0 = time.perf_counter()
@@ -599,15 +603,7 @@ class LoadedModule:
         ``op``, ``ms`` (mean wall time) and ``instr``."""
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
-        try:
-            match = _match_text(
-                [_arg_sig(a) for a in args],
-                sorted([[k, _arg_sig(v)] for k, v in kwargs.items()]),
-                self.training,
-            )
-        except _NotSaveable:
-            match = None
-        sig = self._signatures.get(match) if match is not None else None
+        sig = self._saved_signature(args, kwargs)
         if sig is None:
             saved = "; ".join(s.key for s in self._signatures.values())
             raise ValueError(f"profile: these arguments match no saved signature; saved: {saved}")

@@ -205,6 +205,25 @@ def _describe(inputs: tuple) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def profile_entry(entry: Any, inputs: tuple, repeats: int, backend: str) -> list[dict[str, Any]]:
+    """Per-instruction times of ``entry``'s executable run ``repeats`` times on copies of the
+    feeds ``inputs`` give (live and loaded steps alike), slowest first."""
+    executable = entry.executable
+    if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
+        raise RuntimeError(
+            f"profile: the {backend!r} backend's executables do not report per-instruction times"
+        )
+    tensors = [a for a in _contiguous_inputs(inputs) if isinstance(a, Tensor)]
+    ensure_c_layout(entry.refs)
+    feeds = entry.feed_copies(tensors)
+    lines = executable.dump().splitlines()[1:]
+    rows = [
+        {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
+        for i, op, seconds in executable.profile(feeds, repeats)
+    ]
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
 def _contiguous_inputs(inputs: tuple) -> tuple:
     """Inputs whose arrays the runtime accepts (C-contiguous, aligned): copies only if needed."""
     out = []
@@ -697,22 +716,7 @@ class _StepIntrospection:
         instruction, slowest first: ``index``, ``op``, ``ms`` (mean) and ``instr``."""
         if not isinstance(repeats, int) or repeats < 1:
             raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
-        entry = self._profile_entry(inputs)
-        executable = entry.executable
-        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
-            raise RuntimeError(
-                f"profile: the {self.backend!r} backend's executables do not report "
-                "per-instruction times"
-            )
-        tensors = [a for a in _contiguous_inputs(inputs) if isinstance(a, Tensor)]
-        ensure_c_layout(entry.refs)
-        feeds = entry.feed_copies(tensors)
-        lines = executable.dump().splitlines()[1:]
-        rows = [
-            {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
-            for i, op, seconds in executable.profile(feeds, repeats)
-        ]
-        return sorted(rows, key=lambda r: -r["ms"])
+        return profile_entry(self._profile_entry(inputs), inputs, repeats, self.backend)
 
 
 # ---------------------------------------------------------------------------------------------
