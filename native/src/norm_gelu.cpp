@@ -22,6 +22,7 @@
 #include "lucid/fastmath.h"
 #include "lucid/kernels.h"
 #include "lucid/parallel.h"
+#include "lucid/row_sums.h"
 
 namespace lucid {
 
@@ -86,18 +87,6 @@ template <class T>
   }
 }
 
-// Sum of a run in double with eight independent partial sums (they pipeline and vectorize).
-template <class T>
-[[gnu::always_inline]] inline double sum_run(const T* x, int64_t n) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(x[k + l]);
-  double s = 0;
-  for (; k < n; ++k) s += static_cast<double>(x[k]);
-  return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // Layer norm's backward over `rows` rows of n, statistics recomputed per row (mean and variance
 // accumulated in double, as the forward kernel does): with xhat = (x - mean) * rstd and
 // g = dy * gamma,
@@ -118,19 +107,10 @@ template <class T>
     T* dxr = dx + r * n;
     const double mean_d = sum_run(xr, n) * inv_n;
     const T mean = static_cast<T>(mean_d);
-    double sq[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-      for (int l = 0; l < 8; ++l) {
-        const double d = static_cast<double>(xr[k + l]) - mean_d;
-        sq[l] += d * d;
-      }
-    double var = 0;
-    for (; k < n; ++k) var += (static_cast<double>(xr[k]) - mean_d) * (static_cast<double>(xr[k]) - mean_d);
-    var += ((sq[0] + sq[1]) + (sq[2] + sq[3])) + ((sq[4] + sq[5]) + (sq[6] + sq[7]));
+    const double var = sq_dev_run(xr, n, mean_d);
     const T rstd = static_cast<T>(1.0 / std::sqrt(var * inv_n + eps));
 #pragma GCC ivdep
-    for (k = 0; k < n; ++k) {
+    for (int64_t k = 0; k < n; ++k) {
       xhat[k] = (xr[k] - mean) * rstd;
       g[k] = dyr[k] * gamma[k];
       dgamma[k] += dyr[k] * xhat[k];
@@ -138,7 +118,8 @@ template <class T>
     }
     const T mean_g = static_cast<T>(sum_run(g, n) * inv_n);
     double gx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (k = 0; k + 8 <= n; k += 8)
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
       for (int l = 0; l < 8; ++l)
         gx[l] += static_cast<double>(g[k + l]) * static_cast<double>(xhat[k + l]);
     double sgx = 0;

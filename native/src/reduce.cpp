@@ -8,6 +8,7 @@
 #include "lucid/fastmath.h"
 #include "lucid/kernels.h"
 #include "lucid/parallel.h"
+#include "lucid/row_sums.h"
 
 namespace lucid {
 
@@ -17,32 +18,6 @@ constexpr int kMaxDims = 16;
 // A softmax over fewer elements runs on the calling thread (its exp pass is compute-bound, so
 // larger ones are split by rows across the worker pool, like compute-bound elementwise chains).
 constexpr int64_t kSoftmaxParallelMinElements = 1 << 16;
-
-// Sum of a contiguous run with independent partial sums, so the adds pipeline and vectorize.
-template <class T>
-double sum_run(const T* x, int64_t n) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(x[k + l]);
-  double s = 0;
-  for (; k < n; ++k) s += static_cast<double>(x[k]);
-  return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-template <class T>
-double sq_dev_run(const T* x, int64_t n, double mean) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int l = 0; l < 8; ++l) {
-      double d = static_cast<double>(x[k + l]) - mean;
-      acc[l] += d * d;
-    }
-  double s = 0;
-  for (; k < n; ++k) s += (static_cast<double>(x[k]) - mean) * (static_cast<double>(x[k]) - mean);
-  return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
 
 template <class T>
 T exp_t(T x) {
