@@ -307,14 +307,21 @@ void run_forward(const Plan& q, const T* x, const T* wp, const T* bias, bool rel
   });
 }
 
-template <class T>
-bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
-  if (s.sh != 1 || s.sw != 1) return false;
+// The plan of the forward convolution over `s` (the weight gradient walks the same windows):
+// the bottom and right padding are what the stride-1 output extent needs.
+Plan forward_plan(const ConvShape& s, int64_t lanes) {
   Plan q{s.N, s.C, s.H, s.W, s.G, s.C / s.G, s.O / s.G, s.KH, s.KW, s.dh, s.dw, s.pt,
          0, s.pl, 0, s.HO, s.WO};
   q.pb = s.HO + s.dh * (s.KH - 1) - s.H - s.pt;
   q.pr = s.WO + s.dw * (s.KW - 1) - s.W - s.pl;
-  q.derive(Simd<T>::L);
+  q.derive(lanes);
+  return q;
+}
+
+template <class T>
+bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
+  if (s.sh != 1 || s.sw != 1) return false;
+  Plan q = forward_plan(s, Simd<T>::L);
   if (!fits(q, sizeof(T))) return false;
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));  // [G][K][ldw]: a tap's weights side by side
   for (int64_t gr = 0; gr < q.G; ++gr)
@@ -358,11 +365,7 @@ bool data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
 template <class T>
 bool weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
   if (s.sh != 1 || s.sw != 1) return false;
-  Plan q{s.N, s.C, s.H, s.W, s.G, s.C / s.G, s.O / s.G, s.KH, s.KW, s.dh, s.dw, s.pt,
-         0, s.pl, 0, s.HO, s.WO};
-  q.pb = s.HO + s.dh * (s.KH - 1) - s.H - s.pt;
-  q.pr = s.WO + s.dw * (s.KW - 1) - s.W - s.pl;
-  q.derive(Simd<T>::L);
+  Plan q = forward_plan(s, Simd<T>::L);
   if (!fits(q, sizeof(T)) || s.N == 0) return false;
   const int64_t chunks = (s.N + kGradChunk - 1) / kGradChunk, rows = q.G * q.ldw;
   std::vector<T> parts(chunks * rows * q.K);
