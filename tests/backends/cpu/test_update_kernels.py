@@ -78,6 +78,27 @@ def test_compiled_update_runs_its_kernel_and_matches_eager_bits(cls, kw, kernel,
 SCALARS = ("b1", "omb1", "b2", "omb2", "bc2", "eps", "ss", "wd", "decay")
 
 
+def _chain(shape, dt, names, tensors, swap):
+    """A program feeding `names` (those in `tensors` of `shape`, the rest 0-d) and an `add(op,
+    *operands)` that appends a fused node (operands: feed names or earlier node indices); `swap`
+    writes every product and sum with its operands the other way round."""
+    program = Program()
+    slot = {n: program.feed(shape if n in tensors else (), dt) for n in names}
+    inputs = list(slot.values())
+    nodes: list[FusedNode] = []
+
+    def arg(x):
+        return inputs.index(slot[x]) if isinstance(x, str) else len(inputs) + x
+
+    def add(op, *xs):
+        if swap and op in ("add", "mul") and len(xs) == 2:
+            xs = xs[::-1]
+        nodes.append(FusedNode(op, tuple(arg(x) for x in xs), dt))
+        return len(nodes) - 1
+
+    return program, inputs, nodes, add
+
+
 def _adam_program(
     shape,
     dt,
@@ -92,21 +113,8 @@ def _adam_program(
     """Adam's chain as `adam_update` traces it, feeds named in order; `swap` writes every
     product and sum with its operands the other way round; `denominator="sub"` subtracts eps
     (another chain)."""
-    program = Program()
     names = ["p", "g", "m", "v"] + (["vmax"] if amsgrad else []) + list(SCALARS)
-    slot = {n: program.feed(shape if n in ("p", "g", "m", "v", "vmax") else (), dt) for n in names}
-    inputs = list(slot.values())
-    nodes: list[FusedNode] = []
-
-    def arg(x):
-        return inputs.index(slot[x]) if isinstance(x, str) else len(inputs) + x
-
-    def add(op, *xs):
-        if swap and op in ("add", "mul") and len(xs) == 2:
-            xs = xs[::-1]
-        nodes.append(FusedNode(op, tuple(arg(x) for x in xs), dt))
-        return len(nodes) - 1
-
+    program, inputs, nodes, add = _chain(shape, dt, names, ("p", "g", "m", "v", "vmax"), swap)
     g = "g"
     if maximize:
         g = add("neg", g)
@@ -128,21 +136,8 @@ def _adam_program(
 
 def _rms_program(shape, dt, *, adagrad=False, maximize=False, l2=False, swap=False):
     """RMSprop's (or Adagrad's) chain as its eager update traces it; `swap` as above."""
-    program = Program()
     names = ["p", "g", "v", "b1", "omb1", "eps", "ss", "wd"]
-    slot = {n: program.feed(shape if n in ("p", "g", "v") else (), dt) for n in names}
-    inputs = list(slot.values())
-    nodes: list[FusedNode] = []
-
-    def arg(x):
-        return inputs.index(slot[x]) if isinstance(x, str) else len(inputs) + x
-
-    def add(op, *xs):
-        if swap and op in ("add", "mul") and len(xs) == 2:
-            xs = xs[::-1]
-        nodes.append(FusedNode(op, tuple(arg(x) for x in xs), dt))
-        return len(nodes) - 1
-
+    program, inputs, nodes, add = _chain(shape, dt, names, ("p", "g", "v"), swap)
     g = "g"
     if maximize:
         g = add("neg", g)
