@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "lucid/fastmath.h"
+#include "lucid/gelu_avx2.h"
 #include "lucid/kernels.h"
 #include "lucid/parallel.h"
 #include "lucid/row_sums.h"
@@ -136,67 +137,15 @@ template <class T>
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// float32 GELU and its gradient with AVX2 + FMA intrinsics: the same erf (XLA's rational
-// function, fastmath.h) and a Cephes exp, with the polynomials as FMAs. The compiler does not
-// contract the portable loops into FMAs (-ffp-contract=off), which doubled their instruction
-// count; GELU's share of workload D was that of a small GEMM.
-#define LUCID_AVX2 __attribute__((target("avx2,fma")))
-
-LUCID_AVX2 inline __m256 erf8(__m256 x) {
-  const __m256 c = _mm256_max_ps(_mm256_set1_ps(-4.0f), _mm256_min_ps(_mm256_set1_ps(4.0f), x));
-  const __m256 x2 = _mm256_mul_ps(c, c);
-  __m256 p = _mm256_set1_ps(-2.72614225801306e-10f);
-  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.77068142495902e-08f));
-  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.10102402082508e-06f));
-  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-5.69250639462346e-05f));
-  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-7.34990630326855e-04f));
-  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.95459980854025e-03f));
-  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.60960333262415e-02f));
-  __m256 q = _mm256_set1_ps(-1.45660718464996e-05f);
-  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-2.13374055278905e-04f));
-  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.68282697438203e-03f));
-  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-7.37332916720468e-03f));
-  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.42647390514189e-02f));
-  return _mm256_div_ps(_mm256_mul_ps(c, p), q);
-}
-
-// exp(a) for a <= 0 (the Gaussian's exponent): Cephes' polynomial; below -87 the result is 0.
-LUCID_AVX2 inline __m256 exp_nonpositive8(__m256 a) {
-  const __m256 lo = _mm256_set1_ps(-87.0f);
-  const __m256 c = _mm256_max_ps(lo, a);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), c);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  // a < -87 (and a NaN: the comparison is false, so NaN passes through from the max above).
-  return _mm256_andnot_ps(_mm256_cmp_ps(a, lo, _CMP_LT_OQ), y);
-}
-
-LUCID_AVX2 inline __m256 gelu_cdf8(__m256 x) {
-  const __m256 e = erf8(_mm256_mul_ps(x, _mm256_set1_ps(static_cast<float>(kInvSqrt2))));
-  return _mm256_mul_ps(_mm256_add_ps(e, _mm256_set1_ps(1.0f)), _mm256_set1_ps(0.5f));
-}
-
-LUCID_AVX2 inline __m256 gelu_slope8(__m256 x) {
-  const __m256 a = _mm256_mul_ps(_mm256_mul_ps(x, x), _mm256_set1_ps(-0.5f));
-  const __m256 pdf = _mm256_mul_ps(exp_nonpositive8(a), _mm256_set1_ps(static_cast<float>(kInvSqrt2Pi)));
-  return _mm256_fmadd_ps(x, pdf, gelu_cdf8(x));
-}
-
+// float32 GELU and its gradient with AVX2 + FMA intrinsics (the vector functions are in
+// lucid/gelu_avx2.h, shared with the GEMM's epilogue): the compiler does not contract the
+// portable loops into FMAs (-ffp-contract=off), which doubled their instruction count; GELU's
+// share of workload D was that of a small GEMM.
 LUCID_AVX2 void gelu_avx2_f32(const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(v, gelu_cdf8(v)));
+    _mm256_storeu_ps(y + i, gelu8(v));
   }
   for (; i < n; ++i) y[i] = x[i] * gelu_cdf(x[i]);
 }
