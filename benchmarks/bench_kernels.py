@@ -11,6 +11,10 @@ OPENBLAS_NUM_THREADS, and OPENBLAS_THREAD_TIMEOUT is set low so one idle pool do
 against the other (see docs/backend-cpu.md). Usage::
 
     python benchmarks/bench_kernels.py [--threads 1] [--rounds 15] [--json out.json] [--quick]
+
+``--sgemm`` times Lucid's float32 GEMM (native/src/sgemm.cpp) against the native module's own
+BLAS (``scipy-openblas32``) on the GEMM shapes of workloads A, B and D (forward and backward),
+interleaved, at a fixed thread count (the adaptive thread policy off): median and range.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 
 
 def _parse() -> argparse.Namespace:
@@ -28,6 +33,11 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default=None, help="write the results to this file")
     ap.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke test")
+    ap.add_argument(
+        "--sgemm",
+        action="store_true",
+        help="instead: Lucid's float32 GEMM against the BLAS on the workloads' shapes",
+    )
     return ap.parse_args()
 
 
@@ -39,7 +49,13 @@ if ARGS is not None:
 
 import numpy as np  # noqa: E402
 
-from lucid.backends.cpu import CPUBackend, Program, set_num_threads  # noqa: E402
+from lucid import _native  # noqa: E402
+from lucid.backends.cpu import (  # noqa: E402
+    CPUBackend,
+    Program,
+    set_adaptive_threads,
+    set_num_threads,
+)
 
 
 def _timed(fn, min_time: float = 0.02) -> float:
@@ -191,8 +207,76 @@ CASES = [
 ]
 
 
+# (name, M, K, N, transpose_a, transpose_b): C[M, N] = op(A)[M, K] @ op(B)[K, N]. Forward
+# products read the weight [out, in] transposed; dX = dY @ W, dW = dYᵀ @ X.
+SGEMM_SHAPES = [
+    ("A fc1 fwd", 64, 784, 256, False, True),
+    ("A fc2 fwd", 64, 256, 10, False, True),
+    ("A fc1 dX", 64, 256, 784, False, False),
+    ("A fc1 dW", 256, 64, 784, True, False),
+    ("A fc2 dX", 64, 10, 256, False, False),
+    ("A fc2 dW", 10, 64, 256, True, False),
+    ("B fc1 fwd", 256, 784, 1024, False, True),
+    ("B fc2 fwd", 256, 1024, 1024, False, True),
+    ("B fc2 dX", 256, 1024, 1024, False, False),
+    ("B fc2 dW", 1024, 256, 1024, True, False),
+    ("B fc1 dW", 1024, 256, 784, True, False),
+    ("D qkv fwd", 1024, 128, 384, False, True),
+    ("D ffn1 fwd", 1024, 128, 512, False, True),
+    ("D ffn2 fwd", 1024, 512, 128, False, True),
+    ("D proj fwd", 1024, 128, 128, False, True),
+    ("D ffn2 dX", 1024, 128, 512, False, False),
+    ("D ffn2 dW", 128, 1024, 512, True, False),
+    ("1024^3", 1024, 1024, 1024, False, False),
+]
+
+
+def sgemm_table(rounds: int) -> list[dict]:
+    """Lucid's sgemm against the BLAS per shape, interleaved round by round."""
+    set_adaptive_threads(False)
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"{'shape (M x K x N)':34s} {'lucid us (range)':>24s} {'blas us (range)':>24s} "
+          f"{'ratio':>6s} {'lucid GF/s':>10s} {'blas GF/s':>9s} {'rule':>5s}")  # fmt: skip
+    for name, m, k, n, ta, tb in SGEMM_SHAPES:
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        c = np.zeros((m, n), np.float32)
+        times: dict[str, list[float]] = {"lucid": [], "blas": []}
+        calls = {
+            kernel: partial(_native.sgemm, a, b, c, transpose_a=ta, transpose_b=tb, kernel=kernel)
+            for kernel in times
+        }
+        for _ in range(rounds):
+            for kernel, ts in times.items():
+                ts.append(_timed(calls[kernel], 0.01))
+        lucid, blas = (np.array(times[k]) for k in ("lucid", "blas"))
+        flops = 2.0 * m * n * k
+        rule = "lucid" if _native.sgemm_chosen(ta, tb, m, n, k) else "blas"
+        label = f"{name} {m}x{k}x{n}{' ta' if ta else ''}{' tb' if tb else ''}"
+        print(
+            f"{label:34s} {np.median(lucid) * 1e6:9.1f} ({lucid.min() * 1e6:6.0f}-"
+            f"{lucid.max() * 1e6:6.0f}) {np.median(blas) * 1e6:9.1f} ({blas.min() * 1e6:6.0f}-"
+            f"{blas.max() * 1e6:6.0f}) {np.median(lucid / blas):6.2f} "
+            f"{flops / np.median(lucid) / 1e9:10.1f} {flops / np.median(blas) / 1e9:9.1f} "
+            f"{rule:>5s}"
+        )
+        rows.append({"shape": label, "lucid_s": lucid.tolist(), "blas_s": blas.tolist(),
+                     "ratio_median": float(np.median(lucid / blas)), "rule": rule})  # fmt: skip
+    return rows
+
+
 def main() -> int:
     args = ARGS or _parse()
+    if args.sgemm:
+        set_num_threads(args.threads)
+        rounds = 3 if args.quick else args.rounds
+        print(f"threads={args.threads} rounds={rounds} sgemm: Lucid's kernel vs the BLAS")
+        rows = sgemm_table(rounds)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"threads": args.threads, "rounds": rounds, "sgemm": rows}, f, indent=2)
+        return 0
     set_num_threads(args.threads)
     rounds = 3 if args.quick else args.rounds
     rows = []

@@ -10,6 +10,7 @@
 #include "lucid/conv.h"
 #include "lucid/kernels.h"
 #include "lucid/parallel.h"
+#include "lucid/sgemm.h"
 
 namespace lucid {
 
@@ -44,6 +45,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
   auto A_ = ta ? CblasTrans : CblasNoTrans;
   auto B_ = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_chosen(ta, tb, M, N, K))
+      return sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else if constexpr (std::is_same_v<T, double>) {
     LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -66,6 +69,7 @@ struct MatmulPlan {
   int bias = -1;    // gemm's optional bias slot (a row added to every output row)
   int addend = -1;  // gemm's optional addend slot (the output's shape)
   double alpha = 1.0;
+  GemmActivation act = GemmActivation::none;  // gemm's optional activation (after bias/addend)
   DType dtype;
   bool ta, tb;
   int64_t M, N, K, batch;
@@ -81,6 +85,22 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
   T* C = static_cast<T*>(slots[p.out]);
   const int64_t lda = p.lda, ldb = p.ldb;
   const T alpha = static_cast<T>(p.alpha);
+  if constexpr (std::is_same_v<T, float>) {
+    // One product over dense rows: Lucid's kernel applies bias, addend and activation to each
+    // tile while it is in registers.
+    const bool single = p.fold_batch_into_m || (p.batch == 1 && p.c_off[0] == 0 && p.ldc == p.N);
+    const int64_t M = p.fold_batch_into_m ? p.M * p.batch : p.M;
+    if (single && sgemm_chosen(p.ta, p.tb, M, p.N, p.K)) {
+      GemmEpilogue ep;
+      ep.bias = p.bias >= 0 ? static_cast<const float*>(slots[p.bias]) : nullptr;
+      ep.addend = p.addend >= 0 ? static_cast<const float*>(slots[p.addend]) : nullptr;
+      ep.ld_addend = p.N;
+      ep.act = p.act;
+      const int64_t lda_ = p.fold_batch_into_m ? p.K : lda;
+      return sgemm(p.ta, p.tb, M, p.N, p.K, alpha, A + p.a_off[0], lda_, B + p.b_off[0], ldb,
+                   0.0f, C, p.N, ep);
+    }
+  }
   // A bias and an addend (a residual) are written into C first and accumulated onto with
   // beta = 1: BLAS would otherwise zero C itself (its beta pass), so they cost no pass over C
   // of their own.
@@ -115,6 +135,20 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
       gemm<T>(p.ta, p.tb, p.M, p.N, p.K, A + p.a_off[i], lda, B + p.b_off[i], ldb, beta,
               C + p.c_off[i], p.ldc, alpha);
   }
+  if (p.act != GemmActivation::none) {
+    // Elementwise, so over the whole output slot whatever its layout (a c_view included).
+    const int64_t total = p.batch * p.M * p.N;
+    if constexpr (std::is_same_v<T, float>) {
+      sgemm_activation(p.act, 1, total, C, total);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      for (int64_t i = 0; i < total; ++i) {
+        const T x = C[i];
+        C[i] = p.act == GemmActivation::relu
+                   ? (x < 0 ? T(0) : x)
+                   : x * ((std::erf(x * T(0.70710678118654752440)) + T(1)) * T(0.5));
+      }
+    }
+  }
 }
 
 // matmul, and the CPU-only gemm: alpha * matmul(a, b) (+ bias[N] on every row) (+ addend).
@@ -130,6 +164,7 @@ Step make_matmul(const Program& prog, const Instr& in) {
   p->out = in.out[0];
   if (in.op == Op::gemm) {
     p->alpha = attr_float(in, "alpha");
+    p->act = gemm_activation(in);
     for (size_t i = 2; i < in.in.size(); ++i)
       (prog.slots[in.in[i]].shape.size() == 1 && i == 2 ? p->bias : p->addend) = in.in[i];
   }

@@ -7,6 +7,7 @@ namespace py = pybind11;
 
 namespace lucid {
 void init_runtime(py::module_& m);
+void init_sgemm(py::module_& m);  // bind_sgemm.cpp
 }
 #if defined(__APPLE__) && defined(LUCID_WITH_MPSGRAPH)
 namespace lucid::mpsgraph {
@@ -38,6 +39,7 @@ PYBIND11_MODULE(_native, m) {
     return c[0];
   });
   lucid::init_runtime(m);
+  lucid::init_sgemm(m);
 #if defined(__APPLE__) && defined(LUCID_WITH_MPSGRAPH)
   lucid::mpsgraph::init_mpsgraph(m);
 #endif

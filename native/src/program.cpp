@@ -1,5 +1,6 @@
 // The program model's helpers and its validator: every malformed program raises, none crashes.
 #include "lucid/program.h"
+#include "lucid/sgemm.h"
 
 #include <algorithm>
 #include <set>
@@ -356,6 +357,15 @@ HeadView head_view(const Instr& in, int i) {
   return {v[0], v[1], i < 0 ? 0 : v[2]};
 }
 
+GemmActivation gemm_activation(const Instr& in) {
+  const auto it = in.attrs.find("activation");
+  if (in.op != Op::gemm || it == in.attrs.end()) return GemmActivation::none;
+  const AttrValue& a = it->second;
+  if (a.kind == AttrValue::Str && a.s == "relu") return GemmActivation::relu;
+  if (a.kind == AttrValue::Str && a.s == "gelu") return GemmActivation::gelu;
+  fail("activation needs \"relu\" or \"gelu\"");
+}
+
 Shape gemm_logical_shape(const Program& p, const Instr& in, int i) {
   const Slot& s = p.slots[i < 0 ? in.out[0] : in.in[i]];
   const HeadView v = head_view(in, i);
@@ -485,7 +495,10 @@ Slot infer(const Program& p, const Instr& in) {
       same_dtype(c);
       need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,
                  op == Op::gemm ? "a float dtype" : "a numeric dtype");
-      if (op == Op::gemm) attr_float(in, "alpha");
+      if (op == Op::gemm) {
+        attr_float(in, "alpha");
+        gemm_activation(in);
+      }
       const Shape a = gemm_logical_shape(p, in, 0), b = gemm_logical_shape(p, in, 1);
       if (a.size() < 2 || b.size() < 2)
         fail("operands need rank >= 2, got " + shape_str(a) + " and " + shape_str(b));

@@ -1,0 +1,498 @@
+// Lucid's float32 GEMM (lucid/sgemm.h), in the BLIS layout:
+//
+//   for each block of kNC output columns
+//     for each block of kc contraction steps (kc from K alone, at most kMaxKC)
+//       pack B's kc x nc panel into 16-column slivers (zero-padded)       -> L3 / L2
+//       for each block of kMC output rows
+//         pack A's mc x kc block into 6-row slivers (zero-padded)         -> L2
+//         for each 16-column sliver, for each 6-row sliver: the 6x16 kernel (a kc x 16 sliver
+//         of B stays in L1 while the A slivers stream past it)
+//
+// The kernel keeps its 6x16 tile in 12 AVX registers; after the last contraction block the
+// epilogue (alpha, beta, bias row, addend, ReLU/GELU) is applied to the registers and the tile
+// stored once. A tile at the bottom/right edge is computed whole on the zero-padded slivers and
+// written through a small buffer, so an element gets the same arithmetic whichever tile holds it.
+//
+// Threads: the output is cut into contiguous ranges of 6-row (or 16-column) slivers, one per
+// part of parallel_for, each computing its range with its own packed panels. Every element's
+// sum runs over the same contraction blocks in the same order whatever the split, so the result
+// is bit-identical at any thread count.
+#include "lucid/sgemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "lucid/fastmath.h"
+#include "lucid/gelu_avx2.h"
+#include "lucid/parallel.h"
+
+namespace lucid {
+
+namespace {
+
+int mode_from_env() {
+  const char* v = std::getenv("LUCID_SGEMM");
+  if (v == nullptr) return 0;
+  const std::string s(v);
+  return s == "lucid" ? 1 : s == "blas" ? 2 : 0;
+}
+
+std::atomic<int> g_mode{mode_from_env()};
+
+float gelu_scalar(float x) {
+  return x * ((fast_erff(x * static_cast<float>(kGeluInvSqrt2)) + 1.0f) * 0.5f);
+}
+
+}  // namespace
+
+void set_sgemm_mode(int mode) { g_mode.store(mode < 0 || mode > 2 ? 0 : mode); }
+int sgemm_mode() { return g_mode.load(); }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+namespace {
+
+constexpr int64_t kMR = 6, kNR = 16;
+// Block sizes (measured on a 2-core Zen 1 EPYC: kc 256, 384 and 512 and A packed or read in
+// place were within noise of each other; docs/backend-cpu.md).
+constexpr int64_t kMaxKC = 256;  // contraction block: a 16-column sliver of B is kc * 64 bytes
+constexpr int64_t kMC = 96;      // rows per block of A (multiple of kMR): 96 KiB at kc 256
+constexpr int64_t kNC = 4096;    // columns of B packed at once (multiple of kNR)
+// Waking a worker costs a few microseconds: a product is split only with at least this many
+// multiply-adds per thread.
+constexpr int64_t kMinMacsPerPart = int64_t(1) << 18;
+// The units handed to threads: blocks of output rows (M >= N) or columns.
+constexpr int64_t kRowChunk = 96;
+constexpr int64_t kColChunk = 64;
+
+// A grow-only 64-byte-aligned buffer per thread for the packed panels.
+class Scratch {
+ public:
+  ~Scratch() { std::free(data_); }
+  float* get(int64_t floats) {
+    const size_t need = static_cast<size_t>(floats + 16) * sizeof(float);
+    if (need > bytes_) {
+      std::free(data_);
+      data_ = nullptr;
+      bytes_ = 0;
+      const size_t rounded = (need + 4095) & ~size_t(4095);
+      data_ = static_cast<float*>(std::aligned_alloc(64, rounded));
+      if (data_ == nullptr) throw std::bad_alloc();
+      bytes_ = rounded;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+thread_local Scratch t_pack_a, t_pack_b;
+
+// The epilogue of one contraction block's store.
+struct TileStore {
+  float alpha, beta;
+  bool first;  // the first contraction block: C is scaled by beta (not read when beta == 0)
+  bool last;   // the last: bias, addend and activation follow
+  const float* bias;
+  const float* addend;
+  int64_t ld_addend;
+  GemmActivation act;
+  // No beta term to read and nothing after the sums: the first block stores alpha * sums,
+  // later ones add them.
+  bool plain;
+};
+
+LUCID_AVX2 inline __m256 load8(const float* p, __m256i mask, bool masked) {
+  return masked ? _mm256_maskload_ps(p, mask) : _mm256_loadu_ps(p);
+}
+
+// One 8-lane vector of a tile row: acc (the block's sums) combined into C at c; column j0 of
+// the output for the bias; lanes outside `mask` untouched when `masked`.
+LUCID_AVX2 inline void finish8(__m256 acc, float* c, const float* bias, const float* addend,
+                               __m256i mask, bool masked, const TileStore& e) {
+  __m256 x = e.alpha == 1.0f ? acc : _mm256_mul_ps(acc, _mm256_set1_ps(e.alpha));
+  if (!e.first) {
+    x = _mm256_add_ps(x, load8(c, mask, masked));
+  } else if (e.beta != 0.0f) {
+    x = _mm256_fmadd_ps(_mm256_set1_ps(e.beta), load8(c, mask, masked), x);
+  }
+  if (e.last) {
+    if (bias != nullptr) x = _mm256_add_ps(x, load8(bias, mask, masked));
+    if (addend != nullptr) x = _mm256_add_ps(x, load8(addend, mask, masked));
+    // max(0, x) keeps a NaN and -0 as the relu instruction does (x < 0 ? 0 : x).
+    if (e.act == GemmActivation::relu) x = _mm256_max_ps(_mm256_setzero_ps(), x);
+    else if (e.act == GemmActivation::gelu) x = gelu8(x);
+  }
+  if (masked) _mm256_maskstore_ps(c, mask, x);
+  else _mm256_storeu_ps(c, x);
+}
+
+// The 6x16 kernel: sums over kc steps of A (row i of step k at a[i * rs + k * cs]: packed, or A
+// itself when its rows are contiguous along the contraction) and packed B (16 per step).
+// Full tiles are finished straight from the registers into C (row i at c + i * ldc); edge tiles
+// go to `tile` (6 x 16) for finish_edge.
+LUCID_AVX2 void kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, int64_t cs,
+                            const float* __restrict b, float* c, int64_t ldc, const float* bias,
+                            const float* addend, int64_t ld_addend, const TileStore& e,
+                            float* tile) {
+  const float* __restrict a3 = a + 3 * rs;
+  if (tile == nullptr) {
+    // The tile's rows of C, fetched while the sums are computed (their first touch otherwise
+    // stalls the stores at the end).
+    for (int i = 0; i < kMR; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + kNR - 1), _MM_HINT_T0);
+    }
+  }
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+  __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+  __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
+  __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    __m256 av = _mm256_broadcast_ss(a);
+    c00 = _mm256_fmadd_ps(av, b0, c00);
+    c01 = _mm256_fmadd_ps(av, b1, c01);
+    av = _mm256_broadcast_ss(a + rs);
+    c10 = _mm256_fmadd_ps(av, b0, c10);
+    c11 = _mm256_fmadd_ps(av, b1, c11);
+    av = _mm256_broadcast_ss(a + 2 * rs);
+    c20 = _mm256_fmadd_ps(av, b0, c20);
+    c21 = _mm256_fmadd_ps(av, b1, c21);
+    av = _mm256_broadcast_ss(a3);
+    c30 = _mm256_fmadd_ps(av, b0, c30);
+    c31 = _mm256_fmadd_ps(av, b1, c31);
+    av = _mm256_broadcast_ss(a3 + rs);
+    c40 = _mm256_fmadd_ps(av, b0, c40);
+    c41 = _mm256_fmadd_ps(av, b1, c41);
+    av = _mm256_broadcast_ss(a3 + 2 * rs);
+    c50 = _mm256_fmadd_ps(av, b0, c50);
+    c51 = _mm256_fmadd_ps(av, b1, c51);
+    a += cs;
+    a3 += cs;
+    b += kNR;
+  }
+  if (tile != nullptr) {
+    _mm256_store_ps(tile + 0, c00), _mm256_store_ps(tile + 8, c01);
+    _mm256_store_ps(tile + 16, c10), _mm256_store_ps(tile + 24, c11);
+    _mm256_store_ps(tile + 32, c20), _mm256_store_ps(tile + 40, c21);
+    _mm256_store_ps(tile + 48, c30), _mm256_store_ps(tile + 56, c31);
+    _mm256_store_ps(tile + 64, c40), _mm256_store_ps(tile + 72, c41);
+    _mm256_store_ps(tile + 80, c50), _mm256_store_ps(tile + 88, c51);
+    return;
+  }
+  if (e.plain) {  // C = alpha * sums, or C += alpha * sums: no epilogue beyond that
+    const __m256 al = _mm256_set1_ps(e.alpha);
+    __m256* rows[2 * kMR] = {&c00, &c01, &c10, &c11, &c20, &c21,
+                             &c30, &c31, &c40, &c41, &c50, &c51};
+    if (e.alpha != 1.0f)
+      for (__m256* r : rows) *r = _mm256_mul_ps(*r, al);
+    if (e.first) {
+      for (int i = 0; i < kMR; ++i) {
+        _mm256_storeu_ps(c + i * ldc, *rows[2 * i]);
+        _mm256_storeu_ps(c + i * ldc + 8, *rows[2 * i + 1]);
+      }
+    } else {
+      for (int i = 0; i < kMR; ++i) {
+        _mm256_storeu_ps(c + i * ldc, _mm256_add_ps(_mm256_loadu_ps(c + i * ldc), *rows[2 * i]));
+        _mm256_storeu_ps(c + i * ldc + 8,
+                         _mm256_add_ps(_mm256_loadu_ps(c + i * ldc + 8), *rows[2 * i + 1]));
+      }
+    }
+    return;
+  }
+  const __m256i all = _mm256_set1_epi32(-1);
+  const float* b1p = bias != nullptr ? bias + 8 : nullptr;
+#define LUCID_FINISH_ROW(I, R0, R1)                                                      \
+  {                                                                                      \
+    const float* ad = addend != nullptr ? addend + (I) * ld_addend : nullptr;            \
+    finish8(R0, c + (I) * ldc, bias, ad, all, false, e);                                 \
+    finish8(R1, c + (I) * ldc + 8, b1p, ad != nullptr ? ad + 8 : nullptr, all, false, e); \
+  }
+  LUCID_FINISH_ROW(0, c00, c01)
+  LUCID_FINISH_ROW(1, c10, c11)
+  LUCID_FINISH_ROW(2, c20, c21)
+  LUCID_FINISH_ROW(3, c30, c31)
+  LUCID_FINISH_ROW(4, c40, c41)
+  LUCID_FINISH_ROW(5, c50, c51)
+#undef LUCID_FINISH_ROW
+}
+
+LUCID_AVX2 inline __m256i lane_mask(int64_t valid) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), lanes);
+}
+
+// The `rows` x `cols` corner of a 6x16 tile (from kernel_6x16's buffer) into C.
+LUCID_AVX2 void finish_edge(const float* tile, int64_t rows, int64_t cols, float* c, int64_t ldc,
+                            const float* bias, const float* addend, int64_t ld_addend,
+                            const TileStore& e) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+      const int64_t valid = std::min<int64_t>(8, cols - j0);
+      const bool masked = valid < 8;
+      const __m256i mask = lane_mask(valid);
+      finish8(_mm256_load_ps(tile + i * kNR + j0), c + i * ldc + j0,
+              bias != nullptr ? bias + j0 : nullptr,
+              addend != nullptr ? addend + i * ld_addend + j0 : nullptr, mask, masked, e);
+    }
+  }
+}
+
+// 8x8 transpose of r0..r7 in place.
+LUCID_AVX2 inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256& r4,
+                                  __m256& r5, __m256& r6, __m256& r7) {
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r0 = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r1 = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r2 = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r3 = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r4 = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r5 = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r6 = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r7 = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// Packs `rows` (<= W) source rows, each contiguous along the contraction (row r at src + r * ld),
+// kc steps, into dst[k * W + r] with rows >= `rows` zero. W is 6 or 16. The 8x8 transposes write
+// 8 floats per step; for W = 6 the 2 extra land where the next step's write goes (dst has slack).
+template <int W>
+LUCID_AVX2 void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t kc, float* dst) {
+  int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    for (int g = 0; g < W; g += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = g + i < rows ? _mm256_loadu_ps(src + (g + i) * ld + k) : _mm256_setzero_ps();
+      transpose8(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
+      if (W == 16) {
+        for (int t = 0; t < 8; ++t) _mm256_store_ps(dst + (k + t) * W + g, r[t]);
+      } else {
+        for (int t = 0; t < 8; ++t) _mm256_storeu_ps(dst + (k + t) * W, r[t]);
+      }
+    }
+  }
+  for (; k < kc; ++k)
+    for (int r = 0; r < W; ++r) dst[k * W + r] = r < rows ? src[r * ld + k] : 0.0f;
+}
+
+// Packs `cols` (<= W) contiguous values per contraction step (step k at src + k * ld) into
+// dst[k * W + c], zero beyond `cols`.
+template <int W>
+LUCID_AVX2 void pack_cols(const float* src, int64_t ld, int64_t cols, int64_t kc, float* dst) {
+  if (cols == W) {
+    for (int64_t k = 0; k < kc; ++k) {
+      if (W == 16) {
+        _mm256_store_ps(dst + k * W, _mm256_loadu_ps(src + k * ld));
+        _mm256_store_ps(dst + k * W + 8, _mm256_loadu_ps(src + k * ld + 8));
+      } else {
+        for (int c = 0; c < W; ++c) dst[k * W + c] = src[k * ld + c];
+      }
+    }
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k)
+    for (int c = 0; c < W; ++c) dst[k * W + c] = c < cols ? src[k * ld + c] : 0.0f;
+}
+
+struct Problem {
+  bool ta, tb;
+  int64_t M, N, K;
+  float alpha;
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  float beta;
+  float* C;
+  int64_t ldc;
+  GemmEpilogue ep;
+};
+
+// kc for a contraction of K: the fewest blocks of at most kMaxKC, evened out (from K alone).
+int64_t block_kc(int64_t K) {
+  const int64_t blocks = (K + kMaxKC - 1) / kMaxKC;
+  return (K + blocks - 1) / blocks;
+}
+
+// Output rows [m0, m1) x columns [n0, n1) on the calling thread.
+LUCID_AVX2 void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const int64_t kcb = block_kc(p.K);
+  const int64_t nc_max = std::min(kNC, ((n1 - n0 + kNR - 1) / kNR) * kNR);
+  const int64_t mc_max = std::min(kMC, ((m1 - m0 + kMR - 1) / kMR) * kMR);
+  float* bp = t_pack_b.get(kcb * nc_max);
+  // A is read in place when its rows run along the contraction (not transposed): only a
+  // bottom sliver of fewer than 6 rows is packed (zero-padded). A transposed is packed whole.
+  float* ap = t_pack_a.get(kcb * (p.ta ? mc_max : kMR));
+  alignas(32) float tile[kMR * kNR];
+  for (int64_t jc = n0; jc < n1; jc += kNC) {
+    const int64_t nc = std::min(kNC, n1 - jc);
+    for (int64_t pc = 0; pc < p.K; pc += kcb) {
+      const int64_t kc = std::min(kcb, p.K - pc);
+      for (int64_t jr = 0; jr < nc; jr += kNR) {
+        const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
+        float* dst = bp + jr * kc;
+        if (p.tb) pack_rows<kNR>(p.B + j * p.ldb + pc, p.ldb, cols, kc, dst);
+        else pack_cols<kNR>(p.B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+      }
+      const bool first = pc == 0, last = pc + kc == p.K;
+      const bool extras = p.ep.bias != nullptr || p.ep.addend != nullptr ||
+                          p.ep.act != GemmActivation::none;
+      const bool plain = !(first && p.beta != 0.0f) && !(last && extras);
+      const TileStore e{p.alpha,   p.beta,      first,          last,    p.ep.bias,
+                        p.ep.addend, p.ep.ld_addend, p.ep.act, plain};
+      for (int64_t ic = m0; ic < m1; ic += kMC) {
+        const int64_t mc = std::min(kMC, m1 - ic);
+        if (p.ta) {
+          for (int64_t ir = 0; ir < mc; ir += kMR)
+            pack_cols<kMR>(p.A + pc * p.lda + ic + ir, p.lda, std::min(kMR, mc - ir), kc,
+                           ap + ir * kc);
+        } else if (mc % kMR != 0) {
+          const int64_t ir = mc - mc % kMR;
+          pack_rows<kMR>(p.A + (ic + ir) * p.lda + pc, p.lda, mc - ir, kc, ap);
+        }
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
+          const float* bias = e.last && p.ep.bias != nullptr ? p.ep.bias + j : nullptr;
+          for (int64_t ir = 0; ir < mc; ir += kMR) {
+            const int64_t rows = std::min(kMR, mc - ir), i = ic + ir;
+            const float* addend = e.last && p.ep.addend != nullptr
+                                      ? p.ep.addend + i * p.ep.ld_addend + j
+                                      : nullptr;
+            const float* a;
+            int64_t rs, cs;
+            if (p.ta) a = ap + ir * kc, rs = 1, cs = kMR;
+            else if (rows < kMR) a = ap, rs = 1, cs = kMR;
+            else a = p.A + i * p.lda + pc, rs = p.lda, cs = 1;
+            float* c = p.C + i * p.ldc + j;
+            const bool full = rows == kMR && cols == kNR;
+            kernel_6x16(kc, a, rs, cs, bp + jr * kc, c, p.ldc, bias, addend, p.ep.ld_addend, e,
+                        full ? nullptr : tile);
+            if (!full) finish_edge(tile, rows, cols, c, p.ldc, bias, addend, p.ep.ld_addend, e);
+          }
+        }
+      }
+    }
+  }
+}
+
+LUCID_AVX2 void activation_avx2(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    int64_t j = 0;
+    for (; j + 8 <= N; j += 8) {
+      const __m256 x = _mm256_loadu_ps(c + j);
+      _mm256_storeu_ps(c + j, act == GemmActivation::relu ? _mm256_max_ps(_mm256_setzero_ps(), x)
+                                                          : gelu8(x));
+    }
+    for (; j < N; ++j) c[j] = act == GemmActivation::relu ? (c[j] < 0 ? 0.0f : c[j]) : gelu_scalar(c[j]);
+  }
+}
+
+}  // namespace
+
+bool sgemm_supported() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+bool sgemm_chosen(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  (void)ta, (void)tb;  // measured alike for every transpose
+  const int mode = g_mode.load(std::memory_order_relaxed);
+  if (mode == 2 || !sgemm_supported() || M <= 0 || N <= 0 || K <= 0) return false;
+  if (mode == 1) return true;
+  // Measured (docs/backend-cpu.md): from single-thread parity on large products to 2-3x
+  // faster on workload A's 64x784x256 (OpenBLAS's small-product path) and ahead at two
+  // threads. Products narrower than one 16-column sliver or shorter than one 6-row sliver,
+  // and tiny ones (under ~0.26M multiply-adds: 64x256x10, 10x64x256) stay with the BLAS, whose
+  // edge kernels waste less there.
+  return N >= kNR && M >= kMR && static_cast<double>(M) * N * K >= double(int64_t(1) << 18);
+}
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const GemmEpilogue& epilogue) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    // No products: the epilogue over beta * C (C not read when beta == 0).
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        float x = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        if (epilogue.bias != nullptr) x += epilogue.bias[j];
+        if (epilogue.addend != nullptr) x += epilogue.addend[i * epilogue.ld_addend + j];
+        C[i * ldc + j] = x;
+      }
+    if (epilogue.act != GemmActivation::none) sgemm_activation(epilogue.act, M, N, C, ldc);
+    return;
+  }
+  const Problem p{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+  // Chunks of output rows (when M >= N: each packs all of B, about 1% of its work) or of
+  // output columns (each packs only its own columns of B; A is read in place), handed out
+  // one at a time: a worker that wakes late finds the chunks already taken instead of holding
+  // up the call with a fixed half.
+  const bool by_rows = M >= N;
+  const int64_t chunk = by_rows ? kRowChunk : kColChunk;
+  const int64_t chunks = ((by_rows ? M : N) + chunk - 1) / chunk;
+  const double macs = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int threads = parallel_threads();
+  if (threads < 2 || chunks < 2 || macs < 2.0 * kMinMacsPerPart) {
+    compute_range(p, 0, M, 0, N);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  parallel_for(std::min<int64_t>(threads, chunks), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      const int64_t lo = c * chunk, hi = std::min(by_rows ? M : N, lo + chunk);
+      if (by_rows) compute_range(p, lo, hi, 0, N);
+      else compute_range(p, 0, M, lo, hi);
+    }
+  });
+}
+
+void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {
+  if (act == GemmActivation::none) return;
+  if (sgemm_supported()) return activation_avx2(act, M, N, C, ldc);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      float& c = C[i * ldc + j];
+      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu_scalar(c);
+    }
+}
+
+#else  // no x86-64 AVX2 build: the BLAS does every product
+
+bool sgemm_supported() { return false; }
+bool sgemm_chosen(bool, bool, int64_t, int64_t, int64_t) { return false; }
+void sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+           int64_t, float, float*, int64_t, const GemmEpilogue&) {
+  throw std::logic_error("Lucid's sgemm needs x86-64 with AVX2 and FMA");
+}
+void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {
+  if (act == GemmActivation::none) return;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      float& c = C[i * ldc + j];
+      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu_scalar(c);
+    }
+}
+
+#endif
+
+}  // namespace lucid
