@@ -99,6 +99,98 @@ def test_many_query_blocks_and_wide_scores_match():
     _check(p, _feeds(p, 3), "f32", scale=5.0)
 
 
+def _view_attention_program(b, h, lq, lk, d, dv, alpha, order=(0, 1, 2)):
+    """An ``attention`` instruction over head views of [B, L, W] slots, as fuse-kernels emits
+    for a multi-head projection: q from one slot, k and v side by side in another (columns in
+    ``order``), the output in a [B, Lq, H*Dv] slot."""
+    p = Program()
+    widths = (h * d, h * d, h * dv)
+    q_slot = p.feed((b, lq, widths[0] + 3), "f32")  # 3 extra columns: the view does not fill it
+    kv_cols = [sum(widths[1:][j] for j in range(2) if order[j] < order[i]) for i in (0, 1)]
+    kv_slot = p.feed((b, lk, widths[1] + widths[2]), "f32")
+    out = p.new_slot((b, lq, h * dv), "f32")
+    attrs = {
+        "alpha": alpha,
+        "q_view": [h, d, 3],
+        "k_view": [h, d, kv_cols[0]],
+        "v_view": [h, dv, kv_cols[1]],
+        "out_view": [h, dv],
+    }
+    p.instrs.append(Instr("attention", (q_slot, kv_slot, kv_slot), (out,), attrs))
+    p.result(out)
+    return p
+
+
+def _float64_attention(p: Program, feeds) -> np.ndarray:
+    """softmax(alpha Q Kᵀ) V in float64 for the instruction of _view_attention_program."""
+    (ins,) = p.instrs
+    attrs = ins.attrs
+
+    def heads(x, view):
+        h, dim, col0 = view
+        x = x[..., col0 : col0 + h * dim].astype(np.float64)
+        return x.reshape(*x.shape[:2], h, dim).transpose(0, 2, 1, 3)
+
+    q = heads(feeds[0], attrs["q_view"])
+    k, v = heads(feeds[1], attrs["k_view"]), heads(feeds[1], attrs["v_view"])
+    s = q @ k.transpose(0, 1, 3, 2) * attrs["alpha"]
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    out = (w / w.sum(axis=-1, keepdims=True)) @ v
+    return out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    lq=st.sampled_from([1, 5, 6, 7, 13, 64, 65, 97, 100]),
+    lk=st.sampled_from([1, 7, 8, 9, 16, 17, 63, 64, 70]),
+    d=st.sampled_from([8, 12, 16, 31, 32, 40, 64]),
+    dv=st.sampled_from([8, 9, 16, 24, 32, 33, 64]),
+    order=st.sampled_from([(0, 1), (1, 0)]),
+    scale=st.sampled_from([0.3, 3.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_head_view_attention_matches_reference_at_head_dims_and_lengths(
+    b, h, lq, lk, d, dv, order, scale, seed
+):
+    # Lengths and head dims that are and are not multiples of the kernel's 6-row and 8- and
+    # 16-column tiles, more than one 96-row query block; scale 3 pushes most weights below
+    # exp's flush to zero.
+    p = _view_attention_program(b, h, lq, lk, d, dv, 1.0 / np.sqrt(d), order)
+    feeds = _feeds(p, seed, scale=scale)
+    one, two = _run_at_threads(p, feeds)
+    np.testing.assert_array_equal(one[0], two[0])
+    # A score's float32 rounding grows with its size (scale^2) and reaches the output through
+    # exp, times a value row (scale).
+    atol = 2e-6 * max(1.0, scale) ** 3
+    np.testing.assert_allclose(one[0], _float64_attention(p, feeds), rtol=2e-5, atol=atol)
+
+
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_nan_inputs_reach_the_rows_they_touch(where):
+    # A NaN score makes its softmax row NaN (as the softmax kernel does); a NaN value row reaches
+    # every output of its head through P V. Other heads and rows stay finite.
+    b, h, length, d = 2, 2, 13, 8
+    p = _view_attention_program(b, h, length, length, d, d, 0.5)
+    q, kv = _feeds(p, 4)
+    e = h * d
+    if where == "query":
+        q[1, 5, 3 + d + 2] = np.nan  # batch 1, row 5, head 1
+    elif where == "key":
+        kv[1, 7, d + 2] = np.nan  # batch 1, key 7, head 1: every row of that head
+    else:
+        kv[1, 7, e + d + 2] = np.nan  # batch 1, value row 7, head 1
+    one, two = _run_at_threads(p, [q, kv])
+    np.testing.assert_array_equal(one[0], two[0])
+    got = one[0].reshape(b, length, h, d)
+    want = p.interpret([q, kv])[0].reshape(b, length, h, d)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any()
+    finite = ~np.isnan(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5, atol=2e-6)
+
+
 def test_weights_read_elsewhere_or_masked_scores_stay_unfused():
     p = _attention_program(2, 2, 4, 4, 3, 3, "f32", 0.5, -1)
     p.results.append(p.instrs[-1].inputs[0])  # the weights are a result as well
