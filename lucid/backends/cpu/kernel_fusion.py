@@ -28,6 +28,9 @@ instructions by one CPU-only instruction that computes the same values in fewer 
   dK = alpha dSᵀ Q, dV = Pᵀ dO, concatenated into the fused QKV projection's gradient) becomes
   ``attention_grad(qkv, dO, P)`` (P: the forward's softmax, kept), which writes dQ, dK and dV
   into that gradient's columns;
+- ``relu`` or ``gelu`` of a gemm's (or float matmul's) product that nothing else reads becomes
+  that gemm with ``activation``: Lucid's sgemm applies it to each output tile in registers after
+  the bias and addend (OpenBLAS products get it as a pass after the call);
 - GELU (erf form) and its gradient become ``gelu(x)`` and ``gelu_grad(dy, x)`` (with the
   column sums of the gradient, the bias gradient of the layer before, as a second output), and
   layer norm's backward (statistics recomputed, as autodiff writes it) becomes
@@ -74,6 +77,7 @@ def fuse_kernels(program: Program) -> Program:
         _fold_padded_sums,
         _fold_attention_grad,  # after _fold_padded_sums, whose concat it absorbs
         _fold_attention,
+        _fold_gemm_activation,  # last of the gemm folds: the attention folds match plain gemms
         _fold_conv_epilogues,
     )
     for rewrite in rewrites:
@@ -212,6 +216,31 @@ def _fold_gemm_bias(program: Program, instrs: list[Instr | None]) -> None:
 
 def _fold_gemm_addend(program: Program, instrs: list[Instr | None]) -> None:
     _fold_add_into_gemm(program, instrs, _takes_addend)
+
+
+GEMM_ACTIVATIONS = ("relu", "gelu")
+
+
+def _fold_gemm_activation(program: Program, instrs: list[Instr | None]) -> None:
+    """``relu`` or ``gelu`` (the row kernel ``_fold_gelu`` made) of a float matmul's or gemm's
+    product that nothing else reads becomes that gemm with ``activation``: the kernel applies
+    it to each output tile while the tile is in registers, after bias and addend, instead of a
+    pass of its own over the output. At the activation's position, as the other gemm folds."""
+    g = _Graph(program, instrs)
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op not in GEMM_ACTIVATIONS or len(ins.inputs) != 1:
+            continue
+        product = ins.inputs[0]
+        found = _float_matmul(g, product) or _single_use(g, product, "gemm")
+        if found is None or g.aval(product) != g.aval(ins.outputs[0]):
+            continue
+        j, matmul = found
+        gemm = _gemm_of(matmul)
+        if "activation" in gemm.attrs:
+            continue
+        instrs[j] = None
+        instrs[k] = Instr("gemm", gemm.inputs, ins.outputs, {**gemm.attrs, "activation": ins.op})
+        g = _Graph(program, instrs)
 
 
 def _head_source(g: _Graph, slot: int) -> tuple[int, list[int]] | None:
@@ -954,6 +983,10 @@ def _gemm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
     out = np.matmul(a, b) * a.dtype.type(attrs["alpha"])
     for extra in args[2:]:  # a bias row, an addend of the output's shape
         out = out + extra
+    if attrs.get("activation") == "relu":
+        out = np.maximum(out, out.dtype.type(0))
+    elif attrs.get("activation") == "gelu":
+        out = _gelu_reference([out], {})
     if "c_view" in attrs:  # [B, H, L, D] -> [B, L, H*D]
         out = out.transpose(0, 2, 1, 3)
         out = out.reshape(*out.shape[:2], -1)

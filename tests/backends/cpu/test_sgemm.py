@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lucid import _native
@@ -217,3 +217,150 @@ def test_the_shape_rule_keeps_slivers_narrower_than_a_tile_and_tiny_products_on_
     assert not _native.sgemm_chosen(False, True, 64, 10, 256)  # narrower than 16 columns
     assert not _native.sgemm_chosen(True, False, 5, 256, 784)  # fewer than 6 rows
     assert not _native.sgemm_chosen(False, False, 32, 32, 32)  # under 2^18 multiply-adds
+
+
+# -- gemm + relu / gemm + gelu folded into one gemm (kernel_fusion._fold_gemm_activation) ------
+
+_SQRT_HALF = 0.7071067811865476
+
+
+def _gelu_of(p: Program, x: int, dtype: str) -> int:
+    """GELU (erf form) as lower_to_prim writes it."""
+
+    def const(v):
+        return p.op("constant", shape=(), dtype=dtype, value=(v,))
+
+    erf = p.op("erf", p.op("mul", x, const(_SQRT_HALF)))
+    return p.op("mul", x, p.op("mul", p.op("add", erf, const(1.0)), const(0.5)))
+
+
+def _linear_act_program(m, k, n, ta, tb, bias, residual, activation, dtype):
+    p = Program()
+    x = p.feed((k, m) if ta else (m, k), dtype)
+    w = p.feed((n, k) if tb else (k, n), dtype)
+    y = p.op("matmul", x, w, transpose_a=ta, transpose_b=tb)
+    if bias:
+        y = p.op("add", y, p.feed((n,), dtype))
+    if residual:
+        y = p.op("add", p.feed((m, n), dtype), y)
+    p.result(p.op("relu", y) if activation == "relu" else _gelu_of(p, y, dtype))
+    return p
+
+
+def _fold_feeds(p: Program, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        rng.standard_normal(p.slots[s].shape).astype(p.slots[s].dtype.replace("f", "float"))
+        for s in p.feeds
+    ]
+
+
+# The fixture only restores the mode after the test; each example sets its own.
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    m=st.integers(1, 70),
+    k=st.integers(1, 90),
+    n=st.integers(1, 70),
+    ta=st.booleans(),
+    tb=st.booleans(),
+    bias=st.booleans(),
+    residual=st.booleans(),
+    activation=st.sampled_from(["relu", "gelu"]),
+    dtype=st.sampled_from(["f32", "f32", "f64"]),
+    mode=st.sampled_from(["auto", "lucid", "blas"]),
+    seed=st.integers(0, 2**16),
+)
+def test_gemm_activation_folds_into_one_gemm_matching_the_prim_graph(
+    sgemm_mode, m, k, n, ta, tb, bias, residual, activation, dtype, mode, seed
+):
+    from lucid.backends.cpu.kernel_fusion import fuse_kernels
+
+    sgemm_mode(mode)
+    p = _linear_act_program(m, k, n, ta, tb, bias, residual, activation, dtype)
+    fused = fuse_kernels(p)
+    assert [(i.op, i.attrs.get("activation")) for i in fused.instrs] == [("gemm", activation)]
+    feeds = _fold_feeds(p, seed)
+    (got,) = CPUBackend(cache=False).compile(p).run([f.copy() for f in feeds])
+    tol = 2e-6 * (math.sqrt(k) + 4) if dtype == "f32" else 1e-12
+    for reference in (p.interpret(feeds), fused.interpret(feeds)):
+        (want,) = reference
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+
+
+def test_activation_stays_apart_when_the_product_is_read_elsewhere():
+    from lucid.backends.cpu.kernel_fusion import fuse_kernels
+
+    p = Program()
+    x, w, b = p.feed((8, 20)), p.feed((30, 20)), p.feed((30,))
+    y = p.op("add", p.op("matmul", x, w, transpose_a=False, transpose_b=True), b)
+    p.result(p.op("relu", y), y)  # the pre-activation is a result too (a backward would read it)
+    ops = [(i.op, i.attrs.get("activation")) for i in fuse_kernels(p).instrs]
+    assert ops == [("gemm", None), ("relu", None)]
+
+
+def test_fused_activation_gives_the_same_bits_on_one_and_two_threads():
+    p = _linear_act_program(256, 300, 200, False, True, True, True, "gelu", "f32")
+    feeds = _fold_feeds(p, 7)
+    ex = CPUBackend(cache=False).compile(p)
+    outs = []
+    for threads in (1, 2, 1, 2):
+        set_num_threads(threads)
+        outs.append(ex.run([f.copy() for f in feeds])[0])
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+
+
+class _MLP:
+    """Linear -> activation -> Linear, as workloads A and D's feed-forward write it."""
+
+    @staticmethod
+    def make(activation: str):
+        import lucid
+        import lucid.nn as nn
+
+        lucid.manual_seed(0)
+        act = nn.ReLU() if activation == "relu" else nn.GELU()
+        return nn.Sequential(nn.Linear(40, 48), act, nn.Linear(48, 24))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_compiled_mlp_uses_the_fused_gemm_and_matches_eager(activation):
+    import lucid
+
+    model = _MLP.make(activation).eval()
+    x = lucid.randn(32, 40)
+    cm = lucid.compile(model)
+    with lucid.no_grad():
+        np.testing.assert_allclose(cm(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+    rows = cm.profile(x, repeats=1)
+    assert [r["op"] for r in rows].count(activation) == 0
+    assert any(r["op"] == "gemm" and f"activation=s'{activation}'" in r["instr"] for r in rows)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_training_through_the_activation_matches_eager(activation):
+    """Gradients are unaffected: the backward reads the pre-activation, so the training step
+    keeps it, and its updates match eager training."""
+    import lucid
+
+    def loss_of(out):
+        return (out * out).mean()
+
+    compiled, eager = _MLP.make(activation), _MLP.make(activation)
+    x = lucid.randn(16, 40)
+    step = lucid.compile.fused_step(
+        compiled, loss_of, lucid.optim.SGD(compiled.parameters(), lr=0.5)
+    )
+    opt = lucid.optim.SGD(eager.parameters(), lr=0.5)
+    for _ in range(3):
+        step(x)
+        opt.zero_grad()
+        loss_of(eager(x)).backward()
+        opt.step()
+    for (name, a), (_, b) in zip(
+        compiled.named_parameters(), eager.named_parameters(), strict=True
+    ):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
