@@ -235,6 +235,10 @@ def sgemm_table(rounds: int) -> list[dict]:
     """Lucid's sgemm against the BLAS per shape, interleaved round by round."""
     set_adaptive_threads(False)
     rng = np.random.default_rng(0)
+    # Out of OpenBLAS's slow single-thread start state, as the runtime does before its first
+    # single-threaded run (parallel.cpp, prime_single_thread_blas).
+    ones = np.ones((64, 128), np.float32), np.ones((128, 512), np.float32)
+    _native.sgemm(*ones, np.zeros((64, 512), np.float32), kernel="blas")
     rows = []
     print(f"{'shape (M x K x N)':34s} {'lucid us (range)':>24s} {'blas us (range)':>24s} "
           f"{'ratio':>6s} {'lucid GF/s':>10s} {'blas GF/s':>9s} {'rule':>5s}")  # fmt: skip
