@@ -191,19 +191,50 @@ class _Entry:
     compile_ms: float
     passes_ms: dict[str, float]
     n_hits: int = 0
-    last_run_ms: float = 0.0
     last_used: int = 0  # recency stamp for the entry LRU
 
     def __post_init__(self) -> None:
         # The executable's own run, without the CompiledGraph wrapper frame (hot path).
         exe = getattr(self.graph, "executable", None)
         self.run_graph = exe.run if exe is not None else self.graph.run
+        self._last_run_ms = 0.0
+        # The backend's direct call serving hits, when it has one (see ``serve_hits_with``).
+        self.direct = None
+
+    def serve_hits_with(self, direct: Any, rebuild: Callable[[list], Any] | None) -> None:
+        """Serve hits with ``direct`` (``direct(args, kwargs)`` returns the output Tensor, or
+        the list of output Tensors that ``rebuild`` turns into the model's return structure)."""
+        self.direct = direct
+        if rebuild is None:
+            self.hit = direct
+        else:
+
+            def hit(args: tuple, kwargs: dict) -> Any:
+                return rebuild(direct(args, kwargs))
+
+            self.hit = hit
+
+    @property
+    def last_run_ms(self) -> float:
+        """Wall time of the last run (ms), however it ran."""
+        return self.direct.last_run_ms if self.direct is not None else self._last_run_ms
+
+    @last_run_ms.setter
+    def last_run_ms(self, ms: float) -> None:
+        if self.direct is not None:
+            self.direct.last_run_ms = ms
+        else:
+            self._last_run_ms = ms
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         t0 = perf_counter()
         out = self.finish(args, kwargs, self.run_graph(self.bind(args, kwargs)))
         self.last_run_ms = (perf_counter() - t0) * 1e3
         return out
+
+    # What a cache hit calls: ``hit(args, kwargs)``. ``serve_hits_with`` shadows it with the
+    # backend's direct call (binding, running and wrapping in one call) when there is one.
+    hit = __call__
 
 
 @dataclass
@@ -532,7 +563,7 @@ class CompiledModule(Module):
             entry.n_hits += 1
             entry.last_used = next(TICK)
             try:
-                return entry(args, kwargs)
+                return entry.hit(args, kwargs)
             except (TypeError, ValueError, _pipeline.FeedMismatch) as e:
                 try:
                     return self._run_fixed(entry, args, kwargs)
@@ -934,6 +965,15 @@ class CompiledModule(Module):
         )
         compile_ms = session.finish(repr(key), trace=trace, backend=self._options.backend)
         entry = _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
+        if not symbolic and not passthrough and len(computed) == len(graph.result_roles):
+            # Every result is an output (no buffer update, no input returned as itself): the
+            # backend may serve hits in one direct call.
+            plan = _simple_bind_plan(graph.feed_roles, tensor_pos, captured)
+            if plan is not None:
+                single = isinstance(out, Tensor) and len(leaves) == 1
+                direct = _direct_call(self._options.backend, graph, *plan, single=single)
+                if direct is not None:
+                    entry.serve_hits_with(direct, None if single else rebuild)
         entry.feed_roles = list(graph.feed_roles)
         entry.captured_tensors = list(captured.values())
         # For save_compiled (lucid/compile/aot.py): the output structure and the bound feeds.
@@ -1121,6 +1161,9 @@ class _CheckedEntry:
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         return self.owner._checked(self.key, self.inner, args, kwargs)
 
+    # Defined here: __getattr__ would hand out the inner entry's unchecked hit.
+    hit = __call__
+
 
 AUTO_TRIALS = 3  # timed calls of each path before mode="auto" decides
 
@@ -1153,6 +1196,9 @@ class _AutoEntry:
         if len(times["eager"]) >= AUTO_TRIALS:
             self._decide()
         return out
+
+    # Defined here: __getattr__ would hand out the inner entry's untimed hit.
+    hit = __call__
 
     def _decide(self) -> None:
         compiled = float(np.median(self.times["compiled"]))
@@ -1279,9 +1325,47 @@ class _SymbolicGraph:
         return graph.run(feeds)
 
 
+def _simple_bind_plan(
+    feed_roles: list[str], tensor_pos: list[tuple], captured: dict[str, Tensor]
+) -> tuple[list[int], list[Tensor]] | None:
+    """``(positions, tensors)`` when the feeds are the positional arguments at ``positions``
+    (each a tensor argument itself) followed by the bound ``tensors`` (parameters, buffers); None
+    for anything else (keyword or nested inputs, the RNG state)."""
+    n = len(tensor_pos)
+    inputs, rest = feed_roles[:n], feed_roles[n:]
+    if [r for r in inputs] != [f"input:{i}" for i in range(n)] or any(
+        len(p) != 1 for p in tensor_pos
+    ):
+        return None
+    if any(r == "rng" or r.startswith("input:") or r not in captured for r in rest):
+        return None
+    return [p[0] for p in tensor_pos], [captured[r] for r in rest]
+
+
+def _direct_call(
+    backend: str, graph: Any, positions: list[int], tensors: list[Tensor], *, single: bool
+) -> Any:
+    """The backend's direct call for a cache hit of ``graph`` (its ``bound_call``: binding,
+    running and wrapping in one call), or None when the backend has none for it."""
+    executable = getattr(graph, "executable", None)
+    make = getattr(_pipeline.get_backend(backend), "bound_call", None)
+    if executable is None or make is None:
+        return None
+    return make(executable, positions, tensors, single=single)
+
+
 def _make_binder(feed_roles: list[str], tensor_pos: list[tuple], captured: dict[str, Tensor]):
     """A function (args, kwargs) -> the feed arrays, in the executable's feed order
     (``tensor_pos``: the access path of each ``input:N``)."""
+    simple = _simple_bind_plan(feed_roles, tensor_pos, captured)
+    if simple is not None:
+        # The common case (positional inputs, then parameters and buffers) gets a tight loop.
+        positions, tensors = simple
+
+        def bind_fast(args: tuple, kwargs: dict) -> list:
+            return [args[i]._data for i in positions] + [t._data for t in tensors]
+
+        return bind_fast
     plan: list[tuple[str, Any]] = []
     for role in feed_roles:
         kind, _, name = role.partition(":")
@@ -1294,17 +1378,6 @@ def _make_binder(feed_roles: list[str], tensor_pos: list[tuple], captured: dict[
             plan.append(("rng", None))
         else:
             plan.append(("tensor", captured[role]))
-    if all(k == "arg" and len(p) == 1 for k, p in plan[: len(tensor_pos)]) and all(
-        k == "tensor" for k, _ in plan[len(tensor_pos) :]
-    ):
-        # The common case (positional inputs, then parameters and buffers) gets a tight loop.
-        positions = [p[0] for _, p in plan[: len(tensor_pos)]]
-        tensors = [t for _, t in plan[len(tensor_pos) :]]
-
-        def bind_fast(args: tuple, kwargs: dict) -> list:
-            return [args[i]._data for i in positions] + [t._data for t in tensors]
-
-        return bind_fast
 
     def bind(args: tuple, kwargs: dict) -> list:
         feeds = []

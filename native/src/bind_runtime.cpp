@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pthread.h>
+#include <structmember.h>
 
 #include <atomic>
 #include <chrono>
@@ -184,8 +185,15 @@ py::dtype numpy_dtype(DType d) {
   return py::dtype::of<float>();
 }
 
+// Runs whose work estimate (instr_work units) is below this keep the GIL: releasing and taking
+// it back costs more than such a run (workload E's 8x16x16 GEMM with bias and ReLU: ~0.1 us of
+// kernels) and hands the time slice to another thread in between. Nothing a run does needs the
+// GIL (kernels, worker pool and BLAS threads never take it), and a fork from Python cannot begin
+// while this thread holds it, so holding it cannot deadlock the fork gate.
+constexpr int64_t kKeepGilWork = int64_t(1) << 16;
+
 // The Python face of an executable: numpy dtypes and shapes prepared once, so a run only checks
-// the feeds, allocates the results and calls into C++ with the GIL released.
+// the feeds, allocates the results and calls into C++ (with the GIL released unless it is short).
 struct PyExecutable {
   std::shared_ptr<Executable> ex;
   bool cache_hit = false;
@@ -206,6 +214,9 @@ struct PyExecutable {
     }
   }
 
+  size_t num_feeds() const { return feed_dtypes.size(); }
+  size_t num_results() const { return result_dtypes.size(); }
+
   py::list run(const py::sequence& feeds) const { return run_timed(feeds, nullptr); }
 
   // Runs `repeats` times; returns (instruction index, opcode, mean seconds) per step.
@@ -222,57 +233,73 @@ struct PyExecutable {
     return rows;
   }
 
-  py::list run_timed(const py::sequence& feeds, std::vector<double>* step_seconds) const {
-    const size_t nf = feed_dtypes.size();
-    if (static_cast<size_t>(py::len(feeds)) != nf)
-      bad("expected " + std::to_string(nf) + " feed(s), got " + std::to_string(py::len(feeds)));
-    std::vector<void*> fptr(nf);
-    std::vector<py::array> held(nf);
-    for (size_t i = 0; i < nf; ++i) {
-      py::handle h = feeds[i];
-      if (!py::isinstance<py::array>(h))
-        throw py::type_error("feed " + std::to_string(i) + " must be a numpy array, got " +
-                             std::string(py::str(py::type::of(h))));
-      py::array a = py::reinterpret_borrow<py::array>(h);
-      if (a.dtype().num() != feed_type_nums[i])
-        throw py::type_error("feed " + std::to_string(i) + " has dtype " + std::string(py::str(a.dtype())) +
-                             ", expected " + std::string(py::str(feed_dtypes[i])));
-      // A byte-swapped array has the same type number; its bytes would be read as native.
-      if (a.dtype().byteorder() == kForeignByteOrder)
-        bad("feed " + std::to_string(i) + " has non-native byte order (dtype " +
-            std::string(py::str(a.dtype())) + "); convert it with arr.astype(arr.dtype.newbyteorder('='))");
-      bool shape_ok = a.ndim() == static_cast<py::ssize_t>(feed_shapes[i].size());
-      for (py::ssize_t d = 0; shape_ok && d < a.ndim(); ++d) shape_ok = a.shape(d) == feed_shapes[i][d];
-      if (!shape_ok) {
-        std::vector<py::ssize_t> got(a.shape(), a.shape() + a.ndim());
-        bad("feed " + std::to_string(i) + " has shape " + std::string(py::str(py::cast(got))) +
-            ", expected " + std::string(py::str(py::cast(feed_shapes[i]))));
-      }
-      if (!(a.flags() & py::array::c_style))
-        bad("feed " + std::to_string(i) + " must be C-contiguous (use numpy.ascontiguousarray)");
-      fptr[i] = const_cast<void*>(a.data());
-      held[i] = a;
+  // Feed i's data after checking `h`: a numpy array of feed i's dtype (native byte order) and
+  // shape, C-contiguous. Read through numpy's struct layout, no reference taken: this runs for
+  // every feed of every call.
+  void* feed_data(size_t i, PyObject* h) const {
+    if (!py::detail::npy_api::get().PyArray_Check_(h))
+      throw py::type_error("feed " + std::to_string(i) + " must be a numpy array, got " +
+                           std::string(py::str(py::type::handle_of(h))));
+    const auto* arr = py::detail::array_proxy(h);
+    const auto* descr = py::detail::array_descriptor_proxy(arr->descr);
+    if (descr->type_num != feed_type_nums[i])
+      throw py::type_error("feed " + std::to_string(i) + " has dtype " +
+                           std::string(py::str(py::handle(arr->descr))) + ", expected " +
+                           std::string(py::str(feed_dtypes[i])));
+    // A byte-swapped array has the same type number; its bytes would be read as native.
+    if (descr->byteorder == kForeignByteOrder)
+      bad("feed " + std::to_string(i) + " has non-native byte order (dtype " +
+          std::string(py::str(py::handle(arr->descr))) +
+          "); convert it with arr.astype(arr.dtype.newbyteorder('='))");
+    const std::vector<py::ssize_t>& want = feed_shapes[i];
+    bool shape_ok = arr->nd == static_cast<int>(want.size());
+    for (int d = 0; shape_ok && d < arr->nd; ++d) shape_ok = arr->dimensions[d] == want[d];
+    if (!shape_ok) {
+      std::vector<py::ssize_t> got(arr->dimensions, arr->dimensions + arr->nd);
+      bad("feed " + std::to_string(i) + " has shape " + std::string(py::str(py::cast(got))) +
+          ", expected " + std::string(py::str(py::cast(want))));
     }
-    const size_t nr = result_dtypes.size();
-    std::vector<void*> rptr(nr);
-    py::list out(nr);
-    for (size_t j = 0; j < nr; ++j) {
-      int f = ex->inplace_feed(static_cast<int>(j));
-      if (f >= 0) {
-        if (!held[f].writeable()) bad("feed " + std::to_string(f) + " is updated in place but is read-only");
-        rptr[j] = fptr[f];
-        out[j] = held[f];
-      } else {
-        py::array r(result_dtypes[j], result_shapes[j]);
-        rptr[j] = r.mutable_data();
-        out[j] = std::move(r);
-      }
+    if (!(arr->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_))
+      bad("feed " + std::to_string(i) + " must be C-contiguous (use numpy.ascontiguousarray)");
+    return arr->data;
+  }
+
+  // A new C-ordered result array j (uninitialised: the run writes all of it).
+  py::object new_result(size_t j, void** data) const {
+    auto& api = py::detail::npy_api::get();
+    const std::vector<py::ssize_t>& shape = result_shapes[j];
+    PyObject* descr = result_dtypes[j].ptr();
+    Py_INCREF(descr);  // PyArray_NewFromDescr steals it
+    PyObject* r = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, static_cast<int>(shape.size()),
+                                            shape.data(), nullptr, nullptr, 0, nullptr);
+    if (!r) throw py::error_already_set();
+    *data = py::detail::array_proxy(r)->data;
+    return py::reinterpret_steal<py::object>(r);
+  }
+
+  // Result j: a new array, or for an in-place result the array of its feed (held[f]).
+  py::object result(size_t j, const std::vector<py::object>& held, const std::vector<void*>& fptr,
+                    void** data) const {
+    int f = ex->inplace_feed(static_cast<int>(j));
+    if (f < 0) return new_result(j, data);
+    if (!py::reinterpret_borrow<py::array>(held[f]).writeable())
+      bad("feed " + std::to_string(f) + " is updated in place but is read-only");
+    *data = fptr[f];
+    return held[f];
+  }
+
+  // Runs the executable on checked pointers; the caller holds the GIL.
+  void execute(const std::vector<void*>& fptr, const std::vector<void*>& rptr,
+               std::vector<double>* step_seconds) const {
+    if (ex->work() < kKeepGilWork && !step_seconds) {
+      ex->run(fptr, rptr);
+      return;
     }
     // Runs too short to reach an interrupt check, or off the main thread, skip the checks.
     if (ex->work() < kInterruptCheckWork || PyThread_get_thread_ident() != g_main_thread) {
       py::gil_scoped_release release;
       ex->run(fptr, rptr, step_seconds);
-      return out;
+      return;
     }
     SignalCheck signals;
     InterruptCheck check = [&signals] { return signals(); };
@@ -282,6 +309,170 @@ struct PyExecutable {
     } catch (const RunInterrupted&) {
       signals.rethrow();
     }
+  }
+
+  py::list run_timed(const py::sequence& feeds, std::vector<double>* step_seconds) const {
+    const size_t nf = num_feeds();
+    // A list or tuple is read in place (borrowed items); another sequence is copied once.
+    py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(feeds.ptr(), "feeds must be a sequence"));
+    if (!seq) throw py::error_already_set();
+    if (static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr())) != nf)
+      bad("expected " + std::to_string(nf) + " feed(s), got " +
+          std::to_string(PySequence_Fast_GET_SIZE(seq.ptr())));
+    PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+    std::vector<void*> fptr(nf);
+    // Held for the run: with the GIL released another thread may change `feeds`.
+    std::vector<py::object> held(nf);
+    for (size_t i = 0; i < nf; ++i) {
+      fptr[i] = feed_data(i, items[i]);
+      held[i] = py::reinterpret_borrow<py::object>(items[i]);
+    }
+    const size_t nr = num_results();
+    std::vector<void*> rptr(nr);
+    py::list out(nr);
+    for (size_t j = 0; j < nr; ++j) {
+      py::object r = result(j, held, fptr, &rptr[j]);
+      PyList_SET_ITEM(out.ptr(), j, r.release().ptr());
+    }
+    execute(fptr, rptr, step_seconds);
+    return out;
+  }
+};
+
+// Makes the Tensors a BoundCall returns, as ``Tensor._wrap(array)`` does, without a Python call:
+// a new instance of the template's class whose slots hold the template's values (lists copied,
+// so every tensor gets its own ``_version`` counter) and the array in ``_data``. The template is
+// ``Tensor._wrap(None)``; the slots are read from the class's member descriptors, so a slot added
+// to Tensor and set by ``_wrap`` is copied too. Refuses a template holding other mutable values
+// or an instance ``__dict__`` (the caller then wraps in Python).
+class TensorFactory {
+ public:
+  TensorFactory(const py::object& tmpl, const std::string& data_slot) {
+    PyTypeObject* type = Py_TYPE(tmpl.ptr());
+    type_ = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(type));
+    py::object mro = type_.attr("__mro__");
+    for (py::handle base : mro) {
+      PyTypeObject* t = reinterpret_cast<PyTypeObject*>(base.ptr());
+      if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE) || t->tp_members == nullptr) continue;
+      for (PyMemberDef* m = t->tp_members; m->name != nullptr; ++m) {
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) continue;
+        PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(tmpl.ptr()) + m->offset);
+        if (m->name == data_slot) {
+          data_offset_ = m->offset;
+          continue;
+        }
+        if (value == nullptr) continue;  // unset in the template: left unset
+        bool is_list = PyList_CheckExact(value);
+        if (!is_list && (PyDict_Check(value) || PySet_Check(value) || PyByteArray_Check(value) ||
+                         PyList_Check(value)))
+          bad(std::string("tensor template: slot '") + m->name + "' holds a mutable " +
+              Py_TYPE(value)->tp_name);
+        slots_.push_back({m->offset, py::reinterpret_borrow<py::object>(value), is_list});
+      }
+    }
+    if (data_offset_ < 0) bad("tensor template: no slot named '" + data_slot + "'");
+    py::object inst_dict = py::getattr(tmpl, "__dict__", py::none());
+    if (!inst_dict.is_none() && py::len(inst_dict) != 0)
+      bad("tensor template: instance attributes outside the slots");
+    no_args_ = py::reinterpret_steal<py::object>(PyTuple_New(0));
+  }
+
+  py::object make(py::object array) const {
+    PyTypeObject* type = reinterpret_cast<PyTypeObject*>(type_.ptr());
+    // object.__new__(type), as Tensor._wrap starts.
+    PyObject* t = PyBaseObject_Type.tp_new(type, no_args_.ptr(), nullptr);
+    if (!t) throw py::error_already_set();
+    py::object out = py::reinterpret_steal<py::object>(t);
+    char* base = reinterpret_cast<char*>(t);
+    for (const SlotValue& s : slots_) {
+      PyObject* v = s.copy_list ? PyList_GetSlice(s.value.ptr(), 0, PY_SSIZE_T_MAX) : s.value.inc_ref().ptr();
+      if (!v) throw py::error_already_set();
+      *reinterpret_cast<PyObject**>(base + s.offset) = v;
+    }
+    *reinterpret_cast<PyObject**>(base + data_offset_) = array.release().ptr();
+    return out;
+  }
+
+ private:
+  struct SlotValue {
+    Py_ssize_t offset;
+    py::object value;
+    bool copy_list;
+  };
+  py::object type_, no_args_;
+  std::vector<SlotValue> slots_;
+  Py_ssize_t data_offset_ = -1;
+};
+
+// One cache entry's whole call in C++ (lucid.compile's hit path): reads ``args[p]._data`` for
+// each input position and ``t._data`` for each bound tensor (parameters, buffers), checks them as
+// Executable.run does, runs, and wraps the results as Tensors: the Tensor itself when the model
+// returns one, else a list. Only for programs without in-place results (no buffer updates).
+struct BoundCall {
+  py::object exe_obj;  // keeps the executable alive
+  const PyExecutable* exe;
+  std::vector<Py_ssize_t> positions;
+  std::vector<py::object> tensors;
+  TensorFactory factory;
+  bool single;
+  py::object data_name;
+  double last_run_ms = 0.0;
+
+  BoundCall(py::object executable, std::vector<Py_ssize_t> pos, std::vector<py::object> bound,
+            const py::object& tmpl, bool one)
+      : exe_obj(std::move(executable)),
+        exe(exe_obj.cast<const PyExecutable*>()),
+        positions(std::move(pos)),
+        tensors(std::move(bound)),
+        factory(tmpl, "_data"),
+        single(one),
+        data_name(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("_data"))) {
+    if (positions.size() + tensors.size() != exe->num_feeds())
+      bad("BoundCall: " + std::to_string(positions.size()) + " inputs and " +
+          std::to_string(tensors.size()) + " bound tensors for " + std::to_string(exe->num_feeds()) +
+          " feed(s)");
+    for (Py_ssize_t p : positions)
+      if (p < 0) bad("BoundCall: negative argument position");
+    for (size_t j = 0; j < exe->num_results(); ++j)
+      if (exe->ex->inplace_feed(static_cast<int>(j)) >= 0) bad("BoundCall: the program updates a feed in place");
+    if (single && exe->num_results() != 1) bad("BoundCall: one output asked, the program has " +
+                                               std::to_string(exe->num_results()));
+  }
+
+  py::object call(const py::tuple& args, const py::handle&) {
+    auto t0 = std::chrono::steady_clock::now();
+    const size_t nf = exe->num_feeds(), npos = positions.size();
+    std::vector<void*> fptr(nf);
+    std::vector<py::object> held(nf);  // the _data arrays, alive for the run
+    const Py_ssize_t nargs = PyTuple_GET_SIZE(args.ptr());
+    for (size_t i = 0; i < nf; ++i) {
+      PyObject* owner;
+      if (i < npos) {
+        if (positions[i] >= nargs)
+          throw py::type_error("expected an argument at position " + std::to_string(positions[i]));
+        owner = PyTuple_GET_ITEM(args.ptr(), positions[i]);
+      } else {
+        owner = tensors[i - npos].ptr();
+      }
+      PyObject* data = PyObject_GetAttr(owner, data_name.ptr());
+      if (!data) throw py::error_already_set();
+      held[i] = py::reinterpret_steal<py::object>(data);
+      fptr[i] = exe->feed_data(i, data);
+    }
+    const size_t nr = exe->num_results();
+    std::vector<void*> rptr(nr);
+    std::vector<py::object> arrays(nr);
+    for (size_t j = 0; j < nr; ++j) arrays[j] = exe->new_result(j, &rptr[j]);
+    exe->execute(fptr, rptr, nullptr);
+    py::object out;
+    if (single) {
+      out = factory.make(std::move(arrays[0]));
+    } else {
+      py::list outs(nr);
+      for (size_t j = 0; j < nr; ++j) PyList_SET_ITEM(outs.ptr(), j, factory.make(std::move(arrays[j])).release().ptr());
+      out = std::move(outs);
+    }
+    last_run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
 };
@@ -344,6 +535,18 @@ void init_runtime(py::module_& m) {
           "Per instruction, the optimizer update kernel that runs it in one pass ('adam', "
           "'rmsprop', 'adagrad'), "
           "or '' (the generic evaluator or another kernel).");
+
+  py::class_<BoundCall>(m, "BoundCall",
+                        "One cache entry's call (lucid.compile's hit path): call(args, kwargs=None) "
+                        "reads args[p]._data for each input position and t._data for each bound "
+                        "tensor, runs the executable and returns its results as Tensors (the "
+                        "Tensor itself with single=True, else a list).")
+      .def(py::init<py::object, std::vector<Py_ssize_t>, std::vector<py::object>, const py::object&, bool>(),
+           py::arg("executable"), py::arg("positions"), py::arg("tensors"), py::arg("template"),
+           py::arg("single"))
+      .def("__call__", &BoundCall::call, py::arg("args"), py::arg("kwargs") = py::none())
+      .def_readwrite("last_run_ms", &BoundCall::last_run_ms,
+                     "Wall time of the last call, binding and wrapping included (ms).");
 
   m.def("compile", [](const py::dict& desc, bool use_cache) {
         Program p = parse_program(desc);

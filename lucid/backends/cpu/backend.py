@@ -14,6 +14,7 @@ See docs/backend-cpu.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lucid._native_loader import _native
@@ -86,6 +87,26 @@ class CPUBackend(Backend):
         else:
             program = self.program(module, inplace_updates=inplace_updates)
         return _native.compile(program.describe(), self.cache)
+
+    def bound_call(
+        self, executable: Any, positions: Sequence[int], tensors: Sequence[Any], *, single: bool
+    ) -> Any:
+        """A native ``call(args, kwargs=None)`` doing a whole cache hit of ``lucid.compile``
+        in one C++ call: feeds ``args[p]._data`` for each of ``positions`` then ``t._data`` for
+        each of ``tensors`` (checked as ``run`` checks them: TypeError/ValueError on a mismatch),
+        runs ``executable`` and returns its results as new Tensors (the Tensor itself with
+        ``single``, else a list). None when ``executable`` is not this backend's or writes a feed
+        in place (its caller then binds and wraps in Python)."""
+        from lucid._tensor import Tensor
+
+        if not isinstance(executable, _native.Executable):
+            return None
+        try:
+            return _native.BoundCall(
+                executable, list(positions), list(tensors), Tensor._wrap(None), single
+            )
+        except ValueError:  # a program with in-place results, a Tensor it cannot build
+            return None
 
     program_format = "lucid-cpu-program/1"
 
