@@ -13,12 +13,19 @@ per-pass ratios. A peer that is not installed is marked missing and never enters
 
 Each child records the BLAS libraries it loaded (threadpoolctl when installed, else numpy's
 build config and scipy-openblas32's ``openblas_get_config``) and its thread settings; the run
-records the machine, versions and load average. Nothing is written unless asked:
+records the machine, versions and load average.
+
+Each row's FLOP floor (its GEMM and convolution FLOPs, ``workloads.flops``) is taken at the
+machine's sgemm rate measured by this run: a fresh process times numpy's float32 matmul of
+``SGEMM_SHAPE`` (workload B's hidden layer) at ``--threads`` threads at the start of the run and
+again at the end; the floors use the higher of the two (so a floor is never above what the
+machine showed it can do), and both are printed and stored (``sgemm`` in the JSON).
+``--floor-gflops R`` uses R instead of measuring. Nothing is written unless asked:
 
     python benchmarks/bench_per_process.py [--mode infer|train|all] [--workloads ABCDE]
         [--cases "lucid compiled,jax"] [--passes 3] [--rounds 5] [--min-round-s 0.1]
-        [--threads 2] [--no-torch-compile] [--lucid-python PATH] [--json PATH] [--chart PATH]
-        [--write]
+        [--threads 2] [--no-torch-compile] [--lucid-python PATH] [--floor-gflops R]
+        [--json PATH] [--chart PATH] [--write]
 
 Lucid's cases run under ``--lucid-python`` when given (e.g. a checkout's ``.venv/bin/python``,
 with that checkout's Lucid and native module), the peers' under the interpreter running this
@@ -60,6 +67,11 @@ TRAIN_CASES = (
 FRAMEWORK_MODULES = {"lucid": "lucid", "torch": "torch", "jax": "jax"}
 # Above this load average per core the run is flagged: its figures are not fit for the docs.
 BUSY_LOAD_PER_CORE = 0.5
+# (M, K, N) of the GEMM timed for the FLOP floors: workload B's 256x1024 @ 1024x1024, the largest
+# of the workloads' GEMMs (D's projections are 1024 rows by 128-512).
+SGEMM_SHAPE = (256, 1024, 1024)
+SGEMM_ROUNDS = 5
+SGEMM_MIN_ROUND_S = 0.2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,6 +92,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="interpreter for Lucid's cases (default: the one running this script)",
     )
+    ap.add_argument(
+        "--floor-gflops",
+        type=float,
+        default=None,
+        help="sgemm rate for the FLOP floors (default: measured at the start and end of the run)",
+    )
     ap.add_argument("--json", default=None, help="write the run's results to PATH")
     ap.add_argument("--chart", default=None, help="write a PNG chart to PATH")
     ap.add_argument(
@@ -89,7 +107,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "docs/performance.png)",
     )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--sgemm-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.floor_gflops is not None and not args.floor_gflops > 0:
+        ap.error(f"--floor-gflops must be positive, got {args.floor_gflops}")
     if args.lucid_python is not None and not os.access(args.lucid_python, os.X_OK):
         ap.error(f"--lucid-python {args.lucid_python!r} is not an executable")
     if args.passes < 1 or args.rounds < 1 or args.threads < 1:
@@ -111,6 +132,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                 (f"--workloads {args.workloads}", sorted(set(args.workloads)) != list("ABCDE")),
                 ("--cases", args.cases is not None),
                 ("--no-torch-compile", args.no_torch_compile),
+                # The reference measures the machine's sgemm rate for its floors.
+                ("--floor-gflops", args.floor_gflops is not None),
             )
             if on
         ]
@@ -231,6 +254,76 @@ def run_child(spec: str, args: argparse.Namespace) -> dict:
     }
 
 
+def run_sgemm_child(args: argparse.Namespace) -> dict:
+    """Time numpy's float32 matmul of SGEMM_SHAPE in this (fresh) process: GFLOP/s per round."""
+    import numpy as np
+
+    m, k, n = SGEMM_SHAPE
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c = np.empty((m, n), np.float32)
+    for _ in range(3):  # thread pool up, pages touched
+        np.matmul(a, b, out=c)
+    rates = []
+    for _ in range(SGEMM_ROUNDS):
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            np.matmul(a, b, out=c)
+            calls += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= SGEMM_MIN_ROUND_S:
+                break
+        rates.append(2.0 * m * k * n * calls / elapsed / 1e9)
+    return {
+        "shape": list(SGEMM_SHAPE),
+        "threads": args.threads,
+        "round_gflops": rates,
+        "gflops": statistics.median(rates),
+        "numpy": np.__version__,
+        "blas": blas_info(),
+    }
+
+
+def measure_sgemm(args: argparse.Namespace) -> dict:
+    """The machine's sgemm rate now, from a fresh process at ``--threads`` threads (an
+    ``error`` entry instead when the process fails)."""
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--sgemm-child",
+        "--threads",
+        str(args.threads),
+    ]
+    env = dict(os.environ, **thread_env(args.threads))
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError) as e:
+        return {"error": f"sgemm measurement failed: {type(e).__name__}: {e}"}
+
+
+def floor_rate(start: dict | None, end: dict | None) -> tuple[float, str]:
+    """The sgemm rate the floors use, and where it came from: the higher of the start and end
+    measurements (a floor never above what the machine showed it can do); FLOOR_GFLOPS, said
+    so, when neither succeeded."""
+    import workloads as W
+
+    measured = [m["gflops"] for m in (start, end) if m and m.get("gflops", 0) > 0]
+    if not measured:
+        return W.FLOOR_GFLOPS, "assumed (no sgemm measurement succeeded)"
+    return max(measured), "measured: the higher of the run's start and end"
+
+
+def describe_sgemm(m: dict | None) -> str:
+    if not m:
+        return "not measured"
+    if "error" in m:
+        return m["error"]
+    rates = m["round_gflops"]
+    return f"{m['gflops']:.1f} GFLOP/s (rounds {min(rates):.1f}-{max(rates):.1f})"
+
+
 # --- parent -----------------------------------------------------------------------------------
 def interpreter(framework: str, args) -> str:
     """The Python that runs a case of ``framework``."""
@@ -345,10 +438,16 @@ def load_average() -> float | None:
         return None
 
 
-def summarize_row(mode: str, wl: str, opt: str, runs: dict, missing: list[str]) -> dict:
-    """Median and range over passes per case, and the ratio to the best measured peer."""
+def summarize_row(
+    mode: str, wl: str, opt: str, runs: dict, missing: list[str], floor_gflops: float | None = None
+) -> dict:
+    """Median and range over passes per case, the ratio to the best measured peer, and the FLOP
+    floor at ``floor_gflops`` GFLOP/s (default ``workloads.FLOOR_GFLOPS``)."""
     import bench_workloads as BW
     import workloads as W
+
+    if floor_gflops is None:
+        floor_gflops = W.FLOOR_GFLOPS
 
     what = W.WORKLOADS[wl] + (f", {BW.OPTIMIZERS[opt]}" if opt else "")
     row: dict = {"mode": mode, "workload": wl, "what": what, "ms": {}, "range_ms": {}}
@@ -372,9 +471,10 @@ def summarize_row(mode: str, wl: str, opt: str, runs: dict, missing: list[str]) 
         row.setdefault("threads", {})[case] = good[0]["threads"]
         row.setdefault("versions", {})[case] = good[0]["versions"]
     BW.summarize(row)
-    floor = W.floor_ms(wl, mode == "train")
+    floor = W.floor_ms(wl, mode == "train", floor_gflops)
     if floor is not None:
         row["floor_ms"] = floor
+        row["floor_gflops"] = floor_gflops
         if "lucid compiled" in row["ms"]:
             row["vs_floor"] = row["ms"]["lucid compiled"] / floor
     if "vs" in row:
@@ -402,7 +502,14 @@ def fmt_cell(row: dict, case: str) -> str:
     return f"{BW.fmt_ms(row['ms'][case])} ({BW.fmt_ms(lo)}–{BW.fmt_ms(hi)})"
 
 
-def print_tables(rows: list[dict]) -> None:
+def floor_header(floor_gflops: float | None) -> str:
+    """The floor column's title: the sgemm rate its floors are at, when known."""
+    if floor_gflops is None:
+        return "FLOP floor (compiled/floor)"
+    return f"FLOP floor at {floor_gflops:.0f} GFLOP/s (compiled/floor)"
+
+
+def print_tables(rows: list[dict], floor_gflops: float | None = None) -> None:
     import bench_workloads as BW
 
     for mode, cases in (("infer", INFER_CASES), ("train", TRAIN_CASES)):
@@ -413,7 +520,7 @@ def print_tables(rows: list[dict]) -> None:
         print(
             "| wl | opt | "
             + " | ".join(cases)
-            + " | ratio (vs) [range] | target | holds | FLOP floor (compiled/floor) |"
+            + f" | ratio (vs) [range] | target | holds | {floor_header(floor_gflops)} |"
         )
         print("|" + "---|" * (len(cases) + 6))
         for r in sel:
@@ -467,6 +574,9 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(run_child(args.child, args)))
         return 0
+    if args.sgemm_child:
+        print(json.dumps(run_sgemm_child(args)))
+        return 0
     sys.path.insert(0, HERE)
     load_before = load_average()
     busy = load_before is not None and load_before > BUSY_LOAD_PER_CORE * (os.cpu_count() or 1)
@@ -482,6 +592,10 @@ def main(argv=None) -> int:
         plan.append(((mode, wl, opt), cases, missing))
     runs: dict = {key: {c: [] for c in cases} for key, cases, _ in plan}
     started = time.time()
+    sgemm_start = sgemm_end = None
+    if args.floor_gflops is None:
+        sgemm_start = measure_sgemm(args)
+        print(f"sgemm at the start: {describe_sgemm(sgemm_start)}", file=sys.stderr)
     for p in range(args.passes):
         for key, cases, _ in plan:
             k = p % len(cases) if cases else 0
@@ -493,9 +607,16 @@ def main(argv=None) -> int:
                 print(
                     f"pass {p + 1}/{args.passes} {mode} {wl} {opt} {case}: {shown}", file=sys.stderr
                 )
-    import workloads as W
-
-    rows = [summarize_row(*key, runs[key], missing) for key, _, missing in plan]
+    if args.floor_gflops is None:
+        sgemm_end = measure_sgemm(args)
+        print(f"sgemm at the end: {describe_sgemm(sgemm_end)}", file=sys.stderr)
+        floor_gflops, floor_source = floor_rate(sgemm_start, sgemm_end)
+    else:
+        floor_gflops, floor_source = args.floor_gflops, "given (--floor-gflops)"
+    rows = [
+        summarize_row(*key, runs[key], missing, floor_gflops=floor_gflops)
+        for key, _, missing in plan
+    ]
     child_cpu_s = sum(
         r.get("process_cpu_s", 0.0)
         for per_case in runs.values()
@@ -516,10 +637,25 @@ def main(argv=None) -> int:
         "machine": machine_info(),
         "thread_env": thread_env(args.threads),
         "interpreters": {fw: interpreter(fw, args) for fw in FRAMEWORK_MODULES},
-        "floor_gflops": W.FLOOR_GFLOPS,
+        "floor_gflops": floor_gflops,
+        "sgemm": {
+            "shape": list(SGEMM_SHAPE),
+            "threads": args.threads,
+            "start": sgemm_start,
+            "end": sgemm_end,
+            "floor_gflops": floor_gflops,
+            "floor_source": floor_source,
+        },
         "children_cpu_minutes_per_pass": child_cpu_s / 60 / args.passes,
     }
-    print_tables(rows)
+    print_tables(rows, floor_gflops)
+    print(f"\nFLOP floors at {floor_gflops:.1f} GFLOP/s, {floor_source}")
+    if sgemm_start is not None or sgemm_end is not None:
+        m, k, n = SGEMM_SHAPE
+        print(
+            f"  sgemm {m}x{k} @ {k}x{n}, {args.threads} threads: start "
+            f"{describe_sgemm(sgemm_start)}; end {describe_sgemm(sgemm_end)}"
+        )
     print("\nBLAS per framework:")
     for line in describe_blas(rows):
         print("  " + line)

@@ -143,3 +143,66 @@ def test_rows_carry_their_flop_floor():
     assert row["floor_ms"] == pytest.approx(W.floor_ms("D", False))
     assert row["vs_floor"] == pytest.approx(3.2 / row["floor_ms"])
     assert "floor_ms" not in BP.summarize_row("infer", "E", "", {}, missing=[])
+
+
+def test_floors_scale_with_the_sgemm_rate():
+    import workloads as W
+
+    for wl, train in (("A", False), ("B", True), ("C", True), ("D", False)):
+        at_150 = W.floor_ms(wl, train)
+        assert at_150 == pytest.approx(W.flops(wl, train) / 150e9 * 1e3)
+        assert W.floor_ms(wl, train, 50.0) == pytest.approx(3 * at_150)
+    assert W.floor_ms("E", True, 50.0) is None
+    with pytest.raises(ValueError, match="positive"):
+        W.floor_ms("D", False, 0.0)
+
+
+def test_rows_take_the_floor_at_the_rate_given():
+    import workloads as W
+
+    runs = {"lucid compiled": [ok(20.0)], "jax": [ok(18.0)]}
+    row = BP.summarize_row("train", "B", "sgd", runs, missing=[], floor_gflops=60.0)
+    assert row["floor_gflops"] == 60.0
+    assert row["floor_ms"] == pytest.approx(W.flops("B", True) / 60e9 * 1e3)
+    assert row["vs_floor"] == pytest.approx(20.0 / row["floor_ms"])
+
+
+def test_the_floor_rate_is_the_higher_measurement_or_the_default():
+    import workloads as W
+
+    start, end = {"gflops": 54.0}, {"gflops": 61.5}
+    assert BP.floor_rate(start, end) == (61.5, "measured: the higher of the run's start and end")
+    assert BP.floor_rate({"error": "boom"}, end)[0] == 61.5
+    rate, source = BP.floor_rate({"error": "boom"}, None)
+    assert rate == W.FLOOR_GFLOPS and source.startswith("assumed")
+
+
+def test_the_table_header_names_the_rate(capsys):
+    runs = {"lucid compiled": [ok(3.0)], "jax": [ok(3.5)]}
+    row = BP.summarize_row("infer", "D", "", runs, missing=[], floor_gflops=75.0)
+    BP.print_tables([row], 75.0)
+    lines = capsys.readouterr().out.splitlines()
+    header = next(ln for ln in lines if ln.startswith("| wl |"))
+    assert header.endswith("| FLOP floor at 75 GFLOP/s (compiled/floor) |")
+    body = next(ln for ln in lines if ln.startswith("| D |"))
+    # As many cells as the header (the docs' tables are pasted from these lines).
+    assert body.count("|") == header.count("|")
+    assert f"({3.0 / row['floor_ms']:.2f}x)" in body
+
+
+def test_floor_gflops_is_checked_and_kept_out_of_a_reference_run():
+    assert BP.parse_args(["--floor-gflops", "80"]).floor_gflops == 80.0
+    with pytest.raises(SystemExit):
+        BP.parse_args(["--floor-gflops", "0"])
+    with pytest.raises(SystemExit):
+        BP.parse_args(["--floor-gflops", "80", "--write"])
+
+
+def test_the_sgemm_child_reports_a_rate_per_round(monkeypatch):
+    monkeypatch.setattr(BP, "SGEMM_ROUNDS", 2)
+    monkeypatch.setattr(BP, "SGEMM_MIN_ROUND_S", 0.001)
+    result = BP.run_sgemm_child(BP.parse_args(["--threads", "1"]))
+    assert result["shape"] == list(BP.SGEMM_SHAPE) and result["threads"] == 1
+    assert len(result["round_gflops"]) == 2 and result["gflops"] > 0
+    assert BP.describe_sgemm(result).endswith(")")
+    assert BP.describe_sgemm(None) == "not measured"
