@@ -96,7 +96,7 @@ struct AttentionPlan {
   double alpha = 1.0;
   Operand q, k, v, d_out;  // d_out: the output's gradient (attention_grad only)
   Operand out, dq, dk, dv;  // out: attention's result; dq, dk, dv: attention_grad's (one slot)
-  int probs = -1;           // attention_grad: the softmax weights [B, H, L, L]
+  int probs = -1;  // attention_grad's input, attention's optional output: the weights [B, H, Lq, Lk]
 };
 
 void check_blas(int64_t d, const char* what) {
@@ -469,10 +469,19 @@ LUCID_AVX2 void softmax_exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, 
   }
 }
 
-// Query rows [r0, r0 + rows) of (batch b, head h).
+// probs[j] = e[j] * inv for j < n (the weights written out, normalized as the softmax kernel does).
+LUCID_AVX2 void scale_row(const float* e, int64_t n, float inv, float* probs) {
+  const __m256 f = _mm256_set1_ps(inv);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(probs + j, _mm256_mul_ps(_mm256_loadu_ps(e + j), f));
+  for (; j < n; ++j) probs[j] = e[j] * inv;
+}
+
+// Query rows [r0, r0 + rows) of (batch b, head h); probs (null unless the weights are an output)
+// is the head's [Lq, Lk] block of P.
 LUCID_AVX2 void forward_rows_avx2(const AttentionPlan& a, const float* q, const float* k,
-                                  const float* v, float* out, int64_t b, int64_t h, int64_t r0,
-                                  int64_t rows) {
+                                  const float* v, float* out, float* probs, int64_t b, int64_t h,
+                                  int64_t r0, int64_t rows) {
   const int64_t Lk = a.k.L, D = a.q.D, Dv = a.v.D;
   const float alpha = static_cast<float>(a.alpha);
   float* kt = scratch<float>(static_cast<size_t>(std::max<int64_t>(D * round8(Lk), 1)), 0);
@@ -493,8 +502,15 @@ LUCID_AVX2 void forward_rows_avx2(const AttentionPlan& a, const float* q, const 
     product(m, Lk, D, q + a.q.at(b, h) + row * a.q.ld, a.q.ld, 1, kt, ldk, alpha, nullptr, false,
             s, lds);
     softmax_exp_rows(s, m, Lk, lds, inv_sum);
-    product(m, Dv, Lk, s, lds, 1, vb, ldv, 1.0f, inv_sum, false,
-            out + a.out.at(b, h) + row * a.out.ld, a.out.ld);
+    float* o = out + a.out.at(b, h) + row * a.out.ld;
+    if (probs == nullptr) {
+      product(m, Dv, Lk, s, lds, 1, vb, ldv, 1.0f, inv_sum, false, o, a.out.ld);
+      continue;
+    }
+    // P V from the weights as written out, so the output is the product of the saved P.
+    float* p = probs + row * Lk;
+    for (int64_t i = 0; i < m; ++i) scale_row(s + i * lds, Lk, inv_sum[i], p + i * Lk);
+    product(m, Dv, Lk, p, Lk, 1, vb, ldv, 1.0f, nullptr, false, o, a.out.ld);
   }
 }
 #endif
@@ -505,6 +521,7 @@ void run_forward(const AttentionPlan& a, void* const* slots) {
   const T* k = static_cast<const T*>(slots[a.k.slot]);
   const T* v = static_cast<const T*>(slots[a.v.slot]);
   T* out = static_cast<T*>(slots[a.out.slot]);
+  T* probs = a.probs >= 0 ? static_cast<T*>(slots[a.probs]) : nullptr;  // [B, H, Lq, Lk]
   const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
   const int64_t block = rows_per_block(Lq, Lk);
   const int64_t blocks = (Lq + block - 1) / block;
@@ -521,8 +538,8 @@ void run_forward(const AttentionPlan& a, void* const* slots) {
                                static_cast<double>(Lk) * static_cast<double>(D + Dv);
       for_tasks(a.q.B * a.q.H * rblocks, task_macs, 0.0, [&](int64_t task) {
         const int64_t bh = task / rblocks, r0 = (task % rblocks) * kQueryBlockRows;
-        forward_rows_avx2(a, q, k, v, out, bh / a.q.H, bh % a.q.H, r0,
-                          std::min(kQueryBlockRows, Lq - r0));
+        forward_rows_avx2(a, q, k, v, out, probs != nullptr ? probs + bh * Lq * Lk : nullptr,
+                          bh / a.q.H, bh % a.q.H, r0, std::min(kQueryBlockRows, Lq - r0));
       });
       return;
     }
@@ -531,7 +548,9 @@ void run_forward(const AttentionPlan& a, void* const* slots) {
   for_tasks(a.q.B * a.q.H * blocks, macs, largest, [&](int64_t task) {
     const int64_t bh = task / blocks, r0 = (task % blocks) * block;
     const int64_t b = bh / a.q.H, h = bh % a.q.H, rows = std::min(block, Lq - r0);
-    T* s = scratch<T>(static_cast<size_t>(rows * Lk), 0);
+    // The scores, then the weights: straight in the weights' output when there is one.
+    T* s = probs != nullptr ? probs + (bh * Lq + r0) * Lk
+                            : scratch<T>(static_cast<size_t>(rows * Lk), 0);
     gemm<T>(false, true, rows, Lk, D, alpha, q + a.q.at(b, h) + r0 * a.q.ld, a.q.ld,
             k + a.k.at(b, h), a.k.ld, T(0), s, Lk);
     softmax_rows(s, rows, Lk);
@@ -599,9 +618,17 @@ void run_backward(const AttentionPlan& a, void* const* slots) {
 
 }  // namespace
 
-Slot infer_attention(const Program& p, const Instr& in) {
+std::vector<Slot> infer_attention(const Program& p, const Instr& in) {
   AttentionPlan a = plan(p, in);
-  return output_slot(p, in, &a);
+  std::vector<Slot> out{output_slot(p, in, &a)};
+  // attention's second output, when asked for: the weights P (the training forward saves them
+  // for attention_grad, which reads P instead of recomputing it).
+  if (in.out.size() > (a.grad ? 1u : 2u))
+    fail(std::string(a.grad ? "attention_grad has 1 output"
+                            : "attention has 1 or 2 outputs (the result, the weights)") +
+         ", got " + std::to_string(in.out.size()));
+  if (in.out.size() == 2) out.push_back(Slot{{a.q.B, a.q.H, a.q.L, a.k.L}, a.dtype});
+  return out;
 }
 
 int64_t attention_work(const Program& p, const Instr& in) {
@@ -621,6 +648,7 @@ Step make_attention_step(const Program& p, const Instr& in) {
   auto a = std::make_shared<AttentionPlan>(plan(p, in));
   output_slot(p, in, a.get());
   if (!a->grad) {
+    if (in.out.size() == 2) a->probs = in.out[1];
     Operand& o = a->out;
     o.slot = in.out[0];
     o.B = a->q.B; o.H = a->q.H; o.L = a->q.L; o.D = a->v.D;

@@ -532,7 +532,7 @@ Slot infer(const Program& p, const Instr& in) {
       return Slot{{batch[0], batch[2], checked_mul(batch[1], batch[3], "c_view width")}, x.dtype};
     }
     case Op::attention: case Op::attention_grad:
-      return infer_attention(p, in);
+      return infer_attention(p, in)[0];
     case Op::layer_norm: {
       same_dtype(c);
       need_dtype(is_float(x.dtype), x, "a float dtype");
@@ -972,7 +972,8 @@ void validate(const Program& p) {
       check_slot(s, where + " input");
       if (!defined[s]) fail(where + ": input slot " + std::to_string(s) + " is used before it is defined");
     }
-    if (in.out.empty() || (in.op != Op::fused && !is_row_kernel(in.op) && in.out.size() != 1))
+    const bool multi = in.op == Op::fused || is_row_kernel(in.op) || in.op == Op::attention;
+    if (in.out.empty() || (!multi && in.out.size() != 1))
       fail(where + ": needs exactly 1 output slot, got " + std::to_string(in.out.size()));
     for (int o : in.out) {
       check_slot(o, where + " output");
@@ -982,6 +983,7 @@ void validate(const Program& p) {
     try {
       if (in.op == Op::fused) expect = infer_fused(p, in);
       else if (is_row_kernel(in.op)) expect = infer_row_kernel(p, in);
+      else if (in.op == Op::attention) expect = infer_attention(p, in);
       else expect = {infer(p, in)};
     } catch (const std::invalid_argument& e) {
       fail(where + ": " + e.what());

@@ -23,10 +23,11 @@ instructions by one CPU-only instruction that computes the same values in fewer 
   padded values (the gradient of a fused QKV projection);
 - ``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)`` over [B, H, L, D] operands (head views
   or dense) becomes ``attention(q, k, v)``: per (batch, head) and block of query rows the scores
-  stay in cache between the two products and the softmax;
+  stay in cache between the two products and the softmax; weights P read after the product (by
+  the gradient) are its second output;
 - attention's gradient as lowered (dP = dO Vᵀ, dS = P (dP - rowsum(dP P)), dQ = alpha dS K,
   dK = alpha dSᵀ Q, dV = Pᵀ dO, concatenated into the fused QKV projection's gradient) becomes
-  ``attention_grad(qkv, dO, P)`` (P: the forward's softmax, kept), which writes dQ, dK and dV
+  ``attention_grad(qkv, dO, P)`` (P: the forward's weights, kept), which writes dQ, dK and dV
   into that gradient's columns;
 - ``relu`` or ``gelu`` of a gemm's (or float matmul's) product that nothing else reads becomes
   that gemm with ``activation``: Lucid's sgemm applies it to each output tile in registers after
@@ -530,8 +531,10 @@ def _attention_attrs(q, k, v, alpha: float) -> dict | None:
 
 
 def _fold_attention(program: Program, instrs: list[Instr | None]) -> None:
-    """``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)``, with the scores and weights read
-    nowhere else, becomes one ``attention(q, k, v)`` (masked scores stay unfused)."""
+    """``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)``, with the scores read nowhere else,
+    becomes one ``attention(q, k, v)`` (masked scores stay unfused). Weights read elsewhere too
+    (the training forward's, which the gradient reads; ``need_weights``) become its second
+    output, when nothing reads them before the product."""
     g = _Graph(program, instrs)
     for k, ins in enumerate(instrs):
         if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
@@ -541,9 +544,11 @@ def _fold_attention(program: Program, instrs: list[Instr | None]) -> None:
             continue
         if "a_view" in pv.attrs or g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
             continue
-        if not g.used_only_by(pv.inputs[0], 1):
+        probs = pv.inputs[0]
+        keep_probs = not g.used_only_by(probs, 1)
+        if keep_probs and min(g.readers.get(probs, [k])) < k:
             continue
-        found = _scores(g, pv.inputs[0])
+        found = _scores(g, probs)
         if found is None:
             continue
         j_sm, j_qk, qk = found
@@ -562,7 +567,8 @@ def _fold_attention(program: Program, instrs: list[Instr | None]) -> None:
         if out.shape != want:
             continue
         instrs[j_sm] = instrs[j_qk] = None
-        instrs[k] = Instr("attention", (q[0], kk[0], v[0]), ins.outputs, attrs)
+        outputs = (*ins.outputs, probs) if keep_probs else ins.outputs
+        instrs[k] = Instr("attention", (q[0], kk[0], v[0]), outputs, attrs)
         g = _Graph(program, instrs)
 
 
@@ -1014,15 +1020,17 @@ def _softmax_rows(s: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _attention_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
+def _attention_reference(args: list[np.ndarray], attrs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(output, weights): the weights are the optional second output."""
     q, k, v = (
         _heads(x, attrs.get(n)) for x, n in zip(args, ("q_view", "k_view", "v_view"), strict=True)
     )
     alpha = q.dtype.type(attrs["alpha"])
-    out = _softmax_rows(np.matmul(q, np.swapaxes(k, -1, -2)) * alpha) @ v
+    probs = _softmax_rows(np.matmul(q, np.swapaxes(k, -1, -2)) * alpha)
+    out = probs @ v
     if "out_view" in attrs:  # [B, H, L, Dv] -> [B, L, H*Dv]
         out = out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
-    return out
+    return out, probs
 
 
 def _attention_grad_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:

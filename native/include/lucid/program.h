@@ -148,9 +148,10 @@ Shape gemm_logical_shape(const Program& p, const Instr& in, int i);
 bool attr_bool(const Instr& in, const char* name);
 DType attr_dtype(const Instr& in, const char* name);
 const std::vector<int64_t>& attr_ints(const Instr& in, const char* name);
-// attention / attention_grad (attention.cpp): the output slot the instruction computes (throws
-// std::invalid_argument on bad operands or attributes), and its work estimate.
-Slot infer_attention(const Program& p, const Instr& in);
+// attention / attention_grad (attention.cpp): the output slots the instruction computes (the
+// output, and attention's optional weights P; throws std::invalid_argument on bad operands,
+// attributes or output count), and its work estimate.
+std::vector<Slot> infer_attention(const Program& p, const Instr& in);
 int64_t attention_work(const Program& p, const Instr& in);
 const std::vector<double>& attr_floats(const Instr& in, const char* name);
 const std::vector<std::string>& attr_strs(const Instr& in, const char* name);

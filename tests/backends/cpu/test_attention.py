@@ -99,10 +99,11 @@ def test_many_query_blocks_and_wide_scores_match():
     _check(p, _feeds(p, 3), "f32", scale=5.0)
 
 
-def _view_attention_program(b, h, lq, lk, d, dv, alpha, order=(0, 1, 2)):
+def _view_attention_program(b, h, lq, lk, d, dv, alpha, order=(0, 1), weights=False):
     """An ``attention`` instruction over head views of [B, L, W] slots, as fuse-kernels emits
     for a multi-head projection: q from one slot, k and v side by side in another (columns in
-    ``order``), the output in a [B, Lq, H*Dv] slot."""
+    ``order``), the output in a [B, Lq, H*Dv] slot, and with ``weights`` P [B, H, Lq, Lk] as a
+    second output."""
     p = Program()
     widths = (h * d, h * d, h * dv)
     q_slot = p.feed((b, lq, widths[0] + 3), "f32")  # 3 extra columns: the view does not fill it
@@ -116,13 +117,15 @@ def _view_attention_program(b, h, lq, lk, d, dv, alpha, order=(0, 1, 2)):
         "v_view": [h, dv, kv_cols[1]],
         "out_view": [h, dv],
     }
-    p.instrs.append(Instr("attention", (q_slot, kv_slot, kv_slot), (out,), attrs))
-    p.result(out)
+    outs = (out, p.new_slot((b, h, lq, lk), "f32")) if weights else (out,)
+    p.instrs.append(Instr("attention", (q_slot, kv_slot, kv_slot), outs, attrs))
+    for o in outs:
+        p.result(o)
     return p
 
 
-def _float64_attention(p: Program, feeds) -> np.ndarray:
-    """softmax(alpha Q Kᵀ) V in float64 for the instruction of _view_attention_program."""
+def _float64_attention(p: Program, feeds) -> tuple[np.ndarray, np.ndarray]:
+    """(softmax(alpha Q Kᵀ) V, the weights) in float64 for _view_attention_program."""
     (ins,) = p.instrs
     attrs = ins.attrs
 
@@ -135,8 +138,9 @@ def _float64_attention(p: Program, feeds) -> np.ndarray:
     k, v = heads(feeds[1], attrs["k_view"]), heads(feeds[1], attrs["v_view"])
     s = q @ k.transpose(0, 1, 3, 2) * attrs["alpha"]
     w = np.exp(s - s.max(axis=-1, keepdims=True))
-    out = (w / w.sum(axis=-1, keepdims=True)) @ v
-    return out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
+    w /= w.sum(axis=-1, keepdims=True)
+    out = w @ v
+    return out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1), w
 
 
 @settings(max_examples=25, deadline=None)
@@ -149,22 +153,27 @@ def _float64_attention(p: Program, feeds) -> np.ndarray:
     dv=st.sampled_from([8, 9, 16, 24, 32, 33, 64]),
     order=st.sampled_from([(0, 1), (1, 0)]),
     scale=st.sampled_from([0.3, 3.0]),
+    weights=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_head_view_attention_matches_reference_at_head_dims_and_lengths(
-    b, h, lq, lk, d, dv, order, scale, seed
+    b, h, lq, lk, d, dv, order, scale, weights, seed
 ):
     # Lengths and head dims that are and are not multiples of the kernel's 6-row and 8- and
     # 16-column tiles, more than one 96-row query block; scale 3 pushes most weights below
     # exp's flush to zero.
-    p = _view_attention_program(b, h, lq, lk, d, dv, 1.0 / np.sqrt(d), order)
+    p = _view_attention_program(b, h, lq, lk, d, dv, 1.0 / np.sqrt(d), order, weights)
     feeds = _feeds(p, seed, scale=scale)
     one, two = _run_at_threads(p, feeds)
-    np.testing.assert_array_equal(one[0], two[0])
+    for a, b2 in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b2)
+    want_out, want_weights = _float64_attention(p, feeds)
     # A score's float32 rounding grows with its size (scale^2) and reaches the output through
     # exp, times a value row (scale).
     atol = 2e-6 * max(1.0, scale) ** 3
-    np.testing.assert_allclose(one[0], _float64_attention(p, feeds), rtol=2e-5, atol=atol)
+    np.testing.assert_allclose(one[0], want_out, rtol=2e-5, atol=atol)
+    if weights:
+        np.testing.assert_allclose(one[1], want_weights, rtol=2e-5, atol=atol / scale)
 
 
 @pytest.mark.parametrize("where", ["query", "key", "value"])
@@ -191,9 +200,24 @@ def test_nan_inputs_reach_the_rows_they_touch(where):
     np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5, atol=2e-6)
 
 
-def test_weights_read_elsewhere_or_masked_scores_stay_unfused():
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("length", [4, 13])
+def test_weights_read_elsewhere_become_the_second_output(dtype, length):
+    p = _attention_program(2, 2, length, length, 3, 5, dtype, 0.5, -1)
+    weights = p.instrs[-1].inputs[0]
+    p.results.append(weights)  # the weights are a result as well
+    fused = fuse_kernels(p)
+    (att,) = [i for i in fused.instrs if i.op == "attention"]
+    assert "softmax" not in [i.op for i in fused.instrs] and att.outputs[1] == weights
+    _check(p, _feeds(p, 0, scale=2.0), dtype)
+
+
+def test_weights_read_before_the_product_or_masked_scores_stay_unfused():
     p = _attention_program(2, 2, 4, 4, 3, 3, "f32", 0.5, -1)
-    p.results.append(p.instrs[-1].inputs[0])  # the weights are a result as well
+    pv = p.instrs.pop()
+    total = p.op("reduce_sum", pv.inputs[0], axes=(3,), keepdims=False)  # read before P V
+    p.instrs.append(pv)
+    p.results.append(total)
     ops = [i.op for i in fuse_kernels(p).instrs]
     assert "attention" not in ops and "softmax" in ops
     _check(p, _feeds(p, 0), "f32")
@@ -366,7 +390,8 @@ def test_encoder_layer_programs_fold_attention():
     ref.load_state_dict(layer.state_dict())
     _loss(ref(x), t).backward()
     grads, ops = _step_gradients(layer, x, t)
-    assert "attention_grad" in ops
+    # The training forward too: the weights the gradient reads are attention's second output.
+    assert {"attention", "attention_grad"} <= ops and "softmax" not in ops
     for name, p in ref.named_parameters():
         want = p.grad.numpy()
         np.testing.assert_allclose(grads[name], want, rtol=2e-3, atol=2e-6 * np.abs(want).max())
@@ -420,4 +445,9 @@ def test_malformed_attention_instructions_raise():
     (att,) = [i for i in fused.instrs if i.op == "attention"]
     att.attrs["q_view"] = [2, 3, 0]  # a head view of a dense [B, H, L, D] operand
     with pytest.raises(ValueError, match="q_view"):
+        _native.compile(fused.describe(), False)
+    att.attrs.pop("q_view")
+    extra = [fused.new_slot((1, 2, 4, 4), "f32") for _ in range(2)]
+    att.outputs = (*att.outputs, *extra)  # a third output
+    with pytest.raises(ValueError, match="1 or 2 outputs"):
         _native.compile(fused.describe(), False)
