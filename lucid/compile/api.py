@@ -136,6 +136,27 @@ def _arg_sig(a: Any) -> tuple:
     return (type(a), a)
 
 
+def _plain_key(args: tuple, d: dict, training: Any) -> tuple | None:
+    """``CompiledModule._key`` of a call whose arguments are all concrete tensors of the exact
+    Tensor class, without keyword arguments, in a wrapper whose parameter list and training
+    modes are current and not symbolic (``d`` is its ``__dict__``, ``training`` its
+    ``Bound.mode``); None for any other argument. Equal to ``_key`` wherever it is not None
+    (tests/compile/test_direct_hit.py checks it)."""
+    sig = []
+    any_rg = False
+    for a in args:
+        if type(a) is not Tensor:
+            return None
+        data = a._data
+        if data is None:
+            return None
+        rg = a._requires_grad
+        sig.append((data.shape, data.dtype, rg))
+        any_rg = any_rg or rg
+    grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in d["_params"]]))
+    return (tuple(sig), (), training, grad, d["_fingerprint"])
+
+
 def _sig_requires_grad(sig: tuple) -> bool:
     if len(sig) == 3:
         return bool(sig[2])
@@ -545,17 +566,29 @@ class CompiledModule(Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         d = self.__dict__
-        if d["_bound"].version != STRUCTURE_VERSION[0]:
-            self._check_structure()
-        try:
-            key = self._key(args, kwargs)
-            if d["_symbolic"]:
-                key = self._symbolic_key(key, args, kwargs)
-        except _Unhashable:
-            key = None
+        bound = d["_bound"]
+        key = None
+        if (
+            not kwargs
+            and bound.version == STRUCTURE_VERSION[0]
+            and bound.mode_version == MODE_VERSION[0]
+            and d["_params"] is not None
+            and not d["_symbolic"]
+        ):
+            # The common call (plain tensors, nothing moved since the last): ``_key`` inlined.
+            key = _plain_key(args, d, bound.mode)
         if key is None:
-            # Outside the except block: an error of the model's own is not chained to ours.
-            return d["_model"](*args, **kwargs)
+            if bound.version != STRUCTURE_VERSION[0]:
+                self._check_structure()
+            try:
+                key = self._key(args, kwargs)
+                if d["_symbolic"]:
+                    key = self._symbolic_key(key, args, kwargs)
+            except _Unhashable:
+                key = None
+            if key is None:
+                # Outside the except block: an error of the model's own is not chained to ours.
+                return d["_model"](*args, **kwargs)
         # A hit is counted by its entry's n_hits (cache_info adds them to n_calls): no second
         # dict update hashing the key on the hot path.
         entry = d["_entries"].get(key)

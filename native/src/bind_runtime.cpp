@@ -477,6 +477,33 @@ struct BoundCall {
   }
 };
 
+// BoundCall's tp_call: a cache hit is a call of a few microseconds, and pybind11's generic
+// dispatch (looking up __call__, loading each argument's caster) was a tenth of it. The common
+// form, call(args) or call(args, kwargs) with a tuple, goes straight to BoundCall::call; any other
+// goes through the bound __call__ (its argument errors). C++ exceptions become Python ones by
+// pybind11's own translators, as in a bound method.
+PyObject* bound_call_tp_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(args);
+  if (kwargs != nullptr || n < 1 || n > 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(args, 0))) {
+    PyObject* method = PyObject_GetAttrString(self, "__call__");
+    if (!method) return nullptr;
+    PyObject* out = PyObject_Call(method, args, kwargs);
+    Py_DECREF(method);
+    return out;
+  }
+  try {
+    auto* call = py::cast<BoundCall*>(py::handle(self));
+    return call->call(py::reinterpret_borrow<py::tuple>(PyTuple_GET_ITEM(args, 0)), py::none())
+        .release()
+        .ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+  }
+  return nullptr;
+}
+
 py::dict stats_dict() {
   CacheStats s = cache_stats();
   py::dict d;
@@ -536,17 +563,19 @@ void init_runtime(py::module_& m) {
           "'rmsprop', 'adagrad'), "
           "or '' (the generic evaluator or another kernel).");
 
-  py::class_<BoundCall>(m, "BoundCall",
+  py::class_<BoundCall> bound_call(m, "BoundCall",
                         "One cache entry's call (lucid.compile's hit path): call(args, kwargs=None) "
                         "reads args[p]._data for each input position and t._data for each bound "
                         "tensor, runs the executable and returns its results as Tensors (the "
-                        "Tensor itself with single=True, else a list).")
+                        "Tensor itself with single=True, else a list).");
+  bound_call
       .def(py::init<py::object, std::vector<Py_ssize_t>, std::vector<py::object>, const py::object&, bool>(),
            py::arg("executable"), py::arg("positions"), py::arg("tensors"), py::arg("template"),
            py::arg("single"))
       .def("__call__", &BoundCall::call, py::arg("args"), py::arg("kwargs") = py::none())
       .def_readwrite("last_run_ms", &BoundCall::last_run_ms,
                      "Wall time of the last call, binding and wrapping included (ms).");
+  reinterpret_cast<PyTypeObject*>(bound_call.ptr())->tp_call = bound_call_tp_call;
 
   m.def("compile", [](const py::dict& desc, bool use_cache) {
         Program p = parse_program(desc);

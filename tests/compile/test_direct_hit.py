@@ -237,3 +237,49 @@ def test_auto_mode_times_both_paths_then_serves_directly(tiny):
     assert record["decision"] in ("compiled", "eager")
     if record["decision"] == "compiled":
         assert direct(only_entry(cm))
+
+
+@pytest.mark.parametrize("grad_enabled", [True, False])
+@pytest.mark.parametrize("mode", ["train", "eval", "mixed"])
+def test_the_inlined_key_is_the_key(grad_enabled, mode):
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.Linear(4, 2))
+    cm = lucid.compile(model)
+    model.train(mode != "eval")
+    if mode == "mixed":
+        model[1].eval()
+    with lucid.no_grad():
+        cm(randn(3, 4))  # the parameter list and modes are read
+    d = cm.__dict__
+    training = cm._bound.modes()
+    calls = [
+        (randn(3, 4),),
+        (randn(5, 4, dtype=np.float64),),
+        (randn(3, 4).requires_grad_(True),),
+        (randn(3, 4), randn(2)),
+        (),
+    ]
+    with lucid.set_grad_enabled(grad_enabled):
+        for args in calls:
+            assert api._plain_key(args, d, training) == cm._key(args, {})
+        model[0].weight.requires_grad_(False)
+        model[2].weight.requires_grad_(False)
+        assert api._plain_key(calls[0], d, training) == cm._key(calls[0], {})
+        # Anything but plain tensors takes the full key.
+        for args in [(nn.Parameter(lucid.ones(3, 4)),), (randn(3, 4), 2), ([randn(3, 4)],)]:
+            assert api._plain_key(args, d, training) is None
+
+
+def test_argument_errors_of_the_direct_call_are_those_of_a_bound_method():
+    lucid.manual_seed(0)
+    cm = lucid.compile(Tiny())
+    x = randn(8, 16)
+    with lucid.no_grad():
+        want = cm(x).numpy()
+        call = only_entry(cm).direct
+        # Keyword and other forms go through the bound __call__ (same result, same checks).
+        np.testing.assert_allclose(call(args=(x,), kwargs=None).numpy(), want)
+        with pytest.raises(TypeError):
+            call([x], {})
+        with pytest.raises(TypeError):
+            call()
