@@ -5,9 +5,9 @@
 // cache, the row softmax in place, then O = P V, all on one thread; (batch, head) pairs are split
 // across the worker pool. The unfused program ran each step over the whole [B, H, Lq, Lk] score
 // tensor in turn (three instructions, the scores written to memory and read back twice). In
-// float32 on a CPU with AVX2 + FMA the forward's products are register-tiled loops written here
-// (below: per group of six query rows, scores, softmax and P V while the rows are in L1); in
-// float64, without AVX2, and in the backward they are BLAS calls.
+// float32 on a CPU with AVX2 + FMA the products are register-tiled loops written here (below; the
+// forward takes each group of six query rows through scores, softmax and P V while they are in
+// L1); in float64 and without AVX2 they are BLAS calls.
 //
 // The backward reads the weights P the training forward saved (its softmax) rather than
 // recomputing them from Q and K: at workload D's sizes the recomputation (a product and an exp
@@ -233,7 +233,7 @@ void softmax_rows(T* s, int64_t rows, int64_t n) {
 
 template <class T>
 T* scratch(size_t n, int which) {
-  thread_local std::vector<T> buf[4];
+  thread_local std::vector<T> buf[6];
   if (buf[which].size() < n) buf[which].resize(n);
   return buf[which].data();
 }
@@ -513,6 +513,66 @@ LUCID_AVX2 void forward_rows_avx2(const AttentionPlan& a, const float* q, const 
     product(m, Dv, Lk, p, Lk, 1, vb, ldv, 1.0f, nullptr, false, o, a.out.ld);
   }
 }
+
+// The [rows, cols] matrix at src as a B operand of product(): itself when its rows can be read as
+// whole vectors (cols a multiple of 8), else padded into scratch buffer `which`.
+const float* whole_vectors(const float* src, int64_t rows, int64_t cols, int64_t ld, int which,
+                           int64_t* ld_out) {
+  *ld_out = ld;
+  if (cols % 8 == 0) return src;
+  float* packed = scratch<float>(static_cast<size_t>(std::max<int64_t>(rows * round8(cols), 1)), which);
+  *ld_out = pack_padded(src, rows, cols, ld, packed);
+  return packed;
+}
+
+// attention_grad for (batch, head) bh: the BLAS path's steps (run_backward) with the products as
+// register tiles; Pᵀ and dSᵀ are read in place through the tiles' strided broadcasts.
+LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const float* qkv, const float* d_out,
+                                   const float* probs, float* grad, int64_t bh) {
+  const int64_t L = a.q.L, D = a.q.D, Dv = a.v.D;
+  if (L == 0) return;
+  const int64_t b = bh / a.q.H, h = bh % a.q.H;
+  const float alpha = static_cast<float>(a.alpha);
+  const float* P = probs + bh * L * L;
+  float* dQ = grad + a.dq.at(b, h);
+  float* dK = grad + a.dk.at(b, h);
+  float* dV = grad + a.dv.at(b, h);
+  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(L), 1)), 0);
+  const int64_t ldvt = pack_transposed(qkv + a.v.at(b, h), L, Dv, a.v.ld, vt);
+  int64_t ldk, ldq, ldo;
+  const float* K = whole_vectors(qkv + a.k.at(b, h), L, D, a.k.ld, 1, &ldk);
+  const float* Q = whole_vectors(qkv + a.q.at(b, h), L, D, a.q.ld, 2, &ldq);
+  const float* dO = whole_vectors(d_out + a.d_out.at(b, h), L, Dv, a.d_out.ld, 3, &ldo);
+  const int64_t block = rows_per_block(L, L), lds = round8(L);
+  float* dp = scratch<float>(static_cast<size_t>(block * lds), 4);
+  const int64_t full = L / 8 * 8;
+  for (int64_t r0 = 0; r0 < L; r0 += block) {
+    const int64_t rows = std::min(block, L - r0);
+    const bool more = r0 > 0;  // dK and dV sum over the query blocks
+    const float* p = P + r0 * L;
+    product(rows, L, Dv, dO + r0 * ldo, ldo, 1, vt, ldvt, 1.0f, nullptr, false, dp, lds);
+    product(L, Dv, rows, p, 1, L, dO + r0 * ldo, ldo, 1.0f, nullptr, more, dV, a.dv.ld);
+    for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - rowsum(dP P)), in place of dP
+      const float* pr = p + r * L;
+      float* dr = dp + r * lds;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = 0; j < full; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(dr + j), acc);
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc);
+      float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                  ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+      for (int64_t j = full; j < L; ++j) dot += pr[j] * dr[j];
+      const __m256 d = _mm256_set1_ps(dot);
+      for (int64_t j = 0; j < full; j += 8)
+        _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
+                                               _mm256_sub_ps(_mm256_loadu_ps(dr + j), d)));
+      for (int64_t j = full; j < L; ++j) dr[j] = pr[j] * (dr[j] - dot);
+    }
+    product(rows, D, L, dp, lds, 1, K, ldk, alpha, nullptr, false, dQ + r0 * a.dq.ld, a.dq.ld);
+    product(L, D, rows, dp, 1, lds, Q + r0 * ldq, ldq, alpha, nullptr, more, dK, a.dk.ld);
+  }
+}
 #endif
 
 template <class T>
@@ -584,6 +644,16 @@ void run_backward(const AttentionPlan& a, void* const* slots) {
                       static_cast<double>(2 * D + 2 * Dv);
   const double largest = static_cast<double>(block) * static_cast<double>(L) *
                          static_cast<double>(std::max(D, Dv));
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_avx2()) {
+      for_tasks(a.q.B * a.q.H, macs, 0.0, [&](int64_t bh) {
+        backward_head_avx2(a, qkv, d_out, probs, grad, bh);
+      });
+      return;
+    }
+  }
+#endif
   for_tasks(a.q.B * a.q.H, macs, largest, [&](int64_t bh) {
     const int64_t b = bh / a.q.H, h = bh % a.q.H;
     const T* Q = qkv + a.q.at(b, h);

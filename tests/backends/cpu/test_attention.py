@@ -435,6 +435,51 @@ def test_attention_grad_is_thread_count_independent_and_matches_reference(b, h, 
     np.testing.assert_allclose(one[0], p.interpret(feeds)[0], rtol=5e-5, atol=5e-5)
 
 
+def _float64_attention_grad(p: Program, feeds) -> np.ndarray:
+    """attention_grad of _grad_program in float64: dQ, dK, dV at their grad_cols."""
+    (ins,) = p.instrs
+    attrs = ins.attrs
+    qkv, d_out, probs = (f.astype(np.float64) for f in feeds)
+
+    def heads(x, view):
+        h, dim, col0 = view
+        x = x[..., col0 : col0 + h * dim]
+        return x.reshape(*x.shape[:2], h, dim).transpose(0, 2, 1, 3)
+
+    q, k, v = (heads(qkv, attrs[n]) for n in ("q_view", "k_view", "v_view"))
+    d_o = heads(d_out, attrs["d_out_view"])
+    dp = d_o @ v.transpose(0, 1, 3, 2)
+    ds = probs * (dp - (dp * probs).sum(axis=-1, keepdims=True))
+    grads = (ds @ k * attrs["alpha"], ds.transpose(0, 1, 3, 2) @ q * attrs["alpha"])
+    grads += (probs.transpose(0, 1, 3, 2) @ d_o,)
+    out = np.zeros(qkv.shape)
+    for col0, g in zip(attrs["grad_cols"], grads, strict=True):
+        merged = g.transpose(0, 2, 1, 3).reshape(*qkv.shape[:2], -1)
+        out[..., col0 : col0 + merged.shape[2]] = merged
+    return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    length=st.sampled_from([1, 5, 6, 7, 13, 64, 65, 130]),
+    d=st.sampled_from([8, 12, 16, 31, 32, 40, 64]),
+    order=st.sampled_from([(0, 1, 2), (2, 0, 1)]),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_grad_matches_float64_at_head_dims_and_lengths(b, h, length, d, order, seed):
+    # Head dims that are and are not multiples of the 8-column vectors, lengths around the
+    # 6-row tiles and past one query block (130 rows: 126 per block).
+    p = _grad_program(b, h, length, d, order=order)
+    feeds = _feeds(p, seed)
+    feeds[2] = np.exp(feeds[2]) / np.exp(feeds[2]).sum(axis=-1, keepdims=True)  # weights
+    one, two = _run_at_threads(p, feeds)
+    np.testing.assert_array_equal(one[0], two[0])
+    want = _float64_attention_grad(p, feeds)
+    np.testing.assert_allclose(one[0], want, rtol=1e-4, atol=3e-6 * max(1.0, np.abs(want).max()))
+
+
 def test_malformed_attention_instructions_raise():
     p = _grad_program(1, 2, 4, 3)
     p.instrs[-1].attrs["grad_cols"] = [0, 6, 6]  # dk and dv overlap, a column left unwritten
