@@ -113,37 +113,15 @@ LUCID_AVX2 inline __m256 load8(const float* p, __m256i mask, bool masked) {
   return masked ? _mm256_maskload_ps(p, mask) : _mm256_loadu_ps(p);
 }
 
-// One 8-lane vector of a tile row: acc (the block's sums) combined into C at c; column j0 of
-// the output for the bias; lanes outside `mask` untouched when `masked`.
-LUCID_AVX2 inline void finish8(__m256 acc, float* c, const float* bias, const float* addend,
-                               __m256i mask, bool masked, const TileStore& e) {
-  __m256 x = e.alpha == 1.0f ? acc : _mm256_mul_ps(acc, _mm256_set1_ps(e.alpha));
-  if (!e.first) {
-    x = _mm256_add_ps(x, load8(c, mask, masked));
-  } else if (e.beta != 0.0f) {
-    x = _mm256_fmadd_ps(_mm256_set1_ps(e.beta), load8(c, mask, masked), x);
-  }
-  if (e.last) {
-    if (bias != nullptr) x = _mm256_add_ps(x, load8(bias, mask, masked));
-    if (addend != nullptr) x = _mm256_add_ps(x, load8(addend, mask, masked));
-    // max(0, x) keeps a NaN and -0 as the relu instruction does (x < 0 ? 0 : x).
-    if (e.act == GemmActivation::relu) x = _mm256_max_ps(_mm256_setzero_ps(), x);
-    else if (e.act == GemmActivation::gelu) x = gelu8(x);
-  }
-  if (masked) _mm256_maskstore_ps(c, mask, x);
-  else _mm256_storeu_ps(c, x);
-}
-
 // The 6x16 kernel: sums over kc steps of A (row i of step k at a[i * rs + k * cs]: packed, or A
-// itself when its rows are contiguous along the contraction) and packed B (16 per step).
-// Full tiles are finished straight from the registers into C (row i at c + i * ldc); edge tiles
-// go to `tile` (6 x 16) for finish_edge.
-LUCID_AVX2 void kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, int64_t cs,
-                            const float* __restrict b, float* c, int64_t ldc, const float* bias,
-                            const float* addend, int64_t ld_addend, const TileStore& e,
-                            float* tile) {
+// itself when its rows are contiguous along the contraction) and packed B (16 per step). A full
+// tile with a plain store goes straight from the registers into C (row i at c + i * ldc; true
+// returned); otherwise the sums go to `scratch` (6 x 16, in L1) for finish_tile.
+LUCID_AVX2 bool kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, int64_t cs,
+                            const float* __restrict b, float* c, int64_t ldc, bool full,
+                            const TileStore& e, float* scratch) {
   const float* __restrict a3 = a + 3 * rs;
-  if (tile == nullptr) {
+  if (full) {
     // The tile's rows of C, fetched while the sums are computed (their first touch otherwise
     // stalls the stores at the end).
     for (int i = 0; i < kMR; ++i) {
@@ -182,16 +160,7 @@ LUCID_AVX2 void kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, i
     a3 += cs;
     b += kNR;
   }
-  if (tile != nullptr) {
-    _mm256_store_ps(tile + 0, c00), _mm256_store_ps(tile + 8, c01);
-    _mm256_store_ps(tile + 16, c10), _mm256_store_ps(tile + 24, c11);
-    _mm256_store_ps(tile + 32, c20), _mm256_store_ps(tile + 40, c21);
-    _mm256_store_ps(tile + 48, c30), _mm256_store_ps(tile + 56, c31);
-    _mm256_store_ps(tile + 64, c40), _mm256_store_ps(tile + 72, c41);
-    _mm256_store_ps(tile + 80, c50), _mm256_store_ps(tile + 88, c51);
-    return;
-  }
-  if (e.plain) {  // C = alpha * sums, or C += alpha * sums: no epilogue beyond that
+  if (full && e.plain) {  // C = alpha * sums, or C += alpha * sums: no epilogue beyond that
     const __m256 al = _mm256_set1_ps(e.alpha);
     __m256* rows[2 * kMR] = {&c00, &c01, &c10, &c11, &c20, &c21,
                              &c30, &c31, &c40, &c41, &c50, &c51};
@@ -209,23 +178,15 @@ LUCID_AVX2 void kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, i
                          _mm256_add_ps(_mm256_loadu_ps(c + i * ldc + 8), *rows[2 * i + 1]));
       }
     }
-    return;
+    return true;
   }
-  const __m256i all = _mm256_set1_epi32(-1);
-  const float* b1p = bias != nullptr ? bias + 8 : nullptr;
-#define LUCID_FINISH_ROW(I, R0, R1)                                                      \
-  {                                                                                      \
-    const float* ad = addend != nullptr ? addend + (I) * ld_addend : nullptr;            \
-    finish8(R0, c + (I) * ldc, bias, ad, all, false, e);                                 \
-    finish8(R1, c + (I) * ldc + 8, b1p, ad != nullptr ? ad + 8 : nullptr, all, false, e); \
-  }
-  LUCID_FINISH_ROW(0, c00, c01)
-  LUCID_FINISH_ROW(1, c10, c11)
-  LUCID_FINISH_ROW(2, c20, c21)
-  LUCID_FINISH_ROW(3, c30, c31)
-  LUCID_FINISH_ROW(4, c40, c41)
-  LUCID_FINISH_ROW(5, c50, c51)
-#undef LUCID_FINISH_ROW
+  _mm256_store_ps(scratch + 0, c00), _mm256_store_ps(scratch + 8, c01);
+  _mm256_store_ps(scratch + 16, c10), _mm256_store_ps(scratch + 24, c11);
+  _mm256_store_ps(scratch + 32, c20), _mm256_store_ps(scratch + 40, c21);
+  _mm256_store_ps(scratch + 48, c30), _mm256_store_ps(scratch + 56, c31);
+  _mm256_store_ps(scratch + 64, c40), _mm256_store_ps(scratch + 72, c41);
+  _mm256_store_ps(scratch + 80, c50), _mm256_store_ps(scratch + 88, c51);
+  return false;
 }
 
 LUCID_AVX2 inline __m256i lane_mask(int64_t valid) {
@@ -233,20 +194,82 @@ LUCID_AVX2 inline __m256i lane_mask(int64_t valid) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), lanes);
 }
 
-// The `rows` x `cols` corner of a 6x16 tile (from kernel_6x16's buffer) into C.
-LUCID_AVX2 void finish_edge(const float* tile, int64_t rows, int64_t cols, float* c, int64_t ldc,
-                            const float* bias, const float* addend, int64_t ld_addend,
-                            const TileStore& e) {
+// The `rows` x `cols` corner of a 6x16 tile of sums (kernel_6x16's scratch) into C with the
+// epilogue, compiled per (narrower than 16 columns, bias, addend, activation) so the loop over
+// the tile has no per-vector tests of them: at K = 128 (one contraction block) a tile's sums
+// take ~1500 cycles, and a generic epilogue cost 7-12% of that.
+template <bool kMasked, bool kBias, bool kAddend, GemmActivation kAct>
+LUCID_AVX2 void finish_tile(const float* tile, int64_t rows, int64_t cols, float* c,
+                            int64_t ldc, const float* bias, const float* addend,
+                            int64_t ld_addend, const TileStore& e) {
+  const __m256i m0 = kMasked ? lane_mask(cols) : _mm256_set1_epi32(-1);
+  const __m256i m1 = kMasked ? lane_mask(cols - 8) : m0;
+  const __m256 alpha = _mm256_set1_ps(e.alpha), beta = _mm256_set1_ps(e.beta);
+  // How C enters: added (a later contraction block), scaled by beta (first block), or not read.
+  const int c_term = !e.first ? 1 : e.beta != 0.0f ? 2 : 0;
+  const bool last = e.last;
+  __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+  if (kBias && last) b0 = load8(bias, m0, kMasked), b1 = load8(bias + 8, m1, kMasked);
   for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
-      const int64_t valid = std::min<int64_t>(8, cols - j0);
-      const bool masked = valid < 8;
-      const __m256i mask = lane_mask(valid);
-      finish8(_mm256_load_ps(tile + i * kNR + j0), c + i * ldc + j0,
-              bias != nullptr ? bias + j0 : nullptr,
-              addend != nullptr ? addend + i * ld_addend + j0 : nullptr, mask, masked, e);
+    float* ci = c + i * ldc;
+    __m256 x0 = _mm256_mul_ps(_mm256_load_ps(tile + i * kNR), alpha);
+    __m256 x1 = _mm256_mul_ps(_mm256_load_ps(tile + i * kNR + 8), alpha);
+    if (c_term == 1) {
+      x0 = _mm256_add_ps(x0, load8(ci, m0, kMasked));
+      x1 = _mm256_add_ps(x1, load8(ci + 8, m1, kMasked));
+    } else if (c_term == 2) {
+      x0 = _mm256_fmadd_ps(beta, load8(ci, m0, kMasked), x0);
+      x1 = _mm256_fmadd_ps(beta, load8(ci + 8, m1, kMasked), x1);
+    }
+    if (last) {
+      if (kBias) x0 = _mm256_add_ps(x0, b0), x1 = _mm256_add_ps(x1, b1);
+      if (kAddend) {
+        const float* ai = addend + i * ld_addend;
+        x0 = _mm256_add_ps(x0, load8(ai, m0, kMasked));
+        x1 = _mm256_add_ps(x1, load8(ai + 8, m1, kMasked));
+      }
+      // max(0, x) keeps a NaN and -0 as the relu instruction does (x < 0 ? 0 : x).
+      if (kAct == GemmActivation::relu) {
+        x0 = _mm256_max_ps(_mm256_setzero_ps(), x0);
+        x1 = _mm256_max_ps(_mm256_setzero_ps(), x1);
+      } else if (kAct == GemmActivation::gelu) {
+        x0 = gelu8(x0);
+        x1 = gelu8(x1);
+      }
+    }
+    if (kMasked) {
+      _mm256_maskstore_ps(ci, m0, x0);
+      _mm256_maskstore_ps(ci + 8, m1, x1);
+    } else {
+      _mm256_storeu_ps(ci, x0);
+      _mm256_storeu_ps(ci + 8, x1);
     }
   }
+}
+
+using FinishFn = void (*)(const float*, int64_t, int64_t, float*, int64_t, const float*,
+                          const float*, int64_t, const TileStore&);
+
+template <bool kMasked, bool kBias, bool kAddend>
+FinishFn pick_act(GemmActivation act) {
+  switch (act) {
+    case GemmActivation::relu: return &finish_tile<kMasked, kBias, kAddend, GemmActivation::relu>;
+    case GemmActivation::gelu: return &finish_tile<kMasked, kBias, kAddend, GemmActivation::gelu>;
+    default: return &finish_tile<kMasked, kBias, kAddend, GemmActivation::none>;
+  }
+}
+
+template <bool kMasked>
+FinishFn pick_extras(const TileStore& e) {
+  const bool bias = e.bias != nullptr, addend = e.addend != nullptr;
+  if (bias && addend) return pick_act<kMasked, true, true>(e.act);
+  if (bias) return pick_act<kMasked, true, false>(e.act);
+  if (addend) return pick_act<kMasked, false, true>(e.act);
+  return pick_act<kMasked, false, false>(e.act);
+}
+
+FinishFn pick_finish(bool masked, const TileStore& e) {
+  return masked ? pick_extras<true>(e) : pick_extras<false>(e);
 }
 
 // 8x8 transpose of r0..r7 in place.
@@ -356,8 +379,9 @@ LUCID_AVX2 void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t 
       const bool extras = p.ep.bias != nullptr || p.ep.addend != nullptr ||
                           p.ep.act != GemmActivation::none;
       const bool plain = !(first && p.beta != 0.0f) && !(last && extras);
-      const TileStore e{p.alpha,   p.beta,      first,          last,    p.ep.bias,
+      const TileStore e{p.alpha,     p.beta,         first,    last,  p.ep.bias,
                         p.ep.addend, p.ep.ld_addend, p.ep.act, plain};
+      const FinishFn finish_full = pick_finish(false, e), finish_edge = pick_finish(true, e);
       for (int64_t ic = m0; ic < m1; ic += kMC) {
         const int64_t mc = std::min(kMC, m1 - ic);
         if (p.ta) {
@@ -383,9 +407,9 @@ LUCID_AVX2 void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t 
             else a = p.A + i * p.lda + pc, rs = p.lda, cs = 1;
             float* c = p.C + i * p.ldc + j;
             const bool full = rows == kMR && cols == kNR;
-            kernel_6x16(kc, a, rs, cs, bp + jr * kc, c, p.ldc, bias, addend, p.ep.ld_addend, e,
-                        full ? nullptr : tile);
-            if (!full) finish_edge(tile, rows, cols, c, p.ldc, bias, addend, p.ep.ld_addend, e);
+            if (kernel_6x16(kc, a, rs, cs, bp + jr * kc, c, p.ldc, full, e, tile)) continue;
+            (cols == kNR ? finish_full : finish_edge)(tile, rows, cols, c, p.ldc, bias, addend,
+                                                      p.ep.ld_addend, e);
           }
         }
       }
