@@ -2,21 +2,23 @@
 //
 //   for each block of kNC output columns
 //     for each block of kc contraction steps (kc from K alone, at most kMaxKC)
-//       pack B's kc x nc panel into 16-column slivers (zero-padded)       -> L3 / L2
+//       pack B's kc x nc panel into 16-column slivers (zero-padded)       -> L2
 //       for each block of kMC output rows
-//         pack A's mc x kc block into 6-row slivers (zero-padded)         -> L2
+//         A transposed: pack its mc x kc block into 6-row slivers; otherwise read A in place
+//         (rows lda apart) and pack only a bottom sliver of fewer than 6 rows (zero-padded)
 //         for each 16-column sliver, for each 6-row sliver: the 6x16 kernel (a kc x 16 sliver
 //         of B stays in L1 while the A slivers stream past it)
 //
-// The kernel keeps its 6x16 tile in 12 AVX registers; after the last contraction block the
-// epilogue (alpha, beta, bias row, addend, ReLU/GELU) is applied to the registers and the tile
-// stored once. A tile at the bottom/right edge is computed whole on the zero-padded slivers and
-// written through a small buffer, so an element gets the same arithmetic whichever tile holds it.
+// The kernel keeps its 6x16 tile in 12 AVX registers. A full tile whose block needs nothing
+// beyond alpha (no beta term, no epilogue yet) is stored straight from them; otherwise the sums
+// go through a 6x16 scratch in L1 to a finisher compiled for the epilogue (alpha, beta, bias
+// row, addend, ReLU/GELU), masked at the right edge. A tile at the bottom or right edge is
+// computed whole on the zero-padded slivers, so an element gets the same arithmetic whichever
+// tile holds it.
 //
-// Threads: the output is cut into contiguous ranges of 6-row (or 16-column) slivers, one per
-// part of parallel_for, each computing its range with its own packed panels. Every element's
-// sum runs over the same contraction blocks in the same order whatever the split, so the result
-// is bit-identical at any thread count.
+// Threads: the output is cut into chunks of rows (or columns) handed out one at a time; every
+// element's sum runs over the same contraction blocks in the same order whichever thread
+// computes its chunk, so the result is bit-identical at any thread count.
 #include "lucid/sgemm.h"
 
 #include <algorithm>
