@@ -236,13 +236,10 @@ Step make_matmul_accumulate(const Program& prog, const Instr& in) {
         const T* B = static_cast<const T*>(slots[ib]);
         T* C = static_cast<T*>(slots[iout]);
         if (M == 0 || N == 0 || K == 0) return;
-        auto A_ = ta ? CblasTrans : CblasNoTrans;
-        auto B_ = tb ? CblasTrans : CblasNoTrans;
+        // gemm(): float32 on Lucid's kernel where the shape rule picks it (a weight gradient
+        // accumulated with beta = 1), OpenBLAS otherwise.
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
-        if constexpr (std::is_same_v<T, float>)
-          LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, N);
-        else
-          LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, 1.0, C, N);
+        gemm<T>(ta, tb, M, N, K, A, lda, B, ldb, T(1), C, N, alpha);
       }
     });
   };

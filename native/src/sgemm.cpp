@@ -327,8 +327,11 @@ LUCID_AVX2 void pack_cols(const float* src, int64_t ld, int64_t cols, int64_t kc
       if (W == 16) {
         _mm256_store_ps(dst + k * W, _mm256_loadu_ps(src + k * ld));
         _mm256_store_ps(dst + k * W + 8, _mm256_loadu_ps(src + k * ld + 8));
-      } else {
-        for (int c = 0; c < W; ++c) dst[k * W + c] = src[k * ld + c];
+      } else {  // 6 floats as 4 + 2: nothing read or written beyond them
+        const float* from = src + k * ld;
+        _mm_storeu_ps(dst + k * W, _mm_loadu_ps(from));
+        _mm_storel_pi(reinterpret_cast<__m64*>(dst + k * W + 4),
+                      _mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(from + 4)));
       }
     }
     return;
@@ -474,8 +477,12 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
   // one at a time: a worker that wakes late finds the chunks already taken instead of holding
   // up the call with a fixed half.
   const bool by_rows = M >= N;
-  const int64_t chunk = by_rows ? kRowChunk : kColChunk;
-  const int64_t chunks = ((by_rows ? M : N) + chunk - 1) / chunk;
+  const int64_t dim = by_rows ? M : N, unit = by_rows ? kMR : kNR;
+  // About kRowChunk / kColChunk each, evened out (M = 128 is two chunks of 66 and 62 rows, not
+  // 96 and 32), in whole slivers.
+  const int64_t even = (dim + (by_rows ? kRowChunk : kColChunk) - 1) / (by_rows ? kRowChunk : kColChunk);
+  const int64_t chunk = ((dim + even - 1) / even + unit - 1) / unit * unit;
+  const int64_t chunks = (dim + chunk - 1) / chunk;
   const double macs = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int threads = parallel_threads();
   if (threads < 2 || chunks < 2 || macs < 2.0 * kMinMacsPerPart) {
@@ -485,7 +492,7 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
   std::atomic<int64_t> next{0};
   parallel_for(std::min<int64_t>(threads, chunks), 1, [&](int64_t, int64_t) {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      const int64_t lo = c * chunk, hi = std::min(by_rows ? M : N, lo + chunk);
+      const int64_t lo = c * chunk, hi = std::min(dim, lo + chunk);
       if (by_rows) compute_range(p, lo, hi, 0, N);
       else compute_range(p, 0, M, lo, hi);
     }

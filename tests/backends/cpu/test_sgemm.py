@@ -364,3 +364,21 @@ def test_training_through_the_activation_matches_eager(activation):
         compiled.named_parameters(), eager.named_parameters(), strict=True
     ):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("ta,tb", [(True, False), (False, False), (False, True)])
+def test_weight_gradient_accumulation_runs_on_either_kernel(sgemm_mode, ta, tb):
+    """matmul_accumulate (out = c + alpha op(a) op(b), an SGD weight update) goes through gemm()."""
+    m, k, n = 70, 130, 50
+    p = Program()
+    a = p.feed((k, m) if ta else (m, k))
+    b = p.feed((n, k) if tb else (k, n))
+    c, alpha = p.feed((m, n)), p.feed(())
+    p.result(p.op("matmul_accumulate", a, b, c, alpha, transpose_a=ta, transpose_b=tb))
+    feeds = _fold_feeds(p, 8)
+    feeds[3] = np.array(-0.25, np.float32)
+    ref = feeds[2] + _reference(feeds[0], feeds[1], None, ta, tb, -0.25, 0.0, None, None, "none")
+    for mode in ("lucid", "blas"):
+        sgemm_mode(mode)
+        (out,) = CPUBackend(cache=False).compile(p).run([f.copy() for f in feeds])
+        _check(out, ref, k)
