@@ -483,6 +483,13 @@ LUCID_AVX2 void forward_rows_avx2(const AttentionPlan& a, const float* q, const 
                                   const float* v, float* out, float* probs, int64_t b, int64_t h,
                                   int64_t r0, int64_t rows) {
   const int64_t Lk = a.k.L, D = a.q.D, Dv = a.v.D;
+  if (Lk == 0) {  // no keys: P V is an empty sum (the softmax's 1/sum would make it 0 * inf)
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      float* o = out + a.out.at(b, h) + r * a.out.ld;
+      std::fill(o, o + Dv, 0.0f);
+    }
+    return;
+  }
   const float alpha = static_cast<float>(a.alpha);
   float* kt = scratch<float>(static_cast<size_t>(std::max<int64_t>(D * round8(Lk), 1)), 0);
   const int64_t ldk = pack_transposed(k + a.k.at(b, h), Lk, D, a.k.ld, kt);

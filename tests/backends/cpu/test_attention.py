@@ -176,6 +176,19 @@ def test_head_view_attention_matches_reference_at_head_dims_and_lengths(
         np.testing.assert_allclose(one[1], want_weights, rtol=2e-5, atol=atol / scale)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_attention_over_no_keys_is_zero(dtype):
+    # An empty softmax row: P V is an empty sum, 0 (as the unfused program computes it).
+    p = _attention_program(2, 2, 7, 0, 4, 9, dtype, 0.5, -1)
+    feeds = _feeds(p, 0)
+    one, two = _run_at_threads(p, feeds)
+    (unfused,) = _run_at_threads(p, feeds, fuse=False, threads=(2,))
+    assert "attention" in [i.op for i in fuse_kernels(p).instrs]
+    np.testing.assert_array_equal(one[0], np.zeros((2, 2, 7, 9)))
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_array_equal(one[0], unfused[0])
+
+
 @pytest.mark.parametrize("where", ["query", "key", "value"])
 def test_nan_inputs_reach_the_rows_they_touch(where):
     # A NaN score makes its softmax row NaN (as the softmax kernel does); a NaN value row reaches
