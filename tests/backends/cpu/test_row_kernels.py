@@ -370,17 +370,6 @@ def test_fused_step_gradients_match_finite_differences_in_float64():
             assert abs(grad.reshape(-1)[i] - numeric) <= 1e-7 + 1e-5 * abs(numeric), (name, i)
 
 
-def test_fused_step_matches_eager_training_in_float32():
+def test_fused_step_matches_eager_training_in_float32(sgd_training_matches_eager):
     compiled, eager = _block("f32"), _block("f32")
-    x = lucid.randn(4, 7, 6)
-    step = lucid.compile.fused_step(compiled, _loss, lucid.optim.SGD(compiled.parameters(), lr=0.5))
-    opt = lucid.optim.SGD(eager.parameters(), lr=0.5)
-    for _ in range(3):
-        step(x)
-        opt.zero_grad()
-        _loss(eager(x)).backward()
-        opt.step()
-    for (name, a), (_, b) in zip(
-        compiled.named_parameters(), eager.named_parameters(), strict=True
-    ):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
+    sgd_training_matches_eager(compiled, eager, _loss, lucid.randn(4, 7, 6))

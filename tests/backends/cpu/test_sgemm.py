@@ -341,7 +341,7 @@ def test_compiled_mlp_uses_the_fused_gemm_and_matches_eager(activation):
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_training_through_the_activation_matches_eager(activation):
+def test_training_through_the_activation_matches_eager(activation, sgd_training_matches_eager):
     """Gradients are unaffected: the backward reads the pre-activation, so the training step
     keeps it, and its updates match eager training."""
     import lucid
@@ -350,20 +350,7 @@ def test_training_through_the_activation_matches_eager(activation):
         return (out * out).mean()
 
     compiled, eager = _MLP.make(activation), _MLP.make(activation)
-    x = lucid.randn(16, 40)
-    step = lucid.compile.fused_step(
-        compiled, loss_of, lucid.optim.SGD(compiled.parameters(), lr=0.5)
-    )
-    opt = lucid.optim.SGD(eager.parameters(), lr=0.5)
-    for _ in range(3):
-        step(x)
-        opt.zero_grad()
-        loss_of(eager(x)).backward()
-        opt.step()
-    for (name, a), (_, b) in zip(
-        compiled.named_parameters(), eager.named_parameters(), strict=True
-    ):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
+    sgd_training_matches_eager(compiled, eager, loss_of, lucid.randn(16, 40))
 
 
 @pytest.mark.parametrize("ta,tb", [(True, False), (False, False), (False, True)])
