@@ -99,22 +99,14 @@ class Node:
 
 class _GradMode:
     """Base of the grad-mode switches: a context manager, and a decorator running the function
-    (or each resumption of a generator function) under the mode."""
+    (or each resumption of a generator function) under the mode.
 
-    grad: bool = True
-    inference: bool | None = None  # None leaves the inference flag as it is
+    ``with lucid.no_grad():`` sits on hot inference paths, so entering and leaving is kept to a
+    few attribute accesses: ``__slots__``, no ``__init__``, and the saved modes kept as a linked
+    tuple (one allocation per ``__enter__``) so that one instance can still be entered again
+    while it is active."""
 
-    def __enter__(self):
-        self._prev = getattr(self, "_prev", [])
-        self._prev.append((state.grad_enabled, state.inference_mode))
-        state.grad_enabled = self.grad
-        if self.inference is not None:
-            state.inference_mode = self.inference
-        return self
-
-    def __exit__(self, *exc):
-        state.grad_enabled, state.inference_mode = self._prev.pop()
-        return False
+    __slots__ = ("_saved",)
 
     def clone(self) -> _GradMode:
         """A fresh switch with the same mode (each decorated call enters its own)."""
@@ -151,11 +143,18 @@ class _GradMode:
 
 
 class _BareDecoratable(_GradMode):
-    """A switch that also works as a bare decorator: ``@no_grad`` as well as ``@no_grad()``."""
+    """A switch that also works as a bare decorator: ``@no_grad`` as well as ``@no_grad()``.
+
+    Subclasses set gradient recording to a fixed mode and leave the inference flag alone (a block
+    that nests properly leaves it as it found it), so only ``grad_enabled`` is saved."""
+
+    __slots__ = ()
 
     def __new__(cls, orig_func=None):
         if orig_func is None:
-            return super().__new__(cls)
+            switch = object.__new__(cls)
+            switch._saved = None
+            return switch
         if not callable(orig_func):
             raise TypeError(
                 f"{cls.__name__}() takes no arguments (or a function to decorate), "
@@ -163,22 +162,35 @@ class _BareDecoratable(_GradMode):
             )
         return cls()(orig_func)
 
-    def __init__(self, orig_func=None) -> None:
-        self._prev = []
-
 
 class no_grad(_BareDecoratable):  # noqa: N801  (torch.no_grad)
     """Disable gradient recording on this thread: ``with lucid.no_grad():``, ``@lucid.no_grad``
     or ``@lucid.no_grad()``."""
 
-    grad = False
+    __slots__ = ()
+
+    def __enter__(self):
+        self._saved = (state.grad_enabled, self._saved)
+        state.grad_enabled = False
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        state.grad_enabled, self._saved = self._saved
 
 
 class enable_grad(_BareDecoratable):  # noqa: N801  (torch.enable_grad)
     """Enable gradient recording on this thread (inside a ``no_grad`` block, say); a context
     manager and a decorator, bare or called."""
 
-    grad = True
+    __slots__ = ()
+
+    def __enter__(self):
+        self._saved = (state.grad_enabled, self._saved)
+        state.grad_enabled = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        state.grad_enabled, self._saved = self._saved
 
 
 class inference_mode(_GradMode):  # noqa: N801  (torch.inference_mode)
@@ -190,48 +202,56 @@ class inference_mode(_GradMode):  # noqa: N801  (torch.inference_mode)
     and nothing else.
     """
 
-    def __new__(cls, mode=True):
-        if isinstance(mode, bool):
-            return super().__new__(cls)
-        if not callable(mode):
-            raise TypeError(f"inference_mode: mode must be a bool, got {type(mode).__name__}")
-        return cls()(mode)
+    __slots__ = ("_mode",)
 
-    def __init__(self, mode: bool = True) -> None:
-        self._prev = []
-        self.grad = not mode
-        self.inference = mode
+    def __new__(cls, mode=True):
+        if not isinstance(mode, bool):
+            if not callable(mode):
+                raise TypeError(f"inference_mode: mode must be a bool, got {type(mode).__name__}")
+            return cls()(mode)
+        switch = object.__new__(cls)
+        switch._mode = mode
+        switch._saved = None
+        return switch
+
+    def __enter__(self):
+        self._saved = (state.grad_enabled, state.inference_mode, self._saved)
+        state.grad_enabled = not self._mode
+        state.inference_mode = self._mode
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        state.grad_enabled, state.inference_mode, self._saved = self._saved
 
     def clone(self) -> inference_mode:
-        return type(self)(self.inference)
+        return type(self)(self._mode)
 
 
 class set_grad_enabled(_GradMode):  # noqa: N801  (torch.set_grad_enabled)
     """Set gradient recording on this thread to ``mode``, at once (as a plain call) and until the
     end of the ``with`` block when used as a context manager; also a decorator."""
 
+    __slots__ = ("_mode",)
+
     def __init__(self, mode: bool) -> None:
         if not isinstance(mode, bool):
             raise TypeError(f"set_grad_enabled: mode must be a bool, got {type(mode).__name__}")
-        self.grad = mode
-        self._before = (state.grad_enabled, state.inference_mode)
+        self._mode = mode
+        self._saved = (state.grad_enabled, state.inference_mode)
         state.grad_enabled = mode
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        state.grad_enabled, state.inference_mode = self._before
-        return False
+    def __exit__(self, exc_type, exc, tb):
+        state.grad_enabled, state.inference_mode = self._saved
 
     def clone(self) -> _GradMode:
-        switch = _GradMode()
-        switch.grad = self.grad
-        return switch
+        return enable_grad() if self._mode else no_grad()
 
     def __call__(self, fn):
         # Used as a decorator the call above already switched the mode: undo it, as torch does.
-        state.grad_enabled, state.inference_mode = self._before
+        state.grad_enabled, state.inference_mode = self._saved
         return super().__call__(fn)
 
 
