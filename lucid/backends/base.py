@@ -140,3 +140,17 @@ class Backend(ABC):
     def run(self, executable: Executable, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run ``executable`` on ``feeds`` (numpy arrays, exact dtypes and shapes)."""
         return executable.run(feeds)
+
+    def bound_call(
+        self,
+        executable: Executable,
+        positions: Sequence[int],
+        tensors: Sequence[Any],
+        *,
+        single: bool,
+    ) -> Any:
+        """Optional fast path for a cache hit: a ``call(args, kwargs=None)`` that feeds
+        ``args[p]._data`` for each of ``positions`` then ``t._data`` for each of ``tensors``, runs
+        ``executable`` and returns Tensors (the Tensor itself with ``single``, else a list). None
+        (the default) lets ``lucid.compile`` bind, ``run`` and wrap in Python."""
+        return None

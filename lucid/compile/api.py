@@ -1381,10 +1381,9 @@ def _direct_call(
     """The backend's direct call for a cache hit of ``graph`` (its ``bound_call``: binding,
     running and wrapping in one call), or None when the backend has none for it."""
     executable = getattr(graph, "executable", None)
-    make = getattr(_pipeline.get_backend(backend), "bound_call", None)
-    if executable is None or make is None:
+    if executable is None:
         return None
-    return make(executable, positions, tensors, single=single)
+    return _pipeline.get_backend(backend).bound_call(executable, positions, tensors, single=single)
 
 
 def _make_binder(feed_roles: list[str], tensor_pos: list[tuple], captured: dict[str, Tensor]):
