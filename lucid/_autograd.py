@@ -145,10 +145,20 @@ class _GradMode:
 class _BareDecoratable(_GradMode):
     """A switch that also works as a bare decorator: ``@no_grad`` as well as ``@no_grad()``.
 
-    Subclasses set gradient recording to a fixed mode and leave the inference flag alone (a block
-    that nests properly leaves it as it found it), so only ``grad_enabled`` is saved."""
+    Subclasses set gradient recording to their fixed ``_grad_mode`` and leave the inference flag
+    alone (a block that nests properly leaves it as it found it), so only ``grad_enabled`` is
+    saved."""
 
     __slots__ = ()
+    _grad_mode: bool
+
+    def __enter__(self):
+        self._saved = (state.grad_enabled, self._saved)
+        state.grad_enabled = self._grad_mode
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        state.grad_enabled, self._saved = self._saved
 
     def __new__(cls, orig_func=None):
         if orig_func is None:
@@ -168,14 +178,7 @@ class no_grad(_BareDecoratable):  # noqa: N801  (torch.no_grad)
     or ``@lucid.no_grad()``."""
 
     __slots__ = ()
-
-    def __enter__(self):
-        self._saved = (state.grad_enabled, self._saved)
-        state.grad_enabled = False
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        state.grad_enabled, self._saved = self._saved
+    _grad_mode = False
 
 
 class enable_grad(_BareDecoratable):  # noqa: N801  (torch.enable_grad)
@@ -183,14 +186,7 @@ class enable_grad(_BareDecoratable):  # noqa: N801  (torch.enable_grad)
     manager and a decorator, bare or called."""
 
     __slots__ = ()
-
-    def __enter__(self):
-        self._saved = (state.grad_enabled, self._saved)
-        state.grad_enabled = True
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        state.grad_enabled, self._saved = self._saved
+    _grad_mode = True
 
 
 class inference_mode(_GradMode):  # noqa: N801  (torch.inference_mode)
