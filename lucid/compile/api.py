@@ -1366,9 +1366,7 @@ def _simple_bind_plan(
     for anything else (keyword or nested inputs, the RNG state)."""
     n = len(tensor_pos)
     inputs, rest = feed_roles[:n], feed_roles[n:]
-    if [r for r in inputs] != [f"input:{i}" for i in range(n)] or any(
-        len(p) != 1 for p in tensor_pos
-    ):
+    if inputs != [f"input:{i}" for i in range(n)] or any(len(p) != 1 for p in tensor_pos):
         return None
     if any(r == "rng" or r.startswith("input:") or r not in captured for r in rest):
         return None

@@ -8,6 +8,7 @@
 
 #include "lucid/blas.h"
 #include "lucid/conv.h"
+#include "lucid/gelu.h"
 #include "lucid/kernels.h"
 #include "lucid/parallel.h"
 #include "lucid/sgemm.h"
@@ -141,12 +142,8 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
     if constexpr (std::is_same_v<T, float>) {
       sgemm_activation(p.act, 1, total, C, total);
     } else if constexpr (std::is_floating_point_v<T>) {
-      for (int64_t i = 0; i < total; ++i) {
-        const T x = C[i];
-        C[i] = p.act == GemmActivation::relu
-                   ? (x < 0 ? T(0) : x)
-                   : x * ((std::erf(x * T(0.70710678118654752440)) + T(1)) * T(0.5));
-      }
+      for (int64_t i = 0; i < total; ++i)
+        C[i] = p.act == GemmActivation::relu ? (C[i] < 0 ? T(0) : C[i]) : gelu(C[i]);
     }
   }
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "lucid/fastmath.h"
+#include "lucid/gelu.h"
 #include "lucid/gelu_avx2.h"
 #include "lucid/kernels.h"
 #include "lucid/parallel.h"
@@ -32,36 +33,8 @@ namespace {
 constexpr int64_t kChunkRows = 32;
 // Below this many elements a kernel runs on the calling thread (as softmax and layer_norm).
 constexpr int64_t kParallelMinElements = int64_t(1) << 16;
-constexpr double kInvSqrt2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
-
-// ---- math per element ---------------------------------------------------------------------
-
-template <class T>
-inline T erf_t(T x) {
-  if constexpr (std::is_same_v<T, float>) return fast_erff(x);
-  else return std::erf(x);
-}
-
-template <class T>
-inline T exp_t(T x) {
-  if constexpr (std::is_same_v<T, float>) return fast_expf(x);
-  else return std::exp(x);
-}
-
-// GELU's cdf factor Phi(x) = (1 + erf(x / sqrt 2)) / 2, computed as the lowered graph does.
-template <class T>
-inline T gelu_cdf(T x) {
-  return (erf_t<T>(x * static_cast<T>(kInvSqrt2)) + T(1)) * T(0.5);
-}
-
-// d gelu / dx = Phi(x) + x * phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
-template <class T>
-inline T gelu_slope(T x) {
-  return gelu_cdf(x) + x * (exp_t<T>(x * x * T(-0.5)) * static_cast<T>(kInvSqrt2Pi));
-}
 
 // ---- kernels over a range of rows ---------------------------------------------------------
 

@@ -46,10 +46,6 @@ int mode_from_env() {
 
 std::atomic<int> g_mode{mode_from_env()};
 
-float gelu_scalar(float x) {
-  return x * ((fast_erff(x * static_cast<float>(kGeluInvSqrt2)) + 1.0f) * 0.5f);
-}
-
 }  // namespace
 
 void set_sgemm_mode(int mode) { g_mode.store(mode < 0 || mode > 2 ? 0 : mode); }
@@ -431,7 +427,7 @@ LUCID_AVX2 void activation_avx2(GemmActivation act, int64_t M, int64_t N, float*
       _mm256_storeu_ps(c + j, act == GemmActivation::relu ? _mm256_max_ps(_mm256_setzero_ps(), x)
                                                           : gelu8(x));
     }
-    for (; j < N; ++j) c[j] = act == GemmActivation::relu ? (c[j] < 0 ? 0.0f : c[j]) : gelu_scalar(c[j]);
+    for (; j < N; ++j) c[j] = act == GemmActivation::relu ? (c[j] < 0 ? 0.0f : c[j]) : gelu(c[j]);
   }
 }
 
@@ -505,7 +501,7 @@ void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float& c = C[i * ldc + j];
-      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu_scalar(c);
+      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu(c);
     }
 }
 
@@ -522,7 +518,7 @@ void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float& c = C[i * ldc + j];
-      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu_scalar(c);
+      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu(c);
     }
 }
 

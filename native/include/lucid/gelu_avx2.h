@@ -4,6 +4,8 @@
 // gemm + GELU computes the same values as the gelu instruction.
 #pragma once
 
+#include "lucid/gelu.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
@@ -12,9 +14,6 @@
 #endif
 
 namespace lucid {
-
-constexpr double kGeluInvSqrt2 = 0.70710678118654752440;
-constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;
 
 LUCID_AVX2 inline __m256 erf8(__m256 x) {
   const __m256 c = _mm256_max_ps(_mm256_set1_ps(-4.0f), _mm256_min_ps(_mm256_set1_ps(4.0f), x));
