@@ -28,9 +28,10 @@ def _bias_of(program: Program, slot: int, out_shape: tuple) -> bool:
     return program.slots[slot].shape in ((channels, 1, 1), (1, channels, 1, 1))
 
 
-def fold_conv_bias_relu(program: Program, instrs: list[Instr | None], graph) -> None:
-    """``relu(add(conv2d(x, w), bias))`` (the relu optional) becomes one ``conv2d_bias``."""
-    g = graph(program, instrs)
+def fold_conv_bias_relu(g) -> None:
+    """``relu(add(conv2d(x, w), bias))`` (the relu optional) becomes one ``conv2d_bias``
+    (``g``: kernel_fusion's graph of the instruction list, through which edits go)."""
+    program, instrs = g.program, g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "conv2d":
             continue
@@ -49,13 +50,10 @@ def fold_conv_bias_relu(program: Program, instrs: list[Instr | None], graph) -> 
         found = g.only_reader(out, "relu")
         if found is not None:
             last, out, relu = found[0], found[1].outputs[0], True
-            instrs[k_add] = None
+            g.set(k_add, None)
         # At the last removed instruction's place: the bias may be made after the conv.
-        instrs[k] = None
-        instrs[last] = Instr(
-            "conv2d_bias", (*ins.inputs, bias), (out,), {**ins.attrs, "relu": relu}
-        )
-        g = graph(program, instrs)
+        g.set(k, None)
+        g.set(last, Instr("conv2d_bias", (*ins.inputs, bias), (out,), {**ins.attrs, "relu": relu}))
 
 
 def _zero_scalar(g, slot: int) -> bool:
@@ -63,9 +61,9 @@ def _zero_scalar(g, slot: int) -> bool:
     return found is not None and g.aval(slot).shape == () and not any(found[1].attrs["value"])
 
 
-def fold_max_pool_relu_grad(program: Program, instrs: list[Instr | None], graph) -> None:
+def fold_max_pool_relu_grad(g) -> None:
     """``select(gt(x, 0), max_pool2d_grad(dy, x), 0)`` becomes ``max_pool2d_relu_grad(dy, x)``."""
-    g = graph(program, instrs)
+    instrs = g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "select":
             continue
@@ -81,9 +79,9 @@ def fold_max_pool_relu_grad(program: Program, instrs: list[Instr | None], graph)
             continue
         if g.aval(ins.outputs[0]) != g.aval(grad):
             continue
-        instrs[gt[0]] = instrs[pool[0]] = None
-        instrs[k] = Instr("max_pool2d_relu_grad", pool[1].inputs, ins.outputs, dict(pool[1].attrs))
-        g = graph(program, instrs)
+        g.set(gt[0], None)
+        g.set(pool[0], None)
+        g.set(k, Instr("max_pool2d_relu_grad", pool[1].inputs, ins.outputs, dict(pool[1].attrs)))
 
 
 # -- numpy references of the CPU-only instructions (Program.interpret) ------------------------

@@ -54,8 +54,10 @@ import numpy as np
 from lucid.backends.cpu import conv_fusion
 from lucid.backends.cpu.program import Instr, Program
 from lucid.backends.prim_ops import Aval
+from lucid.ir import visits
 
 FLOAT_DTYPES = ("f32", "f64")
+STAGE = "fuse-kernels"  # the visit counters' name for this step
 
 
 def fuse_kernels(program: Program) -> Program:
@@ -66,6 +68,7 @@ def fuse_kernels(program: Program) -> Program:
     out.results = list(program.results)
     out.inplace = dict(program.inplace)
     instrs: list[Instr | None] = list(program.instrs)
+    graph = _Graph(out, instrs)
     rewrites = (
         _fold_gemm_scale,  # first: a scaled product is then one gemm for the head views
         _fold_head_views,
@@ -82,31 +85,83 @@ def fuse_kernels(program: Program) -> Program:
         _fold_conv_epilogues,
     )
     for rewrite in rewrites:
-        rewrite(out, instrs)
+        rewrite(graph)
+    # Constants the rewrites stopped reading (a folded scale, a zero addend) go.
+    for k, ins in enumerate(instrs):
+        if ins is not None and ins.op == "constant" and not graph.uses[ins.outputs[0]]:
+            graph.set(k, None)
     out.instrs = [ins for ins in instrs if ins is not None]
     return out
 
 
 class _Graph:
-    """Producers and use counts of the current instruction list."""
+    """Producers, use counts and readers of the instruction list, built once and kept current
+    by ``set``, through which every rewrite edits the list: a fold costs the instructions it
+    looks at, not a rebuild of the whole program per rewrite (which made fusion quadratic)."""
 
     def __init__(self, program: Program, instrs: list[Instr | None]) -> None:
         self.program = program
-        self.producer = {
-            s: k for k, ins in enumerate(instrs) if ins is not None for s in ins.outputs
-        }
-        self.uses = Counter(s for ins in instrs if ins is not None for s in ins.inputs)
-        self.uses.update(program.results)
         self.instrs = instrs
-        self.readers: dict[int, list[int]] = {}
+        self.producer: dict[int, int] = {}
+        self.uses: Counter[int] = Counter(program.results)
+        self._readers: dict[int, dict[int, None]] = {}
+        # Slots whose last reader went away since the last ``erase_unread``.
+        self.unread: set[int] = set()
         for k, ins in enumerate(instrs):
-            for s in dict.fromkeys(ins.inputs if ins is not None else ()):
-                self.readers.setdefault(s, []).append(k)
+            if ins is not None:
+                self._link(k, ins)
+        visits.count(STAGE, len(instrs))
+
+    def _link(self, k: int, ins: Instr) -> None:
+        for s in ins.outputs:
+            self.producer[s] = k
+        for s in ins.inputs:
+            self.uses[s] += 1
+            self._readers.setdefault(s, {})[k] = None
+
+    def _unlink(self, k: int, ins: Instr) -> None:
+        for s in ins.outputs:
+            if self.producer.get(s) == k:
+                del self.producer[s]
+        for s in ins.inputs:
+            self.uses[s] -= 1
+            self._readers[s].pop(k, None)
+            if not self.uses[s]:
+                self.unread.add(s)
+
+    def set(self, k: int, ins: Instr | None) -> None:
+        """Put ``ins`` (None: nothing) at position ``k``, updating producers, uses, readers."""
+        visits.count(STAGE)
+        old = self.instrs[k]
+        if old is not None:
+            self._unlink(k, old)
+        self.instrs[k] = ins
+        if ins is not None:
+            self._link(k, ins)
+
+    def readers(self, slot: int) -> list[int]:
+        """Positions of the instructions reading ``slot``, in program order."""
+        return sorted(self._readers.get(slot, ()))
+
+    def erase_unread(self, erasable: Callable[[int, Instr], bool]) -> None:
+        """Drop the instructions ``erasable`` accepts whose values nothing reads any more, among
+        the producers of values left unread by the edits so far, and so on up their operands."""
+        pending: list[int] = []
+        while True:
+            pending.extend(self.producer[s] for s in self.unread if s in self.producer)
+            self.unread.clear()
+            if not pending:
+                return
+            k = pending.pop()
+            ins = self.instrs[k]
+            if ins is None or not erasable(k, ins) or any(self.uses[s] for s in ins.outputs):
+                continue
+            self.set(k, None)
 
     def only_reader(self, slot: int, op: str) -> tuple[int, Instr] | None:
         """(index, instruction) of the one ``op`` instruction reading ``slot``, when nothing else
         reads it (and it is not a result)."""
-        readers = self.readers.get(slot, [])
+        readers = self.readers(slot)
         if len(readers) != 1 or not self.used_only_by(slot, 1):
             return None
         ins = self.instrs[readers[0]]
@@ -148,8 +203,8 @@ def _constant_scalar(g: _Graph, slot: int) -> float | None:
     return float(value[0]) if value.size == 1 else None
 
 
-def _fold_gemm_scale(program: Program, instrs: list[Instr | None]) -> None:
-    g = _Graph(program, instrs)
+def _fold_gemm_scale(g: _Graph) -> None:
+    instrs = g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "mul":
             continue
@@ -162,26 +217,27 @@ def _fold_gemm_scale(program: Program, instrs: list[Instr | None]) -> None:
             j, matmul = mm
             gemm = _gemm_of(matmul)
             # Where the mul was: the constant may be defined after the matmul.
-            instrs[j] = None
-            instrs[k] = Instr(
-                "gemm",
-                gemm.inputs,
-                ins.outputs,
-                {**gemm.attrs, "alpha": gemm.attrs["alpha"] * alpha},
+            g.set(j, None)
+            g.set(
+                k,
+                Instr(
+                    "gemm",
+                    gemm.inputs,
+                    ins.outputs,
+                    {**gemm.attrs, "alpha": gemm.attrs["alpha"] * alpha},
+                ),
             )
-            g = _Graph(program, instrs)
             break
 
 
 def _fold_add_into_gemm(
-    program: Program,
-    instrs: list[Instr | None],
+    g: _Graph,
     takes: Callable[[_Graph, Instr, int, Aval], bool],
 ) -> None:
     """Each ``add`` of a float matmul's (or single-use gemm's) product and an operand that
     ``takes(g, gemm, operand, out_aval)`` accepts becomes that gemm with the operand as its
     accumulator, at the add's position (every operand is defined by then)."""
-    g = _Graph(program, instrs)
+    instrs = g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "add":
             continue
@@ -195,9 +251,8 @@ def _fold_add_into_gemm(
             gemm = _gemm_of(matmul)
             if not takes(g, gemm, operand, out):
                 continue
-            instrs[j] = None
-            instrs[k] = Instr("gemm", (*gemm.inputs, operand), ins.outputs, dict(gemm.attrs))
-            g = _Graph(program, instrs)
+            g.set(j, None)
+            g.set(k, Instr("gemm", (*gemm.inputs, operand), ins.outputs, dict(gemm.attrs)))
             break
 
 
@@ -211,23 +266,23 @@ def _takes_addend(g: _Graph, gemm: Instr, addend: int, out: Aval) -> bool:
     return g.aval(addend) == out and not any(len(g.aval(s).shape) > 1 for s in gemm.inputs[2:])
 
 
-def _fold_gemm_bias(program: Program, instrs: list[Instr | None]) -> None:
-    _fold_add_into_gemm(program, instrs, _takes_bias)
+def _fold_gemm_bias(g: _Graph) -> None:
+    _fold_add_into_gemm(g, _takes_bias)
 
 
-def _fold_gemm_addend(program: Program, instrs: list[Instr | None]) -> None:
-    _fold_add_into_gemm(program, instrs, _takes_addend)
+def _fold_gemm_addend(g: _Graph) -> None:
+    _fold_add_into_gemm(g, _takes_addend)
 
 
 GEMM_ACTIVATIONS = ("relu", "gelu")
 
 
-def _fold_gemm_activation(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_gemm_activation(g: _Graph) -> None:
     """``relu`` or ``gelu`` (the row kernel ``_fold_gelu`` made) of a float matmul's or gemm's
     product that nothing else reads becomes that gemm with ``activation``: the kernel applies
     it to each output tile while the tile is in registers, after bias and addend, instead of a
     pass of its own over the output. At the activation's position, as the other gemm folds."""
-    g = _Graph(program, instrs)
+    instrs = g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op not in GEMM_ACTIVATIONS or len(ins.inputs) != 1:
             continue
@@ -239,9 +294,8 @@ def _fold_gemm_activation(program: Program, instrs: list[Instr | None]) -> None:
         gemm = _gemm_of(matmul)
         if "activation" in gemm.attrs:
             continue
-        instrs[j] = None
-        instrs[k] = Instr("gemm", gemm.inputs, ins.outputs, {**gemm.attrs, "activation": ins.op})
-        g = _Graph(program, instrs)
+        g.set(j, None)
+        g.set(k, Instr("gemm", gemm.inputs, ins.outputs, {**gemm.attrs, "activation": ins.op}))
 
 
 def _head_source(g: _Graph, slot: int) -> tuple[int, list[int]] | None:
@@ -274,11 +328,11 @@ def _head_source(g: _Graph, slot: int) -> tuple[int, list[int]] | None:
     return src, [heads, dim, col0]
 
 
-def _fold_head_views(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_head_views(g: _Graph) -> None:
     """Attention's per-head operands read straight from the projection, and its per-head result
     written straight in [B, L, H*D] order: the slices and transposes around it (copies of the
     whole activation each) are gone."""
-    g = _Graph(program, instrs)
+    program, instrs = g.program, g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
             continue
@@ -299,36 +353,23 @@ def _fold_head_views(program: Program, instrs: list[Instr | None]) -> None:
             # value the gemm writes through c_view; readers that reshape it read that instead.
             b, heads, length, dim = g.aval(out).shape
             merged = (b, length, heads * dim)
-            readers = g.readers.get(t[1].outputs[0], [])
+            readers = g.readers(t[1].outputs[0])
             if t[1].outputs[0] not in program.results and all(
                 instrs[j].op == "reshape" for j in readers
             ):
                 new = program.new_slot(merged, g.aval(out).dtype)
                 for j in readers:
                     r = instrs[j]
-                    instrs[j] = Instr("reshape", (new,), r.outputs, dict(r.attrs))
+                    g.set(j, Instr("reshape", (new,), r.outputs, dict(r.attrs)))
                 outputs, attrs["c_view"] = (new,), [heads, dim]
                 # Where the transpose was: every reader of its value comes after it.
-                instrs[k] = None
+                g.set(k, None)
                 k = t[0]
         if attrs == gemm.attrs and outputs == gemm.outputs:
             continue
-        instrs[k] = Instr("gemm", tuple(inputs), outputs, attrs)
-        _erase_dead_views(program, instrs)
-        g = _Graph(program, instrs)
-
-
-def _erase_dead_views(program: Program, instrs: list[Instr | None]) -> None:
-    """Drop slices, reshapes and transposes whose values nothing reads any more."""
-    changed = True
-    while changed:
-        g = _Graph(program, instrs)
-        changed = False
-        for j, ins in enumerate(instrs):
-            if ins is not None and ins.op in ("slice", "reshape", "transpose"):
-                if g.uses[ins.outputs[0]] == 0:
-                    instrs[j] = None
-                    changed = True
+        g.set(k, Instr("gemm", tuple(inputs), outputs, attrs))
+        # The slices, reshapes and transposes whose values nothing reads any more go.
+        g.erase_unread(lambda _, ins: ins.op in ("slice", "reshape", "transpose"))
 
 
 def _single_use(g: _Graph, slot: int, op: str) -> tuple[int, Instr] | None:
@@ -350,8 +391,8 @@ def _last_axis_mean(g: _Graph, slot: int, of: int) -> int | None:
     return k
 
 
-def _fold_layer_norm(program: Program, instrs: list[Instr | None]) -> None:
-    g = _Graph(program, instrs)
+def _fold_layer_norm(g: _Graph) -> None:
+    program, instrs = g.program, g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "normalize":
             continue
@@ -380,9 +421,8 @@ def _fold_layer_norm(program: Program, instrs: list[Instr | None]) -> None:
             continue
         eps = ins.attrs["epsilon"]
         for j in (k_mean, k_var, square[0], sub[0]):
-            instrs[j] = None
-        instrs[k] = Instr("layer_norm", (x, gamma, beta), ins.outputs, {"epsilon": eps})
-        g = _Graph(program, instrs)
+            g.set(j, None)
+        g.set(k, Instr("layer_norm", (x, gamma, beta), ins.outputs, {"epsilon": eps}))
 
 
 def _zero_constant(g: _Graph, slot: int) -> bool:
@@ -407,11 +447,11 @@ def _sum_leaves(g: _Graph, k: int, shape: tuple) -> tuple[list[int], list[int]] 
     return leaves, tree
 
 
-def _fold_padded_sums(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_padded_sums(g: _Graph) -> None:
     """A sum of zero-padded pieces that tile one axis, plus zeros, becomes their concatenation:
     the gradient of a fused QKV projection was three pads of [.., 3E] and an add of four arrays
     (one of them a zero constant), where one concat reads each piece once."""
-    g = _Graph(program, instrs)
+    program, instrs = g.program, g.instrs
     for k in reversed(range(len(instrs))):
         ins = instrs[k]
         if ins is None or ins.op != "add":
@@ -436,19 +476,17 @@ def _fold_padded_sums(program: Program, instrs: list[Instr | None]) -> None:
                 continue
             pieces.sort(key=lambda jp: jp[1].attrs["low"][axis])
             for j in tree + [j for j, _ in pieces]:
-                instrs[j] = None
+                g.set(j, None)
             sources = tuple(p.inputs[0] for _, p in pieces)
-            instrs[k] = Instr("concat", sources, ins.outputs, {"axis": axis})
-            g = _Graph(program, instrs)
+            g.set(k, Instr("concat", sources, ins.outputs, {"axis": axis}))
             for s in zeros:  # a zero constant read by nothing else now
-                if g.uses[s] == 0 and s not in program.results:
-                    instrs[g.producer[s]] = None
-            g = _Graph(program, instrs)
+                if g.uses[s] == 0 and s not in program.results and s in g.producer:
+                    g.set(g.producer[s], None)
 
 
-def _fold_conv_epilogues(program: Program, instrs: list[Instr | None]) -> None:
-    conv_fusion.fold_conv_bias_relu(program, instrs, _Graph)
-    conv_fusion.fold_max_pool_relu_grad(program, instrs, _Graph)
+def _fold_conv_epilogues(g: _Graph) -> None:
+    conv_fusion.fold_conv_bias_relu(g)
+    conv_fusion.fold_max_pool_relu_grad(g)
 
 
 def _tiled_axis(pads: list[Instr], shape: tuple) -> int | None:
@@ -530,12 +568,12 @@ def _attention_attrs(q, k, v, alpha: float) -> dict | None:
     return attrs
 
 
-def _fold_attention(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_attention(g: _Graph) -> None:
     """``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)``, with the scores read nowhere else,
     becomes one ``attention(q, k, v)`` (masked scores stay unfused). Weights read elsewhere too
     (the training forward's, which the gradient reads; ``need_weights``) become its second
     output, when nothing reads them before the product."""
-    g = _Graph(program, instrs)
+    instrs = g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
             continue
@@ -546,7 +584,7 @@ def _fold_attention(program: Program, instrs: list[Instr | None]) -> None:
             continue
         probs = pv.inputs[0]
         keep_probs = not g.used_only_by(probs, 1)
-        if keep_probs and min(g.readers.get(probs, [k])) < k:
+        if keep_probs and min(g.readers(probs), default=k) < k:
             continue
         found = _scores(g, probs)
         if found is None:
@@ -566,10 +604,10 @@ def _fold_attention(program: Program, instrs: list[Instr | None]) -> None:
             want = (b, heads, length, dv)
         if out.shape != want:
             continue
-        instrs[j_sm] = instrs[j_qk] = None
+        g.set(j_sm, None)
+        g.set(j_qk, None)
         outputs = (*ins.outputs, probs) if keep_probs else ins.outputs
-        instrs[k] = Instr("attention", (q[0], kk[0], v[0]), outputs, attrs)
-        g = _Graph(program, instrs)
+        g.set(k, Instr("attention", (q[0], kk[0], v[0]), outputs, attrs))
 
 
 def _concat_piece(g: _Graph, slot: int) -> tuple[list[int], Instr] | None:
@@ -595,10 +633,10 @@ def _mul_of(g: _Graph, slot: int, factor: int) -> tuple[int, int] | None:
     return found[0], (b if a == factor else a)
 
 
-def _fold_attention_grad(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_attention_grad(g: _Graph) -> None:
     """Attention's gradient, concatenated as the fused QKV projection's gradient, becomes one
     ``attention_grad(qkv, dO, P)`` writing dQ, dK and dV into that concatenation's columns."""
-    g = _Graph(program, instrs)
+    instrs = g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "concat" or len(ins.inputs) != 3:
             continue
@@ -616,9 +654,8 @@ def _fold_attention_grad(program: Program, instrs: list[Instr | None]) -> None:
         attrs["grad_cols"] = [int(cols[roles.index(r)]) for r in ("dq", "dk", "dv")]
         attrs["grad_width"] = [out.shape[2]]
         for j in removed + [j for p in pieces for j in p[0]]:
-            instrs[j] = None
-        instrs[k] = Instr("attention_grad", (qkv, d_out, probs), ins.outputs, attrs)
-        g = _Graph(program, instrs)
+            g.set(j, None)
+        g.set(k, Instr("attention_grad", (qkv, d_out, probs), ins.outputs, attrs))
 
 
 def _attention_grad_parts(g: _Graph, gemms: list[Instr]):
@@ -728,6 +765,7 @@ class _Match:
 
     def _match(self, slot: int, pat) -> bool:
         g = self.g
+        visits.count(STAGE)
         if isinstance(pat, str):
             if pat in self.env:
                 return self.env[pat] == slot
@@ -788,19 +826,10 @@ class _Match:
         return False
 
 
-def _erase_dead(program: Program, instrs: list[Instr | None], candidates: set[int]) -> None:
+def _erase_dead(g: _Graph, candidates: set[int]) -> None:
     """Drop the ``candidates`` whose values nothing reads any more (after a rewrite stopped
     reading them), and constants left unread; values other instructions still read stay."""
-    changed = True
-    while changed:
-        g = _Graph(program, instrs)
-        changed = False
-        for k, ins in enumerate(instrs):
-            if ins is None or (k not in candidates and ins.op != "constant"):
-                continue
-            if not any(g.uses[s] for s in ins.outputs):
-                instrs[k] = None
-                changed = True
+    g.erase_unread(lambda k, ins: k in candidates or ins.op == "constant")
 
 
 def _column_sum(g: _Graph, slot: int, after: int) -> tuple[int, Instr] | None:
@@ -809,14 +838,14 @@ def _column_sum(g: _Graph, slot: int, after: int) -> tuple[int, Instr] | None:
     rows."""
     shape = g.aval(slot).shape
     sources = [slot]
-    for j in g.readers.get(slot, []):
+    for j in g.readers(slot):
         r = g.instrs[j]
         if r is not None and r.op == "reshape" and len(g.aval(r.outputs[0]).shape) == 2:
             if g.aval(r.outputs[0]).shape[-1] == shape[-1]:
                 sources.append(r.outputs[0])
     for src in sources:
         rank = len(g.aval(src).shape)
-        for j in g.readers.get(src, []):
+        for j in g.readers(src):
             r = g.instrs[j]
             if j <= after or r is None or r.op != "reduce_sum":
                 continue
@@ -827,18 +856,16 @@ def _column_sum(g: _Graph, slot: int, after: int) -> tuple[int, Instr] | None:
     return None
 
 
-def _take_column_sum(
-    program: Program, instrs: list[Instr | None], g: _Graph, slot: int, after: int
-) -> int:
+def _take_column_sum(g: _Graph, slot: int, after: int) -> int:
     """A new ``[n]`` slot for the column sums of ``slot``: an existing column sum after
     ``after`` becomes a reshape (a view) of it; otherwise nothing reads the new slot."""
     aval = g.aval(slot)
-    new = program.new_slot(aval.shape[-1:], aval.dtype)
+    new = g.program.new_slot(aval.shape[-1:], aval.dtype)
     found = _column_sum(g, slot, after)
     if found is not None:
         j, r = found
         shape = g.aval(r.outputs[0]).shape
-        instrs[j] = Instr("reshape", (new,), r.outputs, {"shape": tuple(shape)})
+        g.set(j, Instr("reshape", (new,), r.outputs, {"shape": tuple(shape)}))
     return new
 
 
@@ -874,24 +901,24 @@ _LN_GRAD = (
 )
 
 
-def _row_kernel_candidates(program: Program, instrs: list[Instr | None], pattern, op: str):
-    """Yields (graph, index, match) for each float ``op`` instruction whose value matches
-    ``pattern``; the caller rewrites and the graph is rebuilt before the next candidate."""
+def _row_kernel_candidates(g: _Graph, pattern, op: str):
+    """Yields (index, match) for each float ``op`` instruction whose value matches ``pattern``;
+    the caller rewrites through ``g`` before the next candidate."""
+    instrs = g.instrs
     for k in range(len(instrs)):
         ins = instrs[k]
         if ins is None or ins.op != op or len(ins.outputs) != 1:
             continue
-        g = _Graph(program, instrs)
         if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES or not g.aval(ins.outputs[0]).shape:
             continue
         m = _Match(g)
         if m.match(ins.outputs[0], pattern):
-            yield g, k, m
+            yield k, m
 
 
 def _product_with_column_sum(g: _Graph, xhat: int | None, dy: int, after: int) -> int | None:
     """The slot of ``dy * xhat`` when a column sum after ``after`` reads it."""
-    for j in g.readers.get(xhat, []) if xhat is not None else []:
+    for j in g.readers(xhat) if xhat is not None else []:
         r = g.instrs[j]
         if r is None or r.op != "mul" or sorted(r.inputs) != sorted((dy, xhat)):
             continue
@@ -900,12 +927,13 @@ def _product_with_column_sum(g: _Graph, xhat: int | None, dy: int, after: int) -
     return None
 
 
-def _fold_layer_norm_grad(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_layer_norm_grad(g: _Graph) -> None:
     """Layer norm's backward (statistics recomputed, ``_normalize_grad`` of lucid/ops/norm.py
     as lowered: five row reductions and eight elementwise passes, plus the column sums of
     gamma's and beta's gradients and the bias gradient of the layer before) becomes one
     ``layer_norm_grad(dy, x, gamma) -> (dx, dgamma, dbeta, dx column sums)``."""
-    for g, k, m in _row_kernel_candidates(program, instrs, _LN_GRAD, "mul"):
+    program, instrs = g.program, g.instrs
+    for k, m in _row_kernel_candidates(g, _LN_GRAD, "mul"):
         x, dy, gamma, rstd = (m.env[n] for n in ("x", "dy", "gamma", "rstd"))
         xa = g.aval(x)
         if g.aval(dy) != xa:  # dy * gamma is matched up to the order of its factors
@@ -930,45 +958,50 @@ def _fold_layer_norm_grad(program: Program, instrs: list[Instr | None]) -> None:
                 dy, gamma = dy_, gamma_
                 break
         if product is not None:
-            dead |= {g.producer[product], *g.readers.get(product, [])}
-            outputs.append(_take_column_sum(program, instrs, g, product, k))
+            dead |= {g.producer[product], *g.readers(product)}
+            outputs.append(_take_column_sum(g, product, k))
         else:
             outputs.append(program.new_slot(xa.shape[-1:], xa.dtype))
-        outputs.append(_take_column_sum(program, instrs, g, dy, k))
+        outputs.append(_take_column_sum(g, dy, k))
         if _column_sum(g, dx, k) is not None:
-            outputs.append(_take_column_sum(program, instrs, g, dx, k))
-        instrs[k] = Instr(
-            "layer_norm_grad", (dy, x, gamma), tuple(outputs), {"epsilon": float(m.env["eps"])}
+            outputs.append(_take_column_sum(g, dx, k))
+        g.set(
+            k,
+            Instr(
+                "layer_norm_grad", (dy, x, gamma), tuple(outputs), {"epsilon": float(m.env["eps"])}
+            ),
         )
-        _erase_dead(program, instrs, dead)
+        _erase_dead(g, dead)
 
 
-def _fold_gelu_grad(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_gelu_grad(g: _Graph) -> None:
     """GELU's gradient (erf form) ``dy * (cdf(x) + x * pdf(x))`` becomes ``gelu_grad(dy, x)``,
     with the column sums of the result (the bias gradient of the layer that produced ``x``) as
     a second output when the program takes them."""
-    for g, k, m in _row_kernel_candidates(program, instrs, _GELU_GRAD, "mul"):
+    instrs = g.instrs
+    for k, m in _row_kernel_candidates(g, _GELU_GRAD, "mul"):
         dy, x = m.env["dy"], m.env["x"]
         dx = instrs[k].outputs[0]
         if g.aval(dy) != g.aval(x) or g.aval(dx) != g.aval(x):
             continue
         outputs = [dx]
         if _column_sum(g, dx, k) is not None:
-            outputs.append(_take_column_sum(program, instrs, g, dx, k))
-        instrs[k] = Instr("gelu_grad", (dy, x), tuple(outputs), {})
-        _erase_dead(program, instrs, set(m.instrs) - {k})
+            outputs.append(_take_column_sum(g, dx, k))
+        g.set(k, Instr("gelu_grad", (dy, x), tuple(outputs), {}))
+        _erase_dead(g, set(m.instrs) - {k})
 
 
-def _fold_gelu(program: Program, instrs: list[Instr | None]) -> None:
+def _fold_gelu(g: _Graph) -> None:
     """GELU (erf form) ``x * (erf(x / sqrt 2) + 1) / 2`` becomes ``gelu(x)``: one vectorized pass
     instead of the elementwise evaluator's five nodes (runs after ``_fold_gelu_grad``, which
     frees the cdf the backward shared)."""
-    for g, k, m in _row_kernel_candidates(program, instrs, _GELU, "mul"):
+    instrs = g.instrs
+    for k, m in _row_kernel_candidates(g, _GELU, "mul"):
         x, y = m.env["x"], instrs[k].outputs[0]
         if g.aval(x) != g.aval(y):
             continue
-        instrs[k] = Instr("gelu", (x,), (y,), {})
-        _erase_dead(program, instrs, set(m.instrs) - {k})
+        g.set(k, Instr("gelu", (x,), (y,), {}))
+        _erase_dead(g, set(m.instrs) - {k})
 
 
 # -- numpy references of the CPU-only instructions (Program.interpret) ------------------------
