@@ -60,6 +60,7 @@ def split_forward_backward(module: x.ModuleOp) -> tuple[x.ModuleOp, x.ModuleOp]:
         if any(o in backward for o in op.operands):
             backward.update(op.results)
     arg_set = set(block.args)
+    position = {op: i for i, op in enumerate(body)}  # body.index per residual was quadratic
     residual_pos: list[tuple[int, int]] = []  # (op index, result index) of each residual
     seen: set[x.SSAValue] = set()
 
@@ -67,8 +68,7 @@ def split_forward_backward(module: x.ModuleOp) -> tuple[x.ModuleOp, x.ModuleOp]:
         if v in backward or v in arg_set or v in seen:
             return
         seen.add(v)
-        owner = v.owner
-        residual_pos.append((body.index(owner), v.index))
+        residual_pos.append((position[v.owner], v.index))
 
     for op in body:
         if any(o in backward for o in op.operands):
@@ -79,14 +79,14 @@ def split_forward_backward(module: x.ModuleOp) -> tuple[x.ModuleOp, x.ModuleOp]:
         if role.startswith("grad:"):
             need(v)
 
-    def value_at(mod: x.ModuleOp, pos: tuple[int, int]) -> x.SSAValue:
+    def values_at(mod: x.ModuleOp) -> list[x.SSAValue]:
         ops_ = list(block_of(forward_func(mod)).ops)
-        return ops_[pos[0]].results[pos[1]]
+        return [ops_[i].results[j] for i, j in residual_pos]
 
     # Forward: outputs (but the seeded sum), updates, residuals; the backward ops die.
     fwd = module.clone()
     ffn = forward_func(fwd)
-    residuals = [value_at(fwd, p) for p in residual_pos]
+    residuals = values_at(fwd)
     keep = [
         i
         for i, r in enumerate(r_roles)
@@ -102,8 +102,7 @@ def split_forward_backward(module: x.ModuleOp) -> tuple[x.ModuleOp, x.ModuleOp]:
     bfn = forward_func(bwd)
     bblock = block_of(bfn)
     b_roles = feed_roles(bfn)
-    for i, p in enumerate(residual_pos):
-        v = value_at(bwd, p)
+    for i, v in enumerate(values_at(bwd)):
         arg = bblock.insert_arg(v.type, len(bblock.args))
         v.replace_all_uses_with(arg)
         b_roles.append(f"residual:{i}")

@@ -290,11 +290,13 @@ def build_training_module(
             raise e.cause from None
         raise
     fn = forward_func(module)
-    feeds = {r: t for r, t in tracer.feed_tensors().items() if r in feed_roles(fn)}
+    roles = feed_roles(fn)
+    kept = set(roles)  # once: a lookup per feed, not a walk of the roles (quadratic)
+    feeds = {r: t for r, t in tracer.feed_tensors().items() if r in kept}
     results = result_roles(fn)
     return TrainingModule(
         module=module,
-        feed_roles=feed_roles(fn),
+        feed_roles=roles,
         result_roles=results,
         grad_norm_index=results.index("output:1") if grad_norm is not None else None,
         feeds=feeds,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, get_op_class, make_constant
 from lucid.ir.types import attr_to_ir, tensor_type
 from lucid.trace import Const, Trace
@@ -79,6 +80,7 @@ def import_trace(trace: Trace, name: str = "forward") -> x.ModuleOp:
             return v
         return env[c.id]
 
+    visits.count("import", len(trace.ops))
     for top in trace.ops:
         operands = []
         for inp in top.inputs:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
+from lucid.ir.types import BoundedCache
 
 __all__ = [
     "PrimIROp",
@@ -33,19 +34,14 @@ __all__ = [
 
 _DTYPE_TO_ELEM = {"f32": x.f32, "f64": x.f64, "i32": x.i32, "i64": x.i64, "bool": x.i1}
 _ELEM_TO_DTYPE = {v: k for k, v in _DTYPE_TO_ELEM.items()}
-_TYPE_CACHE: dict[tuple, x.TensorType] = {}
-_TYPE_CACHE_LIMIT = 1024  # starts over when full (bounded memory over thousands of shapes)
+_TYPE_CACHE_LIMIT = 128  # least recently used evicted (see lucid.ir.types.BoundedCache)
+_TYPE_CACHE: BoundedCache[x.TensorType] = BoundedCache(_TYPE_CACHE_LIMIT)
 
 
 def prim_type(shape: Sequence[int], dtype: str) -> x.TensorType:
     """``tensor<...>`` of a static shape and a prim dtype name."""
-    key = (tuple(shape), dtype)
-    t = _TYPE_CACHE.get(key)
-    if t is None:
-        if len(_TYPE_CACHE) >= _TYPE_CACHE_LIMIT:
-            _TYPE_CACHE.clear()
-        t = _TYPE_CACHE[key] = x.TensorType(_DTYPE_TO_ELEM[dtype], list(shape))
-    return t
+    shape = tuple(shape)
+    return _TYPE_CACHE.get((shape, dtype), lambda: x.TensorType(_DTYPE_TO_ELEM[dtype], list(shape)))
 
 
 def aval_of_type(t: x.Attribute) -> P.Aval:

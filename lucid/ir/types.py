@@ -7,7 +7,9 @@ Every conversion here is lossless and has an inverse: ``attr_to_ir``/``attr_from
 
 from __future__ import annotations
 
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -41,37 +43,68 @@ def dtype_from_ir(t: x.Attribute) -> _dtype.dtype:
         raise ValueError(f"element type {t} has no Lucid dtype") from None
 
 
-_TYPE_CACHE: dict[tuple, x.TensorType] = {}
-# The caches start over when full: a process compiling thousands of shapes stays bounded.
-_TYPE_CACHE_LIMIT = 1024
+V = TypeVar("V")
+
+
+class BoundedCache(Generic[V]):
+    """A memo of at most ``limit`` entries; the least recently used goes first. The type caches
+    below are this: a process compiling thousands of shapes keeps the types of the last few
+    hundred (a few hundred kB), and the types a model uses on every compile stay cached while
+    one-off shapes pass through."""
+
+    __slots__ = ("_entries", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self._entries: OrderedDict[Hashable, V] = OrderedDict()
+        self.limit = limit
+
+    def get(self, key: Hashable, make: Callable[[], V]) -> V:
+        """The entry of ``key``, made by ``make()`` (and kept) on a miss."""
+        entries = self._entries
+        value = entries.get(key)
+        if value is not None:
+            entries.move_to_end(key)
+            return value
+        value = entries[key] = make()
+        if len(entries) > self.limit:
+            entries.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+# A transformer stack's compile meets a few dozen distinct types; 128 covers several models'
+# worth, at about 1 kB each (an xDSL type is a heavy object).
+_TYPE_CACHE_LIMIT = 128
+_TYPE_CACHE: BoundedCache[x.TensorType] = BoundedCache(_TYPE_CACHE_LIMIT)
 
 
 def tensor_type(shape: tuple, dt: _dtype.dtype) -> x.TensorType:
     """``tensor<...>`` of a Lucid shape (None for a symbolic dim) and dtype; cached, because the
     importer asks for the same few types over and over."""
-    key = (shape, dt)
-    t = _TYPE_CACHE.get(key)
-    if t is None:
-        dims = [x.DYNAMIC_INDEX if d is None else d for d in shape]
-        if len(_TYPE_CACHE) >= _TYPE_CACHE_LIMIT:
-            _TYPE_CACHE.clear()
-        t = _TYPE_CACHE[key] = x.TensorType(_DTYPE_TO_IR[dt], dims)
-    return t
+    return _TYPE_CACHE.get(
+        (shape, dt),
+        lambda: x.TensorType(
+            _DTYPE_TO_IR[dt], [x.DYNAMIC_INDEX if d is None else d for d in shape]
+        ),
+    )
 
 
-_AVAL_CACHE: dict[int, tuple[x.Attribute, AVal]] = {}
+_AVAL_CACHE: BoundedCache[tuple[x.Attribute, AVal]] = BoundedCache(2 * _TYPE_CACHE_LIMIT)
 
 
 def aval_of_type(t: x.Attribute) -> AVal:
     """The AVal of a tensor type. Cached by object identity (the importer reuses type objects,
     and hashing an xDSL attribute costs more than the conversion)."""
-    hit = _AVAL_CACHE.get(id(t))
-    if hit is not None and hit[0] is t:
-        return hit[1]
-    av = AVal(shape_of_type(t), dtype_of_type(t))
-    if len(_AVAL_CACHE) >= 2 * _TYPE_CACHE_LIMIT:
-        _AVAL_CACHE.clear()
-    _AVAL_CACHE[id(t)] = (t, av)  # holding t keeps its id from being reused
+    # The entry holds t, so its id is not reused while cached; a different type object that
+    # got the id of one evicted earlier misses the identity check and replaces the entry.
+    held, av = _AVAL_CACHE.get(id(t), lambda: (t, AVal(shape_of_type(t), dtype_of_type(t))))
+    if held is not t:
+        av = AVal(shape_of_type(t), dtype_of_type(t))
     return av
 
 

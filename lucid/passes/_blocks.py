@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 
 
 def blocks_of(module: x.ModuleOp) -> Iterator[x.Block]:
@@ -23,22 +24,25 @@ def _is_pure(op: x.Operation) -> bool:
     return not op.regions and op.has_trait(x.Pure)
 
 
-def erase_dead(block: x.Block) -> None:
-    """Erase unused pure ops, last to first, so whole dead chains go in one sweep."""
+def erase_dead(block: x.Block, stage: str) -> None:
+    """Erase unused pure ops, last to first, so whole dead chains go in one sweep (``stage``:
+    the pass, for the visit counters)."""
     op = block.last_op
     while op is not None:
+        visits.count(stage)
         prev = op.prev_op
         if all(not r.uses for r in op.results) and op.results and _is_pure(op):
             block.erase_op(op)
         op = prev
 
 
-def merge_common(block: x.Block) -> None:
+def merge_common(block: x.Block, stage: str) -> None:
     """Replace each pure op by an earlier identical one (same name, operands, properties,
-    attributes and result types)."""
+    attributes and result types; ``stage``: the pass, for the visit counters)."""
     seen: dict[tuple, x.Operation] = {}
     op = block.first_op
     while op is not None:
+        visits.count(stage)
         nxt = op.next_op
         if op.results and _is_pure(op):
             key = (

@@ -27,6 +27,7 @@ from lucid import _dtype
 from lucid._dispatch import _run_eager
 from lucid._tensor import Tensor
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp, constant_value, make_constant
 from lucid.ir.types import dtype_of_type, shape_of_type
 from lucid.ops._registry import RANDOM
@@ -227,6 +228,7 @@ def _simplify(op: LucidOp, fold_limit: int) -> None:
     """
     rewriter = _Rewriter()
     while op is not None:
+        visits.count(Canonicalize.name)
         rewriter.created = None
         changed = any(rule(op, rewriter) for rule in RULES.get(op.name, ()))
         if not changed:
@@ -257,4 +259,4 @@ class Canonicalize(x.ModulePass):
                 if isinstance(current, LucidOp):
                     _simplify(current, self.fold_limit)
                 current = nxt
-            erase_dead(block)
+            erase_dead(block, self.name)

@@ -21,4 +21,4 @@ class CSE(x.ModulePass):
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
         for block in blocks_of(op):
-            merge_common(block)
+            merge_common(block, self.name)

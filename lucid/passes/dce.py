@@ -21,4 +21,4 @@ class DCE(x.ModulePass):
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
         for block in blocks_of(op):
-            erase_dead(block)
+            erase_dead(block, self.name)

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp, constant_value
 from lucid.ir.types import dtype_of_type, shape_of_type
 from lucid.ops._registry import AVal
 from lucid.passes.lowering import RULES, UNSUPPORTED
 from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, P, lower_dtype
+
+STAGE = "lower-to-prim"  # the visit counters' name for this pass
 
 __all__ = ["LowerToPrim", "LoweringError", "lower_module", "lowering_status"]
 
@@ -72,6 +75,7 @@ def _lower_func(fn: x.func.FuncOp) -> None:
         inserted.append(new)
 
     b = Builder(insert)
+    visits.count(STAGE, 2 * len(old_ops))  # lowered, then erased
     try:
         for op in old_ops:
             current[:] = [op]

@@ -27,11 +27,14 @@ from typing import Any
 
 from lucid._dispatch import apply
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp
 from lucid.ir.importer import feed_roles, forward_func, result_roles
 from lucid.ir.types import dtype_of_type, shape_of_type
 from lucid.ops._registry import ELEMENTWISE, RANDOM
 from lucid.passes._graph import Emitter, block_of, return_op
+
+STAGE = "optimizer-fusion"  # the visit counters' name for this pass
 
 __all__ = ["OptimizerFusion", "fuse_optimizer_updates"]
 
@@ -79,7 +82,9 @@ def _chains(fn: x.func.FuncOp) -> list[_Chain]:
     roles = result_roles(fn)
     pos_owner = {k: _owner_of_role(r) for k, r in enumerate(roles)}
     owner: dict[x.Operation, str] = {}
-    for op in reversed(list(block.ops)):
+    ops = list(block.ops)
+    visits.count(STAGE, 2 * len(ops))  # the two sweeps below
+    for op in reversed(ops):
         if op is ret or not _eligible(op):
             continue
         labels = set()
@@ -100,7 +105,7 @@ def _chains(fn: x.func.FuncOp) -> list[_Chain]:
         p = params.get(f"param:{name}")
         shape = shape_of_type(p.type) if p is not None else None
         chains[name] = _Chain(name, shape, [], [])
-    for op in block.ops:
+    for op in ops:
         name = owner.get(op)
         chain = chains.get(name) if name is not None else None
         if chain is None or chain.shape is None:

@@ -21,8 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.prim import PrimIROp, create_prim, prim_attrs
 from lucid.passes._blocks import blocks_of, erase_dead, merge_common
+
+STAGE = "prim-simplify"  # the visit counters' name for this pass
 
 _FLAG = ("transpose_a", "transpose_b")
 
@@ -37,7 +40,9 @@ def _swapped_last_two(op: x.Operation) -> bool:
 
 def fold_transposes_into_matmul(block: x.Block) -> None:
     """Rewrite ``matmul(transpose(a), b)`` to ``matmul{transpose_a = !flag}(a, b)`` (and for b)."""
-    for op in list(block.ops):
+    ops = list(block.ops)
+    visits.count(STAGE, len(ops))
+    for op in ops:
         if not isinstance(op, PrimIROp) or op.name != "prim.matmul":
             continue
         operands = list(op.operands)
@@ -85,7 +90,9 @@ def _scaled_product(value: x.SSAValue) -> tuple[x.Operation, x.SSAValue] | None:
 
 def fold_scaled_products_into_accumulate(block: x.Block) -> None:
     """Rewrite ``c -/+ s * matmul(a, b)`` to ``matmul_accumulate(a, b, c, -s/s)``."""
-    for op in list(block.ops):
+    ops = list(block.ops)
+    visits.count(STAGE, len(ops))
+    for op in ops:
         if not isinstance(op, PrimIROp) or op.name not in ("prim.add", "prim.sub"):
             continue
         out_type = op.results[0].type
@@ -119,5 +126,5 @@ class PrimSimplify(x.ModulePass):
         for block in blocks_of(op):
             fold_transposes_into_matmul(block)
             fold_scaled_products_into_accumulate(block)
-            merge_common(block)
-            erase_dead(block)
+            merge_common(block, self.name)
+            erase_dead(block, self.name)

@@ -23,8 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp, operand_aval
 from lucid.ir.types import aval_of_type, tensor_type
+
+STAGE = "shape-specialize"  # the visit counters' name for this pass
 
 __all__ = ["ShapeSpecializeError", "ShapeSpecialize", "specialize_module"]
 
@@ -110,6 +113,7 @@ def _specialize_func(fn: x.func.FuncOp, size: int) -> None:
             if new_type is not arg.type:
                 x.Rewriter.replace_value_with_new_type(arg, new_type)
         for index, op in enumerate(block.ops):
+            visits.count(STAGE)
             if isinstance(op, LucidOp):
                 _specialize_op(op, index, size)
             elif isinstance(op, (ConstantOp, x.func.ReturnOp)):

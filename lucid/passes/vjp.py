@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.dialect import LucidOp
 from lucid.ir.importer import feed_roles, forward_func, result_roles
 from lucid.ir.types import dtype_of_type, shape_of_type, tensor_type
@@ -118,6 +119,7 @@ def differentiate(
     # Forward: values that depend on a wrt feed through differentiable ops.
     active: set[x.SSAValue] = {args[i] for i in wrt_idx}
     ops = [op for op in block.ops if isinstance(op, LucidOp)]
+    visits.count(VJP.name, 2 * len(ops))  # the forward and backward sweeps
     for op in ops:
         if GRAD_SINK in op.OPDEF.props:
             continue
@@ -152,6 +154,7 @@ def differentiate(
     with emitter.recording():
         loss_t = emitter.tensor(loss_value)
         grads[loss_value] = emitter.tensor(seed_arg) if seed else apply("ones_like", loss_t)
+        visits.count(VJP.name, len(on_path))
         for op in on_path:  # already in reverse order
             _backward_one(op, emitter, grads, active)
         results = []

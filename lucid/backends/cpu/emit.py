@@ -17,6 +17,7 @@ from typing import Any
 from lucid.backends.cpu.program import Program
 from lucid.backends.prim_ops import PrimError
 from lucid.ir import _xdsl as x
+from lucid.ir import visits
 from lucid.ir.importer import feed_roles, forward_func, result_roles
 from lucid.ir.prim import PrimIROp, aval_of_type
 
@@ -65,6 +66,7 @@ def emit_program(
         slot_of[a] = program.feed(aval.shape, aval.dtype)
     returned = False
     for op in block.ops:
+        visits.count("emit")
         if isinstance(op, PrimIROp):
             try:
                 out = program.op(

@@ -20,11 +20,15 @@ from collections import Counter, defaultdict
 
 from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
 from lucid.backends.prim_ops import ELEMENTWISE_OPS
+from lucid.ir import visits
+
+STAGE = "fuse-elementwise"  # the visit counters' name for this step
 
 
 def fuse_elementwise(program: Program, max_nodes: int = 64) -> Program:
     """A new program with elementwise chains fused; the input program is left unchanged."""
     instrs = program.instrs
+    visits.count(STAGE, 2 * len(instrs))  # the grouping and rebuilding sweeps
     uses = Counter(s for ins in instrs for s in ins.inputs)
     uses.update(program.results)
     producer = {ins.outputs[0]: k for k, ins in enumerate(instrs)}
@@ -38,6 +42,7 @@ def fuse_elementwise(program: Program, max_nodes: int = 64) -> Program:
         members, pending = [k], list(root.inputs)
         while pending:
             s = pending.pop()
+            visits.count(STAGE)
             j = producer.get(s)
             if j is None or j in absorbed or instrs[j].op not in ELEMENTWISE_OPS:
                 continue
@@ -117,6 +122,7 @@ def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
     def size(ins: Instr) -> int:
         return len(ins.nodes) if ins.op == FUSED else 1
 
+    visits.count(STAGE, len(instrs))
     for k in range(len(instrs)):
         consumer = instrs[k]
         if not elementwise(consumer):
@@ -136,6 +142,8 @@ def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
                 if any(j < i < k for t in outs for i in readers[t]):
                     continue  # read in between: it must be computed where it is
                 keep = {t for t in outs if t in results or any(i > k for i in readers[t])}
+                # A merge copies both node lists: at most max_nodes each.
+                visits.count(STAGE, size(producer) + size(consumer))
                 consumer = _merge(program, producer, consumer, keep)
                 instrs[j], instrs[k] = None, consumer
                 for t in outs:

@@ -430,21 +430,30 @@ def _zero_constant(g: _Graph, slot: int) -> bool:
     return found is not None and not any(found[1].attrs["value"])
 
 
-def _sum_leaves(g: _Graph, k: int, shape: tuple) -> tuple[list[int], list[int]] | None:
-    """The leaves of the tree of single-use same-shape adds rooted at instruction ``k``, and the
-    tree's instructions; None when some add broadcasts."""
-    leaves, tree, pending = [], [k], list(g.instrs[k].inputs)
+def _padded_sum(g: _Graph, k: int, shape: tuple):
+    """(zero pads, zero constants, tree instructions) of the tree of single-use same-shape adds
+    rooted at instruction ``k`` when every leaf is a single-use zero pad or a zero constant;
+    None at the first other leaf (so a long sum of other values, a gradient accumulated over
+    time steps, costs its root a few visits, not a walk of the whole chain per add)."""
+    pieces, zeros, tree, pending = [], [], [k], list(g.instrs[k].inputs)
     while pending:
         s = pending.pop()
+        visits.count(STAGE)
+        if g.aval(s).shape != shape:
+            return None
         found = g.made_by(s, "add")
-        if found is not None and g.used_only_by(s, 1) and g.aval(s).shape == shape:
+        if found is not None and g.used_only_by(s, 1):
             tree.append(found[0])
             pending.extend(found[1].inputs)
-        elif g.aval(s).shape == shape:
-            leaves.append(s)
+            continue
+        pad = _single_use(g, s, "pad")
+        if pad is not None and pad[1].attrs["value"] == 0:
+            pieces.append(pad)
+        elif _zero_constant(g, s):
+            zeros.append(s)
         else:
             return None
-    return leaves, tree
+    return pieces, zeros, tree
 
 
 def _fold_padded_sums(g: _Graph) -> None:
@@ -457,31 +466,21 @@ def _fold_padded_sums(g: _Graph) -> None:
         if ins is None or ins.op != "add":
             continue
         shape = g.aval(ins.outputs[0]).shape
-        found = _sum_leaves(g, k, shape)
+        found = _padded_sum(g, k, shape)
         if found is None:
             continue
-        leaves, tree = found
-        pieces, zeros = [], []
-        for s in leaves:
-            pad = _single_use(g, s, "pad")
-            if pad is not None and pad[1].attrs["value"] == 0:
-                pieces.append(pad)
-            elif _zero_constant(g, s):
-                zeros.append(s)
-            else:
-                break
-        else:
-            axis = _tiled_axis([p for _, p in pieces], shape)
-            if axis is None:
-                continue
-            pieces.sort(key=lambda jp: jp[1].attrs["low"][axis])
-            for j in tree + [j for j, _ in pieces]:
-                g.set(j, None)
-            sources = tuple(p.inputs[0] for _, p in pieces)
-            g.set(k, Instr("concat", sources, ins.outputs, {"axis": axis}))
-            for s in zeros:  # a zero constant read by nothing else now
-                if g.uses[s] == 0 and s not in program.results and s in g.producer:
-                    g.set(g.producer[s], None)
+        pieces, zeros, tree = found
+        axis = _tiled_axis([p for _, p in pieces], shape)
+        if axis is None:
+            continue
+        pieces.sort(key=lambda jp: jp[1].attrs["low"][axis])
+        for j in tree + [j for j, _ in pieces]:
+            g.set(j, None)
+        sources = tuple(p.inputs[0] for _, p in pieces)
+        g.set(k, Instr("concat", sources, ins.outputs, {"axis": axis}))
+        for s in zeros:  # a zero constant read by nothing else now
+            if g.uses[s] == 0 and s not in program.results and s in g.producer:
+                g.set(g.producer[s], None)
 
 
 def _fold_conv_epilogues(g: _Graph) -> None:
