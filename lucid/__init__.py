@@ -32,7 +32,8 @@ from lucid._dtype import (  # noqa: F401
 )
 from lucid._native_loader import _native
 from lucid._state import is_grad_enabled, is_inference_mode_enabled  # noqa: F401
-from lucid._tensor import Tensor, device  # noqa: F401
+from lucid._tensor import LEGACY_TENSOR_TYPES as _LEGACY_TENSOR_TYPES
+from lucid._tensor import Tensor, _tensor_from, device  # noqa: F401
 from lucid.ops.activation import *  # noqa: F401,F403
 from lucid.ops.attention import *  # noqa: F401,F403
 from lucid.ops.conv import *  # noqa: F401,F403
@@ -55,12 +56,18 @@ from lucid.ops.upsample import *  # noqa: F401,F403
 
 __version__ = _native.__version__
 
+# lucid.FloatTensor, lucid.LongTensor, ...: PyTorch's legacy typed constructors.
+globals().update(_LEGACY_TENSOR_TYPES)
+
 
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:  # noqa: F811
     """A new tensor holding a copy of ``data`` (nested lists, scalars, numpy arrays, tensors)."""
     if device is not None:
         globals()["device"](device)
-    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+    out = _tensor_from(data, dtype)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
 
 
 def from_numpy(array) -> Tensor:

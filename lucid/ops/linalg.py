@@ -15,7 +15,7 @@ import numpy as np
 
 from lucid._dispatch import apply
 from lucid._dtype import result_type
-from lucid._tensor import Tensor
+from lucid._tensor import Tensor, _tensor_from
 from lucid.ops._front import tensor_method
 from lucid.ops._registry import (
     PROMOTE,
@@ -91,7 +91,7 @@ register(
 def _as_tensor(v: Any) -> Any:
     if isinstance(v, (Tensor, bool, int, float)):
         return v
-    return Tensor(v)
+    return _tensor_from(v)
 
 
 @tensor_method("matmul", "__matmul__")
