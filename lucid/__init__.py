@@ -83,10 +83,12 @@ from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim acce
     cuda,
     nn,
     optim,
+    sparse,
     utils,  # noqa: E402,F401
 )
 from lucid._generator import Generator  # noqa: E402,F401
 from lucid.serialization import load, save  # noqa: E402,F401
+from lucid.sparse import sparse_coo_tensor, spmm  # noqa: E402,F401
 
 _MATMUL_PRECISIONS = ("highest", "high", "medium")
 _float32_matmul_precision = "highest"

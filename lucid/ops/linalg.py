@@ -111,7 +111,11 @@ Tensor.__rmatmul__ = _rmatmul
 
 @tensor_method()
 def mm(x: Tensor, y: Tensor) -> Tensor:
-    """Product of two matrices (both strictly 2-d)."""
+    """Product of two matrices (both strictly 2-d); either may be a ``lucid.sparse`` matrix."""
+    if getattr(x, "is_sparse", False) or getattr(y, "is_sparse", False):
+        from lucid import sparse
+
+        return sparse.mm(x, y)
     if x.ndim != 2 or y.ndim != 2:
         raise ValueError(
             f"mm: both arguments must be 2-d matrices, got shapes {tuple(x.shape)} and "
