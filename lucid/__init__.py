@@ -117,8 +117,15 @@ def is_tensor(obj: object) -> bool:
 
 def __getattr__(name: str):
     # The compiler is imported on first use, so `import lucid` stays light (xDSL loads lazily).
-    if name == "compile":
-        import importlib
+    import importlib
 
+    if name == "compile":
         return importlib.import_module("lucid.compile")
+    if name == "backends":
+        # torch.backends.cudnn is reachable after `import torch`; the compiler backends stay
+        # lazy (importing the package and its flags module loads no backend).
+        importlib.import_module("lucid.backends.cudnn")
+        return importlib.import_module("lucid.backends")
+    if name == "onnx":
+        return importlib.import_module("lucid.onnx")
     raise AttributeError(f"module 'lucid' has no attribute {name!r}")

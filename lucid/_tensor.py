@@ -146,6 +146,13 @@ class Tensor:
     def device(self) -> device:
         return CPU
 
+    # Lucid runs on the CPU (or Metal through a compiled backend): never a CUDA, XPU or MPS tensor.
+    is_cuda = False
+    is_xpu = False
+    is_mps = False
+    is_meta = False
+    is_cpu = True
+
     @property
     def is_traced(self) -> bool:
         return self._data is None
@@ -310,6 +317,12 @@ class Tensor:
 
     def __float__(self) -> float:
         return float(self.item())
+
+    def __format__(self, spec: str) -> str:
+        """A 0-d tensor formats as its number (``f"{loss:.4f}"``), as in PyTorch."""
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
 
     def __int__(self) -> int:
         return int(self.item())
