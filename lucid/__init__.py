@@ -32,7 +32,8 @@ from lucid._dtype import (  # noqa: F401
 )
 from lucid._native_loader import _native
 from lucid._state import is_grad_enabled, is_inference_mode_enabled  # noqa: F401
-from lucid._tensor import Tensor, device  # noqa: F401
+from lucid._tensor import LEGACY_TENSOR_TYPES as _LEGACY_TENSOR_TYPES
+from lucid._tensor import Tensor, _tensor_from, device  # noqa: F401
 from lucid.ops.activation import *  # noqa: F401,F403
 from lucid.ops.attention import *  # noqa: F401,F403
 from lucid.ops.conv import *  # noqa: F401,F403
@@ -55,12 +56,18 @@ from lucid.ops.upsample import *  # noqa: F401,F403
 
 __version__ = _native.__version__
 
+# lucid.FloatTensor, lucid.LongTensor, ...: PyTorch's legacy typed constructors.
+globals().update(_LEGACY_TENSOR_TYPES)
+
 
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:  # noqa: F811
     """A new tensor holding a copy of ``data`` (nested lists, scalars, numpy arrays, tensors)."""
     if device is not None:
         globals()["device"](device)
-    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+    out = _tensor_from(data, dtype)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
 
 
 def from_numpy(array) -> Tensor:
@@ -76,10 +83,12 @@ from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim acce
     cuda,
     nn,
     optim,
+    sparse,
     utils,  # noqa: E402,F401
 )
 from lucid._generator import Generator  # noqa: E402,F401
 from lucid.serialization import load, save  # noqa: E402,F401
+from lucid.sparse import sparse_coo_tensor, spmm  # noqa: E402,F401
 
 _MATMUL_PRECISIONS = ("highest", "high", "medium")
 _float32_matmul_precision = "highest"
@@ -108,8 +117,15 @@ def is_tensor(obj: object) -> bool:
 
 def __getattr__(name: str):
     # The compiler is imported on first use, so `import lucid` stays light (xDSL loads lazily).
-    if name == "compile":
-        import importlib
+    import importlib
 
+    if name == "compile":
         return importlib.import_module("lucid.compile")
+    if name == "backends":
+        # torch.backends.cudnn is reachable after `import torch`; the compiler backends stay
+        # lazy (importing the package and its flags module loads no backend).
+        importlib.import_module("lucid.backends.cudnn")
+        return importlib.import_module("lucid.backends")
+    if name == "onnx":
+        return importlib.import_module("lucid.onnx")
     raise AttributeError(f"module 'lucid' has no attribute {name!r}")

@@ -83,14 +83,25 @@ class Tensor:
     )
     __array_priority__ = 1000  # numpy defers to Tensor's reflected operators
 
-    def __init__(self, data: Any = None, dtype: Any = None, requires_grad: bool = False):
-        arr = _as_array(data if data is not None else [], dtype)
+    def __init__(self, *args: Any, dtype: Any = None, requires_grad: bool = False):
+        """``Tensor(*sizes)``, ``Tensor(data)`` or ``Tensor(tensor)`` with PyTorch's legacy
+        semantics (float32; sizes give a zero-filled tensor, a tensor is aliased). With an
+        explicit ``dtype``, ``Tensor(data, dtype=...)`` is a copy of ``data`` in that dtype."""
+        version = [0]
+        if dtype is not None:
+            if len(args) > 1:
+                raise TypeError("Tensor(data, dtype=...) takes one data argument")
+            arr = _as_array(args[0] if args and args[0] is not None else [], dtype)
+        else:
+            arr = _legacy_array(args, _dtype.float32, "Tensor")
+            if len(args) == 1 and isinstance(args[0], Tensor):
+                version = args[0]._version
         self._data = arr
         self._trace = None
         self._grad = None
         self._node = None
         self._out_idx = 0
-        self._version = [0]
+        self._version = version
         self._retains_grad = False
         self._requires_grad = False
         if requires_grad:
@@ -134,6 +145,13 @@ class Tensor:
     @property
     def device(self) -> device:
         return CPU
+
+    # Lucid runs on the CPU (or Metal through a compiled backend): never a CUDA, XPU or MPS tensor.
+    is_cuda = False
+    is_xpu = False
+    is_mps = False
+    is_meta = False
+    is_cpu = True
 
     @property
     def is_traced(self) -> bool:
@@ -300,6 +318,12 @@ class Tensor:
     def __float__(self) -> float:
         return float(self.item())
 
+    def __format__(self, spec: str) -> str:
+        """A 0-d tensor formats as its number (``f"{loss:.4f}"``), as in PyTorch."""
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
     def __int__(self) -> int:
         return int(self.item())
 
@@ -426,13 +450,93 @@ class Tensor:
     def bool(self) -> Tensor:
         return self.type(_dtype.bool_)
 
-    def type(self, dtype: Any) -> Tensor:
+    def type(self, dtype: Any = None) -> Tensor | str:
+        """A copy cast to ``dtype`` (a dtype, a name or a legacy class such as
+        ``lucid.LongTensor``); without an argument, the legacy type name
+        (``"lucid.FloatTensor"``)."""
+        if dtype is None:
+            return f"lucid.{_LEGACY_NAMES.get(self.dtype, 'Tensor')}"
+        if isinstance(dtype, _LegacyTensorType):
+            dtype = dtype.dtype
+        elif isinstance(dtype, str) and dtype.rsplit(".", 1)[-1] in _LEGACY_BY_NAME:
+            dtype = _LEGACY_BY_NAME[dtype.rsplit(".", 1)[-1]]
         dt = _dtype.canonical(dtype)
         if dt is self.dtype:
             return self
         from lucid._dispatch import apply
 
         return apply("cast", self, dtype=dt)
+
+
+def _tensor_from(data: Any, dtype: Any = None) -> Tensor:
+    """A new tensor holding a copy of ``data``, its dtype inferred as ``lucid.tensor`` does."""
+    return Tensor._wrap(_as_array(data, dtype))
+
+
+def _is_size(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _legacy_array(args: tuple, dt: _dtype.dtype, who: str) -> np.ndarray:
+    """PyTorch's legacy constructor: ``()`` is empty, ints are sizes (zero-filled: PyTorch leaves
+    them uninitialised), one tensor is aliased (its dtype must be ``dt`` for a typed class), one
+    other object is data converted to ``dt``."""
+    if not args:
+        return np.zeros((0,), dt.numpy)
+    if all(_is_size(a) for a in args):
+        sizes = tuple(int(a) for a in args)
+        if any(n < 0 for n in sizes):
+            raise ValueError(f"{who}: trying to create a tensor with negative dimension {sizes}")
+        return np.zeros(sizes, dt.numpy)
+    if len(args) > 1:
+        kinds = ", ".join(type(a).__name__ for a in args)
+        raise TypeError(f"{who}() takes sizes (ints) or one data argument, got ({kinds})")
+    (data,) = args
+    if isinstance(data, Tensor):
+        if data._data is None:
+            raise TypeError(f"{who}() cannot wrap a trace tensor")
+        if who != "Tensor" and data.dtype is not dt:
+            raise TypeError(f"{who}() expects a {dt} tensor, got {data.dtype}")
+        return data._data
+    return _as_array(data, dt)
+
+
+class _LegacyTensorType(type):
+    """The metaclass of ``lucid.FloatTensor`` and friends: calling one builds a tensor of its
+    dtype; ``isinstance(t, lucid.FloatTensor)`` checks the dtype, as in PyTorch."""
+
+    dtype: _dtype.dtype
+
+    def __call__(cls, *args: Any) -> Tensor:
+        arr = _legacy_array(args, cls.dtype, cls.__name__)
+        out = Tensor._wrap(arr)
+        if len(args) == 1 and isinstance(args[0], Tensor):
+            out._version = args[0]._version
+        return out
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, Tensor) and obj._data is not None and obj.dtype is cls.dtype
+
+    def __repr__(cls) -> str:
+        return f"<class 'lucid.{cls.__name__}'>"
+
+
+_LEGACY_BY_NAME = {
+    "FloatTensor": _dtype.float32,
+    "DoubleTensor": _dtype.float64,
+    "HalfTensor": _dtype.float16,
+    "LongTensor": _dtype.int64,
+    "IntTensor": _dtype.int32,
+    "ShortTensor": _dtype.int16,
+    "CharTensor": _dtype.int8,
+    "ByteTensor": _dtype.uint8,
+    "BoolTensor": _dtype.bool_,
+}
+_LEGACY_NAMES = {dt: name for name, dt in _LEGACY_BY_NAME.items()}
+LEGACY_TENSOR_TYPES = {
+    name: _LegacyTensorType(name, (), {"dtype": dt, "__doc__": f"Legacy {dt} tensor type."})
+    for name, dt in _LEGACY_BY_NAME.items()
+}
 
 
 def _as_array(data: Any, dtype: Any = None) -> np.ndarray:

@@ -1,6 +1,6 @@
 """``lucid.nn``: modules, parameters, initialisation and the functional API, as ``torch.nn``."""
 
-from lucid.nn import functional, init, utils  # noqa: F401
+from lucid.nn import functional, init, parallel, utils  # noqa: F401
 from lucid.nn.modules import *  # noqa: F403
 from lucid.nn.modules import (
     activation,
@@ -19,9 +19,10 @@ from lucid.nn.modules import (
     transformer,
     upsampling,
 )
+from lucid.nn.parallel import DataParallel
 from lucid.nn.parameter import Parameter
 
-__all__ = ["Parameter", "functional", "init", "utils"]
+__all__ = ["DataParallel", "Parameter", "functional", "init", "parallel", "utils"]
 for _m in (activation, container, conv, conv_transpose, dropout, flatten, linear, loss, module,
            normalization, pooling, rnn, sparse, transformer, upsampling):  # fmt: skip
     __all__ += _m.__all__

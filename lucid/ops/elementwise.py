@@ -14,7 +14,7 @@ import numpy as np
 
 from lucid import _dtype
 from lucid._dispatch import apply
-from lucid._tensor import Tensor
+from lucid._tensor import Tensor, _tensor_from
 from lucid.ops._front import inplace_method, tensor_method
 from lucid.ops._registry import (
     ELEMENTWISE,
@@ -705,7 +705,7 @@ def _operand(other: Any) -> Any:
     if isinstance(other, (Tensor, *_NUMBER)):
         return other
     if isinstance(other, np.ndarray):
-        return Tensor(other)
+        return _tensor_from(other)
     return NotImplemented
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from lucid._dispatch import apply
 from lucid._dtype import result_type
-from lucid._tensor import Tensor
+from lucid._tensor import Tensor, _tensor_from
 from lucid.ops._front import tensor_method
 from lucid.ops._registry import (
     PROMOTE,
@@ -91,7 +91,7 @@ register(
 def _as_tensor(v: Any) -> Any:
     if isinstance(v, (Tensor, bool, int, float)):
         return v
-    return Tensor(v)
+    return _tensor_from(v)
 
 
 @tensor_method("matmul", "__matmul__")
@@ -111,7 +111,11 @@ Tensor.__rmatmul__ = _rmatmul
 
 @tensor_method()
 def mm(x: Tensor, y: Tensor) -> Tensor:
-    """Product of two matrices (both strictly 2-d)."""
+    """Product of two matrices (both strictly 2-d); either may be a ``lucid.sparse`` matrix."""
+    if getattr(x, "is_sparse", False) or getattr(y, "is_sparse", False):
+        from lucid import sparse
+
+        return sparse.mm(x, y)
     if x.ndim != 2 or y.ndim != 2:
         raise ValueError(
             f"mm: both arguments must be 2-d matrices, got shapes {tuple(x.shape)} and "

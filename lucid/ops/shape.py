@@ -1,4 +1,4 @@
-"""Shape ops: reshape, permute, cat, pad, tril/triu, flip, roll, and the composites built on them.
+"""Shape ops: reshape, permute, cat, pad, tril/triu, flip, roll, and composites built on them.
 
 Registry ops are the few primitives a backend must provide (``reshape``, ``expand``, ``permute``,
 ``cat``, ``pad``, ``tril``, ``triu``, ``flip``, ``roll``); everything else here (``squeeze``,
@@ -61,6 +61,9 @@ __all__ = [
     "triu",
     "flip",
     "roll",
+    "diagonal",
+    "diag_embed",
+    "diag",
 ]
 
 _SAFE = frozenset({SYMBOLIC_BATCH_SAFE})
@@ -737,6 +740,69 @@ def pad(
         index = Tensor._wrap(_pad_source_index(n, lo, hi, mode).astype(np.int64))
         x = index_select(x, d, index)
     return x
+
+
+# --- diagonal / diag_embed / diag: composites of permute, flatten, a constant gather, where, pad --
+
+
+def _diagonal_length(rows: int, cols: int, offset: int) -> int:
+    return max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+
+
+@tensor_method()
+def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal of the 2-d slices over ``dim1`` and ``dim2`` (above it for ``offset > 0``,
+    below for ``offset < 0``), as a new last dim. A copy, not a view as in PyTorch."""
+    if x.ndim < 2:
+        raise ValueError(f"diagonal: needs a tensor with at least 2 dims, got {tuple(x.shape)}")
+    d1, d2 = normalize_dim(dim1, x.ndim, "diagonal"), normalize_dim(dim2, x.ndim, "diagonal")
+    if d1 == d2:
+        raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {d1}")
+    offset = int(offset)
+    rows, cols = x.shape[d1], x.shape[d2]
+    n = _diagonal_length(rows, cols, offset)
+    first = -offset * cols if offset < 0 else offset
+    # A gather with a constant index: compiles as it is, and its gradient is a scatter-add.
+    index = Tensor._wrap(first + np.arange(n, dtype=np.int64) * (cols + 1))
+    from lucid.ops.indexing import index_select
+
+    flat = flatten(movedim(x, (d1, d2), (-2, -1)), -2)
+    return index_select(flat, flat.ndim - 1, index)
+
+
+@tensor_method()
+def diag_embed(x: Tensor, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
+    """A tensor whose 2-d slices over ``dim1`` and ``dim2`` (dims of the result) hold the last
+    dim of ``x`` on their ``offset`` diagonal, zeros elsewhere."""
+    if x.ndim < 1:
+        raise ValueError("diag_embed: needs a tensor with at least 1 dim, got a 0-d tensor")
+    out_ndim = x.ndim + 1
+    d1 = normalize_dim(dim1, out_ndim, "diag_embed")
+    d2 = normalize_dim(dim2, out_ndim, "diag_embed")
+    if d1 == d2:
+        raise ValueError(f"diag_embed: dim1 and dim2 must differ, both are {d1}")
+    offset = int(offset)
+    n = x.shape[-1]
+    from lucid.ops.elementwise import where
+
+    # where, not a product with an identity matrix: inf * 0 would put NaNs off the diagonal.
+    on_diagonal = Tensor._wrap(np.eye(n, dtype=np.bool_))
+    square = where(on_diagonal, unsqueeze(x, -1), Tensor._wrap(np.zeros((), x.dtype.numpy)))
+    k = abs(offset)
+    if k:
+        square = apply("pad", square, pad=(k, 0, 0, k) if offset > 0 else (0, k, k, 0), value=0)
+    return movedim(square, (-2, -1), (d1, d2))
+
+
+@tensor_method()
+def diag(x: Tensor, diagonal: int = 0) -> Tensor:
+    """A 1-d ``x`` as the ``diagonal``-th diagonal of a square matrix; the ``diagonal``-th
+    diagonal of a 2-d ``x`` as a 1-d tensor."""
+    if x.ndim == 1:
+        return diag_embed(x, diagonal)
+    if x.ndim == 2:
+        return globals()["diagonal"](x, diagonal)
+    raise ValueError(f"diag: expected a 1-d or 2-d tensor, got shape {tuple(x.shape)}")
 
 
 # --- tril / triu / flip / roll ------------------------------------------------------------------

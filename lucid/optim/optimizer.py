@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 import lucid
-from lucid._tensor import Tensor
+from lucid._tensor import Tensor, _tensor_from
 
 
 class _RequiredParameter:
@@ -248,7 +248,7 @@ class Optimizer:
 
 def _copy_value(v: Any) -> Any:
     if isinstance(v, Tensor):
-        return Tensor(v)  # a copy with the same dtype
+        return _tensor_from(v)  # a copy with the same dtype
     return deepcopy(v)
 
 
@@ -257,7 +257,7 @@ def _load_value(key: str, v: Any, param: Tensor) -> Any:
     follows the parameter's dtype, except ``step`` which stays float32 like torch. numpy arrays
     (and numpy scalars) are accepted as tensors."""
     if isinstance(v, (np.ndarray, np.generic)):
-        v = Tensor(np.asarray(v))
+        v = _tensor_from(np.asarray(v))
     if not isinstance(v, Tensor):
         return deepcopy(v)
     if key not in _SCALAR_STATE and tuple(v.shape) != tuple(param.shape):
@@ -267,7 +267,7 @@ def _load_value(key: str, v: Any, param: Tensor) -> Any:
         )
     if key not in _SCALAR_STATE and v.dtype.is_floating_point and v.dtype != param.dtype:
         return Tensor(v, dtype=param.dtype)
-    return Tensor(v)
+    return _tensor_from(v)
 
 
 # 0-d state entries: kept float32 whatever the parameter's dtype, like torch.

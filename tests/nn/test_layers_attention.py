@@ -359,3 +359,32 @@ def test_lstm_unbatched_matches_batch_of_one():
     out2, _ = lstm(x, (h, c))
     ref2, _, _ = _lstm_ref(lstm, _np(x)[:, None], rh, rc)
     assert_close(out2, ref2[:, 0], atol=1e-12)
+
+
+def test_transformer_causal_and_padding_masks_hide_what_they_should():
+    lucid.manual_seed(0)
+    model = nn.Transformer(8, 2, 1, 2, 16, dropout=0.0, batch_first=True).double()
+    rng = np.random.default_rng(3)
+    src, tgt = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 4, 8))
+    mask = nn.Transformer.generate_square_subsequent_mask(4, dtype=lucid.float64)
+    kpm = lucid.tensor(np.array([[False, False, False, True, True]] * 2))
+
+    def run(s, t):
+        out = model(
+            lucid.tensor(s), lucid.tensor(t), tgt_mask=mask,
+            src_key_padding_mask=kpm, memory_key_padding_mask=kpm,
+        )  # fmt: skip
+        return out._data
+
+    base = run(src, tgt)
+    later_tgt, padded_src = tgt.copy(), src.copy()
+    later_tgt[:, 2:] += 1.0
+    padded_src[:, 3:] += 1.0
+    changed = run(src, later_tgt)
+    np.testing.assert_allclose(changed[:, :2], base[:, :2], atol=1e-12)
+    assert not np.allclose(changed[:, 2:], base[:, 2:])
+    np.testing.assert_allclose(run(padded_src, tgt), base, atol=1e-12)
+    # Every decoder layer has both attentions; every matrix is Xavier-initialised (non-zero).
+    names = {n for n, _ in model.named_parameters()}
+    assert "decoder.layers.1.multihead_attn.in_proj_weight" in names
+    assert "decoder.norm.weight" in names and "encoder.norm.bias" in names

@@ -278,3 +278,46 @@ def test_repr_matches_torch():
         )
 
     assert repr(build(nn)) == repr(build(tnn))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_decoder_layer(norm_first):
+    kw = {"dropout": 0.0, "norm_first": norm_first, "batch_first": True}
+    ours = nn.TransformerDecoderLayer(8, 2, 16, **kw)
+    theirs = tnn.TransformerDecoderLayer(8, 2, 16, **kw)
+    _sync(ours, theirs)
+    tgt, mem = _arr(2, 3, 8), _arr(2, 5, 8)
+    mkpm = np.array([[False, False, False, True, True], [False] * 5])
+    causal = nn.Transformer.generate_square_subsequent_mask(3).double()
+    ref_causal = tnn.Transformer.generate_square_subsequent_mask(3).double()
+    np.testing.assert_array_equal(causal._data, ref_causal.numpy())
+    out = ours(
+        lucid.tensor(tgt), lucid.tensor(mem), tgt_mask=causal,
+        memory_key_padding_mask=lucid.tensor(mkpm),
+    )  # fmt: skip
+    ref = theirs(
+        torch.from_numpy(tgt), torch.from_numpy(mem), tgt_mask=ref_causal,
+        memory_key_padding_mask=torch.from_numpy(mkpm),
+    )  # fmt: skip
+    _close(out, ref)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_transformer_full_model_values_and_gradients(batch_first):
+    kw = {"num_encoder_layers": 2, "num_decoder_layers": 1, "dim_feedforward": 16}
+    ours = nn.Transformer(8, 2, dropout=0.0, batch_first=batch_first, **kw)
+    theirs = tnn.Transformer(8, 2, dropout=0.0, batch_first=batch_first, **kw)
+    _sync(ours, theirs)
+    src, tgt = (_arr(2, 4, 8), _arr(2, 3, 8)) if batch_first else (_arr(4, 2, 8), _arr(3, 2, 8))
+    (s, ts), (t, tt) = _pair(src), _pair(tgt)
+    s.requires_grad_(True)
+    ts.requires_grad_(True)
+    mask = nn.Transformer.generate_square_subsequent_mask(3, dtype=lucid.float64)
+    out = ours(s, t, tgt_mask=mask)
+    ref = theirs(ts, tt, tgt_mask=torch.from_numpy(mask._data))
+    _close(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    _close(s.grad, ts.grad, atol=1e-8)
+    for (name, p), (_, tp) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        np.testing.assert_allclose(p.grad._data, tp.grad.numpy(), atol=1e-8, err_msg=name)
