@@ -1,4 +1,4 @@
-"""Mutation fuzzer of native program descriptions (issue 15).
+"""Differential mutation fuzzer of native program descriptions (issues 15 and 22).
 
 Seeds are the descriptions ``lucid._native.compile`` receives when small real models are compiled
 (inference, training steps, a CNN, an embedding model). A case is one seed with a few random
@@ -6,7 +6,11 @@ mutations (opcodes, attributes, slots, shapes, dtypes, feeds, results, in-place 
 expressions and ``sub_outputs``, huge and negative integers), often followed by *repair*: the
 declared output slots are set to what the validator says the op gives, so mutated geometry
 reaches the kernels too. Each case is validated, compiled and, when small enough, run on random
-feeds. The only acceptable outcomes are a result or a Python exception of the documented kinds.
+feeds. The only acceptable outcomes are a result or a Python exception of the documented kinds,
+and every result must agree with the numpy reference interpreter (``Program.interpret``, the
+prim table's reference semantics) run on the same program and feeds: same shapes and dtypes,
+integers and booleans equal, floats within a loose tolerance with NaN and infinities at the same
+places (``compare_with_reference``).
 
 Cases are deterministic functions of (seed number, case index), so a batch runs in a child
 process (``python -m tests.native.program_fuzz SEEDS_FILE SEED START COUNT``) that prints the
@@ -312,16 +316,120 @@ def make_case(seeds: list[dict], seed: int, index: int, op_names: list[str], val
 # ---- running cases -------------------------------------------------------------------------------
 
 
-def _feed(rng: np.random.Generator, shape: tuple, dtype: str) -> np.ndarray:
+# No huge finite values: their products overflow float32 where the reference, which accumulates
+# in float64, stays finite (inf + -inf is NaN natively, inf in the reference).
+SPECIAL_FEED_VALUES = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40]
+
+
+def _feed(rng: np.random.Generator, shape: tuple, dtype: str, special: bool) -> np.ndarray:
     # np.asarray: with shape () the generators return scalars, not arrays.
     if dtype in ("f32", "f64"):
         values = np.asarray(rng.standard_normal(shape))
-        return values.astype(np.float32 if dtype == "f32" else np.float64)
+        if special:  # about one element in eight NaN, infinite, zero, huge or subnormal
+            where = np.asarray(rng.random(shape) < 0.125)
+            picks = np.asarray(rng.choice(SPECIAL_FEED_VALUES, size=shape))
+            values = np.where(where, picks, values)
+        return np.asarray(values.astype(np.float32 if dtype == "f32" else np.float64))
     if dtype == "bool":
         return np.asarray(rng.random(shape) < 0.5)
     # Mostly valid small indices, sometimes negative or large.
     values = np.asarray(rng.integers(-1, 4, size=shape))
     return values.astype(np.int32 if dtype == "i32" else np.int64)
+
+
+# Floats agree when |native - reference| <= FLOAT_RTOL * |reference| + FLOAT_ATOL * scale, scale
+# the largest finite magnitude of the reference result (at least 1): mutated programs sum, reduce
+# and multiply in other orders than numpy does, and their values span many magnitudes.
+FLOAT_RTOL = 1e-3
+FLOAT_ATOL = 1e-3
+
+
+# CPU-only instructions whose references pass their attributes on to a prim op's: (that op, the
+# attributes they add).
+_CPU_ONLY_PRIM_BASE = {
+    "conv2d_bias": ("conv2d", {"relu"}),
+    "max_pool2d_relu_grad": ("max_pool2d_grad", set()),
+}
+
+
+def reference_program(desc: dict):
+    """The description as a :class:`lucid.backends.cpu.Program`, for its numpy interpreter.
+
+    Attributes a prim op does not declare are dropped (the native validator ignores them: the
+    fuzzer adds such names); a ``fused`` instruction's flattened expression becomes its nodes."""
+    from lucid.backends import prim_ops
+    from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
+
+    program = Program()
+    for shape, dtype in desc["slots"]:
+        program.new_slot(shape, dtype)
+    for op, ins, outs, attrs in desc["instrs"]:
+        attrs = dict(attrs)
+        nodes: list[FusedNode] = []
+        out_nodes = None
+        if op == FUSED:
+            args = list(attrs["sub_args"])
+            for k, (name, dtype) in enumerate(
+                zip(attrs["sub_ops"], attrs["sub_dtypes"], strict=True)
+            ):
+                arity = len(prim_ops.lookup(name).operands)
+                node_args, args = tuple(args[:arity]), args[arity:]
+                node_attrs: dict[str, Any] = {}
+                if name == "cast":
+                    node_attrs["dtype"] = dtype
+                elif name == "normalize":
+                    node_attrs["epsilon"] = float(attrs["sub_floats"][k])
+                nodes.append(FusedNode(name, node_args, dtype, node_attrs))
+            if "sub_outputs" in attrs:
+                out_nodes = tuple(attrs["sub_outputs"])
+            attrs = {}
+        elif op in prim_ops.PRIM_OPS or op in _CPU_ONLY_PRIM_BASE:
+            base, extra = _CPU_ONLY_PRIM_BASE.get(op, (op, set()))
+            declared = set(prim_ops.lookup(base).attrs) | extra
+            attrs = {k: v for k, v in attrs.items() if k in declared}
+        program.instrs.append(Instr(op, tuple(ins), tuple(outs), attrs, tuple(nodes), out_nodes))
+    program.feeds = list(desc["feeds"])
+    program.results = list(desc["results"])
+    program.inplace = {int(r): int(f) for r, f in desc.get("inplace", {}).items()}
+    return program
+
+
+def compare_with_reference(native: list[np.ndarray], reference: list[np.ndarray]) -> str | None:
+    """None when the native results agree with the reference's, else what differs first."""
+    if len(native) != len(reference):
+        return f"{len(native)} native results, {len(reference)} reference results"
+    for i, (got, want) in enumerate(zip(native, reference, strict=True)):
+        got, want = np.asarray(got), np.asarray(want)
+        if got.dtype != want.dtype or got.shape != want.shape:
+            return f"result {i}: native {got.dtype}{got.shape}, reference {want.dtype}{want.shape}"
+        if got.dtype.kind != "f":
+            bad = got != want
+        else:
+            finite = np.isfinite(want)
+            scale = max(1.0, float(np.max(np.abs(want[finite]), initial=0.0)))
+            with np.errstate(invalid="ignore", over="ignore"):
+                close = np.abs(got.astype(np.float64) - want) <= (
+                    FLOAT_RTOL * np.abs(want.astype(np.float64)) + FLOAT_ATOL * scale
+                )
+            # NaN where the reference has NaN, the same infinity where it has one.
+            same_special = (np.isnan(got) & np.isnan(want)) | (np.isinf(want) & (got == want))
+            bad = ~np.where(finite, close & np.isfinite(got), same_special)
+        if bad.any():
+            at = tuple(int(k) for k in np.argwhere(bad)[0])
+            return (
+                f"result {i} ({got.dtype}{got.shape}): {int(bad.sum())} of {bad.size} elements "
+                f"differ; first at {at}: native {got[at]!r}, reference {want[at]!r}"
+            )
+    return None
+
+
+def run_reference(desc: dict, feeds: list[np.ndarray]) -> list[np.ndarray] | BaseException:
+    """The reference interpreter's results on copies of ``feeds``, or the exception it raised."""
+    with np.errstate(all="ignore"):
+        try:
+            return reference_program(desc).interpret([f.copy() for f in feeds])
+        except Exception as e:  # noqa: BLE001  (compared with the native outcome by the caller)
+            return e
 
 
 def try_case(desc: dict, native) -> str:
@@ -343,17 +451,34 @@ def try_case(desc: dict, native) -> str:
     )
     if ex.arena_bytes + io_bytes > RUN_MAX_BYTES or ex.work > RUN_MAX_WORK:
         return "compiled"
-    rng = np.random.default_rng(len(desc["instrs"]))
-    feeds = [_feed(rng, tuple(desc["slots"][s][0]), desc["slots"][s][1]) for s in desc["feeds"]]
+    # Feeds are a deterministic function of the program; one case in three has special values.
+    rng = np.random.default_rng(native.structural_hash(desc))
+    special = rng.random() < 1 / 3
+    feeds = [
+        _feed(rng, tuple(desc["slots"][s][0]), desc["slots"][s][1], special) for s in desc["feeds"]
+    ]
     before = [f.copy() for f in feeds]
+    reference = run_reference(desc, before)
     try:
-        ex.run(feeds)
+        results = ex.run(feeds)
     except EXPECTED_ERRORS as e:
         # A failed run must leave every feed as it was.
         for f, b in zip(feeds, before, strict=True):
             if not np.array_equal(f, b, equal_nan=True):
                 raise AssertionError("a failed run changed a feed") from e
+        if not isinstance(reference, BaseException):
+            raise AssertionError(
+                f"the native run raised {type(e).__name__}: {e}; the reference ran"
+            ) from e
         return "run-error:" + type(e).__name__
+    if isinstance(reference, BaseException):
+        raise AssertionError(
+            f"the native run succeeded; the reference raised {type(reference).__name__}: "
+            f"{reference}"
+        )
+    mismatch = compare_with_reference(results, reference)
+    if mismatch is not None:
+        raise AssertionError("native and reference results differ: " + mismatch)
     return "ran"
 
 
