@@ -100,3 +100,27 @@ def test_attention_with_alpha_zero_in_float64_gives_nan_for_an_infinite_score():
     q[0, 0, 0, 0] = np.inf  # every score of query row 0 is infinite
     (out,) = assert_agree(desc, [q, np.ones((b, h, lk, d)), np.ones((b, h, lk, d))])
     assert np.isnan(out[0, 0, 0]).all() and (out[0, 0, 1] == 1).all()
+
+
+# -- float floor_divide and remainder ---------------------------------------------------------
+# Python's divmod rule (numpy, PyTorch, eager Lucid): floor(a / b) rounded the quotient first.
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("op", ["floor_divide", "remainder"])
+def test_float_floor_divide_and_remainder_follow_pythons_divmod(dtype, op):
+    a = [1.0, -1.0, 1.0, -1.0, np.inf, -np.inf, 7.0, 0.0, -0.0, 5.0, np.nan, 3.0, -7.5]
+    b = [0.1, 0.1, np.inf, np.inf, 2.0, 3.0, 0.7, -np.inf, 2.0, 0.0, 1.0, np.nan, -2.0]
+    n = len(a)
+    desc = {
+        "slots": [((n,), dtype)] * 3,
+        "instrs": [(op, [0, 1], [2], {})],
+        "feeds": [0, 1],
+        "results": [2],
+        "inplace": {},
+    }
+    (out,) = assert_agree(desc, [np.array(a, NUMPY[dtype]), np.array(b, NUMPY[dtype])])
+    if op == "floor_divide":
+        assert out[0] == 9 and out[1] == -10 and out[3] == -1 and np.isnan(out[4])
+    else:
+        assert out[3] == np.inf and np.isnan(out[4]) and out[12] == -1.5
