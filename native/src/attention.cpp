@@ -194,12 +194,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
       for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, T(0));
     return;
   }
-  auto A_ = ta ? CblasTrans : CblasNoTrans;
-  auto B_ = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // Row softmax in place, as the softmax kernel computes it (max, exp of the difference, sum in

@@ -21,15 +21,8 @@ constexpr int64_t kMinMacsPerPart = 1 << 17;
 
 template <class T>
 void gemm_one(const BatchedGemm<T>& g, int64_t i) {
-  auto A_ = g.ta ? CblasTrans : CblasNoTrans;
-  auto B_ = g.tb ? CblasTrans : CblasNoTrans;
-  const T* A = g.A + g.a_off[i];
-  const T* B = g.B + g.b_off[i];
-  T* C = g.C + g.c_off[i];
-  if constexpr (std::is_same_v<T, float>)
-    LUCID_SGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.ldc);
-  else
-    LUCID_DGEMM(CblasRowMajor, A_, B_, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.ldc);
+  blas_gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, g.A + g.a_off[i], g.lda, g.B + g.b_off[i], g.ldb,
+            g.beta, g.C + g.c_off[i], g.ldc);
 }
 
 template <class T>

@@ -80,8 +80,7 @@ void call_sgemm(const py::array& a, const py::array& b, py::array& c, bool ta, b
   }
   // The BLAS, then the epilogue as separate passes (what gemm() does without Lucid's kernel).
   if (M == 0 || N == 0) return;
-  LUCID_SGEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, alpha, A, ma.ld, B, mb.ld, beta, C, mc.ld);
+  blas_gemm(ta, tb, M, N, K, alpha, A, ma.ld, B, mb.ld, beta, C, mc.ld);
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       if (ep.bias != nullptr) C[i * mc.ld + j] += ep.bias[j];

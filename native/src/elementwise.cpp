@@ -96,6 +96,37 @@ void unary_float(Op op, const T* a, void* out, int64_t n) {
   }
 }
 
+// Python's (and numpy's, and PyTorch's) float divmod: the remainder from fmod, carrying the sign
+// of b, and the quotient (a - remainder) / b snapped to the nearest integer. floor(a / b) rounds
+// the quotient first: 1 // 0.1 would be 10 (9 in eager Lucid), -1 // inf -0 (-1), inf // 2 -inf
+// (NaN: fmod(inf, 2) is NaN).
+template <class T>
+inline T float_divmod(T a, T b, T* remainder) {
+  T mod = std::fmod(a, b);
+  if (b == 0) {  // IEEE: a / b, and the NaN of fmod
+    *remainder = mod;
+    return a / b;
+  }
+  T div = (a - mod) / b;
+  if (mod != 0) {
+    if ((b < 0) != (mod < 0)) {
+      mod += b;
+      div -= T(1);
+    }
+  } else {
+    mod = std::copysign(T(0), b);
+  }
+  T floordiv;
+  if (div != 0) {
+    floordiv = std::floor(div);
+    if (div - floordiv > T(0.5)) floordiv += T(1);
+  } else {
+    floordiv = std::copysign(T(0), a / b);
+  }
+  *remainder = mod;
+  return floordiv;
+}
+
 template <class T>
 inline T floor_div(T a, T b) {
   if constexpr (std::is_integral_v<T>) {
@@ -105,7 +136,8 @@ inline T floor_div(T a, T b) {
     if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
     return q;
   } else {
-    return std::floor(a / b);
+    T mod;
+    return float_divmod(a, b, &mod);
   }
 }
 
@@ -117,9 +149,9 @@ inline T py_mod(T a, T b) {
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;
   } else {
-    T r = std::fmod(a, b);
-    if (r != 0 && ((b < 0) != (r < 0))) r += b;
-    return r;
+    T mod;
+    float_divmod(a, b, &mod);
+    return mod;
   }
 }
 

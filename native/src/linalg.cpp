@@ -43,14 +43,12 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
       for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = beta == T(0) ? T(0) : C[m * ldc + n] * beta;
     return;
   }
-  auto A_ = ta ? CblasTrans : CblasNoTrans;
-  auto B_ = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
     if (sgemm_chosen(ta, tb, M, N, K))
       return sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    LUCID_SGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else if constexpr (std::is_same_v<T, double>) {
-    LUCID_DGEMM(CblasRowMajor, A_, B_, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else {
     using UT = std::make_unsigned_t<T>;  // integer products wrap, never overflow UB
     for (int64_t m = 0; m < M; ++m) {

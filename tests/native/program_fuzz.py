@@ -1,4 +1,4 @@
-"""Mutation fuzzer of native program descriptions (issue 15).
+"""Differential mutation fuzzer of native program descriptions (issues 15 and 22).
 
 Seeds are the descriptions ``lucid._native.compile`` receives when small real models are compiled
 (inference, training steps, a CNN, an embedding model). A case is one seed with a few random
@@ -6,7 +6,11 @@ mutations (opcodes, attributes, slots, shapes, dtypes, feeds, results, in-place 
 expressions and ``sub_outputs``, huge and negative integers), often followed by *repair*: the
 declared output slots are set to what the validator says the op gives, so mutated geometry
 reaches the kernels too. Each case is validated, compiled and, when small enough, run on random
-feeds. The only acceptable outcomes are a result or a Python exception of the documented kinds.
+feeds. The only acceptable outcomes are a result or a Python exception of the documented kinds,
+and every result must agree with the numpy reference interpreter (``Program.interpret``, the
+prim table's reference semantics) run on the same program and feeds: same shapes and dtypes,
+integers and booleans equal, floats within a loose tolerance with NaN and infinities at the same
+places (``compare_with_reference``).
 
 Cases are deterministic functions of (seed number, case index), so a batch runs in a child
 process (``python -m tests.native.program_fuzz SEEDS_FILE SEED START COUNT``) that prints the
@@ -290,12 +294,113 @@ def repair(desc: dict, validate, rounds: int = 8) -> None:
             return
 
 
+# ---- gentle mutations: programs that mostly stay valid, so their results can be compared --------
+
+FLOAT_UNARY = [
+    "neg", "abs", "sign", "square", "relu", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt",
+    "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid", "erf", "floor", "ceil", "round",
+]  # fmt: skip
+FLOAT_BINARY = [
+    "add", "sub", "mul", "div", "pow", "atan2", "maximum", "minimum", "floor_divide", "remainder",
+]  # fmt: skip
+INT_UNARY = ["neg", "abs", "sign", "square", "relu"]
+INT_BINARY = ["add", "sub", "mul", "maximum", "minimum", "floor_divide", "remainder"]
+
+
+def _same_kind_op(rng: random.Random, op: str, dtype: str) -> str | None:
+    """Another elementwise op of the same arity giving the same dtype, or None."""
+    unary, binary = (
+        (FLOAT_UNARY, FLOAT_BINARY) if dtype in ("f32", "f64") else (INT_UNARY, INT_BINARY)
+    )
+    for family in (unary, binary):
+        if op in family:
+            return rng.choice(family)
+    return None
+
+
+def _gentle_value(rng: random.Random, value: Any) -> Any:
+    """A value of the same type and length, near the ones real programs use."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return rng.choice([-2, -1, 0, 1, 2, 3, value + 1, value - 1])
+    if isinstance(value, float):
+        return rng.choice(INTERESTING_FLOATS + [0.5, 2.0, -3.0, rng.uniform(-5, 5)])
+    if isinstance(value, (list, tuple)) and value:
+        items = list(value)
+        i = rng.randrange(len(items))
+        if not isinstance(items[i], str):
+            items[i] = _gentle_value(rng, items[i])
+        return items
+    return value
+
+
+def _interpose(rng: random.Random, desc: dict) -> None:
+    """A new elementwise instruction between a value and one of its readers."""
+    instrs, slots = desc["instrs"], desc["slots"]
+    k = rng.randrange(len(instrs))
+    readers = [i for i, (_, ins, _, _) in enumerate(instrs) if i > k]
+    if not readers or not instrs[k][2]:
+        return
+    value = rng.choice(instrs[k][2])
+    readers = [i for i in readers if value in instrs[i][1]]
+    if not readers or not 0 <= value < len(slots):
+        return
+    shape, dtype = slots[value]
+    family = FLOAT_UNARY + FLOAT_BINARY if dtype in ("f32", "f64") else INT_UNARY + INT_BINARY
+    if dtype == "bool":
+        return
+    op = rng.choice(family)
+    new = len(slots)
+    slots.append((shape, dtype))
+    ins = [value] if op in FLOAT_UNARY + INT_UNARY else [value, value]
+    j = rng.choice(readers)
+    op_j, ins_j, outs_j, attrs_j = instrs[j]
+    ins_j = [new if s == value and rng.random() < 0.7 else s for s in ins_j]
+    instrs[j] = (op_j, ins_j, outs_j, attrs_j)
+    instrs.insert(k + 1, (op, ins, [new], {}))
+
+
+def _mutate_gently(rng: random.Random, desc: dict) -> None:
+    """One mutation that keeps types: an attribute's value, an elementwise op (a fused node's
+    too) for another of its kind, a constant's values, or a new elementwise instruction."""
+    instrs = desc["instrs"]
+    k = rng.randrange(len(instrs))
+    op, ins, outs, attrs = instrs[k]
+    attrs = dict(attrs)
+    r = rng.random()
+    if r < 0.2:
+        _interpose(rng, desc)
+        return
+    if op == "fused" and r < 0.6:
+        sub_ops = list(attrs["sub_ops"])
+        n = rng.randrange(len(sub_ops))
+        replacement = _same_kind_op(rng, sub_ops[n], attrs["sub_dtypes"][n])
+        if replacement is not None:
+            sub_ops[n] = replacement
+            attrs["sub_ops"] = sub_ops
+    elif r < 0.4 and outs and 0 <= outs[0] < len(desc["slots"]):
+        replacement = _same_kind_op(rng, op, desc["slots"][outs[0]][1])
+        op = replacement or op
+    elif attrs:
+        name = rng.choice(sorted(attrs))
+        if name not in ("sub_ops", "sub_args", "sub_dtypes", "sub_outputs"):
+            attrs[name] = _gentle_value(rng, attrs[name])
+    instrs[k] = (op, ins, outs, attrs)
+
+
 def make_case(seeds: list[dict], seed: int, index: int, op_names: list[str], validate) -> dict:
-    """Case `index` of run `seed`: a deterministic mutation of one seed program."""
+    """Case `index` of run `seed`: a deterministic mutation of one seed program, gentle (mostly
+    valid, so its results are compared) for half the cases, else anything goes."""
     rng = random.Random(f"{seed}:{index}")
     desc = copy.deepcopy(rng.choice(seeds))
     desc["slots"] = list(desc["slots"])
     desc["instrs"] = list(desc["instrs"])
+    if rng.random() < 0.5:
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            _mutate_gently(rng, desc)
+        repair(desc, validate, rounds=64)
+        return desc
     for _ in range(rng.choice([1, 1, 1, 2, 2, 3, 5])):
         r = rng.random()
         if r < 0.6:
@@ -312,16 +417,155 @@ def make_case(seeds: list[dict], seed: int, index: int, op_names: list[str], val
 # ---- running cases -------------------------------------------------------------------------------
 
 
-def _feed(rng: np.random.Generator, shape: tuple, dtype: str) -> np.ndarray:
+# No huge finite values: their products overflow float32 where the reference, which accumulates
+# in float64, stays finite (inf + -inf is NaN natively, inf in the reference).
+SPECIAL_FEED_VALUES = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40]
+
+
+def _feed(rng: np.random.Generator, shape: tuple, dtype: str, special: bool) -> np.ndarray:
     # np.asarray: with shape () the generators return scalars, not arrays.
     if dtype in ("f32", "f64"):
         values = np.asarray(rng.standard_normal(shape))
-        return values.astype(np.float32 if dtype == "f32" else np.float64)
+        if special:  # about one element in eight NaN, infinite, zero, huge or subnormal
+            where = np.asarray(rng.random(shape) < 0.125)
+            picks = np.asarray(rng.choice(SPECIAL_FEED_VALUES, size=shape))
+            values = np.where(where, picks, values)
+        return np.asarray(values.astype(np.float32 if dtype == "f32" else np.float64))
     if dtype == "bool":
         return np.asarray(rng.random(shape) < 0.5)
     # Mostly valid small indices, sometimes negative or large.
     values = np.asarray(rng.integers(-1, 4, size=shape))
     return values.astype(np.int32 if dtype == "i32" else np.int64)
+
+
+# Floats agree when |native - reference| <= FLOAT_RTOL * |reference| + FLOAT_ATOL * scale, scale
+# the largest finite magnitude of the reference result (at least 1): mutated programs sum, reduce
+# and multiply in other orders than numpy does, and their values span many magnitudes.
+FLOAT_RTOL = 1e-3
+FLOAT_ATOL = 1e-3
+
+
+# CPU-only instructions whose references pass their attributes on to a prim op's: (that op, the
+# attributes they add).
+_CPU_ONLY_PRIM_BASE = {
+    "conv2d_bias": ("conv2d", {"relu"}),
+    "max_pool2d_relu_grad": ("max_pool2d_grad", set()),
+}
+
+
+def reference_program(desc: dict):
+    """The description as a :class:`lucid.backends.cpu.Program`, for its numpy interpreter.
+
+    Attributes a prim op does not declare are dropped (the native validator ignores them: the
+    fuzzer adds such names); a ``fused`` instruction's flattened expression becomes its nodes."""
+    from lucid.backends import prim_ops
+    from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
+
+    program = Program()
+    for shape, dtype in desc["slots"]:
+        program.new_slot(shape, dtype)
+    for op, ins, outs, attrs in desc["instrs"]:
+        attrs = dict(attrs)
+        nodes: list[FusedNode] = []
+        out_nodes = None
+        if op == FUSED:
+            args = list(attrs["sub_args"])
+            for k, (name, dtype) in enumerate(
+                zip(attrs["sub_ops"], attrs["sub_dtypes"], strict=True)
+            ):
+                arity = len(prim_ops.lookup(name).operands)
+                node_args, args = tuple(args[:arity]), args[arity:]
+                node_attrs: dict[str, Any] = {}
+                if name == "cast":
+                    node_attrs["dtype"] = dtype
+                elif name == "normalize":
+                    node_attrs["epsilon"] = float(attrs["sub_floats"][k])
+                nodes.append(FusedNode(name, node_args, dtype, node_attrs))
+            if "sub_outputs" in attrs:
+                out_nodes = tuple(attrs["sub_outputs"])
+            attrs = {}
+        elif op in prim_ops.PRIM_OPS or op in _CPU_ONLY_PRIM_BASE:
+            base, extra = _CPU_ONLY_PRIM_BASE.get(op, (op, set()))
+            declared = set(prim_ops.lookup(base).attrs) | extra
+            attrs = {k: v for k, v in attrs.items() if k in declared}
+        program.instrs.append(Instr(op, tuple(ins), tuple(outs), attrs, tuple(nodes), out_nodes))
+    program.feeds = list(desc["feeds"])
+    program.results = list(desc["results"])
+    program.inplace = {int(r): int(f) for r, f in desc.get("inplace", {}).items()}
+    return program
+
+
+def compare_with_reference(native: list[np.ndarray], reference: list[np.ndarray]) -> str | None:
+    """None when the native results agree with the reference's, else what differs first."""
+    if len(native) != len(reference):
+        return f"{len(native)} native results, {len(reference)} reference results"
+    for i, (got, want) in enumerate(zip(native, reference, strict=True)):
+        got, want = np.asarray(got), np.asarray(want)
+        if got.dtype != want.dtype or got.shape != want.shape:
+            return f"result {i}: native {got.dtype}{got.shape}, reference {want.dtype}{want.shape}"
+        if got.dtype.kind != "f":
+            bad = got != want
+        else:
+            finite = np.isfinite(want)
+            scale = max(1.0, float(np.max(np.abs(want[finite]), initial=0.0)))
+            with np.errstate(invalid="ignore", over="ignore"):
+                close = np.abs(got.astype(np.float64) - want) <= (
+                    FLOAT_RTOL * np.abs(want.astype(np.float64)) + FLOAT_ATOL * scale
+                )
+            # NaN where the reference has NaN, the same infinity where it has one.
+            same_special = (np.isnan(got) & np.isnan(want)) | (np.isinf(want) & (got == want))
+            bad = ~np.where(finite, close & np.isfinite(got), same_special)
+        if bad.any():
+            at = tuple(int(k) for k in np.argwhere(bad)[0])
+            return (
+                f"result {i} ({got.dtype}{got.shape}): {int(bad.sum())} of {bad.size} elements "
+                f"differ; first at {at}: native {got[at]!r}, reference {want[at]!r}"
+            )
+    return None
+
+
+def run_reference(desc: dict, feeds: list[np.ndarray]) -> list[np.ndarray] | BaseException:
+    """The reference interpreter's results on copies of ``feeds``, or the exception it raised."""
+    with np.errstate(all="ignore"):
+        try:
+            return reference_program(desc).interpret([f.copy() for f in feeds])
+        except Exception as e:  # noqa: BLE001  (compared with the native outcome by the caller)
+            return e
+
+
+def check_against_reference(
+    desc: dict, feeds: list[np.ndarray], results: list[np.ndarray], native
+) -> str | None:
+    """None when a run's ``results`` (on ``feeds``) agree with the reference, else what differs.
+
+    The program runs again with every value a result (and no in-place results). Its results
+    must be those values bit for bit: keeping every value changes only how the runtime plans
+    buffers. Then each instruction's outputs are compared with the reference interpreter run on
+    that one instruction and the native values of its inputs (``compare_with_reference``), so a
+    rounding difference is not amplified downstream (by ``floor_divide`` of a sum that is 0 in
+    exact arithmetic, a comparison, an argmax) into a false alarm, and a difference is reported
+    at the instruction that made it."""
+    outputs = [o for _, _, outs, _ in desc["instrs"] for o in outs]
+    every_value = dict(desc, results=outputs, inplace={})
+    values = dict(zip(desc["feeds"], feeds, strict=True))
+    run = native.compile(every_value, cache=False).run([f.copy() for f in feeds])
+    values.update(zip(outputs, run, strict=True))
+    for i, (slot, got) in enumerate(zip(desc["results"], results, strict=True)):
+        kept = values[slot]
+        if got.dtype != kept.dtype or not np.array_equal(got, kept, equal_nan=True):
+            return f"result {i} (slot {slot}) changes when every value is a result"
+    for k, (op, ins, outs, attrs) in enumerate(desc["instrs"]):
+        inputs = list(dict.fromkeys(ins))  # add(x, x) reads one feed
+        alone = {"slots": desc["slots"], "instrs": [(op, ins, outs, attrs)], "feeds": inputs}
+        alone.update(results=list(outs), inplace={})
+        reference = run_reference(alone, [values[s] for s in inputs])
+        where = f"instruction {k} ({op} {list(ins)} -> {list(outs)})"
+        if not isinstance(reference, list):
+            return f"{where} ran natively; the reference raised {reference!r}"
+        mismatch = compare_with_reference([values[o] for o in outs], reference)
+        if mismatch is not None:
+            return f"{where}: {mismatch}"
+    return None
 
 
 def try_case(desc: dict, native) -> str:
@@ -343,17 +587,30 @@ def try_case(desc: dict, native) -> str:
     )
     if ex.arena_bytes + io_bytes > RUN_MAX_BYTES or ex.work > RUN_MAX_WORK:
         return "compiled"
-    rng = np.random.default_rng(len(desc["instrs"]))
-    feeds = [_feed(rng, tuple(desc["slots"][s][0]), desc["slots"][s][1]) for s in desc["feeds"]]
+    # Feeds are a deterministic function of the program; one case in three has special values.
+    rng = np.random.default_rng(native.structural_hash(desc))
+    special = rng.random() < 1 / 3
+    feeds = [
+        _feed(rng, tuple(desc["slots"][s][0]), desc["slots"][s][1], special) for s in desc["feeds"]
+    ]
     before = [f.copy() for f in feeds]
     try:
-        ex.run(feeds)
+        results = ex.run(feeds)
     except EXPECTED_ERRORS as e:
-        # A failed run must leave every feed as it was.
+        # A failed run must leave every feed as it was, and the reference must fail the same way.
         for f, b in zip(feeds, before, strict=True):
             if not np.array_equal(f, b, equal_nan=True):
                 raise AssertionError("a failed run changed a feed") from e
+        reference = run_reference(desc, before)
+        if not isinstance(reference, type(e)):
+            raise AssertionError(
+                f"the native run raised {type(e).__name__}: {e}; the reference "
+                + ("ran" if isinstance(reference, list) else f"raised {reference!r}")
+            ) from e
         return "run-error:" + type(e).__name__
+    mismatch = check_against_reference(desc, before, results, native)
+    if mismatch is not None:
+        raise AssertionError("native and reference results differ: " + mismatch)
     return "ran"
 
 

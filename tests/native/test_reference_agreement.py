@@ -1,0 +1,126 @@
+"""Minimal programs for what the differential program fuzzer (tests/native/program_fuzz.py) found:
+each native result must agree with the numpy reference interpreter (``Program.interpret``) on
+the same program and feeds, NaN and infinities included."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from lucid import _native  # noqa: E402
+from tests.native.program_fuzz import (  # noqa: E402
+    compare_with_reference,
+    reference_program,
+)
+
+NUMPY = {"f32": np.float32, "f64": np.float64}
+
+
+def run_both(desc: dict, feeds: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(native results, reference results) of one description on copies of ``feeds``."""
+    native = _native.compile(desc, cache=False).run([f.copy() for f in feeds])
+    with np.errstate(all="ignore"):
+        reference = reference_program(desc).interpret([f.copy() for f in feeds])
+    return native, reference
+
+
+def assert_agree(desc: dict, feeds: list[np.ndarray]) -> list[np.ndarray]:
+    native, reference = run_both(desc, feeds)
+    mismatch = compare_with_reference(native, reference)
+    assert mismatch is None, mismatch
+    return native
+
+
+# -- gemm / matmul_accumulate with alpha == 0 --------------------------------------------------
+# A BLAS skips the product when alpha is 0 (C = beta * C, A and B unread), but 0 times an
+# infinite or NaN product is NaN: `gemm{alpha = 0}` is the fold of `mul(matmul(a, b), 0)`.
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("n", [3, 64])  # 64: Lucid's own float32 kernel (sgemm_chosen)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_with_alpha_zero_gives_nan_where_the_product_is_not_finite(dtype, n, bias):
+    slots = [((n, n), dtype), ((n, n), dtype), ((n, n), dtype)]
+    ins = [0, 1]
+    if bias:
+        slots.append(((n,), dtype))
+        ins.append(3)
+    desc = {
+        "slots": slots,
+        "instrs": [("gemm", ins, [2], {"alpha": 0.0, "transpose_a": False, "transpose_b": False})],
+        "feeds": [0, 1] + ([3] if bias else []),
+        "results": [2],
+        "inplace": {},
+    }
+    a = np.ones((n, n), NUMPY[dtype])
+    a[1, 2] = np.inf  # row 1 of the product is infinite
+    a[2, 0] = np.nan  # row 2 NaN
+    feeds = [a, np.ones((n, n), NUMPY[dtype])] + ([np.ones(n, NUMPY[dtype])] if bias else [])
+    (out,) = assert_agree(desc, feeds)
+    assert np.isnan(out[1:3]).all()
+    assert (out[0] == (1.0 if bias else 0.0)).all()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_matmul_accumulate_with_alpha_zero_gives_nan_where_the_product_is_not_finite(dtype):
+    desc = {
+        "slots": [((3, 4), dtype), ((4, 5), dtype), ((3, 5), dtype), ((), dtype), ((3, 5), dtype)],
+        "instrs": [
+            ("matmul_accumulate", [0, 1, 2, 3], [4], {"transpose_a": False, "transpose_b": False})
+        ],
+        "feeds": [0, 1, 2, 3],
+        "results": [4],
+        "inplace": {},
+    }
+    a = np.ones((3, 4), NUMPY[dtype])
+    a[0, 0] = -np.inf
+    feeds = [a, np.ones((4, 5), NUMPY[dtype]), np.full((3, 5), 2, NUMPY[dtype])]
+    feeds.append(np.zeros((), NUMPY[dtype]))
+    (out,) = assert_agree(desc, feeds)
+    assert np.isnan(out[0]).all() and (out[1:] == 2).all()
+
+
+def test_attention_with_alpha_zero_in_float64_gives_nan_for_an_infinite_score():
+    # Float64 attention computes the scores with one BLAS call per block of rows.
+    b, h, lq, lk, d = 1, 1, 2, 3, 4
+    desc = {
+        "slots": [((b, h, lq, d), "f64"), ((b, h, lk, d), "f64"), ((b, h, lk, d), "f64")]
+        + [((b, h, lq, d), "f64")],
+        "instrs": [("attention", [0, 1, 2], [3], {"alpha": 0.0})],
+        "feeds": [0, 1, 2],
+        "results": [3],
+        "inplace": {},
+    }
+    q = np.ones((b, h, lq, d))
+    q[0, 0, 0, 0] = np.inf  # every score of query row 0 is infinite
+    (out,) = assert_agree(desc, [q, np.ones((b, h, lk, d)), np.ones((b, h, lk, d))])
+    assert np.isnan(out[0, 0, 0]).all() and (out[0, 0, 1] == 1).all()
+
+
+# -- float floor_divide and remainder ---------------------------------------------------------
+# Python's divmod rule (numpy, PyTorch, eager Lucid): floor(a / b) rounded the quotient first.
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("op", ["floor_divide", "remainder"])
+def test_float_floor_divide_and_remainder_follow_pythons_divmod(dtype, op):
+    a = [1.0, -1.0, 1.0, -1.0, np.inf, -np.inf, 7.0, 0.0, -0.0, 5.0, np.nan, 3.0, -7.5]
+    b = [0.1, 0.1, np.inf, np.inf, 2.0, 3.0, 0.7, -np.inf, 2.0, 0.0, 1.0, np.nan, -2.0]
+    n = len(a)
+    desc = {
+        "slots": [((n,), dtype)] * 3,
+        "instrs": [(op, [0, 1], [2], {})],
+        "feeds": [0, 1],
+        "results": [2],
+        "inplace": {},
+    }
+    (out,) = assert_agree(desc, [np.array(a, NUMPY[dtype]), np.array(b, NUMPY[dtype])])
+    if op == "floor_divide":
+        assert out[0] == 9 and out[1] == -10 and out[3] == -1 and np.isnan(out[4])
+    else:
+        assert out[3] == np.inf and np.isnan(out[4]) and out[12] == -1.5
