@@ -2,7 +2,8 @@
 
     python benchmarks/bench_compile_scaling.py [--models transformer,chain,lstm,resnet]
         [--modes infer,train] [--frameworks lucid,jax,torch.compile] [--quick]
-        [--sizes transformer=1,2,4 --sizes chain=250,500] [--budget-s 600] [--threads 2]
+        [--sizes transformer=1,2,4 --sizes chain:train=250,500] [--peer-sizes chain=250]
+        [--budget-s 600] [--threads 2]
         [--json PATH] [--chart PATH] [--write]
 
 Every (model, mode, size, framework) case runs in a fresh process that imports only its
@@ -244,19 +245,23 @@ def schedule(rows: list[tuple], frameworks: list[str]) -> list[tuple]:
 
 
 def planned_rows(models, modes, sizes: dict) -> list[tuple]:
-    """(model, mode, size) of every row: per model and mode, the sizes in increasing order."""
-    return [(m, mode, n) for m in models for mode in modes for n in sorted(sizes[m])]
+    """(model, mode, size) of every row: per model and mode, the sizes (``sizes[model, mode]``)
+    in increasing order."""
+    return [(m, mode, n) for m in models for mode in modes for n in sorted(sizes[m, mode])]
 
 
 # --- arguments --------------------------------------------------------------------------------
-def parse_sizes(specs: list[str], models=None) -> dict[str, tuple[int, ...]]:
-    """``["transformer=1,2,4", ...]`` -> {model: sizes}; models not named keep their defaults."""
-    out: dict[str, tuple[int, ...]] = {}
+def parse_sizes(specs: list[str]) -> dict[tuple[str, str], tuple[int, ...]]:
+    """``["transformer=1,2,4", "chain:train=250,500"]`` -> {(model, mode): sizes}: a spec
+    without ``:MODE`` sets both modes, a later spec overrides an earlier one."""
+    out: dict[tuple[str, str], tuple[int, ...]] = {}
     for spec in specs:
         name, sep, values = spec.partition("=")
-        if not sep or name not in DEFAULT_SIZES:
+        model, _, mode = name.partition(":")
+        if not sep or model not in DEFAULT_SIZES or mode not in ("", *MODES):
             raise ValueError(
-                f"--sizes {spec!r}: expected MODEL=N,N,... with MODEL in {list(DEFAULT_SIZES)}"
+                f"--sizes {spec!r}: expected MODEL[:MODE]=N,N,... with MODEL in "
+                f"{list(DEFAULT_SIZES)} and MODE in {list(MODES)}"
             )
         try:
             sizes = tuple(int(v) for v in values.split(",") if v.strip())
@@ -264,7 +269,8 @@ def parse_sizes(specs: list[str], models=None) -> dict[str, tuple[int, ...]]:
             raise ValueError(f"--sizes {spec!r}: sizes must be integers") from None
         if not sizes or min(sizes) < 1:
             raise ValueError(f"--sizes {spec!r}: give at least one size, each at least 1")
-        out[name] = sizes
+        for m in (mode,) if mode else MODES:
+            out[model, m] = sizes
     return out
 
 
@@ -277,13 +283,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--sizes",
         action="append",
         default=[],
-        help="MODEL=N,N,... (repeatable); default: the issue's sizes (--quick: small ones)",
+        help="MODEL[:MODE]=N,N,... (repeatable); default: the issue's sizes (--quick: small ones)",
     )
     ap.add_argument(
         "--peer-sizes",
         action="append",
         default=[],
-        help="MODEL=N,N,... (repeatable): the sizes the peers run at for MODEL (default: all; "
+        help="MODEL[:MODE]=N,N,... (repeatable): the sizes the peers run at (default: all; "
         "torch.compile's training step takes about a minute at any size)",
     )
     ap.add_argument("--quick", action="store_true", help="small sizes of every model")
@@ -327,12 +333,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.lucid_python is not None and not os.access(args.lucid_python, os.X_OK):
         ap.error(f"--lucid-python {args.lucid_python!r} is not an executable")
     try:
-        given = parse_sizes(args.sizes, args.models)
-        args.peer_plan = parse_sizes(args.peer_sizes, args.models)
+        given = parse_sizes(args.sizes)
+        args.peer_plan = parse_sizes(args.peer_sizes)
     except ValueError as e:
         ap.error(str(e))
     base = QUICK_SIZES if args.quick else DEFAULT_SIZES
-    args.size_plan = {m: given.get(m, base[m]) for m in args.models}
+    args.size_plan = {
+        (m, mode): given.get((m, mode), base[m]) for m in args.models for mode in MODES
+    }
     return args
 
 
@@ -601,7 +609,7 @@ def run_plan(args, spawn_case=spawn) -> list[dict]:
     peer_plan = getattr(args, "peer_plan", {})
     for model, mode, n, fw in schedule(rows, present):
         series = (model, mode, fw)
-        if fw != "lucid" and model in peer_plan and n not in peer_plan[model]:
+        if fw != "lucid" and n not in peer_plan.get((model, mode), (n,)):
             continue  # not asked for at this size
         if series in ended:
             results.append(_case(model, mode, n, fw, skipped=ended[series]))
@@ -762,7 +770,7 @@ def main(argv=None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "threads": args.threads,
         "budget_s": args.budget_s,
-        "sizes": {m: list(s) for m, s in args.size_plan.items()},
+        "sizes": {f"{m} {mode}": list(s) for (m, mode), s in args.size_plan.items()},
         "frameworks": args.frameworks,
         "command": " ".join(
             ["python benchmarks/bench_compile_scaling.py", *(argv or sys.argv[1:])]

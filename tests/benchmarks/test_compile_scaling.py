@@ -149,7 +149,7 @@ def test_a_failed_case_ends_its_series_only(monkeypatch):
         models=["transformer"],
         modes=["infer"],
         frameworks=["lucid", "jax", "torch.compile"],
-        size_plan={"transformer": (4, 1, 2)},
+        size_plan={("transformer", "infer"): (4, 1, 2)},
     )
     results = CS.run_plan(args, spawn_case=fake_spawn)
     got = {(r["size"], r["framework"]): r for r in results}
@@ -158,7 +158,7 @@ def test_a_failed_case_ends_its_series_only(monkeypatch):
     assert got[(2, "lucid")]["over_budget"] and "after depth 2" in got[(4, "lucid")]["skipped"]
     assert got[(4, "jax")]["first_call_s"] == pytest.approx(0.4)  # JAX's series goes on
     assert all(got[(n, "torch.compile")]["missing"] for n in (1, 2, 4))
-    args.peer_plan = {"transformer": (1,)}  # peers at depth 1 only
+    args.peer_plan = {("transformer", "infer"): (1,)}  # peers at depth 1 only
     again = {(r["size"], r["framework"]) for r in CS.run_plan(args, spawn_case=fake_spawn)}
     assert (1, "jax") in again and (2, "jax") not in again and (4, "lucid") in again
     assert [CS.cell(got[(n, "lucid")]) for n in (1, 2, 4)] == [
@@ -170,7 +170,13 @@ def test_a_failed_case_ends_its_series_only(monkeypatch):
 
 @pytest.mark.parametrize(
     "bad",
-    [["--sizes", "transformer"], ["--sizes", "nope=1"], ["--sizes", "chain=0"], ["--modes", "x"]],
+    [
+        ["--sizes", "transformer"],
+        ["--sizes", "nope=1"],
+        ["--sizes", "chain=0"],
+        ["--sizes", "chain:fit=1"],
+        ["--modes", "x"],
+    ],
 )
 def test_bad_options_are_refused_by_name(bad, capsys):
     with pytest.raises(SystemExit):
@@ -178,9 +184,21 @@ def test_bad_options_are_refused_by_name(bad, capsys):
     assert "--" in capsys.readouterr().err
 
 
-def test_sizes_override_only_the_models_named():
-    args = CS.parse_args(["--quick", "--models", "chain,lstm", "--sizes", "chain=3,5"])
-    assert args.size_plan == {"chain": (3, 5), "lstm": CS.QUICK_SIZES["lstm"]}
+def test_sizes_override_only_the_models_and_modes_named():
+    args = CS.parse_args(
+        ["--quick", "--models", "chain,lstm", "--sizes", "chain=3,5", "--sizes", "chain:train=2"]
+    )
+    assert args.size_plan == {
+        ("chain", "infer"): (3, 5),
+        ("chain", "train"): (2,),
+        ("lstm", "infer"): CS.QUICK_SIZES["lstm"],
+        ("lstm", "train"): CS.QUICK_SIZES["lstm"],
+    }
+    assert CS.planned_rows(["chain"], ["infer", "train"], args.size_plan) == [
+        ("chain", "infer", 3),
+        ("chain", "infer", 5),
+        ("chain", "train", 2),
+    ]
 
 
 def test_backend_split_times_each_wrapped_function_once():
