@@ -115,9 +115,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--lucid-python {args.lucid_python!r} is not an executable")
     if args.passes < 1 or args.rounds < 1 or args.threads < 1:
         ap.error("--passes, --rounds and --threads must be at least 1")
-    bad = set(args.workloads) - set("ABCDE")
+    bad = set(args.workloads) - set("ABCDEFGH")
     if bad:
-        ap.error(f"unknown workloads {''.join(sorted(bad))!r}; choose from ABCDE")
+        ap.error(f"unknown workloads {''.join(sorted(bad))!r}; choose from ABCDEFGH")
     if args.cases is not None:
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = [c for c in wanted if c not in TRAIN_CASES]
@@ -129,7 +129,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             flag
             for flag, on in (
                 (f"--mode {args.mode}", args.mode != "all"),
-                (f"--workloads {args.workloads}", sorted(set(args.workloads)) != list("ABCDE")),
+                (f"--workloads {args.workloads}", not set("ABCDE") <= set(args.workloads)),
                 ("--cases", args.cases is not None),
                 ("--no-torch-compile", args.no_torch_compile),
                 # The reference measures the machine's sgemm rate for its floors.
@@ -230,6 +230,8 @@ def run_child(spec: str, args: argparse.Namespace) -> dict:
         cases = BW.train_cases(wl, args, opt_name, frameworks=(framework,))
     if case not in cases:
         return {"error": f"case {case!r} not available in this environment"}
+    # Peak RSS growth from here (the model and data built) over the first call and the rounds.
+    base_mb = BW.high_water_mb()
     first_s, fn = BW.first_call_seconds(cases[case])
     n = BW.calls_per_round(fn, args.min_round_s)
     rounds = []
@@ -245,6 +247,7 @@ def run_child(spec: str, args: argparse.Namespace) -> dict:
         versions[name] = getattr(mod, "__version__", None)
     return {
         "first_call_s": first_s,
+        "peak_mb": BW.high_water_mb() - base_mb,
         "calls_per_round": n,
         "round_ms": rounds,
         "ms": statistics.median(rounds),
@@ -346,6 +349,8 @@ def _importable(module: str, python: str) -> bool:
 
 def planned_rows(args) -> list[tuple[str, str, str]]:
     """(mode, workload, optimizer or "") of every row, in docs/performance.md's order."""
+    import workloads as W
+
     modes = ["infer", "train"] if args.mode == "all" else [args.mode]
     rows = []
     for mode in modes:
@@ -353,7 +358,7 @@ def planned_rows(args) -> list[tuple[str, str, str]]:
             if mode == "infer":
                 rows.append((mode, wl, ""))
             else:
-                rows += [(mode, wl, o) for o in (("sgd", "adam") if wl == "A" else ("sgd",))]
+                rows += [(mode, wl, o) for o in W.train_optimizers(wl)]
     return rows
 
 
@@ -467,10 +472,14 @@ def summarize_row(
         row["ms"][case] = statistics.median(per_pass)
         row["range_ms"][case] = [min(per_pass), max(per_pass)]
         row["compile_s"][case] = statistics.median(r["first_call_s"] for r in good)
+        peaks = [r["peak_mb"] for r in good if r.get("peak_mb") is not None]
+        if peaks:
+            row.setdefault("peak_mb", {})[case] = statistics.median(peaks)
         row.setdefault("blas", {})[case] = good[0]["blas"]
         row.setdefault("threads", {})[case] = good[0]["threads"]
         row.setdefault("versions", {})[case] = good[0]["versions"]
     BW.summarize(row)
+    first_call_and_memory(row)
     floor = W.floor_ms(wl, mode == "train", floor_gflops)
     if floor is not None:
         row["floor_ms"] = floor
@@ -487,6 +496,53 @@ def summarize_row(
         if ratios:
             row["ratio_range"] = [min(ratios), max(ratios)]
     return row
+
+
+def first_call_and_memory(row: dict) -> dict:
+    """Add Lucid compiled's first call over JAX's (``first_call_vs_jax``) and its peak RSS
+    growth over the best measured peer's (``peak_vs_best``, ``peak_vs``) to ``row``, with
+    whether each holds its target (F-H: issue 21's; A-E: shown, not judged)."""
+    import bench_workloads as BW
+    import workloads as W
+
+    large = row["workload"] in W.LARGE
+    first = row["compile_s"]
+    if "lucid compiled" in first and "jax" in first and first["jax"] > 0:
+        row["first_call_vs_jax"] = first["lucid compiled"] / first["jax"]
+        if large:
+            row["first_call_holds"] = row["first_call_vs_jax"] <= BW.FIRST_CALL_VS_JAX
+    peak = row.get("peak_mb", {})
+    peers = {p: peak[p] for p in BW.PEERS if p in peak and peak[p] > 0}
+    if "lucid compiled" in peak and peers:
+        best = min(peers, key=peers.get)
+        row["peak_vs"], row["peak_vs_best"] = best, peak["lucid compiled"] / peers[best]
+        if large:
+            row["peak_holds"] = row["peak_vs_best"] <= BW.PEAK_VS_BEST_PEER
+    return row
+
+
+def first_call_cell(row: dict) -> str:
+    """Lucid compiled's and JAX's first call (s), their ratio and whether it holds."""
+    first = row["compile_s"]
+    parts = [f"{first[c]:.2f}" if c in first else "-" for c in ("lucid compiled", "jax")]
+    cell = " / ".join(parts)
+    if "first_call_vs_jax" in row:
+        cell += f" ({row['first_call_vs_jax']:.2f}x"
+        cell += {True: ", holds)", False: ", NO)", None: ")"}[row.get("first_call_holds")]
+    return cell
+
+
+def peak_cell(row: dict) -> str:
+    """Lucid compiled's peak RSS growth (MB), the best peer's, their ratio and whether it
+    holds."""
+    peak = row.get("peak_mb", {})
+    if "lucid compiled" not in peak:
+        return "-"
+    cell = f"{peak['lucid compiled']:.0f}"
+    if "peak_vs" in row:
+        cell += f" / {peak[row['peak_vs']]:.0f} {row['peak_vs']} ({row['peak_vs_best']:.2f}x"
+        cell += {True: ", holds)", False: ", NO)", None: ")"}[row.get("peak_holds")]
+    return cell
 
 
 def fmt_cell(row: dict, case: str) -> str:
@@ -521,8 +577,9 @@ def print_tables(rows: list[dict], floor_gflops: float | None = None) -> None:
             "| wl | opt | "
             + " | ".join(cases)
             + f" | ratio (vs) [range] | target | holds | {floor_header(floor_gflops)} |"
+            " first call s, compiled / jax | peak RSS MB, compiled / best peer |"
         )
-        print("|" + "---|" * (len(cases) + 6))
+        print("|" + "---|" * (len(cases) + 8))
         for r in sel:
             if "ratio" in r:
                 lo, hi = r.get("ratio_range", [r["ratio"], r["ratio"]])
@@ -538,7 +595,7 @@ def print_tables(rows: list[dict], floor_gflops: float | None = None) -> None:
                 floor += f" ({r['vs_floor']:.2f}x)" if "vs_floor" in r else ""
             print(
                 f"| {r['workload']} | {r.get('opt', '-')} | {cells} | {ratio} | {tgt} | {holds} "
-                f"| {floor} |"
+                f"| {floor} | {first_call_cell(r)} | {peak_cell(r)} |"
             )
         for r in sel:
             for name, err in r.get("errors", {}).items():

@@ -1,7 +1,11 @@
 """Per-instruction profiles of compiled workloads (where a call's time goes).
 
     python benchmarks/profile_workloads.py [--workloads AD] [--mode infer|train|all]
-        [--optimizer sgd|adam] [--repeats 50] [--top 25] [--threads 2] [--json PATH]
+        [--optimizer sgd|sgd_momentum|adam|adamw] [--repeats 50] [--top 25] [--threads 2]
+        [--json PATH]
+
+Any of the workloads A–H (``workloads.py``); F–H are the large ones of issue 21 (their training
+profile uses their own optimizer unless ``--optimizer`` says otherwise).
 
 Inference profiles come from ``CompiledModule.profile(x)``; training profiles read the executable
 of the ``fused_step`` entry (one run per repeat; the in-place parameter updates are applied to
@@ -24,9 +28,10 @@ def parse():
     ap.add_argument("--mode", choices=["infer", "train", "all"], default="all")
     ap.add_argument(
         "--optimizer",
-        choices=["sgd", "adam"],
-        default="sgd",
-        help="the training step's optimizer: SGD(lr=0.01) or Adam(lr=1e-3)",
+        choices=["sgd", "sgd_momentum", "adam", "adamw"],
+        default=None,
+        help="the training step's optimizer (workloads.OPTIMIZER_SETTINGS; default: the "
+        "workload's first, SGD for A-E)",
     )
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--top", type=int, default=25)
@@ -57,15 +62,12 @@ def infer_profile(wl: str, repeats: int) -> list[dict]:
     return cm.profile(x, repeats=repeats)
 
 
-def train_profile(wl: str, repeats: int, optimizer: str = "sgd") -> list[dict]:
+def train_profile(wl: str, repeats: int, optimizer: str | None = None) -> list[dict]:
     import lucid
 
     x_np, y_np = W.data(wl)
     model = W.lucid_model(wl)
-    if optimizer == "adam":
-        opt = lucid.optim.Adam(model.parameters(), lr=1e-3)
-    else:
-        opt = lucid.optim.SGD(model.parameters(), lr=0.01)
+    opt = W.optimizer(lucid.optim, optimizer or W.train_optimizers(wl)[0], model.parameters())
     step = lucid.compile.fused_step(model, W.lucid_loss(wl), opt)
     args = (lucid.tensor(x_np),) + ((lucid.tensor(y_np),) if y_np is not None else ())
     step(*args)
@@ -118,8 +120,9 @@ def main() -> None:
             if mode == "infer":
                 rows, title = infer_profile(wl, args.repeats), f"infer {wl}"
             else:
-                rows = train_profile(wl, args.repeats, args.optimizer)
-                title = f"train {wl}" + (" (adam)" if args.optimizer == "adam" else "")
+                opt_name = args.optimizer or W.train_optimizers(wl)[0]
+                rows = train_profile(wl, args.repeats, opt_name)
+                title = f"train {wl}" + (f" ({opt_name})" if opt_name != "sgd" else "")
             out[title] = report(title, rows, args.top)
     if args.json:
         with open(args.json, "w") as f:

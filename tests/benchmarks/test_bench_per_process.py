@@ -183,7 +183,8 @@ def test_the_table_header_names_the_rate(capsys):
     BP.print_tables([row], 75.0)
     lines = capsys.readouterr().out.splitlines()
     header = next(ln for ln in lines if ln.startswith("| wl |"))
-    assert header.endswith("| FLOP floor at 75 GFLOP/s (compiled/floor) |")
+    assert "| FLOP floor at 75 GFLOP/s (compiled/floor) |" in header
+    assert header.endswith("| first call s, compiled / jax | peak RSS MB, compiled / best peer |")
     body = next(ln for ln in lines if ln.startswith("| D |"))
     # As many cells as the header (the docs' tables are pasted from these lines).
     assert body.count("|") == header.count("|")
@@ -206,3 +207,52 @@ def test_the_sgemm_child_reports_a_rate_per_round(monkeypatch):
     assert len(result["round_gflops"]) == 2 and result["gflops"] > 0
     assert BP.describe_sgemm(result).endswith(")")
     assert BP.describe_sgemm(None) == "not measured"
+
+
+def ok_with(ms: float, first_s: float, peak_mb: float) -> dict:
+    return dict(ok(ms), first_call_s=first_s, peak_mb=peak_mb)
+
+
+def test_large_rows_judge_first_call_against_jax_and_peak_memory_against_the_best_peer():
+    runs = {
+        "lucid compiled": [ok_with(10.0, 10.0, 100.0), ok_with(12.0, 14.0, 110.0)],
+        "torch": [ok_with(11.0, 1.0, 80.0), ok_with(13.0, 1.0, 90.0)],
+        "jax": [ok_with(20.0, 30.0, 120.0), ok_with(20.0, 30.0, 140.0)],
+    }
+    row = BP.summarize_row("train", "F", "adamw", runs, missing=["torch.compile"])
+    assert row["peak_mb"] == {"lucid compiled": 105.0, "torch": 85.0, "jax": 130.0}
+    assert row["first_call_vs_jax"] == pytest.approx(12.0 / 30.0) and row["first_call_holds"]
+    assert row["peak_vs"] == "torch" and row["peak_vs_best"] == pytest.approx(105.0 / 85.0)
+    assert row["peak_holds"] is False
+    assert BP.first_call_cell(row) == "12.00 / 30.00 (0.40x, holds)"
+    assert BP.peak_cell(row) == "105 / 85 torch (1.24x, NO)"
+
+
+def test_small_rows_show_first_call_and_peak_without_judging_them():
+    runs = {"lucid compiled": [ok_with(1.0, 2.0, 10.0)], "jax": [ok_with(1.0, 1.0, 20.0)]}
+    row = BP.summarize_row("infer", "A", "", runs, missing=[])
+    assert row["first_call_vs_jax"] == pytest.approx(2.0) and "first_call_holds" not in row
+    assert BP.first_call_cell(row) == "2.00 / 1.00 (2.00x)"
+    assert "peak_holds" not in row and row["peak_vs_best"] == pytest.approx(0.5)
+
+
+def test_a_child_without_peak_memory_leaves_the_columns_empty():
+    row = BP.summarize_row("infer", "G", "", {"lucid compiled": [ok(1.0)]}, missing=["jax"])
+    assert "peak_mb" not in row and BP.peak_cell(row) == "-"
+    assert BP.first_call_cell(row) == "0.50 / -"
+
+
+def test_large_workloads_train_with_their_own_optimizers():
+    args = BP.parse_args(["--workloads", "FGH", "--mode", "train"])
+    assert BP.planned_rows(args) == [
+        ("train", "F", "adamw"),
+        ("train", "G", "sgd_momentum"),
+        ("train", "H", "adam"),
+    ]
+    assert BP.parse_args(["--workloads", "ABCDEFGH", "--write"]).write  # A-E plus more is full
+
+
+def test_unknown_workload_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        BP.parse_args(["--workloads", "AZ"])
+    assert "unknown workloads 'Z'" in capsys.readouterr().err
