@@ -329,7 +329,11 @@ struct PyExecutable {
     last_stats = stats;
 
     py::list out;
-    for (const std::shared_ptr<ResultBuffer>& r : results) {
+    for (size_t i = 0; i < results.size(); ++i) {
+      const std::shared_ptr<ResultBuffer>& r = results[i];
+      if (!r) {  // never dereference an empty slot (a target MPSGraph merged or dropped)
+        throw std::runtime_error("MPSGraph result " + std::to_string(i) + " was not produced");
+      }
       auto* owner = new std::shared_ptr<ResultBuffer>(r);
       py::capsule keep_alive(owner, [](void* p) { delete static_cast<std::shared_ptr<ResultBuffer>*>(p); });
       std::vector<py::ssize_t> shape(r->shape.begin(), r->shape.end());
@@ -381,6 +385,7 @@ void init_mpsgraph(py::module_& m) {
            "Runs on the GPU: feeds in program order (numpy arrays of the program's dtypes), "
            "results in target order; in-place results are written into their feeds afterwards.")
       .def("serialize", [](PyExecutable& e, const std::string& path) {
+             check_package_path(path);
              py::gil_scoped_release release;
              e.executable->serialize(path);
            }, py::arg("path"),
@@ -417,6 +422,7 @@ void init_mpsgraph(py::module_& m) {
   }, py::arg("program"), py::arg("cache") = true,
      "Replays a recorded program into an MPSGraph and compiles it (through the native LRU).");
   m.def("mpsgraph_load", [](const std::string& path, const py::dict& program) {
+    check_package_path(path);
     Program p = parse_program(program);
     PyExecutable out;
     {

@@ -8,8 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lucid::mpsgraph {
@@ -99,6 +102,68 @@ class ResultBuffer {
   std::vector<int64_t> shape;
   std::string dtype;
 };
+
+// Refuses (std::invalid_argument, naming the problem) a program MPSGraph would abort() on rather
+// than throw: no targets, a target named twice or never defined, a placeholder of rank 0 (an
+// empty MPSShape; the emitter spells rank 0 as [1]) or with a dimension below -1 or of 0, an
+// in-place pair out of range.
+void validate_program(const Program& program);
+
+inline constexpr const char* kPackageExtension = ".mpsgraphpackage";
+// Throws std::invalid_argument unless `path` ends in .mpsgraphpackage (Apple's examples all do).
+void check_package_path(const std::string& path);
+// The name a package is first written under, beside `path`, before it is moved into place.
+std::string temporary_package_path(const std::string& path);
+
+// Whether a feed can become a Metal buffer without a copy (newBufferWithBytesNoCopy: wants
+// page-aligned, writable memory; the length is rounded up to whole pages).
+bool can_wrap_without_copy(const HostTensor& tensor, size_t page_size);
+
+// Where each tensor of the executable's order (its feedTensors or targetTensors) sits in the
+// program's order, matched by identity. Every executable entry must match exactly one program
+// entry and every program entry must be matched exactly once; a program naming a tensor twice
+// is refused (MPSGraph would merge the two, or a result slot would stay empty).
+std::vector<size_t> match_positions(const std::vector<const void*>& executable_order,
+                                    const std::vector<const void*>& program_order,
+                                    const char* what);
+
+// A map keeping at most `capacity` entries, dropping the least recently used: the per-shape
+// result types of a symbolic-batch executable (one entry per distinct feed-shape set).
+template <typename Key, typename Value>
+class BoundedLru {
+ public:
+  explicit BoundedLru(size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
+  // The value for `key`, made most recent; nullptr when absent.
+  Value* find(const Key& key) {
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, it->second);
+    return &it->second->second;
+  }
+  // Inserts (or replaces) `key` as the most recent entry; evicts beyond the capacity.
+  Value& put(const Key& key, Value value) {
+    if (Value* old = find(key)) {
+      *old = std::move(value);
+      return *old;
+    }
+    order_.emplace_front(key, std::move(value));
+    index_[key] = order_.begin();
+    while (order_.size() > capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    return order_.front().second;
+  }
+  size_t size() const { return order_.size(); }
+
+ private:
+  size_t capacity_;
+  std::list<std::pair<Key, Value>> order_;  // most recent first
+  std::map<Key, typename std::list<std::pair<Key, Value>>::iterator> index_;
+};
+
+// How many per-shape result-type sets one symbolic-batch executable keeps.
+inline constexpr size_t kResultTypesCapacity = 64;
 
 struct RunStats {
   size_t wrapped_inputs = 0;  // bound copy-free (page-aligned host memory)

@@ -2,6 +2,9 @@
 // cache, and the bindings file written beside a serialized package. Plain C++ (no Objective-C):
 // the Metal side (mpsgraph_runtime.mm) supplies compile_uncached().
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -142,6 +145,109 @@ std::string structural_key(const Program& program) {
 
 uint64_t structural_hash(const Program& program) { return fnv1a(structural_key(program)); }
 
+// ---- checks before MPSGraph sees a program -----------------------------------------------------
+
+void validate_program(const Program& program) {
+  if (program.targets.empty()) throw std::invalid_argument("the program has no targets");
+  std::vector<int64_t> defined;
+  for (const Placeholder& p : program.placeholders) {
+    std::string where = "placeholder " + std::to_string(p.id);
+    if (p.shape.empty()) {
+      throw std::invalid_argument(where + " has rank 0 (an empty MPSShape): spell it [1]");
+    }
+    for (int64_t d : p.shape) {
+      if (d < -1 || d == 0) {
+        throw std::invalid_argument(where + " has a dimension " + std::to_string(d));
+      }
+    }
+    defined.push_back(p.id);
+  }
+  for (const Call& call : program.calls) {
+    defined.insert(defined.end(), call.results.begin(), call.results.end());
+  }
+  for (size_t i = 0; i < program.targets.size(); ++i) {
+    int64_t t = program.targets[i];
+    for (size_t j = 0; j < i; ++j) {
+      if (program.targets[j] == t) {
+        throw std::invalid_argument("target " + std::to_string(t) + " is named twice");
+      }
+    }
+    bool known = false;
+    for (int64_t id : defined) known = known || id == t;
+    if (!known) throw std::invalid_argument("target " + std::to_string(t) + " is never defined");
+  }
+  for (const auto& [result, feed] : program.inplace) {
+    if (result < 0 || static_cast<size_t>(result) >= program.targets.size() || feed < 0 ||
+        static_cast<size_t>(feed) >= program.placeholders.size()) {
+      throw std::invalid_argument("in-place pair (" + std::to_string(result) + ", " +
+                                  std::to_string(feed) + ") is out of range");
+    }
+  }
+}
+
+void check_package_path(const std::string& path) {
+  const std::string extension = kPackageExtension;
+  size_t slash = path.find_last_of('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.size() <= extension.size() ||
+      name.compare(name.size() - extension.size(), extension.size(), extension) != 0) {
+    throw std::invalid_argument("an MPSGraph package path must end in " + extension + ": " +
+                                path);
+  }
+}
+
+std::string temporary_package_path(const std::string& path) {
+  std::string stem = path.substr(0, path.size() - std::string(kPackageExtension).size());
+  return stem + ".partial-" + std::to_string(static_cast<long long>(getpid())) +
+         kPackageExtension;
+}
+
+// ---- binding feeds and results -----------------------------------------------------------------
+
+bool can_wrap_without_copy(const HostTensor& tensor, size_t page_size) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(tensor.data);
+  return tensor.writable && tensor.nbytes > 0 && page_size > 0 && address % page_size == 0;
+}
+
+std::vector<size_t> match_positions(const std::vector<const void*>& executable_order,
+                                    const std::vector<const void*>& program_order,
+                                    const char* what) {
+  const size_t none = program_order.size();
+  for (size_t i = 0; i < program_order.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (program_order[i] == program_order[j]) {
+        throw std::runtime_error(std::string("the program names ") + what + " " +
+                                 std::to_string(j) + " twice (also as " + std::to_string(i) +
+                                 ")");
+      }
+    }
+  }
+  if (executable_order.size() != program_order.size()) {
+    throw std::runtime_error(std::string("the executable has ") +
+                             std::to_string(executable_order.size()) + " " + what +
+                             " tensors, the program " + std::to_string(program_order.size()));
+  }
+  std::vector<size_t> out;
+  std::vector<bool> matched(program_order.size(), false);
+  for (const void* tensor : executable_order) {
+    size_t found = none;
+    for (size_t i = 0; i < program_order.size() && found == none; ++i) {
+      if (program_order[i] == tensor) found = i;
+    }
+    if (found == none) {
+      throw std::runtime_error(std::string("the executable has a ") + what +
+                               " tensor the program did not create");
+    }
+    if (matched[found]) {
+      throw std::runtime_error(std::string("the executable lists ") + what + " " +
+                               std::to_string(found) + " twice");
+    }
+    matched[found] = true;
+    out.push_back(found);
+  }
+  return out;
+}
+
 // ---- bindings beside a package -----------------------------------------------------------------
 
 void write_bindings(const std::string& path, uint64_t hash, const Bindings& bindings) {
@@ -240,6 +346,7 @@ Cache& cache() {
 
 std::shared_ptr<Executable> compile(const Program& program, bool use_cache, bool* cache_hit) {
   if (cache_hit) *cache_hit = false;
+  validate_program(program);
   if (!use_cache) return compile_uncached(program);
   Cache& c = cache();
   // The full key, not only its hash: a hash collision must never return another program.

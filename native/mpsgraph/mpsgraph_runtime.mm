@@ -9,8 +9,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -73,6 +76,18 @@ const Device& usable_device() {
 std::string ns_error_text(NSException* e) {
   std::string text = e.name ? e.name.UTF8String : "NSException";
   if (e.reason) text += std::string(": ") + e.reason.UTF8String;
+  return text;
+}
+
+std::string ns_error_text(NSError* e) {
+  if (e == nil) return "an unknown error";
+  NSString* text = e.localizedDescription;
+  return text ? std::string(text.UTF8String) : std::string("an NSError without a description");
+}
+
+std::string hash_text(uint64_t hash) {
+  char text[17];
+  snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
   return text;
 }
 
@@ -153,7 +168,8 @@ class MetalExecutable : public Executable {
         executable_(executable),
         feed_order_(std::move(feed_order)),
         result_order_(std::move(result_order)),
-        dynamic_(has_dynamic_dims(program.placeholders)) {}
+        dynamic_(has_dynamic_dims(program.placeholders)),
+        result_types_(kResultTypesCapacity) {}
 
   std::vector<std::shared_ptr<ResultBuffer>> run(const std::vector<HostTensor>& feeds,
                                                  RunStats* stats) override;
@@ -185,7 +201,9 @@ class MetalExecutable : public Executable {
   std::vector<size_t> result_order_;  // executable result position -> program result index
   bool dynamic_;
   std::mutex mu_;  // one run at a time per executable
-  std::map<std::vector<std::vector<int64_t>>, std::vector<ResultType>> result_types_;
+  // Per feed-shape set (one entry for a static program), bounded: a service seeing many batch
+  // sizes would otherwise grow it forever.
+  BoundedLru<std::vector<std::vector<int64_t>>, std::vector<ResultType>> result_types_;
 };
 
 const std::vector<MetalExecutable::ResultType>& MetalExecutable::result_types(
@@ -195,8 +213,7 @@ const std::vector<MetalExecutable::ResultType>& MetalExecutable::result_types(
   if (dynamic_) {
     for (const HostTensor& t : feeds) key.push_back(t.shape);
   }
-  auto it = result_types_.find(key);
-  if (it != result_types_.end()) return it->second;
+  if (const std::vector<ResultType>* known = result_types_.find(key)) return *known;
   NSMutableArray<MPSGraphType*>* input_types = [NSMutableArray arrayWithCapacity:feeds.size()];
   for (size_t position = 0; position < feed_order_.size(); ++position) {
     const HostTensor& t = feeds[feed_order_[position]];
@@ -218,7 +235,7 @@ const std::vector<MetalExecutable::ResultType>& MetalExecutable::result_types(
     }
     out.push_back(std::move(r));
   }
-  return result_types_.emplace(std::move(key), std::move(out)).first->second;
+  return result_types_.put(key, std::move(out));
 }
 
 std::vector<std::shared_ptr<ResultBuffer>> MetalExecutable::run(
@@ -237,8 +254,7 @@ std::vector<std::shared_ptr<ResultBuffer>> MetalExecutable::run(
       const HostTensor& t = feeds[feed_order_[position]];
       size_t length = t.nbytes == 0 ? 1 : t.nbytes;
       id<MTLBuffer> buffer = nil;
-      uintptr_t address = reinterpret_cast<uintptr_t>(t.data);
-      if (t.writable && t.nbytes > 0 && address % page == 0) {
+      if (can_wrap_without_copy(t, page)) {
         // Copy-free: the page-aligned host memory becomes the buffer. The mapping is rounded
         // up to whole pages (mapped, being the rest of the last page); the tensor reads nbytes.
         size_t rounded = (t.nbytes + page - 1) / page * page;
@@ -290,78 +306,122 @@ std::vector<std::shared_ptr<ResultBuffer>> MetalExecutable::run(
       results[result_order_[position]] = std::move(result);
     }
 
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (!results[i]) {
+        throw std::runtime_error("MPSGraph executable " + hash_text(hash_) + ": result " +
+                                 std::to_string(i) + " has no target in the executable");
+      }
+    }
+
+    // GPU-side failures (out of memory, command-buffer faults, timeouts) are reported only to
+    // the completion handler's NSError (MPSGraphExecutable.h); runWithMTLCommandQueue: itself
+    // returns nothing and throws nothing for them.
+    auto reported = std::make_shared<std::promise<std::string>>();
+    std::future<std::string> gpu_error = reported->get_future();
     MPSGraphExecutableExecutionDescriptor* execution = [MPSGraphExecutableExecutionDescriptor new];
     [execution setWaitUntilCompleted:YES];
+    [execution setCompletionHandler:^(NSArray<MPSGraphTensorData*>* _Nonnull, NSError* error) {
+      reported->set_value(error == nil ? std::string() : ns_error_text(error));
+    }];
     @try {
       [executable_ runWithMTLCommandQueue:dev.queue
                               inputsArray:inputs
                              resultsArray:outputs
                       executionDescriptor:execution];
     } @catch (NSException* e) {
-      throw std::runtime_error("MPSGraph run failed: " + ns_error_text(e));
+      throw std::runtime_error("MPSGraph executable " + hash_text(hash_) +
+                               ": run failed: " + ns_error_text(e));
+    }
+    // The wait above returns once the GPU is done; the handler follows on Metal's thread.
+    if (gpu_error.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      throw std::runtime_error("MPSGraph executable " + hash_text(hash_) +
+                               ": the run did not report completion");
+    }
+    std::string error = gpu_error.get();
+    if (!error.empty()) {
+      throw std::runtime_error("MPSGraph executable " + hash_text(hash_) +
+                               ": the GPU reported an error: " + error);
     }
   });
   return results;
 }
 
 void MetalExecutable::serialize(const std::string& path) {
+  check_package_path(path);
   in_autorelease_pool([&] {
     MPSGraphExecutableSerializationDescriptor* descriptor =
         [MPSGraphExecutableSerializationDescriptor new];
     [descriptor setDeploymentPlatform:MPSGraphDeploymentPlatformMacOS];
     [descriptor setMinimumDeploymentTarget:@"14.0"];
+    NSFileManager* files = [NSFileManager defaultManager];
     NSString* ns_path = [NSString stringWithUTF8String:path.c_str()];
+    // Written under a fresh name, then moved into place: serialization reports nothing, so a
+    // stale package at `path` must not pass for this one.
+    std::string fresh = temporary_package_path(path);
+    NSString* ns_fresh = [NSString stringWithUTF8String:fresh.c_str()];
+    [files removeItemAtPath:ns_fresh error:nil];
     std::lock_guard<std::mutex> lock(mu_);
     @try {
-      // Returns nothing: success is checked by the package being there afterwards.
-      [executable_ serializeToMPSGraphPackageAtURL:[NSURL fileURLWithPath:ns_path]
+      [executable_ serializeToMPSGraphPackageAtURL:[NSURL fileURLWithPath:ns_fresh]
                                         descriptor:descriptor];
     } @catch (NSException* e) {
+      [files removeItemAtPath:ns_fresh error:nil];
       throw std::runtime_error("MPSGraph could not serialize to " + path + ": " + ns_error_text(e));
     }
-    if (![[NSFileManager defaultManager] fileExistsAtPath:ns_path]) {
-      throw std::runtime_error("MPSGraph wrote no package at " + path);
+    if (![files fileExistsAtPath:ns_fresh]) {
+      throw std::runtime_error("MPSGraph wrote no package for " + path);
+    }
+    NSError* error = nil;
+    if ([files fileExistsAtPath:ns_path] && ![files removeItemAtPath:ns_path error:&error]) {
+      [files removeItemAtPath:ns_fresh error:nil];
+      throw std::runtime_error("could not replace " + path + ": " + ns_error_text(error));
+    }
+    if (![files moveItemAtPath:ns_fresh toPath:ns_path error:&error]) {
+      throw std::runtime_error("could not move the package to " + path + ": " +
+                               ns_error_text(error));
     }
   });
   write_bindings(path + kBindingsSuffix, hash_, {feed_order_, result_order_});
 }
 
-// Where each placeholder / target of the program sits in the executable's own order.
+// Where each placeholder / target of the program sits in the executable's own order, by
+// identity (match_positions: no "last match wins", every slot filled exactly once).
 std::vector<size_t> positions_in(NSArray<MPSGraphTensor*>* executable_order,
                                  const std::vector<MPSGraphTensor*>& program_order,
                                  const char* what) {
-  std::vector<size_t> out;
+  std::vector<const void*> executable_ids, program_ids;
   for (MPSGraphTensor* tensor in executable_order) {
-    size_t found = program_order.size();
-    for (size_t i = 0; i < program_order.size(); ++i) {
-      if (program_order[i] == tensor) found = i;
-    }
-    if (found == program_order.size()) {
-      throw std::runtime_error(std::string("the executable has a ") + what +
-                               " tensor the program did not create");
-    }
-    out.push_back(found);
+    executable_ids.push_back((__bridge const void*)tensor);
   }
-  if (out.size() != program_order.size()) {
-    throw std::runtime_error(std::string("the executable has ") + std::to_string(out.size()) +
-                             " " + what + " tensors, the program " +
-                             std::to_string(program_order.size()));
+  for (MPSGraphTensor* tensor : program_order) {
+    program_ids.push_back((__bridge const void*)tensor);
   }
-  return out;
+  return match_positions(executable_ids, program_ids, what);
+}
+
+// The executable's result count for the program's placeholder types (in executable order):
+// what a package loaded from disk can be checked with, having no feed or target tensors.
+size_t result_count(MPSGraphExecutable* executable, const Program& program,
+                    const std::vector<size_t>& feed_order) {
+  NSMutableArray<MPSGraphType*>* input_types = [NSMutableArray arrayWithCapacity:feed_order.size()];
+  for (size_t feed : feed_order) {
+    const Placeholder& p = program.placeholders[feed];
+    [input_types addObject:[[MPSGraphShapedType alloc] initWithShape:ns_shape(p.shape)
+                                                           dataType:mps_data_type(p.dtype)]];
+  }
+  NSArray<MPSGraphShapedType*>* types =
+      [executable getOutputTypesWithDevice:usable_device().graph_device
+                                inputTypes:input_types
+                     compilationDescriptor:nil];
+  return types == nil ? 0 : types.count;
 }
 
 }  // namespace
 
 std::shared_ptr<Executable> compile_uncached(const Program& program) {
   const Device& dev = usable_device();
-  if (program.targets.empty()) throw std::invalid_argument("the program has no targets");
-  for (const auto& [result, feed] : program.inplace) {
-    if (result < 0 || static_cast<size_t>(result) >= program.targets.size() || feed < 0 ||
-        static_cast<size_t>(feed) >= program.placeholders.size()) {
-      throw std::invalid_argument("in-place pair (" + std::to_string(result) + ", " +
-                                  std::to_string(feed) + ") is out of range");
-    }
-  }
+  // What MPSGraph would abort() on (not throw) is refused here, before any graph is built.
+  validate_program(program);
   std::shared_ptr<MetalExecutable> out;
   in_autorelease_pool([&] {
     ReplayedGraph replayed = replay(program);
@@ -396,6 +456,8 @@ std::shared_ptr<Executable> compile_uncached(const Program& program) {
 }
 
 std::shared_ptr<Executable> load(const std::string& path, const Program& program) {
+  check_package_path(path);
+  validate_program(program);
   usable_device();  // fails early, with the reason, where MPSGraph cannot run
   Bindings bindings = read_bindings(path + kBindingsSuffix, program);
   std::vector<size_t> feed_order = std::move(bindings.feed_order);
@@ -415,12 +477,25 @@ std::shared_ptr<Executable> load(const std::string& path, const Program& program
       throw std::runtime_error("MPSGraph could not load " + path + ": " + ns_error_text(e));
     }
     if (executable == nil) throw std::runtime_error("MPSGraph could not load " + path);
-    if (executable.feedTensors.count != feed_order.size() ||
-        executable.targetTensors.count != result_order.size()) {
-      throw std::runtime_error(path + " has " + std::to_string(executable.feedTensors.count) +
-                               " feeds and " + std::to_string(executable.targetTensors.count) +
-                               " results, the program " + std::to_string(feed_order.size()) +
-                               " and " + std::to_string(result_order.size()));
+    // feedTensors/targetTensors are documented for executables built from a graph (and are
+    // nullable): a package has none, so the order comes from the bindings file and the arity
+    // from the result types the executable infers for the program's placeholders.
+    NSUInteger listed_feeds = executable.feedTensors.count;
+    NSUInteger listed_targets = executable.targetTensors.count;
+    if ((listed_feeds != 0 && listed_feeds != feed_order.size()) ||
+        (listed_targets != 0 && listed_targets != result_order.size())) {
+      throw std::runtime_error(path + " lists " + std::to_string(listed_feeds) + " feeds and " +
+                               std::to_string(listed_targets) + " results, the program " +
+                               std::to_string(feed_order.size()) + " and " +
+                               std::to_string(result_order.size()));
+    }
+    if (!has_dynamic_dims(program.placeholders)) {
+      size_t results = result_count(executable, program, feed_order);
+      if (results != result_order.size()) {
+        throw std::runtime_error(path + " gives " + std::to_string(results) +
+                                 " results for the program's feeds, the program has " +
+                                 std::to_string(result_order.size()));
+      }
     }
     out = std::make_shared<MetalExecutable>(program, nil, executable, std::move(feed_order),
                                             std::move(result_order));

@@ -28,11 +28,13 @@ pytestmark = pytest.mark.slow
 FAKE_METAL_SIDE = r"""
 // Stand-in for mpsgraph_runtime.mm / mpsgraph_replay.mm: runs identity and float32 addition in
 // host memory, so the binding and the portable runtime can be exercised on Linux.
+#include <unistd.h>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <stdexcept>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include "mpsgraph_native.h"
 
 namespace lucid::mpsgraph {
@@ -85,7 +87,11 @@ class FakeExecutable : public Executable {
       r->dtype = t->dtype;
       results.push_back(r);
     }
-    if (stats) stats->copied_inputs = feeds.size();
+    // The runtime's own decision, with this machine's page size.
+    for (const HostTensor& t : feeds) {
+      if (stats) ++(can_wrap_without_copy(t, static_cast<size_t>(getpagesize()))
+                        ? stats->wrapped_inputs : stats->copied_inputs);
+    }
     return results;
   }
   void serialize(const std::string& path) override {
@@ -121,7 +127,28 @@ std::vector<std::string> replay_selectors() {
 }
 }  // namespace lucid::mpsgraph
 
-PYBIND11_MODULE(mpsgraph_binding_check, m) { lucid::mpsgraph::init_mpsgraph(m); }
+PYBIND11_MODULE(mpsgraph_binding_check, m) {
+  lucid::mpsgraph::init_mpsgraph(m);
+  // The portable pieces of the Metal side, for the tests (tensor identities as integers).
+  m.def("match_positions", [](const std::vector<uintptr_t>& executable,
+                              const std::vector<uintptr_t>& program) {
+    std::vector<const void*> e, p;
+    for (uintptr_t v : executable) e.push_back(reinterpret_cast<const void*>(v));
+    for (uintptr_t v : program) p.push_back(reinterpret_cast<const void*>(v));
+    return lucid::mpsgraph::match_positions(e, p, "target");
+  });
+  m.def("lru_trace", [](size_t capacity, const std::vector<int>& keys) {
+    // Looks each key up, inserting it when absent; returns which lookups hit, and the size.
+    lucid::mpsgraph::BoundedLru<std::vector<int64_t>, int> lru(capacity);
+    std::vector<bool> hits;
+    for (int k : keys) {
+      std::vector<int64_t> key{k, -k};
+      hits.push_back(lru.find(key) != nullptr);
+      if (!hits.back()) lru.put(key, k);
+    }
+    return std::make_pair(hits, lru.size());
+  });
+}
 """
 
 F32 = "MPSDataTypeFloat32"
@@ -352,4 +379,80 @@ def test_serialize_and_load_check_the_program(native, tmp_path):
     with pytest.raises(RuntimeError, match="the feed order does not match the program"):
         native.mpsgraph_load(path, prog)
     with pytest.raises(RuntimeError, match="no bindings file"):
-        native.mpsgraph_load(str(tmp_path / "missing"), prog)
+        native.mpsgraph_load(str(tmp_path / "missing.mpsgraphpackage"), prog)
+
+
+# --- issue 24: the portable half of the Mac's first run ----------------------------------------
+def test_1_targets_match_by_identity_and_every_slot_is_filled(native):
+    assert native.match_positions([30, 10, 20], [10, 20, 30]) == [2, 0, 1]
+    # MPSGraph listing a target twice, merging two, or naming a tensor it was not given.
+    with pytest.raises(RuntimeError, match="lists target 0 twice"):
+        native.match_positions([10, 10], [10, 20])
+    with pytest.raises(RuntimeError, match="has 1 target tensors, the program 2"):
+        native.match_positions([10], [10, 20])
+    with pytest.raises(RuntimeError, match="did not create"):
+        native.match_positions([99, 10], [10, 20])
+    with pytest.raises(RuntimeError, match="names target 0 twice"):
+        native.match_positions([10, 10], [10, 10])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p.update(targets=[2, 2]), "target 2 is named twice"),
+        (lambda p: p.update(targets=[7]), "target 7 is never defined"),
+        (lambda p: p.update(targets=[]), "the program has no targets"),
+        (lambda p: p["placeholders"][0].update(shape=[]), "rank 0"),
+        (lambda p: p["placeholders"][0].update(shape=[0, 3]), "a dimension 0"),
+    ],
+)  # fmt: skip
+def test_6_what_mpsgraph_would_abort_on_is_refused_before_compiling(native, change, message):
+    prog = program([((3,), F32)] * 2, [add_call(0, 1, 2)], [2])
+    change(prog)
+    with pytest.raises(ValueError, match=message):
+        native.mpsgraph_compile(prog, False)
+
+
+def test_5_packages_must_be_named_mpsgraphpackage(native, tmp_path):
+    exe = native.mpsgraph_compile(program([((3,), F32)]))
+    for bad in ("plain", "x.mpsgraph", ".mpsgraphpackage"):
+        with pytest.raises(ValueError, match=r"must end in \.mpsgraphpackage"):
+            exe.serialize(str(tmp_path / bad))
+        with pytest.raises(ValueError, match=r"must end in \.mpsgraphpackage"):
+            native.mpsgraph_load(str(tmp_path / bad), program([((3,), F32)]))
+
+
+def test_12_copy_free_binding_needs_page_aligned_writable_memory(native, tmp_path):
+    page = os.sysconf("SC_PAGE_SIZE")
+    exe = native.mpsgraph_compile(program([((-1,), F32)]))
+
+    def aligned(n):
+        raw = np.zeros(n + page // 4, np.float32)
+        start = (-raw.ctypes.data % page) // 4
+        return raw[start : start + n]
+
+    def stats(feed):
+        (out,) = exe.run([feed])
+        np.testing.assert_array_equal(out, feed)
+        return exe.last_run_stats["wrapped_inputs"], exe.last_run_stats["copied_inputs"]
+
+    whole = aligned(3 * page // 4)
+    assert stats(whole) == (1, 0)
+    assert stats(aligned(1)) == (1, 0)  # one element, page-aligned: wrapped, length rounded up
+    assert stats(whole[1:]) == (0, 1)  # a view off the page boundary is copied
+    frozen = aligned(8)
+    frozen.flags.writeable = False
+    assert stats(frozen) == (0, 1)  # read-only memory is never wrapped
+    mapped = np.memmap(tmp_path / "feed.bin", np.float32, mode="w+", shape=(page,))
+    mapped[:] = 1.5
+    assert stats(mapped) == (1, 0)  # a file mapping starts on a page
+    readonly_map = np.memmap(tmp_path / "feed.bin", np.float32, mode="r", shape=(page,))
+    assert stats(readonly_map) == (0, 1)
+
+
+def test_13_per_shape_result_types_are_a_bounded_lru(native):
+    hits, size = native.lru_trace(2, [1, 2, 1, 3, 2, 1])
+    # 1, 2 miss; 1 hits (now most recent); 3 evicts 2; 2 misses (evicts 1); 1 misses.
+    assert hits == [False, False, True, False, False, False] and size == 2
+    _, size = native.lru_trace(64, list(range(1000)))
+    assert size == 64

@@ -27,6 +27,7 @@ from lucid.backends.mpsgraph.symbolic import SymbolicUnsafe, symbolic_dims
 from lucid.backends.prim_ops._shape import index_error_message
 
 __all__ = [
+    "Boundary",
     "MPSGraphBackend",
     "MPSGraphExecutable",
     "MPSGraphReferenceBackend",
@@ -35,6 +36,63 @@ __all__ = [
 
 # The prim-level passes both backends run after lower-to-prim.
 PIPELINE = "prim-simplify,mpsgraph-legalize"
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Between the function (its feeds and results) and the recorded program.
+
+    ``feeds``: the function's feed index of each program placeholder (placeholders no call reads
+    are left out). ``slots``: where each of the emitted results (results, check masks, checked
+    values) comes from: ``("target", k)``, the program's k-th target (each tensor is one target,
+    however often it is returned), or ``("feed", i)``, a copy of feed ``i`` returned as is.
+    ``shapes``: ``()`` for a rank-0 result (``(1,)`` in the program), else None."""
+
+    feeds: list[int]
+    slots: list[tuple[str, int]]
+    shapes: list[tuple[int, ...] | None]
+
+    def run(self, runner: Any, feeds: list[np.ndarray]) -> list[np.ndarray]:
+        bound = [feeds[i] for i in self.feeds]
+        bound = [f.reshape(1) if isinstance(f, np.ndarray) and f.ndim == 0 else f for f in bound]
+        targets = runner(bound) if any(kind == "target" for kind, _ in self.slots) else []
+        outs = []
+        for (kind, k), shape in zip(self.slots, self.shapes, strict=True):
+            out = targets[k] if kind == "target" else np.array(feeds[k], copy=True)
+            if shape is not None and out.shape != shape:
+                out = out.reshape(shape)
+            outs.append(out)
+        return outs
+
+
+def bind(builder: A.RecordingBuilder, emitted: Any) -> tuple[dict, Boundary]:
+    """The program of an emission and its :class:`Boundary`: every target once, no returned
+    placeholder among them, only the placeholders a call reads."""
+    feed_of = {p["id"]: i for i, p in enumerate(builder.placeholders)}
+    targets: list[int] = []
+    position: dict[int, int] = {}
+    slots: list[tuple[str, int]] = []
+    for t in emitted.targets:
+        if t in feed_of:
+            slots.append(("feed", feed_of[t]))
+            continue
+        position.setdefault(t, len(targets))
+        if position[t] == len(targets):
+            targets.append(t)
+        slots.append(("target", position[t]))
+    read = set()
+    for c in builder.calls:
+        for a in c["args"]:
+            read.update([a["tensor"]] if "tensor" in a else a.get("tensors", []))
+    feeds = [i for i, p in enumerate(builder.placeholders) if p["id"] in read]
+    checks = sorted({slots[i][1] for i in emitted.checks})
+    # Only rank-0 results change shape (the others may carry a symbolic batch).
+    shapes: list[tuple[int, ...] | None] = [
+        () if a.shape == () else None for a in emitted.result_avals
+    ]
+    shapes += [None] * (len(slots) - len(shapes))
+    # Python writes in-place results back (after the checks), so the program lists none.
+    return builder.program(targets, [], checks, feeds), Boundary(feeds, slots, shapes)
 
 
 @dataclass
@@ -50,10 +108,15 @@ class MPSGraphExecutable:
     runner: Any  # feeds -> list of target arrays
     # check target -> (target of the checked values, the user op's message with "{}")
     check_messages: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # The boundary (None: the program's feeds and targets are the executable's own).
+    boundary: Boundary | None = None
 
     def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds = list(feeds)
-        outs = self.runner(feeds)
+        if self.boundary is None:
+            outs = self.runner(feeds)
+        else:
+            outs = self.boundary.run(self.runner, feeds)
         for i in self.checks:
             ok = np.asarray(outs[i])
             if ok.all():
@@ -105,12 +168,25 @@ class MPSGraphReferenceBackend(Backend):
         builder: A.RecordingBuilder | None = None,
     ) -> tuple[dict, Any]:
         """Legalize ``module`` in place and record its MPSGraph program: (program, Emitted)."""
+        program, emitted, _ = self.record_bound(
+            module, inplace_updates=inplace_updates, symbolic=symbolic, builder=builder
+        )
+        return program, emitted
+
+    def record_bound(
+        self,
+        module: Any,
+        *,
+        inplace_updates: bool = True,
+        symbolic: Mapping[Any, frozenset[int]] | None = None,
+        builder: A.RecordingBuilder | None = None,
+    ) -> tuple[dict, Any, Boundary]:
+        """:meth:`record` and the :class:`Boundary` between the function and the program."""
         legalize(module)
         b = builder if builder is not None else A.RecordingBuilder()
         emitted = emit_module(module, b, inplace_updates=inplace_updates, symbolic=symbolic)
-        # With checks, Python writes back after reading them (a failed check changes nothing).
-        native_inplace = [] if emitted.checks else emitted.inplace
-        return b.program(emitted.targets, native_inplace, emitted.checks), emitted
+        program, boundary = bind(b, emitted)
+        return program, emitted, boundary
 
     def _runner(self, program: dict) -> Any:
         A.validate(program)
@@ -125,17 +201,21 @@ class MPSGraphReferenceBackend(Backend):
     ) -> MPSGraphExecutable:
         """An executable of a prim module (``mpsgraph-legalize`` runs first and may refuse with
         ``MPSGraphUnsupported``)."""
-        program, emitted = self.record(module, inplace_updates=inplace_updates, symbolic=symbolic)
-        python_inplace = emitted.inplace if emitted.checks or self._python_writes_back else []
+        program, emitted, boundary = self.record_bound(
+            module, inplace_updates=inplace_updates, symbolic=symbolic
+        )
+        # A program of returned feeds only has nothing for MPSGraph to compile.
+        runner = self._runner(program) if program["targets"] else None
         return MPSGraphExecutable(
             program,
             emitted.feed_roles,
             emitted.result_roles,
             len(emitted.result_roles),
             emitted.checks,
-            python_inplace,
-            self._runner(program),
+            emitted.inplace,  # written back in Python, after the checks passed
+            runner,
             emitted.check_messages,
+            boundary,
         )
 
     def compile_symbolic(
@@ -149,9 +229,6 @@ class MPSGraphReferenceBackend(Backend):
         legalize(probe)
         dims = symbolic_dims(module, probe)
         return self.compile(module, inplace_updates=inplace_updates, symbolic=dims)
-
-    # The reference runner returns fresh arrays: write-back happens in Python.
-    _python_writes_back = True
 
     def stage_ir(self, module: Any) -> str:
         """The final stage of a prim module as text (``CompiledModule.ir(stage="final")``): the
@@ -181,7 +258,6 @@ class MPSGraphBackend(MPSGraphReferenceBackend):
     """The native MPSGraph backend (Apple Silicon, macOS 14+, native part built)."""
 
     name = "mpsgraph"
-    _python_writes_back = False  # the native run writes in-place results back itself
     # Its refusal is the reference's (legalization and emission, in Python): diagnose shows it
     # on any machine.
     reports_when_unavailable = True

@@ -72,11 +72,12 @@ class _Ctx:
         return self.call(f"{name}{_BIN}", A.tensor(a), A.tensor(b), A.NIL)
 
     def const(self, value: float, dtype: str, rank: int = 0) -> int:
-        """A scalar constant of shape (1,) * rank (broadcasts against any tensor of that rank)."""
+        """A scalar constant of shape (1,) * rank (broadcasts against any tensor of that rank;
+        rank 0 is (1,), as every rank-0 value is)."""
         return self.call(
             "constantWithScalar:shape:dataType:",
             A.double(value),
-            A.shape((1,) * rank),
+            A.shape(mps_dims((1,) * rank)),
             A.dtype(dtype),
         )
 
@@ -92,8 +93,10 @@ class _Ctx:
     def cast(self, v: int, dtype: str) -> int:
         return self.call("castTensor:toType:name:", A.tensor(v), A.dtype(dtype), A.NIL)
 
-    def reshape(self, v: int, dims: list[int]) -> int:
-        return self.call("reshapeTensor:withShape:name:", A.tensor(v), A.shape(dims), A.NIL)
+    def reshape(self, v: int, dims: list[int] | tuple[int, ...]) -> int:
+        return self.call(
+            "reshapeTensor:withShape:name:", A.tensor(v), A.shape(mps_dims(dims)), A.NIL
+        )
 
     def slice(self, v: int, starts: list[int], ends: list[int], strides: list[int]) -> int:
         return self.call(
@@ -109,9 +112,17 @@ class _Ctx:
         )
 
 
+def mps_dims(dims: tuple[int, ...] | list[int]) -> list[int]:
+    """A tensor shape as the program spells it: a rank-0 value is ``[1]``. Apple documents no
+    empty ``MPSShape`` (only nil, unranked, and ``-1``), and PyTorch's MPS backend gives every 0-d
+    tensor the shape ``@[@1]`` (``OperationUtils.mm``, ``getMPSShape``); the executable reshapes
+    rank-0 feeds and results at the boundary."""
+    return [int(d) for d in dims] or [1]
+
+
 def dims_of(shape: tuple[int, ...], sym: frozenset[int]) -> list[int]:
-    """The shape as MPSGraph sees it: ``-1`` for symbolic dims."""
-    return [-1 if i in sym else d for i, d in enumerate(shape)]
+    """The shape as MPSGraph sees it: ``-1`` for symbolic dims, ``[1]`` for rank 0."""
+    return mps_dims([-1 if i in sym else d for i, d in enumerate(shape)])
 
 
 # --- the op table ---------------------------------------------------------------------------------
@@ -276,10 +287,11 @@ def _cast(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
         # The clamp's upper bound is the largest float below 2**(bits-1); at or above that power
         # the result saturates to the integer maximum (written exactly, as data).
         info = np.iinfo(P.NUMPY_DTYPES[dst])
+        ones = mps_dims((1,) * r)
         top = c.call(
             "constantWithData:shape:dataType:",
-            A.constant(np.full((1,) * r, info.max, P.NUMPY_DTYPES[dst]), dst),
-            A.shape((1,) * r),
+            A.constant(np.full(ones, info.max, P.NUMPY_DTYPES[dst]), dst),
+            A.shape(ones),
             A.dtype(dst),
         )
         above = c.bin("greaterThanOrEqualTo", ins[0].id, c.const(float(info.max) + 1.0, src, r))
@@ -440,7 +452,9 @@ def _reshape(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 
 @_handles("transpose")
 def _transpose(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
-    perm = [p % ins[0].rank for p in attrs["perm"]] if ins[0].rank else []
+    if not ins[0].rank:
+        return [c.un("identity", ins[0].id)]
+    perm = [p % ins[0].rank for p in attrs["perm"]]
     return [c.call("transposeTensor:permutation:name:", A.tensor(ins[0].id), A.ints(perm), A.NIL)]
 
 
@@ -489,6 +503,8 @@ def _concat(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 
 @_handles("pad")
 def _pad(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    if not ins[0].rank:
+        return [c.un("identity", ins[0].id)]
     return [
         c.call(
             "padTensor:withPaddingMode:leftPadding:rightPadding:constantValue:name:",
@@ -522,12 +538,12 @@ def _gather(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     x, idx = ins
     axis = P.normalize_axis("gather", attrs["axis"], x.rank)
     i32 = _checked_indices(c, idx, x.shape[axis])
-    return [
-        c.call(
-            "gatherWithUpdatesTensor:indicesTensor:axis:batchDimensions:name:",
-            A.tensor(x.id), A.tensor(i32), A.integer(axis), A.integer(0), A.NIL,
-        )
-    ]  # fmt: skip
+    out = c.call(
+        "gatherWithUpdatesTensor:indicesTensor:axis:batchDimensions:name:",
+        A.tensor(x.id), A.tensor(i32), A.integer(axis), A.integer(0), A.NIL,
+    )  # fmt: skip
+    # A rank-0 index is (1,) here, which leaves its axis in the result: drop it.
+    return [c.reshape(out, dims_of(outs[0].shape, syms[0])) if not idx.rank else out]
 
 
 @_handles("gather_along_axis")
@@ -606,13 +622,13 @@ def _one_hot(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     if idx.dtype != "i32":
         safe = c.cast(safe, "i32")
     axis = attrs["axis"] % (r + 1)
-    return [
-        c.call(
-            "oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:",
-            A.tensor(safe), A.integer(depth), A.integer(axis), A.dtype(outs[0].dtype),
-            A.double(1.0), A.double(0.0), A.NIL,
-        )
-    ]  # fmt: skip
+    out = c.call(
+        "oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:",
+        A.tensor(safe), A.integer(depth), A.integer(axis), A.dtype(outs[0].dtype),
+        A.double(1.0), A.double(0.0), A.NIL,
+    )  # fmt: skip
+    # A rank-0 index is (1,) here, which adds an axis to the result: drop it.
+    return [c.reshape(out, [depth]) if not r else out]
 
 
 def conv_descriptor(attrs: dict[str, Any]) -> dict:
@@ -734,7 +750,8 @@ def _constant(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     return [
         c.call(
             "constantWithData:shape:dataType:",
-            A.constant(values.reshape(out.shape), out.dtype), dims, A.dtype(out.dtype),
+            A.constant(values.reshape(mps_dims(out.shape)), out.dtype), dims,
+            A.dtype(out.dtype),
         )
     ]  # fmt: skip
 

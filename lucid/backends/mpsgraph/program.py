@@ -22,7 +22,11 @@ replays into a real ``MPSGraph`` and what the golden tests read. A program is a 
   returning ``MPSGraphTensor *``, one per element for a method returning
   ``NSArray<MPSGraphTensor *> *``. Ids are unique across placeholders and calls and every id is
   defined before it is used.
-- ``targets``: the result tensors, in result order (the executable's ``targetTensors``).
+- ``targets``: the result tensors, in result order (the executable's ``targetTensors``), each
+  tensor once. The backend's boundary maps the function's results onto them (a tensor returned
+  twice, or a checked value that is also a result, is one target; a returned feed is no target),
+  and keeps only the placeholders some call reads (an unused feed may be pruned by MPSGraph's
+  compile, and the executable's feeds would not match).
 - ``inplace``: ``[result index, feed index]`` pairs: after a successful run, result ``i`` is
   written back into feed ``j``'s buffer (same shape and dtype).
 - ``checks`` (optional, may be absent or empty): indices into ``targets`` of Bool tensors that must
@@ -210,12 +214,18 @@ class RecordingBuilder:
         return results
 
     def program(
-        self, targets: list[int], inplace: list[tuple[int, int]], checks: list[int] = ()
+        self,
+        targets: list[int],
+        inplace: list[tuple[int, int]],
+        checks: list[int] = (),
+        feeds: list[int] | None = None,
     ) -> dict:
-        """The finished program as JSON-ready data (checked with :func:`validate`)."""
+        """The finished program as JSON-ready data (checked with :func:`validate`); ``feeds``
+        keeps only those placeholders (by position), all of them when None."""
+        placeholders = self.placeholders if feeds is None else [self.placeholders[i] for i in feeds]
         prog = {
             "format": FORMAT,
-            "placeholders": list(self.placeholders),
+            "placeholders": list(placeholders),
             "calls": list(self.calls),
             "targets": [int(t) for t in targets],
             "inplace": [] if checks else [[int(r), int(f)] for r, f in inplace],
@@ -272,6 +282,9 @@ def validate(prog: dict) -> None:
             define(r)
     for t in prog["targets"]:
         use(t)
+    if len(set(prog["targets"])) != len(prog["targets"]):
+        # MPSGraph would either merge them (and the counts differ) or leave a result slot unset.
+        raise ProgramError(f"targets {prog['targets']} name a tensor twice")
     n_feeds, n_targets = len(prog["placeholders"]), len(prog["targets"])
     for r, f in prog["inplace"]:
         if not (0 <= r < n_targets and 0 <= f < n_feeds):

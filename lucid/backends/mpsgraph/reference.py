@@ -73,6 +73,7 @@ def run_program(
         raise ValueError(f"the program takes {len(phs)} feeds, got {len(feeds)}")
     env: dict[int, np.ndarray] = {}
     for i, (ph, f) in enumerate(zip(phs, feeds, strict=True)):
+        _ranked(ph["shape"], f"placeholder {ph['id']}")
         arr = np.asarray(f)
         want = A.numpy_dtype(ph["dtype"])
         if arr.dtype != want:
@@ -122,7 +123,17 @@ def _impl(selector: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return register
 
 
+def _ranked(dims: list[int], what: str) -> list[int]:
+    # Apple documents no empty MPSShape (nil is unranked, -1 a dynamic dim) and PyTorch never
+    # makes one (OperationUtils.mm, getMPSShape maps 0-d to @[@1]): the emitter spells rank 0 as
+    # [1], and the reference refuses @[] so an emission that relies on it fails on Linux.
+    if len(dims) == 0:
+        raise MPSGraphAbort(f"{what}: an empty shape @[] (rank 0) is undocumented; use [1]")
+    return dims
+
+
 def _static(dims: list[int], what: str) -> tuple[int, ...]:
+    _ranked(dims, what)
     if any(d == -1 for d in dims):
         raise MPSGraphAbort(f"{what} materializes a shape {dims} that carries a symbolic axis")
     return tuple(dims)
@@ -385,6 +396,7 @@ def _cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool, _name: Non
 
 @_impl("reshapeTensor:withShape:name:")
 def _reshape(x: np.ndarray, dims: list[int], _name: None) -> np.ndarray:
+    _ranked(dims, "reshapeTensor:withShape:name:")
     if dims.count(-1) > 1:
         raise MPSGraphAbort(f"reshape to {dims}: at most one -1 can be inferred")
     return x.reshape(dims)

@@ -501,14 +501,18 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "cumsum": ("cumulativeSumWithTensor:axis:exclusive:reverse:name:",),
     "reshape": ("reshapeTensor:withShape:name:",),
-    "transpose": ("transposeTensor:permutation:name:",),
+    "transpose": ("transposeTensor:permutation:name:", "identityWithTensor:name:"),
     "broadcast_to": ("broadcastTensor:toShape:name:",),
     "slice": ("sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",),
     "concat": ("concatTensors:dimension:name:",),
-    "pad": ("padTensor:withPaddingMode:leftPadding:rightPadding:constantValue:name:",),
+    "pad": (
+        "padTensor:withPaddingMode:leftPadding:rightPadding:constantValue:name:",
+        "identityWithTensor:name:",
+    ),
     "gather": (
         "gatherWithUpdatesTensor:indicesTensor:axis:batchDimensions:name:",
         *_INDEX_CHECK,
+        "reshapeTensor:withShape:name:",
     ),  # fmt: skip
     "gather_along_axis": (
         "gatherAlongAxis:withUpdatesTensor:indicesTensor:name:",
@@ -531,6 +535,7 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         _SELECT,
         _C,
         "castTensor:toType:name:",
+        "reshapeTensor:withShape:name:",
     ),  # fmt: skip
     "check_index": (
         f"greaterThanOrEqualTo{_BIN}",

@@ -11,7 +11,7 @@ import pytest
 from lucid.backends import prim_ops as P
 from lucid.backends.cpu.testing import random_array
 from lucid.backends.mpsgraph.backend import MPSGraphExecutable
-from lucid.backends.mpsgraph.emit import Val, emit_op
+from lucid.backends.mpsgraph.emit import Val, emit_op, mps_dims
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
 
@@ -31,15 +31,18 @@ def i32(*shape):
 
 
 def emit_and_run(name, arrays, attrs):
+    """Emit one prim op on placeholders, run it in the reference; rank-0 values are (1,) in the
+    program (mps_dims), as the backend's boundary feeds them."""
     b = ReferenceBuilder()
     ins = [
-        Val(b.placeholder(a.shape, P.dtype_of(a), f"input:{i}"), a.shape, P.dtype_of(a))
+        Val(b.placeholder(mps_dims(a.shape), P.dtype_of(a), f"input:{i}"), a.shape, P.dtype_of(a))
         for i, a in enumerate(arrays)
     ]
     outs, checks = emit_op(b, name, ins, attrs)
-    prog = b.program([o.id for o in outs] + checks, [])
-    res = run_program(prog, arrays)
-    return res[: len(outs)], res[len(outs) :], prog
+    prog = b.program(list(dict.fromkeys([o.id for o in outs] + checks)), [])
+    res = run_program(prog, [a.reshape(mps_dims(a.shape)) for a in arrays])
+    got = [r.reshape(o.shape) for r, o in zip(res, outs, strict=False)]
+    return got, res[len(outs) :], prog
 
 
 _NAN = np.array([np.nan, 1.0, -np.inf, np.inf, -0.0, 3e9, -3e9], np.float32)
