@@ -276,6 +276,8 @@ class CompiledGraph:
     passes_ms: dict[str, float]
     #: True when the executable came from the disk cache (``LUCID_COMPILE_DISK_CACHE``).
     from_disk: bool = False
+    #: The disk-cache entry it came from (see ``discard_from_disk``).
+    disk_key: str | None = None
 
     def run(self, feeds: list) -> list:
         try:
@@ -338,10 +340,22 @@ def compile_trace(
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
     executable = session.compile_module(module, target)
-    if cached is not None:
+    # Only graphs whose roles are the trace's are stored: that is what a hit is checked against.
+    if cached is not None and roles == _trace_roles(trace):
         with session.timed("disk-cache-store"):
             _disk_cache.store(cached, roles[0], roles[1], target.export_program(module))
     return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
+
+
+def _trace_roles(trace: Any) -> tuple[list[str], list[str]]:
+    return [f.role for f in trace.feeds], [role for role, _ in trace.outputs]
+
+
+def discard_from_disk(graph: CompiledGraph, problem: str) -> None:
+    """Remove the disk-cache entry ``graph`` came from (it did not fit the graph at run time),
+    so the next compile of that graph compiles it afresh."""
+    if graph.disk_key is not None:
+        _disk_cache.discard(graph.disk_key, problem)
 
 
 def _from_disk(
@@ -362,14 +376,22 @@ def _from_disk(
     hit = _disk_cache.load(name)
     if hit is None:
         return name
-    # The roles were checked (checksum) when read; the key covers the graph that made them.
+    # The checksum says the entry is whole; whether it fits this graph is checked here, and
+    # one that does not is removed (the caller compiles and stores the graph afresh).
     feeds, results, program = hit
+    if (feeds, results) != _trace_roles(trace):
+        _disk_cache.discard(name, "its feed or result roles are not the graph's")
+        return name
     try:
         executable = target.import_program(program)
-    except ValueError as e:
-        _disk_cache.discard(name, f"the backend refused its program ({e})")
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
+        _disk_cache.discard(name, f"the backend refused its program ({type(e).__name__}: {e})")
         return name
-    graph = CompiledGraph(executable, feeds, results, {})
+    counts = (getattr(executable, "num_feeds", None), getattr(executable, "num_results", None))
+    if counts[0] is not None and counts != (len(feeds), len(results)):
+        _disk_cache.discard(name, "its program's feeds or results are not the graph's")
+        return name
+    graph = CompiledGraph(executable, feeds, results, {}, disk_key=name)
     graph.passes_ms["disk-cache-load"] = (time.perf_counter() - t0) * 1e3
     graph.from_disk = True
     return graph

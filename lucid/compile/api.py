@@ -696,7 +696,18 @@ class CompiledModule(Module):
         try:
             return entry(args, kwargs)
         except (TypeError, ValueError, _pipeline.FeedMismatch):
-            return self._run_fixed(entry, args, kwargs)
+            try:
+                return self._run_fixed(entry, args, kwargs)
+            except _pipeline.FeedMismatch as e:
+                graph = getattr(getattr(entry, "inner", entry), "graph", None)
+                if not getattr(graph, "from_disk", False):
+                    raise
+                # A disk-cache entry that does not fit its graph: removed, compiled afresh.
+                _pipeline.discard_from_disk(graph, f"its program does not fit the graph ({e})")
+                with self._lock:
+                    if self._entries.get(key) is entry:
+                        self._entries.pop(key, None)
+                return self._miss(key, args, kwargs)
 
     def _checked(self, key: CacheKey, entry: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``entry`` and the model eagerly from the same state and compare every output
