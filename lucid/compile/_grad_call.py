@@ -346,6 +346,7 @@ def compile_grad_call(
             raise _pipeline.Unsupported("no floating output to differentiate")
         trace = tracer.finish([seeded, *computed])
         captured = tracer.feed_tensors()
+    _pipeline.check_value_sizes(trace)
     if symbolic:
         # Each batch size gets its own program (shape-specialize then vjp): the model's ops
         # must specialise soundly; the seeded sum over the batch is then concrete.
