@@ -1,4 +1,5 @@
-"""``lucid.save`` / ``lucid.load``: checkpoints that never execute code when loaded.
+"""``lucid.save`` / ``lucid.load``: checkpoints that never execute code when loaded (unless a
+pickled file is loaded with ``weights_only=False``).
 
 A checkpoint is a safetensors file (https://github.com/huggingface/safetensors, written here
 from its format description, no dependency):
@@ -18,7 +19,12 @@ digest is that of the whole file with those 64 digits replaced by ``0``. A file 
 another way is a foreign safetensors file; if its metadata nevertheless carries Lucid's marks
 (a damaged Lucid file, or one from a development version without the digest), it is refused.
 Loading only ever builds the handful of types listed in ``_decode``; nothing is imported or
-called by name. Any safetensors reader can read the tensors
+called by name.
+
+What the safe format cannot hold (a whole module, an optimizer, a namedtuple) is pickled, as
+``torch.save`` does: ``PICKLE_MAGIC``, the SHA-256 of the pickle, the pickle. ``load`` refuses
+such a file unless called with ``weights_only=False`` (``WeightsOnlyError`` naming the flag), as
+``torch.load`` does since 2.6. Any safetensors reader can read the tensors
 of a Lucid checkpoint, and ``lucid.load`` reads any safetensors file (as a dict of tensors when
 it has no Lucid structure).
 """
@@ -32,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import stat
 import tempfile
 from typing import IO, Any
@@ -41,7 +48,7 @@ import numpy as np
 from lucid import _dtype
 from lucid._tensor import Tensor
 
-__all__ = ["load", "save"]
+__all__ = ["WeightsOnlyError", "load", "save"]
 
 FORMAT = "lucid"
 STRUCTURE_KEY = "lucid.structure"
@@ -53,7 +60,10 @@ _DIGEST_AT = 8 + len(_DIGEST_PREFIX)  # byte offset of the digest in the file
 _DIGEST_PLACEHOLDER = b"0" * 64
 _MAX_NDIM = 32  # numpy's limit before 2.0 (64 since)
 _MAX_DEPTH = 100  # of a saved structure: real checkpoints nest a few levels
-MAX_HEADER_BYTES = 100_000_000  # the limit safetensors' own reader applies
+MAX_HEADER_BYTES = 100_000_000
+# A pickled file starts with these 8 bytes; read as a safetensors header length they are far
+# over MAX_HEADER_BYTES, so no safetensors file is mistaken for one.
+PICKLE_MAGIC = b"LUCIDPKL"  # the limit safetensors' own reader applies
 
 # safetensors dtype name -> numpy dtype (little-endian), for the dtypes Lucid has.
 _TO_NUMPY = {
@@ -233,18 +243,33 @@ def save(obj: Any, f: str | os.PathLike | IO[bytes]) -> None:
     """Save ``obj`` (tensors, state dicts, optimizer/scheduler state, numpy arrays, numbers,
     strings, None, nested in dicts, lists and tuples) to ``f``, a path or a binary file object.
 
-    The file is safetensors (see this module's docstring). Writing to a path is atomic: the
-    data goes to a temporary file beside it that is renamed over ``f`` once complete, so a crash
-    never leaves a half-written checkpoint. A symbolic link is followed (its target is replaced,
-    the link stays); a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written
-    straight into; a directory, block device or socket is refused. Modules and optimizers
-    themselves are not saved (that would need code on load): save their ``state_dict()``.
+    The file is safetensors (see this module's docstring). Anything else (a whole module, an
+    optimizer, a namedtuple...) is pickled, as ``torch.save`` does; ``lucid.load`` reads such
+    a file only with ``weights_only=False``, since unpickling runs code named in the file.
+
+    Writing to a path is atomic: the data goes to a temporary file beside it that is renamed
+    over ``f`` once complete, so a crash never leaves a half-written checkpoint. A symbolic
+    link is followed (its target is replaced, the link stays); a FIFO or a character device
+    (``/dev/null``, ``/dev/stdout``) is written straight into; a directory, block device or
+    socket is refused.
     """
-    payload = _serialize(obj)
+    try:
+        payload = _serialize(obj)
+    except TypeError as unsafe:  # a type the safe format has no place for: pickled, as torch
+        payload = _pickled(obj, unsafe)
     if hasattr(f, "write"):
         f.write(payload)
         return
     write_file(f, payload, "lucid.save")
+
+
+def _pickled(obj: Any, unsafe: TypeError) -> bytes:
+    """The pickle file of ``obj``: ``PICKLE_MAGIC``, the SHA-256 of the pickle, the pickle."""
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - PicklingError, TypeError, AttributeError, ...
+        raise TypeError(f"{unsafe}; pickling it failed too ({type(e).__name__}: {e})") from None
+    return PICKLE_MAGIC + hashlib.sha256(data).digest() + data
 
 
 def write_file(f: str | os.PathLike, payload: bytes, who: str) -> None:
@@ -581,6 +606,25 @@ class _Decoder:
         return t
 
 
+class WeightsOnlyError(pickle.UnpicklingError, ValueError):
+    """``lucid.load`` of a pickled file without ``weights_only=False``."""
+
+
+def _unpickle(buf: bytes, source: str, weights_only: bool | None) -> Any:
+    if weights_only is not False:
+        raise WeightsOnlyError(
+            f"lucid.load: {source} holds a pickled object (lucid.save of something other than "
+            "tensors, state dicts and plain containers, e.g. a whole module); unpickling can run "
+            "any code the file names, so it is refused by default. If you trust where the file "
+            "comes from, pass weights_only=False; otherwise ask for its state_dict() saved "
+            "with lucid.save, which loads safely"
+        )
+    digest, data = bytes(buf[8:40]), memoryview(buf)[40:]
+    if len(buf) < 40 or hashlib.sha256(data).digest() != digest:
+        raise _bad(source, "its pickle does not match its SHA-256 (the file is corrupted)")
+    return pickle.loads(data)
+
+
 def _read_bytes(f: str | os.PathLike | IO[bytes]) -> tuple[bytes, str]:
     if hasattr(f, "read"):
         data = f.read()
@@ -601,9 +645,11 @@ def load(
 
     Tensors come back with their dtype, shape, values and ``requires_grad``; parameters as
     ``nn.Parameter``; an object saved twice in one checkpoint (tied weights) comes back as one
-    object. Nothing in the file is executed, so ``weights_only`` is accepted for torch
-    compatibility and changes nothing. ``map_location`` may only be None or ``"cpu"``.
-    Raises ValueError naming the problem for a truncated, corrupted or foreign file.
+    object. Nothing in a safetensors file is executed. A pickled file (``lucid.save`` of a whole
+    module, an optimizer...) is refused with ``WeightsOnlyError`` unless ``weights_only=False``:
+    unpickling runs code the file names, so pass it only for files you trust (torch >= 2.6 does
+    the same). ``map_location`` may only be None or ``"cpu"``. Raises ValueError naming the
+    problem for a truncated, corrupted or foreign file.
     """
     if map_location not in (None, "cpu") and str(map_location) != "cpu":
         raise ValueError(
@@ -611,6 +657,8 @@ def load(
             "the CPU (use None or 'cpu')"
         )
     buf, source = _read_bytes(f)
+    if bytes(buf[:8]) == PICKLE_MAGIC:
+        return _unpickle(buf, source, weights_only)
     arrays, metadata = _parse(buf, source)
     structure = metadata.get(STRUCTURE_KEY)
     decoder = _Decoder(arrays, source)
