@@ -520,14 +520,21 @@ def test_hand_written_state_dict_loads_into_a_module():
     np.testing.assert_array_equal(model.bias.detach().numpy(), b)
 
 
-def test_safetensors_package_reads_our_file_if_installed():
+def test_safetensors_package_reads_our_file_if_installed(tmp_path):
     st_numpy = pytest.importorskip("safetensors.numpy")
+    safetensors = pytest.importorskip("safetensors")
     buf = io.BytesIO()
     arrays = {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.int64)}
     lucid.save({k: lucid.from_numpy(v) for k, v in arrays.items()}, buf)
     got = st_numpy.load(buf.getvalue())
     for k, v in arrays.items():
         np.testing.assert_array_equal(got[k], v)
+    path = tmp_path / "ckpt.safetensors"  # a real checkpoint, digest and structure included
+    path.write_bytes(_checkpoint_bytes())
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        assert len(f.metadata()["lucid.sha256"]) == 64
+        names = list(f.keys())
+        assert names and all(f.get_tensor(n).size >= 0 for n in names)
 
 
 # --- bad files ----------------------------------------------------------------------------
