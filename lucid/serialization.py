@@ -1,4 +1,5 @@
-"""``lucid.save`` / ``lucid.load``: checkpoints that never execute code when loaded.
+"""``lucid.save`` / ``lucid.load``: checkpoints that never execute code when loaded (unless a
+pickled file is loaded with ``weights_only=False``).
 
 A checkpoint is a safetensors file (https://github.com/huggingface/safetensors, written here
 from its format description, no dependency):
@@ -10,9 +11,20 @@ from its format description, no dependency):
 - the raw little-endian, C-ordered bytes of every tensor, back to back.
 
 Lucid stores the structure of the saved object (dicts, lists, tuples, numbers, strings, None and
-where each tensor goes) as JSON in ``__metadata__["lucid.structure"]``, and a CRC-32 of the data
-in ``__metadata__["lucid.crc32"]``. Loading only ever builds the handful of types listed in
-``_decode``; nothing is imported or called by name. Any safetensors reader can read the tensors
+where each tensor goes) as JSON in ``__metadata__["lucid.structure"]``.
+
+Every byte of the file is covered by a SHA-256 checked before anything is parsed: the header
+starts with ``{"__metadata__":{"lucid.sha256":"<64 hex digits>"``, at a fixed place, and the
+digest is that of the whole file with those 64 digits replaced by ``0``. A file that starts
+another way is a foreign safetensors file; if its metadata nevertheless carries Lucid's marks
+(a damaged Lucid file, or one from a development version without the digest), it is refused.
+Loading only ever builds the handful of types listed in ``_decode``; nothing is imported or
+called by name.
+
+What the safe format cannot hold (a whole module, an optimizer, a namedtuple) is pickled, as
+``torch.save`` does: ``PICKLE_MAGIC``, the SHA-256 of the pickle, the pickle. ``load`` refuses
+such a file unless called with ``weights_only=False`` (``WeightsOnlyError`` naming the flag), as
+``torch.load`` does since 2.6. Any safetensors reader can read the tensors
 of a Lucid checkpoint, and ``lucid.load`` reads any safetensors file (as a dict of tensors when
 it has no Lucid structure).
 """
@@ -21,11 +33,14 @@ from __future__ import annotations
 
 import base64
 import collections
+import errno
+import hashlib
 import json
 import math
 import os
+import pickle
+import stat
 import tempfile
-import zlib
 from typing import IO, Any
 
 import numpy as np
@@ -33,13 +48,22 @@ import numpy as np
 from lucid import _dtype
 from lucid._tensor import Tensor
 
-__all__ = ["load", "save"]
+__all__ = ["WeightsOnlyError", "load", "save"]
 
 FORMAT = "lucid"
 STRUCTURE_KEY = "lucid.structure"
-CRC_KEY = "lucid.crc32"
+SHA256_KEY = "lucid.sha256"
 METADATA_KEY = "__metadata__"
-MAX_HEADER_BYTES = 100_000_000  # the limit safetensors' own reader applies
+# The header of a Lucid file starts with these bytes, then the 64 hex digits of the digest.
+_DIGEST_PREFIX = b'{"%s":{"%s":"' % (METADATA_KEY.encode(), SHA256_KEY.encode())
+_DIGEST_AT = 8 + len(_DIGEST_PREFIX)  # byte offset of the digest in the file
+_DIGEST_PLACEHOLDER = b"0" * 64
+_MAX_NDIM = 32  # numpy's limit before 2.0 (64 since)
+_MAX_DEPTH = 100  # of a saved structure: real checkpoints nest a few levels
+MAX_HEADER_BYTES = 100_000_000
+# A pickled file starts with these 8 bytes; read as a safetensors header length they are far
+# over MAX_HEADER_BYTES, so no safetensors file is mistaken for one.
+PICKLE_MAGIC = b"LUCIDPKL"  # the limit safetensors' own reader applies
 
 # safetensors dtype name -> numpy dtype (little-endian), for the dtypes Lucid has.
 _TO_NUMPY = {
@@ -194,43 +218,94 @@ def _serialize(obj: Any) -> bytes:
     data = b"".join(chunks)
     header = {
         METADATA_KEY: {
+            SHA256_KEY: _DIGEST_PLACEHOLDER.decode(),  # first: its place is fixed
             "format": FORMAT,
             STRUCTURE_KEY: json.dumps(structure, allow_nan=False, separators=(",", ":")),
-            CRC_KEY: str(zlib.crc32(data)),
         },
         **header,
     }
-    text = json.dumps(header, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-(8 + len(text)) % 8)  # tensor data starts 8-byte aligned
-    return len(text).to_bytes(8, "little") + text + data
+    return _seal(json.dumps(header, allow_nan=False, separators=(",", ":")).encode("utf-8"), data)
+
+
+def _seal(header: bytes, data: bytes) -> bytes:
+    """The file of a compact JSON ``header`` whose metadata starts with the digest (any 64
+    characters), and ``data``: the header padded, the digest of the whole file put in place."""
+    header += b" " * (-(8 + len(header)) % 8)  # tensor data starts 8-byte aligned
+    payload = bytearray(len(header).to_bytes(8, "little") + header + data)
+    if payload[8:_DIGEST_AT] != _DIGEST_PREFIX:
+        raise ValueError("lucid.save: the header does not start with the digest's place")
+    payload[_DIGEST_AT : _DIGEST_AT + 64] = _DIGEST_PLACEHOLDER
+    payload[_DIGEST_AT : _DIGEST_AT + 64] = hashlib.sha256(payload).hexdigest().encode()
+    return bytes(payload)
 
 
 def save(obj: Any, f: str | os.PathLike | IO[bytes]) -> None:
     """Save ``obj`` (tensors, state dicts, optimizer/scheduler state, numpy arrays, numbers,
     strings, None, nested in dicts, lists and tuples) to ``f``, a path or a binary file object.
 
-    The file is safetensors (see this module's docstring). Writing to a path is atomic: the
-    data goes to a temporary file beside it that is renamed over ``f`` once complete, so a crash
-    never leaves a half-written checkpoint. Modules and optimizers themselves are not saved
-    (that would need code on load): save their ``state_dict()``.
+    The file is safetensors (see this module's docstring). Anything else (a whole module, an
+    optimizer, a namedtuple...) is pickled, as ``torch.save`` does; ``lucid.load`` reads such
+    a file only with ``weights_only=False``, since unpickling runs code named in the file.
+
+    Writing to a path is atomic: the data goes to a temporary file beside it that is renamed
+    over ``f`` once complete, so a crash never leaves a half-written checkpoint. A symbolic
+    link is followed (its target is replaced, the link stays); a FIFO or a character device
+    (``/dev/null``, ``/dev/stdout``) is written straight into; a directory, block device or
+    socket is refused.
     """
-    payload = _serialize(obj)
+    try:
+        payload = _serialize(obj)
+    except TypeError as unsafe:  # a type the safe format has no place for: pickled, as torch
+        payload = _pickled(obj, unsafe)
     if hasattr(f, "write"):
         f.write(payload)
         return
+    write_file(f, payload, "lucid.save")
+
+
+def _pickled(obj: Any, unsafe: TypeError) -> bytes:
+    """The pickle file of ``obj``: ``PICKLE_MAGIC``, the SHA-256 of the pickle, the pickle."""
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - PicklingError, TypeError, AttributeError, ...
+        raise TypeError(f"{unsafe}; pickling it failed too ({type(e).__name__}: {e})") from None
+    return PICKLE_MAGIC + hashlib.sha256(data).digest() + data
+
+
+def write_file(f: str | os.PathLike, payload: bytes, who: str) -> None:
+    """Write ``payload`` to the path ``f`` as ``save`` does (atomic replace of a regular file at
+    the symbolic link's target; straight into a FIFO or character device); ``who`` names the
+    caller in errors."""
     path = os.fspath(f)
     if not isinstance(path, str):
         path = os.fsdecode(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    target = os.path.realpath(path)  # a link's target is what the user means to replace
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+            with open(target, "wb") as out:  # a reader (or the device) takes the bytes
+                out.write(payload)
+            return
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, f"{who}: {path!r} is a directory", path)
+        raise ValueError(
+            f"{who}: {path!r} is a {_kind(mode)}; it writes regular files (atomically), FIFOs "
+            "and character devices, and never replaces anything else"
+        )
+    directory = os.path.dirname(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                               dir=directory)  # fmt: skip
     try:
         # mkstemp makes the file private (0600); give it the mode a plain open() would have.
-        os.chmod(tmp, _new_file_mode(path))
+        os.chmod(tmp, _new_file_mode(target))
         with os.fdopen(fd, "wb") as out:
             out.write(payload)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
         _fsync_directory(directory)
     except BaseException:
         try:
@@ -238,6 +313,14 @@ def save(obj: Any, f: str | os.PathLike | IO[bytes]) -> None:
         except OSError:
             pass
         raise
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISBLK(mode):
+        return "block device"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
 
 
 def _new_file_mode(path: str) -> int:
@@ -269,8 +352,24 @@ def _bad(source: str, problem: str) -> ValueError:
     return ValueError(f"lucid.load: {source} is not a valid checkpoint: {problem}")
 
 
+def _verify_digest(buf: bytes, source: str) -> bool:
+    """Whether ``buf`` is a Lucid file (its header starts with the digest), after checking the
+    digest against every byte of the file; raises when it does not match."""
+    if bytes(buf[8:_DIGEST_AT]) != _DIGEST_PREFIX or len(buf) < _DIGEST_AT + 64:
+        return False
+    stored = bytes(buf[_DIGEST_AT : _DIGEST_AT + 64])
+    h = hashlib.sha256()
+    h.update(memoryview(buf)[:_DIGEST_AT])
+    h.update(_DIGEST_PLACEHOLDER)
+    h.update(memoryview(buf)[_DIGEST_AT + 64 :])
+    if h.hexdigest().encode() != stored:
+        raise _bad(source, "it does not match its SHA-256 (the file is corrupted or was altered)")
+    return True
+
+
 def _parse(buf: bytes, source: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The arrays and the metadata of a safetensors file, every field checked."""
+    """The arrays and the metadata of a safetensors file, every field checked (a Lucid file's
+    digest before anything else)."""
     if len(buf) < 8:
         raise _bad(source, f"it has {len(buf)} bytes, fewer than the 8-byte header length")
     n = int.from_bytes(buf[:8], "little")
@@ -282,6 +381,7 @@ def _parse(buf: bytes, source: str) -> tuple[dict[str, np.ndarray], dict[str, st
             f"its header length field says {n} bytes but only {len(buf) - 8} follow "
             "(truncated file?)",
         )
+    lucid_file = _verify_digest(buf, source)
     try:
         text = bytes(buf[8 : 8 + n]).decode("utf-8")
     except UnicodeDecodeError as e:
@@ -299,6 +399,16 @@ def _parse(buf: bytes, source: str) -> tuple[dict[str, np.ndarray], dict[str, st
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise _bad(source, "__metadata__ must map strings to strings")
+    if not lucid_file and (
+        metadata.get("format") == FORMAT or any(k.startswith("lucid.") for k in metadata)
+    ):
+        # A damaged Lucid file whose digest's place changed would otherwise load unchecked.
+        raise _bad(
+            source,
+            "it carries Lucid metadata but no SHA-256 of the whole file where Lucid writes it "
+            "(damaged, or saved by a development version of Lucid that checksummed only the "
+            "tensor data; any safetensors reader can still read its tensors)",
+        )
     data = memoryview(buf)[8 + n :]
     spans = []
     entries = []
@@ -322,9 +432,6 @@ def _parse(buf: bytes, source: str) -> tuple[dict[str, np.ndarray], dict[str, st
         )
     if expected < len(data):
         raise _bad(source, f"{len(data) - expected} unexpected bytes after the last tensor")
-    crc = metadata.get(CRC_KEY)
-    if crc is not None and str(zlib.crc32(data)) != crc:
-        raise _bad(source, "the tensor data does not match its CRC-32 (the file is corrupted)")
     arrays = {}
     for name, dtype, shape, begin, end in entries:
         arrays[name] = _read_array(data[begin:end], dtype, shape)
@@ -359,7 +466,10 @@ def _check_entry(name: str, entry: Any, source: str) -> tuple[str, list[int], in
             )
         raise _bad(source, f"tensor {name!r} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_index(d) for d in shape):
-        raise _bad(source, f"tensor {name!r} has shape {shape!r}, not a list of sizes")
+        raise _bad(source, f"tensor {name!r} has shape {shape!r}, not a list of sizes"[:300])
+    if len(shape) > _MAX_NDIM or math.prod(d for d in shape if d) >= 2**62:
+        raise _bad(source, f"tensor {name!r} has shape {shape!r}, larger than any array can be"
+                           [:300])  # fmt: skip
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
@@ -419,8 +529,8 @@ class _Decoder:
         return self.arrays[name]
 
     def decode(self, node: Any, depth: int = 0) -> Any:
-        if depth > 500:
-            raise self.bad("is nested too deeply")
+        if depth > _MAX_DEPTH:
+            raise self.bad(f"is nested more than {_MAX_DEPTH} levels deep")
         if node is None or isinstance(node, (bool, int, float, str)):
             return node
         if isinstance(node, list):
@@ -434,9 +544,10 @@ class _Decoder:
         if len(node) != 1:
             raise self.bad(f"has a {tag!r} node with extra keys {sorted(node)}")
         if tag in ("ndarray", "npscalar"):
+            arr = self.array(value)  # checks the name before it is used as a key
             key = (tag, value)
             if key not in self.built:
-                arr = self.array(value).copy()
+                arr = arr.copy()
                 self.built[key] = arr if tag == "ndarray" else arr[()]
             return self.built[key]
         if tag == "float":
@@ -495,6 +606,25 @@ class _Decoder:
         return t
 
 
+class WeightsOnlyError(pickle.UnpicklingError, ValueError):
+    """``lucid.load`` of a pickled file without ``weights_only=False``."""
+
+
+def _unpickle(buf: bytes, source: str, weights_only: bool | None) -> Any:
+    if weights_only is not False:
+        raise WeightsOnlyError(
+            f"lucid.load: {source} holds a pickled object (lucid.save of something other than "
+            "tensors, state dicts and plain containers, e.g. a whole module); unpickling can run "
+            "any code the file names, so it is refused by default. If you trust where the file "
+            "comes from, pass weights_only=False; otherwise ask for its state_dict() saved "
+            "with lucid.save, which loads safely"
+        )
+    digest, data = bytes(buf[8:40]), memoryview(buf)[40:]
+    if len(buf) < 40 or hashlib.sha256(data).digest() != digest:
+        raise _bad(source, "its pickle does not match its SHA-256 (the file is corrupted)")
+    return pickle.loads(data)
+
+
 def _read_bytes(f: str | os.PathLike | IO[bytes]) -> tuple[bytes, str]:
     if hasattr(f, "read"):
         data = f.read()
@@ -515,9 +645,11 @@ def load(
 
     Tensors come back with their dtype, shape, values and ``requires_grad``; parameters as
     ``nn.Parameter``; an object saved twice in one checkpoint (tied weights) comes back as one
-    object. Nothing in the file is executed, so ``weights_only`` is accepted for torch
-    compatibility and changes nothing. ``map_location`` may only be None or ``"cpu"``.
-    Raises ValueError naming the problem for a truncated, corrupted or foreign file.
+    object. Nothing in a safetensors file is executed. A pickled file (``lucid.save`` of a whole
+    module, an optimizer...) is refused with ``WeightsOnlyError`` unless ``weights_only=False``:
+    unpickling runs code the file names, so pass it only for files you trust (torch >= 2.6 does
+    the same). ``map_location`` may only be None or ``"cpu"``. Raises ValueError naming the
+    problem for a truncated, corrupted or foreign file.
     """
     if map_location not in (None, "cpu") and str(map_location) != "cpu":
         raise ValueError(
@@ -525,6 +657,8 @@ def load(
             "the CPU (use None or 'cpu')"
         )
     buf, source = _read_bytes(f)
+    if bytes(buf[:8]) == PICKLE_MAGIC:
+        return _unpickle(buf, source, weights_only)
     arrays, metadata = _parse(buf, source)
     structure = metadata.get(STRUCTURE_KEY)
     decoder = _Decoder(arrays, source)

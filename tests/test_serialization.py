@@ -8,7 +8,10 @@ import io
 import json
 import math
 import os
+import socket
+import stat
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 
 import lucid
 import lucid.nn as nn
+from lucid import serialization
 from lucid.optim import lr_scheduler
 
 DTYPES = [
@@ -323,6 +327,64 @@ def test_saved_file_has_ordinary_permissions(tmp_path):
         os.umask(umask)
 
 
+def test_save_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "real" / "ckpt.safetensors"
+    target.parent.mkdir()
+    lucid.save({"x": lucid.ones(2)}, target)
+    link = tmp_path / "latest"
+    link.symlink_to(target)
+    lucid.save({"x": lucid.zeros(3)}, link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert lucid.load(target)["x"].shape == (3,)
+    dangling = tmp_path / "next"
+    dangling.symlink_to(tmp_path / "real" / "new.safetensors")
+    lucid.save({"x": lucid.ones(1)}, dangling)  # creates the target, as open() would
+    assert dangling.is_symlink()
+    assert lucid.load(tmp_path / "real" / "new.safetensors")["x"].shape == (1,)
+    assert sorted(os.listdir(tmp_path / "real")) == ["ckpt.safetensors", "new.safetensors"]
+
+
+def test_save_writes_into_a_fifo_for_its_reader(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        lucid.save({"x": lucid.arange(3)}, fifo)
+    finally:
+        reader.join(timeout=30)
+        if reader.is_alive() and stat.S_ISFIFO(fifo.stat().st_mode):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # release the waiting reader
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # still a FIFO, not a file
+    assert lucid.load(io.BytesIO(got[0]))["x"].tolist() == [0, 1, 2]
+
+
+def test_save_writes_into_a_character_device_and_never_replaces_it(tmp_path):
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a copy of /dev/null
+    except (PermissionError, OSError) as e:
+        pytest.skip(f"cannot make a device node here: {e}")
+    lucid.save({"x": lucid.ones(2)}, null)
+    assert stat.S_ISCHR(null.stat().st_mode)
+    assert os.listdir(tmp_path) == ["null"]
+
+
+def test_save_refuses_directories_and_sockets(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        lucid.save({"x": lucid.ones(2)}, tmp_path)
+    sock_path = tmp_path / "s"
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(sock_path))
+        with pytest.raises(ValueError, match="is a socket.*never replaces"):
+            lucid.save({"x": lucid.ones(2)}, sock_path)
+        assert stat.S_ISSOCK(sock_path.stat().st_mode)
+    finally:
+        sock.close()
+
+
 def test_failed_save_leaves_old_file_untouched(tmp_path, monkeypatch):
     p = tmp_path / "ckpt"
     lucid.save({"x": lucid.ones(2)}, p)
@@ -343,21 +405,67 @@ def test_failed_save_leaves_old_file_untouched(tmp_path, monkeypatch):
 
 
 # --- what cannot be saved ------------------------------------------------------------------------
+Pair = collections.namedtuple("Pair", "a b")
+
+
 def test_unsavable_objects_are_named():
-    with pytest.raises(TypeError, match=r"state_dict\(\) instead"):
-        lucid.save(nn.Linear(2, 2), io.BytesIO())
-    with pytest.raises(TypeError, match=r"cannot save function at 'cfg.fn'"):
+    with pytest.raises(TypeError, match=r"cannot save function at 'cfg.fn'.*pickling it failed"):
         lucid.save({"cfg": {"fn": lambda: 0}}, io.BytesIO())
-    with pytest.raises(TypeError, match="namedtuple"):
-        lucid.save(collections.namedtuple("P", "a b")(1, 2), io.BytesIO())
-    with pytest.raises(TypeError, match="defaultdict"):
-        lucid.save(collections.defaultdict(list), io.BytesIO())
-    with pytest.raises(TypeError, match="dtype complex128"):
-        lucid.save({"c": np.zeros(2, complex)}, io.BytesIO())
     cyclic = []
     cyclic.append(cyclic)
     with pytest.raises(ValueError, match="cycle"):
         lucid.save(cyclic, io.BytesIO())
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        Pair(lucid.ones(2), 3),
+        collections.defaultdict(list, a=[1]),
+        {"c": np.arange(3) * 1j},
+    ],
+    ids=["namedtuple", "defaultdict", "complex"],
+)
+def test_what_the_safe_format_cannot_hold_is_pickled_and_loads_only_when_asked(obj, tmp_path):
+    path = tmp_path / "obj.pt"
+    lucid.save(obj, path)
+    with pytest.raises(ValueError, match=r"obj.pt.* pickled object.*weights_only=False"):
+        lucid.load(path)
+    with pytest.raises(serialization.WeightsOnlyError):
+        lucid.load(path, weights_only=True)
+    back = lucid.load(path, weights_only=False)
+    assert type(back) is type(obj)
+
+
+def test_whole_module_save_pickles_and_load_needs_weights_only_false(tmp_path):
+    import pickle
+
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
+    model(lucid.randn(5, 3))  # running statistics move
+    path = tmp_path / "model.pt"
+    lucid.save(model, path)
+    with pytest.raises(pickle.UnpicklingError, match="weights_only=False"):
+        lucid.load(path)  # like torch >= 2.6
+    loaded = lucid.load(path, weights_only=False)
+    assert type(loaded) is nn.Sequential and loaded is not model
+    for (k, v), (k2, v2) in zip(
+        model.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert k == k2 and _bits(v) == _bits(v2)
+    x = lucid.randn(2, 3)
+    model.eval(), loaded.eval()
+    with lucid.no_grad():
+        assert _bits(model(x)) == _bits(loaded(x))
+    # A damaged pickle is refused before anything is unpickled.
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 1
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match="does not match its SHA-256"):
+        lucid.load(path, weights_only=False)
+    # State dicts stay in the safe format.
+    lucid.save(model.state_dict(), path)
+    assert set(lucid.load(path)) == set(model.state_dict())
 
 
 # --- files written by hand per the spec ---------------------------------------------------
@@ -412,17 +520,74 @@ def test_hand_written_state_dict_loads_into_a_module():
     np.testing.assert_array_equal(model.bias.detach().numpy(), b)
 
 
-def test_safetensors_package_reads_our_file_if_installed():
+def test_safetensors_package_reads_our_file_if_installed(tmp_path):
     st_numpy = pytest.importorskip("safetensors.numpy")
+    safetensors = pytest.importorskip("safetensors")
     buf = io.BytesIO()
     arrays = {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.int64)}
     lucid.save({k: lucid.from_numpy(v) for k, v in arrays.items()}, buf)
     got = st_numpy.load(buf.getvalue())
     for k, v in arrays.items():
         np.testing.assert_array_equal(got[k], v)
+    path = tmp_path / "ckpt.safetensors"  # a real checkpoint, digest and structure included
+    path.write_bytes(_checkpoint_bytes())
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        assert len(f.metadata()["lucid.sha256"]) == 64
+        names = list(f.keys())
+        assert names and all(f.get_tensor(n).size >= 0 for n in names)
 
 
 # --- bad files ----------------------------------------------------------------------------
+def _checkpoint_bytes():
+    """A real training checkpoint: model, Adam state (betas, lr, moments) and a scheduler."""
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = lucid.optim.Adam(model.parameters(), lr=0.001, betas=(0.9, 0.999))
+    sched = lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    model(lucid.randn(5, 3)).sum().backward()
+    opt.step()
+    sched.step()
+    buf = io.BytesIO()
+    lucid.save({"model": model.state_dict(), "optim": opt.state_dict(),
+                "sched": sched.state_dict(), "epoch": 1}, buf)  # fmt: skip
+    return buf.getvalue()
+
+
+def test_every_single_bit_flip_of_the_header_raises_naming_the_file(tmp_path):
+    data = _checkpoint_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    path = tmp_path / "ckpt.safetensors"
+    path.write_bytes(data)
+    lucid.load(path)  # the intact file loads
+    loaded = []
+    for byte in range(8 + n):  # the length field and the whole JSON header
+        for bit in range(8):
+            flipped = bytearray(data)
+            flipped[byte] ^= 1 << bit
+            f = io.BytesIO(bytes(flipped))
+            f.name = str(path)  # as an open file would be named; writing 25k files is slow
+            try:
+                lucid.load(f)
+            except ValueError as e:
+                assert str(path) in str(e), str(e)
+            else:
+                loaded.append((byte, bit))
+    assert not loaded, f"{len(loaded)} of {8 * (8 + n)} flips loaded, e.g. {loaded[:5]}"
+    mid = 8 + n // 2  # inside the digest's cover, outside its own place
+    path.write_bytes(data[:mid] + bytes([data[mid] ^ 2]) + data[mid + 1 :])
+    with pytest.raises(ValueError, match=f"{path.name}.* does not match its SHA-256"):
+        lucid.load(path)
+
+
+def test_legacy_or_damaged_lucid_metadata_without_the_digest_is_refused():
+    data = _good_bytes()
+    n, header, body = _read_header(data)
+    del header["__metadata__"]["lucid.sha256"]
+    text = json.dumps(header).encode()
+    with pytest.raises(ValueError, match="carries Lucid metadata but no SHA-256"):
+        lucid.load(io.BytesIO(struct.pack("<Q", len(text)) + text + body))
+
+
 def _good_bytes():
     buf = io.BytesIO()
     lucid.save({"a": lucid.arange(4, dtype=lucid.float32), "b": [1, 2]}, buf)
@@ -441,8 +606,12 @@ def test_every_truncation_raises_value_error():
     [
         (lambda d: b"", "fewer than the 8-byte header length"),
         (lambda d: d[:7] + b"\x80" + d[8:], "header length field says"),
-        (lambda d: d + b"\x00", "unexpected bytes after the last tensor"),
-        (lambda d: d[:-1] + bytes([d[-1] ^ 1]), "CRC-32"),
+        (lambda d: d + b"\x00", "does not match its SHA-256"),
+        (
+            lambda d: _hand_file({"a": ("F32", [1], b"\x00" * 4)}) + b"\x00",
+            "unexpected bytes after the last tensor",
+        ),  # fmt: skip
+        (lambda d: d[:-1] + bytes([d[-1] ^ 1]), "does not match its SHA-256"),
         (lambda d: b"PK\x03\x04" + b"\x00" * 60, "header length field|not UTF-8|not a JSON"),
         (lambda d: struct.pack("<Q", 4) + b"\xff\xfe{}", "not UTF-8"),
         (lambda d: struct.pack("<Q", 2) + b"[]", "not a JSON object"),
@@ -472,11 +641,11 @@ def test_bad_entries(tensors, match):
 
 
 def _edit_header(edit):
+    """A crafted file: the header edited, then sealed with a matching digest."""
     data = _good_bytes()
     n, header, body = _read_header(data)
     edit(header)
-    text = json.dumps(header).encode()
-    return struct.pack("<Q", len(text)) + text + body
+    return serialization._seal(json.dumps(header, separators=(",", ":")).encode(), body)
 
 
 def _structure(header, value):
@@ -503,11 +672,25 @@ def _structure(header, value):
         (lambda h: _structure(h, '{"dict": [[[1], 2]]}'), "unhashable"),
         (lambda h: _structure(h, '{"tensor": "a", "requires_grad": "yes"}'), "malformed"),
         (lambda h: _structure(h, "NaN"), "not valid JSON"),
+        (lambda h: _structure(h, "[" * 500 + "]" * 500), "nested more than 100 levels"),
+        (lambda h: _structure(h, '{"tuple": [' * 300 + "]}" * 300), "nested more than"),
+        (lambda h: _structure(h, '{"ndarray": [1]}'), "tensor \\[1\\] the file does not hold"),
+        (
+            lambda h: h.update(z={"dtype": "F32", "shape": [0, 2**70], "data_offsets": [0, 0]}),
+            "tensor 'z' has shape \\[0, 1180591620717411303424\\], larger than",
+        ),
+        (
+            lambda h: h.update(z={"dtype": "F32", "shape": [0] + [1] * 40, "data_offsets": [0, 0]}),
+            "tensor 'z' has shape",
+        ),
     ],
 )
-def test_bad_headers_and_structures(edit, match):
-    with pytest.raises(ValueError, match=match):
-        lucid.load(io.BytesIO(_edit_header(edit)))
+def test_bad_headers_and_structures(edit, match, tmp_path):
+    path = tmp_path / "crafted.safetensors"
+    path.write_bytes(_edit_header(edit))
+    with pytest.raises(ValueError, match=match) as info:
+        lucid.load(path)
+    assert repr(str(path)) in str(info.value)
 
 
 def test_map_location_and_text_mode(tmp_path):

@@ -551,7 +551,7 @@ def load_step(path: str, manifest: dict, parts: dict, arrays: dict[str, np.ndarr
             build_ms[record["key"]] = (time.perf_counter() - t0) * 1e3
             sources[record["key"]] = source
             entries[record["match"]] = entry
-    except (KeyError, TypeError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
         problem = f"the saved step is incomplete or malformed ({type(e).__name__}: {e})"
         raise _bad(path, problem) from None
     rng = manifest.get("rng_state")
@@ -616,7 +616,7 @@ def _build_entry(record: dict, manifest: dict, parts: dict, tensors: dict[str, T
         try:
             executable = backend.import_program(parts[record["program"]], inplace_updates=inplace)
             source = "program"
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
             logger.info("load_compiled: rebuilding %s from its IR: %s", record["key"], e)
     if executable is None:
         executable = _rebuild(record, parts, backend, inplace)

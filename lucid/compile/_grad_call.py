@@ -187,11 +187,26 @@ class GradEntry:
         ]
         if _state.grad_enabled and any(t._requires_grad for t in wrt):
             self._attach(prog, outs, wrt, tensor_args, kwargs, residuals, rng_before)
+        if self.passthrough:
+            outs = self._with_passthrough(outs, tensor_args, kwargs)
         result = self.rebuild(outs)
         self.last_run_ms = (time.perf_counter() - t0) * 1e3
         return result
 
     hit = __call__  # what CompiledModule calls on a cache hit
+
+    def _with_passthrough(self, outs: list, tensor_args: list, kwargs: dict) -> list:
+        """Every output leaf in order: the computed ones, and the inputs returned unchanged as
+        the very objects passed in."""
+        computed = iter(outs)
+        leaves = []
+        for j in range(len(outs) + len(self.passthrough)):
+            kind, ref = self.passthrough.get(j, (None, None))
+            if kind is None:
+                leaves.append(next(computed))
+            else:
+                leaves.append(tensor_args[ref] if kind == "input" else kwargs[ref])
+        return leaves
 
     def _attach(
         self,
@@ -304,15 +319,22 @@ def compile_grad_call(
             raise
         leaves: list[Tensor] = []
         rebuild = _pytree.flatten(out, leaves)
-        fed = [targs[i] for i in tensor_pos] + [
-            v for v in tkwargs.values() if isinstance(v, Tensor)
-        ]
-        if any(any(t is f for f in fed) for t in leaves):
-            raise _pipeline.Unsupported("an input returned unchanged in grad mode")
+        # An input returned unchanged is handed back as itself (its gradient is the caller's
+        # own autograd business); the graph computes and differentiates the other outputs.
+        passthrough: dict[int, tuple[str, Any]] = {}
+        for j, t in enumerate(leaves):
+            k = next((k for k, i in enumerate(tensor_pos) if targs[i] is t), None)
+            if k is not None:
+                passthrough[j] = ("input", k)
+            else:
+                name = next((n for n, v in tkwargs.items() if v is t), None)
+                if name is not None:
+                    passthrough[j] = ("kw", name)
+        computed = [t for j, t in enumerate(leaves) if j not in passthrough]
         n_model_ops = len(tracer.trace.ops)  # the seeding below reduces over the batch
         seeded = None
         cot_index: dict[int, int] = {}
-        for j, t in enumerate(leaves):
+        for j, t in enumerate(computed):
             if not t.dtype.is_floating_point:
                 continue
             cot = tracer.input(tuple(t.shape), t.dtype, role=f"cot:{j}")
@@ -321,8 +343,9 @@ def compile_grad_call(
             seeded = term if seeded is None else seeded + term
         if seeded is None:
             raise _pipeline.Unsupported("no floating output to differentiate")
-        trace = tracer.finish([seeded, *leaves])
+        trace = tracer.finish([seeded, *computed])
         captured = tracer.feed_tensors()
+    _pipeline.check_value_sizes(trace)
     if symbolic:
         # Each batch size gets its own program (shape-specialize then vjp): the model's ops
         # must specialise soundly; the seeded sum over the batch is then concrete.
@@ -373,9 +396,10 @@ def compile_grad_call(
         symbolic=symbolic,
         build=build,
         by_batch=LRU(max_entries()),
-        cot_dtypes={j: leaves[j].dtype.numpy for j in cot_index},
+        cot_dtypes={j: computed[j].dtype.numpy for j in cot_index},
         tensor_pos=tensor_pos,
-        n_leaves=len(leaves),
+        n_leaves=len(computed),
+        passthrough=passthrough,
         rebuild=rebuild,
         trace=trace,
         compile_ms=(time.perf_counter() - first_session.t0) * 1e3,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -21,6 +22,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from lucid.backends import Unsupported as BackendUnsupported
 from lucid.backends import get_backend
@@ -47,6 +50,58 @@ class Unsupported(Exception):
 
 class FeedMismatch(ValueError):
     """A bound feed no longer has the shape/dtype the executable was compiled for."""
+
+
+# The runtime refuses a value of more elements (docs/architecture.md, "Failure policy"); so
+# would eager numpy in practice: 2^40 float32 elements are 4 TiB.
+MAX_VALUE_ELEMENTS = 2**40
+
+
+def _value_size(v: Any) -> tuple[int, int]:
+    """(elements, bytes) of a trace value (a symbolic dim counted as 1)."""
+    n = math.prod(d for d in v.shape if d is not None)
+    return n, n * np.dtype(v.dtype.numpy).itemsize
+
+
+def _describe_value(op: Any, v: Any) -> str:
+    n, nbytes = _value_size(v)
+    where = f" at {op.loc[0]}:{op.loc[1]}" if getattr(op, "loc", None) else ""
+    shape = "x".join("?" if d is None else str(d) for d in v.shape) or "scalar"
+    return f"{op.name}{where} makes a {shape} {v.dtype.name} value ({n} elements, {_bytes(nbytes)})"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.4g} {unit}"
+        n /= 1024
+    return f"{n:.4g} TiB"
+
+
+def check_value_sizes(trace: Any) -> None:
+    """Raise ``MemoryError`` naming the op and the size when ``trace`` makes a value too large
+    for any machine (over ``MAX_VALUE_ELEMENTS``): the same class eager numpy raises, in strict
+    and non-strict mode alike, instead of the backend's refusal or a fallback that fails anyway."""
+    for op in trace.ops:
+        for v in op.outputs:
+            if _value_size(v)[0] > MAX_VALUE_ELEMENTS:
+                raise MemoryError(
+                    f"lucid.compile: {_describe_value(op, v)}, over the {MAX_VALUE_ELEMENTS}"
+                    "-element limit of a value"
+                )
+
+
+def out_of_memory(trace: Any, error: MemoryError) -> MemoryError:
+    """The ``MemoryError`` of a run that could not allocate, naming the largest value of its
+    graph (the runtime's own message, ``std::bad_alloc``, names neither op nor size)."""
+    if trace is None:
+        return error
+    sized = [(_value_size(v)[1], i, op, v) for i, op in enumerate(trace.ops) for v in op.outputs]
+    if not sized:
+        return error
+    _, _, op, v = max(sized, key=lambda t: (t[0], -t[1]))
+    return MemoryError(f"lucid.compile: out of memory running the compiled graph ({error}); "
+                       f"its largest value: {_describe_value(op, v)}")  # fmt: skip
 
 
 def backend_of(name: str) -> Any:
@@ -276,6 +331,8 @@ class CompiledGraph:
     passes_ms: dict[str, float]
     #: True when the executable came from the disk cache (``LUCID_COMPILE_DISK_CACHE``).
     from_disk: bool = False
+    #: The disk-cache entry it came from (see ``discard_from_disk``).
+    disk_key: str | None = None
 
     def run(self, feeds: list) -> list:
         try:
@@ -327,6 +384,7 @@ def compile_trace(
     is specialised to ``batch`` by ``shape-specialize``. With the disk cache on
     (``LUCID_COMPILE_DISK_CACHE=1``, see ``_disk_cache``) a graph compiled before, by any
     process, skips the passes, the lowering and the backend's program building."""
+    check_value_sizes(trace)
     session = session or CompileSession(switches)
     target = backend_of(backend)
     # The batch is part of what the disk cache keys on (the symbolic trace is the same).
@@ -338,10 +396,22 @@ def compile_trace(
     fn = forward_func(module)
     roles = (_feed_roles(fn), result_roles(fn))
     executable = session.compile_module(module, target)
-    if cached is not None:
+    # Only graphs whose roles are the trace's are stored: that is what a hit is checked against.
+    if cached is not None and roles == _trace_roles(trace):
         with session.timed("disk-cache-store"):
             _disk_cache.store(cached, roles[0], roles[1], target.export_program(module))
     return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
+
+
+def _trace_roles(trace: Any) -> tuple[list[str], list[str]]:
+    return [f.role for f in trace.feeds], [role for role, _ in trace.outputs]
+
+
+def discard_from_disk(graph: CompiledGraph, problem: str) -> None:
+    """Remove the disk-cache entry ``graph`` came from (it did not fit the graph at run time),
+    so the next compile of that graph compiles it afresh."""
+    if graph.disk_key is not None:
+        _disk_cache.discard(graph.disk_key, problem)
 
 
 def _from_disk(
@@ -362,14 +432,22 @@ def _from_disk(
     hit = _disk_cache.load(name)
     if hit is None:
         return name
-    # The roles were checked (checksum) when read; the key covers the graph that made them.
+    # The checksum says the entry is whole; whether it fits this graph is checked here, and
+    # one that does not is removed (the caller compiles and stores the graph afresh).
     feeds, results, program = hit
+    if (feeds, results) != _trace_roles(trace):
+        _disk_cache.discard(name, "its feed or result roles are not the graph's")
+        return name
     try:
         executable = target.import_program(program)
-    except ValueError as e:
-        _disk_cache.discard(name, f"the backend refused its program ({e})")
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
+        _disk_cache.discard(name, f"the backend refused its program ({type(e).__name__}: {e})")
         return name
-    graph = CompiledGraph(executable, feeds, results, {})
+    counts = (getattr(executable, "num_feeds", None), getattr(executable, "num_results", None))
+    if counts[0] is not None and counts != (len(feeds), len(results)):
+        _disk_cache.discard(name, "its program's feeds or results are not the graph's")
+        return name
+    graph = CompiledGraph(executable, feeds, results, {}, disk_key=name)
     graph.passes_ms["disk-cache-load"] = (time.perf_counter() - t0) * 1e3
     graph.from_disk = True
     return graph

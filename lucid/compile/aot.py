@@ -433,6 +433,128 @@ def _read(path: str) -> tuple[dict, dict, dict]:
     return manifest, parts, arrays
 
 
+_MAX_DEPTH = 100  # of an output structure or an argument signature: far beyond real models
+
+
+def _check_record(path: str, i: int, record: Any, parts: dict) -> None:
+    """Every field of signature record ``i`` that loading and calling use: types, part names,
+    roles against the argument signature, output indices and nesting depth; a ValueError
+    naming the file and the field otherwise."""
+    where = f"signature {i}"
+
+    def bad(problem: str) -> ValueError:
+        return _bad(path, f"{where}: {problem}")
+
+    if not isinstance(record, dict):
+        raise bad("is not a record")
+    for field, kind in (("key", str), ("match", str), ("training", bool), ("ir", str)):
+        if not isinstance(record.get(field), kind):
+            raise bad(f"{field!r} is not a {kind.__name__}")
+    for field in ("ir", "program"):
+        name = record.get(field)
+        if (field == "ir" or name is not None) and name not in parts:
+            raise bad(f"{field!r} names no part of the file ({name!r})"[:200])
+    roles = {}
+    for field in ("feed_roles", "result_roles"):
+        value = record.get(field)
+        if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+            raise bad(f"{field!r} is not a list of role names")
+        roles[field] = value
+    try:
+        match = json.loads(record["match"])
+    except (ValueError, RecursionError):
+        raise bad("'match' is not a JSON argument signature") from None
+    if not (isinstance(match, list) and len(match) == 3 and isinstance(match[0], list)
+            and isinstance(match[1], list)):  # fmt: skip
+        raise bad("'match' is not [arguments, keyword arguments, training]")
+    n_tensors = _count_tensors(match[0], 0, bad)
+    kwarg_names = set()
+    for pair in match[1]:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise bad("'match' has a keyword entry that is not [name, signature]")
+        kwarg_names.add(pair[0])
+        _count_tensors([pair[1]], 0, bad)
+    for role in roles["feed_roles"]:
+        kind, _, name = role.partition(":")
+        if kind == "input" and not (
+            (name.isdigit() and int(name) < n_tensors)
+            or (not name.isdigit() and name in kwarg_names)
+        ):
+            raise bad(f"feed {role!r} names no tensor argument of the signature")
+    n_outputs = sum(r.startswith("output:") for r in roles["result_roles"])
+    _check_output(record.get("output"), n_outputs, match[0], kwarg_names, 0, bad)
+
+
+def _count_tensors(sigs: Any, depth: int, bad: Any) -> int:
+    """The number of tensors in a list of argument signatures (as ``_arg_sig`` writes them)."""
+    if depth > _MAX_DEPTH:
+        raise bad(f"'match' is nested more than {_MAX_DEPTH} deep")
+    n = 0
+    for sig in sigs:
+        if not (isinstance(sig, list) and len(sig) in (2, 3) and isinstance(sig[0], str)):
+            raise bad("'match' holds a malformed argument signature")
+        tag, body = sig[:2]
+        if tag == "tensor":
+            n += 1
+        elif tag in ("list", "tuple") and isinstance(body, list):
+            n += _count_tensors(body, depth + 1, bad)
+        elif tag == "dict" and isinstance(body, list):
+            if not all(isinstance(p, list) and len(p) == 2 for p in body):
+                raise bad("'match' holds a malformed dict signature")
+            n += _count_tensors([p[1] for p in body], depth + 1, bad)
+    return n
+
+
+def _is_tensor_at(args: list, path: list) -> bool:
+    """Whether ``path`` (as ``_decode_output`` follows it) leads to a tensor of the argument
+    signatures ``args`` (checked by ``_count_tensors``)."""
+    sig: Any = ["tuple", args]
+    for k in path:
+        tag, body = sig[:2]
+        if tag in ("list", "tuple") and type(k) is int and 0 <= k < len(body):
+            sig = body[k]
+        elif tag == "dict" and type(k) in (int, str):
+            sig = next((v for name, v in body if name == str(k)), None)  # keys as _arg_sig
+            if sig is None:
+                return False
+        else:
+            return False
+    return sig[0] == "tensor"
+
+
+def _check_output(node: Any, n_outputs: int, args: list, kwargs: set, depth: int,
+                  bad: Any) -> None:  # fmt: skip
+    """The output structure (``_encode_output``'s tree) is well formed and refers only to
+    results and arguments that exist."""
+    if depth > _MAX_DEPTH:
+        raise bad(f"its output structure is nested more than {_MAX_DEPTH} deep")
+    if not (isinstance(node, list) and len(node) == 2 and isinstance(node[0], str)):
+        raise bad(f"its output structure has a malformed node {node!r}"[:200])
+    tag, body = node
+    if tag == "out":
+        if not (type(body) is int and 0 <= body < n_outputs):
+            raise bad(f"its output structure refers to result {body!r} of {n_outputs}"[:200])
+    elif tag == "arg":
+        if not (isinstance(body, list) and _is_tensor_at(args, body)):
+            raise bad(f"its output structure returns an argument {body!r} it has not"[:200])
+    elif tag == "kw":
+        if body not in kwargs:
+            raise bad(f"its output structure returns a keyword argument {body!r} it has not"[:200])
+    elif tag == "const":
+        if not isinstance(body, _SCALARS):
+            raise bad("its output structure has a constant that is not a scalar")
+    elif tag in ("tuple", "list") and isinstance(body, list):
+        for e in body:
+            _check_output(e, n_outputs, args, kwargs, depth + 1, bad)
+    elif tag == "dict" and isinstance(body, list):
+        for pair in body:
+            if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) in (int, str)):
+                raise bad("its output structure has a dict entry that is not [key, node]")
+            _check_output(pair[1], n_outputs, args, kwargs, depth + 1, bad)
+    else:
+        raise bad(f"its output structure has an unknown node {tag!r}"[:200])
+
+
 class _Signature:
     """One saved signature, ready to run: its executable and how to bind and unpack it."""
 
@@ -660,7 +782,7 @@ def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tupl
     if program_name is not None and same:
         try:
             return backend.import_program(parts[program_name]), "program"
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
             logger.info("load_compiled: rebuilding %s from its IR: %s", record["key"], e)
     try:
         module = parse_ir(parts[record["ir"]])
@@ -745,12 +867,15 @@ def load_compiled(path: str | os.PathLike, *, model: Any = None, backend: str = 
                 "include_weights=False?) and model= does not provide it"
             )
     signatures: dict[str, _Signature] = {}
-    for record in records:
+    for i, record in enumerate(records):
+        _check_record(path, i, record, parts)
         try:
             t0 = time.perf_counter()
             executable, source = _build(record, manifest, parts, backend_name)
-            sig = _Signature(record, executable, source, (time.perf_counter() - t0) * 1e3)
-        except (KeyError, TypeError) as e:
-            raise _bad(path, f"a signature record lacks {e}") from None
+        except RecursionError:
+            raise _bad(path, f"signature {i}: its IR is nested too deeply") from None
+        except ValueError as e:
+            raise _bad(path, f"signature {i}: {e}") from None
+        sig = _Signature(record, executable, source, (time.perf_counter() - t0) * 1e3)
         signatures[record["match"]] = sig
     return LoadedModule(path, manifest, parts, weights, signatures, model, backend_name)

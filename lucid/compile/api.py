@@ -597,6 +597,8 @@ class CompiledModule(Module):
             entry.last_used = next(TICK)
             try:
                 return entry.hit(args, kwargs)
+            except MemoryError as e:
+                raise _pipeline.out_of_memory(_trace_of(entry), e) from e
             except (TypeError, ValueError, _pipeline.FeedMismatch) as e:
                 try:
                     return self._run_fixed(entry, args, kwargs)
@@ -678,6 +680,8 @@ class CompiledModule(Module):
                     return self._fall_back(key, args, kwargs, e)
                 except CompileError:
                     raise  # asked for (LUCID_MANUAL_VJP_REQUIRE=1): never a silent fallback
+                except MemoryError:
+                    raise  # a value too large (check_value_sizes): eager would fail the same
                 except Exception as e:
                     if self._options.strict:
                         raise
@@ -695,8 +699,21 @@ class CompiledModule(Module):
             return self._model(*args, **kwargs)
         try:
             return entry(args, kwargs)
+        except MemoryError as e:
+            raise _pipeline.out_of_memory(_trace_of(entry), e) from e
         except (TypeError, ValueError, _pipeline.FeedMismatch):
-            return self._run_fixed(entry, args, kwargs)
+            try:
+                return self._run_fixed(entry, args, kwargs)
+            except _pipeline.FeedMismatch as e:
+                graph = getattr(getattr(entry, "inner", entry), "graph", None)
+                if not getattr(graph, "from_disk", False):
+                    raise
+                # A disk-cache entry that does not fit its graph: removed, compiled afresh.
+                _pipeline.discard_from_disk(graph, f"its program does not fit the graph ({e})")
+                with self._lock:
+                    if self._entries.get(key) is entry:
+                        self._entries.pop(key, None)
+                return self._miss(key, args, kwargs)
 
     def _checked(self, key: CacheKey, entry: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``entry`` and the model eagerly from the same state and compare every output
@@ -1254,6 +1271,11 @@ class _AutoEntry:
             if entries.get(self.key) is self:
                 self.inner.n_hits = self.n_hits
                 entries.put(self.key, self.inner)
+
+
+def _trace_of(entry: Any) -> Any:
+    """The trace of a cache entry, through the auto/checked wrappers (None if it has none)."""
+    return getattr(getattr(entry, "inner", entry), "trace", None)
 
 
 def _leaf_arrays(out: Any) -> list[np.ndarray]:

@@ -14,12 +14,19 @@ The per-step path does no dict work: feeds are bound by a plan computed once per
 list of tensor references read in feed order), and step scalars (learning rate, bias
 corrections...) are preallocated 0-d arrays (in the dtype the update uses them in) overwritten
 each step, so a learning-rate scheduler takes effect without recompiling.
+
+Thread safety: every call of a step object (``make_step``'s, ``fused_step``'s, the step
+``compile_optimizer`` installs, and ``compiled_step``'s cached one) holds that object's lock, so
+calls from several threads run one after the other, each a whole read-modify-write of the
+parameters and optimizer state; different step objects run concurrently.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -637,12 +644,25 @@ def _rebind_state(opt: Any, bound: dict[Tensor, dict[str, Any]]) -> None:
                 now[k] = old
 
 
+def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Hold the step object's lock for the call: a step reads and writes parameters and
+    optimizer state in place, so two at once would lose updates without any error."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class _StepIntrospection:
     """``timing()``, ``ir()``, ``module()`` and ``profile()`` of a training step (its entries in
     ``self._entries``, named ``self._what`` in messages)."""
 
     _what = "training step"
     _entries: LRU
+    _lock: threading.RLock
     backend: str
 
     def timing(self) -> list[dict[str, Any]]:
@@ -709,6 +729,7 @@ class _StepIntrospection:
     def _profile_entry(self, inputs: tuple) -> _Entry:
         raise NotImplementedError  # each step finds (or compiles) the entry its inputs use
 
+    @_one_call_at_a_time
     def profile(self, *inputs: Any, repeats: int = 100) -> list[dict[str, Any]]:
         """Where a step's time goes: the native executable serving ``inputs`` run ``repeats``
         times on copies of its feeds (parameters, optimizer state, buffers and the RNG are left
@@ -755,6 +776,7 @@ class TrainStep(_StepIntrospection):
         self.dynamic = dynamic
         self.backend = _pipeline.resolve_backend(backend)
         self._entries: LRU = LRU(max_entries())
+        self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._params = list(model.parameters())
         self._bound = Bound([model])
         self._recompiles = _recompile.StepRecompiles("make_step")
@@ -808,6 +830,7 @@ class TrainStep(_StepIntrospection):
         entry = self._entries.get(key)
         return entry if entry is not None else self._build(key, inputs)
 
+    @_one_call_at_a_time
     def run(self, inputs: tuple) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         """Run one step: the loss array and ``(param, gradient array)`` pairs."""
         if self._bound.version != STRUCTURE_VERSION[0]:
@@ -975,13 +998,14 @@ def compiled_step(
     if step is None:
         step = TrainStep(model, loss_fn, backend=name, check=mode, check_tolerance=tol)
         per_model.put((loss_fn, name, mode, tol), step)
-    loss_arr, grads = step.run((x, *extra))
-    for p, g in grads:
-        if p._grad is None:
-            p._grad = Tensor._wrap(g)
-        else:
-            p._grad._data += g
-            p._grad._version[0] += 1
+    with step._lock:  # the accumulation into .grad is part of the call
+        loss_arr, grads = step.run((x, *extra))
+        for p, g in grads:
+            if p._grad is None:
+                p._grad = Tensor._wrap(g)
+            else:
+                p._grad._data += g
+                p._grad._version[0] += 1
     return Tensor._wrap(loss_arr)
 
 
@@ -1027,6 +1051,7 @@ class FusedStep(_StepIntrospection):
         self._view = _OptimizerView(optimizer)
         self._params = list(model.parameters())
         self._entries: LRU = LRU(max_entries())
+        self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._bound = Bound([model])
         self._recompiles = _recompile.StepRecompiles("fused_step")
         self._opts = _StepOptions("fused_step", options, check, check_tolerance)
@@ -1111,6 +1136,7 @@ class FusedStep(_StepIntrospection):
             self._view.restore(entry.created_state)
             self._view.find_reps()
 
+    @_one_call_at_a_time
     def __call__(self, x: Any, *extra: Any) -> Tensor:
         inputs = (x, *extra)
         if self._bound.version != STRUCTURE_VERSION[0]:
@@ -1384,6 +1410,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
         self._entries: LRU = LRU(max_entries())
+        self._lock = threading.RLock()  # one call at a time (see the module docstring)
         # The parameter objects the entries bind. As in PyTorch, the optimizer updates the
         # objects in its param_groups (a parameter replaced in the model afterwards is not its
         # business); one swapped inside param_groups is noticed here and rebinds.
@@ -1430,6 +1457,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         self._bound_params = params
         return key, entry
 
+    @_one_call_at_a_time
     def __call__(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
         if closure is not None:

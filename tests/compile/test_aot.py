@@ -302,6 +302,89 @@ def test_tampered_part_is_refused(tmp_path):
         load_compiled(path)
 
 
+def _craft(path, edit):
+    """A hostile file: ``edit(manifest, parts)`` applied, every checksum recomputed to match."""
+    import hashlib
+
+    from lucid import serialization
+
+    obj = serialization.load(path)
+    manifest = json.loads(obj["manifest"])
+    edit(manifest, obj["parts"])
+    manifest["parts"] = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in obj["parts"].items()}
+    obj["manifest"] = json.dumps(manifest, sort_keys=True)
+    obj["manifest_sha256"] = hashlib.sha256(obj["manifest"].encode()).hexdigest()
+    serialization.save(obj, path)
+
+
+def _nested(depth, leaf):
+    node = leaf
+    for _ in range(depth):
+        node = ["tuple", [node]]
+    return node
+
+
+def _sig0(edit):
+    return lambda manifest, parts: edit(manifest["signatures"][0], parts)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (_sig0(lambda r, p: r.update(output=_nested(300, ["out", 0]))), "nested more than"),
+        (_sig0(lambda r, p: r.update(output=["out", 5])), "refers to result 5 of 1"),
+        (_sig0(lambda r, p: r.update(output=["arg", [3]])), "returns an argument"),
+        (_sig0(lambda r, p: r.update(output=["kw", "y"])), "keyword argument 'y'"),
+        (_sig0(lambda r, p: r.update(output=["eval", "os.system"])), "unknown node 'eval'"),
+        (_sig0(lambda r, p: r.update(match=[[], [], False])), "'match' is not a str"),
+        (_sig0(lambda r, p: r.update(match="[" * 5000 + "]" * 5000)), "'match' is not"),
+        (
+            _sig0(lambda r, p: r.update(match=json.dumps([[_nested(150, ["int", 1])], [], 0]))),
+            "'match' is nested more than",
+        ),
+        (
+            _sig0(lambda r, p: r.update(match=json.dumps([[["tensor", [2], "f"]]]))),
+            "'match' is not \\[arguments",
+        ),
+        (
+            _sig0(lambda r, p: r.update(feed_roles=["input:3", *r["feed_roles"][1:]])),
+            "feed 'input:3'",
+        ),
+        (_sig0(lambda r, p: r.update(ir="ir/9")), "names no part"),
+        (_sig0(lambda r, p: r.update(result_roles="output:0")), "not a list of role names"),
+        (lambda m, p: m["signatures"].__setitem__(0, 7), "signature 0: is not a record"),
+        (
+            _sig0(lambda r, p: (r.pop("program"), p.update({"ir/0": "builtin.module {" * 3000}))),
+            "signature 0:",
+        ),  # fmt: skip
+    ],
+)
+def test_crafted_files_raise_value_error_naming_file_and_part(tmp_path, edit, match):
+    _, path, _ = _save_case(tmp_path, "c", MLP().eval(), [((_rand(2, 16),), {})])
+    _craft(path, edit)
+    with pytest.raises(ValueError, match="c.lucidc") as info:
+        load_compiled(path)
+    assert info.match(match)
+
+
+def test_a_deeply_nested_program_part_falls_back_to_the_saved_ir(tmp_path):
+    x = _rand(2, 16)
+    _, path, outs = _save_case(tmp_path, "d", MLP().eval(), [((x,), {})])
+    _craft(path, lambda m, parts: parts.update({"program/0": "[" * 100_000 + "]" * 100_000}))
+    m = load_compiled(path)
+    assert m.cache_info()["sources"] == {m.cache_info()["keys"][0]: "ir"}
+    with lucid.no_grad():
+        assert np.array_equal(m(x).numpy(), outs[0][0])
+
+
+def test_save_compiled_through_a_symlink_keeps_the_link(tmp_path):
+    cm, path, _ = _save_case(tmp_path, "s", MLP().eval(), [((_rand(2, 16),), {})])
+    link = tmp_path / "latest.lucidc"
+    link.symlink_to(path)
+    assert save_compiled(cm, link)
+    assert link.is_symlink() and load_compiled(link).cache_info()["entries"] == 1
+
+
 def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     cm, path, _ = _save_case(tmp_path, "a", MLP().eval(), [((_rand(2, 16),), {})])
     first = path.read_bytes()

@@ -203,6 +203,27 @@ def test_rebuilt_from_the_saved_ir_when_the_program_is_not_usable(tmp_path):
         assert n == n2 and p.numpy().tobytes() == q.numpy().tobytes(), n
 
 
+def test_a_deeply_nested_step_program_is_rebuilt_from_the_ir_and_bad_match_refused(tmp_path):
+    import hashlib
+
+    from lucid import serialization
+
+    *_, plan = _train_and_save(tmp_path, "fused_step", "sgd")
+    obj = serialization.load(plan["path"])
+    manifest = json.loads(obj["manifest"])
+    for name in obj["parts"]:
+        if name.startswith("program"):
+            obj["parts"][name] = "[" * 100_000 + "]" * 100_000
+            manifest["parts"][name] = hashlib.sha256(obj["parts"][name].encode()).hexdigest()
+    obj["manifest"] = json.dumps(manifest, sort_keys=True)
+    obj["manifest_sha256"] = hashlib.sha256(obj["manifest"].encode()).hexdigest()
+    serialization.save(obj, plan["path"])
+    assert set(load_compiled(plan["path"]).cache_info()["sources"].values()) == {"ir"}
+    _rewrite_manifest(plan["path"], lambda m: m["entries"][0].update(match=[["x"]]))
+    with pytest.raises(ValueError, match="step.lucidc.*malformed"):
+        load_compiled(plan["path"])
+
+
 def test_model_given_is_trained_in_place(tmp_path):
     model, step, opt, _, xs, ys, plan = _train_and_save(tmp_path, "fused_step", "sgd")
     other = Net()

@@ -236,3 +236,143 @@ def test_a_warm_hit_and_load_compiled_skip_the_compiler_modules(cache_dir, tmp_p
         warm = run(mode)
         assert warm["out"] == cold["out"], mode
         assert not compiler & set(warm["modules"]), (mode, warm["modules"])
+
+
+def _foreign_files(folder):
+    """Files a user might keep, with every extension and name shape the cache uses."""
+    files = {
+        "config.json": b'{"lr": 0.1}',
+        "a" * 64 + ".json": b'{"not": "an entry"}',  # an entry's name, not its content
+        ".notes.tmp": b"draft",
+        "." + "b" * 64 + ".x.tmp": b"someone else's",
+        "data.npy": b"\x93NUMPY",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def _assert_untouched(folder, files):
+    for name, data in files.items():
+        assert (folder / name).read_bytes() == data, name
+
+
+def test_a_folder_the_cache_does_not_own_is_never_written_or_evicted(
+    cache_dir, monkeypatch, caplog
+):
+    files = _foreign_files(cache_dir)
+    (cache_dir / "CACHEDIR.TAG").write_bytes(b"Signature: 8a477f597d28d172789f06886806bc55\n")
+    files["CACHEDIR.TAG"] = (cache_dir / "CACHEDIR.TAG").read_bytes()  # another tool's tag
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_MAX_MB", "0.000001")
+    with caplog.at_level(logging.WARNING, logger="lucid.compile"):
+        cm, _ = _run(MLP(), lucid.randn(2, 16))
+        _run(MLP(d_hidden=8), lucid.randn(2, 16))
+    assert cm.cache_info()["entries"] == 1
+    _assert_untouched(cache_dir, files)
+    assert sorted(p.name for p in cache_dir.iterdir()) == sorted(files)
+    assert caplog.text.count("the disk cache is off for") == 1
+    assert _disk_cache.evict(str(cache_dir), 0) == []
+
+
+def test_eviction_in_its_own_folder_removes_only_its_entries(cache_dir, monkeypatch):
+    x = lucid.randn(2, 16)
+    _run(MLP(), x)  # creates the folder and its signature
+    assert (cache_dir / "CACHEDIR.TAG").read_bytes() == _disk_cache.SIGNATURE
+    files = _foreign_files(cache_dir)  # dropped in later
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_MAX_MB", "0.000001")
+    _run(MLP(d_hidden=8), x)
+    _run(MLP(d_hidden=12), x)
+    _assert_untouched(cache_dir, files)
+    left = {p.name for p in cache_dir.iterdir()} - set(files) - {"CACHEDIR.TAG"}
+    assert left == set()  # every entry of its own went (each is over the tiny cap)
+    # A folder holding only an earlier Lucid's entries is adopted.
+    monkeypatch.delenv("LUCID_COMPILE_DISK_CACHE_MAX_MB")
+    old = cache_dir.parent / "old"
+    old.mkdir()
+    monkeypatch.setenv("LUCID_COMPILE_DISK_CACHE_DIR", str(old))
+    _run(MLP(), x)
+    (entry,) = _entries(old)
+    (old / "CACHEDIR.TAG").unlink()
+    _disk_cache._OWNED.clear()
+    _run(MLP(d_hidden=8), x)
+    assert (old / "CACHEDIR.TAG").exists() and len(_entries(old)) == 2
+
+
+def _rewrite_entry(path, edit):
+    """A poisoned entry: ``edit(entry)`` applied, its checksum recomputed to match."""
+    import json
+
+    entry = json.loads(path.read_text())
+    edit(entry)
+    entry["sha256"] = _disk_cache._digest(
+        entry["feed_roles"], entry["result_roles"], entry["program"]
+    )
+    path.write_text(json.dumps(entry))
+
+
+def _program_of(model, x, folder):
+    _run(model, x)
+    (entry,) = [p for p in _entries(folder)]
+    import json
+
+    program = json.loads(entry.read_text())["program"]
+    entry.unlink()
+    return program
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        lambda e, other: e.update(feed_roles=e["feed_roles"][::-1]),
+        lambda e, other: e.update(program="[" * 100_000 + "]" * 100_000),
+        lambda e, other: e.update(program=other),  # another graph's program, the same roles
+    ],
+    ids=["roles-reversed", "nested-program", "program-of-another-graph"],
+)
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_entry_that_does_not_fit_its_graph_is_removed_and_recompiled_once(
+    cache_dir, caplog, poison, strict
+):
+    x = lucid.randn(2, 16)
+    other = _program_of(MLP(d_hidden=12).eval(), x, cache_dir)
+    model = MLP(d_hidden=8).eval()
+    _, want = _run(model, x)
+    (entry,) = _entries(cache_dir)
+    _rewrite_entry(entry, lambda e: poison(e, other))
+    with caplog.at_level(logging.WARNING, logger="lucid.compile"):
+        cm = lucid.compile(model, backend="cpu", strict=strict)
+        with lucid.no_grad():
+            got = cm(x).numpy()
+    assert got.tobytes() == want.tobytes()
+    assert not cm.cache_info()["eager_only"]
+    assert not cm.timing()[0]["from_disk"]
+    assert caplog.text.count("ignored and removed") == 1
+    # The entry was replaced by a good one: the next process is served from disk.
+    warm, got = _run(model, x)
+    assert warm.timing()[0]["from_disk"] and got.tobytes() == want.tobytes()
+
+
+def test_the_key_follows_the_code_not_the_version_string(tmp_path, monkeypatch):
+    import lucid as package
+
+    fake = tmp_path / "pkg"
+    (fake / "sub").mkdir(parents=True)
+    (fake / "__init__.py").write_text("x = 1\n")
+    (fake / "sub" / "mod.py").write_text("y = 2\n")
+    monkeypatch.setattr(package, "__file__", str(fake / "__init__.py"))
+    monkeypatch.setattr(_disk_cache, "_CODE_FINGERPRINT", [])
+    first = _disk_cache.code_fingerprint()
+    assert _disk_cache.code_fingerprint() == first  # computed once
+    (fake / "sub" / "mod.py").write_text("y = 3\n")  # an edit, __version__ unchanged
+    monkeypatch.setattr(_disk_cache, "_CODE_FINGERPRINT", [])
+    second = _disk_cache.code_fingerprint()
+    assert second != first
+
+    class Target:
+        name, pipeline, program_format = "cpu", "prim-simplify", "f/1"
+
+    monkeypatch.setattr(_disk_cache, "_CODE_FINGERPRINT", [first])
+    key_first = _disk_cache.key("{}", backend=Target, graph_pipeline="cse")
+    monkeypatch.setattr(_disk_cache, "_CODE_FINGERPRINT", [second])
+    assert _disk_cache.key("{}", backend=Target, graph_pipeline="cse") != key_first

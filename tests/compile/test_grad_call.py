@@ -3,6 +3,7 @@ grad_fn running a compiled backward; gradients against eager autograd (float64 m
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 
@@ -225,3 +226,45 @@ def test_a_compiled_scalar_loss_backpropagates_like_eager():
     assert out.shape == ()
     out.backward()
     np.testing.assert_allclose(xc.grad.numpy(), xe.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@dataclasses.dataclass
+class _WithInput:
+    y: lucid.Tensor
+    x: lucid.Tensor
+    mask: lucid.Tensor
+
+
+class _ReturnsItsInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x, mask=None):
+        return _WithInput(self.fc(x).tanh(), x, mask)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_inputs_returned_unchanged_in_grad_mode_come_back_as_themselves(strict):
+    lucid.manual_seed(0)
+    ref = _ReturnsItsInputs().double()
+    lucid.manual_seed(0)
+    got = _ReturnsItsInputs().double()
+    cm = lucid.compile(got, strict=strict)
+    data = np.random.default_rng(2).standard_normal((4, 6))
+    xs = [lucid.tensor(data, requires_grad=True) for _ in range(2)]
+    masks = [lucid.ones(4, 3, dtype=lucid.float64) for _ in range(2)]
+    want = ref(xs[0], mask=masks[0])
+    for _ in range(2):  # the compile, then a cache hit
+        for x in xs[1:]:
+            x.grad = None
+        out = cm(xs[1], mask=masks[1])
+        assert out.x is xs[1] and out.mask is masks[1]
+        np.testing.assert_allclose(out.y.detach().numpy(), want.y.detach().numpy(), rtol=1e-12)
+        ((out.y * out.mask).sum() + (out.x**2).sum()).backward()
+    ((want.y * want.mask).sum() + (want.x**2).sum()).backward()
+    assert not cm.cache_info()["eager_only"]
+    assert isinstance(next(iter(cm._entries.values())), GradEntry)
+    np.testing.assert_allclose(xs[1].grad.numpy(), xs[0].grad.numpy(), rtol=1e-12)
+    for p, q in zip(got.parameters(), ref.parameters(), strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), 2 * q.grad.numpy(), rtol=1e-12)
