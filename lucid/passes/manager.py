@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from lucid.ir import _xdsl as x
+from lucid.ir._gc import paused_gc
 from lucid.ir.text import make_context, print_ir
 from lucid.passes.registry import available_passes
 
@@ -207,6 +208,10 @@ class PassManager:
 
     def run(self, module: x.ModuleOp, ctx: x.Context | None = None) -> PipelineReport:
         """Run every pass on ``module`` in place and return the timing report."""
+        with paused_gc():  # see lucid.ir._gc: collections cost more than they free here
+            return self._run(module, ctx)
+
+    def _run(self, module: x.ModuleOp, ctx: x.Context | None) -> PipelineReport:
         inst = self.instrumentation
         ctx = ctx or make_context()
         report = PipelineReport()

@@ -21,6 +21,7 @@ from lucid._native_loader import _native
 from lucid._threads import thread_env_error
 from lucid.backends.base import Backend, Unsupported
 from lucid.backends.prim_ops import PRIM_OPS
+from lucid.ir._gc import paused_gc
 
 if TYPE_CHECKING:
     from lucid.backends.cpu.program import Program
@@ -82,11 +83,12 @@ class CPUBackend(Backend):
         from lucid.backends.cpu.kernel_fusion import fuse_kernels
         from lucid.backends.cpu.program import Program
 
-        if isinstance(module, Program):
-            program = fuse_elementwise(fuse_kernels(module)) if self.fuse else module
-        else:
-            program = self.program(module, inplace_updates=inplace_updates)
-        return _native.compile(program.describe(), self.cache)
+        with paused_gc():  # see lucid.ir._gc: collections cost more than they free here
+            if isinstance(module, Program):
+                program = fuse_elementwise(fuse_kernels(module)) if self.fuse else module
+            else:
+                program = self.program(module, inplace_updates=inplace_updates)
+            return _native.compile(program.describe(), self.cache)
 
     def bound_call(
         self, executable: Any, positions: Sequence[int], tensors: Sequence[Any], *, single: bool

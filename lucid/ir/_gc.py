@@ -1,0 +1,41 @@
+"""``paused_gc()``: the cyclic garbage collector off while a compile stage runs.
+
+A compile builds a large graph of live objects (xDSL operations, values, uses, attributes) and
+frees few of them. Python's collector runs a full collection each time the long-lived objects
+grow by a quarter, and each one walks every live object: on a 20,000-instruction training step
+that was about 40% of the compile (6 of 17 s) and most of its growth beyond linear, while
+finding almost nothing to free. Reference counting still frees acyclic garbage at once; the
+cycles a stage drops (erased operations) wait for the first collection after it.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["paused_gc"]
+
+_lock = threading.Lock()
+_depth = 0  # stages inside paused_gc, on any thread
+_was_enabled = False
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Disable the cyclic collector for the block (nested and concurrent blocks: until the last
+    one ends); it comes back on only if it was on when the first block began."""
+    global _depth, _was_enabled
+    with _lock:
+        if _depth == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _was_enabled:
+                gc.enable()
