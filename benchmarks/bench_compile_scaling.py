@@ -167,39 +167,30 @@ def check_targets(results: list[dict], exponents: dict[str, dict]) -> list[dict]
                 worst_peak = max(worst_peak or entry, entry)
             else:
                 worst = max(worst or entry, entry)
-    targets.append(
-        {
-            "target": "every stage's growth exponent",
-            "value": worst[0] if worst else None,
-            "where": worst[1] if worst else None,
-            "limit": MAX_EXPONENT,
-            "holds": _verdict(worst[0] if worst else None, MAX_EXPONENT),
-        }
-    )
+    targets.append(_target("every stage's growth exponent", worst, MAX_EXPONENT))
     for mode, limit in (("train", TRAIN_VS_JAX), ("infer", INFER_VS_JAX)):
         lucid = ok.get(("transformer", mode, PEER_DEPTH, "lucid"))
         jax = ok.get(("transformer", mode, PEER_DEPTH, "jax"))
-        ratio = lucid["first_call_s"] / jax["first_call_s"] if lucid and jax else None
+        ratio = (lucid["first_call_s"] / jax["first_call_s"], None) if lucid and jax else None
         what = "fused_step" if mode == "train" else "inference"
         targets.append(
-            {
-                "target": f"{what} first call, transformer depth {PEER_DEPTH}, vs JAX",
-                "value": ratio,
-                "limit": limit,
-                "holds": _verdict(ratio, limit),
-            }
+            _target(f"{what} first call, transformer depth {PEER_DEPTH}, vs JAX", ratio, limit)
         )
     targets.append(big_graph_target(results))
-    targets.append(
-        {
-            "target": "compile peak memory's growth exponent",
-            "value": worst_peak[0] if worst_peak else None,
-            "where": worst_peak[1] if worst_peak else None,
-            "limit": MAX_EXPONENT,
-            "holds": _verdict(worst_peak[0] if worst_peak else None, MAX_EXPONENT),
-        }
-    )
+    targets.append(_target("compile peak memory's growth exponent", worst_peak, MAX_EXPONENT))
     return targets
+
+
+def _target(what: str, measured: tuple[float, str | None] | None, limit: float) -> dict:
+    """A target's entry from ``(value, where)`` (None: not measured)."""
+    value, where = measured if measured is not None else (None, None)
+    return {
+        "target": what,
+        "value": value,
+        "where": where,
+        "limit": limit,
+        "holds": _verdict(value, limit),
+    }
 
 
 def big_graph_target(results: list[dict]) -> dict:
@@ -216,12 +207,7 @@ def big_graph_target(results: list[dict]) -> dict:
         ),
         key=lambda r: r["size"],
     )
-    target = {
-        "target": f"a {BIG_GRAPH_OPS:,}-op graph compiles (first call, s)",
-        "value": None,
-        "limit": BIG_GRAPH_S,
-        "holds": None,
-    }
+    target = _target(f"a {BIG_GRAPH_OPS:,}-op graph compiles (first call, s)", None, BIG_GRAPH_S)
     if chains:
         r = chains[0]
         value = r.get("first_call_s", r.get("budget_s"))

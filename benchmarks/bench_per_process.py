@@ -1,4 +1,4 @@
-"""Workloads A–E (docs/performance.md): every (framework, workload, phase) case in its own process.
+"""Workloads A–H (docs/performance.md): every (framework, workload, phase) case in its own process.
 
 This is the reference benchmark for ``docs/performance.md``. Users run one framework per
 process; measured together in one process, three thread pools share two cores and distort each
@@ -10,6 +10,10 @@ their order rotated from pass to pass), over ``--passes`` passes. Reported per c
 over passes of each process's median round, and the range over passes; per row, the ratio of
 Lucid compiled to the best peer measured in this run (E: to JAX jit), with the range of the
 per-pass ratios. A peer that is not installed is marked missing and never enters a ratio.
+Every row also shows Lucid compiled's first call (trace + compile + one call) against JAX's and
+its peak-RSS growth (``VmHWM`` from the model built to the last round) against the best peer's;
+for F–H, the workloads at the sizes people train (issue 21; ``--workloads FGH``, not in the
+default run), they are judged: first call at most 0.5x JAX's, peak memory at most 1.0x.
 
 Each child records the BLAS libraries it loaded (threadpoolctl when installed, else numpy's
 build config and scipy-openblas32's ``openblas_get_config``) and its thread settings; the run
@@ -22,7 +26,7 @@ again at the end; the floors use the higher of the two (so a floor is never abov
 machine showed it can do), and both are printed and stored (``sgemm`` in the JSON).
 ``--floor-gflops R`` uses R instead of measuring. Nothing is written unless asked:
 
-    python benchmarks/bench_per_process.py [--mode infer|train|all] [--workloads ABCDE]
+    python benchmarks/bench_per_process.py [--mode infer|train|all] [--workloads ABCDEFGH]
         [--cases "lucid compiled,jax"] [--passes 3] [--rounds 5] [--min-round-s 0.1]
         [--threads 2] [--no-torch-compile] [--lucid-python PATH] [--floor-gflops R]
         [--json PATH] [--chart PATH] [--write]

@@ -43,23 +43,36 @@ def input_array(model: str, n: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
-# --- Lucid ------------------------------------------------------------------------------------
+# --- Lucid and PyTorch: one definition (their nn APIs agree) ----------------------------------
 def lucid_model(model: str, n: int):
     import lucid
-    import lucid.nn as nn
+    from lucid import nn
 
     lucid.manual_seed(0)
+    return _model(model, n, lucid, nn)
+
+
+def torch_model(model: str, n: int):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return _model(model, n, torch, nn)
+
+
+def _model(model: str, n: int, lib, nn):
+    """``model`` of size ``n`` built with ``lib`` (``lucid`` or ``torch``) and its ``nn``."""
     if model == "transformer":
-        layer = nn.TransformerEncoderLayer(
-            D_MODEL, HEADS, FFN, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        layer = {"dropout": 0.0, "activation": "gelu", "batch_first": True, "norm_first": True}
+        return nn.Sequential(
+            *[nn.TransformerEncoderLayer(D_MODEL, HEADS, FFN, **layer) for _ in range(n)]
         )
-        return nn.Sequential(*[_fresh_copy(layer) for _ in range(n)])
     if model == "chain":
 
         class Chain(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.w = nn.Parameter(lucid.ones(CHAIN_WIDTH))
+                self.w = nn.Parameter(lib.ones(CHAIN_WIDTH))
 
             def forward(self, x):
                 x = x * self.w
@@ -117,94 +130,6 @@ def lucid_model(model: str, n: int):
                 return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
         return ResNet()
-    raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
-
-
-def _fresh_copy(module):
-    import copy
-
-    return copy.deepcopy(module)
-
-
-# --- PyTorch ----------------------------------------------------------------------------------
-def torch_model(model: str, n: int):
-    import torch
-    import torch.nn as tnn
-
-    torch.manual_seed(0)
-    if model == "transformer":
-        return tnn.Sequential(
-            *[
-                tnn.TransformerEncoderLayer(
-                    D_MODEL,
-                    HEADS,
-                    FFN,
-                    dropout=0.0,
-                    activation="gelu",
-                    batch_first=True,
-                    norm_first=True,
-                )
-                for _ in range(n)
-            ]
-        )
-    if model == "chain":
-
-        class Chain(tnn.Module):
-            def __init__(self):
-                super().__init__()
-                self.w = tnn.Parameter(torch.ones(CHAIN_WIDTH))
-
-            def forward(self, x):
-                x = x * self.w
-                for _ in range(n):
-                    x = torch.tanh(x * CHAIN_SCALE)
-                return x
-
-        return Chain()
-    if model == "lstm":
-        hidden = LSTM_HIDDEN
-
-        class UnrolledLSTM(tnn.Module):
-            def __init__(self):
-                super().__init__()
-                self.ih = tnn.Linear(LSTM_IN, 4 * hidden)
-                self.hh = tnn.Linear(hidden, 4 * hidden, bias=False)
-
-            def forward(self, x):
-                h = c = None
-                for t in range(x.shape[0]):
-                    g = self.ih(x[t]) if h is None else self.ih(x[t]) + self.hh(h)
-                    i, f, gg, o = g.chunk(4, dim=1)
-                    i, f, gg, o = i.sigmoid(), f.sigmoid(), gg.tanh(), o.sigmoid()
-                    c = i * gg if c is None else f * c + i * gg
-                    h = o * c.tanh()
-                return h
-
-        return UnrolledLSTM()
-    if model == "resnet":
-        ch = RESNET_CHANNELS
-
-        class Block(tnn.Module):
-            def __init__(self):
-                super().__init__()
-                self.conv1 = tnn.Conv2d(ch, ch, 3, padding=1, bias=False)
-                self.bn1 = tnn.BatchNorm2d(ch)
-                self.conv2 = tnn.Conv2d(ch, ch, 3, padding=1, bias=False)
-                self.bn2 = tnn.BatchNorm2d(ch)
-
-            def forward(self, x):
-                y = torch.relu(self.bn1(self.conv1(x)))
-                return torch.relu(x + self.bn2(self.conv2(y)))
-
-        return tnn.Sequential(
-            tnn.Conv2d(3, ch, 3, padding=1, bias=False),
-            tnn.BatchNorm2d(ch),
-            tnn.ReLU(),
-            *[Block() for _ in range(n)],
-            tnn.AdaptiveAvgPool2d(1),
-            tnn.Flatten(),
-            tnn.Linear(ch, RESNET_CLASSES),
-        )
     raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
 
 
