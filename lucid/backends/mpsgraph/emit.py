@@ -141,7 +141,7 @@ def _handles(*names: str) -> Callable[[_Handler], _Handler]:
 
 
 _UNARY = {
-    "neg": "negative", "abs": "absolute", "sign": "sign", "square": "square",
+    "neg": "negative", "abs": "absolute", "square": "square",
     "exp": "exponent", "log": "logarithm", "sqrt": "squareRoot", "rsqrt": "reverseSquareRoot",
     "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "tan": "tan", "tanh": "tanh",
     "sigmoid": "sigmoid", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "rint",
@@ -180,10 +180,27 @@ for _op, _name in _BINARY.items():
 @_handles("relu")
 def _relu(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     x = ins[0]
+    zero = c.const(0.0, x.dtype, x.rank)
     if x.dtype in P.FLOAT:  # Apple does not say what reLU does with NaN; prim keeps NaN
-        zero = c.const(0.0, x.dtype, x.rank)
         return [c.bin("maximumWithNaNPropagation", x.id, zero)]
-    return [c.un("reLU", x.id)]
+    # Integers: the plain maximum, not reLU, whose family has aborted with "kernel not found" on
+    # integer types (PyTorch issue 84995; UnaryOps.mm).
+    return [c.bin("maximum", x.id, zero)]
+
+
+@_handles("sign")
+def _sign(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x = ins[0]
+    if x.dtype in P.FLOAT:
+        return [c.un("sign", x.id)]
+    # PyTorch (UnaryOps.mm, sign_out_mps): "Sign op is not implemented in MPS as of MacOS13.0
+    # beta, so simulate it using clamp"; for integers sign is exactly the clamp to [-1, 1].
+    return [
+        c.call(
+            "clampWithTensor:minValueTensor:maxValueTensor:name:", A.tensor(x.id),
+            A.tensor(c.const(-1, x.dtype, x.rank)), A.tensor(c.const(1, x.dtype, x.rank)), A.NIL,
+        )
+    ]  # fmt: skip
 
 
 @_handles("expm1")
@@ -381,12 +398,31 @@ for _op in _REDUCTIONS:
     _HANDLERS[_op] = _make_reduction(_op)
 
 
+def _first_true_along(c: _Ctx, mask: int, axis: int, rank: int) -> tuple[int, int]:
+    """(whether any, the index of the first) true element of a Bool ``mask`` along ``axis``, as
+    Bool and Int32 tensors keeping the axis: the count of leading false elements, which needs
+    no tie rule from MPSGraph."""
+    flags = c.cast(mask, "i32")
+    axes = A.ints([axis])
+    seen = c.call("cumulativeSumWithTensor:axis:exclusive:reverse:name:", A.tensor(flags),
+                  A.integer(axis), A.boolean(False), A.boolean(False), A.NIL)  # fmt: skip
+    leading = c.cast(c.bin("equal", seen, c.const(0, "i32", max(rank, 1))), "i32")
+    first = c.call("reductionSumWithTensor:axes:name:", A.tensor(leading), axes, A.NIL)
+    most = c.call("reductionMaximumWithTensor:axes:name:", A.tensor(flags), axes, A.NIL)
+    return c.bin("greaterThan", most, c.const(0, "i32", max(rank, 1))), first
+
+
 def _make_arg_reduction(word: str) -> _Handler:
     def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
         x = ins[0]
         axis = P.normalize_axis("argmax", attrs["axis"], x.rank)
         r = c.call(f"reductionArg{word}WithTensor:axis:name:", A.tensor(x.id), A.integer(axis),
                    A.NIL)  # fmt: skip
+        if x.dtype in P.FLOAT:
+            # MPSGraph's arg reductions skip NaN (PyTorch issue 130295: argmax of a row with a
+            # NaN gives the largest finite value's index); prim says the first NaN wins.
+            has_nan, first_nan = _first_true_along(c, c.un("isNaN", x.id), axis, x.rank)
+            r = c.select(has_nan, first_nan, r)
         r = c.cast(r, outs[0].dtype)  # MPSGraph returns Int32 indices
         return [_finish_keepdims(c, r, attrs["keepdims"], outs[0], syms[0])]
 
@@ -397,19 +433,97 @@ _HANDLERS["argmax"] = _make_arg_reduction("Maximum")
 _HANDLERS["argmin"] = _make_arg_reduction("Minimum")
 
 
+# The longest row argsort emits: its keys rank * n + position must fit Int32 (rank <= n).
+ARGSORT_MAX_ROW = 46339
+
+
+def _dense_rank(c: _Ctx, key: int, x: Val, axis: int) -> int:
+    """Int32 ranks of ``key`` (Int32 or Float32, no NaN) along ``axis``: equal keys get equal
+    ranks, ordered as the keys, 0 for the smallest. Needs only that argSort orders the keys (not
+    how it orders ties): the runs of the sorted keys are numbered and scattered back."""
+    n, r = x.shape[axis], x.rank
+    zeros = c.call("constantWithScalar:shape:dataType:", A.double(0), A.shape(list(x.shape)),
+                   A.dtype("i32"))  # fmt: skip
+    if n == 1:
+        return zeros
+    order = c.call("argSortWithTensor:axis:descending:name:", A.tensor(key), A.integer(axis),
+                   A.boolean(False), A.NIL)  # fmt: skip
+    ordered = c.call("gatherAlongAxis:withUpdatesTensor:indicesTensor:name:", A.integer(axis),
+                     A.tensor(key), A.tensor(order), A.NIL)  # fmt: skip
+    # A run starts where a sorted key differs from the one before it; number the runs.
+    ends, starts = list(x.shape), [0] * r
+    ends[axis] = n - 1
+    prev = c.slice(ordered, starts, ends, [1] * r)
+    starts[axis], ends[axis] = 1, n
+    new_run = c.cast(c.bin("notEqual", c.slice(ordered, starts, ends, [1] * r), prev), "i32")
+    first = list(x.shape)
+    first[axis] = 1
+    zero = c.call("constantWithScalar:shape:dataType:", A.double(0), A.shape(first),
+                  A.dtype("i32"))  # fmt: skip
+    steps = c.call("concatTensors:dimension:name:", A.tensors([zero, new_run]), A.integer(axis),
+                   A.NIL)  # fmt: skip
+    run = c.call("cumulativeSumWithTensor:axis:exclusive:reverse:name:", A.tensor(steps),
+                 A.integer(axis), A.boolean(False), A.boolean(False), A.NIL)  # fmt: skip
+    return c.call(
+        "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name:",
+        A.integer(axis), A.tensor(zeros), A.tensor(run), A.tensor(order),
+        A.enum("MPSGraphScatterModeAdd"), A.NIL,
+    )  # fmt: skip
+
+
+def _int64_halves(c: _Ctx, x: int, rank: int) -> tuple[int, int]:
+    """The high and low 32 bits of Int64 ``x`` as Int32 keys ordered as ``x`` is: the high half
+    signed, the low half unsigned moved down by 2**31 (exact Int64 arithmetic, whichever shift
+    MPSGraph's right shift is: the halves are masked first)."""
+    mask = c.const(0xFFFFFFFF, "i64", rank)
+    high = c.bin("bitwiseAND", c.bin("bitwiseRightShift", x, c.const(32, "i64", rank)), mask)
+    negative = c.bin("greaterThanOrEqualTo", high, c.const(2**31, "i64", rank))
+    high = c.select(negative, c.bin("subtraction", high, c.const(2**32, "i64", rank)), high)
+    low = c.bin("subtraction", c.bin("bitwiseAND", x, mask), c.const(2**31, "i64", rank))
+    return c.cast(high, "i32"), c.cast(low, "i32")
+
+
 @_handles("argsort")
 def _argsort(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    # argSortWithTensor is documented for Int32, Float16 and Float32 only (PyTorch's castToIHFTypes,
+    # radar 104398441), returns zeros past 256 Int64 elements since macOS 15.4 (PyTorch issue
+    # 155560), and documents neither stability nor where NaN goes. So only Int32 and Float32 keys
+    # without NaN are sorted, and only through ranks: each key becomes rank * n + position, unique,
+    # so the last argSort has no ties to order; NaN ranks above everything (prim: NaN largest).
     x = ins[0]
+    if not x.rank:
+        return [c.const(0, "i64")]
     axis = P.normalize_axis("argsort", attrs["axis"], x.rank)
-    key = c.cast(x.id, "i32") if x.dtype == "bool" else x.id
-    r = c.call(
-        "argSortWithTensor:axis:descending:name:",
-        A.tensor(key),
-        A.integer(axis),
-        A.boolean(attrs["descending"]),
-        A.NIL,
-    )
-    return [c.cast(r, outs[0].dtype)]  # MPSGraph returns Int32 indices
+    n, r = x.shape[axis], x.rank
+    if x.sym:
+        raise EmitError("prim.argsort under a symbolic batch; compile per shape")
+    if n > ARGSORT_MAX_ROW:
+        raise EmitError(
+            f"prim.argsort of rows of {n} elements: the exact MPSGraph emission ranks keys as "
+            f"Int32 and takes rows of at most {ARGSORT_MAX_ROW}"
+        )
+    if x.dtype == "i64":
+        high, low = _int64_halves(c, x.id, r)
+        pair = c.bin(
+            "addition",
+            c.bin("multiplication", _dense_rank(c, high, x, axis), c.const(n, "i32", r)),
+            _dense_rank(c, low, x, axis),
+        )
+        rank = _dense_rank(c, pair, x, axis)
+    elif x.dtype in P.FLOAT:
+        nan = c.un("isNaN", x.id)
+        finite = c.select(nan, c.const(math.inf, x.dtype, r), x.id)
+        rank = c.select(nan, c.const(n, "i32", r), _dense_rank(c, finite, x, axis))
+    else:
+        rank = _dense_rank(c, c.cast(x.id, "i32") if x.dtype == "bool" else x.id, x, axis)
+    if attrs["descending"]:  # larger first; ties still in position order
+        rank = c.bin("subtraction", c.const(n, "i32", r), rank)
+    position = c.call("coordinateAlongAxis:withShape:name:", A.integer(axis),
+                      A.shape(list(x.shape)), A.NIL)  # fmt: skip
+    key = c.bin("addition", c.bin("multiplication", rank, c.const(n, "i32", r)), position)
+    order = c.call("argSortWithTensor:axis:descending:name:", A.tensor(key), A.integer(axis),
+                   A.boolean(False), A.NIL)  # fmt: skip
+    return [c.cast(order, outs[0].dtype)]  # MPSGraph returns Int32 indices
 
 
 @_handles("softmax")

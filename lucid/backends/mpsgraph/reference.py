@@ -180,7 +180,6 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "absolute": np.abs,
     "sign": np.sign,
     "square": np.square,
-    "reLU": lambda x: np.where(x > 0, x, np.zeros((), x.dtype)),
     "exponent": np.exp,
     "logarithm": np.log,
     "squareRoot": np.sqrt,
@@ -203,8 +202,16 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def _make_unary(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
+# signWithTensor on Int64 is "not implemented in MPS" (PyTorch UnaryOps.mm, sign_out_mps, which
+# clamps instead), and the unary family has aborted with "kernel not found" on integer types
+# (PyTorch issue 84995): the reference refuses sign on integers (reLU is not emitted at all).
+_FLOAT_ONLY_UNARY = {"sign"}
+
+
+def _make_unary(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
     def run(x: np.ndarray, _name: None) -> np.ndarray:
+        if name in _FLOAT_ONLY_UNARY and x.dtype.kind != "f":
+            raise MPSGraphAbort(f"{name}WithTensor on {x.dtype}: no integer kernel")
         out = np.asarray(fn(x))
         return out if out.dtype == np.bool_ else out.astype(x.dtype, copy=False)
 
@@ -212,7 +219,7 @@ def _make_unary(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndar
 
 
 for _name, _fn in _UNARY.items():
-    _IMPL[f"{_name}WithTensor:name:"] = _make_unary(_fn)
+    _IMPL[f"{_name}WithTensor:name:"] = _make_unary(_name, _fn)
 
 
 def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -360,23 +367,37 @@ for _sel, _fn in {
     _IMPL[_sel] = _make_reduction(_fn)
 
 
+# MPSGraph's arg reductions skip NaN: PyTorch issue 130295 (argmax of [.., nan at 5, ..] is 3 on
+# MPS, 5 on the CPU), fixed in PyTorch by a NaN mask and a select (PR 187039). The reference
+# skips NaN likewise (an all-NaN row gives 0), so an emission relying on NaN winning fails here.
 @_impl("reductionArgMaximumWithTensor:axis:name:")
 def _argmax(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
+    if x.dtype.kind == "f":
+        x = np.where(np.isnan(x), -np.inf, x)
     return np.argmax(x, axis=axis, keepdims=True).astype(np.int32)
 
 
 @_impl("reductionArgMinimumWithTensor:axis:name:")
 def _argmin(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
+    if x.dtype.kind == "f":
+        x = np.where(np.isnan(x), np.inf, x)
     return np.argmin(x, axis=axis, keepdims=True).astype(np.int32)
 
 
 @_impl("argSortWithTensor:axis:descending:name:")
 def _argsort(x: np.ndarray, axis: int, descending: bool, _name: None) -> np.ndarray:
-    # Assumed stable with NaN largest, as prim.argsort (Apple's documentation does not say).
-    if not descending:
-        return np.argsort(x, axis=axis, kind="stable").astype(np.int32)
-    rev = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
-    return ((x.shape[axis] - 1) - np.flip(rev, axis)).astype(np.int32)
+    # Documented for Int32, Float16 and Float32 (PyTorch OperationUtils.mm castToIHFTypes, radar
+    # 104398441); on Int64 it returns zeros or garbage past 256 elements since macOS 15.4 (PyTorch
+    # issue 155560, confirmed by Apple). Stability and NaN placement are undocumented (PyTorch
+    # issues 86750, 116567). The reference refuses the first two and orders ties last position
+    # first (a legal unstable order), so an emission relying on any of it fails here.
+    if x.dtype not in (np.int32, np.float32):
+        raise UndefinedBehavior(f"argSortWithTensor on {x.dtype} (documented: Int32, Float32)")
+    if x.dtype.kind == "f" and np.isnan(x).any():
+        raise UndefinedBehavior("argSortWithTensor: where NaN sorts is undocumented")
+    flipped = np.flip(x, axis)
+    order = np.argsort(-flipped if descending else flipped, axis=axis, kind="stable")
+    return ((x.shape[axis] - 1) - order).astype(np.int32)
 
 
 @_impl("softMaxWithTensor:axis:name:")
