@@ -878,51 +878,124 @@ def _fill(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     return [c.call("broadcastTensor:toShape:name:", A.tensor(ins[0].id), dims, A.NIL)]
 
 
-def _philox_words(c: _Ctx, state: int, count: int) -> int:
-    """``count`` Philox-4x32-10 words (Int64 holding uint32 values) of an i64[2] (key, counter)
-    state, in the order of ``prim_ops.random_words``: word i is lane i % 4 of block i // 4.
-    Everything is Int64 arithmetic: products of two 32-bit values wrap mod 2**64 (their bits
-    are those of the unsigned product), and masking with 0xFFFFFFFF after an arithmetic shift
-    gives the logical shift's bits."""
-    mask = c.const(0xFFFFFFFF, "i64")
-    k32 = c.const(32, "i64")
+# A 32-bit Philox word as two Int32 tensors (high, low), each a 16-bit limb in [0, 2**16).
+_Word = tuple[int, int]
+_LIMB = 0xFFFF
 
-    def lo(v: int) -> int:
-        return c.bin("bitwiseAND", v, mask)
 
-    def hi(v: int) -> int:
-        return lo(c.bin("bitwiseRightShift", v, k32))
+class _Limbs:
+    """32-bit unsigned arithmetic on 16-bit limbs held in Int32: every intermediate value stays
+    below 2**28, so no operation wraps, and shifts act on non-negative values only (arithmetic
+    and logical shifts agree). MPSGraph's Int64 multiplication wrap-around and Int64 bit
+    operations are undocumented and have regressed across macOS releases (PyTorch issues 78848,
+    195595); Philox is defined on 32-bit words, so it needs none of them."""
 
-    key = c.reshape(c.slice(state, [0], [1], [1]), [])
-    counter = c.reshape(c.slice(state, [1], [2], [1]), [])
+    def __init__(self, c: _Ctx):
+        self.c = c
+        self._consts: dict[int, int] = {}
+
+    def k(self, value: int) -> int:
+        if value not in self._consts:
+            self._consts[value] = self.c.const(value, "i32", 1)
+        return self._consts[value]
+
+    def band(self, v: int, mask: int) -> int:
+        return self.c.bin("bitwiseAND", v, self.k(mask))
+
+    def shr(self, v: int, bits: int) -> int:
+        return self.c.bin("bitwiseRightShift", v, self.k(bits))
+
+    def add(self, a: int, b: int) -> int:
+        return self.c.bin("addition", a, b)
+
+    def mul(self, a: int, b: int) -> int:
+        return self.c.bin("multiplication", a, b)
+
+    def xor(self, a: _Word, b: _Word) -> _Word:
+        return self.c.bin("bitwiseXOR", a[0], b[0]), self.c.bin("bitwiseXOR", a[1], b[1])
+
+    def normalize(self, limbs: list[int]) -> list[int]:
+        """Carries propagated: each limb back in [0, 2**16) (the top one's carry dropped)."""
+        out = []
+        carry = None
+        for i, limb in enumerate(limbs):
+            v = limb if carry is None else self.add(limb, carry)
+            if i + 1 < len(limbs):
+                carry = self.shr(v, 16)
+            out.append(self.band(v, _LIMB))
+        return out
+
+    def add_const(self, a: _Word, value: int) -> _Word:
+        high, low = self.normalize([self.add(a[1], self.k(value & _LIMB)),
+                                    self.add(a[0], self.k(value >> 16))])  # fmt: skip
+        return low, high
+
+    def mulhilo(self, m: int, x: _Word) -> tuple[_Word, _Word]:
+        """(high word, low word) of the 64-bit product of the constant ``m`` and ``x``: byte
+        times limb partial products (below 2**24) summed into four 16-bit limbs."""
+        limbs: list[list[int]] = [[], [], [], []]
+        for j, part in enumerate((x[1], x[0])):  # x's low limb, then its high limb
+            for i in range(4):
+                byte = (m >> (8 * i)) & 0xFF
+                if not byte:
+                    continue
+                t = self.mul(part, self.k(byte))  # at bit 8 * i + 16 * j
+                at = i // 2 + j
+                if i % 2 == 0:
+                    limbs[at].append(t)
+                else:  # half a limb up: its low byte shifted into this limb, the rest the next
+                    limbs[at].append(self.mul(self.band(t, 0xFF), self.k(256)))
+                    limbs[at + 1].append(self.shr(t, 8))
+        sums = []
+        for terms in limbs:
+            total = terms[0] if terms else self.k(0)
+            for t in terms[1:]:
+                total = self.add(total, t)
+            sums.append(total)
+        p0, p1, p2, p3 = self.normalize(sums)
+        return (p3, p2), (p1, p0)
+
+
+def _state_words(c: _Ctx, state: int) -> tuple[_Word, _Word, _Word, _Word]:
+    """(key low, key high, counter low, counter high) of an i64[2] (key, counter) state as
+    16-bit limbs: each limb is shifted down and masked while still Int64 (two scalars; masking
+    after the shift makes the shift's kind irrelevant), then cast to Int32 exactly."""
+    words = []
+    for lane in (0, 1):
+        v = c.slice(state, [lane], [lane + 1], [1])
+        limbs = []
+        for shift in (0, 16, 32, 48):
+            part = v if not shift else c.bin("bitwiseRightShift", v, c.const(shift, "i64", 1))
+            limbs.append(c.cast(c.bin("bitwiseAND", part, c.const(_LIMB, "i64", 1)), "i32"))
+        words += [(limbs[1], limbs[0]), (limbs[3], limbs[2])]
+    return words[0], words[1], words[2], words[3]
+
+
+def _philox_top24(c: _Ctx, state: int, count: int) -> int:
+    """The top 24 bits (Int32) of ``count`` Philox-4x32-10 words of an i64[2] (key, counter)
+    state, in the order of ``prim_ops.random_words``: word i is lane i % 4 of block i // 4."""
+    z = _Limbs(c)
+    key_lo, key_hi, counter_lo, counter_hi = _state_words(c, state)
     blocks = (count + 3) // 4
-    block = c.cast(
-        c.call("coordinateAlongAxis:withShape:name:", A.integer(0), A.shape([blocks]), A.NIL),
-        "i64",
-    )
-    x = [lo(block), hi(block), lo(counter), hi(counter)]
-    k = [lo(key), hi(key)]
-    m = [c.const(PHILOX_M[0], "i64"), c.const(PHILOX_M[1], "i64")]
-    w = [c.const(PHILOX_W[0], "i64"), c.const(PHILOX_W[1], "i64")]
+    block = c.call("coordinateAlongAxis:withShape:name:", A.integer(0), A.shape([blocks]), A.NIL)
+    zero = z.k(0)
+    x = [(z.shr(block, 16), z.band(block, _LIMB)), (zero, zero), counter_lo, counter_hi]
+    k = [key_lo, key_hi]
     for _ in range(10):
-        p0, p1 = c.bin("multiplication", m[0], x[0]), c.bin("multiplication", m[1], x[2])
-        x = [
-            c.bin("bitwiseXOR", c.bin("bitwiseXOR", hi(p1), x[1]), k[0]),
-            lo(p1),
-            c.bin("bitwiseXOR", c.bin("bitwiseXOR", hi(p0), x[3]), k[1]),
-            lo(p0),
-        ]
-        k = [lo(c.bin("addition", k[0], w[0])), lo(c.bin("addition", k[1], w[1]))]
-    # Lanes computed on a scalar counter stay scalar until the first round; broadcast all four.
-    zero = c.const(0, "i64", 1)
-    lanes = [c.bin("addition", lane, zero) for lane in x]
+        hi0, lo0 = z.mulhilo(PHILOX_M[0], x[0])
+        hi1, lo1 = z.mulhilo(PHILOX_M[1], x[2])
+        x = [z.xor(z.xor(hi1, x[1]), k[0]), lo1, z.xor(z.xor(hi0, x[3]), k[1]), lo0]
+        k = [z.add_const(k[0], PHILOX_W[0]), z.add_const(k[1], PHILOX_W[1])]
+    # word >> 8 = high * 2**8 + (low >> 8), below 2**24; lanes on the counter alone are (1,)
+    # and broadcast against the blocks when added.
+    top = [z.add(z.mul(high, z.k(256)), z.shr(low, 8)) for high, low in x]
+    lanes = [c.bin("addition", lane, c.const(0, "i32", 1)) for lane in top]
     words = c.call("stackTensors:axis:name:", A.tensors(lanes), A.integer(1), A.NIL)
     return c.slice(c.reshape(words, [4 * blocks]), [0], [count], [1])
 
 
 def _uniform01_f32(c: _Ctx, state: int, count: int) -> int:
-    words = _philox_words(c, state, count)
-    top24 = c.bin("bitwiseRightShift", words, c.const(8, "i64"))
+    top24 = _philox_top24(c, state, count)
     return c.bin("multiplication", c.cast(top24, "f32"), c.const(2.0**-24, "f32"))
 
 

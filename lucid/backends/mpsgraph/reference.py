@@ -61,11 +61,36 @@ def _arg(a: dict) -> Any:
     return a[kind]
 
 
+# Integer arithmetic whose overflow Apple does not document (MPSGraph's Int64 arithmetic has
+# regressed across releases: PyTorch issues 78848, 195595).
+_WRAPPING = {
+    f"{name}WithPrimaryTensor:secondaryTensor:name:": fn
+    for name, fn in (("addition", np.add), ("subtraction", np.subtract),
+                     ("multiplication", np.multiply))
+}  # fmt: skip
+
+
+def _check_no_wrap(sel: str, args: list, out: Any) -> None:
+    a, b = args[0], args[1]
+    if a.dtype.kind != "i":
+        return
+    exact = _WRAPPING[sel](a.astype(object), b.astype(object))
+    if np.any(np.asarray(exact != np.asarray(out).astype(object))):
+        raise UndefinedBehavior(f"{sel} overflows {a.dtype} (wrap-around is undocumented)")
+
+
 def run_program(
-    program: dict, feeds: Sequence[np.ndarray], *, validated: bool = False
+    program: dict,
+    feeds: Sequence[np.ndarray],
+    *,
+    validated: bool = False,
+    exact_integers: bool = False,
 ) -> list[np.ndarray]:
     """Run a recorded program on ``feeds`` (numpy arrays in placeholder order); ``validated``
-    skips re-checking a program already checked by ``program.validate``."""
+    skips re-checking a program already checked by ``program.validate``. ``exact_integers``
+    refuses integer addition, subtraction and multiplication that wrap (``UndefinedBehavior``):
+    for emissions that must not rely on wrap-around (the Philox stream); a user's own integer
+    arithmetic wraps as prim defines it."""
     if not validated:
         A.validate(program)
     phs = program["placeholders"]
@@ -101,6 +126,8 @@ def run_program(
                 raise A.ProgramError(f"the reference builder does not implement {sel}")
             try:
                 out = impl(*args)
+                if exact_integers and sel in _WRAPPING:
+                    _check_no_wrap(sel, args, out)
             except (MPSGraphAbort, UndefinedBehavior):
                 raise
             except (ValueError, IndexError) as e:

@@ -646,8 +646,10 @@ EMISSION_NOTES: dict[str, str] = {
     "the values pass through (identity)",
     "avg_pool2d_grad": "a zero source tensor of the input shape (the method reads only its shape)",
     "fill": "broadcast of the 0-d value",
-    "random_uniform": "Philox-4x32-10 as Int64 arithmetic: the same stream as eager and the CPU",
-    "random_normal": "Philox-4x32-10 uniforms, then Box–Muller (same stream as eager)",
+    "random_uniform": "Philox-4x32-10 on 16-bit limbs in Int32 (nothing wraps): the same "
+    "stream as eager and the CPU",
+    "random_normal": "Philox-4x32-10 uniforms (16-bit limbs in Int32), then Box–Muller (same "
+    "stream as eager)",
 }
 
 

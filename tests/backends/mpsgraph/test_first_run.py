@@ -240,3 +240,29 @@ def test_8_integer_sign_and_relu_avoid_the_integer_kernels(name, dtype):
     np.testing.assert_array_equal(got, P.evaluate(name, [x], {})[0])
     used = {c["selector"] for c in prog["calls"]}
     assert not used & {"signWithTensor:name:", "reLUWithTensor:name:"}, used
+
+
+# --- 7. the Philox stream in 32-bit halves ------------------------------------------------------
+@pytest.mark.parametrize(
+    "state",
+    [[-1, 2**63 - 1], [0, 0], [-(2**63), -1], [0x0123456789ABCDEF, 2**32 - 1]],
+    ids=["all_ones_key", "zeros", "extremes", "mixed"],
+)
+@pytest.mark.parametrize("name", ["random_uniform", "random_normal"])
+def test_7_philox_never_wraps_and_equals_eagers_stream_bit_for_bit(name, state):
+    from lucid.backends.mpsgraph.emit import Val, emit_op
+    from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
+
+    attrs = {"shape": [4096]} if name == "random_uniform" else {"shape": [33]}
+    b = ReferenceBuilder()
+    key = Val(b.placeholder((2,), "i64", "input:0"), (2,), "i64")
+    (out,), _ = emit_op(b, name, [key], attrs)
+    prog = b.program([out.id], [])
+    state = np.array(state, np.int64)
+    # exact_integers: any Int32/Int64 addition, subtraction or multiplication that wraps raises.
+    (got,) = run_program(prog, [state], exact_integers=True)
+    want = P.evaluate(name, [state], attrs)[0]
+    if name == "random_uniform":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
