@@ -241,19 +241,47 @@ _HANDLERS["minimum"] = _make_extremum("minimum")
 
 
 def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, int, int, int]:
-    """(floor quotient, floor remainder, zero-divisor mask, safe divisor) of integer a / b:
-    MPSGraph's integer division truncates toward zero (C semantics) and a zero divisor is
-    undefined, so divide by 1 there and correct toward -inf where the signs differ."""
+    """(floor quotient, floor remainder, zero-divisor mask, zero) of integer a / b, exact.
+
+    Apple documents nothing about integer ``division``, and PyTorch divides integers through
+    Float32 (BinaryOps.mm, div_mode_template), which is inexact above 2**24. So ``division``
+    serves only as an estimate q of a / b (good to a relative 2**-21 and one unit), refined
+    twice (i32) or three times (i64) by dividing the remainder r = a - q·b again, then moved by
+    exact steps until r lies in [0, b) (or (b, 0]). int32 works in Int64, where q·b cannot
+    overflow; int64 is exact for |a| < 2**62 with such an estimate, and for every value when
+    the division is exact. A zero divisor divides by 1 (the caller masks the result)."""
     a, b, dt = ins[0].id, ins[1].id, ins[0].dtype
-    zero = c.const(0, dt, out_rank)
+    r_ = out_rank
+    zero = c.const(0, dt, r_)
     is_zero = c.bin("equal", b, zero)
-    safe_b = c.select(is_zero, c.const(1, dt, out_rank), b)
+    safe_b = c.select(is_zero, c.const(1, dt, r_), b)
+    work = "i64"
+    if dt == "i32":
+        a, safe_b = c.cast(a, work), c.cast(safe_b, work)
+    wzero, wone = c.const(0, work, r_), c.const(1, work, r_)
     q = c.bin("division", a, safe_b)
     r = c.bin("subtraction", a, c.bin("multiplication", q, safe_b))
-    differ = c.bin("logicalXOR", c.bin("lessThan", r, zero), c.bin("lessThan", safe_b, zero))
-    adjust = c.bin("logicalAND", c.bin("notEqual", r, zero), differ)
-    q = c.select(adjust, c.bin("subtraction", q, c.const(1, dt, out_rank)), q)
-    r = c.select(adjust, c.bin("addition", r, safe_b), r)
+    for _ in range(2 if dt == "i32" else 3):
+        step = c.bin("division", r, safe_b)
+        q = c.bin("addition", q, step)
+        r = c.bin("subtraction", r, c.bin("multiplication", step, safe_b))
+    b_negative = c.bin("lessThan", safe_b, wzero)
+    for _ in range(2):
+        # r on the far side of b (|r| >= |b|, same sign): one more b out.
+        over = c.select(
+            b_negative,
+            c.bin("lessThanOrEqualTo", r, safe_b),
+            c.bin("greaterThanOrEqualTo", r, safe_b),
+        )
+        q = c.select(over, c.bin("addition", q, wone), q)
+        r = c.select(over, c.bin("subtraction", r, safe_b), r)
+        # r nonzero with the sign opposite to b's: floor moves q down by one.
+        differ = c.bin("logicalXOR", c.bin("lessThan", r, wzero), b_negative)
+        under = c.bin("logicalAND", c.bin("notEqual", r, wzero), differ)
+        q = c.select(under, c.bin("subtraction", q, wone), q)
+        r = c.select(under, c.bin("addition", r, safe_b), r)
+    if dt == "i32":
+        q, r = c.cast(q, dt), c.cast(r, dt)
     return q, r, is_zero, zero
 
 

@@ -335,7 +335,8 @@ _SELECT = "selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:na
 _INT_DIVISION = (
     f"division{_BIN}", f"multiplication{_BIN}", f"subtraction{_BIN}", f"addition{_BIN}",
     f"equal{_BIN}", f"notEqual{_BIN}", f"lessThan{_BIN}", f"logicalAND{_BIN}",
-    f"logicalXOR{_BIN}", _SELECT, _C,
+    f"logicalXOR{_BIN}", _SELECT, _C, "castTensor:toType:name:", f"lessThanOrEqualTo{_BIN}",
+    f"greaterThanOrEqualTo{_BIN}",
 )  # fmt: skip
 _PHILOX = (
     f"bitwiseXOR{_BIN}",
@@ -619,10 +620,10 @@ EMISSION_NOTES: dict[str, str] = {
     "log1p": "u = 1 + x; log(u)·x/(u − 1), x where u = 1, u where u = +inf (Goldberg's trick)",
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
-    "floor_divide": "floats: floor(a / b); integers: truncating division corrected toward −inf, "
-    "a zero divisor gives 0",
+    "floor_divide": "floats: floor(a / b); integers: division as an estimate, refined and "
+    "corrected exactly (int32 in Int64), a zero divisor gives 0",
     "remainder": "floats: floorModulo, NaN for a zero divisor (floorModulo gives 0); integers: "
-    "a − b·floor_divide(a, b), a zero divisor gives 0",
+    "the remainder of floor_divide's exact steps, a zero divisor gives 0",
     "cast": "float → int: truncate, clamp, NaN → 0, ≥ 2^(bits−1) → the integer maximum; "
     "→ bool: x ≠ 0",
     "matmul": "transposeTensor on the last two axes for transpose_a/transpose_b",

@@ -266,3 +266,25 @@ def test_7_philox_never_wraps_and_equals_eagers_stream_bit_for_bit(name, state):
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# --- 9. exact integer floor_divide and remainder ------------------------------------------------
+def _division_operands(dtype, limit, rng):
+    info = np.iinfo(dtype)
+    big = [info.max, info.min + 1, limit - 1, -(limit - 1), 2**40 + 7, -(2**40 + 7), 7, -7, 0]
+    a = [v for v in big if -limit < v < limit and info.min < v <= info.max]
+    a += list(rng.integers(-limit + 1, limit, 40))
+    b = [3, -3, 2, -2, 1, -1, 7, info.max, info.min + 1, 2**20 + 1, -(2**13) - 5, 0]
+    b += list(rng.integers(info.min + 1, info.max, 20))
+    a_grid, b_grid = np.meshgrid(np.array(a, dtype), np.array(b, dtype))
+    return a_grid.ravel(), b_grid.ravel()
+
+
+@pytest.mark.parametrize("dtype, limit", [(np.int32, 2**31), (np.int64, 2**62)])
+@pytest.mark.parametrize("name", ["floor_divide", "remainder"])
+def test_9_integer_division_is_exact_with_a_float32_quotient(name, dtype, limit):
+    # The reference divides integers through Float32 (as PyTorch's MPS backend does); the
+    # emission must still be exact: int32 over its whole range, int64 for |a| < 2**62.
+    a, b = _division_operands(dtype, limit, np.random.default_rng(24))
+    (got,), _, _ = emit_and_run(name, [a, b], {})
+    np.testing.assert_array_equal(got, P.evaluate(name, [a, b], {})[0])
