@@ -29,7 +29,7 @@ import numpy as np
 
 from lucid.backends import prim_ops as P
 
-__all__ = ["CASES", "Case", "check_case", "main", "run_isolated"]
+__all__ = ["CASES", "Case", "check_case", "main", "run_emission", "run_isolated"]
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ CASES: dict[str, Case] = {
 }
 
 
-def _run(op: str, arrays: list[np.ndarray], attrs: dict[str, Any], device: bool) -> list:
+def run_emission(op: str, arrays: list[np.ndarray], attrs: dict[str, Any], device: bool) -> list:
     """The prim op's emission run on the device (native) or by the reference builder."""
     from lucid.backends.mpsgraph.emit import Val, emit_op, mps_dims
     from lucid.backends.mpsgraph.native import NativeBuilder
@@ -305,10 +305,10 @@ def check_case(name: str, device: bool) -> dict[str, str]:
     """One case, in this process: the device (or reference) against the reference and prim."""
     case = CASES[name]
     arrays = [np.asarray(a) for a in case.inputs()]
-    got = _run(case.op, arrays, case.attrs, device)
+    got = run_emission(case.op, arrays, case.attrs, device)
     row = {"case": name, "op": case.op, "note": case.note}
     try:
-        ok, detail = _compare(got, _run(case.op, arrays, case.attrs, False), case.tolerance)
+        ok, detail = _compare(got, run_emission(case.op, arrays, case.attrs, False), case.tolerance)
         row["reference"] = ("agrees" if ok else "DIFFERS") + f" ({detail})"
     except ArithmeticError as e:  # UndefinedBehavior: Apple leaves it undefined
         row["reference"] = f"undefined there ({e}); the device gives {got[0].reshape(-1)[:6]}"
