@@ -26,3 +26,17 @@ def test_a_crashing_test_is_reported(tmp_path):
     crash.write_text("import os\n\ndef test_abort():\n    os.abort()\n")
     kind, detail = runner.outcome(f"{crash}::test_abort")
     assert kind == "crashed" and detail.startswith("signal 6"), (kind, detail)
+
+
+def test_the_macos_workflow_builds_on_hosted_and_runs_the_device_on_self_hosted():
+    text = (runner.REPO / ".github" / "workflows" / "macos.yml").read_text()
+    build, device = text.split("\n  device:\n")
+    assert "runs-on: macos-14" in build and 'MACOSX_DEPLOYMENT_TARGET: "14.0"' in build
+    assert "self-hosted" in device and "matrix:" in device
+    assert "macos-14" in device and "macos-15" in device
+    assert "tests/backends/mpsgraph/run_macos_tests.py" in device
+    assert "python -m lucid.backends.mpsgraph.selfcheck" in device
+    # Every repository path the workflow names exists.
+    for path in re.findall(r"(?:tests|lucid|native)/[\w/.*-]+", text):
+        if "*" not in path:
+            assert (runner.REPO / path).exists(), path
