@@ -184,7 +184,7 @@ def _relu(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     if x.dtype in P.FLOAT:  # Apple does not say what reLU does with NaN; prim keeps NaN
         return [c.bin("maximumWithNaNPropagation", x.id, zero)]
     # Integers: the plain maximum, not reLU, whose family has aborted with "kernel not found" on
-    # integer types (PyTorch issue 84995; UnaryOps.mm).
+    # integer types (PyTorch #84995; UnaryOps.mm).
     return [c.bin("maximum", x.id, zero)]
 
 
@@ -447,7 +447,7 @@ def _make_arg_reduction(word: str) -> _Handler:
         r = c.call(f"reductionArg{word}WithTensor:axis:name:", A.tensor(x.id), A.integer(axis),
                    A.NIL)  # fmt: skip
         if x.dtype in P.FLOAT:
-            # MPSGraph's arg reductions skip NaN (PyTorch issue 130295: argmax of a row with a
+            # MPSGraph's arg reductions skip NaN (PyTorch #130295: argmax of a row with a
             # NaN gives the largest finite value's index); prim says the first NaN wins.
             has_nan, first_nan = _first_true_along(c, c.un("isNaN", x.id), axis, x.rank)
             r = c.select(has_nan, first_nan, r)
@@ -915,8 +915,8 @@ class _Limbs:
     """32-bit unsigned arithmetic on 16-bit limbs held in Int32: every intermediate value stays
     below 2**28, so no operation wraps, and shifts act on non-negative values only (arithmetic
     and logical shifts agree). MPSGraph's Int64 multiplication wrap-around and Int64 bit
-    operations are undocumented and have regressed across macOS releases (PyTorch issues 78848,
-    195595); Philox is defined on 32-bit words, so it needs none of them."""
+    operations are undocumented and have regressed across macOS releases (PyTorch #78848,
+    #195595); Philox is defined on 32-bit words, so it needs none of them."""
 
     def __init__(self, c: _Ctx):
         self.c = c

@@ -57,7 +57,7 @@ def _type_problem(t: x.Attribute) -> str | None:
 
 # MPSGraph's matrixMultiplication "returns silently incorrect results if one of the matrix
 # dimensions is greater than 2**15" before macOS 14.4 (PyTorch LinearAlgebra.mm, use_metal_mm;
-# PyTorch issue 116769).
+# PyTorch #116769).
 _MATMUL_DIM_LIMIT = 2**15
 _MATMUL_FIXED_IN = (14, 4)
 

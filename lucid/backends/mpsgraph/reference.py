@@ -62,7 +62,7 @@ def _arg(a: dict) -> Any:
 
 
 # Integer arithmetic whose overflow Apple does not document (MPSGraph's Int64 arithmetic has
-# regressed across releases: PyTorch issues 78848, 195595).
+# regressed across releases: PyTorch #78848, #195595).
 _WRAPPING = {
     f"{name}WithPrimaryTensor:secondaryTensor:name:": fn
     for name, fn in (("addition", np.add), ("subtraction", np.subtract),
@@ -231,7 +231,7 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 # signWithTensor on Int64 is "not implemented in MPS" (PyTorch UnaryOps.mm, sign_out_mps, which
 # clamps instead), and the unary family has aborted with "kernel not found" on integer types
-# (PyTorch issue 84995): the reference refuses sign on integers (reLU is not emitted at all).
+# (PyTorch #84995): the reference refuses sign on integers (reLU is not emitted at all).
 _FLOAT_ONLY_UNARY = {"sign"}
 
 
@@ -400,7 +400,7 @@ for _sel, _fn in {
     _IMPL[_sel] = _make_reduction(_fn)
 
 
-# MPSGraph's arg reductions skip NaN: PyTorch issue 130295 (argmax of [.., nan at 5, ..] is 3 on
+# MPSGraph's arg reductions skip NaN: PyTorch #130295 (argmax of [.., nan at 5, ..] is 3 on
 # MPS, 5 on the CPU), fixed in PyTorch by a NaN mask and a select (PR 187039). The reference
 # skips NaN likewise (an all-NaN row gives 0), so an emission relying on NaN winning fails here.
 @_impl("reductionArgMaximumWithTensor:axis:name:")
@@ -421,8 +421,8 @@ def _argmin(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
 def _argsort(x: np.ndarray, axis: int, descending: bool, _name: None) -> np.ndarray:
     # Documented for Int32, Float16 and Float32 (PyTorch OperationUtils.mm castToIHFTypes, radar
     # 104398441); on Int64 it returns zeros or garbage past 256 elements since macOS 15.4 (PyTorch
-    # issue 155560, confirmed by Apple). Stability and NaN placement are undocumented (PyTorch
-    # issues 86750, 116567). The reference refuses the first two and orders ties last position
+    # #155560, confirmed by Apple). Stability and NaN placement are undocumented (PyTorch
+    # #86750, #116567). The reference refuses the first two and orders ties last position
     # first (a legal unstable order), so an emission relying on any of it fails here.
     if x.dtype not in (np.int32, np.float32):
         raise UndefinedBehavior(f"argSortWithTensor on {x.dtype} (documented: Int32, Float32)")
