@@ -347,6 +347,21 @@ _PHILOX = (
     f"multiplication{_BIN}", f"addition{_BIN}", "stackTensors:axis:name:",
 )  # fmt: skip
 
+# What argmax/argmin call besides their reduction: the Int64 cast, the keepdims reshape and the
+# first-NaN selection.
+_ARG_REDUCTION = (
+    "castTensor:toType:name:",
+    "reshapeTensor:withShape:name:",
+    "isNaNWithTensor:name:",
+    "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
+    f"equal{_BIN}",
+    f"greaterThan{_BIN}",
+    "reductionSumWithTensor:axes:name:",
+    "reductionMaximumWithTensor:axes:name:",
+    _SELECT,
+    _C,
+)
+
 EMISSIONS: dict[str, tuple[str, ...]] = {
     **{
         op: (f"{name}WithTensor:name:",)
@@ -478,32 +493,8 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         "reshapeTensor:withShape:name:",
         f"subtraction{_BIN}",
     ),  # fmt: skip
-    "argmax": (
-        "reductionArgMaximumWithTensor:axis:name:",
-        "castTensor:toType:name:",
-        "reshapeTensor:withShape:name:",
-        "isNaNWithTensor:name:",
-        "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
-        f"equal{_BIN}",
-        f"greaterThan{_BIN}",
-        "reductionSumWithTensor:axes:name:",
-        "reductionMaximumWithTensor:axes:name:",
-        _SELECT,
-        _C,
-    ),  # fmt: skip
-    "argmin": (
-        "reductionArgMinimumWithTensor:axis:name:",
-        "castTensor:toType:name:",
-        "reshapeTensor:withShape:name:",
-        "isNaNWithTensor:name:",
-        "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
-        f"equal{_BIN}",
-        f"greaterThan{_BIN}",
-        "reductionSumWithTensor:axes:name:",
-        "reductionMaximumWithTensor:axes:name:",
-        _SELECT,
-        _C,
-    ),  # fmt: skip
+    "argmax": ("reductionArgMaximumWithTensor:axis:name:", *_ARG_REDUCTION),
+    "argmin": ("reductionArgMinimumWithTensor:axis:name:", *_ARG_REDUCTION),
     "argsort": (
         "argSortWithTensor:axis:descending:name:",
         "castTensor:toType:name:",

@@ -78,20 +78,16 @@ CASES: dict[str, Case] = {
         op: Case(op, lambda: [_rand((4,), "bool"), _rand((4,), "bool", 1)])
         for op in ("logical_and", "logical_or", "logical_xor")
     },  # fmt: skip
-    "floor_divide": Case(
-        "floor_divide",
-        lambda: [
-            np.array([7, -7, 2**40 + 7, -(2**40 + 7), 0, 5], np.int64),
-            np.array([2, 2, 3, 3, 0, -2], np.int64),
-        ],
-    ),  # fmt: skip
-    "remainder": Case(
-        "remainder",
-        lambda: [
-            np.array([7, -7, 2**40 + 7, -(2**40 + 7), 0, 5], np.int64),
-            np.array([2, 2, 3, 3, 0, -2], np.int64),
-        ],
-    ),  # fmt: skip
+    **{
+        op: Case(
+            op,
+            lambda: [
+                np.array([7, -7, 2**40 + 7, -(2**40 + 7), 0, 5], np.int64),
+                np.array([2, 2, 3, 3, 0, -2], np.int64),
+            ],
+        )
+        for op in ("floor_divide", "remainder")
+    },  # fmt: skip
     "remainder_float": Case(
         "remainder", lambda: [_rand((4,)), np.array([0.0, -0.0, 2.5, -1.0], np.float32)]
     ),
