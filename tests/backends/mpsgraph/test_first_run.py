@@ -288,3 +288,11 @@ def test_9_integer_division_is_exact_with_a_float32_quotient(name, dtype, limit)
     a, b = _division_operands(dtype, limit, np.random.default_rng(24))
     (got,), _, _ = emit_and_run(name, [a, b], {})
     np.testing.assert_array_equal(got, P.evaluate(name, [a, b], {})[0])
+
+
+def test_10_the_program_format_refuses_rank0_and_empty_placeholders():
+    for shape in ((), (0, 3)):
+        b = RecordingBuilder()
+        b.placeholder(shape, "f32", "input:0")
+        with pytest.raises(ProgramError, match="rank 0|bad shape"):
+            b.program([0], [])
