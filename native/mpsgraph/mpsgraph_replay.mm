@@ -530,10 +530,6 @@ const ReplayEntry kReplayTable[] = {
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g squareWithTensor:a.tensor(0) name:a.name(1)]);
      }},
-    {"reLUWithTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g reLUWithTensor:a.tensor(0) name:a.name(1)]);
-     }},
     {"exponentWithTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g exponentWithTensor:a.tensor(0) name:a.name(1)]);

@@ -20,7 +20,12 @@ from lucid.backends.base import Backend
 from lucid.backends.mpsgraph import program as A
 from lucid.backends.mpsgraph.emit import HANDLED_OPS, EmitError, emit_module
 from lucid.backends.mpsgraph.legalize import MPSGraphUnsupported, legalize, legalize_refusal
-from lucid.backends.mpsgraph.native import MPSGraphUnavailable, NativeBuilder, native_status
+from lucid.backends.mpsgraph.native import (
+    MPSGraphUnavailable,
+    NativeBuilder,
+    macos_version,
+    native_status,
+)
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
 from lucid.backends.mpsgraph.symbolic import SymbolicUnsafe, symbolic_dims
@@ -153,6 +158,10 @@ class MPSGraphReferenceBackend(Backend):
     def available(self) -> tuple[bool, str]:
         return True, ""
 
+    def _macos(self) -> tuple[int, ...] | None:
+        """The macOS version whose bugs legalization works around (None: any)."""
+        return None
+
     def supported_ops(self) -> frozenset[str]:
         return frozenset(EMISSIONS) & HANDLED_OPS
 
@@ -182,7 +191,7 @@ class MPSGraphReferenceBackend(Backend):
         builder: A.RecordingBuilder | None = None,
     ) -> tuple[dict, Any, Boundary]:
         """:meth:`record` and the :class:`Boundary` between the function and the program."""
-        legalize(module)
+        legalize(module, self._macos())
         b = builder if builder is not None else A.RecordingBuilder()
         emitted = emit_module(module, b, inplace_updates=inplace_updates, symbolic=symbolic)
         program, boundary = bind(b, emitted)
@@ -264,6 +273,9 @@ class MPSGraphBackend(MPSGraphReferenceBackend):
 
     def available(self) -> tuple[bool, str]:
         return native_status()
+
+    def _macos(self) -> tuple[int, ...] | None:
+        return macos_version()
 
     def _runner(self, program: dict) -> Any:
         ok, reason = native_status()

@@ -141,7 +141,7 @@ def _handles(*names: str) -> Callable[[_Handler], _Handler]:
 
 
 _UNARY = {
-    "neg": "negative", "abs": "absolute", "sign": "sign", "square": "square",
+    "neg": "negative", "abs": "absolute", "square": "square",
     "exp": "exponent", "log": "logarithm", "sqrt": "squareRoot", "rsqrt": "reverseSquareRoot",
     "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "tan": "tan", "tanh": "tanh",
     "sigmoid": "sigmoid", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "rint",
@@ -180,10 +180,27 @@ for _op, _name in _BINARY.items():
 @_handles("relu")
 def _relu(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     x = ins[0]
+    zero = c.const(0.0, x.dtype, x.rank)
     if x.dtype in P.FLOAT:  # Apple does not say what reLU does with NaN; prim keeps NaN
-        zero = c.const(0.0, x.dtype, x.rank)
         return [c.bin("maximumWithNaNPropagation", x.id, zero)]
-    return [c.un("reLU", x.id)]
+    # Integers: the plain maximum, not reLU, whose family has aborted with "kernel not found" on
+    # integer types (PyTorch #84995; UnaryOps.mm).
+    return [c.bin("maximum", x.id, zero)]
+
+
+@_handles("sign")
+def _sign(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    x = ins[0]
+    if x.dtype in P.FLOAT:
+        return [c.un("sign", x.id)]
+    # PyTorch (UnaryOps.mm, sign_out_mps): "Sign op is not implemented in MPS as of MacOS13.0
+    # beta, so simulate it using clamp"; for integers sign is exactly the clamp to [-1, 1].
+    return [
+        c.call(
+            "clampWithTensor:minValueTensor:maxValueTensor:name:", A.tensor(x.id),
+            A.tensor(c.const(-1, x.dtype, x.rank)), A.tensor(c.const(1, x.dtype, x.rank)), A.NIL,
+        )
+    ]  # fmt: skip
 
 
 @_handles("expm1")
@@ -224,19 +241,47 @@ _HANDLERS["minimum"] = _make_extremum("minimum")
 
 
 def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, int, int, int]:
-    """(floor quotient, floor remainder, zero-divisor mask, safe divisor) of integer a / b:
-    MPSGraph's integer division truncates toward zero (C semantics) and a zero divisor is
-    undefined, so divide by 1 there and correct toward -inf where the signs differ."""
+    """(floor quotient, floor remainder, zero-divisor mask, zero) of integer a / b, exact.
+
+    Apple documents nothing about integer ``division``, and PyTorch divides integers through
+    Float32 (BinaryOps.mm, div_mode_template), which is inexact above 2**24. So ``division``
+    serves only as an estimate q of a / b (good to a relative 2**-21 and one unit), refined
+    twice (i32) or three times (i64) by dividing the remainder r = a - q·b again, then moved by
+    exact steps until r lies in [0, b) (or (b, 0]). int32 works in Int64, where q·b cannot
+    overflow; int64 is exact for |a| < 2**62 with such an estimate, and for every value when
+    the division is exact. A zero divisor divides by 1 (the caller masks the result)."""
     a, b, dt = ins[0].id, ins[1].id, ins[0].dtype
-    zero = c.const(0, dt, out_rank)
+    r_ = out_rank
+    zero = c.const(0, dt, r_)
     is_zero = c.bin("equal", b, zero)
-    safe_b = c.select(is_zero, c.const(1, dt, out_rank), b)
+    safe_b = c.select(is_zero, c.const(1, dt, r_), b)
+    work = "i64"
+    if dt == "i32":
+        a, safe_b = c.cast(a, work), c.cast(safe_b, work)
+    wzero, wone = c.const(0, work, r_), c.const(1, work, r_)
     q = c.bin("division", a, safe_b)
     r = c.bin("subtraction", a, c.bin("multiplication", q, safe_b))
-    differ = c.bin("logicalXOR", c.bin("lessThan", r, zero), c.bin("lessThan", safe_b, zero))
-    adjust = c.bin("logicalAND", c.bin("notEqual", r, zero), differ)
-    q = c.select(adjust, c.bin("subtraction", q, c.const(1, dt, out_rank)), q)
-    r = c.select(adjust, c.bin("addition", r, safe_b), r)
+    for _ in range(2 if dt == "i32" else 3):
+        step = c.bin("division", r, safe_b)
+        q = c.bin("addition", q, step)
+        r = c.bin("subtraction", r, c.bin("multiplication", step, safe_b))
+    b_negative = c.bin("lessThan", safe_b, wzero)
+    for _ in range(2):
+        # r on the far side of b (|r| >= |b|, same sign): one more b out.
+        over = c.select(
+            b_negative,
+            c.bin("lessThanOrEqualTo", r, safe_b),
+            c.bin("greaterThanOrEqualTo", r, safe_b),
+        )
+        q = c.select(over, c.bin("addition", q, wone), q)
+        r = c.select(over, c.bin("subtraction", r, safe_b), r)
+        # r nonzero with the sign opposite to b's: floor moves q down by one.
+        differ = c.bin("logicalXOR", c.bin("lessThan", r, wzero), b_negative)
+        under = c.bin("logicalAND", c.bin("notEqual", r, wzero), differ)
+        q = c.select(under, c.bin("subtraction", q, wone), q)
+        r = c.select(under, c.bin("addition", r, safe_b), r)
+    if dt == "i32":
+        q, r = c.cast(q, dt), c.cast(r, dt)
     return q, r, is_zero, zero
 
 
@@ -381,12 +426,31 @@ for _op in _REDUCTIONS:
     _HANDLERS[_op] = _make_reduction(_op)
 
 
+def _first_true_along(c: _Ctx, mask: int, axis: int, rank: int) -> tuple[int, int]:
+    """(whether any, the index of the first) true element of a Bool ``mask`` along ``axis``, as
+    Bool and Int32 tensors keeping the axis: the count of leading false elements, which needs
+    no tie rule from MPSGraph."""
+    flags = c.cast(mask, "i32")
+    axes = A.ints([axis])
+    seen = c.call("cumulativeSumWithTensor:axis:exclusive:reverse:name:", A.tensor(flags),
+                  A.integer(axis), A.boolean(False), A.boolean(False), A.NIL)  # fmt: skip
+    leading = c.cast(c.bin("equal", seen, c.const(0, "i32", max(rank, 1))), "i32")
+    first = c.call("reductionSumWithTensor:axes:name:", A.tensor(leading), axes, A.NIL)
+    most = c.call("reductionMaximumWithTensor:axes:name:", A.tensor(flags), axes, A.NIL)
+    return c.bin("greaterThan", most, c.const(0, "i32", max(rank, 1))), first
+
+
 def _make_arg_reduction(word: str) -> _Handler:
     def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
         x = ins[0]
         axis = P.normalize_axis("argmax", attrs["axis"], x.rank)
         r = c.call(f"reductionArg{word}WithTensor:axis:name:", A.tensor(x.id), A.integer(axis),
                    A.NIL)  # fmt: skip
+        if x.dtype in P.FLOAT:
+            # MPSGraph's arg reductions skip NaN (PyTorch #130295: argmax of a row with a
+            # NaN gives the largest finite value's index); prim says the first NaN wins.
+            has_nan, first_nan = _first_true_along(c, c.un("isNaN", x.id), axis, x.rank)
+            r = c.select(has_nan, first_nan, r)
         r = c.cast(r, outs[0].dtype)  # MPSGraph returns Int32 indices
         return [_finish_keepdims(c, r, attrs["keepdims"], outs[0], syms[0])]
 
@@ -397,19 +461,97 @@ _HANDLERS["argmax"] = _make_arg_reduction("Maximum")
 _HANDLERS["argmin"] = _make_arg_reduction("Minimum")
 
 
+# The longest row argsort emits: its keys rank * n + position must fit Int32 (rank <= n).
+ARGSORT_MAX_ROW = 46339
+
+
+def _dense_rank(c: _Ctx, key: int, x: Val, axis: int) -> int:
+    """Int32 ranks of ``key`` (Int32 or Float32, no NaN) along ``axis``: equal keys get equal
+    ranks, ordered as the keys, 0 for the smallest. Needs only that argSort orders the keys (not
+    how it orders ties): the runs of the sorted keys are numbered and scattered back."""
+    n, r = x.shape[axis], x.rank
+    zeros = c.call("constantWithScalar:shape:dataType:", A.double(0), A.shape(list(x.shape)),
+                   A.dtype("i32"))  # fmt: skip
+    if n == 1:
+        return zeros
+    order = c.call("argSortWithTensor:axis:descending:name:", A.tensor(key), A.integer(axis),
+                   A.boolean(False), A.NIL)  # fmt: skip
+    ordered = c.call("gatherAlongAxis:withUpdatesTensor:indicesTensor:name:", A.integer(axis),
+                     A.tensor(key), A.tensor(order), A.NIL)  # fmt: skip
+    # A run starts where a sorted key differs from the one before it; number the runs.
+    ends, starts = list(x.shape), [0] * r
+    ends[axis] = n - 1
+    prev = c.slice(ordered, starts, ends, [1] * r)
+    starts[axis], ends[axis] = 1, n
+    new_run = c.cast(c.bin("notEqual", c.slice(ordered, starts, ends, [1] * r), prev), "i32")
+    first = list(x.shape)
+    first[axis] = 1
+    zero = c.call("constantWithScalar:shape:dataType:", A.double(0), A.shape(first),
+                  A.dtype("i32"))  # fmt: skip
+    steps = c.call("concatTensors:dimension:name:", A.tensors([zero, new_run]), A.integer(axis),
+                   A.NIL)  # fmt: skip
+    run = c.call("cumulativeSumWithTensor:axis:exclusive:reverse:name:", A.tensor(steps),
+                 A.integer(axis), A.boolean(False), A.boolean(False), A.NIL)  # fmt: skip
+    return c.call(
+        "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name:",
+        A.integer(axis), A.tensor(zeros), A.tensor(run), A.tensor(order),
+        A.enum("MPSGraphScatterModeAdd"), A.NIL,
+    )  # fmt: skip
+
+
+def _int64_halves(c: _Ctx, x: int, rank: int) -> tuple[int, int]:
+    """The high and low 32 bits of Int64 ``x`` as Int32 keys ordered as ``x`` is: the high half
+    signed, the low half unsigned moved down by 2**31 (exact Int64 arithmetic, whichever shift
+    MPSGraph's right shift is: the halves are masked first)."""
+    mask = c.const(0xFFFFFFFF, "i64", rank)
+    high = c.bin("bitwiseAND", c.bin("bitwiseRightShift", x, c.const(32, "i64", rank)), mask)
+    negative = c.bin("greaterThanOrEqualTo", high, c.const(2**31, "i64", rank))
+    high = c.select(negative, c.bin("subtraction", high, c.const(2**32, "i64", rank)), high)
+    low = c.bin("subtraction", c.bin("bitwiseAND", x, mask), c.const(2**31, "i64", rank))
+    return c.cast(high, "i32"), c.cast(low, "i32")
+
+
 @_handles("argsort")
 def _argsort(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
+    # argSortWithTensor is documented for Int32, Float16 and Float32 only (PyTorch's castToIHFTypes,
+    # radar 104398441), returns zeros past 256 Int64 elements since macOS 15.4 (PyTorch issue
+    # 155560), and documents neither stability nor where NaN goes. So only Int32 and Float32 keys
+    # without NaN are sorted, and only through ranks: each key becomes rank * n + position, unique,
+    # so the last argSort has no ties to order; NaN ranks above everything (prim: NaN largest).
     x = ins[0]
+    if not x.rank:
+        return [c.const(0, "i64")]
     axis = P.normalize_axis("argsort", attrs["axis"], x.rank)
-    key = c.cast(x.id, "i32") if x.dtype == "bool" else x.id
-    r = c.call(
-        "argSortWithTensor:axis:descending:name:",
-        A.tensor(key),
-        A.integer(axis),
-        A.boolean(attrs["descending"]),
-        A.NIL,
-    )
-    return [c.cast(r, outs[0].dtype)]  # MPSGraph returns Int32 indices
+    n, r = x.shape[axis], x.rank
+    if x.sym:
+        raise EmitError("prim.argsort under a symbolic batch; compile per shape")
+    if n > ARGSORT_MAX_ROW:
+        raise EmitError(
+            f"prim.argsort of rows of {n} elements: the exact MPSGraph emission ranks keys as "
+            f"Int32 and takes rows of at most {ARGSORT_MAX_ROW}"
+        )
+    if x.dtype == "i64":
+        high, low = _int64_halves(c, x.id, r)
+        pair = c.bin(
+            "addition",
+            c.bin("multiplication", _dense_rank(c, high, x, axis), c.const(n, "i32", r)),
+            _dense_rank(c, low, x, axis),
+        )
+        rank = _dense_rank(c, pair, x, axis)
+    elif x.dtype in P.FLOAT:
+        nan = c.un("isNaN", x.id)
+        finite = c.select(nan, c.const(math.inf, x.dtype, r), x.id)
+        rank = c.select(nan, c.const(n, "i32", r), _dense_rank(c, finite, x, axis))
+    else:
+        rank = _dense_rank(c, c.cast(x.id, "i32") if x.dtype == "bool" else x.id, x, axis)
+    if attrs["descending"]:  # larger first; ties still in position order
+        rank = c.bin("subtraction", c.const(n, "i32", r), rank)
+    position = c.call("coordinateAlongAxis:withShape:name:", A.integer(axis),
+                      A.shape(list(x.shape)), A.NIL)  # fmt: skip
+    key = c.bin("addition", c.bin("multiplication", rank, c.const(n, "i32", r)), position)
+    order = c.call("argSortWithTensor:axis:descending:name:", A.tensor(key), A.integer(axis),
+                   A.boolean(False), A.NIL)  # fmt: skip
+    return [c.cast(order, outs[0].dtype)]  # MPSGraph returns Int32 indices
 
 
 @_handles("softmax")
@@ -764,51 +906,124 @@ def _fill(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     return [c.call("broadcastTensor:toShape:name:", A.tensor(ins[0].id), dims, A.NIL)]
 
 
-def _philox_words(c: _Ctx, state: int, count: int) -> int:
-    """``count`` Philox-4x32-10 words (Int64 holding uint32 values) of an i64[2] (key, counter)
-    state, in the order of ``prim_ops.random_words``: word i is lane i % 4 of block i // 4.
-    Everything is Int64 arithmetic: products of two 32-bit values wrap mod 2**64 (their bits
-    are those of the unsigned product), and masking with 0xFFFFFFFF after an arithmetic shift
-    gives the logical shift's bits."""
-    mask = c.const(0xFFFFFFFF, "i64")
-    k32 = c.const(32, "i64")
+# A 32-bit Philox word as two Int32 tensors (high, low), each a 16-bit limb in [0, 2**16).
+_Word = tuple[int, int]
+_LIMB = 0xFFFF
 
-    def lo(v: int) -> int:
-        return c.bin("bitwiseAND", v, mask)
 
-    def hi(v: int) -> int:
-        return lo(c.bin("bitwiseRightShift", v, k32))
+class _Limbs:
+    """32-bit unsigned arithmetic on 16-bit limbs held in Int32: every intermediate value stays
+    below 2**28, so no operation wraps, and shifts act on non-negative values only (arithmetic
+    and logical shifts agree). MPSGraph's Int64 multiplication wrap-around and Int64 bit
+    operations are undocumented and have regressed across macOS releases (PyTorch #78848,
+    #195595); Philox is defined on 32-bit words, so it needs none of them."""
 
-    key = c.reshape(c.slice(state, [0], [1], [1]), [])
-    counter = c.reshape(c.slice(state, [1], [2], [1]), [])
+    def __init__(self, c: _Ctx):
+        self.c = c
+        self._consts: dict[int, int] = {}
+
+    def k(self, value: int) -> int:
+        if value not in self._consts:
+            self._consts[value] = self.c.const(value, "i32", 1)
+        return self._consts[value]
+
+    def band(self, v: int, mask: int) -> int:
+        return self.c.bin("bitwiseAND", v, self.k(mask))
+
+    def shr(self, v: int, bits: int) -> int:
+        return self.c.bin("bitwiseRightShift", v, self.k(bits))
+
+    def add(self, a: int, b: int) -> int:
+        return self.c.bin("addition", a, b)
+
+    def mul(self, a: int, b: int) -> int:
+        return self.c.bin("multiplication", a, b)
+
+    def xor(self, a: _Word, b: _Word) -> _Word:
+        return self.c.bin("bitwiseXOR", a[0], b[0]), self.c.bin("bitwiseXOR", a[1], b[1])
+
+    def normalize(self, limbs: list[int]) -> list[int]:
+        """Carries propagated: each limb back in [0, 2**16) (the top one's carry dropped)."""
+        out = []
+        carry = None
+        for i, limb in enumerate(limbs):
+            v = limb if carry is None else self.add(limb, carry)
+            if i + 1 < len(limbs):
+                carry = self.shr(v, 16)
+            out.append(self.band(v, _LIMB))
+        return out
+
+    def add_const(self, a: _Word, value: int) -> _Word:
+        high, low = self.normalize([self.add(a[1], self.k(value & _LIMB)),
+                                    self.add(a[0], self.k(value >> 16))])  # fmt: skip
+        return low, high
+
+    def mulhilo(self, m: int, x: _Word) -> tuple[_Word, _Word]:
+        """(high word, low word) of the 64-bit product of the constant ``m`` and ``x``: byte
+        times limb partial products (below 2**24) summed into four 16-bit limbs."""
+        limbs: list[list[int]] = [[], [], [], []]
+        for j, part in enumerate((x[1], x[0])):  # x's low limb, then its high limb
+            for i in range(4):
+                byte = (m >> (8 * i)) & 0xFF
+                if not byte:
+                    continue
+                t = self.mul(part, self.k(byte))  # at bit 8 * i + 16 * j
+                at = i // 2 + j
+                if i % 2 == 0:
+                    limbs[at].append(t)
+                else:  # half a limb up: its low byte shifted into this limb, the rest the next
+                    limbs[at].append(self.mul(self.band(t, 0xFF), self.k(256)))
+                    limbs[at + 1].append(self.shr(t, 8))
+        sums = []
+        for terms in limbs:
+            total = terms[0] if terms else self.k(0)
+            for t in terms[1:]:
+                total = self.add(total, t)
+            sums.append(total)
+        p0, p1, p2, p3 = self.normalize(sums)
+        return (p3, p2), (p1, p0)
+
+
+def _state_words(c: _Ctx, state: int) -> tuple[_Word, _Word, _Word, _Word]:
+    """(key low, key high, counter low, counter high) of an i64[2] (key, counter) state as
+    16-bit limbs: each limb is shifted down and masked while still Int64 (two scalars; masking
+    after the shift makes the shift's kind irrelevant), then cast to Int32 exactly."""
+    words = []
+    for lane in (0, 1):
+        v = c.slice(state, [lane], [lane + 1], [1])
+        limbs = []
+        for shift in (0, 16, 32, 48):
+            part = v if not shift else c.bin("bitwiseRightShift", v, c.const(shift, "i64", 1))
+            limbs.append(c.cast(c.bin("bitwiseAND", part, c.const(_LIMB, "i64", 1)), "i32"))
+        words += [(limbs[1], limbs[0]), (limbs[3], limbs[2])]
+    return words[0], words[1], words[2], words[3]
+
+
+def _philox_top24(c: _Ctx, state: int, count: int) -> int:
+    """The top 24 bits (Int32) of ``count`` Philox-4x32-10 words of an i64[2] (key, counter)
+    state, in the order of ``prim_ops.random_words``: word i is lane i % 4 of block i // 4."""
+    z = _Limbs(c)
+    key_lo, key_hi, counter_lo, counter_hi = _state_words(c, state)
     blocks = (count + 3) // 4
-    block = c.cast(
-        c.call("coordinateAlongAxis:withShape:name:", A.integer(0), A.shape([blocks]), A.NIL),
-        "i64",
-    )
-    x = [lo(block), hi(block), lo(counter), hi(counter)]
-    k = [lo(key), hi(key)]
-    m = [c.const(PHILOX_M[0], "i64"), c.const(PHILOX_M[1], "i64")]
-    w = [c.const(PHILOX_W[0], "i64"), c.const(PHILOX_W[1], "i64")]
+    block = c.call("coordinateAlongAxis:withShape:name:", A.integer(0), A.shape([blocks]), A.NIL)
+    zero = z.k(0)
+    x = [(z.shr(block, 16), z.band(block, _LIMB)), (zero, zero), counter_lo, counter_hi]
+    k = [key_lo, key_hi]
     for _ in range(10):
-        p0, p1 = c.bin("multiplication", m[0], x[0]), c.bin("multiplication", m[1], x[2])
-        x = [
-            c.bin("bitwiseXOR", c.bin("bitwiseXOR", hi(p1), x[1]), k[0]),
-            lo(p1),
-            c.bin("bitwiseXOR", c.bin("bitwiseXOR", hi(p0), x[3]), k[1]),
-            lo(p0),
-        ]
-        k = [lo(c.bin("addition", k[0], w[0])), lo(c.bin("addition", k[1], w[1]))]
-    # Lanes computed on a scalar counter stay scalar until the first round; broadcast all four.
-    zero = c.const(0, "i64", 1)
-    lanes = [c.bin("addition", lane, zero) for lane in x]
+        hi0, lo0 = z.mulhilo(PHILOX_M[0], x[0])
+        hi1, lo1 = z.mulhilo(PHILOX_M[1], x[2])
+        x = [z.xor(z.xor(hi1, x[1]), k[0]), lo1, z.xor(z.xor(hi0, x[3]), k[1]), lo0]
+        k = [z.add_const(k[0], PHILOX_W[0]), z.add_const(k[1], PHILOX_W[1])]
+    # word >> 8 = high * 2**8 + (low >> 8), below 2**24; lanes on the counter alone are (1,)
+    # and broadcast against the blocks when added.
+    top = [z.add(z.mul(high, z.k(256)), z.shr(low, 8)) for high, low in x]
+    lanes = [c.bin("addition", lane, c.const(0, "i32", 1)) for lane in top]
     words = c.call("stackTensors:axis:name:", A.tensors(lanes), A.integer(1), A.NIL)
     return c.slice(c.reshape(words, [4 * blocks]), [0], [count], [1])
 
 
 def _uniform01_f32(c: _Ctx, state: int, count: int) -> int:
-    words = _philox_words(c, state, count)
-    top24 = c.bin("bitwiseRightShift", words, c.const(8, "i64"))
+    top24 = _philox_top24(c, state, count)
     return c.bin("multiplication", c.cast(top24, "f32"), c.const(2.0**-24, "f32"))
 
 

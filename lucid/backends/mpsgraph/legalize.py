@@ -8,6 +8,8 @@ Runs on a ``prim`` module (after ``lower-to-prim``), before the emitter:
   is refused with a reason naming the op, for the user to see (``cache_info()``, ``diagnose``);
 - MPSGraph cannot create a zero-sized dimension, and checks every dimension against INT32_MAX:
   such modules are refused;
+- integer matmul is refused (PyTorch never gives it to MPSGraph), and so is a matmul with a
+  dimension above 2**15 when the running macOS is older than 14.4 (wrong results there);
 - int64 indices: MPSGraph's gathers, scatters and one-hot take Int32 indices. The narrowing is not
   an IR rewrite here on purpose: the emitter range-checks the int64 values first and casts after
   (``prim.cast`` to i32 would wrap 2**32 + 1 into range and read the wrong row silently);
@@ -53,8 +55,39 @@ def _type_problem(t: x.Attribute) -> str | None:
     return None
 
 
-def legalize_refusal(module: x.ModuleOp) -> str | None:
-    """Why MPSGraph cannot run ``module`` (the first problem found), or None."""
+# MPSGraph's matrixMultiplication "returns silently incorrect results if one of the matrix
+# dimensions is greater than 2**15" before macOS 14.4 (PyTorch LinearAlgebra.mm, use_metal_mm;
+# PyTorch #116769).
+_MATMUL_DIM_LIMIT = 2**15
+_MATMUL_FIXED_IN = (14, 4)
+
+
+def _matmul_problem(op: x.Operation, macos: tuple[int, ...] | None) -> str | None:
+    if not isinstance(op, PrimIROp) or op.name not in ("prim.matmul", "prim.matmul_accumulate"):
+        return None
+    t = op.results[0].type
+    if isinstance(t, x.TensorType) and not isinstance(t.element_type, x.Float32Type):
+        # PyTorch never sends integer matmul to MPSGraph (use_metal_mm: its own kernel), and
+        # MPSGraph's Int32/Int64 matrixMultiplication is undocumented.
+        return (
+            f"{op.name} on {t.element_type} (MPSGraph's matrix multiplication is used for "
+            "float32 only)"
+        )
+    if macos is not None and macos < _MATMUL_FIXED_IN:
+        for v in op.operands[:2]:
+            if isinstance(v.type, x.TensorType) and any(
+                d > _MATMUL_DIM_LIMIT for d in v.type.get_shape()
+            ):
+                return (
+                    f"{op.name} with a dimension above {_MATMUL_DIM_LIMIT} on macOS "
+                    f"{'.'.join(map(str, macos))} (wrong results before 14.4)"
+                )
+    return None
+
+
+def legalize_refusal(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -> str | None:
+    """Why MPSGraph cannot run ``module`` (the first problem found), or None. ``macos`` (the
+    running version, when known) adds the refusals of older releases' bugs."""
     for block in blocks_of(module):
         for i, a in enumerate(block.args):
             problem = _type_problem(a.type)
@@ -65,6 +98,9 @@ def legalize_refusal(module: x.ModuleOp) -> str | None:
                 problem = _type_problem(v.type)
                 if problem:
                     return f"{op.name} has {problem}"
+            problem = _matmul_problem(op, macos)
+            if problem:
+                return problem
     return None
 
 
@@ -81,9 +117,9 @@ def _split_matmul_accumulate(block: x.Block) -> None:
         block.erase_op(op)
 
 
-def legalize(module: x.ModuleOp) -> None:
+def legalize(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -> None:
     """Rewrite ``module`` in place for MPSGraph; raise MPSGraphUnsupported if it cannot run."""
-    reason = legalize_refusal(module)
+    reason = legalize_refusal(module, macos)
     if reason is not None:
         raise MPSGraphUnsupported(reason)
     for block in blocks_of(module):

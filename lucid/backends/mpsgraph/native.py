@@ -18,7 +18,7 @@ import numpy as np
 from lucid.backends.base import BackendUnavailable
 from lucid.backends.mpsgraph.program import RecordingBuilder
 
-__all__ = ["MPSGraphUnavailable", "NativeBuilder", "native_status"]
+__all__ = ["MPSGraphUnavailable", "NativeBuilder", "macos_version", "native_status"]
 
 
 class MPSGraphUnavailable(BackendUnavailable):
@@ -33,6 +33,17 @@ def _native_module() -> Any:
 
 def _on_macos() -> bool:
     return sys.platform == "darwin"
+
+
+def macos_version() -> tuple[int, ...] | None:
+    """The running macOS version as a tuple (None elsewhere, or when it cannot be read)."""
+    if not _on_macos():
+        return None
+    text = platform.mac_ver()[0]
+    try:
+        return tuple(int(p) for p in text.split(".")) if text else None
+    except ValueError:
+        return None
 
 
 def native_status() -> tuple[bool, str]:

@@ -254,8 +254,10 @@ def validate(prog: dict) -> None:
         define(p["id"])
         if p["dtype"] not in MPS_DTYPE_VALUES:
             raise ProgramError(f"placeholder {p['id']}: unknown dtype {p['dtype']!r}")
-        if any(not isinstance(d, int) or d < -1 for d in p["shape"]):
+        if any(not isinstance(d, int) or d < -1 or d == 0 for d in p["shape"]):
             raise ProgramError(f"placeholder {p['id']}: bad shape {p['shape']}")
+        if not p["shape"]:  # an empty MPSShape is undocumented: rank 0 is spelled [1]
+            raise ProgramError(f"placeholder {p['id']}: rank 0 (an empty shape); use [1]")
     for c in prog["calls"]:
         spec = SELECTORS.get(c["selector"])
         if spec is None:

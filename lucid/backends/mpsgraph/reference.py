@@ -61,11 +61,36 @@ def _arg(a: dict) -> Any:
     return a[kind]
 
 
+# Integer arithmetic whose overflow Apple does not document (MPSGraph's Int64 arithmetic has
+# regressed across releases: PyTorch #78848, #195595).
+_WRAPPING = {
+    f"{name}WithPrimaryTensor:secondaryTensor:name:": fn
+    for name, fn in (("addition", np.add), ("subtraction", np.subtract),
+                     ("multiplication", np.multiply))
+}  # fmt: skip
+
+
+def _check_no_wrap(sel: str, args: list, out: Any) -> None:
+    a, b = args[0], args[1]
+    if a.dtype.kind != "i":
+        return
+    exact = _WRAPPING[sel](a.astype(object), b.astype(object))
+    if np.any(np.asarray(exact != np.asarray(out).astype(object))):
+        raise UndefinedBehavior(f"{sel} overflows {a.dtype} (wrap-around is undocumented)")
+
+
 def run_program(
-    program: dict, feeds: Sequence[np.ndarray], *, validated: bool = False
+    program: dict,
+    feeds: Sequence[np.ndarray],
+    *,
+    validated: bool = False,
+    exact_integers: bool = False,
 ) -> list[np.ndarray]:
     """Run a recorded program on ``feeds`` (numpy arrays in placeholder order); ``validated``
-    skips re-checking a program already checked by ``program.validate``."""
+    skips re-checking a program already checked by ``program.validate``. ``exact_integers``
+    refuses integer addition, subtraction and multiplication that wrap (``UndefinedBehavior``):
+    for emissions that must not rely on wrap-around (the Philox stream); a user's own integer
+    arithmetic wraps as prim defines it."""
     if not validated:
         A.validate(program)
     phs = program["placeholders"]
@@ -101,6 +126,8 @@ def run_program(
                 raise A.ProgramError(f"the reference builder does not implement {sel}")
             try:
                 out = impl(*args)
+                if exact_integers and sel in _WRAPPING:
+                    _check_no_wrap(sel, args, out)
             except (MPSGraphAbort, UndefinedBehavior):
                 raise
             except (ValueError, IndexError) as e:
@@ -180,7 +207,6 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "absolute": np.abs,
     "sign": np.sign,
     "square": np.square,
-    "reLU": lambda x: np.where(x > 0, x, np.zeros((), x.dtype)),
     "exponent": np.exp,
     "logarithm": np.log,
     "squareRoot": np.sqrt,
@@ -203,8 +229,16 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def _make_unary(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
+# signWithTensor on Int64 is "not implemented in MPS" (PyTorch UnaryOps.mm, sign_out_mps, which
+# clamps instead), and the unary family has aborted with "kernel not found" on integer types
+# (PyTorch #84995): the reference refuses sign on integers (reLU is not emitted at all).
+_FLOAT_ONLY_UNARY = {"sign"}
+
+
+def _make_unary(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
     def run(x: np.ndarray, _name: None) -> np.ndarray:
+        if name in _FLOAT_ONLY_UNARY and x.dtype.kind != "f":
+            raise MPSGraphAbort(f"{name}WithTensor on {x.dtype}: no integer kernel")
         out = np.asarray(fn(x))
         return out if out.dtype == np.bool_ else out.astype(x.dtype, copy=False)
 
@@ -212,14 +246,20 @@ def _make_unary(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndar
 
 
 for _name, _fn in _UNARY.items():
-    _IMPL[f"{_name}WithTensor:name:"] = _make_unary(_fn)
+    _IMPL[f"{_name}WithTensor:name:"] = _make_unary(_name, _fn)
 
 
 def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # Apple documents nothing about integer division; PyTorch divides integers through Float32
+    # (BinaryOps.mm, div_mode_template), inexact above 2**24. The reference does the same (the
+    # Float32 quotient truncated, saturated to the type), so an emission relying on exact
+    # integer division fails here.
     if np.any(b == 0):
         raise UndefinedBehavior("integer division by zero")
-    q = np.abs(a) // np.abs(b)
-    return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)  # truncates toward zero
+    q = np.trunc(a.astype(np.float32) / b.astype(np.float32)).astype(np.float64)
+    info = np.iinfo(a.dtype)
+    q = np.clip(q, float(info.min), float(info.max))
+    return np.where(q >= float(info.max), info.max, q.astype(a.dtype)).astype(a.dtype)
 
 
 def _division(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -360,23 +400,37 @@ for _sel, _fn in {
     _IMPL[_sel] = _make_reduction(_fn)
 
 
+# MPSGraph's arg reductions skip NaN: PyTorch #130295 (argmax of [.., nan at 5, ..] is 3 on
+# MPS, 5 on the CPU), fixed in PyTorch by a NaN mask and a select (PR 187039). The reference
+# skips NaN likewise (an all-NaN row gives 0), so an emission relying on NaN winning fails here.
 @_impl("reductionArgMaximumWithTensor:axis:name:")
 def _argmax(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
+    if x.dtype.kind == "f":
+        x = np.where(np.isnan(x), -np.inf, x)
     return np.argmax(x, axis=axis, keepdims=True).astype(np.int32)
 
 
 @_impl("reductionArgMinimumWithTensor:axis:name:")
 def _argmin(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
+    if x.dtype.kind == "f":
+        x = np.where(np.isnan(x), np.inf, x)
     return np.argmin(x, axis=axis, keepdims=True).astype(np.int32)
 
 
 @_impl("argSortWithTensor:axis:descending:name:")
 def _argsort(x: np.ndarray, axis: int, descending: bool, _name: None) -> np.ndarray:
-    # Assumed stable with NaN largest, as prim.argsort (Apple's documentation does not say).
-    if not descending:
-        return np.argsort(x, axis=axis, kind="stable").astype(np.int32)
-    rev = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
-    return ((x.shape[axis] - 1) - np.flip(rev, axis)).astype(np.int32)
+    # Documented for Int32, Float16 and Float32 (PyTorch OperationUtils.mm castToIHFTypes, radar
+    # 104398441); on Int64 it returns zeros or garbage past 256 elements since macOS 15.4 (PyTorch
+    # #155560, confirmed by Apple). Stability and NaN placement are undocumented (PyTorch
+    # #86750, #116567). The reference refuses the first two and orders ties last position
+    # first (a legal unstable order), so an emission relying on any of it fails here.
+    if x.dtype not in (np.int32, np.float32):
+        raise UndefinedBehavior(f"argSortWithTensor on {x.dtype} (documented: Int32, Float32)")
+    if x.dtype.kind == "f" and np.isnan(x).any():
+        raise UndefinedBehavior("argSortWithTensor: where NaN sorts is undocumented")
+    flipped = np.flip(x, axis)
+    order = np.argsort(-flipped if descending else flipped, axis=axis, kind="stable")
+    return ((x.shape[axis] - 1) - order).astype(np.int32)
 
 
 @_impl("softMaxWithTensor:axis:name:")

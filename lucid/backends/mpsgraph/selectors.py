@@ -112,7 +112,7 @@ _sel("coordinateAlongAxis:withShape:name:", "i", "shape", "name", introduced="12
 
 # --- unary
 for _name in (
-    "identity", "negative", "absolute", "sign", "square", "reLU", "exponent", "logarithm",
+    "identity", "negative", "absolute", "sign", "square", "exponent", "logarithm",
     "squareRoot", "reverseSquareRoot", "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid",
     "erf", "floor", "ceil", "rint", "not", "isNaN", "isInfinite", "isFinite",
 ):  # fmt: skip
@@ -335,7 +335,8 @@ _SELECT = "selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:na
 _INT_DIVISION = (
     f"division{_BIN}", f"multiplication{_BIN}", f"subtraction{_BIN}", f"addition{_BIN}",
     f"equal{_BIN}", f"notEqual{_BIN}", f"lessThan{_BIN}", f"logicalAND{_BIN}",
-    f"logicalXOR{_BIN}", _SELECT, _C,
+    f"logicalXOR{_BIN}", _SELECT, _C, "castTensor:toType:name:", f"lessThanOrEqualTo{_BIN}",
+    f"greaterThanOrEqualTo{_BIN}",
 )  # fmt: skip
 _PHILOX = (
     f"bitwiseXOR{_BIN}",
@@ -346,13 +347,27 @@ _PHILOX = (
     f"multiplication{_BIN}", f"addition{_BIN}", "stackTensors:axis:name:",
 )  # fmt: skip
 
+# What argmax/argmin call besides their reduction: the Int64 cast, the keepdims reshape and the
+# first-NaN selection.
+_ARG_REDUCTION = (
+    "castTensor:toType:name:",
+    "reshapeTensor:withShape:name:",
+    "isNaNWithTensor:name:",
+    "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
+    f"equal{_BIN}",
+    f"greaterThan{_BIN}",
+    "reductionSumWithTensor:axes:name:",
+    "reductionMaximumWithTensor:axes:name:",
+    _SELECT,
+    _C,
+)
+
 EMISSIONS: dict[str, tuple[str, ...]] = {
     **{
         op: (f"{name}WithTensor:name:",)
         for op, name in {
             "neg": "negative",
             "abs": "absolute",
-            "sign": "sign",
             "square": "square",
             "exp": "exponent",
             "log": "logarithm",
@@ -374,7 +389,8 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
             "isfinite": "isFinite",
         }.items()  # fmt: skip
     },
-    "relu": (f"maximumWithNaNPropagation{_BIN}", "reLUWithTensor:name:", _C),
+    "relu": (f"maximumWithNaNPropagation{_BIN}", f"maximum{_BIN}", _C),
+    "sign": ("signWithTensor:name:", "clampWithTensor:minValueTensor:maxValueTensor:name:", _C),
     "expm1": (
         "exponentWithTensor:name:",
         "tanhWithTensor:name:",
@@ -477,19 +493,27 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         "reshapeTensor:withShape:name:",
         f"subtraction{_BIN}",
     ),  # fmt: skip
-    "argmax": (
-        "reductionArgMaximumWithTensor:axis:name:",
-        "castTensor:toType:name:",
-        "reshapeTensor:withShape:name:",
-    ),  # fmt: skip
-    "argmin": (
-        "reductionArgMinimumWithTensor:axis:name:",
-        "castTensor:toType:name:",
-        "reshapeTensor:withShape:name:",
-    ),  # fmt: skip
+    "argmax": ("reductionArgMaximumWithTensor:axis:name:", *_ARG_REDUCTION),
+    "argmin": ("reductionArgMinimumWithTensor:axis:name:", *_ARG_REDUCTION),
     "argsort": (
         "argSortWithTensor:axis:descending:name:",
         "castTensor:toType:name:",
+        "gatherAlongAxis:withUpdatesTensor:indicesTensor:name:",
+        "sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",
+        f"notEqual{_BIN}",
+        "concatTensors:dimension:name:",
+        "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
+        "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name:",
+        f"bitwiseAND{_BIN}",
+        f"bitwiseRightShift{_BIN}",
+        f"greaterThanOrEqualTo{_BIN}",
+        f"subtraction{_BIN}",
+        f"addition{_BIN}",
+        f"multiplication{_BIN}",
+        "isNaNWithTensor:name:",
+        "coordinateAlongAxis:withShape:name:",
+        _SELECT,
+        _C,
     ),  # fmt: skip
     "softmax": ("softMaxWithTensor:axis:name:",),
     "log_softmax": (
@@ -577,17 +601,20 @@ INPUT_SELECTORS = ("placeholderWithShape:dataType:name:",)
 
 # Composite emissions (several calls for one prim op), described for the docs.
 EMISSION_NOTES: dict[str, str] = {
-    "argsort": "bool keys as Int32; the Int32 result cast to Int64",
+    "argsort": "exact and stable on every OS: keys ranked through Int32/Float32 argSorts "
+    "(Int64 as two Int32 halves, NaN ranked last), then one argSort of the unique rank·n + "
+    "position; rows up to 46339",
     "relu": "floats: NaN-propagating maximum with 0 (Apple leaves reLU's NaN unspecified); "
-    "integers: reLU",
+    "integers: maximum with 0",
+    "sign": "integers: clamp to [−1, 1] (no integer sign kernel)",
     "expm1": "exp(x) − 1, and 2·tanh(x/2)/(1−tanh(x/2)) where abs(x) < 0.5 (no cancellation)",
     "log1p": "u = 1 + x; log(u)·x/(u − 1), x where u = 1, u where u = +inf (Goldberg's trick)",
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
-    "floor_divide": "floats: floor(a / b); integers: truncating division corrected toward −inf, "
-    "a zero divisor gives 0",
+    "floor_divide": "floats: floor(a / b); integers: division as an estimate, refined and "
+    "corrected exactly (int32 in Int64), a zero divisor gives 0",
     "remainder": "floats: floorModulo, NaN for a zero divisor (floorModulo gives 0); integers: "
-    "a − b·floor_divide(a, b), a zero divisor gives 0",
+    "the remainder of floor_divide's exact steps, a zero divisor gives 0",
     "cast": "float → int: truncate, clamp, NaN → 0, ≥ 2^(bits−1) → the integer maximum; "
     "→ bool: x ≠ 0",
     "matmul": "transposeTensor on the last two axes for transpose_a/transpose_b",
@@ -595,8 +622,10 @@ EMISSION_NOTES: dict[str, str] = {
     "reduce_sum": "MPSGraph keeps reduced axes: reshape when keepdims is false",
     "reduce_max": "NaN-propagating variant for floats",
     "reduce_min": "NaN-propagating variant for floats",
-    "argmax": "Int32 result cast to Int64, reshape when keepdims is false",
-    "argmin": "Int32 result cast to Int64, reshape when keepdims is false",
+    "argmax": "floats: the first NaN's index where a row has one (MPSGraph skips NaN); Int32 "
+    "result cast to Int64, reshape when keepdims is false",
+    "argmin": "floats: the first NaN's index where a row has one (MPSGraph skips NaN); Int32 "
+    "result cast to Int64, reshape when keepdims is false",
     "log_softmax": "x − max − log Σ exp(x − max)",
     "gather": "negative indices wrapped, indices cast to Int32, an all-in-range check target "
     "(IndexError after the run)",
@@ -609,8 +638,10 @@ EMISSION_NOTES: dict[str, str] = {
     "the values pass through (identity)",
     "avg_pool2d_grad": "a zero source tensor of the input shape (the method reads only its shape)",
     "fill": "broadcast of the 0-d value",
-    "random_uniform": "Philox-4x32-10 as Int64 arithmetic: the same stream as eager and the CPU",
-    "random_normal": "Philox-4x32-10 uniforms, then Box–Muller (same stream as eager)",
+    "random_uniform": "Philox-4x32-10 on 16-bit limbs in Int32 (nothing wraps): the same "
+    "stream as eager and the CPU",
+    "random_normal": "Philox-4x32-10 uniforms (16-bit limbs in Int32), then Box–Muller (same "
+    "stream as eager)",
 }
 
 

@@ -10,12 +10,14 @@ import pytest
 
 import lucid
 from lucid._tensor import Tensor
+from lucid.backends import prim_ops as P
 from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend
 from lucid.backends.mpsgraph.program import ProgramError, RecordingBuilder
 from lucid.ir import import_trace
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.trace import trace
+from tests.backends.mpsgraph.test_emit import emit_and_run
 
 BACKEND = MPSGraphReferenceBackend()
 
@@ -130,3 +132,167 @@ def test_11_a_program_of_feeds_only_compiles_nothing():
     assert exe.program["targets"] == [] and exe.program["placeholders"] == []
     (got,) = exe.run([x])
     np.testing.assert_array_equal(got, x)
+
+
+# --- 2. argmax/argmin with NaN ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name, row, want",
+    [
+        ("argmax", [1.0, np.nan, 3.0], 1),
+        ("argmin", [2.0, np.nan, 0.0], 1),
+        ("argmax", [np.nan, np.nan], 0),
+        ("argmax", [5.0, np.inf, np.nan, np.nan], 2),
+        ("argmin", [-np.inf, 1.0], 0),
+        ("argmax", [1.0, 7.0, 7.0], 1),
+    ],
+)  # fmt: skip
+def test_2_the_first_nan_wins_although_mpsgraph_skips_nan(name, row, want):
+    x = np.array(row, np.float32)
+    (got,), _, _ = emit_and_run(name, [x], {"axis": 0})
+    assert got == want == P.evaluate(name, [x], {"axis": 0})[0]
+    # Along an axis of a 2-D tensor, keeping it.
+    grid = np.stack([x, x[::-1]], axis=1)
+    (got,), _, _ = emit_and_run(name, [grid], {"axis": 0, "keepdims": True})
+    np.testing.assert_array_equal(got, P.evaluate(name, [grid], {"axis": 0, "keepdims": True})[0])
+
+
+# --- 3. argsort: Int64 keys, ties and NaN -------------------------------------------------------
+_I64 = np.iinfo(np.int64)
+ARGSORT_ROWS = {
+    "int64_reversed_300": np.arange(300, dtype=np.int64)[::-1].copy(),
+    "int64_extremes": np.array(
+        [_I64.max, -1, 0, _I64.min, 2**32, 2**32 - 1, -(2**32), 2**31, -(2**31) - 1, 5, -1, 0],
+        np.int64,
+    ),
+    "int64_low_bits_only": np.array([2**40 + 3, 2**40 + 1, 2**40 + 2, 2**40 + 1], np.int64),
+    "int32_ties": np.array([1, 1, 0, 1, 0, 2, 1], np.int32),
+    "float_nan_inf_ties": np.array(
+        [np.nan, 1.0, 0.0, np.inf, -0.0, np.nan, -np.inf, 1.0, np.inf], np.float32
+    ),
+    "bool": np.array([True, False, True, False, False]),
+}
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("row", ARGSORT_ROWS, ids=list(ARGSORT_ROWS))
+def test_3_argsort_is_exact_and_stable_without_int64_or_nan_in_argsort(row, descending):
+    x = ARGSORT_ROWS[row]
+    attrs = {"axis": 0, "descending": descending}
+    (got,), _, prog = emit_and_run("argsort", [x], attrs)
+    np.testing.assert_array_equal(got, P.evaluate("argsort", [x], attrs)[0])
+    grid = np.stack([x, x[::-1], x], axis=0)  # along the last axis of a 2-D tensor too
+    attrs = {"axis": -1, "descending": descending}
+    (got,), _, _ = emit_and_run("argsort", [grid], attrs)
+    np.testing.assert_array_equal(got, P.evaluate("argsort", [grid], attrs)[0])
+
+
+def test_3_the_reference_refuses_what_argsort_does_not_document():
+    from lucid.backends.mpsgraph.reference import UndefinedBehavior, run_program
+
+    b = RecordingBuilder()
+    x = b.placeholder((3,), "i64", "input:0")
+    sel = "argSortWithTensor:axis:descending:name:"
+    (y,) = b.call(sel, [{"tensor": x}, {"int": 0}, {"bool": False}, {"nil": True}])
+    with pytest.raises(UndefinedBehavior, match="int64"):
+        run_program(b.program([y], []), [np.array([3, 1, 2], np.int64)])
+
+
+def test_3_rows_too_long_for_int32_ranks_are_refused_with_a_reason():
+    from lucid.backends.mpsgraph.emit import ARGSORT_MAX_ROW, EmitError
+
+    x = np.zeros(ARGSORT_MAX_ROW + 1, np.float32)
+    with pytest.raises(EmitError, match="rows of at most"):
+        emit_and_run("argsort", [x], {"axis": 0})
+
+
+# --- 4. integer matmul --------------------------------------------------------------------------
+def test_4_integer_matmul_is_refused_so_the_call_falls_back():
+    from lucid.backends.mpsgraph.legalize import legalize_refusal
+
+    a = np.ones((2, 3), np.int32)
+    reason = legalize_refusal(lowered(lambda a, b: a @ b, a, a.T.copy()))
+    assert reason is not None and "prim.matmul on i32" in reason
+    f = np.ones((2, 3), np.float32)
+    assert legalize_refusal(lowered(lambda a, b: a @ b, f, f.T.copy())) is None
+    cm = lucid.compile(lambda a, b: a @ b, backend="mpsgraph-reference")
+    got = cm(lucid.tensor(a), lucid.tensor(a.T.copy())).numpy()
+    np.testing.assert_array_equal(got, np.full((2, 2), 3))
+    assert "matmul on i32" in " ".join(str(v) for v in cm.cache_info().values())
+
+
+def test_4_wide_matmul_is_refused_before_macos_14_4():
+    from lucid.backends.mpsgraph.legalize import legalize_refusal
+
+    module = lowered(
+        lambda a, b: a @ b, np.ones((2, 1), np.float32), np.ones((1, 32769), np.float32)
+    )
+    assert "above 32768 on macOS 14.3" in legalize_refusal(module, (14, 3))
+    assert legalize_refusal(module, (14, 4)) is None and legalize_refusal(module) is None
+
+
+# --- 8. integer sign and relu -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("name", ["sign", "relu"])
+def test_8_integer_sign_and_relu_avoid_the_integer_kernels(name, dtype):
+    info = np.iinfo(dtype)
+    x = np.array([-3, 0, 5, info.min, info.max, -1, 1], dtype)
+    (got,), _, prog = emit_and_run(name, [x], {})
+    np.testing.assert_array_equal(got, P.evaluate(name, [x], {})[0])
+    used = {c["selector"] for c in prog["calls"]}
+    assert not used & {"signWithTensor:name:", "reLUWithTensor:name:"}, used
+
+
+# --- 7. the Philox stream in 32-bit halves ------------------------------------------------------
+@pytest.mark.parametrize(
+    "state",
+    [[-1, 2**63 - 1], [0, 0], [-(2**63), -1], [0x0123456789ABCDEF, 2**32 - 1]],
+    ids=["all_ones_key", "zeros", "extremes", "mixed"],
+)
+@pytest.mark.parametrize("name", ["random_uniform", "random_normal"])
+def test_7_philox_never_wraps_and_equals_eagers_stream_bit_for_bit(name, state):
+    from lucid.backends.mpsgraph.emit import Val, emit_op
+    from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
+
+    attrs = {"shape": [4096]} if name == "random_uniform" else {"shape": [33]}
+    b = ReferenceBuilder()
+    key = Val(b.placeholder((2,), "i64", "input:0"), (2,), "i64")
+    (out,), _ = emit_op(b, name, [key], attrs)
+    prog = b.program([out.id], [])
+    state = np.array(state, np.int64)
+    # exact_integers: any Int32/Int64 addition, subtraction or multiplication that wraps raises.
+    (got,) = run_program(prog, [state], exact_integers=True)
+    want = P.evaluate(name, [state], attrs)[0]
+    if name == "random_uniform":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# --- 9. exact integer floor_divide and remainder ------------------------------------------------
+def _division_operands(dtype, limit, rng):
+    info = np.iinfo(dtype)
+    big = [info.max, info.min + 1, limit - 1, -(limit - 1), 2**40 + 7, -(2**40 + 7), 7, -7, 0]
+    a = [v for v in big if -limit < v < limit and info.min < v <= info.max]
+    a += list(rng.integers(-limit + 1, limit, 40))
+    b = [3, -3, 2, -2, 1, -1, 7, info.max, info.min + 1, 2**20 + 1, -(2**13) - 5, 0]
+    b += list(rng.integers(info.min + 1, info.max, 20))
+    a_grid, b_grid = np.meshgrid(np.array(a, dtype), np.array(b, dtype))
+    return a_grid.ravel(), b_grid.ravel()
+
+
+@pytest.mark.parametrize("dtype, limit", [(np.int32, 2**31), (np.int64, 2**62)])
+@pytest.mark.parametrize("name", ["floor_divide", "remainder"])
+def test_9_integer_division_is_exact_with_a_float32_quotient(name, dtype, limit):
+    # The reference divides integers through Float32 (as PyTorch's MPS backend does); the
+    # emission must still be exact: int32 over its whole range, int64 for |a| < 2**62.
+    a, b = _division_operands(dtype, limit, np.random.default_rng(24))
+    (got,), _, _ = emit_and_run(name, [a, b], {})
+    np.testing.assert_array_equal(got, P.evaluate(name, [a, b], {})[0])
+
+
+def test_10_the_program_format_refuses_rank0_and_empty_placeholders():
+    for shape in ((), (0, 3)):
+        b = RecordingBuilder()
+        b.placeholder(shape, "f32", "input:0")
+        with pytest.raises(ProgramError, match="rank 0|bad shape"):
+            b.program([0], [])
