@@ -778,7 +778,16 @@ def batch_norm(
             raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
     if training or running_mean is None or running_var is None:
         n = input.numel() // c if c else 0
-        if training and n <= 1:
+        if training and n == 0:
+            # An empty batch: PyTorch returns an empty result (still depending on the affine
+            # parameters, whose gradients are zero) and leaves the running statistics alone.
+            y = input * 1.0
+            if weight is not None:
+                y = y * _channel_view(weight, input.ndim)
+            if bias is not None:
+                y = y + _channel_view(bias, input.ndim)
+            return y
+        if training and n == 1:
             raise ValueError(
                 f"batch_norm: expected more than 1 value per channel when training, got input "
                 f"size {tuple(input.shape)}"

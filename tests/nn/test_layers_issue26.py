@@ -159,3 +159,26 @@ def test_rnn_compiled_equals_eager():
     ref, ref_h = rnn(x)
     np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), atol=1e-12)
     np.testing.assert_allclose(h.detach().numpy(), ref_h.detach().numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize(("layer", "shape"), [(nn.BatchNorm1d, (0, 3)),
+                                              (nn.BatchNorm2d, (0, 3, 2, 2))])  # fmt: skip
+def test_batch_norm_on_an_empty_batch_in_training_is_empty_eager_and_compiled(layer, shape):
+    results = []
+    for compiled in (False, True):
+        bn = layer(3)
+        with lucid.no_grad():
+            bn.weight.fill_(2.0)
+        run = lucid.compile(bn, strict=True) if compiled else bn
+        x = lucid.zeros(*shape, requires_grad=True)
+        y = run(x)
+        y.sum().backward()
+        results.append((y, bn, x))
+    for y, bn, x in results:
+        assert y.shape == shape and x.grad.shape == shape
+        # As PyTorch: running statistics untouched, the batch counted, zero affine gradients.
+        assert bn.running_mean.tolist() == [0.0] * 3 and bn.running_var.tolist() == [1.0] * 3
+        assert int(bn.num_batches_tracked) == 1
+        assert bn.weight.grad.tolist() == [0.0] * 3 and bn.bias.grad.tolist() == [0.0] * 3
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        layer(3)(lucid.zeros(1, 3, *([1] * (len(shape) - 2))))
