@@ -430,7 +430,17 @@ class Tensor:
         return self
 
     def contiguous(self) -> Tensor:
-        return self
+        """``self`` when its storage is row-major (always, for a trace tensor), else a
+        row-major copy (differentiable), as PyTorch."""
+        if self._data is None or self._data.flags.c_contiguous:
+            return self
+        from lucid.ops.elementwise import clone
+
+        return clone(self)
+
+    def is_contiguous(self) -> bool:
+        """Whether the storage is row-major (C-contiguous)."""
+        return self._data is None or bool(self._data.flags.c_contiguous)
 
     def float(self) -> Tensor:
         return self.type(_dtype.float32)

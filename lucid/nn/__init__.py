@@ -13,6 +13,8 @@ from lucid.nn.modules import (
     loss,
     module,
     normalization,
+    padding,
+    pixelshuffle,
     pooling,
     rnn,
     sparse,
@@ -24,5 +26,6 @@ from lucid.nn.parameter import Parameter
 
 __all__ = ["DataParallel", "Parameter", "functional", "init", "parallel", "utils"]
 for _m in (activation, container, conv, conv_transpose, dropout, flatten, linear, loss, module,
-           normalization, pooling, rnn, sparse, transformer, upsampling):  # fmt: skip
+           normalization, padding, pixelshuffle, pooling, rnn, sparse, transformer,
+           upsampling):  # fmt: skip
     __all__ += _m.__all__

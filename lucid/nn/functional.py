@@ -32,6 +32,9 @@ __all__ = [
     "cosine_similarity",
     "cross_entropy",
     "dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
     "elu",
     "embedding",
     "gelu",
@@ -60,6 +63,8 @@ __all__ = [
     "normalize",
     "one_hot",
     "pad",
+    "pixel_shuffle",
+    "pixel_unshuffle",
     "relu",
     "relu6",
     "rms_norm",
@@ -279,6 +284,82 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     from lucid.ops.random import dropout as _dropout
 
     return _dropout(input, p, training, inplace)
+
+
+def feature_dropout(
+    input: Tensor,  # noqa: A002
+    p: float,
+    training: bool,
+    inplace: bool,
+    spatial_dims: int,
+    name: str,
+) -> Tensor:
+    """Channel dropout (``dropout1d/2d/3d``): whole (sample, channel) slices are zeroed."""
+    from lucid.ops.random import feature_dropout as _feature_dropout
+
+    return _feature_dropout(input, p, training, inplace, spatial_dims, name)
+
+
+def dropout1d(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:  # noqa: A002
+    """Zero whole channels of (N, C, L) or (C, L) inputs with probability p, when training."""
+    return feature_dropout(input, p, training, inplace, 1, "dropout1d")
+
+
+def dropout2d(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:  # noqa: A002
+    """Zero whole channels of (N, C, H, W) or (C, H, W) inputs with probability p, when
+    training."""
+    return feature_dropout(input, p, training, inplace, 2, "dropout2d")
+
+
+def dropout3d(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:  # noqa: A002
+    """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) inputs with probability p, when
+    training."""
+    return feature_dropout(input, p, training, inplace, 3, "dropout3d")
+
+
+# --- pixel shuffle: reshape / permute compositions
+
+
+def _check_pixel_factor(factor: Any, name: str, op: str) -> int:
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor <= 0:
+        raise ValueError(f"{op}: {name} must be a positive integer, got {factor!r}")
+    return factor
+
+
+def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:  # noqa: A002
+    """(*, C*r*r, H, W) -> (*, C, H*r, W*r): channel blocks become r x r pixel blocks."""
+    r = _check_pixel_factor(upscale_factor, "upscale_factor", "pixel_shuffle")
+    if input.ndim < 3 or input.shape[-3] % (r * r):
+        raise ValueError(
+            f"pixel_shuffle: expected an input of at least 3 dims whose channel dim (-3) is "
+            f"divisible by upscale_factor**2 = {r * r}, got shape {tuple(input.shape)}"
+        )
+    *batch, c, h, w = input.shape
+    nb = len(batch)
+    x = input.reshape(*batch, c // (r * r), r, r, h, w)
+    x = x.permute(*range(nb), nb, nb + 3, nb + 1, nb + 4, nb + 2)
+    return x.reshape(*batch, c // (r * r), h * r, w * r)
+
+
+def pixel_unshuffle(input: Tensor, downscale_factor: int) -> Tensor:  # noqa: A002
+    """(*, C, H*r, W*r) -> (*, C*r*r, H, W): the inverse of ``pixel_shuffle``."""
+    r = _check_pixel_factor(downscale_factor, "downscale_factor", "pixel_unshuffle")
+    if input.ndim < 3 or input.shape[-2] % r or input.shape[-1] % r:
+        raise ValueError(
+            f"pixel_unshuffle: expected an input of at least 3 dims whose height and width are "
+            f"divisible by downscale_factor = {r}, got shape {tuple(input.shape)}"
+        )
+    *batch, c, h, w = input.shape
+    nb = len(batch)
+    x = input.reshape(*batch, c, h // r, r, w // r, r)
+    x = x.permute(*range(nb), nb, nb + 2, nb + 4, nb + 1, nb + 3)
+    return x.reshape(*batch, c * r * r, h // r, w // r)
 
 
 # --- losses
@@ -697,7 +778,16 @@ def batch_norm(
             raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
     if training or running_mean is None or running_var is None:
         n = input.numel() // c if c else 0
-        if training and n <= 1:
+        if training and n == 0:
+            # An empty batch: PyTorch returns an empty result (still depending on the affine
+            # parameters, whose gradients are zero) and leaves the running statistics alone.
+            y = input * 1.0
+            if weight is not None:
+                y = y * _channel_view(weight, input.ndim)
+            if bias is not None:
+                y = y + _channel_view(bias, input.ndim)
+            return y
+        if training and n == 1:
             raise ValueError(
                 f"batch_norm: expected more than 1 value per channel when training, got input "
                 f"size {tuple(input.shape)}"

@@ -814,7 +814,8 @@ register(
         "cast",
         ("x",),
         lambda x, dtype: elementwise_infer(dtype)(x),
-        lambda x, dtype: x.astype(dtype.numpy),
+        # C order: a cast (and so clone and contiguous) of a transposed view is row-major.
+        lambda x, dtype: x.astype(dtype.numpy, order="C"),
         lambda c, g: (g.type(c.inputs[0].dtype) if c.inputs[0].dtype.is_floating_point else None,),
         attrs={"dtype": None},
         props=frozenset({ELEMENTWISE, SYMBOLIC_BATCH_SAFE}),

@@ -463,6 +463,35 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     return mul(x, apply("bernoulli_mask", _random.next_rng(), x, p=p))
 
 
+def feature_dropout(
+    x: Tensor,
+    p: float = 0.5,
+    training: bool = True,
+    inplace: bool = False,
+    spatial_dims: int = 2,
+    name: str = "dropout2d",
+) -> Tensor:
+    """Zero each whole channel of ``x`` ((N, C, *spatial) or unbatched (C, *spatial)) with
+    probability ``p`` and scale the kept ones by ``1/(1-p)``, when training."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if x.ndim not in (spatial_dims + 1, spatial_dims + 2):
+        raise ValueError(
+            f"{name}: expected {spatial_dims + 1}D (unbatched) or {spatial_dims + 2}D (batched) "
+            f"input, got {x.ndim}D input of shape {tuple(x.shape)}"
+        )
+    if not training or p == 0:
+        return x
+    # One mask entry per (sample, channel), broadcast over the spatial dims; the slice keeps
+    # symbolic batch sizes symbolic.
+    keep_one = (slice(None),) * (x.ndim - spatial_dims) + (slice(0, 1),) * spatial_dims
+
+    def dropped(a: Tensor) -> Tensor:
+        return mul(a, apply("bernoulli_mask", _random.next_rng(), a[keep_one], p=p))
+
+    return x._apply_inplace(dropped) if inplace else dropped(x)
+
+
 # --- in-place fills: the drawn values overwrite the tensor through the "fill" op, so the old
 # value gets a zero gradient as in PyTorch.
 

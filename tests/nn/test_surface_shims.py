@@ -59,3 +59,14 @@ def test_cudnn_flags_reachable_as_in_torch_without_loading_the_compiler():
         "assert 'xdsl' not in sys.modules, 'the flags module loaded the compiler'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_contiguous_copies_a_transposed_view_row_major_and_keeps_gradients():
+    x = lucid.arange(12.0).reshape(3, 4).requires_grad_(True)
+    view = x.t()
+    assert not view.is_contiguous()
+    copy = view.contiguous()
+    assert copy.is_contiguous() and copy.tolist() == view.tolist()
+    assert x.contiguous() is x
+    (copy * lucid.arange(12.0).reshape(4, 3)).sum().backward()
+    assert x.grad.tolist() == lucid.arange(12.0).reshape(4, 3).t().tolist()

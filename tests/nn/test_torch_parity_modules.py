@@ -321,3 +321,87 @@ def test_transformer_full_model_values_and_gradients(batch_first):
     _close(s.grad, ts.grad, atol=1e-8)
     for (name, p), (_, tp) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
         np.testing.assert_allclose(p.grad._data, tp.grad.numpy(), atol=1e-8, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"num_layers": 2, "bidirectional": True, "batch_first": True, "nonlinearity": "relu"},
+     {"bias": False}],
+)  # fmt: skip
+def test_rnn(kw):
+    ours, theirs = nn.RNN(3, 4, **kw), tnn.RNN(3, 4, **kw)
+    _sync(ours, theirs)
+    x = _arr(2, 5, 3)
+    h0 = _arr(ours.num_layers * (2 if ours.bidirectional else 1), 2 if ours.batch_first else 5, 4)
+    out, h = ours(lucid.tensor(x), lucid.tensor(h0))
+    ref, rh = theirs(torch.from_numpy(x), torch.from_numpy(h0))
+    _close(out, ref)
+    _close(h, rh)
+
+
+@pytest.mark.parametrize("cell", ["RNNCell", "GRUCell", "LSTMCell"])
+def test_cells(cell):
+    ours, theirs = getattr(nn, cell)(3, 4), getattr(tnn, cell)(3, 4)
+    _sync(ours, theirs)
+    x, h = _arr(2, 3), _arr(2, 4)
+    if cell == "LSTMCell":
+        state, ref_state = (
+            (lucid.tensor(h), lucid.tensor(2 * h)),
+            tuple(torch.from_numpy(a) for a in (h, 2 * h)),
+        )
+    else:
+        state, ref_state = lucid.tensor(h), torch.from_numpy(h)
+    for args, ref_args in [
+        ((lucid.tensor(x), state), (torch.from_numpy(x), ref_state)),
+        ((lucid.tensor(x),), (torch.from_numpy(x),)),
+        ((lucid.tensor(x[0]),), (torch.from_numpy(x[0]),)),
+    ]:
+        out, ref = ours(*args), theirs(*ref_args)
+        for o, r in zip(
+            out if isinstance(out, tuple) else (out,),
+            ref if isinstance(ref, tuple) else (ref,),
+            strict=True,
+        ):
+            _close(o, r)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "shape"),
+    [
+        ("ReflectionPad1d", (2,), (2, 3, 6)),
+        ("ReflectionPad2d", ((1, 0, 2, 1),), (2, 3, 4, 5)),
+        ("ReplicationPad1d", ((1, 3),), (2, 3, 6)),
+        ("ReplicationPad2d", (2,), (3, 4, 5)),
+        ("ReplicationPad3d", (1,), (1, 2, 3, 4, 5)),
+        ("ZeroPad2d", ((1, 2, 0, 3),), (2, 3, 4, 5)),
+        ("ConstantPad1d", (2, 1.5), (2, 3, 6)),
+        ("ConstantPad2d", (1, 3.5), (2, 3, 4, 5)),
+        ("CircularPad2d", (1,), (2, 3, 4, 5)),
+        ("PixelShuffle", (2,), (2, 8, 3, 5)),
+        ("PixelUnshuffle", (2,), (2, 2, 6, 4)),
+    ],
+)
+def test_padding_and_pixel_shuffle(name, args, shape):
+    ours, theirs = getattr(nn, name)(*args), getattr(tnn, name)(*args)
+    assert repr(ours) == repr(theirs)
+    x = _arr(*shape)
+    _close(ours(lucid.tensor(x)), theirs(torch.from_numpy(x)))
+
+
+@pytest.mark.parametrize("cls", ["InstanceNorm1d", "InstanceNorm2d"])
+@pytest.mark.parametrize("kw", [{}, {"affine": True, "track_running_stats": True}])
+def test_instance_norm(cls, kw):
+    ours, theirs = getattr(nn, cls)(3, **kw), getattr(tnn, cls)(3, **kw)
+    if kw:
+        _sync(ours, theirs)
+    ours.double()
+    theirs.double()
+    shape = (2, 3, 7) if cls == "InstanceNorm1d" else (2, 3, 4, 5)
+    for x in (_arr(*shape), _arr(*shape[1:])):
+        _close(ours(lucid.tensor(x)), theirs(torch.from_numpy(x)))
+    if kw:
+        _close(ours.running_var, theirs.running_var)
+        ours.eval()
+        theirs.eval()
+        x = _arr(*shape)
+        _close(ours(lucid.tensor(x)), theirs(torch.from_numpy(x)))

@@ -296,7 +296,8 @@ def test_iterable_dataset():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"num_workers": 2}, ValueError, "num_workers=2 is not supported.*num_workers=0"),
+        ({"num_workers": 2, "prefetch_factor": 0}, ValueError, "prefetch_factor option should"),
+        ({"num_workers": 2, "multiprocessing_context": "nope"}, ValueError, "valid start method"),
         ({"num_workers": -1}, ValueError, "non-negative"),
         ({"prefetch_factor": 2}, ValueError, "prefetch_factor"),
         ({"persistent_workers": True}, ValueError, "persistent_workers option needs"),

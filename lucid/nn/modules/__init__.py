@@ -10,6 +10,8 @@ from lucid.nn.modules.linear import *  # noqa: F403
 from lucid.nn.modules.loss import *  # noqa: F403
 from lucid.nn.modules.module import *  # noqa: F403
 from lucid.nn.modules.normalization import *  # noqa: F403
+from lucid.nn.modules.padding import *  # noqa: F403
+from lucid.nn.modules.pixelshuffle import *  # noqa: F403
 from lucid.nn.modules.pooling import *  # noqa: F403
 from lucid.nn.modules.rnn import *  # noqa: F403
 from lucid.nn.modules.sparse import *  # noqa: F403

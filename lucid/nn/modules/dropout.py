@@ -1,4 +1,5 @@
-"""``Dropout``: zero elements with probability p during training, scale the rest by 1/(1-p)."""
+"""``Dropout`` zeroes elements with probability p during training and scales the rest by
+1/(1-p); ``Dropout1d/2d/3d`` zero whole channels."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d"]
 
 
 class Dropout(Module):
@@ -26,3 +27,32 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
+
+
+class _FeatureDropout(Dropout):
+    """Zeroes whole channels (every spatial position of a (sample, channel) together)."""
+
+    _spatial_dims = 1
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.feature_dropout(
+            input, self.p, self.training, self.inplace, self._spatial_dims, type(self).__name__
+        )
+
+
+class Dropout1d(_FeatureDropout):
+    """Channel dropout over (N, C, L) or unbatched (C, L) inputs."""
+
+    _spatial_dims = 1
+
+
+class Dropout2d(_FeatureDropout):
+    """Channel dropout over (N, C, H, W) or unbatched (C, H, W) inputs."""
+
+    _spatial_dims = 2
+
+
+class Dropout3d(_FeatureDropout):
+    """Channel dropout over (N, C, D, H, W) or unbatched (C, D, H, W) inputs."""
+
+    _spatial_dims = 3

@@ -1,4 +1,5 @@
-"""Normalization layers: ``BatchNorm1d/2d``, ``LayerNorm``, ``RMSNorm``, ``GroupNorm``."""
+"""Normalization layers: ``BatchNorm1d/2d``, ``InstanceNorm1d/2d/3d``, ``LayerNorm``, ``RMSNorm``,
+``GroupNorm``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ from lucid.nn.modules._utils import (
 )
 from lucid.nn.modules.module import Module
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "GroupNorm"]
+__all__ = [
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "InstanceNorm3d",
+    "LayerNorm",
+    "RMSNorm",
+    "GroupNorm",
+]
 
 
 def _register_affine(
@@ -114,6 +124,70 @@ class BatchNorm2d(_BatchNorm):
     """BatchNorm over (N, C, H, W) inputs, per channel C."""
 
     _expected_ndims = (4,)
+
+
+class _InstanceNorm(_BatchNorm):
+    """Shared InstanceNorm: each (sample, channel) is normalised over its spatial dims. Same
+    parameters and buffers as BatchNorm, but no affine parameters and no running statistics by
+    default (as torch); with ``track_running_stats`` the eval mode uses the running ones."""
+
+    _spatial_dims = 1
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        batched_ndim = self._spatial_dims + 2
+        if input.ndim not in (batched_ndim - 1, batched_ndim):
+            raise ValueError(
+                f"{type(self).__name__}: expected {batched_ndim - 1}D (unbatched) or "
+                f"{batched_ndim}D (batched) input, got {input.ndim}D input"
+            )
+        unbatched = input.ndim == batched_ndim - 1
+        x = input.unsqueeze(0) if unbatched else input
+        if x.shape[1] != self.num_features and self.affine:
+            raise ValueError(
+                f"{type(self).__name__}: expected input with {self.num_features} channels, got "
+                f"{x.shape[1]} (shape {tuple(input.shape)})"
+            )
+        out = F.instance_norm(
+            x,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            use_input_stats=self.training or not self.track_running_stats,
+            momentum=0.1 if self.momentum is None else self.momentum,
+            eps=self.eps,
+        )
+        return out.squeeze(0) if unbatched else out
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """InstanceNorm over (N, C, L) or unbatched (C, L) inputs."""
+
+    _spatial_dims = 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """InstanceNorm over (N, C, H, W) or unbatched (C, H, W) inputs."""
+
+    _spatial_dims = 2
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """InstanceNorm over (N, C, D, H, W) or unbatched (C, D, H, W) inputs."""
+
+    _spatial_dims = 3
 
 
 def _shape_tuple(normalized_shape: Any) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from lucid.utils.data.dataloader import (
     DataLoader,
+    WorkerInfo,
     default_collate,
     default_convert,
     get_worker_info,
@@ -34,6 +35,7 @@ __all__ = [
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",
+    "WorkerInfo",
     "default_collate",
     "default_convert",
     "get_worker_info",

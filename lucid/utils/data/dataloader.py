@@ -1,8 +1,12 @@
-"""``DataLoader``: batches of a dataset, in the main process, as ``torch.utils.data.DataLoader``
-with ``num_workers=0``."""
+"""``DataLoader``: batches of a dataset, as ``torch.utils.data.DataLoader``: in the calling
+process (``num_workers=0``) or in worker processes (``lucid.utils.data._worker``)."""
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
+import queue
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -12,10 +16,12 @@ import numpy as np
 import lucid
 from lucid._generator import Generator
 from lucid._tensor import Tensor
+from lucid.utils.data import _worker
+from lucid.utils.data._worker import ExceptionWrapper, FetchSpec, IterableEnd, WorkerInfo
 from lucid.utils.data.dataset import Dataset, IterableDataset
 from lucid.utils.data.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-__all__ = ["DataLoader", "default_collate", "default_convert", "get_worker_info"]
+__all__ = ["DataLoader", "WorkerInfo", "default_collate", "default_convert", "get_worker_info"]
 
 _COLLATE_TYPES = "tensors, numpy arrays, numbers, strings, dicts or lists/tuples"
 
@@ -95,19 +101,44 @@ def default_convert(data: Any) -> Any:
     return data
 
 
-def get_worker_info() -> None:
-    """Information about the worker process loading this sample: always None, since Lucid's
-    DataLoader loads in the calling process (torch returns None there too)."""
-    return None
+def get_worker_info() -> WorkerInfo | None:
+    """In a DataLoader worker process, its ``WorkerInfo`` (``id``, ``num_workers``, ``seed``,
+    ``dataset``: the worker's copy, e.g. to shard an ``IterableDataset``); None in the main
+    process, as torch."""
+    return _worker.get_worker_info()
 
 
-def _unsupported(option: str, why: str) -> ValueError:
-    return ValueError(f"DataLoader: {option} is not supported: {why}")
+def _fetch_map(dataset: Any, indices: Any, spec: FetchSpec) -> Any:
+    """One batch of a map-style dataset: ``indices`` is a list (auto-collation) or one index."""
+    if not spec.auto_collation:
+        return spec.collate_fn(dataset[indices])
+    indices = list(indices)
+    if spec.default_collate:
+        fetch = getattr(dataset, "_fetch_batch", None)
+        if fetch is not None:
+            # One gather per tensor instead of stacking per-sample rows: the same batch.
+            batch = fetch(indices)
+            if batch is not None:
+                return batch
+    getitems = getattr(dataset, "__getitems__", None)
+    samples = getitems(indices) if getitems is not None else [dataset[i] for i in indices]
+    return spec.collate_fn(samples)
+
+
+def _next_stream_batch(it: Iterator[Any], spec: FetchSpec) -> Any:
+    """The next batch of an iterable dataset's iterator, or None when it has no more."""
+    if spec.batch_size is None:
+        for sample in it:
+            return spec.collate_fn(sample)
+        return None
+    batch = list(itertools.islice(it, spec.batch_size))
+    if not batch or (spec.drop_last and len(batch) < spec.batch_size):
+        return None
+    return spec.collate_fn(batch)
 
 
 class DataLoader:
-    """Iterate over a dataset in batches, as ``torch.utils.data.DataLoader`` with
-    ``num_workers=0``.
+    """Iterate over a dataset in batches, as ``torch.utils.data.DataLoader``.
 
     Args:
         dataset: a map-style ``Dataset`` (``__getitem__`` and ``__len__``) or an
@@ -119,12 +150,15 @@ class DataLoader:
             ``shuffle`` / ``batch_size``, ``shuffle``, ``sampler`` and ``drop_last``.
         collate_fn: merges a list of samples into a batch (``default_collate``).
         drop_last: drop the last batch when it is shorter than ``batch_size``.
-        generator: a ``lucid.Generator`` for the shuffling.
-
-    Loading runs in the calling process: ``num_workers`` must be 0, and the options that only
-    configure worker processes (``prefetch_factor``, ``persistent_workers``,
-    ``multiprocessing_context``) raise ``ValueError`` when given, as torch does with
-    ``num_workers=0``.
+        generator: a ``lucid.Generator`` for the shuffling and the workers' base seed.
+        num_workers: 0 loads in the calling process; more starts that many worker processes
+            per iteration (once with ``persistent_workers``). Worker ``i`` seeds Python's
+            ``random``, Lucid and numpy from ``base_seed + i`` (``base_seed`` drawn from
+            ``generator`` or the global stream), then calls ``worker_init_fn(i)``; each keeps
+            up to ``prefetch_factor`` (default 2) batches in flight; batches arrive in sampler
+            order (``in_order``); a worker's exception is re-raised naming the worker and the
+            indices; ``timeout`` > 0 bounds the wait for a batch. An ``IterableDataset`` is
+            iterated by every worker on its own copy: shard it with ``get_worker_info()``.
     """
 
     def __init__(
@@ -150,23 +184,44 @@ class DataLoader:
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers option should be non-negative, got {num_workers!r}")
-        if num_workers > 0:
-            raise _unsupported(
-                f"num_workers={num_workers}",
-                "Lucid's DataLoader loads batches in the calling process; use num_workers=0 "
-                "(loading from in-memory tensors is rarely the bottleneck)",
-            )
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
-        if prefetch_factor is not None:
+        if num_workers == 0 and prefetch_factor is not None:
             raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing; Lucid's "
-                "DataLoader has num_workers=0 only, so leave prefetch_factor as None"
+                "prefetch_factor option could only be specified in multiprocessing. let "
+                "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        if persistent_workers:
-            raise ValueError("persistent_workers option needs num_workers > 0, which Lucid lacks")
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        if prefetch_factor is not None and (
+            isinstance(prefetch_factor, bool)
+            or not isinstance(prefetch_factor, int)
+            or prefetch_factor <= 0
+        ):
+            raise ValueError(
+                f"prefetch_factor option should be a positive integer, got {prefetch_factor!r}"
+            )
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
         if multiprocessing_context is not None:
-            raise _unsupported("multiprocessing_context", "there are no worker processes")
+            if num_workers == 0:
+                raise ValueError(
+                    "multiprocessing_context can only be used with multi-process loading "
+                    "(num_workers > 0), but got num_workers=0"
+                )
+            if isinstance(multiprocessing_context, str):
+                methods = multiprocessing.get_all_start_methods()
+                if multiprocessing_context not in methods:
+                    raise ValueError(
+                        f"multiprocessing_context option should specify a valid start method in "
+                        f"{methods!r}, but got {multiprocessing_context!r}"
+                    )
+                multiprocessing_context = multiprocessing.get_context(multiprocessing_context)
+            elif not hasattr(multiprocessing_context, "Process"):
+                raise TypeError(
+                    "multiprocessing_context option should be a valid context object or a "
+                    f"string specifying the start method, but got {multiprocessing_context!r}"
+                )
         if generator is not None and not isinstance(generator, Generator):
             raise TypeError(f"generator must be a lucid.Generator, got {type(generator).__name__}")
         if pin_memory:
@@ -195,6 +250,7 @@ class DataLoader:
         self.multiprocessing_context = multiprocessing_context
         self.pin_memory_device = pin_memory_device
         self.in_order = in_order
+        self._persistent_iterator: _MultiProcessingIter | None = None
         self._iterable = isinstance(dataset, IterableDataset) or (
             not hasattr(dataset, "__getitem__") and hasattr(dataset, "__iter__")
         )
@@ -258,50 +314,39 @@ class DataLoader:
     def _auto_collation(self) -> bool:
         return self.batch_sampler is not None or (self._iterable and self.batch_size is not None)
 
+    def _fetch_spec(self) -> FetchSpec:
+        return FetchSpec(
+            self._iterable,
+            self._auto_collation,
+            self.batch_size,
+            self.drop_last,
+            self.collate_fn,
+            self._default_collate,
+        )
+
     def __iter__(self) -> Iterator[Any]:
-        if self._iterable:
-            return self._iter_stream()
-        return self._iter_map()
-
-    def _iter_map(self) -> Iterator[Any]:
-        dataset = self.dataset
-        if self.batch_sampler is None:
-            for idx in self.sampler:  # type: ignore[union-attr]
-                yield self.collate_fn(dataset[idx])  # type: ignore[index]
-            return
-        fetch = getattr(dataset, "_fetch_batch", None) if self._default_collate else None
-        getitems = getattr(dataset, "__getitems__", None)
-        for indices in self.batch_sampler:
-            indices = list(indices)
-            if fetch is not None:
-                # One gather per tensor instead of stacking per-sample rows: the same batch.
-                batch = fetch(indices)
-                if batch is not None:
-                    yield batch
-                    continue
-            if getitems is not None:
-                samples = getitems(indices)
+        if self.num_workers > 0:
+            if not self.persistent_workers:
+                return _MultiProcessingIter(self)
+            if self._persistent_iterator is None:
+                self._persistent_iterator = _MultiProcessingIter(self)
             else:
-                samples = [dataset[i] for i in indices]  # type: ignore[index]
-            yield self.collate_fn(samples)
+                self._persistent_iterator.reset()
+            return self._persistent_iterator
+        spec = self._fetch_spec()
+        if self._iterable:
+            return self._iter_stream(spec)
+        return self._iter_map(spec)
 
-    def _iter_stream(self) -> Iterator[Any]:
+    def _iter_map(self, spec: FetchSpec) -> Iterator[Any]:
+        tasks = self.sampler if self.batch_sampler is None else self.batch_sampler
+        for indices in tasks:  # type: ignore[union-attr]
+            yield _fetch_map(self.dataset, indices, spec)
+
+    def _iter_stream(self, spec: FetchSpec) -> Iterator[Any]:
         it = iter(self.dataset)  # type: ignore[arg-type]
-        if self.batch_size is None:
-            for sample in it:
-                yield self.collate_fn(sample)
-            return
-        while True:
-            batch = []
-            for sample in it:
-                batch.append(sample)
-                if len(batch) == self.batch_size:
-                    break
-            if not batch or (self.drop_last and len(batch) < self.batch_size):
-                return
-            yield self.collate_fn(batch)
-            if len(batch) < self.batch_size:
-                return
+        while (batch := _next_stream_batch(it, spec)) is not None:
+            yield batch
 
     def __len__(self) -> int:
         if self._iterable:
@@ -326,3 +371,211 @@ class DataLoader:
             f"DataLoader(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
             f"drop_last={self.drop_last})"
         )
+
+
+def _base_seed(generator: Generator | None) -> int:
+    """The workers' base seed for one iterator: a draw from ``generator`` or the global stream."""
+    return int(lucid.randint(0, 2**62, (1,), generator=generator).item())
+
+
+class _MultiProcessingIter:
+    """One pass (or, with ``persistent_workers``, every pass) over a DataLoader with worker
+    processes: tasks go out round-robin to workers with room (``prefetch_factor`` each),
+    results come back through one queue and are delivered in task order (``in_order``)."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader = loader
+        self._num_workers = loader.num_workers
+        self._prefetch_factor = loader.prefetch_factor or 2
+        self._timeout = loader.timeout
+        self._persistent = loader.persistent_workers
+        self._in_order = loader.in_order
+        self._shut_down = False
+        ctx = loader.multiprocessing_context or multiprocessing.get_context()
+        self._result_queue = ctx.Queue()
+        self._done_event = ctx.Event()
+        self._task_queues = []
+        self._workers = []
+        spec = loader._fetch_spec()
+        base_seed = _base_seed(loader.generator)
+        try:
+            for worker_id in range(self._num_workers):
+                task_queue = ctx.Queue()
+                task_queue.cancel_join_thread()
+                worker = ctx.Process(
+                    target=_worker.worker_loop,
+                    args=(
+                        loader.dataset,
+                        spec,
+                        _fetch_map,
+                        _next_stream_batch,
+                        task_queue,
+                        self._result_queue,
+                        self._done_event,
+                        worker_id,
+                        self._num_workers,
+                        base_seed,
+                        loader.worker_init_fn,
+                    ),  # fmt: skip
+                    daemon=True,
+                )
+                worker.start()
+                self._task_queues.append(task_queue)
+                self._workers.append(worker)
+        except BaseException:
+            self._shutdown()
+            raise
+        self._epoch = 0
+        self._start_epoch()
+
+    # --- epochs
+    def _start_epoch(self) -> None:
+        loader = self._loader
+        if loader._iterable:
+            self._tasks: Iterator[Any] | None = None
+        else:
+            tasks = loader.sampler if loader.batch_sampler is None else loader.batch_sampler
+            self._tasks = iter(tasks)  # type: ignore[arg-type]
+        self._send_index = 0
+        self._receive_index = 0
+        # task index -> (worker id, indices) while in flight, plus the batch once it arrived
+        self._task_info: dict[int, tuple] = {}
+        self._outstanding = 0
+        self._active = [True] * self._num_workers
+        self._next_worker = itertools.cycle(range(self._num_workers))
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._send_task()
+
+    def reset(self) -> None:
+        """A new epoch on the same (persistent) workers; results of the last one are dropped."""
+        if self._shut_down:
+            raise RuntimeError("DataLoader: this iterator's workers were shut down")
+        self._epoch += 1
+        for task_queue in self._task_queues:
+            task_queue.put(("resume", self._epoch))
+        resumed = 0
+        while resumed < self._num_workers:
+            epoch, _, _, data = self._get_result()
+            resumed += epoch == self._epoch and isinstance(data, str)
+        self._start_epoch()
+
+    def _send_task(self) -> None:
+        if self._outstanding >= self._prefetch_factor * self._num_workers:
+            return
+        for _ in range(self._num_workers):
+            worker_id = next(self._next_worker)
+            if self._active[worker_id]:
+                break
+        else:
+            return
+        if self._tasks is None:
+            indices = None
+        else:
+            indices = next(self._tasks, _EXHAUSTED)
+            if indices is _EXHAUSTED:
+                return
+        self._task_queues[worker_id].put(("task", self._epoch, self._send_index, indices))
+        self._task_info[self._send_index] = (worker_id, indices)
+        self._outstanding += 1
+        self._send_index += 1
+
+    # --- receiving
+    def _get_result(self) -> tuple:
+        """The next message of the result queue, checking for dead workers and ``timeout``."""
+        start = time.monotonic()
+        while True:
+            wait = _worker.STATUS_CHECK_INTERVAL
+            if self._timeout > 0:
+                wait = min(wait, max(self._timeout - (time.monotonic() - start), 0.0))
+            try:
+                return self._result_queue.get(timeout=wait)
+            except queue.Empty:
+                pass
+            dead = [w.pid for w in self._workers if not w.is_alive()]
+            if dead:
+                self._shutdown()
+                raise RuntimeError(
+                    f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly"
+                )
+            if self._timeout > 0 and time.monotonic() - start >= self._timeout:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+
+    def __iter__(self) -> _MultiProcessingIter:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self._shut_down:
+                raise StopIteration
+            # Skip tasks that will never be answered: sent to a worker whose stream ended.
+            while self._receive_index < self._send_index:
+                info = self._task_info[self._receive_index]
+                if len(info) == 3 or self._active[info[0]]:
+                    break
+                del self._task_info[self._receive_index]
+                self._receive_index += 1
+            else:
+                if not self._persistent:
+                    self._shutdown()
+                raise StopIteration
+            info = self._task_info[self._receive_index]
+            if len(info) == 3:
+                del self._task_info[self._receive_index]
+                self._receive_index += 1
+                if info[2] is _DELIVERED:
+                    continue
+                return self._deliver(info[2])
+            epoch, task_index, worker_id, data = self._get_result()
+            if epoch != self._epoch or task_index < 0:
+                continue
+            self._outstanding -= 1
+            if isinstance(data, IterableEnd):
+                self._active[worker_id] = False
+                continue
+            if task_index == self._receive_index or not self._in_order:
+                self._task_info.pop(task_index, None)
+                if task_index == self._receive_index:
+                    self._receive_index += 1
+                else:
+                    self._task_info[task_index] = (worker_id, None, _DELIVERED)
+                return self._deliver(data)
+            self._task_info[task_index] += (data,)
+
+    def _deliver(self, data: Any) -> Any:
+        self._send_task()
+        if isinstance(data, ExceptionWrapper):
+            data.reraise()
+        return data
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    # --- shutdown
+    def _shutdown(self) -> None:
+        """Stop every worker (asking first, then terminating), close the queues."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._done_event.set()
+        for task_queue in self._task_queues:
+            try:
+                task_queue.put(None)
+            except (OSError, ValueError):
+                pass
+        for worker in self._workers:
+            worker.join(timeout=_SHUTDOWN_GRACE)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join()
+        for q in (*self._task_queues, self._result_queue):
+            q.cancel_join_thread()
+            q.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_workers", None) is not None:
+            self._shutdown()
+
+
+_EXHAUSTED = object()
+_DELIVERED = object()  # an out-of-order batch already handed out (in_order=False)
+_SHUTDOWN_GRACE = 5.0  # seconds a worker gets to leave by itself before it is terminated
