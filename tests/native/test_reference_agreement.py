@@ -124,3 +124,55 @@ def test_float_floor_divide_and_remainder_follow_pythons_divmod(dtype, op):
         assert out[0] == 9 and out[1] == -10 and out[3] == -1 and np.isnan(out[4])
     else:
         assert out[3] == np.inf and np.isnan(out[4]) and out[12] == -1.5
+
+
+# -- the sign of zero: relu, abs and sign of -0 are +0 ------------------------------------------
+# As numpy, PyTorch and eager Lucid give; it shows through a reciprocal (+inf, not -inf).
+
+
+def test_compiled_relu_abs_and_sign_of_negative_zero_match_eager():
+    import lucid
+
+    x = lucid.tensor(np.array([-0.0, 0.0, -1.0, 2.0, np.nan] * 4, np.float32))
+
+    def reciprocals(t):
+        return 1 / t.relu(), 1 / t.abs(), 1 / t.sign(), 1 / (t * 2).relu().double()
+
+    with np.errstate(all="ignore"):
+        eager = [r.numpy() for r in reciprocals(x)]
+        compiled = [r.numpy() for r in lucid.compile(reciprocals)(x)]
+    for got, want in zip(compiled, eager, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert (compiled[0][:2] == np.inf).all()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("op", ["relu", "abs", "sign"])
+def test_relu_abs_and_sign_of_negative_zero_are_positive_zero(dtype, op):
+    n = 37  # a vector loop and its tail
+    desc = {
+        "slots": [((n,), dtype), ((n,), dtype)],
+        "instrs": [(op, [0], [1], {})],
+        "feeds": [0],
+        "results": [1],
+        "inplace": {},
+    }
+    (out,) = assert_agree(desc, [np.full(n, -0.0, NUMPY[dtype])])
+    assert not np.signbit(out).any()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("n", [3, 64])  # BLAS then a pass; float32: Lucid's kernel's epilogue
+def test_gemm_relu_of_negative_zero_is_positive_zero(dtype, n):
+    attrs = {"alpha": -1.0, "transpose_a": False, "transpose_b": False, "activation": "relu"}
+    desc = {
+        "slots": [((n, n), dtype)] * 3,
+        "instrs": [("gemm", [0, 1], [2], attrs)],
+        "feeds": [0, 1],
+        "results": [2],
+        "inplace": {},
+    }
+    # -1 * (a product of +0) is -0.
+    zeros, ones = np.zeros((n, n), NUMPY[dtype]), np.ones((n, n), NUMPY[dtype])
+    (out,) = assert_agree(desc, [zeros, ones])
+    assert (out == 0).all() and not np.signbit(out).any()
