@@ -148,9 +148,9 @@ LUCID_ALWAYS_INLINE void forward_tile(const T* src, const int64_t* off, int64_t 
       v0 += bias[r];
       v1 += bias[r];
     }
-    if (relu) {  // v < 0 ? 0 : v, so NaN stays NaN
-      v0 = v0 < 0 ? V{} : v0;
-      v1 = v1 < 0 ? V{} : v1;
+    if (relu) {  // as lucid::relu: v <= 0 ? +0 : v, so NaN stays NaN and -0 becomes +0
+      v0 = v0 <= 0 ? V{} : v0;
+      v1 = v1 <= 0 ? V{} : v1;
     }
     T* o = out + r * ldo;
     if (n_out == 2 * L) {

@@ -48,12 +48,17 @@ template <class T>
 void unary_numeric(Op op, const T* a, T* o, int64_t n) {
   switch (op) {
     case Op::neg: for (int64_t i = 0; i < n; ++i) o[i] = wrap_sub(T(0), a[i]); break;
-    case Op::abs: for (int64_t i = 0; i < n; ++i) o[i] = a[i] < 0 ? wrap_sub(T(0), a[i]) : a[i]; break;
-    case Op::sign:
-      for (int64_t i = 0; i < n; ++i) o[i] = a[i] > 0 ? T(1) : (a[i] < 0 ? T(-1) : a[i]);
+    // abs and sign of -0 are +0 (numpy, PyTorch, eager Lucid): 1 / abs(-0.0) is +inf.
+    case Op::abs:
+      if constexpr (std::is_floating_point_v<T>) for (int64_t i = 0; i < n; ++i) o[i] = std::fabs(a[i]);
+      else for (int64_t i = 0; i < n; ++i) o[i] = a[i] < 0 ? wrap_sub(T(0), a[i]) : a[i];
+      break;
+    case Op::sign:  // NaN stays NaN
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = a[i] > 0 ? T(1) : (a[i] < 0 ? T(-1) : (a[i] == 0 ? T(0) : a[i]));
       break;
     case Op::square: for (int64_t i = 0; i < n; ++i) o[i] = wrap_mul(a[i], a[i]); break;
-    case Op::relu: for (int64_t i = 0; i < n; ++i) o[i] = a[i] < 0 ? T(0) : a[i]; break;
+    case Op::relu: for (int64_t i = 0; i < n; ++i) o[i] = relu(a[i]); break;
     default: throw std::logic_error("unary op not handled");
   }
 }

@@ -29,7 +29,7 @@ namespace lucid {
       case Op::div: LUCID_EW_LOOP(a[i] / b[i]);                                                  \
       case Op::neg: LUCID_EW_LOOP(-a[i]);                                                        \
       case Op::square: LUCID_EW_LOOP(a[i] * a[i]);                                               \
-      case Op::relu: LUCID_EW_LOOP(a[i] < 0.0f ? 0.0f : a[i]);                                   \
+      case Op::relu: LUCID_EW_LOOP(relu(a[i]));                                                  \
       case Op::sqrt: LUCID_EW_LOOP(__builtin_sqrtf(a[i]));                                       \
       case Op::rsqrt: LUCID_EW_LOOP(1.0f / __builtin_sqrtf(a[i]));                               \
       case Op::reciprocal: LUCID_EW_LOOP(1.0f / a[i]);                                           \

@@ -141,7 +141,7 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
       sgemm_activation(p.act, 1, total, C, total);
     } else if constexpr (std::is_floating_point_v<T>) {
       for (int64_t i = 0; i < total; ++i)
-        C[i] = p.act == GemmActivation::relu ? (C[i] < 0 ? T(0) : C[i]) : gelu(C[i]);
+        C[i] = p.act == GemmActivation::relu ? relu(C[i]) : gelu(C[i]);
     }
   }
 }
@@ -362,7 +362,7 @@ void add_bias_relu(const ConvGeom& g, const T* bias, bool relu, T* y) {
       const T b = bias[o];
       for (int64_t i = 0; i < g.howo(); ++i) {
         const T v = p[i] + b;
-        p[i] = relu && v < 0 ? T(0) : v;
+        p[i] = relu ? lucid::relu(v) : v;
       }
     }
 }

@@ -449,13 +449,17 @@ std::vector<Slot> infer_fused(const Program& p, const Instr& in) {
            ", the other outputs " + shape_str(result.shape));
     out_slots.push_back(v);
   }
-  // Every node is evaluated at the output shape, so each must broadcast to it.
-  for (size_t i = in.in.size(); i < values.size(); ++i) {
+  // Every node is evaluated at the output shape, so each must broadcast to it; so must every
+  // input, read by a node or not: the evaluator walks each input over the output's blocks (an
+  // unread [2, 1] input of a [] result was read out of bounds).
+  for (size_t i = 0; i < values.size(); ++i) {
     Shape b;
-    if (!broadcast_shapes(values[i].shape, result.shape, &b) || b != result.shape)
-      fail("fused node " + std::to_string(i - in.in.size()) + " shape " +
-           shape_str(values[i].shape) + " does not broadcast to the result " +
-           shape_str(result.shape));
+    if (!broadcast_shapes(values[i].shape, result.shape, &b) || b != result.shape) {
+      const bool input = i < in.in.size();
+      fail("fused " + std::string(input ? "input " : "node ") +
+           std::to_string(input ? i : i - in.in.size()) + " shape " + shape_str(values[i].shape) +
+           " does not broadcast to the result " + shape_str(result.shape));
+    }
   }
   return out_slots;
 }

@@ -226,10 +226,9 @@ LUCID_AVX2 void finish_tile(const float* tile, int64_t rows, int64_t cols, float
         x0 = _mm256_add_ps(x0, load8(ai, m0, kMasked));
         x1 = _mm256_add_ps(x1, load8(ai + 8, m1, kMasked));
       }
-      // max(0, x) keeps a NaN and -0 as the relu instruction does (x < 0 ? 0 : x).
       if (kAct == GemmActivation::relu) {
-        x0 = _mm256_max_ps(_mm256_setzero_ps(), x0);
-        x1 = _mm256_max_ps(_mm256_setzero_ps(), x1);
+        x0 = relu8(x0);
+        x1 = relu8(x1);
       } else if (kAct == GemmActivation::gelu) {
         x0 = gelu8(x0);
         x1 = gelu8(x1);
@@ -424,10 +423,9 @@ LUCID_AVX2 void activation_avx2(GemmActivation act, int64_t M, int64_t N, float*
     int64_t j = 0;
     for (; j + 8 <= N; j += 8) {
       const __m256 x = _mm256_loadu_ps(c + j);
-      _mm256_storeu_ps(c + j, act == GemmActivation::relu ? _mm256_max_ps(_mm256_setzero_ps(), x)
-                                                          : gelu8(x));
+      _mm256_storeu_ps(c + j, act == GemmActivation::relu ? relu8(x) : gelu8(x));
     }
-    for (; j < N; ++j) c[j] = act == GemmActivation::relu ? (c[j] < 0 ? 0.0f : c[j]) : gelu(c[j]);
+    for (; j < N; ++j) c[j] = act == GemmActivation::relu ? relu(c[j]) : gelu(c[j]);
   }
 }
 
@@ -501,7 +499,7 @@ void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float& c = C[i * ldc + j];
-      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu(c);
+      c = act == GemmActivation::relu ? relu(c) : gelu(c);
     }
 }
 
@@ -518,7 +516,7 @@ void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float& c = C[i * ldc + j];
-      c = act == GemmActivation::relu ? (c < 0 ? 0.0f : c) : gelu(c);
+      c = act == GemmActivation::relu ? relu(c) : gelu(c);
     }
 }
 

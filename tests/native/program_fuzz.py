@@ -132,11 +132,81 @@ def collect_seed_programs() -> list[dict[str, Any]]:
             return scores.var(dim=-1), scores.argmax(dim=-1), lucid.where(q > 0, q, -q)
 
         attention(lucid.randn(2, 3, 4), lucid.randn(2, 3, 4), lucid.randn(2, 3, 4))
+        _more_seed_models()
     finally:
         _native.compile = real_compile
     if len(seen) < 4:
         raise RuntimeError(f"expected at least 4 seed programs, recorded {len(seen)}")
     return seen
+
+
+def _more_seed_models() -> None:
+    """Programs for the ops the models above leave out (so the differential check reaches
+    them): unary and binary math, comparisons and logic, reductions, sorting, float64 and
+    int32, strided and dilated convolutions, the max-pool gradient, GELU and layer norm
+    training, fused attention and its gradient."""
+    import lucid
+    import lucid.nn as nn
+    import lucid.nn.functional as F
+
+    @lucid.compile
+    def math(x, y):
+        a = lucid.maximum(x.abs().sqrt(), y.exp().log1p()) - lucid.minimum(x.sin(), y.cos())
+        b = x.tanh() * y.sigmoid() + x.erf() - y.expm1() / (x.square() + 1) + x.tan()
+        c = lucid.floor(x * 3) + lucid.ceil(y) - lucid.round(x * y) + x.sign() + y.reciprocal()
+        c = c + x.abs().rsqrt() + y.abs().log() + x.relu() + lucid.pow(y.abs(), x)
+        d = lucid.where(lucid.isnan(a) | lucid.isinf(b), c, lucid.remainder(a, y) + b // x)
+        e = lucid.logical_xor(x > y, lucid.logical_not(x <= 0)) & (y < 1) | (x == y)
+        return (
+            d, e, d.max(dim=1), d.min(dim=0), x.prod(dim=1), d.argmin(dim=1),
+            lucid.isfinite(c), x.var(dim=1), x.argsort(dim=1, descending=True),
+        )  # fmt: skip
+
+    x, y = lucid.randn(3, 5), lucid.randn(3, 5)
+    math(x, y)
+
+    @lucid.compile
+    def mixed(x64, i32):
+        return (
+            (x64 * 2).sum(dim=0), (i32 * 3 + 1) // 2, i32 % 3, x64.cumsum(dim=1),
+            x64.float(), i32.long(), x64.permute(1, 0) + 1, x64.max(dim=0), i32.max(dim=1),
+        )  # fmt: skip
+
+    mixed(
+        lucid.tensor(np.arange(12.0).reshape(3, 4)),
+        lucid.tensor(np.arange(12, dtype=np.int32).reshape(3, 4) - 5),
+    )
+
+    lucid.manual_seed(1)
+    cnn = nn.Sequential(
+        nn.Conv2d(1, 2, 3, stride=2, padding=1),
+        nn.MaxPool2d(2, stride=1),
+        nn.Conv2d(2, 2, 3, dilation=2, padding=2),
+        nn.Flatten(),
+        nn.Linear(18, 6),
+        nn.LayerNorm(6),
+        nn.GELU(),
+        nn.Linear(6, 3),
+    )
+    images, labels = lucid.randn(2, 1, 7, 7), lucid.tensor(np.array([0, 2]))
+    lucid.compile(cnn)(images)
+    lucid.compile.fused_step(cnn, F.cross_entropy, lucid.optim.SGD(cnn.parameters(), lr=0.1))(
+        images, labels
+    )
+
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attention(x, x, x)[0]
+
+    model, tokens = SelfAttention(), lucid.randn(2, 4, 8)
+    lucid.compile(model)(tokens)
+    lucid.compile.fused_step(model, F.mse_loss, lucid.optim.Adam(model.parameters()))(
+        tokens, tokens
+    )
 
 
 # ---- mutations -----------------------------------------------------------------------------------

@@ -66,6 +66,40 @@ def test_gemm_with_alpha_zero_gives_nan_where_the_product_is_not_finite(dtype, n
     assert (out[0] == (1.0 if bias else 0.0)).all()
 
 
+def test_pooling_windows_in_the_padding_then_gemm_with_alpha_zero():
+    # The shape of program (max_pool2d, avg_pool2d, reshape, gemm): max-pool windows
+    # lying wholly in the padding are -inf, and gemm{alpha = 0} of a row holding -inf is NaN,
+    # where native gave the bias (finite) and the interpreter NaN everywhere.
+    pool = {"kernel": [1, 1], "strides": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1]}
+    avg = {"kernel": [2, 2], "strides": [2, 2], "padding": [0, 0, 0, 0]}
+    avg["count_include_pad"] = True
+    gemm = {"alpha": 0.0, "transpose_a": False, "transpose_b": False}
+    desc = {
+        "slots": [
+            ((2, 1, 2, 2), "f32"),  # 0: images
+            ((2, 1, 4, 4), "f32"),  # 1: max-pooled, a ring of -inf
+            ((2, 1, 2, 2), "f32"),  # 2: avg-pooled (each window holds some -inf)
+            ((2, 4), "f32"),  # 3: flattened
+            ((4, 3), "f32"),  # 4: weight
+            ((3,), "f32"),  # 5: bias
+            ((2, 3), "f32"),  # 6: gemm
+        ],
+        "instrs": [
+            ("max_pool2d", [0], [1], pool),
+            ("avg_pool2d", [1], [2], avg),
+            ("reshape", [2], [3], {"shape": [2, 4]}),
+            ("gemm", [3, 4, 5], [6], gemm),
+        ],
+        "feeds": [0, 4, 5],
+        "results": [1, 6],
+        "inplace": {},
+    }
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal(s).astype(np.float32) for s in [(2, 1, 2, 2), (4, 3), (3,)]]
+    pooled, out = assert_agree(desc, feeds)
+    assert np.isneginf(pooled[:, :, 0]).all() and np.isnan(out).all()
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_matmul_accumulate_with_alpha_zero_gives_nan_where_the_product_is_not_finite(dtype):
     desc = {
@@ -124,3 +158,82 @@ def test_float_floor_divide_and_remainder_follow_pythons_divmod(dtype, op):
         assert out[0] == 9 and out[1] == -10 and out[3] == -1 and np.isnan(out[4])
     else:
         assert out[3] == np.inf and np.isnan(out[4]) and out[12] == -1.5
+
+
+# -- the sign of zero: relu, abs and sign of -0 are +0 ------------------------------------------
+# As numpy, PyTorch and eager Lucid give; it shows through a reciprocal (+inf, not -inf).
+
+
+def test_compiled_relu_abs_and_sign_of_negative_zero_match_eager():
+    import lucid
+
+    x = lucid.tensor(np.array([-0.0, 0.0, -1.0, 2.0, np.nan] * 4, np.float32))
+
+    def reciprocals(t):
+        return 1 / t.relu(), 1 / t.abs(), 1 / t.sign(), 1 / (t * 2).relu().double()
+
+    with np.errstate(all="ignore"):
+        eager = [r.numpy() for r in reciprocals(x)]
+        compiled = [r.numpy() for r in lucid.compile(reciprocals)(x)]
+    for got, want in zip(compiled, eager, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert (compiled[0][:2] == np.inf).all()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("op", ["relu", "abs", "sign"])
+def test_relu_abs_and_sign_of_negative_zero_are_positive_zero(dtype, op):
+    n = 37  # a vector loop and its tail
+    desc = {
+        "slots": [((n,), dtype), ((n,), dtype)],
+        "instrs": [(op, [0], [1], {})],
+        "feeds": [0],
+        "results": [1],
+        "inplace": {},
+    }
+    (out,) = assert_agree(desc, [np.full(n, -0.0, NUMPY[dtype])])
+    assert not np.signbit(out).any()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("n", [3, 64])  # BLAS then a pass; float32: Lucid's kernel's epilogue
+def test_gemm_relu_of_negative_zero_is_positive_zero(dtype, n):
+    attrs = {"alpha": -1.0, "transpose_a": False, "transpose_b": False, "activation": "relu"}
+    desc = {
+        "slots": [((n, n), dtype)] * 3,
+        "instrs": [("gemm", [0, 1], [2], attrs)],
+        "feeds": [0, 1],
+        "results": [2],
+        "inplace": {},
+    }
+    # -1 * (a product of +0) is -0.
+    zeros, ones = np.zeros((n, n), NUMPY[dtype]), np.ones((n, n), NUMPY[dtype])
+    (out,) = assert_agree(desc, [zeros, ones])
+    assert (out == 0).all() and not np.signbit(out).any()
+
+
+# -- exclusive cumsum: the sums before each element --------------------------------------------
+# The reference computed it as cumsum(x) - x, so an infinite element made its own entry NaN.
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_exclusive_cumsum_does_not_read_the_element_itself(dtype, reverse):
+    attrs = {"axis": 1, "exclusive": True, "reverse": reverse}
+    desc = {
+        "slots": [((3, 4), dtype), ((3, 4), dtype)],
+        "instrs": [("cumsum", [0], [1], attrs)],
+        "feeds": [0],
+        "results": [1],
+        "inplace": {},
+    }
+    x = np.array(
+        [[1.0, 2.0, 3.0, -np.inf], [np.nan, 1.0, 1.0, 1.0], [np.inf, 1.0, 2.0, 3.0]], NUMPY[dtype]
+    )
+    if reverse:
+        x = x[:, ::-1].copy()
+    (out,) = assert_agree(desc, [x])
+    if reverse:
+        out = out[:, ::-1]
+    np.testing.assert_array_equal(out[0], [0, 1, 3, 6])
+    assert out[1, 0] == 0 and out[2, 0] == 0 and np.isnan(out[1, 1:]).all()

@@ -266,3 +266,25 @@ def test_any_out_of_range_slot_index_is_rejected(slot):
     else:
         with pytest.raises(ValueError):
             _native.compile(desc, cache=False)
+
+
+@pytest.mark.parametrize("rows", [2, 100_000])
+def test_a_fused_input_no_node_reads_must_still_broadcast_to_the_result(rows):
+    # Found by the differential fuzzer: the evaluator walks every input over the output, so an
+    # unread [rows, 1] input of a 0-d result was read out of bounds (a crash).
+    desc = {
+        "slots": [((rows, 1), "f32"), ((), "f32"), ((), "f32")],
+        "instrs": [
+            (
+                "fused",
+                [0, 1],
+                [2],
+                {"sub_ops": ["neg"], "sub_args": [1], "sub_dtypes": ["f32"], "sub_floats": [0.0]},
+            )
+        ],
+        "feeds": [0, 1],
+        "results": [2],
+        "inplace": {},
+    }
+    with pytest.raises(ValueError, match="fused input 0 shape"):
+        _native.validate(desc)

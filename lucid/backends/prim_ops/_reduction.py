@@ -171,8 +171,9 @@ def _cumsum_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]
     acc = np.float64 if x.dtype.kind == "f" else np.int64
     y = np.flip(x, axis) if attrs["reverse"] else x
     c = np.cumsum(y.astype(acc), axis=axis)
-    if attrs["exclusive"]:
-        c = c - y.astype(acc)
+    if attrs["exclusive"]:  # the sums before each element (c - y made inf - inf a NaN)
+        c = np.roll(c, 1, axis=axis)
+        np.moveaxis(c, axis, 0)[:1] = 0
     if attrs["reverse"]:
         c = np.flip(c, axis)
     return [c.astype(x.dtype)]

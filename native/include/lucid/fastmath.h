@@ -7,6 +7,14 @@
 
 namespace lucid {
 
+// ReLU of one value as every kernel computes it (the relu instruction, the GEMM and convolution
+// epilogues): x <= 0 gives +0, so -0 becomes +0 (numpy's maximum(x, 0), PyTorch and eager Lucid;
+// 1 / relu(-0.0) is +inf) and NaN stays NaN.
+template <class T>
+inline T relu(T x) {
+  return x <= T(0) ? T(0) : x;
+}
+
 // exp(x) for float with ~1 ulp error (Cephes polynomial); NaN propagates, overflow gives inf,
 // results below about 2.4e-38 flush to 0.
 inline float fast_expf(float x) {

@@ -15,6 +15,12 @@
 
 namespace lucid {
 
+// lucid::relu on 8 lanes: lanes <= 0 (an ordered compare: NaN is not) become +0. max(0, x)
+// would keep -0.
+LUCID_AVX2 inline __m256 relu8(__m256 x) {
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LE_OQ), x);
+}
+
 LUCID_AVX2 inline __m256 erf8(__m256 x) {
   const __m256 c = _mm256_max_ps(_mm256_set1_ps(-4.0f), _mm256_min_ps(_mm256_set1_ps(4.0f), x));
   const __m256 x2 = _mm256_mul_ps(c, c);
