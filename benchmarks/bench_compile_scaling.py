@@ -27,7 +27,7 @@ skipped (said so in the table).
 
 Per (model, mode) series the script fits a growth exponent per stage, log-log least squares of
 the stage's milliseconds against the forward ops; stages that stay under ``SMALL_STAGE_MS`` at
-every size are shown but not judged (timer noise). It prints the targets of issue 21 against the
+every size are shown but not judged (timer noise). It prints the scaling targets against the
 results:
 
 - every stage's exponent <= 1.15 (first call and peak memory too),
