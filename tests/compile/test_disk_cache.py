@@ -354,13 +354,19 @@ def test_an_entry_that_does_not_fit_its_graph_is_removed_and_recompiled_once(
 
 
 def test_the_key_follows_the_code_not_the_version_string(tmp_path, monkeypatch):
+    import importlib.machinery
+
     import lucid as package
 
     fake = tmp_path / "pkg"
     (fake / "sub").mkdir(parents=True)
     (fake / "__init__.py").write_text("x = 1\n")
     (fake / "sub" / "mod.py").write_text("y = 2\n")
-    monkeypatch.setattr(package, "__file__", str(fake / "__init__.py"))
+    build = tmp_path / "build"  # an editable install: the extension in a folder of its own
+    build.mkdir()
+    extension = build / ("_ext" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    extension.write_bytes(b"\x7fELF one build")
+    monkeypatch.setattr(package, "__path__", [str(fake), str(build)])
     monkeypatch.setattr(_disk_cache, "_CODE_FINGERPRINT", [])
     first = _disk_cache.code_fingerprint()
     assert _disk_cache.code_fingerprint() == first  # computed once
@@ -368,6 +374,9 @@ def test_the_key_follows_the_code_not_the_version_string(tmp_path, monkeypatch):
     monkeypatch.setattr(_disk_cache, "_CODE_FINGERPRINT", [])
     second = _disk_cache.code_fingerprint()
     assert second != first
+    extension.write_bytes(b"\x7fELF another build")  # a rebuild
+    monkeypatch.setattr(_disk_cache, "_CODE_FINGERPRINT", [])
+    assert _disk_cache.code_fingerprint() not in (first, second)
 
     class Target:
         name, pipeline, program_format = "cpu", "prim-simplify", "f/1"
