@@ -87,6 +87,26 @@ if _MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
 
 ui8 = IntegerType(8, Signedness.UNSIGNED)
 
+
+def erase_block_args(block: Block, args) -> None:
+    """Erase ``args`` (unused arguments of ``block``) in one pass. ``Block.erase_arg`` rebuilds
+    the argument tuple and renumbers the arguments after it on every call, so erasing one
+    argument per parameter of a deep model (ghost-grads, the forward/backward split) was
+    quadratic; this renumbers once."""
+    drop = set(args)
+    for arg in drop:
+        if arg.block is not block:
+            raise ValueError("erase_block_args: an argument of another block")
+        if arg.first_use is not None:
+            raise ValueError(f"erase_block_args: argument {arg.index} is still used")
+    kept = tuple(a for a in block.args if a not in drop)
+    for index, arg in enumerate(kept):
+        arg.index = index
+    block._args = kept  # the one attribute Block.erase_arg writes, set once
+    for arg in drop:
+        arg.erase()
+
+
 __all__ = [
     "DYNAMIC_INDEX",
     "UNKNOWN_LOC",
@@ -141,6 +161,7 @@ __all__ = [
     "bf16",
     "builtin",
     "cse",
+    "erase_block_args",
     "f16",
     "f32",
     "f64",

@@ -76,16 +76,14 @@ def set_arg_roles(fn: x.func.FuncOp, roles: Sequence[str]) -> None:
 
 def erase_args(fn: x.func.FuncOp, indices: Iterable[int]) -> None:
     """Remove the (unused) arguments at ``indices``, with their roles."""
-    drop = sorted(set(indices), reverse=True)
+    drop = set(indices)
     roles = feed_roles(fn)
     block = block_of(fn)
-    for i in drop:
-        arg = block.args[i]
-        if arg.uses:
+    for i in sorted(drop):
+        if block.args[i].uses:
             raise ValueError(f"argument {i} ({roles[i]}) is still used and cannot be removed")
-        block.erase_arg(arg)
-        del roles[i]
-    set_arg_roles(fn, roles)
+    x.erase_block_args(block, [block.args[i] for i in drop])
+    set_arg_roles(fn, [r for i, r in enumerate(roles) if i not in drop])
     fn.update_function_type()
 
 
