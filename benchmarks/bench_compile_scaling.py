@@ -299,6 +299,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="store the run as the reference (benchmarks/results/compile_scaling.json and "
         "docs/compile_scaling.png)",
     )
+    ap.add_argument(
+        "--report",
+        default=None,
+        help="measure nothing: report (tables, exponents, targets; --json/--chart/--write) the "
+        "cases of PATH, a JSON this script wrote or the .partial.jsonl it appends as it runs",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -581,9 +587,10 @@ def spawn(case: tuple, args) -> dict:
     return result
 
 
-def run_plan(args, spawn_case=spawn) -> list[dict]:
+def run_plan(args, spawn_case=spawn, on_case=None) -> list[dict]:
     """Every planned case, in ``schedule`` order; a failed or over-budget case ends its series
-    (its larger sizes are recorded as skipped). Missing frameworks are recorded as missing."""
+    (its larger sizes are recorded as skipped). Missing frameworks are recorded as missing.
+    ``on_case(result)`` is called after each case that ran."""
     rows = planned_rows(args.models, args.modes, args.size_plan)
     present = [fw for fw in args.frameworks if installed(fw, args)]
     results: list[dict] = []
@@ -602,6 +609,8 @@ def run_plan(args, spawn_case=spawn) -> list[dict]:
             continue
         result = spawn_case((model, mode, n, fw), args)
         results.append(_case(model, mode, n, fw, **result))
+        if on_case is not None:
+            on_case(results[-1])
         shown = f"{result['first_call_s']:.2f} s" if "first_call_s" in result else result["error"]
         print(f"{model} {mode} {SIZE_NAMES[model]} {n} {fw}: {shown}", file=sys.stderr)
         if "error" in result:
@@ -744,7 +753,26 @@ def main(argv=None) -> int:
         return 0
     started = time.time()
     load_before = _load()
-    results = run_plan(args)
+    json_path = args.json or (REFERENCE_JSON if args.write else None)
+    chart_path = args.chart or (REFERENCE_CHART if args.write else None)
+    if args.report:
+        results = load_cases(args.report)
+    else:
+        # Each case is appended as it ends, so a run stopped early keeps what it measured
+        # (``--report`` reads it back).
+        import tempfile
+
+        partial = json_path or os.path.join(tempfile.gettempdir(), "compile_scaling.json")
+        partial += ".partial.jsonl"
+        os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
+        open(partial, "w").close()
+        print(f"each case is appended to {partial} as it ends", file=sys.stderr)
+
+        def keep(case: dict) -> None:
+            with open(partial, "a") as f:
+                f.write(json.dumps(case) + "\n")
+
+        results = run_plan(args, on_case=keep)
     exponents = all_exponents(results)
     targets = check_targets(results, exponents)
     print_tables(results, exponents, args.frameworks)
@@ -756,7 +784,7 @@ def main(argv=None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "threads": args.threads,
         "budget_s": args.budget_s,
-        "sizes": {f"{m} {mode}": list(s) for (m, mode), s in args.size_plan.items()},
+        "sizes": sizes_of(results),
         "frameworks": args.frameworks,
         "command": " ".join(
             ["python benchmarks/bench_compile_scaling.py", *(argv or sys.argv[1:])]
@@ -766,8 +794,8 @@ def main(argv=None) -> int:
         f"\n{meta['minutes']:.1f} min; load average {meta['load_average'][0]} -> "
         f"{meta['load_average'][1]} on {os.cpu_count()} cores"
     )
-    json_path = args.json or (REFERENCE_JSON if args.write else None)
-    chart_path = args.chart or (REFERENCE_CHART if args.write else None)
+    if args.report:
+        meta["reported_from"] = args.report
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
@@ -775,9 +803,28 @@ def main(argv=None) -> int:
                 dict(meta, results=results, exponents=exponents, targets=targets), f, indent=1
             )
         print(f"wrote {json_path}")
+        if not args.report:
+            os.remove(partial)  # the JSON holds every case now
     if chart_path and chart(results, chart_path):
         print(f"wrote {chart_path}")
     return 0
+
+
+def sizes_of(results: list[dict]) -> dict[str, list[int]]:
+    """Each "model mode" of the cases -> the sizes they cover, in increasing order."""
+    out: dict[str, set[int]] = {}
+    for r in results:
+        out.setdefault(f"{r['model']} {r['mode']}", set()).add(r["size"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def load_cases(path: str) -> list[dict]:
+    """The cases of a JSON this script wrote (its ``results``) or of a ``.partial.jsonl``."""
+    with open(path) as f:
+        text = f.read()
+    if path.endswith(".jsonl"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)["results"]
 
 
 def _load() -> float | None:

@@ -254,3 +254,29 @@ def test_smoke_run_on_tiny_sizes_without_peers(tmp_path):
     peers = [t for t in saved["targets"] if "JAX" in t["target"]]
     assert peers and all(t["holds"] is None for t in peers)
     assert "| chain | infer | pairs 4 |" in done.stdout
+
+
+def test_report_reads_back_the_cases_a_stopped_run_appended(tmp_path, capsys):
+    partial = tmp_path / "run.json.partial.jsonl"
+    cases = [
+        case(
+            "chain",
+            "infer",
+            n,
+            "lucid",
+            0.001 * n,
+            n_ops=2 * n + 1,
+            peak_mb=0.01 * n,
+            stages_ms={"cse": 0.5 * n, "rest": 1.0},
+        )  # fmt: skip
+        for n in (100, 200, 400)
+    ]
+    partial.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    out = tmp_path / "report.json"
+    assert CS.main(["--report", str(partial), "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["reported_from"] == str(partial) and saved["results"] == cases
+    assert saved["sizes"] == {"chain infer": [100, 200, 400]}
+    cse = saved["exponents"]["chain infer"]["cse"]
+    assert cse["judged"] and cse["exponent"] == pytest.approx(1.0, abs=0.01)
+    assert "| chain | infer | pairs 400 | 801 |" in capsys.readouterr().out
