@@ -26,7 +26,25 @@ from lucid.ops._registry import (
     register,
 )
 
-__all__ = ["matmul", "mm", "bmm", "einsum", "outer", "dot"]
+__all__ = [
+    "matmul",
+    "mm",
+    "bmm",
+    "einsum",
+    "outer",
+    "dot",
+    "inner",
+    "tensordot",
+    "kron",
+    "cross",
+    "trace",
+    "addmm",
+    "addmv",
+    "baddbmm",
+    "cdist",
+    "dist",
+    "block_diag",
+]
 
 _PROPS = frozenset({PROMOTE, SYMBOLIC_BATCH_SAFE})
 
@@ -357,3 +375,178 @@ def einsum(equation: str, *operands: Any) -> Tensor:
         raise TypeError(f"einsum: the equation must be a string, got {type(equation).__name__}")
     eq = canonical_equation(equation, [x.ndim for x in operands])
     return apply("einsum", list(operands), equation=eq)
+
+
+# --- composites of matmul, einsum, reductions and shape ops ------------------------------------
+
+
+@tensor_method()
+def inner(x: Tensor, y: Tensor) -> Tensor:
+    """Sum over the last dims of ``x`` and ``y``: ``inner(x, y)[i..., j...]``; scalars
+    multiply."""
+    if x.ndim == 0 or y.ndim == 0:
+        return x * y
+    return tensordot(x, y, ([-1], [-1]))
+
+
+def tensordot(x: Tensor, y: Tensor, dims: Any = 2) -> Tensor:
+    """Contract the last ``dims`` dims of ``x`` with the first ``dims`` of ``y``, or the dim
+    lists ``dims = (dims_x, dims_y)``."""
+    if isinstance(dims, int):
+        if dims < 0:
+            raise ValueError(f"tensordot: dims must be non-negative, got {dims}")
+        dx, dy = list(range(x.ndim - dims, x.ndim)), list(range(dims))
+    else:
+        dx, dy = ([d] if isinstance(d, int) else list(d) for d in dims)
+    dx = [d % x.ndim for d in dx]
+    dy = [d % y.ndim for d in dy]
+    if len(dx) != len(dy):
+        raise ValueError(f"tensordot: {len(dx)} dims of x but {len(dy)} dims of y to contract")
+    for a, b in zip(dx, dy, strict=True):
+        if x.shape[a] != y.shape[b]:
+            raise ValueError(
+                f"tensordot: contracted dims differ in size: x dim {a} is {x.shape[a]}, "
+                f"y dim {b} is {y.shape[b]}"
+            )
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    lx = [next(letters) for _ in range(x.ndim)]
+    ly = [next(letters) for _ in range(y.ndim)]
+    for a, b in zip(dx, dy, strict=True):
+        ly[b] = lx[a]
+    out = [c for i, c in enumerate(lx) if i not in dx] + [
+        c for i, c in enumerate(ly) if i not in dy
+    ]
+    return einsum(f"{''.join(lx)},{''.join(ly)}->{''.join(out)}", x, y)
+
+
+@tensor_method()
+def kron(x: Tensor, y: Tensor) -> Tensor:
+    """The Kronecker product: block ``(i, j)`` of the result is ``x[i, j] * y`` (any ndim; the
+    shorter shape is padded with leading 1s)."""
+    n = max(x.ndim, y.ndim)
+    xs = (1,) * (n - x.ndim) + tuple(x.shape)
+    ys = (1,) * (n - y.ndim) + tuple(y.shape)
+    # Interleave the dims: x's on even positions, y's on odd ones, then merge each pair.
+    xe = x.reshape(*[d for s in xs for d in (s, 1)])
+    ye = y.reshape(*[d for s in ys for d in (1, s)])
+    return (xe * ye).reshape(*[a * b for a, b in zip(xs, ys, strict=True)])
+
+
+@tensor_method()
+def cross(x: Tensor, y: Tensor, dim: int | None = None) -> Tensor:
+    """The cross product of 3-vectors along ``dim`` (the first dim of size 3 when None; inputs
+    broadcast)."""
+    from lucid.ops.shape import broadcast_to, stack
+
+    shape = broadcast_shapes(tuple(x.shape), tuple(y.shape), op="cross")
+    x, y = broadcast_to(x, shape), broadcast_to(y, shape)
+    if dim is None:
+        dim = next((i for i, n in enumerate(shape) if n == 3), None)
+        if dim is None:
+            raise ValueError(f"cross: no dimension of size 3 in shape {shape}")
+    dim = dim % len(shape)
+    if shape[dim] != 3:
+        raise ValueError(f"cross: dimension {dim} must have size 3, got {shape[dim]}")
+    a0, a1, a2 = x.unbind(dim)
+    b0, b1, b2 = y.unbind(dim)
+    return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], dim)
+
+
+@tensor_method()
+def trace(x: Tensor) -> Tensor:
+    """The sum of a matrix's main diagonal."""
+    if x.ndim != 2:
+        raise ValueError(f"trace: expected a matrix, got shape {tuple(x.shape)}")
+    return x.diagonal().sum()
+
+
+def _scaled_sum(base: Tensor, product: Tensor, beta: float, alpha: float) -> Tensor:
+    product = product if alpha == 1 else product * alpha
+    if beta == 0:  # as torch: base is ignored (its NaNs and infinities do not propagate)
+        return product
+    return (base if beta == 1 else base * beta) + product
+
+
+@tensor_method()
+def addmm(
+    input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: float = 1
+) -> Tensor:  # noqa: A002
+    """``beta * input + alpha * (mat1 @ mat2)``."""
+    return _scaled_sum(input, mm(mat1, mat2), beta, alpha)
+
+
+@tensor_method()
+def addmv(input: Tensor, mat: Tensor, vec: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
+    """``beta * input + alpha * (mat @ vec)``."""
+    if mat.ndim != 2 or vec.ndim != 1:
+        raise ValueError(
+            f"addmv: expected a matrix and a vector, got shapes {tuple(mat.shape)} and "
+            f"{tuple(vec.shape)}"
+        )
+    return _scaled_sum(input, matmul(mat, vec), beta, alpha)
+
+
+@tensor_method()
+def baddbmm(
+    input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: float = 1, alpha: float = 1
+) -> Tensor:  # noqa: A002
+    """``beta * input + alpha * (batch1 @ batch2)`` for 3-d batches."""
+    return _scaled_sum(input, bmm(batch1, batch2), beta, alpha)
+
+
+def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: str | None = None) -> Tensor:
+    """Pairwise p-norm distances between the rows of ``x1`` (..., P, M) and ``x2`` (..., R, M):
+    (..., P, R)."""
+    if x1.ndim < 2 or x2.ndim < 2 or x1.shape[-1] != x2.shape[-1]:
+        raise ValueError(
+            f"cdist: expected (..., P, M) and (..., R, M) inputs, got {tuple(x1.shape)} and "
+            f"{tuple(x2.shape)}"
+        )
+    if p < 0:
+        raise ValueError(f"cdist: p must be non-negative, got {p}")
+    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (diff != 0).type(diff.dtype).sum(-1)
+    if p == float("inf"):
+        return diff.amax(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        # sqrt has no finite derivative at 0: the distance of equal rows gets a zero gradient.
+        from lucid.ops.elementwise import where
+
+        squared = (diff * diff).sum(-1)
+        positive = squared > 0
+        return where(positive, where(positive, squared, 1.0) ** 0.5, 0.0)
+    return (diff**p).sum(-1) ** (1.0 / p)
+
+
+@tensor_method()
+def dist(x: Tensor, y: Tensor, p: float = 2) -> Tensor:
+    """The p-norm of ``x - y`` (inputs broadcast)."""
+    diff = (x - y).abs().reshape(-1)
+    if p == float("inf"):
+        return diff.amax()
+    if p == 0:
+        return (diff != 0).type(diff.dtype).sum()
+    return (diff**p).sum() ** (1.0 / p)
+
+
+def block_diag(*tensors: Tensor) -> Tensor:
+    """The block-diagonal matrix of the given matrices (0-d and 1-d inputs count as 1 x n)."""
+    from lucid.ops.shape import cat
+
+    mats = [t.reshape(1, -1) if t.ndim < 2 else t for t in tensors]
+    if any(m.ndim != 2 for m in mats):
+        raise ValueError("block_diag: inputs must have at most 2 dims")
+    if not mats:
+        from lucid.ops.creation import zeros
+
+        return zeros(1, 0)
+    cols = sum(m.shape[1] for m in mats)
+    rows, left = [], 0
+    for m in mats:
+        right = cols - left - m.shape[1]
+        rows.append(apply("pad", m, pad=(left, right), value=0))
+        left += m.shape[1]
+    return cat(rows, 0)
