@@ -7,6 +7,7 @@ from lucid.nn.modules import (
     container,
     conv,
     conv_transpose,
+    distance,
     dropout,
     flatten,
     linear,
@@ -25,7 +26,7 @@ from lucid.nn.parallel import DataParallel
 from lucid.nn.parameter import Parameter
 
 __all__ = ["DataParallel", "Parameter", "functional", "init", "parallel", "utils"]
-for _m in (activation, container, conv, conv_transpose, dropout, flatten, linear, loss, module,
-           normalization, padding, pixelshuffle, pooling, rnn, sparse, transformer,
+for _m in (activation, container, conv, conv_transpose, distance, dropout, flatten, linear, loss,
+           module, normalization, padding, pixelshuffle, pooling, rnn, sparse, transformer,
            upsampling):  # fmt: skip
     __all__ += _m.__all__

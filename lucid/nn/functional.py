@@ -80,6 +80,19 @@ __all__ = [
     "tanh",
     "tanhshrink",
     "threshold",
+    "prelu",
+    "hardshrink",
+    "softshrink",
+    "pairwise_distance",
+    "triplet_margin_loss",
+    "margin_ranking_loss",
+    "soft_margin_loss",
+    "hinge_embedding_loss",
+    "cosine_embedding_loss",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "multilabel_soft_margin_loss",
+    "channel_shuffle",
 ]
 
 
@@ -1058,3 +1071,244 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
     dot = (x1 * x2).sum(dim)
     norms = ((x1 * x1).sum(dim) * (x2 * x2).sum(dim)) ** 0.5
     return dot / norms.clamp_min(eps)
+
+
+# --- more of torch.nn.functional: compositions of Lucid ops
+
+
+def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        return loss.mean()
+    raise ValueError(f"{op}: unknown reduction {reduction!r}; expected 'none', 'mean' or 'sum'")
+
+
+def prelu(input: Tensor, weight: Tensor) -> Tensor:  # noqa: A002
+    """x where x >= 0, else weight * x; ``weight`` has one entry or one per channel (dim 1)."""
+    import lucid
+
+    per_channel = input.ndim >= 2 and weight.ndim == 1 and weight.shape[0] == input.shape[1]
+    if weight.ndim != 1 or (weight.shape[0] != 1 and not per_channel):
+        raise ValueError(
+            f"prelu: weight must have 1 element or one per channel (dim 1), got weight shape "
+            f"{tuple(weight.shape)} for input shape {tuple(input.shape)}"
+        )
+    w = weight if weight.shape[0] == 1 or input.ndim < 2 else _channel_view(weight, input.ndim)
+    return lucid.where(input >= 0, input, w * input)
+
+
+def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:  # noqa: A002
+    """x where |x| > lambd, else 0."""
+    import lucid
+
+    return lucid.where(input.abs() > lambd, input, 0.0)
+
+
+def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:  # noqa: A002
+    """x - lambd above lambd, x + lambd below -lambd, 0 between."""
+    import lucid
+
+    if lambd < 0:
+        raise ValueError(f"softshrink: lambd must be non-negative, got {lambd}")
+    return lucid.where(
+        input > lambd, input - lambd, lucid.where(input < -lambd, input + lambd, 0.0)
+    )
+
+
+def pairwise_distance(
+    x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False
+) -> Tensor:
+    """The p-norm of ``x1 - x2 + eps`` over the last dim (inputs broadcast)."""
+    diff = (x1 - x2 + eps).abs()
+    if p == float("inf"):
+        return diff.amax(-1, keepdim=keepdim)
+    if p == 0:
+        return (diff != 0).type(diff.dtype).sum(-1, keepdim=keepdim)
+    return (diff**p).sum(-1, keepdim=keepdim) ** (1.0 / p)
+
+
+def triplet_margin_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    margin: float = 1.0,
+    p: float = 2.0,
+    eps: float = 1e-6,
+    swap: bool = False,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """max(d(a, p) - d(a, n) + margin, 0) with d the pairwise p-distance; ``swap`` uses the
+    smaller of d(a, n) and d(p, n)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    d_pos = pairwise_distance(anchor, positive, p, eps)
+    d_neg = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        import lucid
+
+        d_neg = lucid.minimum(d_neg, pairwise_distance(positive, negative, p, eps))
+    return _reduce((d_pos - d_neg + margin).clamp_min(0.0), reduction, "triplet_margin_loss")
+
+
+def margin_ranking_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """max(0, -target * (input1 - input2) + margin)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    loss = (-target * (input1 - input2) + margin).clamp_min(0.0)
+    return _reduce(loss, reduction, "margin_ranking_loss")
+
+
+def soft_margin_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """log(1 + exp(-target * input)), computed as softplus."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    return _reduce(softplus(-target * input), reduction, "soft_margin_loss")
+
+
+def hinge_embedding_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    margin: float = 1.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """x where target is 1, max(0, margin - x) where target is -1."""
+    import lucid
+
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    hinge = (margin - input).clamp_min(0.0)
+    loss = lucid.where(target == 1, input, 0.0) + lucid.where(target == -1, hinge, 0.0)
+    return _reduce(loss, reduction, "hinge_embedding_loss")
+
+
+def cosine_embedding_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """1 - cos(x1, x2) where target is 1, max(0, cos(x1, x2) - margin) where it is -1; the
+    cosine over the last dim, with torch's eps of 1e-12 on the squared norms."""
+    import lucid
+
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    dot = (input1 * input2).sum(-1)
+    norms = (((input1 * input1).sum(-1) + 1e-12) * ((input2 * input2).sum(-1) + 1e-12)) ** 0.5
+    cos = dot / norms
+    loss = lucid.where(target == 1, 1.0 - cos, 0.0) + lucid.where(
+        target == -1, (cos - margin).clamp_min(0.0), 0.0
+    )
+    return _reduce(loss, reduction, "cosine_embedding_loss")
+
+
+def poisson_nll_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    log_input: bool = True,
+    full: bool = False,
+    size_average: bool | None = None,
+    eps: float = 1e-8,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """exp(input) - target * input (log_input), or input - target * log(input + eps); ``full``
+    adds Stirling's term target * log(target) - target + log(2 pi target) / 2 where target > 1."""
+    import math
+
+    import lucid
+
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if log_input:
+        loss = input.exp() - target * input
+    else:
+        loss = input - target * (input + eps).log()
+    if full:
+        safe = lucid.where(target > 1, target, 1.0)
+        stirling = safe * safe.log() - safe + 0.5 * (2 * math.pi * safe).log()
+        loss = loss + lucid.where(target > 1, stirling, 0.0)
+    return _reduce(loss, reduction, "poisson_nll_loss")
+
+
+def gaussian_nll_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    var: Tensor | float,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> Tensor:
+    """(log(max(var, eps)) + (input - target)^2 / max(var, eps)) / 2, plus log(2 pi) / 2 with
+    ``full``; ``var`` broadcasts (one variance per sample or per element)."""
+    import math
+
+    import lucid
+
+    if not isinstance(var, Tensor):
+        var = lucid.full_like(input, float(var))
+    elif tuple(var.shape) != tuple(input.shape):
+        if tuple(var.shape) == tuple(input.shape[:-1]):
+            var = var.unsqueeze(-1)  # one variance per sample
+        elif not (tuple(var.shape[:-1]) == tuple(input.shape[:-1]) and var.shape[-1] == 1):
+            raise ValueError(
+                f"gaussian_nll_loss: var of shape {tuple(var.shape)} does not fit input of shape "
+                f"{tuple(input.shape)}"
+            )
+    if bool((var.detach() < 0).any()):
+        raise ValueError("gaussian_nll_loss: var has negative entries")
+    # Clamped for the value only, as torch (which clamps in place under no_grad): the gradient
+    # reaches var unchanged.
+    clamped = var.clamp_min(eps).detach() + (var - var.detach())
+    loss = 0.5 * (clamped.log() + (input - target) ** 2 / clamped)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    return _reduce(loss, reduction, "gaussian_nll_loss")
+
+
+def multilabel_soft_margin_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """-mean over classes of target * logsigmoid(x) + (1 - target) * logsigmoid(-x)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    loss = -(target * logsigmoid(input) + (1 - target) * logsigmoid(-input))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss.mean(-1), reduction, "multilabel_soft_margin_loss")
+
+
+def channel_shuffle(input: Tensor, groups: int) -> Tensor:  # noqa: A002
+    """(N, g*k, *) -> channels regrouped as k groups of g (ShuffleNet's shuffle)."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError(f"channel_shuffle: groups must be a positive integer, got {groups!r}")
+    if input.ndim < 3 or input.shape[1] % groups:
+        raise ValueError(
+            f"channel_shuffle: expected an input of at least 3 dims whose channel dim is "
+            f"divisible by groups={groups}, got shape {tuple(input.shape)}"
+        )
+    n, c, *rest = input.shape
+    x = input.reshape(n, groups, c // groups, *rest).transpose(1, 2)
+    return x.reshape(n, c, *rest)

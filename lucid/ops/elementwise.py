@@ -45,6 +45,8 @@ __all__ = [
     "clamp_min",
     "clip",
     "clone",
+    "logaddexp",
+    "hypot",
     "cos",
     "div",
     "divide",
@@ -858,3 +860,19 @@ for _name, _value in (("zeros_like", 0), ("ones_like", 1)):
             props=frozenset({GRAD_SINK, SYMBOLIC_BATCH_SAFE}),
         )
     )
+
+
+def logaddexp(x, y) -> Tensor:
+    """``log(exp(x) + exp(y))``, computed stably."""
+    big = maximum(x, y)
+    finite = isfinite(big)
+    # max + log1p(exp(-|x - y|)); where both are -inf (or the max is +inf) the max is the answer.
+    safe_gap = where(finite, abs(sub(x, y)), 0.0)
+    return where(finite, add(big, log1p(exp(neg(safe_gap)))), big)
+
+
+def hypot(x, y) -> Tensor:
+    """``sqrt(x**2 + y**2)`` elementwise (gradient 0 where both are 0)."""
+    squared = add(mul(x, x), mul(y, y))
+    positive = gt(squared, 0)
+    return where(positive, sqrt(where(positive, squared, 1.0)), 0.0)

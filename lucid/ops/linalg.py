@@ -26,7 +26,25 @@ from lucid.ops._registry import (
     register,
 )
 
-__all__ = ["matmul", "mm", "bmm", "einsum", "outer", "dot"]
+__all__ = [
+    "matmul",
+    "mm",
+    "bmm",
+    "einsum",
+    "outer",
+    "dot",
+    "inner",
+    "tensordot",
+    "kron",
+    "cross",
+    "trace",
+    "addmm",
+    "addmv",
+    "baddbmm",
+    "cdist",
+    "dist",
+    "block_diag",
+]
 
 _PROPS = frozenset({PROMOTE, SYMBOLIC_BATCH_SAFE})
 
@@ -357,3 +375,345 @@ def einsum(equation: str, *operands: Any) -> Tensor:
         raise TypeError(f"einsum: the equation must be a string, got {type(equation).__name__}")
     eq = canonical_equation(equation, [x.ndim for x in operands])
     return apply("einsum", list(operands), equation=eq)
+
+
+# --- composites of matmul, einsum, reductions and shape ops ------------------------------------
+
+
+@tensor_method()
+def inner(x: Tensor, y: Tensor) -> Tensor:
+    """Sum over the last dims of ``x`` and ``y``: ``inner(x, y)[i..., j...]``; scalars
+    multiply."""
+    if x.ndim == 0 or y.ndim == 0:
+        return x * y
+    return tensordot(x, y, ([-1], [-1]))
+
+
+def tensordot(x: Tensor, y: Tensor, dims: Any = 2) -> Tensor:
+    """Contract the last ``dims`` dims of ``x`` with the first ``dims`` of ``y``, or the dim
+    lists ``dims = (dims_x, dims_y)``."""
+    if isinstance(dims, int):
+        if dims < 0:
+            raise ValueError(f"tensordot: dims must be non-negative, got {dims}")
+        dx, dy = list(range(x.ndim - dims, x.ndim)), list(range(dims))
+    else:
+        dx, dy = ([d] if isinstance(d, int) else list(d) for d in dims)
+    dx = [d % x.ndim for d in dx]
+    dy = [d % y.ndim for d in dy]
+    if len(dx) != len(dy):
+        raise ValueError(f"tensordot: {len(dx)} dims of x but {len(dy)} dims of y to contract")
+    for a, b in zip(dx, dy, strict=True):
+        if x.shape[a] != y.shape[b]:
+            raise ValueError(
+                f"tensordot: contracted dims differ in size: x dim {a} is {x.shape[a]}, "
+                f"y dim {b} is {y.shape[b]}"
+            )
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    lx = [next(letters) for _ in range(x.ndim)]
+    ly = [next(letters) for _ in range(y.ndim)]
+    for a, b in zip(dx, dy, strict=True):
+        ly[b] = lx[a]
+    out = [c for i, c in enumerate(lx) if i not in dx] + [
+        c for i, c in enumerate(ly) if i not in dy
+    ]
+    return einsum(f"{''.join(lx)},{''.join(ly)}->{''.join(out)}", x, y)
+
+
+@tensor_method()
+def kron(x: Tensor, y: Tensor) -> Tensor:
+    """The Kronecker product: block ``(i, j)`` of the result is ``x[i, j] * y`` (any ndim; the
+    shorter shape is padded with leading 1s)."""
+    n = max(x.ndim, y.ndim)
+    xs = (1,) * (n - x.ndim) + tuple(x.shape)
+    ys = (1,) * (n - y.ndim) + tuple(y.shape)
+    # Interleave the dims: x's on even positions, y's on odd ones, then merge each pair.
+    xe = x.reshape(*[d for s in xs for d in (s, 1)])
+    ye = y.reshape(*[d for s in ys for d in (1, s)])
+    return (xe * ye).reshape(*[a * b for a, b in zip(xs, ys, strict=True)])
+
+
+@tensor_method()
+def cross(x: Tensor, y: Tensor, dim: int | None = None) -> Tensor:
+    """The cross product of 3-vectors along ``dim`` (the first dim of size 3 when None; inputs
+    broadcast)."""
+    from lucid.ops.shape import broadcast_to, stack
+
+    shape = broadcast_shapes(tuple(x.shape), tuple(y.shape), op="cross")
+    x, y = broadcast_to(x, shape), broadcast_to(y, shape)
+    if dim is None:
+        dim = next((i for i, n in enumerate(shape) if n == 3), None)
+        if dim is None:
+            raise ValueError(f"cross: no dimension of size 3 in shape {shape}")
+    dim = dim % len(shape)
+    if shape[dim] != 3:
+        raise ValueError(f"cross: dimension {dim} must have size 3, got {shape[dim]}")
+    a0, a1, a2 = x.unbind(dim)
+    b0, b1, b2 = y.unbind(dim)
+    return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], dim)
+
+
+@tensor_method()
+def trace(x: Tensor) -> Tensor:
+    """The sum of a matrix's main diagonal."""
+    if x.ndim != 2:
+        raise ValueError(f"trace: expected a matrix, got shape {tuple(x.shape)}")
+    return x.diagonal().sum()
+
+
+def _scaled_sum(base: Tensor, product: Tensor, beta: float, alpha: float) -> Tensor:
+    product = product if alpha == 1 else product * alpha
+    if beta == 0:  # as torch: base is ignored (its NaNs and infinities do not propagate)
+        return product
+    return (base if beta == 1 else base * beta) + product
+
+
+@tensor_method()
+def addmm(
+    input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: float = 1
+) -> Tensor:  # noqa: A002
+    """``beta * input + alpha * (mat1 @ mat2)``."""
+    return _scaled_sum(input, mm(mat1, mat2), beta, alpha)
+
+
+@tensor_method()
+def addmv(input: Tensor, mat: Tensor, vec: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
+    """``beta * input + alpha * (mat @ vec)``."""
+    if mat.ndim != 2 or vec.ndim != 1:
+        raise ValueError(
+            f"addmv: expected a matrix and a vector, got shapes {tuple(mat.shape)} and "
+            f"{tuple(vec.shape)}"
+        )
+    return _scaled_sum(input, matmul(mat, vec), beta, alpha)
+
+
+@tensor_method()
+def baddbmm(
+    input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: float = 1, alpha: float = 1
+) -> Tensor:  # noqa: A002
+    """``beta * input + alpha * (batch1 @ batch2)`` for 3-d batches."""
+    return _scaled_sum(input, bmm(batch1, batch2), beta, alpha)
+
+
+def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: str | None = None) -> Tensor:
+    """Pairwise p-norm distances between the rows of ``x1`` (..., P, M) and ``x2`` (..., R, M):
+    (..., P, R)."""
+    if x1.ndim < 2 or x2.ndim < 2 or x1.shape[-1] != x2.shape[-1]:
+        raise ValueError(
+            f"cdist: expected (..., P, M) and (..., R, M) inputs, got {tuple(x1.shape)} and "
+            f"{tuple(x2.shape)}"
+        )
+    if p < 0:
+        raise ValueError(f"cdist: p must be non-negative, got {p}")
+    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (diff != 0).type(diff.dtype).sum(-1)
+    if p == float("inf"):
+        return diff.amax(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        # sqrt has no finite derivative at 0: the distance of equal rows gets a zero gradient.
+        from lucid.ops.elementwise import where
+
+        squared = (diff * diff).sum(-1)
+        positive = squared > 0
+        return where(positive, where(positive, squared, 1.0) ** 0.5, 0.0)
+    return (diff**p).sum(-1) ** (1.0 / p)
+
+
+@tensor_method()
+def dist(x: Tensor, y: Tensor, p: float = 2) -> Tensor:
+    """The p-norm of ``x - y`` (inputs broadcast)."""
+    diff = (x - y).abs().reshape(-1)
+    if p == float("inf"):
+        return diff.amax()
+    if p == 0:
+        return (diff != 0).type(diff.dtype).sum()
+    return (diff**p).sum() ** (1.0 / p)
+
+
+def block_diag(*tensors: Tensor) -> Tensor:
+    """The block-diagonal matrix of the given matrices (0-d and 1-d inputs count as 1 x n)."""
+    from lucid.ops.shape import cat
+
+    mats = [t.reshape(1, -1) if t.ndim < 2 else t for t in tensors]
+    if any(m.ndim != 2 for m in mats):
+        raise ValueError("block_diag: inputs must have at most 2 dims")
+    if not mats:
+        from lucid.ops.creation import zeros
+
+        return zeros(1, 0)
+    cols = sum(m.shape[1] for m in mats)
+    rows, left = [], 0
+    for m in mats:
+        right = cols - left - m.shape[1]
+        rows.append(apply("pad", m, pad=(left, right), value=0))
+        left += m.shape[1]
+    return cat(rows, 0)
+
+
+# --- lucid.linalg: inv, det, solve, cholesky, eigh (registry ops) and the norms ---------------
+
+
+def _square_infer(name: str):
+    def check(a) -> tuple:
+        shape = tuple(getattr(a, "shape", ()))
+        if len(shape) < 2 or (None not in shape[-2:] and shape[-1] != shape[-2]):
+            raise ValueError(f"{name}: expected a (..., n, n) matrix, got shape {shape}")
+        if not a.dtype.is_floating_point:
+            raise TypeError(f"{name}: expected a floating point matrix, got {a.dtype}")
+        return shape
+
+    return check
+
+
+_check_inv = _square_infer("linalg.inv")
+_check_det = _square_infer("linalg.det")
+_check_solve = _square_infer("linalg.solve")
+_check_cholesky = _square_infer("linalg.cholesky")
+_check_eigh = _square_infer("linalg.eigh")
+
+
+def _numpy_linalg(fn, *arrays, name: str):
+    try:
+        return fn(*arrays)
+    except np.linalg.LinAlgError as exc:
+        raise ValueError(
+            f"{name}: {exc} (the matrix is singular or not positive-definite)"
+        ) from None
+
+
+def _inv_vjp(c, g):
+    inv_t = c.outputs[0].mT
+    return (-(inv_t @ g @ inv_t),)
+
+
+register(
+    OpDef(
+        "linalg_inv",
+        ("a",),
+        lambda a: AVal(_check_inv(a), a.dtype),
+        lambda a: _numpy_linalg(np.linalg.inv, a, name="linalg.inv"),
+        _inv_vjp,
+        saves_inputs=False,
+    )
+)
+
+
+def _det_vjp(c, g):
+    (a,), (det,) = c.inputs, c.outputs
+    scale = (g * det).unsqueeze(-1).unsqueeze(-1)
+    return (scale * apply("linalg_inv", a).mT,)
+
+
+register(
+    OpDef(
+        "linalg_det",
+        ("a",),
+        lambda a: AVal(_check_det(a)[:-2], a.dtype),
+        lambda a: np.asarray(np.linalg.det(a), dtype=a.dtype),
+        _det_vjp,
+    )
+)
+
+
+def _solve_infer(a, b):
+    shape = _check_solve(a)
+    bs = tuple(b.shape)
+    vector = len(bs) == 1
+    n = shape[-1]
+    if (bs[0] if vector else (bs[-2] if len(bs) >= 2 else None)) not in (n, None):
+        raise ValueError(
+            f"linalg.solve: A of shape {shape} and B of shape {bs} do not match (B needs {n} rows)"
+        )
+    if vector:
+        return AVal(shape[:-2] + (n,), result_type(a, b))
+    batch = broadcast_shapes(shape[:-2], bs[:-2], op="linalg.solve batch dims")
+    return AVal(batch + bs[-2:], result_type(a, b))
+
+
+def _solve_kernel(a, b):
+    if b.ndim == 1:
+        return _numpy_linalg(lambda m, v: np.linalg.solve(m, v[..., None])[..., 0], a, b,
+                             name="linalg.solve")  # fmt: skip
+    return _numpy_linalg(np.linalg.solve, a, b, name="linalg.solve")
+
+
+def _solve_vjp(c, g):
+    (a, b), (x,) = c.inputs, c.outputs
+    gb = apply("linalg_solve", a.mT, g)
+    ga = None
+    if c.needs_input_grad[0]:
+        ga = -(gb.unsqueeze(-1) * x.unsqueeze(-2)) if b.ndim == 1 else -(gb @ x.mT)
+    return ga, gb
+
+
+register(
+    OpDef(
+        "linalg_solve",
+        ("a", "b"),
+        _solve_infer,
+        _solve_kernel,
+        _solve_vjp,
+        props=frozenset({PROMOTE}),
+    )  # fmt: skip
+)
+
+
+def _cholesky_vjp(c, g):
+    # Murray (2016): with P = Phi(L^T G) (lower triangle, diagonal halved),
+    # grad A = sym(L^-T P L^-1), sym(X) = (X + X^T) / 2.
+    from lucid.ops.shape import tril
+
+    (low,) = c.outputs
+    phi = tril(low.mT @ tril(g))
+    phi = phi - 0.5 * phi.diagonal(0, -2, -1).diag_embed()
+    low_inv = apply("linalg_inv", low)
+    grad = low_inv.mT @ phi @ low_inv
+    return (0.5 * (grad + grad.mT),)
+
+
+register(
+    OpDef(
+        "linalg_cholesky",
+        ("a",),
+        lambda a: AVal(_check_cholesky(a), a.dtype),
+        lambda a: _numpy_linalg(np.linalg.cholesky, a, name="linalg.cholesky"),
+        _cholesky_vjp,
+        saves_inputs=False,
+    )
+)
+
+
+def _eigh_vjp(c, g_values, g_vectors):
+    # grad A = V (diag(g_values) + F o skew(V^T g_vectors)) V^T, F_ij = 1 / (l_j - l_i).
+    values, vectors = c.outputs
+    inner = 0
+    if g_vectors is not None:
+        vtg = vectors.mT @ g_vectors
+        gaps = values.unsqueeze(-2) - values.unsqueeze(-1)
+        off_diagonal = 1.0 - Tensor._wrap(np.eye(values.shape[-1], dtype=values.dtype.numpy))
+        safe = gaps + (1.0 - off_diagonal)
+        inner = 0.5 * (vtg - vtg.mT) / safe * off_diagonal
+    if g_values is not None:
+        inner = inner + g_values.diag_embed()
+    return (vectors @ inner @ vectors.mT,)
+
+
+def _eigh_kernel(a, UPLO):  # noqa: N803
+    values, vectors = _numpy_linalg(lambda m: np.linalg.eigh(m, UPLO=UPLO), a, name="linalg.eigh")
+    return values.astype(a.dtype), vectors.astype(a.dtype)
+
+
+register(
+    OpDef(
+        "linalg_eigh",
+        ("a",),
+        lambda a, UPLO: (AVal(_check_eigh(a)[:-1], a.dtype), AVal(tuple(a.shape), a.dtype)),  # noqa: N803
+        _eigh_kernel,
+        _eigh_vjp,
+        attrs={"UPLO": "L"},
+        n_outputs=2,
+        saves_inputs=False,
+    )
+)

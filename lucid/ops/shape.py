@@ -64,6 +64,17 @@ __all__ = [
     "diagonal",
     "diag_embed",
     "diag",
+    "meshgrid",
+    "cartesian_prod",
+    "tensor_split",
+    "repeat_interleave",
+    "atleast_1d",
+    "atleast_2d",
+    "atleast_3d",
+    "rot90",
+    "diff",
+    "tril_indices",
+    "triu_indices",
 ]
 
 _SAFE = frozenset({SYMBOLIC_BATCH_SAFE})
@@ -930,3 +941,178 @@ def roll(x: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] | Non
     """Shift elements cyclically along ``dims`` (or over the flattened tensor when None)."""
     shifts, dims = _roll_args(x, shifts, dims)
     return apply("roll", x, shifts=shifts, dims=dims)
+
+
+# --- more composites: grids, splits, repeats, rotations, differences, triangle indices --------
+
+
+def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple:
+    """Coordinate grids of 1-d tensors: ``indexing="ij"`` (matrix, torch's default) or ``"xy"``
+    (Cartesian: the first two dims swapped)."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    if any(t.ndim > 1 for t in tensors):
+        raise ValueError("meshgrid: expects 0-d or 1-d tensors")
+    flat = [t.reshape(-1) for t in tensors]
+    swap = indexing == "xy" and len(flat) >= 2
+    if swap:
+        flat[0], flat[1] = flat[1], flat[0]
+    shape = tuple(t.shape[0] for t in flat)
+    grids = [
+        expand(t.reshape(*([1] * i), -1, *([1] * (len(flat) - i - 1))), *shape)
+        for i, t in enumerate(flat)
+    ]
+    if swap:  # built "ij" over (y, x, ...): swapping back gives the Cartesian grids
+        grids[0], grids[1] = grids[1], grids[0]
+    return tuple(grids)
+
+
+def cartesian_prod(*tensors: Tensor) -> Tensor:
+    """Every combination of one element from each 1-d tensor, as rows (one input: itself)."""
+    if len(tensors) == 1:
+        return tensors[0]
+    return stack([g.reshape(-1) for g in meshgrid(*tensors, indexing="ij")], 1)
+
+
+@tensor_method()
+def tensor_split(x: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple:
+    """``n`` nearly equal pieces along ``dim`` (the first ``size % n`` one longer), or pieces
+    cut at the given indices, as numpy's ``array_split``."""
+    d = normalize_dim(dim, x.ndim, "tensor_split")
+    size = x.shape[d]
+    if isinstance(indices_or_sections, Tensor):
+        indices_or_sections = indices_or_sections.tolist()
+    if isinstance(indices_or_sections, (int, np.integer)):
+        n = int(indices_or_sections)
+        if n <= 0:
+            raise ValueError(f"tensor_split: the number of sections must be positive, got {n}")
+        q, r = divmod(size, n)
+        bounds = [i * q + min(i, r) for i in range(n + 1)]
+    else:
+        cuts = [min(max(int(i) + (size if int(i) < 0 else 0), 0), size)
+                for i in indices_or_sections]  # fmt: skip
+        bounds = [0, *cuts, size]
+    return tuple(
+        _slice_dim(x, d, lo, max(lo, hi)) for lo, hi in zip(bounds, bounds[1:], strict=False)
+    )
+
+
+@tensor_method()
+def repeat_interleave(
+    x: Tensor, repeats: Any = None, dim: int | None = None, *, output_size: int | None = None
+) -> Tensor:
+    """Each element (along ``dim``; of the flattened tensor when None) repeated ``repeats``
+    times (an int or one count per element); ``repeat_interleave(counts)`` gives the indices."""
+    from lucid.ops.indexing import index_select
+
+    if repeats is None:  # torch.repeat_interleave(repeats): indices repeated by their counts
+        counts = np.asarray(x.tolist(), dtype=np.int64).reshape(-1)
+        return Tensor._wrap(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
+    if dim is None:
+        x, d = x.reshape(-1), 0
+    else:
+        d = normalize_dim(dim, x.ndim, "repeat_interleave")
+    counts = repeats.tolist() if isinstance(repeats, Tensor) else repeats
+    counts = np.broadcast_to(np.asarray(counts, dtype=np.int64), (x.shape[d],))
+    if (counts < 0).any():
+        raise ValueError("repeat_interleave: repeats must be non-negative")
+    index = np.repeat(np.arange(x.shape[d], dtype=np.int64), counts)
+    if output_size is not None and output_size != len(index):
+        raise ValueError(f"repeat_interleave: output_size {output_size} != {len(index)}")
+    # A gather with a constant index: differentiable, and compiled as it is.
+    return index_select(x, d, Tensor._wrap(index))
+
+
+def atleast_1d(*tensors: Any) -> Any:
+    """Each tensor with at least 1 dim (a 0-d one becomes shape (1,))."""
+    out = tuple(t.reshape(1) if t.ndim == 0 else t for t in _unpack(tensors))
+    return out[0] if len(out) == 1 else out
+
+
+def atleast_2d(*tensors: Any) -> Any:
+    """Each tensor with at least 2 dims (leading dims of size 1 added)."""
+    out = tuple(t.reshape(1, -1) if t.ndim < 2 else t for t in _unpack(tensors))
+    return out[0] if len(out) == 1 else out
+
+
+def atleast_3d(*tensors: Any) -> Any:
+    """Each tensor with at least 3 dims: (n,) -> (1, n, 1), (m, n) -> (m, n, 1), as torch."""
+
+    def lift(t: Tensor) -> Tensor:
+        if t.ndim == 0:
+            return t.reshape(1, 1, 1)
+        if t.ndim == 1:
+            return t.reshape(1, -1, 1)
+        if t.ndim == 2:
+            return unsqueeze(t, -1)
+        return t
+
+    out = tuple(lift(t) for t in _unpack(tensors))
+    return out[0] if len(out) == 1 else out
+
+
+def _unpack(tensors: tuple) -> tuple:
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        return tuple(tensors[0])
+    return tensors
+
+
+@tensor_method()
+def rot90(x: Tensor, k: int = 1, dims: Sequence[int] = (0, 1)) -> Tensor:
+    """Rotate by 90 degrees ``k`` times in the plane of ``dims``, from the first towards the
+    second."""
+    if len(dims) != 2:
+        raise ValueError(f"rot90: dims must name two dims, got {tuple(dims)}")
+    d0, d1 = (normalize_dim(d, x.ndim, "rot90") for d in dims)
+    if d0 == d1:
+        raise ValueError(f"rot90: the two dims must differ, both are {d0}")
+    k %= 4
+    if k == 0:
+        return x
+    if k == 2:
+        return flip(x, d0, d1)
+    if k == 1:
+        return transpose(flip(x, d1), d0, d1)
+    return flip(transpose(x, d0, d1), d1)
+
+
+@tensor_method()
+def diff(
+    x: Tensor, n: int = 1, dim: int = -1, prepend: Tensor | None = None,
+    append: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """The ``n``-th forward difference along ``dim`` (after concatenating ``prepend`` and
+    ``append``)."""
+    d = normalize_dim(dim, x.ndim, "diff")
+    if prepend is not None or append is not None:
+        parts = [t for t in (prepend, x, append) if t is not None]
+        x = cat(parts, d)
+    for _ in range(n):
+        size = x.shape[d]
+        x = _slice_dim(x, d, 1, size) - _slice_dim(x, d, 0, max(size - 1, 0))
+    return x
+
+
+def _triangle_indices(row: int, col: int, offset: int, upper: bool, dtype: Any) -> Tensor:
+    from lucid import _dtype
+
+    r, c = np.triu_indices(row, offset, col) if upper else np.tril_indices(row, offset, col)
+    dt = _dtype.canonical(dtype) if dtype is not None else _dtype.int64
+    return Tensor._wrap(np.stack([r, c]).astype(dt.numpy))
+
+
+def tril_indices(
+    row: int, col: int, offset: int = 0, *, dtype: Any = None, device: Any = None
+) -> Tensor:
+    """The (2, n) coordinates of the lower triangle (on and below the ``offset`` diagonal) of a
+    ``row x col`` matrix, row by row."""
+    return _triangle_indices(row, col, offset, False, dtype)
+
+
+def triu_indices(
+    row: int, col: int, offset: int = 0, *, dtype: Any = None, device: Any = None
+) -> Tensor:
+    """The (2, n) coordinates of the upper triangle (on and above the ``offset`` diagonal)."""
+    return _triangle_indices(row, col, offset, True, dtype)

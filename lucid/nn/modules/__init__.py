@@ -4,6 +4,7 @@ from lucid.nn.modules.activation import *  # noqa: F403
 from lucid.nn.modules.container import *  # noqa: F403
 from lucid.nn.modules.conv import *  # noqa: F403
 from lucid.nn.modules.conv_transpose import *  # noqa: F403
+from lucid.nn.modules.distance import *  # noqa: F403
 from lucid.nn.modules.dropout import *  # noqa: F403
 from lucid.nn.modules.flatten import *  # noqa: F403
 from lucid.nn.modules.linear import *  # noqa: F403

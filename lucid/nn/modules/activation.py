@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lucid._tensor import Tensor
 from lucid.nn import functional as F
+from lucid.nn import init
+from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory_dtype
 from lucid.nn.modules.module import Module
 
 __all__ = [
@@ -20,6 +24,20 @@ __all__ = [
     "Mish",
     "Softmax",
     "LogSoftmax",
+    "CELU",
+    "SELU",
+    "GLU",
+    "Hardsigmoid",
+    "Hardswish",
+    "Hardshrink",
+    "Softshrink",
+    "LogSigmoid",
+    "Softsign",
+    "Tanhshrink",
+    "Threshold",
+    "Softmin",
+    "Softmax2d",
+    "PReLU",
 ]
 
 
@@ -185,3 +203,164 @@ class LogSoftmax(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
+
+
+class CELU(_Activation):
+    """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``."""
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__(inplace)
+        self.alpha = alpha
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.celu(input, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
+class SELU(_Activation):
+    """``scale * elu(x, alpha)`` with the self-normalising constants."""
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.selu(input)
+
+
+class Hardsigmoid(_Activation):
+    """0 below -3, 1 above 3, ``x / 6 + 1 / 2`` between."""
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.hardsigmoid(input)
+
+
+class Hardswish(_Activation):
+    """``x * hardsigmoid(x)``."""
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.hardswish(input)
+
+
+class Threshold(_Activation):
+    """``x`` where ``x > threshold``, else ``value``."""
+
+    def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
+        super().__init__(inplace)
+        self.threshold, self.value = threshold, value
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.threshold(input, self.threshold, self.value)
+
+    def extra_repr(self) -> str:
+        inplace = ", inplace=True" if self.inplace else ""
+        return f"threshold={self.threshold}, value={self.value}{inplace}"
+
+
+class _Shrink(Module):
+    _function = staticmethod(F.hardshrink)
+
+    def __init__(self, lambd: float = 0.5) -> None:
+        super().__init__()
+        self.lambd = lambd
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return self._function(input, self.lambd)
+
+    def extra_repr(self) -> str:
+        return f"{self.lambd}"
+
+
+class Hardshrink(_Shrink):
+    """``x`` where ``|x| > lambd``, else 0."""
+
+    _function = staticmethod(F.hardshrink)
+
+
+class Softshrink(_Shrink):
+    """``x -+ lambd`` outside ``[-lambd, lambd]``, else 0."""
+
+    _function = staticmethod(F.softshrink)
+
+
+class LogSigmoid(Module):
+    """``log(sigmoid(x))``, stable for large ``|x|``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.logsigmoid(input)
+
+
+class Softsign(Module):
+    """``x / (1 + |x|)``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.softsign(input)
+
+
+class Tanhshrink(Module):
+    """``x - tanh(x)``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.tanhshrink(input)
+
+
+class GLU(Module):
+    """``a * sigmoid(b)`` for the halves ``a``, ``b`` of the input along ``dim``."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.glu(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmin(Module):
+    """``softmax(-x)`` along ``dim`` (``dim=None`` follows torch's legacy implicit choice)."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        dim = _implicit_dim(input.ndim) if self.dim is None else self.dim
+        return F.softmin(input, dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmax2d(Module):
+    """Softmax over the channels of (N, C, H, W) or (C, H, W) inputs."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        if input.ndim not in (3, 4):
+            raise ValueError(
+                f"Softmax2d: expected a 3D or 4D input, got {input.ndim}D input of shape "
+                f"{tuple(input.shape)}"
+            )
+        return F.softmax(input, -3)
+
+
+class PReLU(Module):
+    """``x`` where ``x >= 0``, else ``a * x`` with a learnt ``a``: one shared value
+    (``num_parameters=1``) or one per channel, initialised to ``init``."""
+
+    def __init__(
+        self, num_parameters: int = 1, init: float = 0.25, device: Any = None, dtype: Any = None
+    ) -> None:
+        super().__init__()
+        check_positive_int(num_parameters, "num_parameters", "PReLU")
+        self.num_parameters, self.init = num_parameters, init
+        self.weight = empty_parameter((num_parameters,), factory_dtype(device, dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.constant_(self.weight, self.init)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.prelu(input, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"

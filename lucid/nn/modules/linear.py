@@ -11,7 +11,7 @@ from lucid.nn import init
 from lucid.nn.modules._utils import empty_parameter, factory_dtype, optional_parameter
 from lucid.nn.modules.module import Module
 
-__all__ = ["Identity", "Linear"]
+__all__ = ["Identity", "Linear", "Bilinear"]
 
 
 class Identity(Module):
@@ -64,4 +64,41 @@ class Linear(Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}"
+        )
+
+
+class Bilinear(Module):
+    """``y = x1^T A x2 + b`` with ``weight`` (out, in1, in2) and ``bias`` (out,), both
+    U(-1/sqrt(in1), 1/sqrt(in1)) as torch."""
+
+    def __init__(
+        self,
+        in1_features: int,
+        in2_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        dt = factory_dtype(device, dtype)
+        self.in1_features, self.in2_features = in1_features, in2_features
+        self.out_features = out_features
+        self.weight = empty_parameter((out_features, in1_features, in2_features), dt)
+        self.register_parameter("bias", optional_parameter((out_features,), dt, bias))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.weight.shape[1])
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+            f"out_features={self.out_features}, bias={self.bias is not None}"
         )

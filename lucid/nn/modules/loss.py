@@ -15,6 +15,15 @@ __all__ = [
     "BCEWithLogitsLoss",
     "SmoothL1Loss",
     "HuberLoss",
+    "KLDivLoss",
+    "TripletMarginLoss",
+    "MarginRankingLoss",
+    "SoftMarginLoss",
+    "HingeEmbeddingLoss",
+    "CosineEmbeddingLoss",
+    "PoissonNLLLoss",
+    "GaussianNLLLoss",
+    "MultiLabelSoftMarginLoss",
 ]
 
 
@@ -143,3 +152,164 @@ class HuberLoss(_Loss):
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
         return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class KLDivLoss(_Loss):
+    """KL divergence with log-probability inputs (``reduction='batchmean'`` as torch advises)."""
+
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+        log_target: bool = False,
+    ) -> None:
+        reduction = F._legacy_reduction(size_average, reduce, reduction)
+        super().__init__("mean" if reduction == "batchmean" else reduction)
+        self.reduction, self.log_target = reduction, log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class TripletMarginLoss(_Loss):
+    """``max(d(a, p) - d(a, n) + margin, 0)`` with the pairwise p-distance."""
+
+    def __init__(
+        self,
+        margin: float = 1.0,
+        p: float = 2.0,
+        eps: float = 1e-6,
+        swap: bool = False,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+        if margin <= 0:
+            raise ValueError(f"TripletMarginLoss: margin must be greater than 0, got {margin}")
+        self.margin, self.p, self.eps, self.swap = margin, p, eps, swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return F.triplet_margin_loss(
+            anchor, positive, negative, self.margin, self.p, self.eps, self.swap,
+            reduction=self.reduction,
+        )  # fmt: skip
+
+
+class MarginRankingLoss(_Loss):
+    """``max(0, -y * (x1 - x2) + margin)``."""
+
+    def __init__(
+        self,
+        margin: float = 0.0,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+        self.margin = margin
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return F.margin_ranking_loss(input1, input2, target, self.margin, reduction=self.reduction)
+
+
+class SoftMarginLoss(_Loss):
+    """``log(1 + exp(-y * x))``."""
+
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.soft_margin_loss(input, target, reduction=self.reduction)
+
+
+class HingeEmbeddingLoss(_Loss):
+    """``x`` for y = 1, ``max(0, margin - x)`` for y = -1."""
+
+    def __init__(
+        self,
+        margin: float = 1.0,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+        self.margin = margin
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.hinge_embedding_loss(input, target, self.margin, reduction=self.reduction)
+
+
+class CosineEmbeddingLoss(_Loss):
+    """``1 - cos(x1, x2)`` for y = 1, ``max(0, cos(x1, x2) - margin)`` for y = -1."""
+
+    def __init__(
+        self,
+        margin: float = 0.0,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+        self.margin = margin
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return F.cosine_embedding_loss(
+            input1, input2, target, self.margin, reduction=self.reduction
+        )
+
+
+class PoissonNLLLoss(_Loss):
+    """Poisson negative log-likelihood (``log_input``: the input is the log-rate)."""
+
+    def __init__(
+        self,
+        log_input: bool = True,
+        full: bool = False,
+        size_average: bool | None = None,
+        eps: float = 1e-8,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+        self.log_input, self.full, self.eps = log_input, full, eps
+
+    def forward(self, log_input: Tensor, target: Tensor) -> Tensor:
+        return F.poisson_nll_loss(
+            log_input, target, self.log_input, self.full, eps=self.eps, reduction=self.reduction
+        )
+
+
+class GaussianNLLLoss(_Loss):
+    """Gaussian negative log-likelihood with predicted variances ``var``."""
+
+    def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.full, self.eps = full, eps
+
+    def forward(self, input: Tensor, target: Tensor, var: Tensor | float) -> Tensor:  # noqa: A002
+        return F.gaussian_nll_loss(input, target, var, self.full, self.eps, self.reduction)
+
+
+class MultiLabelSoftMarginLoss(_WeightedLoss):
+    """Per-class logistic loss averaged over classes, for multi-label targets in {0, 1}."""
+
+    def __init__(
+        self,
+        weight: Tensor | None = None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(weight, F._legacy_reduction(size_average, reduce, reduction))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.multilabel_soft_margin_loss(
+            input, target, weight=self.weight, reduction=self.reduction
+        )

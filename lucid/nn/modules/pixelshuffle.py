@@ -1,4 +1,5 @@
-"""``PixelShuffle`` and ``PixelUnshuffle`` (sub-pixel convolution's rearrangement)."""
+"""``PixelShuffle``, ``PixelUnshuffle`` (sub-pixel convolution's rearrangement) and
+``ChannelShuffle`` (ShuffleNet's)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 
-__all__ = ["PixelShuffle", "PixelUnshuffle"]
+__all__ = ["PixelShuffle", "PixelUnshuffle", "ChannelShuffle"]
 
 
 class PixelShuffle(Module):
@@ -35,3 +36,17 @@ class PixelUnshuffle(Module):
 
     def extra_repr(self) -> str:
         return f"downscale_factor={self.downscale_factor}"
+
+
+class ChannelShuffle(Module):
+    """Regroups the channels of (N, g*k, *) inputs as k groups of g (``groups = g``)."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.channel_shuffle(input, self.groups)
+
+    def extra_repr(self) -> str:
+        return f"groups={self.groups}"
