@@ -1,16 +1,20 @@
 """Differential mutation fuzzer of native program descriptions (issues 15 and 22).
 
 Seeds are the descriptions ``lucid._native.compile`` receives when small real models are compiled
-(inference, training steps, a CNN, an embedding model). A case is one seed with a few random
-mutations (opcodes, attributes, slots, shapes, dtypes, feeds, results, in-place pairs, fused
-expressions and ``sub_outputs``, huge and negative integers), often followed by *repair*: the
-declared output slots are set to what the validator says the op gives, so mutated geometry
-reaches the kernels too. Each case is validated, compiled and, when small enough, run on random
-feeds. The only acceptable outcomes are a result or a Python exception of the documented kinds,
-and every result must agree with the numpy reference interpreter (``Program.interpret``, the
-prim table's reference semantics) run on the same program and feeds: same shapes and dtypes,
-integers and booleans equal, floats within a loose tolerance with NaN and infinities at the same
-places (``compare_with_reference``).
+(inference, training steps, a CNN, an embedding model, math and mixed-dtype functions). A case
+is one seed with a few random mutations: for half the cases anything goes (opcodes, attributes,
+slots, shapes, dtypes, feeds, results, in-place pairs, fused expressions and ``sub_outputs``,
+huge and negative integers), for the other half gentle ones that mostly keep the program valid
+(attribute values, an elementwise op for another of its kind, an interposed elementwise
+instruction). Mutation is often followed by *repair*: the declared output slots are set to what
+the validator says the op gives, so mutated geometry reaches the kernels too. Each case is
+validated, compiled and, when small enough, run on random feeds (one case in three with NaN,
+infinities, signed zeros and subnormals). The only acceptable outcomes are a result or a Python
+exception of the documented kinds, and every run must agree with the numpy reference interpreter
+(``Program.interpret``: the prim table's reference semantics), instruction by instruction on the
+native values of each instruction's inputs: same shapes and dtypes, integers and booleans equal,
+floats within a loose tolerance with NaN and infinities at the same places
+(``check_against_reference``, ``compare_with_reference``).
 
 Cases are deterministic functions of (seed number, case index), so a batch runs in a child
 process (``python -m tests.native.program_fuzz SEEDS_FILE SEED START COUNT``) that prints the
