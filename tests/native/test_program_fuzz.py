@@ -74,6 +74,13 @@ def test_compare_with_reference_is_nan_aware_and_loose_only_in_magnitude():
         got = ref.copy()
         got[i] = wrong
         assert f"first at ({i},)" in compare_with_reference([got], [ref])
+    # Only where the caller allows it (an infinite input) may NaN stand for an infinity.
+    nan_for_inf = ref.copy()
+    nan_for_inf[2] = np.nan
+    assert compare_with_reference([nan_for_inf], [ref]) is not None
+    assert compare_with_reference([nan_for_inf], [ref], nan_for_infinity=True) is None
+    nan_for_inf[0] = np.nan
+    assert compare_with_reference([nan_for_inf], [ref], nan_for_infinity=True) is not None
     ints = np.array([1, 2], np.int64)
     assert compare_with_reference([ints + [0, 1]], [ints]) is not None
     assert "reference int32" in compare_with_reference([ints], [ints.astype(np.int32)])
