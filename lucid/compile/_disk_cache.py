@@ -127,7 +127,7 @@ def code_fingerprint() -> str:
     """A SHA-256 of the code that produces an entry: every Python source and compiled extension
     module in the ``lucid`` package's folders (an editable install has two: the sources and the
     built extension). ``__version__`` stays the same across development commits; this changes
-    with any edit or rebuild. Computed once per process: 2.7 MB, about 7 ms of CPU."""
+    with any edit or rebuild. Computed once per process: 2.7 MB, about 7 ms of processor time."""
     if not _CODE_FINGERPRINT:
         import importlib.machinery
 
