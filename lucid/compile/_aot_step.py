@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -306,6 +307,7 @@ class LoadedStep:
         self._parts = parts
         self._model = model
         self._view = _OptimizerView(optimizer) if optimizer is not None else None
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"LoadedStep({self.path!r}, {self.kind}, {len(self._entries)} entr(y/ies))"
@@ -352,6 +354,10 @@ class LoadedStep:
         return match, entry
 
     def __call__(self, x: Any, *extra: Any) -> Tensor:
+        with self._lock:  # one call at a time, as a live step (see lucid.compile.training)
+            return self._step(x, *extra)
+
+    def _step(self, x: Any, *extra: Any) -> Tensor:
         from lucid._state import state as _state
         from lucid.compile.training import _attach_grads, _run_checked
 

@@ -345,7 +345,6 @@ def compile_grad_call(
             raise _pipeline.Unsupported("no floating output to differentiate")
         trace = tracer.finish([seeded, *computed])
         captured = tracer.feed_tensors()
-    _pipeline.check_value_sizes(trace)
     if symbolic:
         # Each batch size gets its own program (shape-specialize then vjp): the model's ops
         # must specialise soundly; the seeded sum over the batch is then concrete.
@@ -366,6 +365,7 @@ def compile_grad_call(
 
     def build(batch: int | None, session: _pipeline.CompileSession | None = None) -> _Program:
         # A later batch size of a symbolic entry is a compile of its own (switches apply again).
+        _pipeline.check_value_sizes(trace, batch)
         session = session or _pipeline.CompileSession(getattr(options, "switches", None))
         with session.timed("import"):
             module = import_trace(trace)

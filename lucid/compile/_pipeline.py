@@ -57,16 +57,16 @@ class FeedMismatch(ValueError):
 MAX_VALUE_ELEMENTS = 2**40
 
 
-def _value_size(v: Any) -> tuple[int, int]:
-    """(elements, bytes) of a trace value (a symbolic dim counted as 1)."""
-    n = math.prod(d for d in v.shape if d is not None)
+def _value_size(v: Any, batch: int | None = None) -> tuple[int, int]:
+    """(elements, bytes) of a trace value, a symbolic dim counted as ``batch`` (or 1)."""
+    n = math.prod((batch or 1) if d is None else d for d in v.shape)
     return n, n * np.dtype(v.dtype.numpy).itemsize
 
 
-def _describe_value(op: Any, v: Any) -> str:
-    n, nbytes = _value_size(v)
+def _describe_value(op: Any, v: Any, batch: int | None = None) -> str:
+    n, nbytes = _value_size(v, batch)
     where = f" at {op.loc[0]}:{op.loc[1]}" if getattr(op, "loc", None) else ""
-    shape = "x".join("?" if d is None else str(d) for d in v.shape) or "scalar"
+    shape = "x".join(str(batch or "?") if d is None else str(d) for d in v.shape) or "scalar"
     return f"{op.name}{where} makes a {shape} {v.dtype.name} value ({n} elements, {_bytes(nbytes)})"
 
 
@@ -78,15 +78,15 @@ def _bytes(n: float) -> str:
     return f"{n:.4g} TiB"
 
 
-def check_value_sizes(trace: Any) -> None:
+def check_value_sizes(trace: Any, batch: int | None = None) -> None:
     """Raise ``MemoryError`` naming the op and the size when ``trace`` makes a value too large
     for any machine (over ``MAX_VALUE_ELEMENTS``): the same class eager numpy raises, in strict
     and non-strict mode alike, instead of the backend's refusal or a fallback that fails anyway."""
     for op in trace.ops:
         for v in op.outputs:
-            if _value_size(v)[0] > MAX_VALUE_ELEMENTS:
+            if _value_size(v, batch)[0] > MAX_VALUE_ELEMENTS:
                 raise MemoryError(
-                    f"lucid.compile: {_describe_value(op, v)}, over the {MAX_VALUE_ELEMENTS}"
+                    f"lucid.compile: {_describe_value(op, v, batch)}, over the {MAX_VALUE_ELEMENTS}"
                     "-element limit of a value"
                 )
 
@@ -384,7 +384,7 @@ def compile_trace(
     is specialised to ``batch`` by ``shape-specialize``. With the disk cache on
     (``LUCID_COMPILE_DISK_CACHE=1``, see ``_disk_cache``) a graph compiled before, by any
     process, skips the passes, the lowering and the backend's program building."""
-    check_value_sizes(trace)
+    check_value_sizes(trace, batch)
     session = session or CompileSession(switches)
     target = backend_of(backend)
     # The batch is part of what the disk cache keys on (the symbolic trace is the same).
@@ -466,6 +466,7 @@ def compile_symbolic_trace(
     ``supports_symbolic_batch``: the trace is lowered at ``batch`` and at ``batch + 1`` (the
     probe that tells the backend which dimensions are the batch). A backend refusal is
     ``Unsupported`` with its reason."""
+    check_value_sizes(trace, batch + 1)
     session = session or CompileSession(switches)
     target = backend_of(backend)
     module, _, _ = _graph_module(trace, pipeline, None, batch, session=session)

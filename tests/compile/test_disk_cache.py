@@ -3,6 +3,7 @@ numbers; concurrent processes; corrupt entries ignored, removed and reported onc
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -294,9 +295,12 @@ def test_eviction_in_its_own_folder_removes_only_its_entries(cache_dir, monkeypa
     _run(MLP(), x)
     (entry,) = _entries(old)
     (old / "CACHEDIR.TAG").unlink()
-    _disk_cache._OWNED.clear()
     _run(MLP(d_hidden=8), x)
     assert (old / "CACHEDIR.TAG").exists() and len(_entries(old)) == 2
+    # A folder removed while the process runs is made again, tag and all.
+    shutil.rmtree(old)
+    _run(MLP(d_hidden=12), x)
+    assert (old / "CACHEDIR.TAG").exists() and len(_entries(old)) == 1
 
 
 def _rewrite_entry(path, edit):

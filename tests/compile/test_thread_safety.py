@@ -118,3 +118,21 @@ def test_make_step_and_compiled_step_from_several_threads_equal_sequential_calls
         return _state(model) + [p.grad.numpy() for p in model.parameters()]
 
     _both(run_compiled_step)
+
+
+def test_a_loaded_fused_step_from_several_threads_equals_sequential_steps(tmp_path):
+    from lucid.compile import load_compiled, save_compiled
+
+    x, y = _data()
+    model = _model()
+    step = fused_step(model, F.cross_entropy, optim.Adam(model.parameters(), lr=1e-3))
+    step(x, y)
+    path = tmp_path / "step.lucidc"
+    assert save_compiled(step, path)
+
+    def run(drive):
+        loaded = load_compiled(path)
+        drive(lambda: loaded(x, y))
+        return [p.numpy().copy() for p in loaded.parameters()]
+
+    _both(run)

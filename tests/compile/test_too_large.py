@@ -39,3 +39,25 @@ def test_a_run_out_of_memory_names_the_largest_value(monkeypatch):
         monkeypatch.setattr(entry, "hit", bad_alloc)
         with pytest.raises(MemoryError, match=r"std::bad_alloc.*mul makes a 64x64 float32"):
             cm(x)
+
+
+class Wide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(lucid.ones(1, 2**21))
+
+    def forward(self, x):
+        return x * self.w
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_symbolic_batch_counts_at_its_real_size(monkeypatch, grad):
+    monkeypatch.setenv("LUCID_COMPILE_DYNAMIC", "1")
+    cm = lucid.compile(Wide(), backend="cpu", dynamic=True, strict=True)
+    with lucid.set_grad_enabled(grad):
+        for batch in (2, 3):  # one symbolic-batch entry serves both
+            cm(lucid.ones(batch, 1))
+        assert len(cm.cache_info()["keys"]) == 1 and not cm.cache_info()["not_symbolic"]
+        x = lucid.ones(2**20, 1)  # x * w at this batch: 2^41 elements, 8 TiB
+        with pytest.raises(MemoryError, match=r"mul makes a 1048576x2097152 float32 .*8 TiB"):
+            cm(x)
