@@ -14,7 +14,10 @@ See docs/backend-cpu.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lucid._native_loader import _native
@@ -25,6 +28,25 @@ from lucid.ir._gc import paused_gc
 
 if TYPE_CHECKING:
     from lucid.backends.cpu.program import Program
+
+_split = threading.local()
+
+
+def last_compile_split() -> dict[str, float]:
+    """Milliseconds of each step of this thread's last ``CPUBackend.compile``: ``emit`` (prim
+    module to program), ``fuse-kernels``, ``fuse-elementwise`` and ``native-compile`` (buffer
+    planning and the executable); empty before the first. ``timing()["passes_ms"]`` has their
+    sum as ``backend-compile``; the benchmarks read the split from here."""
+    return dict(getattr(_split, "ms", {}))
+
+
+@contextmanager
+def _step(name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _split.ms[name] = _split.ms.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
 
 
 class CPUBackend(Backend):
@@ -57,38 +79,51 @@ class CPUBackend(Backend):
         ``inplace_updates``, ``update:<role>`` results are written into their feeds by the
         runtime."""
         from lucid.backends.cpu.emit import EmitError, emit_program
-        from lucid.backends.cpu.fuse import fuse_elementwise
-        from lucid.backends.cpu.kernel_fusion import fuse_kernels
         from lucid.backends.cpu.program import Instr, Program
         from lucid.backends.prim_ops import Aval
 
-        try:
-            desc = emit_program(module, inplace_updates=inplace_updates).desc
-        except EmitError as e:
-            raise Unsupported(str(e)) from e
-        program = Program()
-        program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
-        program.instrs = [Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]]
-        program.feeds = list(desc["feeds"])
-        program.results = list(desc["results"])
-        program.inplace = dict(desc.get("inplace", {}))
-        return fuse_elementwise(fuse_kernels(program)) if self.fuse else program
+        _split.ms = {}
+        with _step("emit"):
+            try:
+                desc = emit_program(module, inplace_updates=inplace_updates).desc
+            except EmitError as e:
+                raise Unsupported(str(e)) from e
+            program = Program()
+            program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
+            program.instrs = [
+                Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]
+            ]
+            program.feeds = list(desc["feeds"])
+            program.results = list(desc["results"])
+            program.inplace = dict(desc.get("inplace", {}))
+        return self._fused(program)
+
+    def _fused(self, program: Program) -> Program:
+        from lucid.backends.cpu.fuse import fuse_elementwise
+        from lucid.backends.cpu.kernel_fusion import fuse_kernels
+
+        if not self.fuse:
+            return program
+        with _step("fuse-kernels"):
+            program = fuse_kernels(program)
+        with _step("fuse-elementwise"):
+            return fuse_elementwise(program)
 
     def compile(self, module: Any, *, inplace_updates: bool = True) -> Any:
         """A native executable (``run(feeds) -> list[np.ndarray]``) of a prim module, or of an
         already emitted :class:`Program` (tests and tools); ValueError if malformed."""
         # Imported here, not at the top: a program loaded from a file (load_compiled, the disk
         # cache) is compiled through import_program and never needs the program model.
-        from lucid.backends.cpu.fuse import fuse_elementwise
-        from lucid.backends.cpu.kernel_fusion import fuse_kernels
         from lucid.backends.cpu.program import Program
 
         with paused_gc():  # see lucid.ir._gc: collections cost more than they free here
             if isinstance(module, Program):
-                program = fuse_elementwise(fuse_kernels(module)) if self.fuse else module
+                _split.ms = {}
+                program = self._fused(module)
             else:
                 program = self.program(module, inplace_updates=inplace_updates)
-            return _native.compile(program.describe(), self.cache)
+            with _step("native-compile"):
+                return _native.compile(program.describe(), self.cache)
 
     def bound_call(
         self, executable: Any, positions: Sequence[int], tensors: Sequence[Any], *, single: bool

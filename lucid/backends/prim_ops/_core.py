@@ -122,36 +122,39 @@ def check_attrs(op: PrimOp, attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _coerce_attr(op: str, name: str, kind: str, value: Any) -> Any:
-    bad = _fail(op, f"attribute {name!r} must be {kind}, got {value!r}")
+    def bad() -> PrimError:
+        # Built only on failure: the repr of a constant's value costs as much as the value.
+        return _fail(op, f"attribute {name!r} must be {kind}, got {value!r}")
+
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise bad
+            raise bad()
         return int(value)
     if kind == "bool":
         if not isinstance(value, bool | np.bool_):
-            raise bad
+            raise bad()
         return bool(value)
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-            raise bad
+            raise bad()
         return float(value)
     if kind == "ints":
         if not isinstance(value, list | tuple) or not all(
             isinstance(v, int | np.integer) and not isinstance(v, bool) for v in value
         ):
-            raise bad
+            raise bad()
         return tuple(int(v) for v in value)
     if kind == "floats":
         if not isinstance(value, list | tuple | np.ndarray):
-            raise bad
+            raise bad()
         return tuple(float(v) for v in np.asarray(value, dtype=np.float64).ravel())
     if kind == "dtype":
         if value not in DTYPES:
-            raise bad
+            raise bad()
         return value
     if kind == "str":
         if not isinstance(value, str):
-            raise bad
+            raise bad()
         return value
     raise AssertionError(kind)
 
