@@ -260,7 +260,7 @@ def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, in
 
     Error bound: the two casts and the product by s are faithful (relative error below
     2**-23), the division is within 2.5 ulp (Metal's fast-math bound), so the Float32 value is
-    t·(1 + d)·s with |d| < 5.5·2**-23. With s = 1 - 2**-19 = 1 - 16·2**-23 the value is below t,
+    t·(1 + d)·s with |d| < 5.6·2**-23. With s = 1 - 2**-19 = 1 - 16·2**-23 the value is below t,
     so 0 <= e <= floor(t): e·B and the next R = R - e·B lie in [R, 0] and Q stays in
     [-2**63, 0] (resp. [-2**31, 0]), so nothing overflows. It is also above t·(1 - 2**-18), so the
     next round's quotient t - e is below t·2**-18 + 1: from t <= 2**63, four rounds leave
