@@ -240,48 +240,76 @@ _HANDLERS["maximum"] = _make_extremum("maximum")
 _HANDLERS["minimum"] = _make_extremum("minimum")
 
 
+# Float32 estimates of a quotient are scaled by this factor so that they never exceed it (see
+# _int_floor_division), and the rounds that bring every int32 and int64 quotient down to one unit.
+_ESTIMATE_SCALE = 1.0 - 2.0**-19
+_ESTIMATE_ROUNDS = {"i32": 2, "i64": 4}
+_INT_MIN = {"i32": -(2**31), "i64": -(2**63)}
+
+
 def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, int, int, int]:
-    """(floor quotient, floor remainder, zero-divisor mask, zero) of integer a / b, exact.
+    """(floor quotient, floor remainder, zero-divisor mask, zero) of integer a / b, exact over
+    the whole int32 and int64 ranges, in the operands' own type, with no operation that wraps.
 
     Apple documents nothing about integer ``division``, and PyTorch divides integers through
-    Float32 (BinaryOps.mm, div_mode_template), which is inexact above 2**24. So ``division``
-    serves only as an estimate q of a / b (good to a relative 2**-21 and one unit), refined
-    twice (i32) or three times (i64) by dividing the remainder r = a - q·b again, then moved by
-    exact steps until r lies in [0, b) (or (b, 0]). int32 works in Int64, where q·b cannot
-    overflow; int64 is exact for |a| < 2**62 with such an estimate, and for every value when
-    the division is exact. A zero divisor divides by 1 (the caller masks the result)."""
-    a, b, dt = ins[0].id, ins[1].id, ins[0].dtype
-    r_ = out_rank
+    Float32 (BinaryOps.mm, div_mode_template), inexact above 2**24, so it is not used. The
+    magnitudes are worked on as non-positive numbers, A = -|a| and B = -|b|, which cover
+    -2**63 (resp. -2**31) where |a| would not fit. Each round takes an estimate
+    e = floor(f32(R) / f32(B) * s) of the quotient t = R / B >= 0 of the remainder R (A at
+    first) and moves e·B out of R, and -e into the non-positive quotient Q.
+
+    Error bound: the two casts and the product by s are faithful (relative error below
+    2**-23), the division is within 2.5 ulp (Metal's fast-math bound), so the Float32 value is
+    t·(1 + d)·s with |d| < 5.6·2**-23. With s = 1 - 2**-19 = 1 - 16·2**-23 the value is below t,
+    so 0 <= e <= floor(t): e·B and the next R = R - e·B lie in [R, 0] and Q stays in
+    [-2**63, 0] (resp. [-2**31, 0]), so nothing overflows. It is also above t·(1 - 2**-18), so the
+    next round's quotient t - e is below t·2**-18 + 1: from t <= 2**63, four rounds leave
+    t < 2**45 + 1, 2**27 + 2, 2**9 + 2, then below 1.002 (int32: 2**13 + 1, then 1.04), and
+    one exact step (R <= B: one more B out) ends with R in (B, 0].
+
+    The signs then give floor semantics: with a and b of one sign the quotient is -Q, and
+    INT_MIN // -1 (the only Q = INT_MIN of that kind) wraps to INT_MIN as numpy and eager
+    Lucid do, by an explicit select; with opposite signs it is Q, one lower when R != 0. The
+    remainder takes b's sign: R, or B - R with opposite signs and R != 0. A zero divisor
+    divides by 1 (the caller masks the result)."""
+    a, b, dt, r_ = ins[0].id, ins[1].id, ins[0].dtype, out_rank
     zero = c.const(0, dt, r_)
+    one = c.const(1, dt, r_)
     is_zero = c.bin("equal", b, zero)
-    safe_b = c.select(is_zero, c.const(1, dt, r_), b)
-    work = "i64"
-    if dt == "i32":
-        a, safe_b = c.cast(a, work), c.cast(safe_b, work)
-    wzero, wone = c.const(0, work, r_), c.const(1, work, r_)
-    q = c.bin("division", a, safe_b)
-    r = c.bin("subtraction", a, c.bin("multiplication", q, safe_b))
-    for _ in range(2 if dt == "i32" else 3):
-        step = c.bin("division", r, safe_b)
-        q = c.bin("addition", q, step)
-        r = c.bin("subtraction", r, c.bin("multiplication", step, safe_b))
-    b_negative = c.bin("lessThan", safe_b, wzero)
-    for _ in range(2):
-        # r on the far side of b (|r| >= |b|, same sign): one more b out.
-        over = c.select(
-            b_negative,
-            c.bin("lessThanOrEqualTo", r, safe_b),
-            c.bin("greaterThanOrEqualTo", r, safe_b),
-        )
-        q = c.select(over, c.bin("addition", q, wone), q)
-        r = c.select(over, c.bin("subtraction", r, safe_b), r)
-        # r nonzero with the sign opposite to b's: floor moves q down by one.
-        differ = c.bin("logicalXOR", c.bin("lessThan", r, wzero), b_negative)
-        under = c.bin("logicalAND", c.bin("notEqual", r, wzero), differ)
-        q = c.select(under, c.bin("subtraction", q, wone), q)
-        r = c.select(under, c.bin("addition", r, safe_b), r)
-    if dt == "i32":
-        q, r = c.cast(q, dt), c.cast(r, dt)
+    b = c.select(is_zero, one, b)
+
+    def non_positive_magnitude(v: int) -> int:  # min(v, 0) - max(v, 0) = -|v|, never wraps
+        return c.bin("subtraction", c.bin("minimum", v, zero), c.bin("maximum", v, zero))
+
+    rem, neg_b = non_positive_magnitude(a), non_positive_magnitude(b)
+    neg_b_f32 = c.cast(neg_b, "f32")
+    scale = c.const(_ESTIMATE_SCALE, "f32", r_)
+    quo = zero
+    for _ in range(_ESTIMATE_ROUNDS[dt]):
+        ratio = c.bin("division", c.cast(rem, "f32"), neg_b_f32)
+        est = c.cast(c.un("floor", c.bin("multiplication", ratio, scale)), dt)
+        rem = c.bin("subtraction", rem, c.bin("multiplication", est, neg_b))
+        quo = c.bin("subtraction", quo, est)
+    # MPSGraph computes both sides of a select: a step is masked before it is taken, never
+    # taken everywhere and selected after (rem - B and quo - 1 could wrap where unused).
+    over = c.bin("lessThanOrEqualTo", rem, neg_b)
+    rem = c.bin("subtraction", rem, c.select(over, neg_b, zero))
+    quo = c.bin("subtraction", quo, c.select(over, one, zero))
+
+    a_negative, b_negative = c.bin("lessThan", a, zero), c.bin("lessThan", b, zero)
+    opposite = c.bin("logicalXOR", a_negative, b_negative)
+    inexact = c.bin("notEqual", rem, zero)
+    moved = c.bin("logicalAND", opposite, inexact)
+    # -Q for one sign; Q = INT_MIN (INT_MIN // -1) is selected away before the negation.
+    int_min = c.const(_INT_MIN[dt], dt, r_)  # a power of two: exact as the double
+    wraps = c.bin("equal", quo, int_min)
+    same_sign_q = c.select(wraps, int_min, c.bin("subtraction", zero, c.select(wraps, zero, quo)))
+    opposite_q = c.bin("subtraction", quo, c.select(inexact, one, zero))
+    q = c.select(opposite, opposite_q, same_sign_q)
+    # The remainder's magnitude as a non-positive number (B - R lies in (B, 0) when R != 0),
+    # then b's sign: R > B >= INT_MIN here, so its negation never wraps.
+    neg_mod = c.select(moved, c.bin("subtraction", neg_b, rem), rem)
+    r = c.select(b_negative, neg_mod, c.bin("subtraction", zero, neg_mod))
     return q, r, is_zero, zero
 
 

@@ -79,6 +79,15 @@ def _check_no_wrap(sel: str, args: list, out: Any) -> None:
         raise UndefinedBehavior(f"{sel} overflows {a.dtype} (wrap-around is undocumented)")
 
 
+def _check_cast_fits(x: np.ndarray, out: np.ndarray) -> None:
+    # An integer narrowed to a type that cannot hold it (Int64 -> Int32 overflow) is a case the
+    # self-check calibrates on the device; Apple documents no wrap-around for it.
+    if x.dtype.kind == "i" and out.dtype.kind == "i" and out.dtype.itemsize < x.dtype.itemsize:
+        info = np.iinfo(out.dtype)
+        if np.any((x < info.min) | (x > info.max)):
+            raise UndefinedBehavior(f"cast of {x.dtype} to {out.dtype} overflows")
+
+
 def run_program(
     program: dict,
     feeds: Sequence[np.ndarray],
@@ -88,7 +97,8 @@ def run_program(
 ) -> list[np.ndarray]:
     """Run a recorded program on ``feeds`` (numpy arrays in placeholder order); ``validated``
     skips re-checking a program already checked by ``program.validate``. ``exact_integers``
-    refuses integer addition, subtraction and multiplication that wrap (``UndefinedBehavior``):
+    refuses integer addition, subtraction and multiplication that wrap, and integer casts to a
+    narrower type that cannot hold the value (``UndefinedBehavior``):
     for emissions that must not rely on wrap-around (the Philox stream); a user's own integer
     arithmetic wraps as prim defines it."""
     if not validated:
@@ -128,6 +138,8 @@ def run_program(
                 out = impl(*args)
                 if exact_integers and sel in _WRAPPING:
                     _check_no_wrap(sel, args, out)
+                if exact_integers and sel == "castTensor:toType:name:":
+                    _check_cast_fits(args[0], out)
             except (MPSGraphAbort, UndefinedBehavior):
                 raise
             except (ValueError, IndexError) as e:

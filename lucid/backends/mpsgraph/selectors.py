@@ -333,10 +333,10 @@ _INDEX_CHECK = (
 )  # fmt: skip
 _SELECT = "selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:name:"
 _INT_DIVISION = (
-    f"division{_BIN}", f"multiplication{_BIN}", f"subtraction{_BIN}", f"addition{_BIN}",
-    f"equal{_BIN}", f"notEqual{_BIN}", f"lessThan{_BIN}", f"logicalAND{_BIN}",
-    f"logicalXOR{_BIN}", _SELECT, _C, "castTensor:toType:name:", f"lessThanOrEqualTo{_BIN}",
-    f"greaterThanOrEqualTo{_BIN}",
+    f"division{_BIN}", f"multiplication{_BIN}", f"subtraction{_BIN}", f"minimum{_BIN}",
+    f"maximum{_BIN}", f"equal{_BIN}", f"notEqual{_BIN}", f"lessThan{_BIN}", f"logicalAND{_BIN}",
+    f"logicalXOR{_BIN}", _SELECT, _C, "castTensor:toType:name:", "floorWithTensor:name:",
+    f"lessThanOrEqualTo{_BIN}",
 )  # fmt: skip
 _PHILOX = (
     f"bitwiseXOR{_BIN}",
@@ -611,8 +611,10 @@ EMISSION_NOTES: dict[str, str] = {
     "log1p": "u = 1 + x; log(u)·x/(u − 1), x where u = 1, u where u = +inf (Goldberg's trick)",
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
-    "floor_divide": "floats: floor(a / b); integers: division as an estimate, refined and "
-    "corrected exactly (int32 in Int64), a zero divisor gives 0",
+    "floor_divide": "floats: floor(a / b); integers: exact over the whole range, in the "
+    "operand type with no wrapping step: Float32 quotient estimates (2 rounds for int32, 4 for "
+    "int64) on −|a| and −|b|, one exact step, signs; INT_MIN // −1 gives INT_MIN, a zero "
+    "divisor 0",
     "remainder": "floats: floorModulo, NaN for a zero divisor (floorModulo gives 0); integers: "
     "the remainder of floor_divide's exact steps, a zero divisor gives 0",
     "cast": "float → int: truncate, clamp, NaN → 0, ≥ 2^(bits−1) → the integer maximum; "

@@ -65,6 +65,18 @@ _NAN_ROW = np.array([1.0, np.nan, 3.0, np.inf, -np.inf, 0.0], np.float32)
 _CONV = {"strides": [2, 1], "padding": [1, 0, 2, 1], "groups": 2, "dilation": [1, 2]}
 _POOL = {"kernel": [3, 2], "strides": [2, 1], "padding": [1, 1, 0, 1]}
 
+# Integer division pairs (dividends, divisors): INT_MIN // -1 and // 1, x // INT_MIN, quotients
+# near 2**63, divisors near 2**62, both signs, a zero divisor.
+_DIVISION_I64 = (
+    [7, -7, 2**40 + 7, -(2**40 + 7), 0, 5, -(2**63), -(2**63), -(2**63), 2**63 - 1, 2**63 - 1,
+     -(2**62) - 3, 2**63 - 2**39],
+    [2, 2, 3, 3, 0, -2, -1, 1, -(2**63), -(2**63), 3, 2**62 + 1, 7],
+)  # fmt: skip
+_DIVISION_I32 = (
+    [-(2**31), -(2**31), 2**31 - 1, 2**31 - 1, -7, 2**24 + 1],
+    [-1, 1, -(2**31), 7, 2, 3],
+)
+
 CASES: dict[str, Case] = {
     **{op: Case(op, lambda: [_rand((3, 4))]) for op in _UNARY},
     **{
@@ -79,15 +91,10 @@ CASES: dict[str, Case] = {
         for op in ("logical_and", "logical_or", "logical_xor")
     },  # fmt: skip
     **{
-        op: Case(
-            op,
-            lambda: [
-                np.array([7, -7, 2**40 + 7, -(2**40 + 7), 0, 5], np.int64),
-                np.array([2, 2, 3, 3, 0, -2], np.int64),
-            ],
-        )
+        f"{op}{suffix}": Case(op, lambda pairs=pairs, dt=dt: [np.array(p, dt) for p in pairs])
         for op in ("floor_divide", "remainder")
-    },  # fmt: skip
+        for suffix, dt, pairs in (("", np.int64, _DIVISION_I64), ("_i32", np.int32, _DIVISION_I32))
+    },
     "remainder_float": Case(
         "remainder", lambda: [_rand((4,)), np.array([0.0, -0.0, 2.5, -1.0], np.float32)]
     ),

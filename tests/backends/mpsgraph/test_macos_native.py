@@ -75,6 +75,7 @@ import tempfile  # noqa: E402
 import lucid  # noqa: E402
 from lucid.backends import prim_ops as P  # noqa: E402
 from lucid.backends.mpsgraph import selfcheck  # noqa: E402
+from tests.backends.mpsgraph.test_first_run import _edges  # noqa: E402
 
 NATIVE = "mpsgraph"
 
@@ -195,13 +196,20 @@ def test_8_int64_sign_relu(op):
     same(*on_device(op, [np.array([-3, 0, 5, -(2**62), 2**62], np.int64)]))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("op", ["floor_divide", "remainder"])
-def test_9_large_int64_floor_divide_remainder(op):
-    a = np.array([2**40 + 7, -(2**40 + 7), 7, -7, 2**62 - 1, -(2**62) + 3], np.int64)
-    b = np.array([3, 3, -2, 2, 7, -5], np.int64)
+def test_9_integer_division_exact_over_the_whole_range(op, dtype):
+    # Every pair of edge values (INT_MIN // -1, x // INT_MIN, divisors near the maximum, zero
+    # divisors), then random pairs over the whole range, with divisors of every magnitude.
+    edges = np.array(_edges("i32" if dtype == np.int32 else "i64"), object)
+    a, b = (g.ravel().astype(dtype) for g in np.meshgrid(edges, edges))
     same(*on_device(op, [a, b]))
-    a32 = np.array([2**31 - 1, -(2**31) + 1, 2**24 + 1, -7], np.int32)
-    same(*on_device(op, [a32, np.array([7, 3, 3, -2], np.int32)]))
+    rng = np.random.default_rng(24)
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, 4096, dtype, endpoint=True)
+    shifts = rng.integers(0, info.bits - 1, 4096)
+    b = (rng.integers(info.min, info.max, 4096, dtype, endpoint=True) >> shifts).astype(dtype)
+    same(*on_device(op, [a, b]))
 
 
 def test_10_rank0_feeds_and_results():
