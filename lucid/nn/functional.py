@@ -28,6 +28,7 @@ __all__ = [
     "celu",
     "conv1d",
     "conv2d",
+    "conv_transpose1d",
     "conv_transpose2d",
     "cosine_similarity",
     "cross_entropy",
@@ -93,6 +94,14 @@ __all__ = [
     "gaussian_nll_loss",
     "multilabel_soft_margin_loss",
     "channel_shuffle",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "lp_pool1d",
+    "lp_pool2d",
+    "local_response_norm",
+    "triplet_margin_with_distance_loss",
+    "multi_margin_loss",
+    "unfold",
 ]
 
 
@@ -1312,3 +1321,228 @@ def channel_shuffle(input: Tensor, groups: int) -> Tensor:  # noqa: A002
     n, c, *rest = input.shape
     x = input.reshape(n, groups, c // groups, *rest).transpose(1, 2)
     return x.reshape(n, c, *rest)
+
+
+def conv_transpose1d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """1-d transposed convolution over (N, C_in, L) or (C_in, L) input, weight (C_in,
+    C_out/groups, k): the 2-d one with a height of 1."""
+    if weight.ndim != 3:
+        raise ValueError(
+            f"conv_transpose1d: expected a 3-d weight (C_in, C_out/groups, k), got "
+            f"{tuple(weight.shape)}"
+        )
+    if input.ndim not in (2, 3):
+        raise ValueError(
+            f"conv_transpose1d: expected a 2-d (unbatched) or 3-d input, got {tuple(input.shape)}"
+        )
+
+    def one(v: Any, name: str) -> int:
+        v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+        if len(v) != 1:
+            raise ValueError(f"conv_transpose1d: {name} must be an int or a 1-tuple, got {v}")
+        return v[0]
+
+    out = conv_transpose2d(
+        input.unsqueeze(-2),
+        weight.unsqueeze(-2),
+        bias,
+        (1, one(stride, "stride")),
+        (0, one(padding, "padding")),
+        (0, one(output_padding, "output_padding")),
+        groups,
+        (1, one(dilation, "dilation")),
+    )
+    return out.squeeze(-2)
+
+
+def _adaptive_bounds(size: int, out: int) -> list[tuple[int, int]]:
+    """torch's adaptive pooling windows: [floor(i * size / out), ceil((i + 1) * size / out))."""
+    return [(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
+
+
+def _adaptive_max(input: Tensor, output_size: tuple, op: str) -> Tensor:  # noqa: A002
+    import lucid
+
+    n = len(output_size)
+    if input.ndim not in (n + 1, n + 2):
+        raise ValueError(f"{op}: expected a {n + 1}D or {n + 2}D input, got {tuple(input.shape)}")
+    x = input
+    for axis, out in enumerate(output_size):
+        d = x.ndim - n + axis
+        size = x.shape[d]
+        out = size if out is None else int(out)
+        if out <= 0:
+            raise ValueError(f"{op}: output_size must be positive, got {output_size}")
+        pieces = [x.narrow(d, lo, hi - lo).amax(d, keepdim=True) for lo, hi in
+                  _adaptive_bounds(size, out)]  # fmt: skip
+        x = lucid.cat(pieces, d)
+    return x
+
+
+def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
+    """Max over torch's adaptive windows to a fixed length (indices are not supported)."""
+    if return_indices:
+        raise ValueError("adaptive_max_pool1d: return_indices=True is not supported")
+    size = output_size[0] if isinstance(output_size, (tuple, list)) else output_size
+    return _adaptive_max(input, (size,), "adaptive_max_pool1d")
+
+
+def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
+    """Max over torch's adaptive windows to a fixed (H, W) (an int, a pair, None keeps a dim)."""
+    if return_indices:
+        raise ValueError("adaptive_max_pool2d: return_indices=True is not supported")
+    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 2
+    return _adaptive_max(input, size, "adaptive_max_pool2d")
+
+
+def lp_pool1d(
+    input: Tensor,
+    norm_type: float,
+    kernel_size: int,
+    stride: Any = None,
+    ceil_mode: bool = False,  # noqa: A002
+) -> Tensor:
+    """(sum over each window of x^p)^(1/p), as torch (sign(s) * relu(|s|) before the root)."""
+    k = kernel_size[0] if isinstance(kernel_size, (tuple, list)) else kernel_size
+    pooled = avg_pool1d(input**norm_type, k, stride, 0, ceil_mode)
+    return (pooled.sign() * relu(pooled.abs()) * k) ** (1.0 / norm_type)
+
+
+def lp_pool2d(
+    input: Tensor,
+    norm_type: float,
+    kernel_size: Any,
+    stride: Any = None,
+    ceil_mode: bool = False,  # noqa: A002
+) -> Tensor:
+    """(sum over each window of x^p)^(1/p) over 2-d windows."""
+    kh, kw = kernel_size if isinstance(kernel_size, (tuple, list)) else (kernel_size,) * 2
+    pooled = avg_pool2d(input**norm_type, (kh, kw), stride, 0, ceil_mode)
+    return (pooled.sign() * relu(pooled.abs()) * (kh * kw)) ** (1.0 / norm_type)
+
+
+def local_response_norm(
+    input: Tensor,  # noqa: A002
+    size: int,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    k: float = 1.0,
+) -> Tensor:
+    """x / (k + alpha / size * sum of x^2 over ``size`` neighbouring channels)^beta, the window
+    centred as torch's (``size // 2`` channels before, ``(size - 1) // 2`` after)."""
+    if input.ndim < 3:
+        raise ValueError(
+            f"local_response_norm: expected an input of at least 3 dims, got {tuple(input.shape)}"
+        )
+    c = input.shape[1]
+    squared = input * input
+    pads = [0, 0] * (input.ndim - 2) + [size // 2, (size - 1) // 2]
+    padded = pad(squared, pads)
+    window = padded.narrow(1, 0, c)
+    for offset in range(1, size):
+        window = window + padded.narrow(1, offset, c)
+    return input / (k + window * (alpha / size)) ** beta
+
+
+def triplet_margin_with_distance_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    *,
+    distance_function: Any = None,
+    margin: float = 1.0,
+    swap: bool = False,
+    reduction: str = "mean",
+) -> Tensor:
+    """max(d(a, p) - d(a, n) + margin, 0) with any ``distance_function`` (pairwise 2-distance
+    by default); ``swap`` uses the smaller of d(a, n) and d(p, n)."""
+    import lucid
+
+    dist = distance_function if distance_function is not None else pairwise_distance
+    d_pos, d_neg = dist(anchor, positive), dist(anchor, negative)
+    if swap:
+        d_neg = lucid.minimum(d_neg, dist(positive, negative))
+    loss = (d_pos - d_neg + margin).clamp_min(0.0)
+    return _reduce(loss, reduction, "triplet_margin_with_distance_loss")
+
+
+def multi_margin_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """Multi-class hinge loss: sum over classes i != y of max(0, margin - x[y] + x[i])^p / C
+    (times ``weight[y]``)."""
+    if p not in (1, 2):
+        raise ValueError(f"multi_margin_loss: p must be 1 or 2, got {p}")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    x = input if input.ndim == 2 else input.unsqueeze(0)
+    y = target.reshape(-1, 1)
+    picked = x.gather(1, y)
+    hinge = (margin - picked + x).clamp_min(0.0)
+    if p == 2:
+        hinge = hinge * hinge
+    if weight is not None:
+        hinge = hinge * weight[target.reshape(-1)].unsqueeze(1)
+    not_target = one_hot(target.reshape(-1), x.shape[1]) == 0
+    import lucid
+
+    loss = lucid.where(not_target, hinge, 0.0).sum(1) * (1.0 / x.shape[1])
+    loss = loss if input.ndim == 2 else loss.squeeze(0)
+    return _reduce(loss, reduction, "multi_margin_loss")
+
+
+def unfold(
+    input: Tensor,  # noqa: A002
+    kernel_size: Any,
+    dilation: Any = 1,
+    padding: Any = 0,
+    stride: Any = 1,
+) -> Tensor:
+    """im2col: every (C, kh, kw) sliding block of (N, C, H, W) as a column, (N, C*kh*kw, L)."""
+    import lucid
+
+    def pair(v: Any) -> tuple[int, int]:
+        return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+    (kh, kw), (dh, dw) = pair(kernel_size), pair(dilation)
+    (ph, pw), (sh, sw) = pair(padding), pair(stride)
+    unbatched = input.ndim == 3
+    x = input.unsqueeze(0) if unbatched else input
+    if x.ndim != 4:
+        raise ValueError(f"unfold: expected a 3D or 4D input, got {tuple(input.shape)}")
+    x = pad(x, (pw, pw, ph, ph))
+    n, c, h, w = x.shape
+    out_h = (h - dh * (kh - 1) - 1) // sh + 1
+    out_w = (w - dw * (kw - 1) - 1) // sw + 1
+    if out_h <= 0 or out_w <= 0:
+        raise ValueError(
+            f"unfold: the kernel {kh}x{kw} (dilation {dh}x{dw}) does not fit the padded input "
+            f"{h}x{w}"
+        )
+    blocks = [
+        x[
+            :,
+            :,
+            i * dh : i * dh + sh * (out_h - 1) + 1 : sh,
+            j * dw : j * dw + sw * (out_w - 1) + 1 : sw,
+        ]
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    out = lucid.stack(blocks, 2).reshape(n, c * kh * kw, out_h * out_w)
+    return out.squeeze(0) if unbatched else out
