@@ -102,6 +102,25 @@ __all__ = [
     "triplet_margin_with_distance_loss",
     "multi_margin_loss",
     "unfold",
+    "relu_",
+    "elu_",
+    "selu_",
+    "celu_",
+    "leaky_relu_",
+    "hardtanh_",
+    "threshold_",
+    "upsample",
+    "upsample_nearest",
+    "upsample_bilinear",
+    "pdist",
+    "gumbel_softmax",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "rrelu",
+    "rrelu_",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool3d",
+    "multilabel_margin_loss",
 ]
 
 
@@ -1369,7 +1388,9 @@ def _adaptive_bounds(size: int, out: int) -> list[tuple[int, int]]:
     return [(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
 
 
-def _adaptive_max(input: Tensor, output_size: tuple, op: str) -> Tensor:  # noqa: A002
+def _adaptive_max(input: Tensor, output_size: tuple, op: str, mean: bool = False) -> Tensor:  # noqa: A002
+    """Adaptive pooling as a composite: each output cell reduces torch's window (max, or the
+    mean with ``mean``), one dim at a time."""
     import lucid
 
     n = len(output_size)
@@ -1382,8 +1403,8 @@ def _adaptive_max(input: Tensor, output_size: tuple, op: str) -> Tensor:  # noqa
         out = size if out is None else int(out)
         if out <= 0:
             raise ValueError(f"{op}: output_size must be positive, got {output_size}")
-        pieces = [x.narrow(d, lo, hi - lo).amax(d, keepdim=True) for lo, hi in
-                  _adaptive_bounds(size, out)]  # fmt: skip
+        windows = [x.narrow(d, lo, hi - lo) for lo, hi in _adaptive_bounds(size, out)]
+        pieces = [w.mean(d, keepdim=True) if mean else w.amax(d, keepdim=True) for w in windows]
         x = lucid.cat(pieces, d)
     return x
 
@@ -1546,3 +1567,198 @@ def unfold(
     ]
     out = lucid.stack(blocks, 2).reshape(n, c * kh * kw, out_h * out_w)
     return out.squeeze(0) if unbatched else out
+
+
+# --- in-place spellings and deprecated aliases, as torch.nn.functional has them
+
+
+def relu_(input: Tensor) -> Tensor:  # noqa: A002
+    """In-place ``relu``."""
+    return relu(input, inplace=True)
+
+
+def elu_(input: Tensor, alpha: float = 1.0) -> Tensor:  # noqa: A002
+    """In-place ``elu``."""
+    return elu(input, alpha, inplace=True)
+
+
+def selu_(input: Tensor) -> Tensor:  # noqa: A002
+    """In-place ``selu``."""
+    return selu(input, inplace=True)
+
+
+def celu_(input: Tensor, alpha: float = 1.0) -> Tensor:  # noqa: A002
+    """In-place ``celu``."""
+    return celu(input, alpha, inplace=True)
+
+
+def leaky_relu_(input: Tensor, negative_slope: float = 0.01) -> Tensor:  # noqa: A002
+    """In-place ``leaky_relu``."""
+    return leaky_relu(input, negative_slope, inplace=True)
+
+
+def hardtanh_(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:  # noqa: A002
+    """In-place ``hardtanh``."""
+    return hardtanh(input, min_val, max_val, inplace=True)
+
+
+def threshold_(input: Tensor, threshold: float, value: float) -> Tensor:  # noqa: A002
+    """In-place ``threshold``."""
+    return globals()["threshold"](input, threshold, value, inplace=True)
+
+
+def upsample(
+    input: Tensor,  # noqa: A002
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: bool | None = None,
+) -> Tensor:
+    """Deprecated alias of ``interpolate``."""
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+def upsample_nearest(input: Tensor, size: Any = None, scale_factor: Any = None) -> Tensor:  # noqa: A002
+    """Deprecated alias of ``interpolate(mode="nearest")``."""
+    return interpolate(input, size, scale_factor, "nearest")
+
+
+def upsample_bilinear(input: Tensor, size: Any = None, scale_factor: Any = None) -> Tensor:  # noqa: A002
+    """Deprecated alias of ``interpolate(mode="bilinear", align_corners=True)``."""
+    return interpolate(input, size, scale_factor, "bilinear", align_corners=True)
+
+
+def pdist(input: Tensor, p: float = 2.0) -> Tensor:  # noqa: A002
+    """The p-distances between every pair of rows i < j of an (N, M) input, row-major."""
+    import lucid
+
+    if input.ndim != 2:
+        raise ValueError(f"pdist: expected a 2-d input, got {tuple(input.shape)}")
+    rows, cols = lucid.triu_indices(input.shape[0], input.shape[0], 1)
+    return lucid.cdist(input, input, p)[rows, cols]
+
+
+def gumbel_softmax(
+    logits: Tensor, tau: float = 1.0, hard: bool = False, eps: float = 1e-10, dim: int = -1
+) -> Tensor:
+    """A sample of the Gumbel-softmax distribution: softmax((logits + g) / tau) with Gumbel
+    noise g; ``hard`` gives the one-hot argmax with the soft sample's gradient."""
+    import lucid
+
+    gumbels = -(-lucid.rand_like(logits).clamp_min(1e-20).log()).log()
+    soft = softmax((logits + gumbels) / tau, dim)
+    if not hard:
+        return soft
+    index = soft.argmax(dim, keepdim=True)
+    hard_sample = lucid.zeros_like(soft).scatter(dim, index, 1.0)
+    return hard_sample - soft.detach() + soft
+
+
+_SELU_NEGATIVE = -_SELU_ALPHA * _SELU_SCALE  # the SELU's negative saturation value
+
+
+def _alpha_dropout(x: Tensor, p: float, training: bool, keep_shape: tuple, op: str) -> Tensor:
+    import lucid
+
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return x * 0.0
+    keep = (lucid.rand(*keep_shape, dtype=x.dtype) >= p).type(x.dtype)
+    a = ((1 - p) * (1 + p * _SELU_NEGATIVE**2)) ** -0.5
+    b = -a * _SELU_NEGATIVE * p
+    return (x * keep + _SELU_NEGATIVE * (1 - keep)) * a + b
+
+
+def alpha_dropout(
+    input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False
+) -> Tensor:  # noqa: A002
+    """Dropout that keeps a SELU network's mean and variance: dropped units take SELU's negative
+    saturation value, then an affine map restores the moments."""
+    fn = lambda x: _alpha_dropout(x, p, training, tuple(x.shape), "alpha_dropout")  # noqa: E731
+    return input._apply_inplace(fn) if inplace and training else fn(input)
+
+
+def feature_alpha_dropout(
+    input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False
+) -> Tensor:  # noqa: A002
+    """``alpha_dropout`` of whole channels (dims 0 and 1 of the input pick the mask)."""
+
+    def fn(x: Tensor) -> Tensor:
+        keep_shape = tuple(x.shape[:2]) + (1,) * (x.ndim - 2)
+        return _alpha_dropout(x, p, training, keep_shape, "feature_alpha_dropout")
+
+    return input._apply_inplace(fn) if inplace and training else fn(input)
+
+
+def rrelu(
+    input: Tensor,  # noqa: A002
+    lower: float = 1.0 / 8,
+    upper: float = 1.0 / 3,
+    training: bool = False,
+    inplace: bool = False,
+) -> Tensor:
+    """Leaky ReLU with a random slope U(lower, upper) per element in training, the mean slope
+    ``(lower + upper) / 2`` otherwise."""
+    import lucid
+
+    def fn(x: Tensor) -> Tensor:
+        if training:
+            slope = lucid.rand_like(x) * (upper - lower) + lower
+        else:
+            slope = (lower + upper) / 2
+        return lucid.where(x >= 0, x, x * slope)
+
+    return input._apply_inplace(fn) if inplace else fn(input)
+
+
+def rrelu_(
+    input: Tensor,
+    lower: float = 1.0 / 8,
+    upper: float = 1.0 / 3,
+    training: bool = False,  # noqa: A002
+) -> Tensor:
+    """In-place ``rrelu``."""
+    return rrelu(input, lower, upper, training, inplace=True)
+
+
+def adaptive_avg_pool3d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+    """Mean over torch's adaptive windows to a fixed (D, H, W) (None keeps a dim)."""
+    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 3
+    return _adaptive_max(input, size, "adaptive_avg_pool3d", mean=True)
+
+
+def adaptive_max_pool3d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
+    """Max over torch's adaptive windows to a fixed (D, H, W) (indices are not supported)."""
+    if return_indices:
+        raise ValueError("adaptive_max_pool3d: return_indices=True is not supported")
+    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 3
+    return _adaptive_max(input, size, "adaptive_max_pool3d")
+
+
+def multilabel_margin_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """Multi-label hinge loss: ``target`` holds each sample's class indices, ended by the first
+    -1; sum over target classes j and other classes i of max(0, 1 - x[j] + x[i]), over C."""
+    import lucid
+
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    x = input if input.ndim == 2 else input.unsqueeze(0)
+    y = target if target.ndim == 2 else target.unsqueeze(0)
+    c = x.shape[1]
+    # Entries up to the first -1 count.
+    valid = ((y == -1).type(x.dtype).cumsum(1) == 0).type(x.dtype)
+    safe = lucid.where(y >= 0, y, 0)
+    is_target = ((one_hot(safe, c).type(x.dtype) * valid.unsqueeze(-1)).sum(1) > 0).type(x.dtype)
+    picked = x.gather(1, safe)  # (N, C): x at each listed target
+    hinge = (1 - picked.unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0.0)  # (N, j, i)
+    loss = (hinge * valid.unsqueeze(-1) * (1 - is_target).unsqueeze(1)).sum((1, 2)) * (1.0 / c)
+    loss = loss if input.ndim == 2 else loss.squeeze(0)
+    return _reduce(loss, reduction, "multilabel_margin_loss")

@@ -253,3 +253,75 @@ def test_new_layers_compile_as_eager():
     # (the hardsigmoid slope 1/6 loses precision in the compiled path; not these layers).
     for p, w in zip(model.parameters(), want, strict=True):
         np.testing.assert_allclose(p.grad.numpy(), w, rtol=1e-7, atol=1e-12)
+
+
+def test_alpha_dropout_rrelu_gumbel_and_inplace_spellings():
+    lucid.manual_seed(3)
+    x = lucid.randn(100000, dtype=lucid.float64)
+    dropped = nn.AlphaDropout(0.3).train()(x)
+    # Standard normal in, standard normal moments out (what alpha dropout is for).
+    assert abs(dropped.mean().item()) < 0.02 and abs(dropped.std().item() - 1) < 0.02
+    assert lucid.equal(nn.AlphaDropout(0.3).eval()(x), x)
+    channels = nn.FeatureAlphaDropout(0.5).train()(lucid.randn(4, 6, 3, dtype=lucid.float64))
+    spread = channels.numpy().std(-1)
+    assert (np.isclose(spread, 0) | (spread > 1e-3)).all()  # dropped channels are constant
+    slopes = nn.RReLU(0.1, 0.3).train()(-lucid.ones(1000, dtype=lucid.float64)).numpy()
+    assert (slopes <= -0.1).all() and (slopes >= -0.3).all() and slopes.std() > 0.03
+    assert nn.RReLU(0.1, 0.3).eval()(-lucid.ones(2)).tolist() == pytest.approx([-0.2, -0.2])
+    sample = F.gumbel_softmax(lucid.randn(8, 5), tau=0.5, hard=True)
+    assert sample.sum(-1).tolist() == [1.0] * 8 and set(np.unique(sample.numpy())) <= {0.0, 1.0}
+    z = _t([-1.0, 2.0])
+    assert F.relu_(z) is z and z.tolist() == [0.0, 2.0]
+    a = RNG.standard_normal((5, 3))
+    i, j = np.triu_indices(5, 1)
+    np.testing.assert_allclose(F.pdist(_t(a)).numpy(), np.linalg.norm(a[i] - a[j], axis=1))
+    x3 = RNG.standard_normal((2, 3, 4, 5, 6))
+    np.testing.assert_allclose(
+        nn.AdaptiveAvgPool3d((2, 1, 3))(_t(x3)).numpy()[..., 0, 0, 0],
+        x3[:, :, :2, :, :2].mean((2, 3, 4)),
+    )
+    scores, target = RNG.standard_normal((2, 4)), np.array([[2, 0, -1, 3], [1, -1, 0, 0]])
+    want = []
+    for s, t in zip(scores, target, strict=True):
+        listed = list(t[: list(t).index(-1)] if -1 in t else t)
+        others = [k for k in range(4) if k not in listed]
+        want.append(sum(max(0, 1 - s[j] + s[k]) for j in listed for k in others) / 4)
+    np.testing.assert_allclose(
+        nn.MultiLabelMarginLoss(reduction="none")(_t(scores), lucid.tensor(target)).numpy(), want
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "shapes"),
+    [("AdaptiveAvgPool3d", ((2, None, 3),), [(2, 3, 4, 5, 6)]),
+     ("AdaptiveMaxPool3d", (2,), [(1, 2, 5, 4, 3)]),
+     ("RReLU", (0.2, 0.4), [(3, 4)])],
+)  # fmt: skip
+def test_torch_parity_3d_pooling_and_rrelu(name, args, shapes):
+    torch = pytest.importorskip("torch")
+    ours, theirs = getattr(nn, name)(*args).eval(), getattr(torch.nn, name)(*args).eval()
+    arrays = [RNG.standard_normal(s) for s in shapes]
+    ours_in = [lucid.tensor(a, requires_grad=True) for a in arrays]
+    theirs_in = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out, ref = ours(*ours_in), theirs(*theirs_in)
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-12)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    np.testing.assert_allclose(ours_in[0].grad.numpy(), theirs_in[0].grad.numpy(), rtol=1e-10)
+
+
+def test_torch_parity_multilabel_margin_and_pdist():
+    torch = pytest.importorskip("torch")
+    tnf = torch.nn.functional
+    scores = RNG.standard_normal((3, 5))
+    target = np.array([[3, 0, -1, 1, 2], [1, 2, 3, 4, 0], [-1, 1, 2, 3, 4]])
+    ours, theirs = _t(scores, True), torch.tensor(scores, requires_grad=True)
+    out = F.multilabel_margin_loss(ours, lucid.tensor(target))
+    ref = tnf.multilabel_margin_loss(theirs, torch.tensor(target))
+    np.testing.assert_allclose(out.item(), ref.item(), rtol=1e-12)
+    out.backward()
+    ref.backward()
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-12, atol=1e-15)
+    rows = RNG.standard_normal((6, 3))
+    np.testing.assert_allclose(F.pdist(_t(rows), 3).numpy(),
+                               tnf.pdist(torch.tensor(rows), 3).numpy(), rtol=1e-12)  # fmt: skip

@@ -28,6 +28,8 @@ __all__ = [
     "MultiLabelSoftMarginLoss",
     "TripletMarginWithDistanceLoss",
     "MultiMarginLoss",
+    "MultiLabelMarginLoss",
+    "NLLLoss2d",
 ]
 
 
@@ -365,3 +367,22 @@ class MultiMarginLoss(_WeightedLoss):
         return F.multi_margin_loss(
             input, target, self.p, self.margin, self.weight, reduction=self.reduction
         )
+
+
+class MultiLabelMarginLoss(_Loss):
+    """Multi-label hinge loss; each target row lists class indices, ended by the first -1."""
+
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.multilabel_margin_loss(input, target, reduction=self.reduction)
+
+
+class NLLLoss2d(NLLLoss):
+    """Deprecated alias of ``NLLLoss`` (which takes (N, C, H, W) inputs itself)."""

@@ -18,6 +18,8 @@ __all__ = [
     "AdaptiveAvgPool2d",
     "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d",
+    "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool3d",
     "LPPool1d",
     "LPPool2d",
 ]
@@ -199,3 +201,15 @@ class LPPool2d(_LPPoolNd):
     """Power-average pooling over 2-d windows."""
 
     _pool = staticmethod(F.lp_pool2d)
+
+
+class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
+    """Average pooling of (N, C, D, H, W) inputs over torch's adaptive windows."""
+
+    _pool = staticmethod(F.adaptive_avg_pool3d)
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
+    """Max pooling of (N, C, D, H, W) inputs over torch's adaptive windows."""
+
+    _pool = staticmethod(F.adaptive_max_pool3d)
