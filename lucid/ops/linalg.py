@@ -37,7 +37,6 @@ __all__ = [
     "tensordot",
     "kron",
     "cross",
-    "trace",
     "addmm",
     "addmv",
     "baddbmm",
@@ -452,6 +451,7 @@ def cross(x: Tensor, y: Tensor, dim: int | None = None) -> Tensor:
     return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], dim)
 
 
+# Not exported as lucid.trace: that name is the tracer package (lucid/trace); Tensor.trace only.
 @tensor_method()
 def trace(x: Tensor) -> Tensor:
     """The sum of a matrix's main diagonal."""
