@@ -1409,20 +1409,27 @@ def _adaptive_max(input: Tensor, output_size: tuple, op: str, mean: bool = False
     return x
 
 
+def _adaptive_sizes(output_size: Any, dims: int) -> tuple:
+    if isinstance(output_size, (tuple, list)):
+        return tuple(output_size)
+    return (output_size,) * dims
+
+
+def _adaptive_max_pool(input: Tensor, output_size: Any, return_indices: bool, dims: int) -> Tensor:  # noqa: A002
+    op = f"adaptive_max_pool{dims}d"
+    if return_indices:
+        raise ValueError(f"{op}: return_indices=True is not supported")
+    return _adaptive_max(input, _adaptive_sizes(output_size, dims), op)
+
+
 def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
     """Max over torch's adaptive windows to a fixed length (indices are not supported)."""
-    if return_indices:
-        raise ValueError("adaptive_max_pool1d: return_indices=True is not supported")
-    size = output_size[0] if isinstance(output_size, (tuple, list)) else output_size
-    return _adaptive_max(input, (size,), "adaptive_max_pool1d")
+    return _adaptive_max_pool(input, output_size, return_indices, 1)
 
 
 def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
     """Max over torch's adaptive windows to a fixed (H, W) (an int, a pair, None keeps a dim)."""
-    if return_indices:
-        raise ValueError("adaptive_max_pool2d: return_indices=True is not supported")
-    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 2
-    return _adaptive_max(input, size, "adaptive_max_pool2d")
+    return _adaptive_max_pool(input, output_size, return_indices, 2)
 
 
 def lp_pool1d(
@@ -1726,16 +1733,13 @@ def rrelu_(
 
 def adaptive_avg_pool3d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
     """Mean over torch's adaptive windows to a fixed (D, H, W) (None keeps a dim)."""
-    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 3
+    size = _adaptive_sizes(output_size, 3)
     return _adaptive_max(input, size, "adaptive_avg_pool3d", mean=True)
 
 
 def adaptive_max_pool3d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
     """Max over torch's adaptive windows to a fixed (D, H, W) (indices are not supported)."""
-    if return_indices:
-        raise ValueError("adaptive_max_pool3d: return_indices=True is not supported")
-    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 3
-    return _adaptive_max(input, size, "adaptive_max_pool3d")
+    return _adaptive_max_pool(input, output_size, return_indices, 3)
 
 
 def multilabel_margin_loss(

@@ -106,6 +106,23 @@ def test_bilinear_and_channel_shuffle():
         nn.ChannelShuffle(4)(x)
 
 
+def _same_values_and_gradients(ours, theirs, ours_in, theirs_in, rtol):
+    """Outputs equal; the input (and parameter) gradients of a random output weighting too."""
+    import torch
+
+    out, ref = ours(*ours_in), theirs(*theirs_in)
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-10, atol=1e-12)
+    weights = RNG.standard_normal(tuple(ref.shape))
+    (out * lucid.tensor(weights)).sum().backward()
+    (ref * torch.tensor(weights)).sum().backward()
+    for o, r in zip(ours_in, theirs_in, strict=True):
+        if r.grad is not None:
+            np.testing.assert_allclose(o.grad.numpy(), r.grad.numpy(), rtol=rtol, atol=1e-12)
+    for (name, p), (_, tp) in zip(ours.named_parameters(), theirs.named_parameters(),
+                                  strict=True):  # fmt: skip
+        np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=rtol, err_msg=name)
+
+
 MODULE_CASES = [
     ("CELU", (0.7,), 1), ("SELU", (), 1), ("GLU", (), 1), ("Hardsigmoid", (), 1),
     ("Hardswish", (), 1), ("Hardshrink", (0.3,), 1), ("Softshrink", (0.3,), 1),
@@ -149,19 +166,9 @@ def test_torch_parity_values_and_gradients(name, args, n_inputs):
     wants_grad = [i not in targets for i in range(len(arrays))]
     ours_in = [lucid.tensor(a, requires_grad=g) for a, g in zip(arrays, wants_grad, strict=True)]
     theirs_in = [torch.tensor(a, requires_grad=g) for a, g in zip(arrays, wants_grad, strict=True)]
-    out, ref = ours(*ours_in), theirs(*theirs_in)
-    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-10, atol=1e-12)
-    weights = RNG.standard_normal(tuple(ref.shape))
-    (out * lucid.tensor(weights)).sum().backward()
-    (ref * torch.tensor(weights)).sum().backward()
     # rtol 1e-7: torch's CELU and Hardsigmoid backward kernels use float32 constants (off by
     # ~5e-9 from the exact derivative in float64); Lucid's are exact.
-    for o, r in zip(ours_in, theirs_in, strict=True):
-        if r.grad is not None:
-            np.testing.assert_allclose(o.grad.numpy(), r.grad.numpy(), rtol=1e-7, atol=1e-12)
-    for (pname, p), (_, tp) in zip(ours.named_parameters(), theirs.named_parameters(),
-                                   strict=True):  # fmt: skip
-        np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-7, err_msg=pname)
+    _same_values_and_gradients(ours, theirs, ours_in, theirs_in, rtol=1e-7)
 
 
 def test_pooling_unfold_and_norm_formulas():
@@ -220,17 +227,10 @@ def test_torch_parity_of_pooling_norm_and_conv_layers(name, args, shapes):
         target = RNG.integers(0, 5, 4)
         ours_in.append(lucid.tensor(target))
         theirs_in.append(torch.tensor(target))
-    out, ref = ours(*ours_in), theirs(*theirs_in)
-    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-10, atol=1e-12)
-    weights = RNG.standard_normal(tuple(ref.shape))
-    (out * lucid.tensor(weights)).sum().backward()
-    (ref * torch.tensor(weights)).sum().backward()
-    for o, r in zip(ours_in, theirs_in, strict=True):
-        if r.grad is not None:
-            np.testing.assert_allclose(o.grad.numpy(), r.grad.numpy(), rtol=1e-8, atol=1e-12)
+    _same_values_and_gradients(ours, theirs, ours_in, theirs_in, rtol=1e-8)
 
 
-def test_new_layers_compile_as_eager():
+def test_new_layers_compile_as_eager(compiled_matches_eager):
     lucid.manual_seed(0)
     model = nn.Sequential(
         nn.ConvTranspose1d(3, 4, 3, stride=2),
@@ -241,18 +241,9 @@ def test_new_layers_compile_as_eager():
         nn.Hardswish(),
         nn.Unfold(2),
     ).double()
-    x = lucid.randn(2, 3, 5, dtype=lucid.float64)
-    compiled = lucid.compile(model, strict=True)
-    np.testing.assert_allclose(compiled(x).detach().numpy(), model(x).detach().numpy(), atol=1e-12)
-    weights = lucid.randn(*model(x).shape, dtype=lucid.float64)
-    (model(x) * weights).sum().backward()
-    want = [p.grad.numpy().copy() for p in model.parameters()]
-    model.zero_grad()
-    (compiled(x) * weights).sum().backward()
     # rtol 1e-7: compiled Hardswish's backward differs from eager by ~1e-8 relative in float64
     # (the hardsigmoid slope 1/6 loses precision in the compiled path; not these layers).
-    for p, w in zip(model.parameters(), want, strict=True):
-        np.testing.assert_allclose(p.grad.numpy(), w, rtol=1e-7, atol=1e-12)
+    compiled_matches_eager(model, lucid.randn(2, 3, 5, dtype=lucid.float64), rtol=1e-7)
 
 
 def test_alpha_dropout_rrelu_gumbel_and_inplace_spellings():

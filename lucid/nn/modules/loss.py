@@ -51,6 +51,18 @@ class _WeightedLoss(_Loss):
         self.register_buffer("weight", weight)
 
 
+class _LegacyLoss(_Loss):
+    """A loss taking torch's deprecated ``size_average`` and ``reduce`` before ``reduction``."""
+
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
+
+
 class CrossEntropyLoss(_WeightedLoss):
     """Cross entropy between logits (N, C, ...) and class indices or class probabilities."""
 
@@ -220,16 +232,8 @@ class MarginRankingLoss(_Loss):
         return F.margin_ranking_loss(input1, input2, target, self.margin, reduction=self.reduction)
 
 
-class SoftMarginLoss(_Loss):
+class SoftMarginLoss(_LegacyLoss):
     """``log(1 + exp(-y * x))``."""
-
-    def __init__(
-        self,
-        size_average: bool | None = None,
-        reduce: bool | None = None,  # noqa: A002
-        reduction: str = "mean",
-    ) -> None:
-        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
         return F.soft_margin_loss(input, target, reduction=self.reduction)
@@ -369,16 +373,8 @@ class MultiMarginLoss(_WeightedLoss):
         )
 
 
-class MultiLabelMarginLoss(_Loss):
+class MultiLabelMarginLoss(_LegacyLoss):
     """Multi-label hinge loss; each target row lists class indices, ended by the first -1."""
-
-    def __init__(
-        self,
-        size_average: bool | None = None,
-        reduce: bool | None = None,  # noqa: A002
-        reduction: str = "mean",
-    ) -> None:
-        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
         return F.multilabel_margin_loss(input, target, reduction=self.reduction)
