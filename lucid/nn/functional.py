@@ -28,6 +28,7 @@ __all__ = [
     "celu",
     "conv1d",
     "conv2d",
+    "conv_transpose1d",
     "conv_transpose2d",
     "cosine_similarity",
     "cross_entropy",
@@ -93,6 +94,33 @@ __all__ = [
     "gaussian_nll_loss",
     "multilabel_soft_margin_loss",
     "channel_shuffle",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "lp_pool1d",
+    "lp_pool2d",
+    "local_response_norm",
+    "triplet_margin_with_distance_loss",
+    "multi_margin_loss",
+    "unfold",
+    "relu_",
+    "elu_",
+    "selu_",
+    "celu_",
+    "leaky_relu_",
+    "hardtanh_",
+    "threshold_",
+    "upsample",
+    "upsample_nearest",
+    "upsample_bilinear",
+    "pdist",
+    "gumbel_softmax",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "rrelu",
+    "rrelu_",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool3d",
+    "multilabel_margin_loss",
 ]
 
 
@@ -1312,3 +1340,429 @@ def channel_shuffle(input: Tensor, groups: int) -> Tensor:  # noqa: A002
     n, c, *rest = input.shape
     x = input.reshape(n, groups, c // groups, *rest).transpose(1, 2)
     return x.reshape(n, c, *rest)
+
+
+def conv_transpose1d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """1-d transposed convolution over (N, C_in, L) or (C_in, L) input, weight (C_in,
+    C_out/groups, k): the 2-d one with a height of 1."""
+    if weight.ndim != 3:
+        raise ValueError(
+            f"conv_transpose1d: expected a 3-d weight (C_in, C_out/groups, k), got "
+            f"{tuple(weight.shape)}"
+        )
+    if input.ndim not in (2, 3):
+        raise ValueError(
+            f"conv_transpose1d: expected a 2-d (unbatched) or 3-d input, got {tuple(input.shape)}"
+        )
+
+    def one(v: Any, name: str) -> int:
+        v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+        if len(v) != 1:
+            raise ValueError(f"conv_transpose1d: {name} must be an int or a 1-tuple, got {v}")
+        return v[0]
+
+    out = conv_transpose2d(
+        input.unsqueeze(-2),
+        weight.unsqueeze(-2),
+        bias,
+        (1, one(stride, "stride")),
+        (0, one(padding, "padding")),
+        (0, one(output_padding, "output_padding")),
+        groups,
+        (1, one(dilation, "dilation")),
+    )
+    return out.squeeze(-2)
+
+
+def _adaptive_bounds(size: int, out: int) -> list[tuple[int, int]]:
+    """torch's adaptive pooling windows: [floor(i * size / out), ceil((i + 1) * size / out))."""
+    return [(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
+
+
+def _adaptive_max(input: Tensor, output_size: tuple, op: str, mean: bool = False) -> Tensor:  # noqa: A002
+    """Adaptive pooling as a composite: each output cell reduces torch's window (max, or the
+    mean with ``mean``), one dim at a time."""
+    import lucid
+
+    n = len(output_size)
+    if input.ndim not in (n + 1, n + 2):
+        raise ValueError(f"{op}: expected a {n + 1}D or {n + 2}D input, got {tuple(input.shape)}")
+    x = input
+    for axis, out in enumerate(output_size):
+        d = x.ndim - n + axis
+        size = x.shape[d]
+        out = size if out is None else int(out)
+        if out <= 0:
+            raise ValueError(f"{op}: output_size must be positive, got {output_size}")
+        windows = [x.narrow(d, lo, hi - lo) for lo, hi in _adaptive_bounds(size, out)]
+        pieces = [w.mean(d, keepdim=True) if mean else w.amax(d, keepdim=True) for w in windows]
+        x = lucid.cat(pieces, d)
+    return x
+
+
+def _adaptive_sizes(output_size: Any, dims: int) -> tuple:
+    if isinstance(output_size, (tuple, list)):
+        return tuple(output_size)
+    return (output_size,) * dims
+
+
+def _adaptive_max_pool(input: Tensor, output_size: Any, return_indices: bool, dims: int) -> Tensor:  # noqa: A002
+    op = f"adaptive_max_pool{dims}d"
+    if return_indices:
+        raise ValueError(f"{op}: return_indices=True is not supported")
+    return _adaptive_max(input, _adaptive_sizes(output_size, dims), op)
+
+
+def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
+    """Max over torch's adaptive windows to a fixed length (indices are not supported)."""
+    return _adaptive_max_pool(input, output_size, return_indices, 1)
+
+
+def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
+    """Max over torch's adaptive windows to a fixed (H, W) (an int, a pair, None keeps a dim)."""
+    return _adaptive_max_pool(input, output_size, return_indices, 2)
+
+
+def lp_pool1d(
+    input: Tensor,
+    norm_type: float,
+    kernel_size: int,
+    stride: Any = None,
+    ceil_mode: bool = False,  # noqa: A002
+) -> Tensor:
+    """(sum over each window of x^p)^(1/p), as torch (sign(s) * relu(|s|) before the root)."""
+    k = kernel_size[0] if isinstance(kernel_size, (tuple, list)) else kernel_size
+    pooled = avg_pool1d(input**norm_type, k, stride, 0, ceil_mode)
+    return (pooled.sign() * relu(pooled.abs()) * k) ** (1.0 / norm_type)
+
+
+def lp_pool2d(
+    input: Tensor,
+    norm_type: float,
+    kernel_size: Any,
+    stride: Any = None,
+    ceil_mode: bool = False,  # noqa: A002
+) -> Tensor:
+    """(sum over each window of x^p)^(1/p) over 2-d windows."""
+    kh, kw = kernel_size if isinstance(kernel_size, (tuple, list)) else (kernel_size,) * 2
+    pooled = avg_pool2d(input**norm_type, (kh, kw), stride, 0, ceil_mode)
+    return (pooled.sign() * relu(pooled.abs()) * (kh * kw)) ** (1.0 / norm_type)
+
+
+def local_response_norm(
+    input: Tensor,  # noqa: A002
+    size: int,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    k: float = 1.0,
+) -> Tensor:
+    """x / (k + alpha / size * sum of x^2 over ``size`` neighbouring channels)^beta, the window
+    centred as torch's (``size // 2`` channels before, ``(size - 1) // 2`` after)."""
+    if input.ndim < 3:
+        raise ValueError(
+            f"local_response_norm: expected an input of at least 3 dims, got {tuple(input.shape)}"
+        )
+    c = input.shape[1]
+    squared = input * input
+    pads = [0, 0] * (input.ndim - 2) + [size // 2, (size - 1) // 2]
+    padded = pad(squared, pads)
+    window = padded.narrow(1, 0, c)
+    for offset in range(1, size):
+        window = window + padded.narrow(1, offset, c)
+    return input / (k + window * (alpha / size)) ** beta
+
+
+def triplet_margin_with_distance_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    *,
+    distance_function: Any = None,
+    margin: float = 1.0,
+    swap: bool = False,
+    reduction: str = "mean",
+) -> Tensor:
+    """max(d(a, p) - d(a, n) + margin, 0) with any ``distance_function`` (pairwise 2-distance
+    by default); ``swap`` uses the smaller of d(a, n) and d(p, n)."""
+    import lucid
+
+    dist = distance_function if distance_function is not None else pairwise_distance
+    d_pos, d_neg = dist(anchor, positive), dist(anchor, negative)
+    if swap:
+        d_neg = lucid.minimum(d_neg, dist(positive, negative))
+    loss = (d_pos - d_neg + margin).clamp_min(0.0)
+    return _reduce(loss, reduction, "triplet_margin_with_distance_loss")
+
+
+def multi_margin_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """Multi-class hinge loss: sum over classes i != y of max(0, margin - x[y] + x[i])^p / C
+    (times ``weight[y]``)."""
+    if p not in (1, 2):
+        raise ValueError(f"multi_margin_loss: p must be 1 or 2, got {p}")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    x = input if input.ndim == 2 else input.unsqueeze(0)
+    y = target.reshape(-1, 1)
+    picked = x.gather(1, y)
+    hinge = (margin - picked + x).clamp_min(0.0)
+    if p == 2:
+        hinge = hinge * hinge
+    if weight is not None:
+        hinge = hinge * weight[target.reshape(-1)].unsqueeze(1)
+    not_target = one_hot(target.reshape(-1), x.shape[1]) == 0
+    import lucid
+
+    loss = lucid.where(not_target, hinge, 0.0).sum(1) * (1.0 / x.shape[1])
+    loss = loss if input.ndim == 2 else loss.squeeze(0)
+    return _reduce(loss, reduction, "multi_margin_loss")
+
+
+def unfold(
+    input: Tensor,  # noqa: A002
+    kernel_size: Any,
+    dilation: Any = 1,
+    padding: Any = 0,
+    stride: Any = 1,
+) -> Tensor:
+    """im2col: every (C, kh, kw) sliding block of (N, C, H, W) as a column, (N, C*kh*kw, L)."""
+    import lucid
+
+    def pair(v: Any) -> tuple[int, int]:
+        return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+    (kh, kw), (dh, dw) = pair(kernel_size), pair(dilation)
+    (ph, pw), (sh, sw) = pair(padding), pair(stride)
+    unbatched = input.ndim == 3
+    x = input.unsqueeze(0) if unbatched else input
+    if x.ndim != 4:
+        raise ValueError(f"unfold: expected a 3D or 4D input, got {tuple(input.shape)}")
+    x = pad(x, (pw, pw, ph, ph))
+    n, c, h, w = x.shape
+    out_h = (h - dh * (kh - 1) - 1) // sh + 1
+    out_w = (w - dw * (kw - 1) - 1) // sw + 1
+    if out_h <= 0 or out_w <= 0:
+        raise ValueError(
+            f"unfold: the kernel {kh}x{kw} (dilation {dh}x{dw}) does not fit the padded input "
+            f"{h}x{w}"
+        )
+    blocks = [
+        x[
+            :,
+            :,
+            i * dh : i * dh + sh * (out_h - 1) + 1 : sh,
+            j * dw : j * dw + sw * (out_w - 1) + 1 : sw,
+        ]
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    out = lucid.stack(blocks, 2).reshape(n, c * kh * kw, out_h * out_w)
+    return out.squeeze(0) if unbatched else out
+
+
+# --- in-place spellings and deprecated aliases, as torch.nn.functional has them
+
+
+def relu_(input: Tensor) -> Tensor:  # noqa: A002
+    """In-place ``relu``."""
+    return relu(input, inplace=True)
+
+
+def elu_(input: Tensor, alpha: float = 1.0) -> Tensor:  # noqa: A002
+    """In-place ``elu``."""
+    return elu(input, alpha, inplace=True)
+
+
+def selu_(input: Tensor) -> Tensor:  # noqa: A002
+    """In-place ``selu``."""
+    return selu(input, inplace=True)
+
+
+def celu_(input: Tensor, alpha: float = 1.0) -> Tensor:  # noqa: A002
+    """In-place ``celu``."""
+    return celu(input, alpha, inplace=True)
+
+
+def leaky_relu_(input: Tensor, negative_slope: float = 0.01) -> Tensor:  # noqa: A002
+    """In-place ``leaky_relu``."""
+    return leaky_relu(input, negative_slope, inplace=True)
+
+
+def hardtanh_(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:  # noqa: A002
+    """In-place ``hardtanh``."""
+    return hardtanh(input, min_val, max_val, inplace=True)
+
+
+def threshold_(input: Tensor, threshold: float, value: float) -> Tensor:  # noqa: A002
+    """In-place ``threshold``."""
+    return globals()["threshold"](input, threshold, value, inplace=True)
+
+
+def upsample(
+    input: Tensor,  # noqa: A002
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: bool | None = None,
+) -> Tensor:
+    """Deprecated alias of ``interpolate``."""
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+def upsample_nearest(input: Tensor, size: Any = None, scale_factor: Any = None) -> Tensor:  # noqa: A002
+    """Deprecated alias of ``interpolate(mode="nearest")``."""
+    return interpolate(input, size, scale_factor, "nearest")
+
+
+def upsample_bilinear(input: Tensor, size: Any = None, scale_factor: Any = None) -> Tensor:  # noqa: A002
+    """Deprecated alias of ``interpolate(mode="bilinear", align_corners=True)``."""
+    return interpolate(input, size, scale_factor, "bilinear", align_corners=True)
+
+
+def pdist(input: Tensor, p: float = 2.0) -> Tensor:  # noqa: A002
+    """The p-distances between every pair of rows i < j of an (N, M) input, row-major."""
+    import lucid
+
+    if input.ndim != 2:
+        raise ValueError(f"pdist: expected a 2-d input, got {tuple(input.shape)}")
+    rows, cols = lucid.triu_indices(input.shape[0], input.shape[0], 1)
+    return lucid.cdist(input, input, p)[rows, cols]
+
+
+def gumbel_softmax(
+    logits: Tensor, tau: float = 1.0, hard: bool = False, eps: float = 1e-10, dim: int = -1
+) -> Tensor:
+    """A sample of the Gumbel-softmax distribution: softmax((logits + g) / tau) with Gumbel
+    noise g; ``hard`` gives the one-hot argmax with the soft sample's gradient."""
+    import lucid
+
+    gumbels = -(-lucid.rand_like(logits).clamp_min(1e-20).log()).log()
+    soft = softmax((logits + gumbels) / tau, dim)
+    if not hard:
+        return soft
+    index = soft.argmax(dim, keepdim=True)
+    hard_sample = lucid.zeros_like(soft).scatter(dim, index, 1.0)
+    return hard_sample - soft.detach() + soft
+
+
+_SELU_NEGATIVE = -_SELU_ALPHA * _SELU_SCALE  # the SELU's negative saturation value
+
+
+def _alpha_dropout(x: Tensor, p: float, training: bool, keep_shape: tuple, op: str) -> Tensor:
+    import lucid
+
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return x * 0.0
+    keep = (lucid.rand(*keep_shape, dtype=x.dtype) >= p).type(x.dtype)
+    a = ((1 - p) * (1 + p * _SELU_NEGATIVE**2)) ** -0.5
+    b = -a * _SELU_NEGATIVE * p
+    return (x * keep + _SELU_NEGATIVE * (1 - keep)) * a + b
+
+
+def alpha_dropout(
+    input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False
+) -> Tensor:  # noqa: A002
+    """Dropout that keeps a SELU network's mean and variance: dropped units take SELU's negative
+    saturation value, then an affine map restores the moments."""
+    fn = lambda x: _alpha_dropout(x, p, training, tuple(x.shape), "alpha_dropout")  # noqa: E731
+    return input._apply_inplace(fn) if inplace and training else fn(input)
+
+
+def feature_alpha_dropout(
+    input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False
+) -> Tensor:  # noqa: A002
+    """``alpha_dropout`` of whole channels (dims 0 and 1 of the input pick the mask)."""
+
+    def fn(x: Tensor) -> Tensor:
+        keep_shape = tuple(x.shape[:2]) + (1,) * (x.ndim - 2)
+        return _alpha_dropout(x, p, training, keep_shape, "feature_alpha_dropout")
+
+    return input._apply_inplace(fn) if inplace and training else fn(input)
+
+
+def rrelu(
+    input: Tensor,  # noqa: A002
+    lower: float = 1.0 / 8,
+    upper: float = 1.0 / 3,
+    training: bool = False,
+    inplace: bool = False,
+) -> Tensor:
+    """Leaky ReLU with a random slope U(lower, upper) per element in training, the mean slope
+    ``(lower + upper) / 2`` otherwise."""
+    import lucid
+
+    def fn(x: Tensor) -> Tensor:
+        if training:
+            slope = lucid.rand_like(x) * (upper - lower) + lower
+        else:
+            slope = (lower + upper) / 2
+        return lucid.where(x >= 0, x, x * slope)
+
+    return input._apply_inplace(fn) if inplace else fn(input)
+
+
+def rrelu_(
+    input: Tensor,
+    lower: float = 1.0 / 8,
+    upper: float = 1.0 / 3,
+    training: bool = False,  # noqa: A002
+) -> Tensor:
+    """In-place ``rrelu``."""
+    return rrelu(input, lower, upper, training, inplace=True)
+
+
+def adaptive_avg_pool3d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+    """Mean over torch's adaptive windows to a fixed (D, H, W) (None keeps a dim)."""
+    size = _adaptive_sizes(output_size, 3)
+    return _adaptive_max(input, size, "adaptive_avg_pool3d", mean=True)
+
+
+def adaptive_max_pool3d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
+    """Max over torch's adaptive windows to a fixed (D, H, W) (indices are not supported)."""
+    return _adaptive_max_pool(input, output_size, return_indices, 3)
+
+
+def multilabel_margin_loss(
+    input: Tensor,  # noqa: A002
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """Multi-label hinge loss: ``target`` holds each sample's class indices, ended by the first
+    -1; sum over target classes j and other classes i of max(0, 1 - x[j] + x[i]), over C."""
+    import lucid
+
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    x = input if input.ndim == 2 else input.unsqueeze(0)
+    y = target if target.ndim == 2 else target.unsqueeze(0)
+    c = x.shape[1]
+    # Entries up to the first -1 count.
+    valid = ((y == -1).type(x.dtype).cumsum(1) == 0).type(x.dtype)
+    safe = lucid.where(y >= 0, y, 0)
+    is_target = ((one_hot(safe, c).type(x.dtype) * valid.unsqueeze(-1)).sum(1) > 0).type(x.dtype)
+    picked = x.gather(1, safe)  # (N, C): x at each listed target
+    hinge = (1 - picked.unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0.0)  # (N, j, i)
+    loss = (hinge * valid.unsqueeze(-1) * (1 - is_target).unsqueeze(1)).sum((1, 2)) * (1.0 / c)
+    loss = loss if input.ndim == 2 else loss.squeeze(0)
+    return _reduce(loss, reduction, "multilabel_margin_loss")

@@ -38,6 +38,7 @@ __all__ = [
     "Softmin",
     "Softmax2d",
     "PReLU",
+    "RReLU",
 ]
 
 
@@ -364,3 +365,22 @@ class PReLU(Module):
 
     def extra_repr(self) -> str:
         return f"num_parameters={self.num_parameters}"
+
+
+class RReLU(_Activation):
+    """Randomized leaky ReLU: slope U(lower, upper) per element in training, the mean slope in
+    eval mode."""
+
+    def __init__(self, lower: float = 1.0 / 8, upper: float = 1.0 / 3, inplace: bool = False):
+        super().__init__(inplace)
+        if not lower <= upper:
+            raise ValueError(f"RReLU: lower ({lower}) must not exceed upper ({upper})")
+        self.lower, self.upper = lower, upper
+
+    def _fn(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.rrelu(input, self.lower, self.upper, self.training)
+
+    def extra_repr(self) -> str:
+        return f"lower={self.lower}, upper={self.upper}" + (
+            ", inplace=True" if self.inplace else ""
+        )

@@ -17,13 +17,15 @@ from lucid.nn.modules._utils import (
 )
 from lucid.nn.modules.module import Module
 
-__all__ = ["ConvTranspose2d"]
+__all__ = ["ConvTranspose1d", "ConvTranspose2d"]
 
 
 class ConvTranspose2d(Module):
     """2-D transposed convolution over (N, C_in, H, W) inputs; the output is
     ``(H - 1) * stride - 2 * padding + dilation * (kernel_size - 1) + output_padding + 1`` high
     (and as wide), or ``output_size`` when ``forward`` is given one."""
+
+    _dims = 2
 
     def __init__(
         self,
@@ -53,11 +55,11 @@ class ConvTranspose2d(Module):
                 raise ValueError(f"{cls}: {name} ({v}) must be divisible by groups ({groups})")
         if padding_mode != "zeros":
             raise ValueError(f"{cls}: only padding_mode='zeros' is supported, got {padding_mode!r}")
-        self.kernel_size = ntuple(kernel_size, 2, "kernel_size")
-        self.stride = ntuple(stride, 2, "stride")
-        self.padding = ntuple(padding, 2, "padding")
-        self.output_padding = ntuple(output_padding, 2, "output_padding")
-        self.dilation = ntuple(dilation, 2, "dilation")
+        self.kernel_size = ntuple(kernel_size, self._dims, "kernel_size")
+        self.stride = ntuple(stride, self._dims, "stride")
+        self.padding = ntuple(padding, self._dims, "padding")
+        self.output_padding = ntuple(output_padding, self._dims, "output_padding")
+        self.dilation = ntuple(dilation, self._dims, "dilation")
         for name, vals in (("kernel_size", self.kernel_size), ("stride", self.stride),
                            ("dilation", self.dilation)):  # fmt: skip
             for v in vals:
@@ -87,19 +89,20 @@ class ConvTranspose2d(Module):
                 bound = 1 / math.sqrt(fan_in)
                 init.uniform_(self.bias, -bound, bound)
 
-    def _output_padding(self, input: Tensor, output_size: Any) -> tuple[int, int]:  # noqa: A002
-        """PyTorch's rule: the output_padding that gives ``output_size`` (its last two entries)."""
+    def _output_padding(self, input: Tensor, output_size: Any) -> tuple[int, ...]:  # noqa: A002
+        """PyTorch's rule: the output_padding that gives ``output_size`` (its last entries)."""
         if output_size is None:
             return self.output_padding
-        size = [int(v) for v in output_size][-2:]
-        if len(size) != 2:
+        n, cls = self._dims, type(self).__name__
+        size = [int(v) for v in output_size][-n:]
+        if len(size) != n:
             raise ValueError(
-                f"ConvTranspose2d: output_size must have 2 or more entries, got {output_size!r}"
+                f"{cls}: output_size must have {n} or more entries, got {output_size!r}"
             )
         out = []
-        for i in range(2):
+        for i in range(n):
             smallest = (
-                (input.shape[-2 + i] - 1) * self.stride[i]
+                (input.shape[-n + i] - 1) * self.stride[i]
                 - 2 * self.padding[i]
                 + self.dilation[i] * (self.kernel_size[i] - 1)
                 + 1
@@ -107,20 +110,22 @@ class ConvTranspose2d(Module):
             largest = smallest + max(self.stride[i], self.dilation[i]) - 1
             if not smallest <= size[i] <= largest:
                 raise ValueError(
-                    f"ConvTranspose2d: requested an output size of {size}, but valid sizes range "
+                    f"{cls}: requested an output size of {size}, but valid sizes range "
                     f"from {smallest} to {largest} for dim {i} (for an input of "
-                    f"{tuple(input.shape[-2:])})"
+                    f"{tuple(input.shape[-n:])})"
                 )
             out.append(size[i] - smallest)
         return tuple(out)
 
     def forward(self, input: Tensor, output_size: Any = None) -> Tensor:  # noqa: A002
-        if input.ndim not in (3, 4):
+        n = self._dims
+        if input.ndim not in (n + 1, n + 2):
             raise ValueError(
-                f"ConvTranspose2d: expected a 3D (unbatched) or 4D (batched) input, got "
-                f"{input.ndim}D with shape {tuple(input.shape)}"
+                f"{type(self).__name__}: expected a {n + 1}D (unbatched) or {n + 2}D (batched) "
+                f"input, got {input.ndim}D with shape {tuple(input.shape)}"
             )
-        return F.conv_transpose2d(
+        function = F.conv_transpose2d if n == 2 else F.conv_transpose1d
+        return function(
             input,
             self.weight,
             self.bias,
@@ -136,14 +141,21 @@ class ConvTranspose2d(Module):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"stride={self.stride}"
         )
-        if self.padding != (0, 0):
+        if any(self.padding):
             s += f", padding={self.padding}"
-        if self.output_padding != (0, 0):
+        if any(self.output_padding):
             s += f", output_padding={self.output_padding}"
-        if self.dilation != (1, 1):
+        if any(d != 1 for d in self.dilation):
             s += f", dilation={self.dilation}"
         if self.groups != 1:
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
         return s
+
+
+class ConvTranspose1d(ConvTranspose2d):
+    """1-D transposed convolution over (N, C_in, L) inputs, weight (C_in, C_out/groups, k); the
+    output is ``(L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1`` long."""
+
+    _dims = 1

@@ -7,7 +7,7 @@ from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 
-__all__ = ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d"]
+__all__ = ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"]
 
 
 class Dropout(Module):
@@ -56,3 +56,17 @@ class Dropout3d(_FeatureDropout):
     """Channel dropout over (N, C, D, H, W) or unbatched (C, D, H, W) inputs."""
 
     _spatial_dims = 3
+
+
+class AlphaDropout(Dropout):
+    """Dropout for SELU networks: keeps the activations' mean and variance (``F.alpha_dropout``)."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.alpha_dropout(input, self.p, self.training, self.inplace)
+
+
+class FeatureAlphaDropout(Dropout):
+    """``AlphaDropout`` of whole channels."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.feature_alpha_dropout(input, self.p, self.training, self.inplace)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from lucid._tensor import Tensor
+from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 from lucid.ops._registry import normalize_dim
 
-__all__ = ["Flatten", "Unflatten"]
+__all__ = ["Flatten", "Unflatten", "Unfold"]
 
 
 class Flatten(Module):
@@ -60,3 +62,22 @@ class Unflatten(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
+class Unfold(Module):
+    """im2col: the (C, kh, kw) sliding blocks of (N, C, H, W) inputs as columns,
+    (N, C * kh * kw, L)."""
+
+    def __init__(self, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1):
+        super().__init__()
+        self.kernel_size, self.dilation = kernel_size, dilation
+        self.padding, self.stride = padding, stride
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
+
+    def extra_repr(self) -> str:
+        return (
+            f"kernel_size={self.kernel_size}, dilation={self.dilation}, padding={self.padding}, "
+            f"stride={self.stride}"
+        )

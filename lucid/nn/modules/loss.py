@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lucid._tensor import Tensor
 from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
@@ -24,6 +26,10 @@ __all__ = [
     "PoissonNLLLoss",
     "GaussianNLLLoss",
     "MultiLabelSoftMarginLoss",
+    "TripletMarginWithDistanceLoss",
+    "MultiMarginLoss",
+    "MultiLabelMarginLoss",
+    "NLLLoss2d",
 ]
 
 
@@ -43,6 +49,18 @@ class _WeightedLoss(_Loss):
         if weight is not None and not isinstance(weight, Tensor):
             raise TypeError(f"weight must be a Tensor or None, got {type(weight).__name__}")
         self.register_buffer("weight", weight)
+
+
+class _LegacyLoss(_Loss):
+    """A loss taking torch's deprecated ``size_average`` and ``reduce`` before ``reduction``."""
+
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
 
 
 class CrossEntropyLoss(_WeightedLoss):
@@ -214,16 +232,8 @@ class MarginRankingLoss(_Loss):
         return F.margin_ranking_loss(input1, input2, target, self.margin, reduction=self.reduction)
 
 
-class SoftMarginLoss(_Loss):
+class SoftMarginLoss(_LegacyLoss):
     """``log(1 + exp(-y * x))``."""
-
-    def __init__(
-        self,
-        size_average: bool | None = None,
-        reduce: bool | None = None,  # noqa: A002
-        reduction: str = "mean",
-    ) -> None:
-        super().__init__(F._legacy_reduction(size_average, reduce, reduction))
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
         return F.soft_margin_loss(input, target, reduction=self.reduction)
@@ -313,3 +323,62 @@ class MultiLabelSoftMarginLoss(_WeightedLoss):
         return F.multilabel_soft_margin_loss(
             input, target, weight=self.weight, reduction=self.reduction
         )
+
+
+class TripletMarginWithDistanceLoss(_Loss):
+    """``max(d(a, p) - d(a, n) + margin, 0)`` with any ``distance_function``."""
+
+    def __init__(
+        self,
+        *,
+        distance_function: Any = None,
+        margin: float = 1.0,
+        swap: bool = False,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(reduction)
+        if margin <= 0:
+            raise ValueError(
+                f"TripletMarginWithDistanceLoss: margin must be greater than 0, got {margin}"
+            )
+        self.distance_function, self.margin, self.swap = distance_function, margin, swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return F.triplet_margin_with_distance_loss(
+            anchor, positive, negative, distance_function=self.distance_function,
+            margin=self.margin, swap=self.swap, reduction=self.reduction,
+        )  # fmt: skip
+
+
+class MultiMarginLoss(_WeightedLoss):
+    """Multi-class hinge loss over logits (N, C) and class indices (N,)."""
+
+    def __init__(
+        self,
+        p: int = 1,
+        margin: float = 1.0,
+        weight: Tensor | None = None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,  # noqa: A002
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(weight, F._legacy_reduction(size_average, reduce, reduction))
+        if p not in (1, 2):
+            raise ValueError(f"MultiMarginLoss: only p == 1 and p == 2 are supported, got {p}")
+        self.p, self.margin = p, margin
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.multi_margin_loss(
+            input, target, self.p, self.margin, self.weight, reduction=self.reduction
+        )
+
+
+class MultiLabelMarginLoss(_LegacyLoss):
+    """Multi-label hinge loss; each target row lists class indices, ended by the first -1."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.multilabel_margin_loss(input, target, reduction=self.reduction)
+
+
+class NLLLoss2d(NLLLoss):
+    """Deprecated alias of ``NLLLoss`` (which takes (N, C, H, W) inputs itself)."""

@@ -21,12 +21,14 @@ from lucid.nn.modules.module import Module
 __all__ = [
     "BatchNorm1d",
     "BatchNorm2d",
+    "BatchNorm3d",
     "InstanceNorm1d",
     "InstanceNorm2d",
     "InstanceNorm3d",
     "LayerNorm",
     "RMSNorm",
     "GroupNorm",
+    "LocalResponseNorm",
 ]
 
 
@@ -124,6 +126,12 @@ class BatchNorm2d(_BatchNorm):
     """BatchNorm over (N, C, H, W) inputs, per channel C."""
 
     _expected_ndims = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    """BatchNorm over (N, C, D, H, W) inputs, per channel C."""
+
+    _expected_ndims = (5,)
 
 
 class _InstanceNorm(_BatchNorm):
@@ -311,3 +319,19 @@ class GroupNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class LocalResponseNorm(Module):
+    """Normalises each channel by the squares of its ``size`` neighbouring channels:
+    ``x / (k + alpha / size * sum x^2)^beta``."""
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> None:
+        super().__init__()
+        check_positive_int(size, "size", "LocalResponseNorm")
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"

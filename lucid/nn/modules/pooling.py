@@ -16,6 +16,12 @@ __all__ = [
     "AvgPool2d",
     "AdaptiveAvgPool1d",
     "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool3d",
+    "LPPool1d",
+    "LPPool2d",
 ]
 
 
@@ -143,3 +149,67 @@ class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
     """Average pooling to a fixed ``output_size`` (an int, a pair, or None to keep a dim)."""
 
     _pool = staticmethod(F.adaptive_avg_pool2d)
+
+
+class _AdaptiveMaxPoolNd(_AdaptiveAvgPoolNd):
+    def __init__(self, output_size: Any, return_indices: bool = False) -> None:
+        super().__init__(output_size)
+        if return_indices:
+            raise ValueError(f"{type(self).__name__}: return_indices=True is not supported")
+        self.return_indices = return_indices
+
+
+class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
+    """Max pooling of (N, C, L) inputs over torch's adaptive windows to ``output_size``."""
+
+    _pool = staticmethod(F.adaptive_max_pool1d)
+
+
+class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
+    """Max pooling over torch's adaptive windows to a fixed ``output_size``."""
+
+    _pool = staticmethod(F.adaptive_max_pool2d)
+
+
+class _LPPoolNd(Module):
+    _pool: Callable[..., Tensor]
+
+    def __init__(
+        self, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False
+    ) -> None:
+        super().__init__()
+        self.norm_type, self.kernel_size = norm_type, kernel_size
+        self.stride, self.ceil_mode = stride, ceil_mode
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return self._pool(input, self.norm_type, self.kernel_size, self.stride, self.ceil_mode)
+
+    def extra_repr(self) -> str:
+        return (
+            f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"ceil_mode={self.ceil_mode}"
+        )
+
+
+class LPPool1d(_LPPoolNd):
+    """Power-average pooling: the ``norm_type``-norm of each window of (N, C, L) inputs."""
+
+    _pool = staticmethod(F.lp_pool1d)
+
+
+class LPPool2d(_LPPoolNd):
+    """Power-average pooling over 2-d windows."""
+
+    _pool = staticmethod(F.lp_pool2d)
+
+
+class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
+    """Average pooling of (N, C, D, H, W) inputs over torch's adaptive windows."""
+
+    _pool = staticmethod(F.adaptive_avg_pool3d)
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
+    """Max pooling of (N, C, D, H, W) inputs over torch's adaptive windows."""
+
+    _pool = staticmethod(F.adaptive_max_pool3d)
