@@ -237,3 +237,22 @@ def test_exclusive_cumsum_does_not_read_the_element_itself(dtype, reverse):
         out = out[:, ::-1]
     np.testing.assert_array_equal(out[0], [0, 1, 3, 6])
     assert out[1, 0] == 0 and out[2, 0] == 0 and np.isnan(out[1, 1:]).all()
+
+
+# -- layer_norm: mean and variance in float64 --------------------------------------------------
+# The kernel accumulates in double; the reference squared the deviations in float32, where
+# (3.6e19)^2 overflows, so its variance was inf and every output the bias.
+
+
+def test_layer_norm_of_a_row_whose_squares_overflow_float32():
+    desc = {
+        "slots": [((2, 6), "f32"), ((6,), "f32"), ((6,), "f32"), ((2, 6), "f32")],
+        "instrs": [("layer_norm", [0, 1, 2], [3], {"epsilon": 1e-5})],
+        "feeds": [0, 1, 2],
+        "results": [3],
+        "inplace": {},
+    }
+    x = np.array([[0, 0, 3.6e19, 0, 0, 0], [1, 2, 3, 4, 5, 6]], np.float32)
+    gamma, beta = np.ones(6, np.float32), np.zeros(6, np.float32)
+    (out,) = assert_agree(desc, [x, gamma, beta])
+    np.testing.assert_allclose(out[0], [-0.4472136] * 2 + [2.236068] + [-0.4472136] * 3, rtol=1e-5)
