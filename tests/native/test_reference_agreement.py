@@ -256,3 +256,22 @@ def test_layer_norm_of_a_row_whose_squares_overflow_float32():
     gamma, beta = np.ones(6, np.float32), np.zeros(6, np.float32)
     (out,) = assert_agree(desc, [x, gamma, beta])
     np.testing.assert_allclose(out[0], [-0.4472136] * 2 + [2.236068] + [-0.4472136] * 3, rtol=1e-5)
+
+
+# -- reductions of a 0-d value over its axis 0 (or -1) leave it, as in PyTorch ---------------
+# The native validator accepts both axes; the reference raised numpy's AxisError for 0 and a
+# PrimError for -1.
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max", "reduce_prod", "reduce_mean"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_reducing_a_0d_value_over_its_axis_leaves_it(op, axis):
+    desc = {
+        "slots": [((), "f32"), ((), "f32")],
+        "instrs": [(op, [0], [1], {"axes": [axis], "keepdims": False})],
+        "feeds": [0],
+        "results": [1],
+        "inplace": {},
+    }
+    (out,) = assert_agree(desc, [np.array(2.5, np.float32)])
+    assert out == 2.5
