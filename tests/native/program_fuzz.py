@@ -446,6 +446,21 @@ def _interpose(rng: random.Random, desc: dict) -> None:
     instrs.insert(k + 1, (op, ins, [new], {}))
 
 
+def _to_float64(desc: dict) -> None:
+    """The program in float64: every f32 slot, node and dtype attribute becomes f64."""
+
+    def f64(value: Any) -> Any:
+        if value == "f32":
+            return "f64"
+        return [f64(v) for v in value] if isinstance(value, list) else value
+
+    desc["slots"] = [(shape, f64(dtype)) for shape, dtype in desc["slots"]]
+    desc["instrs"] = [
+        (op, ins, outs, {k: f64(v) for k, v in attrs.items()})
+        for op, ins, outs, attrs in desc["instrs"]
+    ]
+
+
 def _mutate_gently(rng: random.Random, desc: dict) -> None:
     """One mutation that keeps types: an attribute's value, an elementwise op (a fused node's
     too) for another of its kind, a constant's values, or a new elementwise instruction."""
@@ -482,6 +497,8 @@ def make_case(seeds: list[dict], seed: int, index: int, op_names: list[str], val
     desc["slots"] = list(desc["slots"])
     desc["instrs"] = list(desc["instrs"])
     if rng.random() < 0.5:
+        if rng.random() < 0.2:
+            _to_float64(desc)
         for _ in range(rng.choice([1, 1, 2, 3])):
             _mutate_gently(rng, desc)
         repair(desc, validate, rounds=64)

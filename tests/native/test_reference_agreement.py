@@ -237,3 +237,41 @@ def test_exclusive_cumsum_does_not_read_the_element_itself(dtype, reverse):
         out = out[:, ::-1]
     np.testing.assert_array_equal(out[0], [0, 1, 3, 6])
     assert out[1, 0] == 0 and out[2, 0] == 0 and np.isnan(out[1, 1:]).all()
+
+
+# -- layer_norm: mean and variance in float64 --------------------------------------------------
+# The kernel accumulates in double; the reference squared the deviations in float32, where
+# (3.6e19)^2 overflows, so its variance was inf and every output the bias.
+
+
+def test_layer_norm_of_a_row_whose_squares_overflow_float32():
+    desc = {
+        "slots": [((2, 6), "f32"), ((6,), "f32"), ((6,), "f32"), ((2, 6), "f32")],
+        "instrs": [("layer_norm", [0, 1, 2], [3], {"epsilon": 1e-5})],
+        "feeds": [0, 1, 2],
+        "results": [3],
+        "inplace": {},
+    }
+    x = np.array([[0, 0, 3.6e19, 0, 0, 0], [1, 2, 3, 4, 5, 6]], np.float32)
+    gamma, beta = np.ones(6, np.float32), np.zeros(6, np.float32)
+    (out,) = assert_agree(desc, [x, gamma, beta])
+    np.testing.assert_allclose(out[0], [-0.4472136] * 2 + [2.236068] + [-0.4472136] * 3, rtol=1e-5)
+
+
+# -- reductions of a 0-d value over its axis 0 (or -1) leave it, as in PyTorch ---------------
+# The native validator accepts both axes; the reference raised numpy's AxisError for 0 and a
+# PrimError for -1.
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max", "reduce_prod", "reduce_mean"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_reducing_a_0d_value_over_its_axis_leaves_it(op, axis):
+    desc = {
+        "slots": [((), "f32"), ((), "f32")],
+        "instrs": [(op, [0], [1], {"axes": [axis], "keepdims": False})],
+        "feeds": [0],
+        "results": [1],
+        "inplace": {},
+    }
+    (out,) = assert_agree(desc, [np.array(2.5, np.float32)])
+    assert out == 2.5

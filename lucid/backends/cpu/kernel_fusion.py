@@ -1033,8 +1033,10 @@ def _gemm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
 
 def _layer_norm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
     x, gamma, beta = args
-    mean = x.mean(axis=-1, keepdims=True, dtype=np.float64).astype(x.dtype)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True, dtype=np.float64).astype(x.dtype)
+    mean64 = x.mean(axis=-1, keepdims=True, dtype=np.float64)
+    # Squares in float64, as the kernel: (3.6e19)^2 overflows float32.
+    var = ((x - mean64) ** 2).mean(axis=-1, keepdims=True).astype(x.dtype)
+    mean = mean64.astype(x.dtype)
     return (x - mean) / np.sqrt(var + x.dtype.type(attrs["epsilon"])) * gamma + beta
 
 

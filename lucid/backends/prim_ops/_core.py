@@ -83,7 +83,7 @@ def _fail(op: str, message: str) -> PrimError:
 
 
 def normalize_axis(op: str, axis: int, ndim: int) -> int:
-    if not -ndim <= axis < max(ndim, 1) or (ndim == 0 and axis not in (0, -1)):
+    if not -max(ndim, 1) <= axis < max(ndim, 1):  # a 0-d value has axis 0 (or -1), as in torch
         raise _fail(op, f"axis {axis} out of range for rank {ndim}")
     return axis % ndim if ndim else 0
 

@@ -45,7 +45,7 @@ def _reduce_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval
         shape = _reduce_shape(name, avals[0], attrs["axes"], attrs["keepdims"])
         if name in ("reduce_max", "reduce_min"):
             reduced = normalize_axes(name, attrs["axes"], avals[0].ndim)
-            if any(avals[0].shape[a] == 0 for a in reduced):
+            if any(avals[0].shape[a] == 0 for a in reduced if avals[0].ndim):
                 raise _fail(name, f"cannot reduce an empty axis of shape {avals[0].shape}")
         return [Aval(shape, avals[0].dtype)]
 
@@ -57,7 +57,8 @@ def _reduce_ref(name: str) -> Callable[[list[np.ndarray], dict[str, Any]], list[
 
     def ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = xs[0]
-        axes = normalize_axes(name, attrs["axes"], x.ndim)
+        # Reducing a 0-d value over its axis 0 leaves it (numpy has no axis to name).
+        axes = normalize_axes(name, attrs["axes"], x.ndim) if x.ndim else ()
         acc = np.float64 if x.dtype.kind == "f" else np.int64
         with np.errstate(all="ignore"):
             if name in ("reduce_max", "reduce_min"):
