@@ -1435,30 +1435,36 @@ def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = 
     return _adaptive_max_pool(input, output_size, return_indices, 2)
 
 
+def _lp_root(window_means: Tensor, window_size: int, norm_type: float) -> Tensor:
+    """LP pooling from the windows' means of x^p: (sign(s) * relu(|s|))^(1/p) of their sums s,
+    as torch computes it."""
+    total = window_means * window_size
+    return (total.sign() * relu(total.abs())) ** (1.0 / norm_type)
+
+
 def lp_pool1d(
-    input: Tensor,
+    input: Tensor,  # noqa: A002
     norm_type: float,
     kernel_size: int,
     stride: Any = None,
-    ceil_mode: bool = False,  # noqa: A002
+    ceil_mode: bool = False,
 ) -> Tensor:
     """(sum over each window of x^p)^(1/p), as torch (sign(s) * relu(|s|) before the root)."""
     k = kernel_size[0] if isinstance(kernel_size, (tuple, list)) else kernel_size
-    pooled = avg_pool1d(input**norm_type, k, stride, 0, ceil_mode)
-    return (pooled.sign() * relu(pooled.abs()) * k) ** (1.0 / norm_type)
+    return _lp_root(avg_pool1d(input**norm_type, k, stride, 0, ceil_mode), k, norm_type)
 
 
 def lp_pool2d(
-    input: Tensor,
+    input: Tensor,  # noqa: A002
     norm_type: float,
     kernel_size: Any,
     stride: Any = None,
-    ceil_mode: bool = False,  # noqa: A002
+    ceil_mode: bool = False,
 ) -> Tensor:
     """(sum over each window of x^p)^(1/p) over 2-d windows."""
     kh, kw = kernel_size if isinstance(kernel_size, (tuple, list)) else (kernel_size,) * 2
     pooled = avg_pool2d(input**norm_type, (kh, kw), stride, 0, ceil_mode)
-    return (pooled.sign() * relu(pooled.abs()) * (kh * kw)) ** (1.0 / norm_type)
+    return _lp_root(pooled, kh * kw, norm_type)
 
 
 def local_response_norm(
@@ -1857,13 +1863,13 @@ def max_pool3d(
 
 
 def lp_pool3d(
-    input: Tensor,
+    input: Tensor,  # noqa: A002
     norm_type: float,
     kernel_size: Any,
     stride: Any = None,
-    ceil_mode: bool = False,  # noqa: A002
+    ceil_mode: bool = False,
 ) -> Tensor:
     """(sum over each 3-d window of x^p)^(1/p)."""
     k = _triple(kernel_size, "kernel_size", "lp_pool3d")
     pooled = avg_pool3d(input**norm_type, k, stride, 0, ceil_mode)
-    return (pooled.sign() * relu(pooled.abs()) * (k[0] * k[1] * k[2])) ** (1.0 / norm_type)
+    return _lp_root(pooled, k[0] * k[1] * k[2], norm_type)
