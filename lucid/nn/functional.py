@@ -121,6 +121,9 @@ __all__ = [
     "adaptive_avg_pool3d",
     "adaptive_max_pool3d",
     "multilabel_margin_loss",
+    "avg_pool3d",
+    "max_pool3d",
+    "lp_pool3d",
 ]
 
 
@@ -1432,30 +1435,36 @@ def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = 
     return _adaptive_max_pool(input, output_size, return_indices, 2)
 
 
+def _lp_root(window_means: Tensor, window_size: int, norm_type: float) -> Tensor:
+    """LP pooling from the windows' means of x^p: (sign(s) * relu(|s|))^(1/p) of their sums s,
+    as torch computes it."""
+    total = window_means * window_size
+    return (total.sign() * relu(total.abs())) ** (1.0 / norm_type)
+
+
 def lp_pool1d(
-    input: Tensor,
+    input: Tensor,  # noqa: A002
     norm_type: float,
     kernel_size: int,
     stride: Any = None,
-    ceil_mode: bool = False,  # noqa: A002
+    ceil_mode: bool = False,
 ) -> Tensor:
     """(sum over each window of x^p)^(1/p), as torch (sign(s) * relu(|s|) before the root)."""
     k = kernel_size[0] if isinstance(kernel_size, (tuple, list)) else kernel_size
-    pooled = avg_pool1d(input**norm_type, k, stride, 0, ceil_mode)
-    return (pooled.sign() * relu(pooled.abs()) * k) ** (1.0 / norm_type)
+    return _lp_root(avg_pool1d(input**norm_type, k, stride, 0, ceil_mode), k, norm_type)
 
 
 def lp_pool2d(
-    input: Tensor,
+    input: Tensor,  # noqa: A002
     norm_type: float,
     kernel_size: Any,
     stride: Any = None,
-    ceil_mode: bool = False,  # noqa: A002
+    ceil_mode: bool = False,
 ) -> Tensor:
     """(sum over each window of x^p)^(1/p) over 2-d windows."""
     kh, kw = kernel_size if isinstance(kernel_size, (tuple, list)) else (kernel_size,) * 2
     pooled = avg_pool2d(input**norm_type, (kh, kw), stride, 0, ceil_mode)
-    return (pooled.sign() * relu(pooled.abs()) * (kh * kw)) ** (1.0 / norm_type)
+    return _lp_root(pooled, kh * kw, norm_type)
 
 
 def local_response_norm(
@@ -1766,3 +1775,101 @@ def multilabel_margin_loss(
     loss = (hinge * valid.unsqueeze(-1) * (1 - is_target).unsqueeze(1)).sum((1, 2)) * (1.0 / c)
     loss = loss if input.ndim == 2 else loss.squeeze(0)
     return _reduce(loss, reduction, "multilabel_margin_loss")
+
+
+def _triple(v: Any, name: str, op: str) -> tuple[int, int, int]:
+    t = tuple(v) if isinstance(v, (tuple, list)) else (v, v, v)
+    if len(t) != 3 or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in t):
+        raise ValueError(f"{op}: {name} must be a non-negative int or 3 of them, got {v!r}")
+    return t
+
+
+def _window_pool3d(
+    input: Tensor,  # noqa: A002
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    ceil_mode: bool,
+    fill: float,
+    op: str,
+) -> tuple[Tensor, tuple]:
+    """Every window of a 3-d pooling as a new last dim: (N, C, D', H', W', kd*kh*kw), from
+    strided slices of the padded input (``fill`` in the padding), and the kernel size."""
+    import lucid
+
+    if ceil_mode:
+        raise ValueError(f"{op}: ceil_mode=True is not supported")
+    k = _triple(kernel_size, "kernel_size", op)
+    s = k if stride is None else _triple(stride, "stride", op)
+    p = _triple(padding, "padding", op)
+    if 0 in k or 0 in s:
+        raise ValueError(f"{op}: kernel_size and stride must be positive")
+    if any(2 * pi > ki for pi, ki in zip(p, k, strict=True)):
+        raise ValueError(f"{op}: padding {p} must be at most half of kernel_size {k}")
+    unbatched = input.ndim == 4
+    x = input.unsqueeze(0) if unbatched else input
+    if x.ndim != 5:
+        raise ValueError(f"{op}: expected a 4D or 5D input, got {tuple(input.shape)}")
+    x = pad(x, (p[2], p[2], p[1], p[1], p[0], p[0]), value=fill)
+    out = [(x.shape[2 + i] - k[i]) // s[i] + 1 for i in range(3)]
+    if min(out) <= 0:
+        raise ValueError(f"{op}: the kernel {k} does not fit the padded input {tuple(x.shape)}")
+    windows = [
+        x[:, :, a : a + s[0] * (out[0] - 1) + 1 : s[0], b : b + s[1] * (out[1] - 1) + 1 : s[1],
+          c : c + s[2] * (out[2] - 1) + 1 : s[2]]
+        for a in range(k[0]) for b in range(k[1]) for c in range(k[2])
+    ]  # fmt: skip
+    stacked = lucid.stack(windows, -1)
+    return (stacked.squeeze(0) if unbatched else stacked), k
+
+
+def avg_pool3d(
+    input: Tensor,  # noqa: A002
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """3-d average pooling over (N, C, D, H, W) or (C, D, H, W) inputs."""
+    windows, k = _window_pool3d(input, kernel_size, stride, padding, ceil_mode, 0.0, "avg_pool3d")
+    total = windows.sum(-1)
+    if divisor_override is not None:
+        return total / divisor_override
+    if count_include_pad or not any(_triple(padding, "padding", "avg_pool3d")):
+        return total / (k[0] * k[1] * k[2])
+    ones = input.detach() * 0 + 1
+    counts, _ = _window_pool3d(ones, kernel_size, stride, padding, ceil_mode, 0.0, "avg_pool3d")
+    return total / counts.sum(-1)
+
+
+def max_pool3d(
+    input: Tensor,  # noqa: A002
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Tensor:
+    """3-d max pooling over (N, C, D, H, W) or (C, D, H, W) inputs (no dilation or indices)."""
+    if _triple(dilation, "dilation", "max_pool3d") != (1, 1, 1) or return_indices:
+        raise ValueError("max_pool3d: dilation and return_indices are not supported")
+    windows, _ = _window_pool3d(
+        input, kernel_size, stride, padding, ceil_mode, float("-inf"), "max_pool3d"
+    )
+    return windows.amax(-1)
+
+
+def lp_pool3d(
+    input: Tensor,  # noqa: A002
+    norm_type: float,
+    kernel_size: Any,
+    stride: Any = None,
+    ceil_mode: bool = False,
+) -> Tensor:
+    """(sum over each 3-d window of x^p)^(1/p)."""
+    k = _triple(kernel_size, "kernel_size", "lp_pool3d")
+    pooled = avg_pool3d(input**norm_type, k, stride, 0, ceil_mode)
+    return _lp_root(pooled, k[0] * k[1] * k[2], norm_type)

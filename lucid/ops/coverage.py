@@ -97,7 +97,43 @@ def markdown() -> str:
     ]
     for r in table:
         lines.append("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + surface_lines()) + "\n"
+
+
+def surface_lines() -> list[str]:
+    """The coverage of PyTorch's public names (``lucid.ops.torch_surface``): which exist in
+    Lucid under the same name."""
+    import lucid
+    from lucid.ops import torch_surface
+
+    namespaces = [
+        ("torch.nn modules", "lucid.nn", lucid.nn, torch_surface.NN_MODULES),
+        ("torch.nn.functional", "lucid.nn.functional", lucid.nn.functional,
+         torch_surface.NN_FUNCTIONAL),
+        ("torch.optim optimizers", "lucid.optim", lucid.optim, torch_surface.OPTIMIZERS),
+        ("torch.linalg", "lucid.linalg", getattr(lucid, "linalg", None), torch_surface.LINALG),
+    ]  # fmt: skip
+    lines = [
+        "",
+        "## Coverage of PyTorch's public API",
+        "",
+        "Which names of PyTorch 2.13 exist in Lucid under the same name (the lists are frozen in "
+        "`lucid/ops/torch_surface.py`). Lucid's modules and functions run the registry ops "
+        "above, so whether one compiles follows from the ops it runs (the `lowers to prim` "
+        "column); `lucid.compile.diagnose(model, x)` tells for a given model.",
+        "",
+    ]
+    for title, where, module, names in namespaces:
+        present = [n for n in names if module is not None and hasattr(module, n)]
+        missing = [n for n in names if n not in present]
+        share = 100 * len(present) // max(len(names), 1)
+        lines += [
+            f"### {title}: {len(present)} of {len(names)} ({share}%) in `{where}`",
+            "",
+            "Missing: " + (", ".join(f"`{n}`" for n in missing) if missing else "none") + ".",
+            "",
+        ]
+    return lines[:-1]
 
 
 if __name__ == "__main__":

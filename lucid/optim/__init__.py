@@ -10,14 +10,17 @@ from lucid.optim.adadelta import Adadelta
 from lucid.optim.adagrad import Adagrad
 from lucid.optim.adam import Adam, AdamW
 from lucid.optim.adamax import Adamax
+from lucid.optim.asgd import ASGD
 from lucid.optim.lbfgs import LBFGS
 from lucid.optim.nadam import NAdam
 from lucid.optim.optimizer import Optimizer
 from lucid.optim.radam import RAdam
 from lucid.optim.rmsprop import RMSprop
+from lucid.optim.rprop import Rprop
 from lucid.optim.sgd import SGD
 
 __all__ = [
+    "ASGD",
     "Adadelta",
     "Adagrad",
     "Adam",
@@ -28,6 +31,7 @@ __all__ = [
     "Optimizer",
     "RAdam",
     "RMSprop",
+    "Rprop",
     "SGD",
     "lr_scheduler",
 ]

@@ -208,6 +208,9 @@ EXTRA_CASES = [
     ("ConvTranspose1d", (4, 6, 3, 2, 1, 1), [(2, 4, 5)]),
     ("TripletMarginWithDistanceLoss", (), [(3, 4), (3, 4), (3, 4)]),
     ("MultiMarginLoss", (2, 0.5), [(4, 5)]),
+    ("AvgPool3d", ((2, 3, 2), (1, 2, 2), 1), [(2, 3, 5, 6, 7)]),
+    ("MaxPool3d", ((3, 2, 2), 1, (1, 1, 0)), [(2, 3, 5, 6, 7)]),
+    ("LPPool3d", (2, 2), [(1, 2, 4, 4, 4)]),
 ]
 
 
@@ -316,3 +319,19 @@ def test_torch_parity_multilabel_margin_and_pdist():
     rows = RNG.standard_normal((6, 3))
     np.testing.assert_allclose(F.pdist(_t(rows), 3).numpy(),
                                tnf.pdist(torch.tensor(rows), 3).numpy(), rtol=1e-12)  # fmt: skip
+
+
+def test_3d_pooling_formulas_and_compiled(compiled_matches_eager):
+    x = RNG.standard_normal((2, 3, 4, 6, 2))
+    blocks = x.reshape(2, 3, 2, 2, 3, 2, 1, 2)
+    np.testing.assert_allclose(nn.AvgPool3d(2)(_t(x)).numpy(), blocks.mean((3, 5, 7)))
+    np.testing.assert_allclose(nn.MaxPool3d(2)(_t(x)).numpy(), blocks.max((3, 5, 7)))
+    exclude = nn.AvgPool3d(3, 1, 1, count_include_pad=False)(_t(np.ones((1, 1, 3, 3, 3))))
+    np.testing.assert_allclose(exclude.numpy(), np.ones((1, 1, 3, 3, 3)))
+    with pytest.raises(ValueError, match="ceil_mode"):
+        nn.MaxPool3d(2, ceil_mode=True)(_t(x))
+    lucid.manual_seed(1)
+    layers = [nn.Conv2d(2, 4, 1), nn.Unflatten(1, (2, 2)), nn.MaxPool3d(2), nn.AvgPool3d(1),
+              nn.Flatten(), nn.Linear(2 * 1 * 2 * 2, 3)]  # fmt: skip
+    model = nn.Sequential(*layers).double()
+    compiled_matches_eager(model, lucid.randn(2, 2, 4, 4, dtype=lucid.float64))

@@ -22,6 +22,9 @@ __all__ = [
     "AdaptiveMaxPool3d",
     "LPPool1d",
     "LPPool2d",
+    "LPPool3d",
+    "AvgPool3d",
+    "MaxPool3d",
 ]
 
 
@@ -213,3 +216,62 @@ class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
     """Max pooling of (N, C, D, H, W) inputs over torch's adaptive windows."""
 
     _pool = staticmethod(F.adaptive_max_pool3d)
+
+
+class LPPool3d(_LPPoolNd):
+    """Power-average pooling over 3-d windows."""
+
+    _pool = staticmethod(F.lp_pool3d)
+
+
+class AvgPool3d(Module):
+    """3-d average pooling (``ceil_mode=False``)."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+        self.divisor_override = divisor_override
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.avg_pool3d(
+            input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+            self.count_include_pad, self.divisor_override,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxPool3d(Module):
+    """3-d max pooling (no dilation, ``ceil_mode`` or indices)."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.return_indices, self.ceil_mode = dilation, return_indices, ceil_mode
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.max_pool3d(
+            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+            self.return_indices,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
