@@ -12,7 +12,7 @@ Lucid compiled to the best peer measured in this run (E: to JAX jit), with the r
 per-pass ratios. A peer that is not installed is marked missing and never enters a ratio.
 Every row also shows Lucid compiled's first call (trace + compile + one call) against JAX's and
 its peak-RSS growth (``VmHWM`` from the model built to the last round) against the best peer's;
-for F–H, the workloads at the sizes people train (issue 21; ``--workloads FGH``, not in the
+for F–H, the workloads at the sizes people train (``--workloads FGH``, not in the
 default run), they are judged: first call at most 0.5x JAX's, peak memory at most 1.0x.
 
 Each child records the BLAS libraries it loaded (threadpoolctl when installed, else numpy's
@@ -505,7 +505,7 @@ def summarize_row(
 def first_call_and_memory(row: dict) -> dict:
     """Add Lucid compiled's first call over JAX's (``first_call_vs_jax``) and its peak RSS
     growth over the best measured peer's (``peak_vs_best``, ``peak_vs``) to ``row``, with
-    whether each holds its target (F-H: issue 21's; A-E: shown, not judged)."""
+    whether each holds its target (F-H: the scale targets; A-E: shown, not judged)."""
     import bench_workloads as BW
     import workloads as W
 

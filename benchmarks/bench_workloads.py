@@ -77,7 +77,7 @@ TARGETS = {
     ("train", "B"): 1.0,
     ("train", "C"): 0.9,
     ("train", "D"): 0.9,
-    # F-H, at the sizes people train (issue 21).
+    # F-H, at the sizes people train.
     **{(mode, wl): 0.9 for mode in ("infer", "train") for wl in W.LARGE},
 }
 # F-H: first call at most this times JAX jit's, peak memory at most this times the best peer's.

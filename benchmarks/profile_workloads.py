@@ -4,7 +4,7 @@
         [--optimizer sgd|sgd_momentum|adam|adamw] [--repeats 50] [--top 25] [--threads 2]
         [--json PATH]
 
-Any of the workloads A–H (``workloads.py``); F–H are the large ones of issue 21 (their training
+Any of the workloads A–H (``workloads.py``); F–H are the large ones (their training
 profile uses their own optimizer unless ``--optimizer`` says otherwise).
 
 Inference profiles come from ``CompiledModule.profile(x)``; training profiles read the executable

@@ -19,7 +19,7 @@ WORKLOADS = {
     "G": "ResNet-18-shaped CNN (BatchNorm) on 64x64, batch 16",
     "H": "2-layer LSTM language model T128 hidden 512 vocab 8192, batch 16",
 }
-# The workloads at the sizes people train (issue 21): not in the default run of the benchmarks.
+# The workloads at the sizes people train: not in the default run of the benchmarks.
 LARGE = "FGH"
 # Each training row's optimizer(s); SGD elsewhere.
 TRAIN_OPTIMIZERS = {"A": ("sgd", "adam"), "F": ("adamw",), "G": ("sgd_momentum",), "H": ("adam",)}
