@@ -121,10 +121,12 @@ def series_exponents(points: list[dict]) -> dict[str, dict]:
         names += [k for k in p["stages_ms"] if k not in names]
     for name in names:
         values = [p["stages_ms"].get(name, 0.0) for p in points]
+        exponent = fit_exponent(sizes, values)
         out[name] = {
-            "exponent": fit_exponent(sizes, values),
+            "exponent": exponent,
             "max_ms": max(values),
-            "judged": max(values) >= SMALL_STAGE_MS,
+            # A stage run at one size only (a pass that skips the others) has no slope to judge.
+            "judged": exponent is not None and max(values) >= SMALL_STAGE_MS,
         }
     first = [p["first_call_s"] * 1e3 for p in points]
     out["first call"] = {
