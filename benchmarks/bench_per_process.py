@@ -505,7 +505,7 @@ def summarize_row(
 def first_call_and_memory(row: dict) -> dict:
     """Add Lucid compiled's first call over JAX's (``first_call_vs_jax``) and its peak RSS
     growth over the best measured peer's (``peak_vs_best``, ``peak_vs``) to ``row``, with
-    whether each holds its target (F-H: the large-workload targets; A-E: shown, not judged)."""
+    whether each holds its target (F-H: the scale targets; A-E: shown, not judged)."""
     import bench_workloads as BW
     import workloads as W
 

@@ -61,7 +61,7 @@ def test_a_stage_missing_at_one_size_counts_as_zero_there_and_is_left_out_of_the
     pts = [point(10, {"a": 50.0}), point(20, {"a": 100.0, "b": 30.0}), point(40, {"a": 200.0})]
     e = CS.series_exponents(pts)
     assert e["a"]["exponent"] == pytest.approx(1.0)
-    assert e["b"]["exponent"] is None  # one point only
+    assert e["b"]["exponent"] is None and not e["b"]["judged"]  # one point only
 
 
 def case(model, mode, size, fw, first_s=None, **extra):
