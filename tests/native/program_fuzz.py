@@ -535,9 +535,15 @@ def _feed(rng: np.random.Generator, shape: tuple, dtype: str, special: bool) -> 
         return np.asarray(values.astype(np.float32 if dtype == "f32" else np.float64))
     if dtype == "bool":
         return np.asarray(rng.random(shape) < 0.5)
-    # Mostly valid small indices, sometimes negative or large.
-    values = np.asarray(rng.integers(-1, 4, size=shape))
-    return values.astype(np.int32 if dtype == "i32" else np.int64)
+    # Mostly valid small indices, sometimes negative or large; with `special`, some extremes
+    # (integer arithmetic wraps natively as in numpy).
+    int_type = np.int32 if dtype == "i32" else np.int64
+    values = np.asarray(rng.integers(-1, 4, size=shape)).astype(int_type)
+    if special:
+        info = np.iinfo(int_type)
+        picks = np.asarray(rng.choice([info.min, info.max, -1, 0], size=shape)).astype(int_type)
+        values = np.where(np.asarray(rng.random(shape) < 0.125), picks, values)
+    return np.asarray(values, int_type)
 
 
 # Floats agree when |native - reference| <= FLOAT_RTOL * |reference| + FLOAT_ATOL * scale, scale
