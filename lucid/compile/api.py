@@ -23,7 +23,7 @@ import numpy as np
 from lucid import _random
 from lucid._state import state
 from lucid._tensor import Tensor
-from lucid.compile import _parity, _pipeline, _pytree, _recompile
+from lucid.compile import _pipeline, _pytree, _recompile, parity
 from lucid.compile._binding import (
     LRU,
     MODE_VERSION,
@@ -323,9 +323,9 @@ class CompiledModule(Module):
             switches=switches,
         )
         self.__dict__["_raw_options"] = options  # passed on to step()'s make_step
-        # Parity checking (see _parity.py): None, "first" or "always"; (rtol, atol).
-        self.__dict__["_check"] = _parity.check_mode(check)
-        self.__dict__["_check_tol"] = _parity.tolerance(check_tolerance)
+        # Parity checking (see the parity package): None, "first" or "always"; (rtol, atol).
+        self.__dict__["_check"] = parity.check_mode(check)
+        self.__dict__["_check_tol"] = parity.tolerance(check_tolerance)
         self.__dict__["_parity"] = []
         if mode not in ("default", "auto"):
             raise ValueError(f"lucid.compile: mode must be 'default' or 'auto', got {mode!r}")
@@ -740,15 +740,15 @@ class CompiledModule(Module):
         _random.set_rng_state(Tensor._wrap(rng))
         eager = self._model(*args, **kwargs)
         tol = self._check_tol
-        bad = _parity.compare(got, _leaf_arrays(eager), tol)
+        bad = parity.compare(got, _leaf_arrays(eager), tol)
         if bad is None:
-            bad = _parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
+            bad = parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
         if bad is None:
             return out
         culprit = None
         if feeds is not None:
             try:
-                culprit = _parity.bisect(
+                culprit = parity.bisect(
                     entry.trace,
                     dict(zip(roles, feeds, strict=True)),
                     pipeline=self._options.pipeline or _pipeline.GRAPH_PIPELINE,
@@ -799,9 +799,9 @@ class CompiledModule(Module):
         _pytree.flatten(eager, leaves_e)
         got = [t for t in leaves_c if isinstance(t, Tensor)]
         want = [t for t in leaves_e if isinstance(t, Tensor)]
-        bad = _parity.compare([t._data for t in got], [t._data for t in want], tol)
+        bad = parity.compare([t._data for t in got], [t._data for t in want], tol)
         if bad is None:
-            bad = _parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
+            bad = parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
         # Seeded cotangents (never the global RNG): one per floating output, as the trace's.
         gen = np.random.default_rng(0)
         cots = {
@@ -831,7 +831,7 @@ class CompiledModule(Module):
                     continue
                 g = np.zeros_like(w) if g is None else g  # an unused input: zero gradient
                 w = np.zeros_like(g) if w is None else w
-                bad = _parity.compare([g], [w], tol, f"gradient of {role}")
+                bad = parity.compare([g], [w], tol, f"gradient of {role}")
                 if bad is not None:
                     bad = bad.replace(f"gradient of {role} 0:", f"gradient of {role}:", 1)
                     break
@@ -839,8 +839,6 @@ class CompiledModule(Module):
             return out
         culprit = None
         try:
-            from lucid.compile._step_parity import bisect_step
-
             feeds: dict[str, np.ndarray] = {}
             for f in entry.trace.feeds:
                 role = f.role
@@ -855,7 +853,7 @@ class CompiledModule(Module):
             for role, w in zip(prog.grad_roles, want_grads, strict=True):
                 if w is not None:
                     reference[f"grad:{role}"] = w
-            culprit = bisect_step(
+            culprit = parity.bisect_step(
                 entry.trace,
                 prog.pipeline,
                 feeds,

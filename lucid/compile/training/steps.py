@@ -1,8 +1,8 @@
 """Compiled training: ``make_step``, ``compiled_step``, ``compile_optimizer`` and ``fused_step``.
 
-All four build on ``build_training_module`` (``lucid.compile._training``): one traced module in
-the ``lucid`` dialect with roles on its feeds and results, lowered and compiled by the backend
-chosen with ``backend=`` (through the registry) into one executable. Results with role
+All four build on ``build_training_module`` (``lucid.compile.training.builder``): one traced
+module in the ``lucid`` dialect with roles on its feeds and results, lowered and compiled by the
+backend chosen with ``backend=`` (through the registry) into one executable. Results with role
 ``update:<feed role>`` are written by the run straight into that feed's array (parameters,
 optimizer state, BatchNorm running statistics, the RNG state), at the end of a successful run, so
 a run that raises leaves them untouched.
@@ -40,7 +40,7 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile import _parity, _pipeline, _recompile, _step_parity
+from lucid.compile import _pipeline, _recompile, parity
 from lucid.compile._binding import (
     LRU,
     STRUCTURE_VERSION,
@@ -51,13 +51,13 @@ from lucid.compile._binding import (
     max_entries,
     name_feeds,
 )
-from lucid.compile._training import (
+from lucid.compile.api import CompileError
+from lucid.compile.training.builder import (
     GradClip,
     TrainingModule,
     build_optimizer_module,
     build_training_module,
 )
-from lucid.compile.api import CompileError
 from lucid.ir import import_trace, print_ir
 from lucid.ops._registry import OpDef
 from lucid.passes import PassFailure, PassManager
@@ -530,8 +530,8 @@ class _StepOptions:
         self.what = what
         pipeline, self.switches = _pipeline.parse_options(options, what)
         self.pipeline = _pipeline.GRAPH_PIPELINE if pipeline is None else pipeline
-        self.mode = _parity.check_mode(check)
-        self.tol = _parity.tolerance(check_tolerance)
+        self.mode = parity.check_mode(check)
+        self.tol = parity.tolerance(check_tolerance)
         self.eager_only: LRU = LRU(max_entries())
         self.parity: list[dict[str, Any]] = []
 
@@ -553,7 +553,7 @@ class _StepOptions:
         bisect to the culprit and write the repro folder."""
         culprit = None
         try:
-            culprit = _step_parity.bisect_step(
+            culprit = parity.bisect_step(
                 entry.tm.trace,
                 entry.tm.pipeline,
                 feeds,
@@ -866,7 +866,7 @@ class TrainStep(_StepIntrospection):
     def _eager_run(self, inputs: tuple) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         """An eager-only signature (its parity check failed): eager forward and backward."""
         trained = [p for p in self._params if p._requires_grad]
-        loss, grads = _step_parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
+        loss, grads = parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
         return loss, [(p, g) for p, g in zip(trained, grads, strict=True) if g is not None]
 
     def _checked_run(
@@ -885,14 +885,14 @@ class TrainStep(_StepIntrospection):
         _random.set_rng_state(Tensor._wrap(rng))
         feeds = _feed_values(entry, inputs)
         trained = [p for _, p in entry.grad_index]
-        loss_e, grads_e = _step_parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
+        loss_e, grads_e = parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
         want = _result_values(entry, loss_e)
         eager_grads = [
             (p, g if g is not None else np.zeros_like(p._data))
             for p, g in zip(trained, grads_e, strict=True)
         ]
         want.update(_grad_roles(entry, eager_grads))
-        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is None:
             return loss, grads
         self._opts.mismatch(self, key, entry, bad, feeds, want)
@@ -993,7 +993,7 @@ def compiled_step(
     if per_model is None:
         per_model = _COMPILED_STEPS[model] = LRU(max_entries())
     name = _pipeline.resolve_backend(backend)
-    mode, tol = _parity.check_mode(check), _parity.tolerance(check_tolerance)
+    mode, tol = parity.check_mode(check), parity.tolerance(check_tolerance)
     step = per_model.get((loss_fn, name, mode, tol))
     if step is None:
         step = TrainStep(model, loss_fn, backend=name, check=mode, check_tolerance=tol)
@@ -1231,7 +1231,7 @@ class FusedStep(_StepIntrospection):
 
     def _eager_step(self, inputs: tuple) -> Tensor:
         """An eager-only signature (its parity check failed): an eager training step."""
-        loss, _ = _step_parity.eager_optimizer_step(
+        loss, _ = parity.eager_optimizer_step(
             self.model, self.loss_fn, self.optimizer, inputs, self._clip()
         )
         self._view.find_reps()
@@ -1271,14 +1271,14 @@ class FusedStep(_StepIntrospection):
         if pre_build is not None:
             self._view.restore(pre_build)
         try:
-            loss_e, grads_e = _step_parity.eager_optimizer_step(
+            loss_e, grads_e = parity.eager_optimizer_step(
                 self.model, self.loss_fn, opt, inputs, self._clip()
             )
         finally:
             _rebind_state(opt, bound_state)
             self._view.find_reps()
         want = _result_values(entry, loss_e)
-        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is None:
             return loss
         reference = dict(want)
@@ -1580,7 +1580,7 @@ class CompiledOptimizerStep(_StepIntrospection):
             _rebind_state(opt, bound_state)
             self._view.find_reps()
         want = self._update_values(entry)
-        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is not None:
             self._opts.mismatch(self, key, entry, bad, feeds, want)
 
