@@ -31,6 +31,7 @@ from lucid._tensor import Tensor
 from lucid.compile import _pipeline, _pytree
 from lucid.compile._binding import LRU, max_entries, name_feeds
 from lucid.compile.diagnose import check_vjp_coverage
+from lucid.compile.signature import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
 from lucid.ops._registry import OpDef
@@ -283,12 +284,10 @@ def compile_grad_call(
     """Trace, differentiate, split and compile ``model(*args, **kwargs)`` for grad mode.
     Tensor keyword arguments are fed (role ``input:<name>``) and get gradients like positional
     ones. With ``symbolic`` the positional tensors' shared leading dim is traced as a symbolic
-    batch (``api._NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
+    batch (``_NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
     for what this path does not handle. ``session`` carries the debugging switches and collects
     the time of each stage (graph passes with ``vjp``; ``forward:``/``backward:`` lowering)."""
     first_session = session or _pipeline.CompileSession(getattr(options, "switches", None))
-    from lucid.compile.api import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
-
     if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
         raise _pipeline.Unsupported("tensors inside a container argument in grad mode")
     if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):

@@ -8,7 +8,6 @@ reason kept in ``cache_info()["reasons"]`` and one warning on the ``lucid.compil
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import threading
@@ -21,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from lucid import _random
-from lucid._state import state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline, _pytree, _recompile, parity
 from lucid.compile._binding import (
@@ -33,9 +31,19 @@ from lucid.compile._binding import (
     check_settings,
     ensure_c_layout,
     max_entries,
-    mode_repr,
     name_feeds,
     owner_modules,
+)
+from lucid.compile._grad_call import compile_grad_call
+from lucid.compile.signature import (
+    _SYMBOLIC_SAFE_OPS,
+    CacheKey,
+    _has_tensor,
+    _is_symbolic,
+    _NotSymbolic,
+    _symbolic_sig,
+    _Unhashable,
+    cache_key,
 )
 from lucid.nn.modules.module import Module
 from lucid.trace._tracing import GraphBreak, _tracing
@@ -48,125 +56,6 @@ __all__ = ["CacheKey", "CompileError", "CompiledModule", "compile"]
 
 
 CompileError = _pipeline.CompileError
-
-
-class CacheKey(tuple):
-    """What a compiled executable is specialised on: the tensor arguments' shapes, dtypes and
-    ``requires_grad``, the values of the other arguments, keyword names, the training modes
-    (the model's flag, or ``(flag, names of submodules in the other mode)`` when they differ),
-    whether gradients are needed, and the parameters' dtypes."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        args, kwargs, training, grad, params = self
-        parts = [_sig_repr(a) for a in args] + [f"{k}={_sig_repr(v)}" for k, v in kwargs]
-        mode = mode_repr(training)
-        return f"CacheKey(({', '.join(parts)}), {mode}{', grad' if grad else ''})"
-
-
-def _sig_repr(sig: tuple) -> str:
-    if len(sig) == 3:
-        shape, dt, rg = sig
-        dims = "x".join("?" if d is None else str(d) for d in shape)
-        return f"tensor<{dims}x{np.dtype(dt).name}>{'+grad' if rg else ''}"
-    return repr(sig[1])
-
-
-class _Unhashable(Exception):
-    pass
-
-
-class _NaN:
-    """The key of every NaN scalar argument (NaN != NaN would make a new entry per call)."""
-
-    def __repr__(self) -> str:
-        return "nan"
-
-
-_NAN = _NaN()
-
-
-class _TreeSig(tuple):
-    """The signature of a tuple, list or dict argument holding tensors: its elements'
-    signatures (the tensors are fed, not baked in)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        kind, items = self
-        if kind is dict or (isinstance(kind, type) and issubclass(kind, dict)):
-            body = ", ".join(f"{k!r}: {_sig_repr(s)}" for k, s in items)
-            return "{" + body + "}"
-        body = ", ".join(_sig_repr(s) for s in items)
-        return f"[{body}]" if issubclass(kind, list) else f"({body})"
-
-
-def _has_tensor(a: Any) -> bool:
-    if isinstance(a, Tensor):
-        return True
-    if isinstance(a, (tuple, list)):
-        return any(_has_tensor(e) for e in a)
-    if isinstance(a, dict):
-        return any(_has_tensor(e) for e in a.values())
-    return False
-
-
-def _arg_sig(a: Any) -> tuple:
-    """A tensor's signature is ``(shape, numpy dtype, requires_grad)``; any other argument's is
-    ``(type, value)`` (so 1, 1.0 and True differ; every NaN is the same). A tuple, list or dict
-    holding tensors is ``(type, _TreeSig)`` over its elements' signatures."""
-    if isinstance(a, Tensor):
-        d = a._data
-        if d is None:
-            raise _Unhashable("a trace tensor")
-        return (d.shape, d.dtype, a._requires_grad)
-    if isinstance(a, (tuple, list, dict)) and _has_tensor(a):
-        if isinstance(a, dict):
-            items = tuple([(k, _arg_sig(v)) for k, v in a.items()])
-        else:
-            items = tuple([_arg_sig(e) for e in a])
-        return (type(a), _TreeSig((type(a), items)))
-    if isinstance(a, (float, np.floating)) and a != a:
-        return (type(a), _NAN)
-    try:
-        hash(a)
-    except TypeError:
-        raise _Unhashable(type(a).__name__) from None
-    return (type(a), a)
-
-
-def _plain_key(args: tuple, d: dict, training: Any) -> tuple | None:
-    """``CompiledModule._key`` of a call whose arguments are all concrete tensors of the exact
-    Tensor class, without keyword arguments, in a wrapper whose parameter list and training
-    modes are current and not symbolic (``d`` is its ``__dict__``, ``training`` its
-    ``Bound.mode``); None for any other argument. Equal to ``_key`` wherever it is not None
-    (tests/compile/test_direct_hit.py checks it)."""
-    sig = []
-    any_rg = False
-    for a in args:
-        if type(a) is not Tensor:
-            return None
-        data = a._data
-        if data is None:
-            return None
-        rg = a._requires_grad
-        sig.append((data.shape, data.dtype, rg))
-        any_rg = any_rg or rg
-    grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in d["_params"]]))
-    return (tuple(sig), (), training, grad, d["_fingerprint"])
-
-
-def _sig_requires_grad(sig: tuple) -> bool:
-    if len(sig) == 3:
-        return bool(sig[2])
-    tree = sig[1]
-    if isinstance(tree, _TreeSig):
-        kind, items = tree
-        if isinstance(kind, type) and issubclass(kind, dict):
-            return any(_sig_requires_grad(s) for _, s in items)
-        return any(_sig_requires_grad(s) for s in items)
-    return False
 
 
 def _tensor_paths(obj: Any, path: tuple, out: list[tuple]) -> None:
@@ -530,65 +419,43 @@ class CompiledModule(Module):
         return params
 
     def _key(self, args: tuple, kwargs: dict, symbolic: bool = False) -> tuple:
-        """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored).
+        """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored),
+        after re-reading the parameter list and training modes when they may have changed.
 
-        With ``symbolic``, the tensor arguments' shared leading dim is None. This runs on every
-        call, so the common case (concrete tensors of the exact Tensor class) is inlined."""
+        With ``symbolic``, the tensor arguments' shared leading dim is None."""
         d = self.__dict__
-        sig = []
-        any_rg = False
-        for a in args:
-            data = a._data if type(a) is Tensor else None
-            if data is not None:
-                rg = a._requires_grad
-                sig.append((data.shape, data.dtype, rg))
-            else:
-                s = _arg_sig(a)
-                sig.append(s)
-                rg = _sig_requires_grad(s)
-            any_rg = any_rg or rg
-        sig = tuple(sig)
-        if symbolic:
-            sig = _symbolic_sig(sig)
-        kw = ()
-        if kwargs:
-            kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()]))
-            any_rg = any_rg or any([_sig_requires_grad(s) for _, s in kw])
         params = d["_params"]
         if params is None:
             params = self._param_list()
-        grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in params]))
         # Every module's mode, not just the model's (model.bn.eval() while training): re-read
         # only when some training flag was set since.
         bound = d["_bound"]
         training = bound.mode if bound.mode_version == MODE_VERSION[0] else bound.modes()
-        return (sig, kw, training, grad, d["_fingerprint"])
+        return cache_key(args, kwargs, params, training, d["_fingerprint"], symbolic)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         d = self.__dict__
         bound = d["_bound"]
-        key = None
-        if (
-            not kwargs
-            and bound.version == STRUCTURE_VERSION[0]
-            and bound.mode_version == MODE_VERSION[0]
-            and d["_params"] is not None
-            and not d["_symbolic"]
-        ):
-            # The common call (plain tensors, nothing moved since the last): ``_key`` inlined.
-            key = _plain_key(args, d, bound.mode)
-        if key is None:
-            if bound.version != STRUCTURE_VERSION[0]:
-                self._check_structure()
-            try:
+        try:
+            if (
+                bound.version == STRUCTURE_VERSION[0]
+                and bound.mode_version == MODE_VERSION[0]
+                and d["_params"] is not None
+                and not d["_symbolic"]
+            ):
+                # The common call (nothing moved since the last): ``_key`` without its checks.
+                key = cache_key(args, kwargs, d["_params"], bound.mode, d["_fingerprint"])
+            else:
+                if bound.version != STRUCTURE_VERSION[0]:
+                    self._check_structure()
                 key = self._key(args, kwargs)
                 if d["_symbolic"]:
                     key = self._symbolic_key(key, args, kwargs)
-            except _Unhashable:
-                key = None
-            if key is None:
-                # Outside the except block: an error of the model's own is not chained to ours.
-                return d["_model"](*args, **kwargs)
+        except _Unhashable:
+            key = None
+        if key is None:
+            # Outside the except block: an error of the model's own is not chained to ours.
+            return d["_model"](*args, **kwargs)
         # A hit is counted by its entry's n_hits (cache_info adds them to n_calls): no second
         # dict update hashing the key on the hot path.
         entry = d["_entries"].get(key)
@@ -924,7 +791,6 @@ class CompiledModule(Module):
         session = _pipeline.CompileSession(self._options.switches)
         if key[3]:  # grad mode
             # Outputs carry a grad_fn running a compiled backward (lucid.compile._grad_call).
-            from lucid.compile._grad_call import compile_grad_call
 
             entry = compile_grad_call(
                 self._model,
@@ -1301,31 +1167,6 @@ def _contiguous(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return a
 
     return _replace_tensors(args, c), _replace_tensors(kwargs, c)
-
-
-class _NotSymbolic(Exception):
-    """The graph cannot share one executable across batch sizes (served per shape instead)."""
-
-
-def _symbolic_sig(sig: tuple) -> tuple:
-    """``sig`` with the leading dim of every tensor argument set to None, when all tensor
-    arguments share one leading dim; else unchanged."""
-    leads = {s[0][0] if s[0] else -1 for s in sig if len(s) == 3}
-    if len(leads) != 1 or -1 in leads or None in leads:
-        return sig
-    return tuple((((None,) + s[0][1:]), s[1], s[2]) if len(s) == 3 else s for s in sig)
-
-
-def _is_symbolic(key: tuple) -> bool:
-    return any(len(s) == 3 and s[0] and s[0][0] is None for s in key[0])
-
-
-@functools.cache
-def _SYMBOLIC_SAFE_OPS() -> frozenset[str]:  # noqa: N802
-    from lucid.ops import REGISTRY
-    from lucid.ops._registry import SYMBOLIC_BATCH_SAFE
-
-    return frozenset(n for n, op in REGISTRY.items() if SYMBOLIC_BATCH_SAFE in op.props)
 
 
 class _SymbolicGraph:

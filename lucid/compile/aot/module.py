@@ -53,7 +53,8 @@ from lucid.compile.aot.file import (
     _sha256,
     _write,
 )
-from lucid.compile.api import CompiledModule, _at, _tensor_paths, _TreeSig
+from lucid.compile.api import CompiledModule, _at, _tensor_paths
+from lucid.compile.signature import _has_tensor, _TreeSig
 from lucid.compile.training.steps import FusedStep, TrainStep
 from lucid.ir import feed_roles, forward_func, parse_ir, print_ir, result_roles
 
@@ -94,16 +95,6 @@ def _arg_sig(a: Any) -> list:
     if isinstance(a, float) and a != a:
         return ["float", "nan"]
     return _scalar(a)
-
-
-def _has_tensor(a: Any) -> bool:
-    if isinstance(a, Tensor):
-        return True
-    if isinstance(a, (tuple, list)):
-        return any(_has_tensor(e) for e in a)
-    if isinstance(a, dict):
-        return any(_has_tensor(e) for e in a.values())
-    return False
 
 
 def _match_text(args_sig: list, kwargs_sig: list, training: bool) -> str:
