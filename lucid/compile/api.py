@@ -35,6 +35,7 @@ from lucid.compile._binding import (
     owner_modules,
 )
 from lucid.compile._grad_call import compile_grad_call
+from lucid.compile.entry import ForwardEntry, GradEntry
 from lucid.compile.signature import (
     _SYMBOLIC_SAFE_OPS,
     CacheKey,
@@ -88,63 +89,6 @@ def _replace_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
     if isinstance(obj, dict):
         return type(obj)((k, _replace_tensors(v, fn)) for k, v in obj.items())
     return obj
-
-
-@dataclass
-class _Entry:
-    """One cached signature: the executable and how to bind and unpack it."""
-
-    graph: Any  # _pipeline.CompiledGraph
-    bind: Callable[[tuple, dict], list]
-    finish: Callable[[tuple, dict, list], Any]
-    trace: Any
-    compile_ms: float
-    passes_ms: dict[str, float]
-    n_hits: int = 0
-    last_used: int = 0  # recency stamp for the entry LRU
-
-    def __post_init__(self) -> None:
-        # The executable's own run, without the CompiledGraph wrapper frame (hot path).
-        exe = getattr(self.graph, "executable", None)
-        self.run_graph = exe.run if exe is not None else self.graph.run
-        self._last_run_ms = 0.0
-        # The backend's direct call serving hits, when it has one (see ``serve_hits_with``).
-        self.direct = None
-
-    def serve_hits_with(self, direct: Any, rebuild: Callable[[list], Any] | None) -> None:
-        """Serve hits with ``direct`` (``direct(args, kwargs)`` returns the output Tensor, or
-        the list of output Tensors that ``rebuild`` turns into the model's return structure)."""
-        self.direct = direct
-        if rebuild is None:
-            self.hit = direct
-        else:
-
-            def hit(args: tuple, kwargs: dict) -> Any:
-                return rebuild(direct(args, kwargs))
-
-            self.hit = hit
-
-    @property
-    def last_run_ms(self) -> float:
-        """Wall time of the last run (ms), however it ran."""
-        return self.direct.last_run_ms if self.direct is not None else self._last_run_ms
-
-    @last_run_ms.setter
-    def last_run_ms(self, ms: float) -> None:
-        if self.direct is not None:
-            self.direct.last_run_ms = ms
-        else:
-            self._last_run_ms = ms
-
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
-        t0 = perf_counter()
-        out = self.finish(args, kwargs, self.run_graph(self.bind(args, kwargs)))
-        self.last_run_ms = (perf_counter() - t0) * 1e3
-        return out
-
-    # What a cache hit calls: ``hit(args, kwargs)``. ``serve_hits_with`` shadows it with the
-    # backend's direct call (binding, running and wrapping in one call) when there is one.
-    hit = __call__
 
 
 @dataclass
@@ -498,7 +442,7 @@ class CompiledModule(Module):
         bound parameters and buffers re-laid out (same objects, same values); non-contiguous
         inputs fed as contiguous copies whose in-place updates are written back to them."""
         ensure_c_layout(t for _, t in self._bound.tensors)
-        ensure_c_layout(getattr(entry, "captured_tensors", ()))
+        ensure_c_layout(entry.captured_tensors)
         swapped = []
         for a in _input_tensors(args, kwargs):
             data = a._data
@@ -586,7 +530,7 @@ class CompiledModule(Module):
         """Run ``entry`` and the model eagerly from the same state and compare every output
         (and buffer update). A mismatch returns the eager result, makes ``key`` eager-only
         with the reason and bisects to the culprit pass or lowering rule."""
-        if getattr(entry, "program", None) is not None:  # a grad-mode entry (GradEntry)
+        if isinstance(entry, GradEntry):
             return self._checked_grad(key, entry, args, kwargs)
         buffers = [t for _, t in self._bound.tensors if not t._requires_grad]
         saved = [np.array(t._data, copy=True) for t in buffers]
@@ -786,7 +730,7 @@ class CompiledModule(Module):
         logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
         return out
 
-    def _compile(self, key: CacheKey, args: tuple, kwargs: dict) -> _Entry:
+    def _compile(self, key: CacheKey, args: tuple, kwargs: dict) -> ForwardEntry | GradEntry:
         # Every pipeline of this compile gets the debugging switches (see CompileSession).
         session = _pipeline.CompileSession(self._options.switches)
         if key[3]:  # grad mode
@@ -878,7 +822,18 @@ class CompiledModule(Module):
             returns_tensor=isinstance(out, Tensor),
         )
         compile_ms = session.finish(repr(key), trace=trace, backend=self._options.backend)
-        entry = _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
+        entry = ForwardEntry(
+            graph,
+            bind,
+            finish,
+            trace,
+            compile_ms,
+            graph.passes_ms,
+            feed_roles=list(graph.feed_roles),
+            captured_tensors=list(captured.values()),
+            aot_output=(out, leaves, passthrough),
+            aot_captured=captured,
+        )
         if not symbolic and not passthrough and len(computed) == len(graph.result_roles):
             # Every result is an output (no buffer update, no input returned as itself): the
             # backend may serve hits in one direct call.
@@ -888,10 +843,6 @@ class CompiledModule(Module):
                 direct = _direct_call(self._options.backend, graph, *plan, single=single)
                 if direct is not None:
                     entry.serve_hits_with(direct, None if single else rebuild)
-        entry.feed_roles = list(graph.feed_roles)
-        entry.captured_tensors = list(captured.values())
-        # For save_compiled (lucid/compile/aot.py): the output structure and the bound feeds.
-        entry.aot_output, entry.aot_captured = (out, leaves, passthrough), captured
         return entry
 
     # --- introspection --------------------------------------------------------------------------
@@ -985,7 +936,7 @@ class CompiledModule(Module):
             )
         args, kwargs = _contiguous(args, kwargs)
         ensure_c_layout(t for _, t in self._bound.tensors)
-        ensure_c_layout(getattr(entry, "captured_tensors", ()))
+        ensure_c_layout(entry.captured_tensors)
         # Copies: in-place results (BatchNorm statistics, the RNG state) go to them, not the model.
         feeds = [np.array(f, copy=True) for f in entry.bind(args, kwargs)]
         lines = executable.dump().splitlines()[1:]

@@ -71,7 +71,6 @@ def _scalar(value: Any) -> list:
 
 
 def _write(path: str, manifest: dict, parts: dict, weights: dict) -> None:
-
     manifest_text = json.dumps(manifest, sort_keys=True, allow_nan=False)
     payload = {
         "format": FORMAT,
@@ -84,7 +83,6 @@ def _write(path: str, manifest: dict, parts: dict, weights: dict) -> None:
 
 
 def _backend_program_format(name: str) -> str | None:
-
     return getattr(_pipeline.backend_of(name), "program_format", None)
 
 
@@ -94,7 +92,6 @@ def _bad(path: str, problem: str) -> ValueError:
 
 
 def _read(path: str) -> tuple[dict, dict, dict]:
-
     try:
         obj = serialization.load(path)
     except ValueError as e:

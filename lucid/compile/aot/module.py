@@ -156,7 +156,6 @@ def _decode_output(node: Any, outs: list, args: tuple, kwargs: dict) -> Any:
 
 # --- save ----------------------------------------------------------------------------------------
 def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) -> dict:
-
     args_sig, kwargs_sig, training, grad, _ = key
     if isinstance(training, tuple):  # a loaded module knows one flag, not per-submodule modes
         raise _NotSaveable("its submodules were in mixed train/eval modes")
@@ -198,7 +197,6 @@ def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) 
 
 
 def _np_name(dt: Any) -> str:
-
     return np.dtype(_dtype.canonical(dt).numpy).name
 
 
@@ -278,7 +276,6 @@ def save_compiled(
 
 
 def _save_step(step: Any, path: str, include_weights: bool, scheduler: Any) -> bool:
-
     if not include_weights:
         raise ValueError(
             "save_compiled: a training step is saved with its weights and optimizer state "
@@ -525,7 +522,6 @@ class LoadedModule:
         return self._fallback(*args, **kwargs)
 
     def _bind(self, sig: _Signature, args: tuple, kwargs: dict) -> list[np.ndarray]:
-
         positions: list[tuple] = []
         _tensor_paths(args, (), positions)
         feeds = []

@@ -117,7 +117,6 @@ def _optimizer_classes() -> dict[str, type]:
 
 
 def _scheduler_classes() -> dict[str, type]:
-
     # LambdaLR holds functions: their code is not data, so it cannot be saved.
     return {
         name: cls
@@ -146,7 +145,6 @@ def _sig_json(sig: tuple) -> list:
 
 
 def _input_json(inputs: tuple) -> list:
-
     out = []
     for a in inputs:
         if isinstance(a, Tensor):
@@ -370,7 +368,6 @@ class LoadedStep:
             return self._step(x, *extra)
 
     def _step(self, x: Any, *extra: Any) -> Tensor:
-
         inputs = (x, *extra)
         _, entry = self._entry_for(inputs)
         view = self._view
@@ -434,7 +431,7 @@ class LoadedStep:
                 {
                     "key": e.saved_key,
                     "compile_ms": ms,
-                    "last_run_ms": getattr(e, "last_run_ms", 0.0),
+                    "last_run_ms": e.last_run_ms,
                     "n_runs": e.n_runs,
                     "passes_ms": {stage: ms},
                     "load_ms": ms,

@@ -52,6 +52,7 @@ from lucid.compile._binding import (
     name_feeds,
 )
 from lucid.compile.api import CompileError
+from lucid.compile.entry import StepEntry, _Slot
 from lucid.compile.training.builder import (
     GradClip,
     TrainingModule,
@@ -78,15 +79,6 @@ __all__ = [
 # Errors that mean "the compiler cannot do this" (as opposed to the user's model or loss
 # rejecting its inputs, which surface unchanged, exactly as eager would raise them).
 _COMPILER_ERRORS = (GraphBreak, _pipeline.Unsupported, PassFailure, NotImplementedError)
-
-
-class _Slot:
-    """A mutable holder with the ``_data`` attribute feeds are read from (scalars, RNG)."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data: np.ndarray):
-        self._data = data
 
 
 class _GradRef:
@@ -152,7 +144,7 @@ def _compile_step(
 
 def _entry_of(
     compiled: _Compiled, *, inplace: bool, extra_refs: dict[str, Any] | None = None
-) -> _Entry:
+) -> StepEntry:
     return _make_entry(
         compiled.tm,
         compiled.executable,
@@ -244,80 +236,6 @@ def _contiguous_inputs(inputs: tuple) -> tuple:
 # ---------------------------------------------------------------------------------------------
 # One compiled entry: executable + binding plan
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class _Entry:
-    """One compiled training step for one signature, with its feed and result plans."""
-
-    executable: Any
-    feed_roles: list[str]
-    result_roles: list[str]
-    refs: list[Any]  # one object with ``_data`` per feed (None at input positions)
-    input_pos: list[tuple[int, int]]  # (feed index, index among the step's tensor inputs)
-    scalar_slots: dict[str, _Slot]
-    scalar_plan: list[tuple[np.ndarray, int, Tensor | None, str]]
-    rng_slot: _Slot | None
-    loss_index: int | None
-    grad_index: list[tuple[int, Tensor]]
-    updated: list[Tensor]  # tensors the run writes in place (their versions are bumped)
-    commits: list[tuple[int, Any]]  # (result index, target) when not in place
-    inplace: bool
-    compile_ms: float
-    first_scalars: dict[str, float] | None = None
-    scalar_last: list | None = None
-    created_state: dict | None = None
-    n_runs: int = 0
-    tm: Any = None
-    last_used: int = 0  # recency stamp for the entry LRU
-    passes_ms: dict[str, float] | None = None  # time of each compile stage (timing())
-    last_run_ms: float = 0.0
-
-    def set_scalars(self, values: dict[str, float]) -> None:
-        for role, v in values.items():
-            self.scalar_slots[role]._data[()] = v
-        # What refresh compares against (Python floats: cheaper than reading the 0-d arrays).
-        self.scalar_last = [None] * len(self.scalar_plan)
-
-    def run(self, tensor_inputs: Sequence[Tensor]) -> list:
-        feeds = [r._data if r is not None else None for r in self.refs]
-        for fi, ii in self.input_pos:
-            feeds[fi] = tensor_inputs[ii]._data
-        rng = self.rng_slot
-        if rng is not None:
-            rng._data = _random.get_rng_state()._data
-            feeds[self._rng_index] = rng._data
-        t0 = time.perf_counter()
-        results = self.executable.run(feeds)
-        self.last_run_ms = (time.perf_counter() - t0) * 1e3
-        self.n_runs += 1
-        return results
-
-    def feed_copies(self, tensor_inputs: Sequence[Tensor]) -> list[np.ndarray]:
-        """Copies of the arrays ``run`` would feed (for ``profile``: in-place results go to
-        them, not to the model)."""
-        feeds = [r._data if r is not None else None for r in self.refs]
-        for fi, ii in self.input_pos:
-            feeds[fi] = tensor_inputs[ii]._data
-        if self.rng_slot is not None:
-            feeds[self._rng_index] = _random.get_rng_state()._data
-        return [np.array(f, order="C", copy=True) for f in feeds]
-
-    _rng_index: int = -1
-
-    def after_success(self, results: list) -> None:
-        """Commit the non-in-place results, bump versions, advance the RNG."""
-        for i, target in self.commits:
-            if target == "rng":
-                continue
-            np.copyto(target._data, results[i])
-        for t in self.updated:
-            t._version[0] += 1
-        if self.rng_slot is not None:
-            _random.set_rng_state(
-                self.rng_slot._data if self.inplace else self._rng_result(results)
-            )
-
-    def _rng_result(self, results: list) -> np.ndarray:
-        return results[self.result_roles.index("update:rng")]
 
 
 def _make_entry(
@@ -328,7 +246,7 @@ def _make_entry(
     compile_ms: float,
     extra_refs: dict[str, Any] | None = None,
     passes_ms: dict[str, float] | None = None,
-) -> _Entry:
+) -> StepEntry:
     refs: list[Any] = []
     input_pos: list[tuple[int, int]] = []
     scalar_slots: dict[str, _Slot] = {}
@@ -391,7 +309,7 @@ def _make_entry(
             updated.append(target)
             if not inplace:
                 commits.append((ri, target))
-    entry = _Entry(
+    entry = StepEntry(
         executable=executable,
         feed_roles=list(tm.feed_roles),
         result_roles=list(tm.result_roles),
@@ -409,12 +327,12 @@ def _make_entry(
         first_scalars=dict(tm.scalars),
         tm=tm,
         passes_ms=passes_ms,
+        rng_index=rng_index,
     )
-    entry._rng_index = rng_index
     return entry
 
 
-def _run_checked(entry: _Entry, tensor_inputs: Sequence[Tensor], what: str) -> list:
+def _run_checked(entry: StepEntry, tensor_inputs: Sequence[Tensor], what: str) -> list:
     try:
         return entry.run(tensor_inputs)
     except (TypeError, ValueError) as e:
@@ -479,7 +397,7 @@ class _OptimizerView:
             ]
         )
 
-    def refresh(self, entry: _Entry, scalars: list[dict | None]) -> None:
+    def refresh(self, entry: StepEntry, scalars: list[dict | None]) -> None:
         opt = self.opt
         last = entry.scalar_last
         if last is None:
@@ -535,7 +453,7 @@ class _StepOptions:
         self.eager_only: LRU = LRU(max_entries())
         self.parity: list[dict[str, Any]] = []
 
-    def wants(self, entry: _Entry) -> bool:
+    def wants(self, entry: StepEntry) -> bool:
         """Whether this run of ``entry`` is compared with eager."""
         mode = self.mode
         return mode == "always" or (mode == "first" and entry.n_runs == 0)
@@ -544,7 +462,7 @@ class _StepOptions:
         self,
         owner: Any,
         key: tuple,
-        entry: _Entry,
+        entry: StepEntry,
         bad: str,
         feeds: dict[str, np.ndarray],
         reference: dict[str, np.ndarray],
@@ -595,7 +513,7 @@ def _restore(tensors: list[Tensor], saved: list[np.ndarray]) -> None:
         np.copyto(t._data, data)
 
 
-def _result_values(entry: _Entry, loss: np.ndarray) -> dict[str, np.ndarray]:
+def _result_values(entry: StepEntry, loss: np.ndarray) -> dict[str, np.ndarray]:
     """The loss and the current value of every tensor the step updates, by result role."""
     out = {"output:0": np.array(loss, copy=True)}
     for role in entry.result_roles:
@@ -608,14 +526,14 @@ def _result_values(entry: _Entry, loss: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def _grad_roles(entry: _Entry, grads: list[tuple[Tensor, np.ndarray]]) -> list[tuple[str, Any]]:
+def _grad_roles(entry: StepEntry, grads: list[tuple[Tensor, np.ndarray]]) -> list[tuple[str, Any]]:
     """``(grad:param:<name>, gradient)`` of ``grads`` (in ``entry.grad_index`` order)."""
     return [
         (entry.result_roles[ri], g) for (ri, _), (_, g) in zip(entry.grad_index, grads, strict=True)
     ]
 
 
-def _feed_values(entry: _Entry, inputs: tuple) -> dict[str, np.ndarray]:
+def _feed_values(entry: StepEntry, inputs: tuple) -> dict[str, np.ndarray]:
     """A copy of every feed of ``entry`` as the next run would read it, by role."""
     tensors = [a for a in inputs if isinstance(a, Tensor)]
     out: dict[str, np.ndarray] = {}
@@ -681,7 +599,7 @@ class _StepIntrospection:
             for k, e in self._entries.items()
         ]
 
-    def _entry(self, key: Any) -> _Entry:
+    def _entry(self, key: Any) -> StepEntry:
         entries = self._entries
         if not entries:
             raise KeyError(
@@ -726,7 +644,7 @@ class _StepIntrospection:
         _pipeline.lower(module, target)
         return print_ir(module) if stage == "prim" else target.stage_ir(module)
 
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         raise NotImplementedError  # each step finds (or compiles) the entry its inputs use
 
     @_one_call_at_a_time
@@ -795,7 +713,7 @@ class TrainStep(_StepIntrospection):
             tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
         )
 
-    def _build(self, key: tuple, inputs: tuple) -> _Entry:
+    def _build(self, key: tuple, inputs: tuple) -> StepEntry:
         check_settings(self.backend)
         self._recompiles.note(key, list(self._entries), logger)
         opts = self._opts
@@ -819,7 +737,7 @@ class TrainStep(_StepIntrospection):
         self._entries.put(key, entry)
         return entry
 
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
         key = self._key(inputs)
@@ -850,8 +768,8 @@ class TrainStep(_StepIntrospection):
         return self._compiled_run(key, entry, inputs)[1:]
 
     def _compiled_run(
-        self, key: tuple, entry: _Entry, inputs: tuple
-    ) -> tuple[_Entry, np.ndarray, list[tuple[Tensor, np.ndarray]]]:
+        self, key: tuple, entry: StepEntry, inputs: tuple
+    ) -> tuple[StepEntry, np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         try:
             res = _run_checked(entry, tensors, "make_step")
@@ -870,7 +788,7 @@ class TrainStep(_StepIntrospection):
         return loss, [(p, g) for p, g in zip(trained, grads, strict=True) if g is not None]
 
     def _checked_run(
-        self, key: tuple, entry: _Entry, inputs: tuple
+        self, key: tuple, entry: StepEntry, inputs: tuple
     ) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         """The compiled step, then an eager one from the same state (buffers, RNG), compared
         by role: loss, gradients, buffer updates. A mismatch returns eager's, leaves the
@@ -1087,7 +1005,7 @@ class FusedStep(_StepIntrospection):
             tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
         )
 
-    def _build(self, inputs: tuple) -> tuple[tuple, _Entry]:
+    def _build(self, inputs: tuple) -> tuple[tuple, StepEntry]:
         check_settings(self.backend)
         snap = self._view.snapshot()
         try:
@@ -1124,7 +1042,7 @@ class FusedStep(_StepIntrospection):
         self._entries.put(key, entry)
         return key, entry
 
-    def _first_run_failed(self, key: tuple, entry: _Entry) -> None:
+    def _first_run_failed(self, key: tuple, entry: StepEntry) -> None:
         """A new entry whose first step failed: forget it and the optimizer state its build
         created, so the optimizer looks exactly as before the call (eager or compiled)."""
         if (
@@ -1165,8 +1083,8 @@ class FusedStep(_StepIntrospection):
         return self._run_step(key, entry, inputs, scalars)[2]
 
     def _run_step(
-        self, key: tuple, entry: _Entry, inputs: tuple, scalars: list
-    ) -> tuple[tuple, _Entry, Tensor]:
+        self, key: tuple, entry: StepEntry, inputs: tuple, scalars: list
+    ) -> tuple[tuple, StepEntry, Tensor]:
         """Run ``entry`` (rebuilt once if a feed changed dtype or layout): (key, entry, loss)."""
         view = self._view
         if entry.n_runs == 0 and entry.first_scalars is not None:
@@ -1237,7 +1155,7 @@ class FusedStep(_StepIntrospection):
         self._view.find_reps()
         return Tensor._wrap(loss)
 
-    def _checked_step(self, key: tuple, entry: _Entry, inputs: tuple, scalars: list) -> Tensor:
+    def _checked_step(self, key: tuple, entry: StepEntry, inputs: tuple, scalars: list) -> Tensor:
         """The compiled step, then an eager one (forward, backward, the optimizer's own
         ``step``) from the same parameters, optimizer state, buffers and RNG, compared by role.
         The eager step's values stay (the compiled ones agree within the tolerance, or are
@@ -1303,7 +1221,7 @@ class FusedStep(_StepIntrospection):
             **self._opts.info(),
         }
 
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
         view = self._view
@@ -1419,7 +1337,7 @@ class CompiledOptimizerStep(_StepIntrospection):
     def _key(self, scalars: list, params: list) -> tuple:
         return (self._view.statics(scalars), tuple([p._grad is not None for p in params]))
 
-    def _build(self) -> tuple[tuple, _Entry]:
+    def _build(self) -> tuple[tuple, StepEntry]:
         check_settings(self.backend)
         opt = self.optimizer
         snap = self._view.snapshot()
@@ -1498,7 +1416,7 @@ class CompiledOptimizerStep(_StepIntrospection):
             self._run_step(key, entry, scalars)
         return loss
 
-    def _run_step(self, key: tuple, entry: _Entry, scalars: list) -> tuple[tuple, _Entry]:
+    def _run_step(self, key: tuple, entry: StepEntry, scalars: list) -> tuple[tuple, StepEntry]:
         view = self._view
         if entry.n_runs == 0 and entry.first_scalars is not None:
             entry.set_scalars(entry.first_scalars)
@@ -1546,7 +1464,7 @@ class CompiledOptimizerStep(_StepIntrospection):
                 self.grad_norm = clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type)
         type(opt).step(opt)
 
-    def _checked_step(self, key: tuple, entry: _Entry, scalars: list) -> None:
+    def _checked_step(self, key: tuple, entry: StepEntry, scalars: list) -> None:
         """The compiled update, then the optimizer's own eager ``step`` from the same
         parameters, state and gradients, compared by role (``update:param:<g>.<i>``,
         ``update:state:...``); the eager values stay; a mismatch makes ``key`` eager-only."""
@@ -1584,7 +1502,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         if bad is not None:
             self._opts.mismatch(self, key, entry, bad, feeds, want)
 
-    def _update_values(self, entry: _Entry) -> dict[str, np.ndarray]:
+    def _update_values(self, entry: StepEntry) -> dict[str, np.ndarray]:
         """The updates by role, and the total gradient norm (``output:0``) when clipping."""
         values = _result_values(entry, np.zeros(()))
         del values["output:0"]
@@ -1604,7 +1522,7 @@ class CompiledOptimizerStep(_StepIntrospection):
             **self._opts.info(),
         }
 
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         if inputs:
             raise TypeError("profile: a compiled optimizer step takes no inputs")
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
