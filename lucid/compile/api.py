@@ -46,6 +46,7 @@ from lucid.compile.signature import (
     _Unhashable,
     cache_key,
 )
+from lucid.compile.training.steps import make_step
 from lucid.nn.modules.module import Module
 from lucid.trace._tracing import GraphBreak, _tracing
 
@@ -985,8 +986,6 @@ class CompiledModule(Module):
         steps = self.__dict__["_steps"]
         fn = steps.get(loss_fn)
         if fn is None:
-            from lucid.compile import make_step
-
             # The wrapper's options and parity checking apply to its training steps too.
             fn = make_step(
                 self._model,

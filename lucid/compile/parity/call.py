@@ -30,11 +30,12 @@ import numpy as np
 from lucid._dispatch import _run_eager
 from lucid._tensor import Tensor
 from lucid.compile.parity.compare import Culprit, compare
-from lucid.ir import forward_func, import_trace, interpret, print_ir
+from lucid.ir import forward_func, import_trace, interpret, print_ir, result_roles
 from lucid.ir.importer import feed_roles
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.ops import REGISTRY
 from lucid.passes import PassManager, parse_pipeline_spec
+from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 
 __all__ = ["bisect"]
 
@@ -44,8 +45,6 @@ def _outputs(results: list, roles: list[str]) -> list:
 
 
 def _result_roles(module: Any) -> list[str]:
-    from lucid.ir import result_roles
-
     return result_roles(forward_func(module))
 
 
@@ -116,8 +115,6 @@ def bisect(
 def _bisect_lowering(trace: Any, feeds: dict[str, np.ndarray], tol: tuple) -> Culprit | None:
     """Each op of the trace alone, lowered and run by the prim interpreter, against its eager
     kernel on the values the eager run gives it."""
-    from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
-
     env: dict[int, Tensor] = {}
     for f in trace.feeds:
         env[f.value.id] = Tensor._wrap(np.asarray(feeds[f.role]))
@@ -161,8 +158,6 @@ def _bisect_lowering(trace: Any, feeds: dict[str, np.ndarray], tol: tuple) -> Cu
 
 def _feed_of(v: Any, env: dict, feeds: list, values: dict) -> Any:
     """Make each Value operand of a one-op trace a feed holding its eager value."""
-    from lucid.trace._trace import Feed, Value
-
     if isinstance(v, Value):
         role = f"input:{len(feeds)}"
         feeds.append(Feed(v, role))

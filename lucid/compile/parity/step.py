@@ -35,6 +35,7 @@ from lucid.ir.dialect import constant_value
 from lucid.ir.importer import feed_roles, forward_func, result_roles
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.passes import PassManager, parse_pipeline_spec
+from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 
 __all__ = ["bisect_step", "compare_roles", "eager_gradients", "eager_optimizer_step"]
 
@@ -247,8 +248,6 @@ def _lowered_alone(
 ) -> str | None:
     """None when op ``name`` alone, lowered and run by the prim interpreter on ``grouped``
     (its operands: tensors, scalars, lists of them), gives ``outs``; else what differs."""
-    from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
-
     feeds: list[Feed] = []
     values: dict[str, np.ndarray] = {}
 

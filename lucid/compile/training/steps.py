@@ -51,7 +51,7 @@ from lucid.compile._binding import (
     max_entries,
     name_feeds,
 )
-from lucid.compile.api import CompileError
+from lucid.compile._pipeline import CompileError
 from lucid.compile.entry import StepEntry, _Slot
 from lucid.compile.training.builder import (
     GradClip,
