@@ -29,7 +29,7 @@ import numpy as np
 
 from lucid._dispatch import _run_eager
 from lucid._tensor import Tensor
-from lucid.compile.parity.compare import Culprit, compare
+from lucid.compile.parity.compare import Culprit, backend_culprit, compare
 from lucid.ir import forward_func, import_trace, interpret, print_ir, result_roles
 from lucid.ir.importer import feed_roles
 from lucid.ir.prim_interpreter import interpret_prim
@@ -101,13 +101,7 @@ def bisect(
         culprit.pass_name = "lower-to-prim"
         _write_repro(culprit, trace, feeds, optimized, prim, "lower-to-prim", folder)
         return culprit
-    culprit = Culprit(
-        "backend",
-        None,
-        None,
-        f"the prim interpreter agrees with eager: the {getattr(backend, 'name', backend)!r} "
-        "backend's passes or code generation differ",
-    )
+    culprit = backend_culprit(backend)
     _write_repro(culprit, trace, feeds, optimized, prim, "lower-to-prim", folder)
     return culprit
 

@@ -15,7 +15,15 @@ import numpy as np
 
 from lucid._tensor import Tensor
 
-__all__ = ["DEFAULT_TOLERANCE", "MODES", "Culprit", "check_mode", "compare", "tolerance"]
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "MODES",
+    "Culprit",
+    "backend_culprit",
+    "check_mode",
+    "compare",
+    "tolerance",
+]
 
 MODES = ("first", "always")
 DEFAULT_TOLERANCE = (1e-4, 1e-5)  # (rtol, atol) for float32; scaled by the output's magnitude
@@ -93,3 +101,15 @@ class Culprit:
         op = f", op {self.op}" if self.op else ""
         folder = f"; repro written to {self.folder}" if self.folder else ""
         return f"{where}{op}: {self.detail}{folder}"
+
+
+def backend_culprit(backend: Any) -> Culprit:
+    """The culprit when the ``prim`` interpreter agrees with eager: the backend's own passes or
+    code generation."""
+    return Culprit(
+        "backend",
+        None,
+        None,
+        f"the prim interpreter agrees with eager: the {getattr(backend, 'name', backend)!r} "
+        "backend's passes or code generation differ",
+    )

@@ -29,7 +29,7 @@ import lucid
 from lucid._dispatch import _run_eager
 from lucid._tensor import Tensor
 from lucid.compile.parity import call as _call
-from lucid.compile.parity.compare import Culprit, compare
+from lucid.compile.parity.compare import Culprit, backend_culprit, compare
 from lucid.ir import ConstantOp, LucidOp, import_trace, interpret
 from lucid.ir.dialect import constant_value
 from lucid.ir.importer import feed_roles, forward_func, result_roles
@@ -198,13 +198,7 @@ def bisect_step(
         culprit.pass_name = "lower-to-prim"
         _call._write_repro(culprit, trace, feeds, module, prim, "lower-to-prim", folder)
         return culprit
-    culprit = Culprit(
-        "backend",
-        None,
-        None,
-        f"the prim interpreter agrees with eager: the {getattr(backend, 'name', backend)!r} "
-        "backend's passes or code generation differ",
-    )
+    culprit = backend_culprit(backend)
     _call._write_repro(culprit, trace, feeds, module, prim, "lower-to-prim", folder)
     return culprit
 
