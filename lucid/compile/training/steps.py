@@ -581,7 +581,25 @@ class _StepIntrospection:
     _what = "training step"
     _entries: LRU
     _lock: threading.RLock
+    _opts: _StepOptions
+    _recompiles: Any = None  # the recompile log, for the steps that keep one
     backend: str
+
+    def cache_info(self) -> dict[str, Any]:
+        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
+        ``recompiles`` (why each new signature compiled; not for ``compile_optimizer``),
+        ``eager_only`` and ``reasons`` (the signatures a parity check took off the compiler,
+        and why) and ``parity`` (each mismatch: key, what differed, the bisected culprit)."""
+        info: dict[str, Any] = {
+            "entries": len(self._entries),
+            "max_entries": self._entries.cap,
+            "evictions": self._entries.evictions,
+            "keys": tuple(self._entries),
+            "compile_ms": [e.compile_ms for e in self._entries.values()],
+        }
+        if self._recompiles is not None:
+            info["recompiles"] = [dict(r) for r in self._recompiles.history]
+        return {**info, **self._opts.info()}
 
     def timing(self) -> list[dict[str, Any]]:
         """One row per compiled signature: ``key``, ``compile_ms``, ``last_run_ms`` (the
@@ -823,21 +841,6 @@ class TrainStep(_StepIntrospection):
         if _state.grad_enabled and grads:
             _attach_grads(loss, grads)
         return loss
-
-    def cache_info(self) -> dict[str, Any]:
-        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
-        ``recompiles`` (why each new signature compiled), ``eager_only`` and ``reasons`` (the
-        signatures a parity check took off the compiler, and why) and ``parity`` (each
-        mismatch: key, what differed, the bisected culprit)."""
-        return {
-            "entries": len(self._entries),
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "compile_ms": [e.compile_ms for e in self._entries.values()],
-            "recompiles": [dict(r) for r in self._recompiles.history],
-            **self._opts.info(),
-        }
 
 
 def _attach_grads(loss: Tensor, grads: list[tuple[Tensor, np.ndarray]]) -> None:
@@ -1208,19 +1211,6 @@ class FusedStep(_StepIntrospection):
         self._opts.mismatch(self, key, entry, bad, feeds, reference)
         return Tensor._wrap(loss_e)
 
-    def cache_info(self) -> dict[str, Any]:
-        """As ``TrainStep.cache_info``: ``entries``, ``keys``, ``compile_ms`` per entry,
-        ``recompiles``, ``eager_only``, ``reasons`` and ``parity``."""
-        return {
-            "entries": len(self._entries),
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "compile_ms": [e.compile_ms for e in self._entries.values()],
-            "recompiles": [dict(r) for r in self._recompiles.history],
-            **self._opts.info(),
-        }
-
     def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
@@ -1509,18 +1499,6 @@ class CompiledOptimizerStep(_StepIntrospection):
         if entry.tm.grad_norm_index is not None and self.grad_norm is not None:
             values["output:0"] = np.array(self.grad_norm._data, copy=True)
         return values
-
-    def cache_info(self) -> dict[str, Any]:
-        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
-        ``eager_only``, ``reasons`` and ``parity`` (see ``check=``)."""
-        return {
-            "entries": len(self._entries),
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "compile_ms": [e.compile_ms for e in self._entries.values()],
-            **self._opts.info(),
-        }
 
     def _profile_entry(self, inputs: tuple) -> StepEntry:
         if inputs:
