@@ -4,6 +4,7 @@ made of, computed once per call by ``cache_key``.
 A tensor's signature is ``(shape, numpy dtype, requires_grad)``; any other argument's is
 ``(type, value)``; a tuple, list or dict holding tensors is ``(type, _TreeSig)`` over its
 elements' signatures. With a symbolic batch the tensors' shared leading dim is None.
+A training step keys its inputs with ``step_input_sig``: ``(shape, numpy dtype)`` per tensor.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from lucid._state import state
 from lucid._tensor import Tensor
 from lucid.compile._binding import mode_repr
 
-__all__ = ["CacheKey", "cache_key"]
+__all__ = ["CacheKey", "cache_key", "step_input_sig"]
 
 
 class CacheKey(tuple):
@@ -174,3 +175,32 @@ def cache_key(
         any_rg = any_rg or any([_sig_requires_grad(s) for _, s in kw])
     grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in params]))
     return (sig, kw, training, grad, fingerprint)
+
+
+def step_input_sig(inputs: tuple) -> tuple:
+    """A training step's key of its inputs: ``(shape, numpy dtype)`` per tensor (a step's
+    gradients are always taken), ``(type, value)`` per other input."""
+    try:  # the hot path: every input a concrete tensor
+        return tuple([(a._data.shape, a._data.dtype) for a in inputs])
+    except AttributeError:
+        return _input_sig_slow(inputs)
+
+
+def _input_sig_slow(inputs: tuple) -> tuple:
+    sig = []
+    for a in inputs:
+        if isinstance(a, Tensor):
+            d = a._data
+            if d is None:
+                raise TypeError("a training step cannot take a trace tensor as input")
+            sig.append((d.shape, d.dtype))
+        else:
+            try:
+                hash(a)
+            except TypeError:
+                raise TypeError(
+                    f"a training step's non-tensor inputs must be hashable (they are baked into "
+                    f"the compiled step), got {type(a).__name__}"
+                ) from None
+            sig.append((type(a), a))
+    return tuple(sig)

@@ -129,7 +129,7 @@ def _scheduler_classes() -> dict[str, type]:
 
 # --- save --------------------------------------------------------------------------------------
 def _sig_json(sig: tuple) -> list:
-    """The JSON form of a step key's input signature (``training._input_sig``)."""
+    """The JSON form of a step key's input signature (``signature.step_input_sig``)."""
 
     out = []
     for item in sig:

@@ -53,6 +53,7 @@ from lucid.compile._binding import (
 )
 from lucid.compile._pipeline import CompileError
 from lucid.compile.entry import StepEntry, _Slot
+from lucid.compile.signature import step_input_sig
 from lucid.compile.training.builder import (
     GradClip,
     TrainingModule,
@@ -165,33 +166,6 @@ _FUSE_LIMIT_ELEMENTS = 1 << 16
 
 def _fuse_updates(params: Any) -> bool:
     return sum(int(np.prod(p.shape)) for p in params) <= _FUSE_LIMIT_ELEMENTS
-
-
-def _input_sig(inputs: tuple) -> tuple:
-    try:  # the hot path: every input a concrete tensor
-        return tuple([(a._data.shape, a._data.dtype) for a in inputs])
-    except AttributeError:
-        return _input_sig_slow(inputs)
-
-
-def _input_sig_slow(inputs: tuple) -> tuple:
-    sig = []
-    for a in inputs:
-        if isinstance(a, Tensor):
-            d = a._data
-            if d is None:
-                raise TypeError("a training step cannot take a trace tensor as input")
-            sig.append((d.shape, d.dtype))
-        else:
-            try:
-                hash(a)
-            except TypeError:
-                raise TypeError(
-                    f"a training step's non-tensor inputs must be hashable (they are baked into "
-                    f"the compiled step), got {type(a).__name__}"
-                ) from None
-            sig.append((type(a), a))
-    return tuple(sig)
 
 
 def _describe(inputs: tuple) -> str:
@@ -726,7 +700,7 @@ class TrainStep(_StepIntrospection):
 
     def _key(self, inputs: tuple) -> tuple:
         return (
-            _input_sig(inputs),
+            step_input_sig(inputs),
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
         )
@@ -1002,7 +976,7 @@ class FusedStep(_StepIntrospection):
 
     def _key(self, inputs: tuple, scalars: list) -> tuple:
         return (
-            _input_sig(inputs),
+            step_input_sig(inputs),
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             self._view.statics(scalars),
             tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
