@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from lucid._tensor import Tensor
+from lucid.compile import _disk_cache
 from lucid.nn.modules.module import MODE_VERSION, STRUCTURE_VERSION, Module
 
 __all__ = [
@@ -264,8 +265,6 @@ def check_settings(backend: str) -> None:
 
     get_backend(backend).check_settings()
     max_entries()
-    from lucid.compile import _disk_cache
-
     if _disk_cache.enabled():
         _disk_cache.max_bytes()  # LUCID_COMPILE_DISK_CACHE_MAX_MB
     if os.environ.get("LUCID_COMPILE_DEBUG", "").strip().lower() in ("", "0", "false", "no", "off"):

@@ -22,18 +22,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
-from lucid import _random
-from lucid._autograd import Node
-from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.compile import _pipeline, _pytree
-from lucid.compile._binding import LRU, max_entries, name_feeds
+from lucid.compile._binding import LRU, max_entries
 from lucid.compile.diagnose import check_vjp_coverage
+from lucid.compile.entry import GradEntry, GradProgram
+from lucid.compile.signature import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
-from lucid.ops._registry import OpDef
 from lucid.passes import PassFailure, PassManager, parse_pipeline_spec
 from lucid.passes._graph import append_results, block_of, erase_args, keep_results, set_arg_roles
 from lucid.passes.vjp import VJP
@@ -118,159 +114,6 @@ def _erase_unused_args(fn: x.func.FuncOp) -> None:
     erase_args(fn, [i for i, a in enumerate(block_of(fn).args) if not a.uses])
 
 
-class _Program:
-    """The compiled forward and backward of one concrete shape, with their feed plans."""
-
-    def __init__(self, **kw: Any):
-        self.__dict__.update(kw)
-
-
-class GradEntry:
-    """An entry of ``CompiledModule``'s cache for grad mode: ``entry(args, kwargs)`` runs the
-    compiled forward and returns outputs whose ``grad_fn`` runs the compiled backward.
-
-    A symbolic-batch entry (``symbolic``) holds one trace for every batch size; the program of a
-    batch size is made on first sight (``shape-specialize`` then ``vjp``, no retrace) and kept."""
-
-    def __init__(self, **kw: Any):
-        self.__dict__.update(kw)
-        self.n_hits = 0
-        self.last_run_ms = 0.0
-
-    def _program_for(self, args: tuple) -> _Program:
-        if not self.symbolic:
-            return self.program
-        batch = args[self.tensor_pos[0]].shape[0]
-        prog = self.by_batch.get(batch)
-        if prog is None:
-            prog = self.build(batch)
-            self.by_batch.put(batch, prog)
-        return prog
-
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
-        t0 = time.perf_counter()
-        prog = self._program_for(args) if self.symbolic else self.program
-        tensor_args = [args[i] for i in self.tensor_pos]
-        feeds = []
-        rng = rng_before = None
-        for kind, ref in prog.fwd_plan:
-            if kind == "input":
-                feeds.append(tensor_args[ref]._data)
-            elif kind == "kw":
-                feeds.append(kwargs[ref]._data)
-            elif kind == "rng":
-                rng = _random.get_rng_state()._data
-                feeds.append(rng)
-                # The runtime advances ``rng`` in place; the backward (dropout's mask) needs the
-                # state the forward drew from.
-                rng_before = rng.copy()
-            else:
-                feeds.append(ref._data)
-        try:
-            res = prog.fwd.run(feeds)
-        except (TypeError, ValueError) as e:
-            raise _pipeline.FeedMismatch(name_feeds(str(e), prog.fwd.feed_roles)) from e
-        outs: list[Any] = [None] * self.n_leaves
-        residuals: list[np.ndarray] = []
-        for i, (kind, ref) in enumerate(prog.fwd_results):
-            if kind == "output":
-                outs[ref] = Tensor._wrap(res[i])
-            elif kind == "rng":
-                _random.set_rng_state(rng)
-            elif kind == "update":
-                ref._version[0] += 1
-            else:
-                residuals.append(res[i])
-        wrt = [
-            tensor_args[ref] if kind == "input" else kwargs[ref] if kind == "kw" else ref
-            for kind, ref in prog.wrt
-        ]
-        if _state.grad_enabled and any(t._requires_grad for t in wrt):
-            self._attach(prog, outs, wrt, tensor_args, kwargs, residuals, rng_before)
-        if self.passthrough:
-            outs = self._with_passthrough(outs, tensor_args, kwargs)
-        result = self.rebuild(outs)
-        self.last_run_ms = (time.perf_counter() - t0) * 1e3
-        return result
-
-    hit = __call__  # what CompiledModule calls on a cache hit
-
-    def _with_passthrough(self, outs: list, tensor_args: list, kwargs: dict) -> list:
-        """Every output leaf in order: the computed ones, and the inputs returned unchanged as
-        the very objects passed in."""
-        computed = iter(outs)
-        leaves = []
-        for j in range(len(outs) + len(self.passthrough)):
-            kind, ref = self.passthrough.get(j, (None, None))
-            if kind is None:
-                leaves.append(next(computed))
-            else:
-                leaves.append(tensor_args[ref] if kind == "input" else kwargs[ref])
-        return leaves
-
-    def _attach(
-        self,
-        prog: _Program,
-        outs: list,
-        wrt: list,
-        tensor_args: list,
-        kwargs: dict,
-        residuals: list,
-        rng_before: Any,
-    ) -> None:
-        bwd, bwd_plan, cot_dtypes = prog.bwd, prog.bwd_plan, self.cot_dtypes
-        saved = [
-            tensor_args[ref] if kind == "input" else kwargs[ref] if kind == "kw" else ref
-            for kind, ref in bwd_plan
-            if kind in ("input", "kw", "tensor")
-        ]
-        kw_tensors = dict(kwargs)
-
-        def vjp(ctx, *gouts):
-            if _state.tracer is not None or _state.grad_enabled:
-                raise RuntimeError(
-                    "create_graph=True (higher-order gradients) or tracing the backward through "
-                    "a compiled call is not supported: run the model eagerly for those"
-                )
-            feeds = []
-            for kind, ref in bwd_plan:
-                if kind == "residual":
-                    feeds.append(residuals[ref])
-                elif kind == "cot":
-                    g = gouts[ref]
-                    # np.ascontiguousarray would make a 0-d cotangent (a scalar loss) 1-d.
-                    feeds.append(np.asarray(g._data, dtype=cot_dtypes[ref], order="C"))
-                elif kind == "rng":
-                    feeds.append(rng_before)
-                else:
-                    feeds.append(_feed_tensor(kind, ref, tensor_args, kw_tensors)._data)
-            grads = bwd.run(feeds)
-            return [Tensor._wrap(g) for g in grads]
-
-        op = OpDef(
-            name="CompiledCall",
-            operands=tuple(f"x{i}" for i in range(len(wrt))),
-            infer=lambda *a: None,
-            kernel=lambda *a: None,
-            vjp=vjp,
-            n_outputs=len(outs),
-            saves_inputs=False,
-            saves_outputs=False,
-        )
-        Node.attach(op, tuple(wrt), {}, outs)
-        node = next((t._node for t in outs if t._node is not None), None)
-        if node is not None:
-            node.versions = [(t, t._version[0]) for t in saved]
-
-
-def _feed_tensor(kind: str, ref: Any, tensor_args: list, kwargs: dict) -> Tensor:
-    if kind == "input":
-        return tensor_args[ref]
-    if kind == "kw":
-        return kwargs[ref]
-    return ref
-
-
 def compile_grad_call(
     model: Any,
     args: tuple,
@@ -283,12 +126,10 @@ def compile_grad_call(
     """Trace, differentiate, split and compile ``model(*args, **kwargs)`` for grad mode.
     Tensor keyword arguments are fed (role ``input:<name>``) and get gradients like positional
     ones. With ``symbolic`` the positional tensors' shared leading dim is traced as a symbolic
-    batch (``api._NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
+    batch (``_NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
     for what this path does not handle. ``session`` carries the debugging switches and collects
     the time of each stage (graph passes with ``vjp``; ``forward:``/``backward:`` lowering)."""
     first_session = session or _pipeline.CompileSession(getattr(options, "switches", None))
-    from lucid.compile.api import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
-
     if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
         raise _pipeline.Unsupported("tensors inside a container argument in grad mode")
     if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
@@ -363,7 +204,7 @@ def compile_grad_call(
             return t._requires_grad
         return False
 
-    def build(batch: int | None, session: _pipeline.CompileSession | None = None) -> _Program:
+    def build(batch: int | None, session: _pipeline.CompileSession | None = None) -> GradProgram:
         # A later batch size of a symbolic entry is a compile of its own (switches apply again).
         _pipeline.check_value_sizes(trace, batch)
         session = session or _pipeline.CompileSession(getattr(options, "switches", None))
@@ -416,7 +257,7 @@ def compile_grad_call(
 
 def _compile_split(
     module: x.ModuleOp, captured: dict, options: Any, session: _pipeline.CompileSession
-) -> _Program:
+) -> GradProgram:
     """Split a differentiated module and compile both halves on the backend (each its own
     pipeline of ``session``: ``forward-lowering`` and ``backward-lowering``)."""
     with session.timed("split"):
@@ -459,7 +300,7 @@ def _compile_split(
     if any(k == "rng" for k, _ in bwd_plan) and not any(k == "rng" for k, _ in fwd_plan):
         raise _pipeline.Unsupported("the backward reads an RNG state the forward does not")
     grad_roles = [r[len("grad:") :] for r in result_roles(bwd_fn)]
-    return _Program(
+    return GradProgram(
         fwd=_pipeline.CompiledGraph(fwd_exe, feed_roles(fwd_fn), result_roles(fwd_fn), {}),
         bwd=bwd_exe,
         fwd_plan=fwd_plan,

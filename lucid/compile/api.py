@@ -8,7 +8,6 @@ reason kept in ``cache_info()["reasons"]`` and one warning on the ``lucid.compil
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import threading
@@ -21,9 +20,8 @@ from typing import Any
 import numpy as np
 
 from lucid import _random
-from lucid._state import state
 from lucid._tensor import Tensor
-from lucid.compile import _parity, _pipeline, _pytree, _recompile
+from lucid.compile import _pipeline, _pytree, _recompile, parity
 from lucid.compile._binding import (
     LRU,
     MODE_VERSION,
@@ -33,10 +31,22 @@ from lucid.compile._binding import (
     check_settings,
     ensure_c_layout,
     max_entries,
-    mode_repr,
     name_feeds,
     owner_modules,
 )
+from lucid.compile._grad_call import compile_grad_call
+from lucid.compile.entry import ForwardEntry, GradEntry
+from lucid.compile.signature import (
+    _SYMBOLIC_SAFE_OPS,
+    CacheKey,
+    _has_tensor,
+    _is_symbolic,
+    _NotSymbolic,
+    _symbolic_sig,
+    _Unhashable,
+    cache_key,
+)
+from lucid.compile.training.steps import make_step
 from lucid.nn.modules.module import Module
 from lucid.trace._tracing import GraphBreak, _tracing
 
@@ -48,125 +58,6 @@ __all__ = ["CacheKey", "CompileError", "CompiledModule", "compile"]
 
 
 CompileError = _pipeline.CompileError
-
-
-class CacheKey(tuple):
-    """What a compiled executable is specialised on: the tensor arguments' shapes, dtypes and
-    ``requires_grad``, the values of the other arguments, keyword names, the training modes
-    (the model's flag, or ``(flag, names of submodules in the other mode)`` when they differ),
-    whether gradients are needed, and the parameters' dtypes."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        args, kwargs, training, grad, params = self
-        parts = [_sig_repr(a) for a in args] + [f"{k}={_sig_repr(v)}" for k, v in kwargs]
-        mode = mode_repr(training)
-        return f"CacheKey(({', '.join(parts)}), {mode}{', grad' if grad else ''})"
-
-
-def _sig_repr(sig: tuple) -> str:
-    if len(sig) == 3:
-        shape, dt, rg = sig
-        dims = "x".join("?" if d is None else str(d) for d in shape)
-        return f"tensor<{dims}x{np.dtype(dt).name}>{'+grad' if rg else ''}"
-    return repr(sig[1])
-
-
-class _Unhashable(Exception):
-    pass
-
-
-class _NaN:
-    """The key of every NaN scalar argument (NaN != NaN would make a new entry per call)."""
-
-    def __repr__(self) -> str:
-        return "nan"
-
-
-_NAN = _NaN()
-
-
-class _TreeSig(tuple):
-    """The signature of a tuple, list or dict argument holding tensors: its elements'
-    signatures (the tensors are fed, not baked in)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        kind, items = self
-        if kind is dict or (isinstance(kind, type) and issubclass(kind, dict)):
-            body = ", ".join(f"{k!r}: {_sig_repr(s)}" for k, s in items)
-            return "{" + body + "}"
-        body = ", ".join(_sig_repr(s) for s in items)
-        return f"[{body}]" if issubclass(kind, list) else f"({body})"
-
-
-def _has_tensor(a: Any) -> bool:
-    if isinstance(a, Tensor):
-        return True
-    if isinstance(a, (tuple, list)):
-        return any(_has_tensor(e) for e in a)
-    if isinstance(a, dict):
-        return any(_has_tensor(e) for e in a.values())
-    return False
-
-
-def _arg_sig(a: Any) -> tuple:
-    """A tensor's signature is ``(shape, numpy dtype, requires_grad)``; any other argument's is
-    ``(type, value)`` (so 1, 1.0 and True differ; every NaN is the same). A tuple, list or dict
-    holding tensors is ``(type, _TreeSig)`` over its elements' signatures."""
-    if isinstance(a, Tensor):
-        d = a._data
-        if d is None:
-            raise _Unhashable("a trace tensor")
-        return (d.shape, d.dtype, a._requires_grad)
-    if isinstance(a, (tuple, list, dict)) and _has_tensor(a):
-        if isinstance(a, dict):
-            items = tuple([(k, _arg_sig(v)) for k, v in a.items()])
-        else:
-            items = tuple([_arg_sig(e) for e in a])
-        return (type(a), _TreeSig((type(a), items)))
-    if isinstance(a, (float, np.floating)) and a != a:
-        return (type(a), _NAN)
-    try:
-        hash(a)
-    except TypeError:
-        raise _Unhashable(type(a).__name__) from None
-    return (type(a), a)
-
-
-def _plain_key(args: tuple, d: dict, training: Any) -> tuple | None:
-    """``CompiledModule._key`` of a call whose arguments are all concrete tensors of the exact
-    Tensor class, without keyword arguments, in a wrapper whose parameter list and training
-    modes are current and not symbolic (``d`` is its ``__dict__``, ``training`` its
-    ``Bound.mode``); None for any other argument. Equal to ``_key`` wherever it is not None
-    (tests/compile/test_direct_hit.py checks it)."""
-    sig = []
-    any_rg = False
-    for a in args:
-        if type(a) is not Tensor:
-            return None
-        data = a._data
-        if data is None:
-            return None
-        rg = a._requires_grad
-        sig.append((data.shape, data.dtype, rg))
-        any_rg = any_rg or rg
-    grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in d["_params"]]))
-    return (tuple(sig), (), training, grad, d["_fingerprint"])
-
-
-def _sig_requires_grad(sig: tuple) -> bool:
-    if len(sig) == 3:
-        return bool(sig[2])
-    tree = sig[1]
-    if isinstance(tree, _TreeSig):
-        kind, items = tree
-        if isinstance(kind, type) and issubclass(kind, dict):
-            return any(_sig_requires_grad(s) for _, s in items)
-        return any(_sig_requires_grad(s) for s in items)
-    return False
 
 
 def _tensor_paths(obj: Any, path: tuple, out: list[tuple]) -> None:
@@ -199,63 +90,6 @@ def _replace_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
     if isinstance(obj, dict):
         return type(obj)((k, _replace_tensors(v, fn)) for k, v in obj.items())
     return obj
-
-
-@dataclass
-class _Entry:
-    """One cached signature: the executable and how to bind and unpack it."""
-
-    graph: Any  # _pipeline.CompiledGraph
-    bind: Callable[[tuple, dict], list]
-    finish: Callable[[tuple, dict, list], Any]
-    trace: Any
-    compile_ms: float
-    passes_ms: dict[str, float]
-    n_hits: int = 0
-    last_used: int = 0  # recency stamp for the entry LRU
-
-    def __post_init__(self) -> None:
-        # The executable's own run, without the CompiledGraph wrapper frame (hot path).
-        exe = getattr(self.graph, "executable", None)
-        self.run_graph = exe.run if exe is not None else self.graph.run
-        self._last_run_ms = 0.0
-        # The backend's direct call serving hits, when it has one (see ``serve_hits_with``).
-        self.direct = None
-
-    def serve_hits_with(self, direct: Any, rebuild: Callable[[list], Any] | None) -> None:
-        """Serve hits with ``direct`` (``direct(args, kwargs)`` returns the output Tensor, or
-        the list of output Tensors that ``rebuild`` turns into the model's return structure)."""
-        self.direct = direct
-        if rebuild is None:
-            self.hit = direct
-        else:
-
-            def hit(args: tuple, kwargs: dict) -> Any:
-                return rebuild(direct(args, kwargs))
-
-            self.hit = hit
-
-    @property
-    def last_run_ms(self) -> float:
-        """Wall time of the last run (ms), however it ran."""
-        return self.direct.last_run_ms if self.direct is not None else self._last_run_ms
-
-    @last_run_ms.setter
-    def last_run_ms(self, ms: float) -> None:
-        if self.direct is not None:
-            self.direct.last_run_ms = ms
-        else:
-            self._last_run_ms = ms
-
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
-        t0 = perf_counter()
-        out = self.finish(args, kwargs, self.run_graph(self.bind(args, kwargs)))
-        self.last_run_ms = (perf_counter() - t0) * 1e3
-        return out
-
-    # What a cache hit calls: ``hit(args, kwargs)``. ``serve_hits_with`` shadows it with the
-    # backend's direct call (binding, running and wrapping in one call) when there is one.
-    hit = __call__
 
 
 @dataclass
@@ -323,9 +157,9 @@ class CompiledModule(Module):
             switches=switches,
         )
         self.__dict__["_raw_options"] = options  # passed on to step()'s make_step
-        # Parity checking (see _parity.py): None, "first" or "always"; (rtol, atol).
-        self.__dict__["_check"] = _parity.check_mode(check)
-        self.__dict__["_check_tol"] = _parity.tolerance(check_tolerance)
+        # Parity checking (see the parity package): None, "first" or "always"; (rtol, atol).
+        self.__dict__["_check"] = parity.check_mode(check)
+        self.__dict__["_check_tol"] = parity.tolerance(check_tolerance)
         self.__dict__["_parity"] = []
         if mode not in ("default", "auto"):
             raise ValueError(f"lucid.compile: mode must be 'default' or 'auto', got {mode!r}")
@@ -530,65 +364,43 @@ class CompiledModule(Module):
         return params
 
     def _key(self, args: tuple, kwargs: dict, symbolic: bool = False) -> tuple:
-        """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored).
+        """The cache key as a plain tuple (hashes and compares like the ``CacheKey`` stored),
+        after re-reading the parameter list and training modes when they may have changed.
 
-        With ``symbolic``, the tensor arguments' shared leading dim is None. This runs on every
-        call, so the common case (concrete tensors of the exact Tensor class) is inlined."""
+        With ``symbolic``, the tensor arguments' shared leading dim is None."""
         d = self.__dict__
-        sig = []
-        any_rg = False
-        for a in args:
-            data = a._data if type(a) is Tensor else None
-            if data is not None:
-                rg = a._requires_grad
-                sig.append((data.shape, data.dtype, rg))
-            else:
-                s = _arg_sig(a)
-                sig.append(s)
-                rg = _sig_requires_grad(s)
-            any_rg = any_rg or rg
-        sig = tuple(sig)
-        if symbolic:
-            sig = _symbolic_sig(sig)
-        kw = ()
-        if kwargs:
-            kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()]))
-            any_rg = any_rg or any([_sig_requires_grad(s) for _, s in kw])
         params = d["_params"]
         if params is None:
             params = self._param_list()
-        grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in params]))
         # Every module's mode, not just the model's (model.bn.eval() while training): re-read
         # only when some training flag was set since.
         bound = d["_bound"]
         training = bound.mode if bound.mode_version == MODE_VERSION[0] else bound.modes()
-        return (sig, kw, training, grad, d["_fingerprint"])
+        return cache_key(args, kwargs, params, training, d["_fingerprint"], symbolic)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         d = self.__dict__
         bound = d["_bound"]
-        key = None
-        if (
-            not kwargs
-            and bound.version == STRUCTURE_VERSION[0]
-            and bound.mode_version == MODE_VERSION[0]
-            and d["_params"] is not None
-            and not d["_symbolic"]
-        ):
-            # The common call (plain tensors, nothing moved since the last): ``_key`` inlined.
-            key = _plain_key(args, d, bound.mode)
-        if key is None:
-            if bound.version != STRUCTURE_VERSION[0]:
-                self._check_structure()
-            try:
+        try:
+            if (
+                bound.version == STRUCTURE_VERSION[0]
+                and bound.mode_version == MODE_VERSION[0]
+                and d["_params"] is not None
+                and not d["_symbolic"]
+            ):
+                # The common call (nothing moved since the last): ``_key`` without its checks.
+                key = cache_key(args, kwargs, d["_params"], bound.mode, d["_fingerprint"])
+            else:
+                if bound.version != STRUCTURE_VERSION[0]:
+                    self._check_structure()
                 key = self._key(args, kwargs)
                 if d["_symbolic"]:
                     key = self._symbolic_key(key, args, kwargs)
-            except _Unhashable:
-                key = None
-            if key is None:
-                # Outside the except block: an error of the model's own is not chained to ours.
-                return d["_model"](*args, **kwargs)
+        except _Unhashable:
+            key = None
+        if key is None:
+            # Outside the except block: an error of the model's own is not chained to ours.
+            return d["_model"](*args, **kwargs)
         # A hit is counted by its entry's n_hits (cache_info adds them to n_calls): no second
         # dict update hashing the key on the hot path.
         entry = d["_entries"].get(key)
@@ -631,7 +443,7 @@ class CompiledModule(Module):
         bound parameters and buffers re-laid out (same objects, same values); non-contiguous
         inputs fed as contiguous copies whose in-place updates are written back to them."""
         ensure_c_layout(t for _, t in self._bound.tensors)
-        ensure_c_layout(getattr(entry, "captured_tensors", ()))
+        ensure_c_layout(entry.captured_tensors)
         swapped = []
         for a in _input_tensors(args, kwargs):
             data = a._data
@@ -719,7 +531,7 @@ class CompiledModule(Module):
         """Run ``entry`` and the model eagerly from the same state and compare every output
         (and buffer update). A mismatch returns the eager result, makes ``key`` eager-only
         with the reason and bisects to the culprit pass or lowering rule."""
-        if getattr(entry, "program", None) is not None:  # a grad-mode entry (GradEntry)
+        if isinstance(entry, GradEntry):
             return self._checked_grad(key, entry, args, kwargs)
         buffers = [t for _, t in self._bound.tensors if not t._requires_grad]
         saved = [np.array(t._data, copy=True) for t in buffers]
@@ -740,15 +552,15 @@ class CompiledModule(Module):
         _random.set_rng_state(Tensor._wrap(rng))
         eager = self._model(*args, **kwargs)
         tol = self._check_tol
-        bad = _parity.compare(got, _leaf_arrays(eager), tol)
+        bad = parity.compare(got, _leaf_arrays(eager), tol)
         if bad is None:
-            bad = _parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
+            bad = parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
         if bad is None:
             return out
         culprit = None
         if feeds is not None:
             try:
-                culprit = _parity.bisect(
+                culprit = parity.bisect(
                     entry.trace,
                     dict(zip(roles, feeds, strict=True)),
                     pipeline=self._options.pipeline or _pipeline.GRAPH_PIPELINE,
@@ -799,9 +611,9 @@ class CompiledModule(Module):
         _pytree.flatten(eager, leaves_e)
         got = [t for t in leaves_c if isinstance(t, Tensor)]
         want = [t for t in leaves_e if isinstance(t, Tensor)]
-        bad = _parity.compare([t._data for t in got], [t._data for t in want], tol)
+        bad = parity.compare([t._data for t in got], [t._data for t in want], tol)
         if bad is None:
-            bad = _parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
+            bad = parity.compare(got_buffers, [t._data for t in buffers], tol, "buffer")
         # Seeded cotangents (never the global RNG): one per floating output, as the trace's.
         gen = np.random.default_rng(0)
         cots = {
@@ -831,7 +643,7 @@ class CompiledModule(Module):
                     continue
                 g = np.zeros_like(w) if g is None else g  # an unused input: zero gradient
                 w = np.zeros_like(g) if w is None else w
-                bad = _parity.compare([g], [w], tol, f"gradient of {role}")
+                bad = parity.compare([g], [w], tol, f"gradient of {role}")
                 if bad is not None:
                     bad = bad.replace(f"gradient of {role} 0:", f"gradient of {role}:", 1)
                     break
@@ -839,8 +651,6 @@ class CompiledModule(Module):
             return out
         culprit = None
         try:
-            from lucid.compile._step_parity import bisect_step
-
             feeds: dict[str, np.ndarray] = {}
             for f in entry.trace.feeds:
                 role = f.role
@@ -855,7 +665,7 @@ class CompiledModule(Module):
             for role, w in zip(prog.grad_roles, want_grads, strict=True):
                 if w is not None:
                     reference[f"grad:{role}"] = w
-            culprit = bisect_step(
+            culprit = parity.bisect_step(
                 entry.trace,
                 prog.pipeline,
                 feeds,
@@ -921,12 +731,11 @@ class CompiledModule(Module):
         logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
         return out
 
-    def _compile(self, key: CacheKey, args: tuple, kwargs: dict) -> _Entry:
+    def _compile(self, key: CacheKey, args: tuple, kwargs: dict) -> ForwardEntry | GradEntry:
         # Every pipeline of this compile gets the debugging switches (see CompileSession).
         session = _pipeline.CompileSession(self._options.switches)
         if key[3]:  # grad mode
             # Outputs carry a grad_fn running a compiled backward (lucid.compile._grad_call).
-            from lucid.compile._grad_call import compile_grad_call
 
             entry = compile_grad_call(
                 self._model,
@@ -1014,7 +823,18 @@ class CompiledModule(Module):
             returns_tensor=isinstance(out, Tensor),
         )
         compile_ms = session.finish(repr(key), trace=trace, backend=self._options.backend)
-        entry = _Entry(graph, bind, finish, trace, compile_ms, graph.passes_ms)
+        entry = ForwardEntry(
+            graph,
+            bind,
+            finish,
+            trace,
+            compile_ms,
+            graph.passes_ms,
+            feed_roles=list(graph.feed_roles),
+            captured_tensors=list(captured.values()),
+            aot_output=(out, leaves, passthrough),
+            aot_captured=captured,
+        )
         if not symbolic and not passthrough and len(computed) == len(graph.result_roles):
             # Every result is an output (no buffer update, no input returned as itself): the
             # backend may serve hits in one direct call.
@@ -1024,10 +844,6 @@ class CompiledModule(Module):
                 direct = _direct_call(self._options.backend, graph, *plan, single=single)
                 if direct is not None:
                     entry.serve_hits_with(direct, None if single else rebuild)
-        entry.feed_roles = list(graph.feed_roles)
-        entry.captured_tensors = list(captured.values())
-        # For save_compiled (lucid/compile/aot.py): the output structure and the bound feeds.
-        entry.aot_output, entry.aot_captured = (out, leaves, passthrough), captured
         return entry
 
     # --- introspection --------------------------------------------------------------------------
@@ -1121,7 +937,7 @@ class CompiledModule(Module):
             )
         args, kwargs = _contiguous(args, kwargs)
         ensure_c_layout(t for _, t in self._bound.tensors)
-        ensure_c_layout(getattr(entry, "captured_tensors", ()))
+        ensure_c_layout(entry.captured_tensors)
         # Copies: in-place results (BatchNorm statistics, the RNG state) go to them, not the model.
         feeds = [np.array(f, copy=True) for f in entry.bind(args, kwargs)]
         lines = executable.dump().splitlines()[1:]
@@ -1170,8 +986,6 @@ class CompiledModule(Module):
         steps = self.__dict__["_steps"]
         fn = steps.get(loss_fn)
         if fn is None:
-            from lucid.compile import make_step
-
             # The wrapper's options and parity checking apply to its training steps too.
             fn = make_step(
                 self._model,
@@ -1303,31 +1117,6 @@ def _contiguous(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return a
 
     return _replace_tensors(args, c), _replace_tensors(kwargs, c)
-
-
-class _NotSymbolic(Exception):
-    """The graph cannot share one executable across batch sizes (served per shape instead)."""
-
-
-def _symbolic_sig(sig: tuple) -> tuple:
-    """``sig`` with the leading dim of every tensor argument set to None, when all tensor
-    arguments share one leading dim; else unchanged."""
-    leads = {s[0][0] if s[0] else -1 for s in sig if len(s) == 3}
-    if len(leads) != 1 or -1 in leads or None in leads:
-        return sig
-    return tuple((((None,) + s[0][1:]), s[1], s[2]) if len(s) == 3 else s for s in sig)
-
-
-def _is_symbolic(key: tuple) -> bool:
-    return any(len(s) == 3 and s[0] and s[0][0] is None for s in key[0])
-
-
-@functools.cache
-def _SYMBOLIC_SAFE_OPS() -> frozenset[str]:  # noqa: N802
-    from lucid.ops import REGISTRY
-    from lucid.ops._registry import SYMBOLIC_BATCH_SAFE
-
-    return frozenset(n for n, op in REGISTRY.items() if SYMBOLIC_BATCH_SAFE in op.props)
 
 
 class _SymbolicGraph:

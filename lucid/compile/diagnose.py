@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lucid._tensor import Tensor
-from lucid.compile._pipeline import CompileError
+from lucid.compile._pipeline import CompileError, resolve_backend
 from lucid.ops._registry import GRAD_SINK, REGISTRY, SYMBOLIC_BATCH_SAFE
 from lucid.trace._tracing import GraphBreak, _tracing
 
@@ -220,7 +220,6 @@ def _backends(backend: str | None) -> dict[str, Any]:
     registry), or every backend available on this machine plus those whose refusal holds
     without running them (their column says "(not available here)")."""
     from lucid.backends import get_backend, reporting_backends
-    from lucid.compile._pipeline import resolve_backend
 
     if backend is not None:
         name = resolve_backend(backend)

@@ -13,8 +13,8 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid._dispatch import apply
 from lucid.compile import DiagnosisReport, OpInfo, diagnose
-from lucid.compile._training import build_training_module
 from lucid.compile.diagnose import VJPCoverageError
+from lucid.compile.training.builder import build_training_module
 from lucid.ops._registry import GRAD_SINK, REGISTRY, SYMBOLIC_BATCH_SAFE, AVal, OpDef, register
 
 

@@ -12,6 +12,7 @@ import lucid
 import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid.compile import api
+from lucid.compile.signature import cache_key
 
 
 class Tiny(nn.Module):
@@ -241,7 +242,7 @@ def test_auto_mode_times_both_paths_then_serves_directly(tiny):
 
 @pytest.mark.parametrize("grad_enabled", [True, False])
 @pytest.mark.parametrize("mode", ["train", "eval", "mixed"])
-def test_the_inlined_key_is_the_key(grad_enabled, mode):
+def test_the_hit_path_key_is_the_key(grad_enabled, mode):
     lucid.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.Linear(4, 2))
     cm = lucid.compile(model)
@@ -259,15 +260,25 @@ def test_the_inlined_key_is_the_key(grad_enabled, mode):
         (randn(3, 4), randn(2)),
         (),
     ]
+
+    # What the hit path computes (no re-read of parameters or modes) is what ``_key`` computes.
+    def hit_key(args, kwargs):
+        return cache_key(args, kwargs, d["_params"], training, d["_fingerprint"])
+
     with lucid.set_grad_enabled(grad_enabled):
         for args in calls:
-            assert api._plain_key(args, d, training) == cm._key(args, {})
+            assert hit_key(args, {}) == cm._key(args, {})
         model[0].weight.requires_grad_(False)
         model[2].weight.requires_grad_(False)
-        assert api._plain_key(calls[0], d, training) == cm._key(calls[0], {})
-        # Anything but plain tensors takes the full key.
-        for args in [(nn.Parameter(lucid.ones(3, 4)),), (randn(3, 4), 2), ([randn(3, 4)],)]:
-            assert api._plain_key(args, d, training) is None
+        assert hit_key(calls[0], {}) == cm._key(calls[0], {})
+        others = [(nn.Parameter(lucid.ones(3, 4)),), (randn(3, 4), 2), ([randn(3, 4)],)]
+        for args in others:
+            assert hit_key(args, {}) == cm._key(args, {})
+        assert hit_key(calls[0], {"scale": 2.0}) == cm._key(calls[0], {"scale": 2.0})
+        # A Parameter argument keys like a plain tensor of its shape, dtype and requires_grad.
+        p = nn.Parameter(lucid.ones(3, 4))
+        plain = lucid.ones(3, 4).requires_grad_(True)
+        assert hit_key((p,), {}) == hit_key((plain,), {})
 
 
 def test_argument_errors_of_the_direct_call_are_those_of_a_bound_method():

@@ -20,7 +20,7 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import optim
 from lucid.compile import compile_optimizer, fused_step
-from lucid.compile._training import build_training_module
+from lucid.compile.training.builder import build_training_module
 from lucid.nn.utils import clip_grad_norm_, clip_grad_value_
 
 _spec = importlib.util.spec_from_file_location(
@@ -296,7 +296,7 @@ def test_bad_clipping_options_are_clear_errors(kwargs, error, match):
 def test_norm_is_a_second_result_and_clipping_feeds_the_fused_update():
     model = _model(lucid.float64)
     opt = optim.Adam(model.parameters(), lr=0.1)
-    from lucid.compile._training import GradClip
+    from lucid.compile.training.builder import GradClip
 
     tm = build_training_module(
         model, F.mse_loss, _data(lucid.float64), optimizer=opt, grad_clip=GradClip(1.0)

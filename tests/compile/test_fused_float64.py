@@ -14,7 +14,7 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import optim
 from lucid.compile import compile_optimizer, fused_step
-from lucid.compile._training import build_training_module
+from lucid.compile.training.builder import build_training_module
 from lucid.optim.lr_scheduler import ExponentialLR, LambdaLR
 
 OPTIMIZERS = {

@@ -13,7 +13,7 @@ import pytest
 import lucid
 import lucid.nn as nn
 import lucid.nn.functional as F
-from lucid.compile._grad_call import GradEntry
+from lucid.compile.entry import GradEntry
 from lucid.ir import feed_roles, forward_func, result_roles
 
 _spec = importlib.util.spec_from_file_location(

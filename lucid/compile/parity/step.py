@@ -14,7 +14,8 @@ On a mismatch the bisection works on the training module's own pipeline (``vjp``
    (backward and optimizer ops too), each op alone lowered against its eager kernel;
 4. otherwise the backend is named.
 
-The repro folder is ``_parity``'s (trace JSON, feeds, IR before and after, a ``lucid-opt`` line).
+The repro folder is ``parity.call``'s (trace JSON, feeds, IR before and after, a ``lucid-opt``
+line).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ import numpy as np
 import lucid
 from lucid._dispatch import _run_eager
 from lucid._tensor import Tensor
-from lucid.compile import _parity
-from lucid.compile._parity import Culprit, compare
+from lucid.compile.parity import call as _call
+from lucid.compile.parity.compare import Culprit, backend_culprit, compare
 from lucid.ir import ConstantOp, LucidOp, import_trace, interpret
 from lucid.ir.dialect import constant_value
 from lucid.ir.importer import feed_roles, forward_func, result_roles
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.passes import PassManager, parse_pipeline_spec
+from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 
 __all__ = ["bisect_step", "compare_roles", "eager_gradients", "eager_optimizer_step"]
 
@@ -141,7 +143,7 @@ def _changed_ops(before: Any, after: Any) -> str:
         changed = sorted({new[0] for old, new in zip(b, a, strict=True) if old != new})
         if changed:
             return "rewritten in place: " + ", ".join(changed)
-    return _parity._changed_ops(before, after)
+    return _call._changed_ops(before, after)
 
 
 def _repro_spec(spec: str) -> str:
@@ -173,7 +175,7 @@ def bisect_step(
             None,
             f"the traced step already differs from eager (before any pass): {bad}",
         )
-        _parity._write_repro(culprit, trace, feeds, module, module.clone(), "", folder)
+        _call._write_repro(culprit, trace, feeds, module, module.clone(), "", folder)
         return culprit
     for p in parse_pipeline_spec(pipeline):
         before = module.clone()
@@ -182,28 +184,22 @@ def bisect_step(
         if bad:
             culprit = Culprit("pass", p.name, _changed_ops(before, module), bad)
             spec = _repro_spec(str(p.spec()))
-            _parity._write_repro(culprit, trace, feeds, before, module, spec, folder)
+            _call._write_repro(culprit, trace, feeds, before, module, spec, folder)
             return culprit
     prim = module.clone()
     PassManager("lower-to-prim").run(prim)
     bad = _stage_check(prim, feeds, reference, tol, interpret_prim)
     if bad:
         culprit = (
-            _parity._bisect_lowering(trace, feeds, tol)
+            _call._bisect_lowering(trace, feeds, tol)
             or _bisect_lowering_ir(module, feeds, tol)
             or Culprit("lowering", None, None, f"the whole step differs: {bad}")
         )
         culprit.pass_name = "lower-to-prim"
-        _parity._write_repro(culprit, trace, feeds, module, prim, "lower-to-prim", folder)
+        _call._write_repro(culprit, trace, feeds, module, prim, "lower-to-prim", folder)
         return culprit
-    culprit = Culprit(
-        "backend",
-        None,
-        None,
-        f"the prim interpreter agrees with eager: the {getattr(backend, 'name', backend)!r} "
-        "backend's passes or code generation differ",
-    )
-    _parity._write_repro(culprit, trace, feeds, module, prim, "lower-to-prim", folder)
+    culprit = backend_culprit(backend)
+    _call._write_repro(culprit, trace, feeds, module, prim, "lower-to-prim", folder)
     return culprit
 
 
@@ -246,8 +242,6 @@ def _lowered_alone(
 ) -> str | None:
     """None when op ``name`` alone, lowered and run by the prim interpreter on ``grouped``
     (its operands: tensors, scalars, lists of them), gives ``outs``; else what differs."""
-    from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
-
     feeds: list[Feed] = []
     values: dict[str, np.ndarray] = {}
 

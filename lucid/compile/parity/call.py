@@ -1,4 +1,5 @@
-"""Parity checking (``lucid.compile(model, check="first"|"always")``): a compiled call also runs
+"""Parity checking of compiled calls (``lucid.compile(model, check="first"|"always")``): a
+compiled call also runs
 eagerly and the outputs are compared; on a mismatch the signature becomes eager-only and the
 culprit is bisected.
 
@@ -22,97 +23,21 @@ import os
 import re
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lucid._dispatch import _run_eager
 from lucid._tensor import Tensor
-from lucid.ir import forward_func, import_trace, interpret, print_ir
+from lucid.compile.parity.compare import Culprit, backend_culprit, compare
+from lucid.ir import forward_func, import_trace, interpret, print_ir, result_roles
 from lucid.ir.importer import feed_roles
 from lucid.ir.prim_interpreter import interpret_prim
 from lucid.ops import REGISTRY
 from lucid.passes import PassManager, parse_pipeline_spec
+from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 
-__all__ = ["Culprit", "bisect", "check_mode", "compare", "tolerance"]
-
-MODES = ("first", "always")
-DEFAULT_TOLERANCE = (1e-4, 1e-5)  # (rtol, atol) for float32; scaled by the output's magnitude
-
-
-def check_mode(value: str | None) -> str | None:
-    """The ``check=`` argument, or ``LUCID_COMPILE_CHECK`` when it is None; None: no checking."""
-    if value is None:
-        value = os.environ.get("LUCID_COMPILE_CHECK", "").strip().lower() or None
-        if value in ("0", "off", "false", "no"):
-            value = None
-    if value is not None and value not in MODES:
-        raise ValueError(f"lucid.compile: check must be one of {MODES} or None, got {value!r}")
-    return value
-
-
-def tolerance(value: Any) -> tuple[float, float]:
-    """``check_tolerance=(rtol, atol)``; default ``DEFAULT_TOLERANCE``."""
-    if value is None:
-        return DEFAULT_TOLERANCE
-    try:
-        rtol, atol = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"lucid.compile: check_tolerance must be (rtol, atol), got {value!r}"
-        ) from None
-    if rtol < 0 or atol < 0:
-        raise ValueError(f"lucid.compile: check_tolerance must be non-negative, got {value!r}")
-    return rtol, atol
-
-
-def _array(a: Any) -> np.ndarray:
-    return np.asarray(a._data if isinstance(a, Tensor) else a)
-
-
-def compare(got: list, want: list, tol: tuple[float, float], what: str = "output") -> str | None:
-    """None when every pair is close (NaNs equal); else what differs, naming the element."""
-    rtol, atol = tol
-    if len(got) != len(want):
-        return f"{len(got)} {what}s compiled, {len(want)} eager"
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        g, w = _array(g), _array(w)
-        if g.shape != w.shape:
-            return f"{what} {i}: shape {g.shape} compiled, {w.shape} eager"
-        if not np.issubdtype(w.dtype, np.inexact):
-            if not np.array_equal(g, w):
-                return f"{what} {i}: integer/bool values differ"
-            continue
-        g64, w64 = g.astype(np.float64), w.astype(np.float64)
-        scale = float(np.nanmax(np.abs(w64), initial=0.0)) if w64.size else 0.0
-        bad = ~np.isclose(g64, w64, rtol=rtol, atol=atol + rtol * scale, equal_nan=True)
-        if bad.any():
-            j = tuple(int(k) for k in np.argwhere(bad)[0])
-            return (
-                f"{what} {i}: {int(bad.sum())} of {bad.size} elements differ beyond "
-                f"rtol={rtol}, atol={atol} (at {j}: compiled {g64[j]!r}, eager {w64[j]!r})"
-            )
-    return None
-
-
-@dataclass
-class Culprit:
-    """What the bisection found: the ``stage`` (``pass``, ``lowering``, ``backend``), the pass
-    and op names, a sentence, and the repro folder."""
-
-    stage: str
-    pass_name: str | None = None
-    op: str | None = None
-    detail: str = ""
-    folder: str | None = None
-    files: dict[str, str] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        where = f"pass {self.pass_name!r}" if self.pass_name else self.stage
-        op = f", op {self.op}" if self.op else ""
-        folder = f"; repro written to {self.folder}" if self.folder else ""
-        return f"{where}{op}: {self.detail}{folder}"
+__all__ = ["bisect"]
 
 
 def _outputs(results: list, roles: list[str]) -> list:
@@ -120,8 +45,6 @@ def _outputs(results: list, roles: list[str]) -> list:
 
 
 def _result_roles(module: Any) -> list[str]:
-    from lucid.ir import result_roles
-
     return result_roles(forward_func(module))
 
 
@@ -178,13 +101,7 @@ def bisect(
         culprit.pass_name = "lower-to-prim"
         _write_repro(culprit, trace, feeds, optimized, prim, "lower-to-prim", folder)
         return culprit
-    culprit = Culprit(
-        "backend",
-        None,
-        None,
-        f"the prim interpreter agrees with eager: the {getattr(backend, 'name', backend)!r} "
-        "backend's passes or code generation differ",
-    )
+    culprit = backend_culprit(backend)
     _write_repro(culprit, trace, feeds, optimized, prim, "lower-to-prim", folder)
     return culprit
 
@@ -192,8 +109,6 @@ def bisect(
 def _bisect_lowering(trace: Any, feeds: dict[str, np.ndarray], tol: tuple) -> Culprit | None:
     """Each op of the trace alone, lowered and run by the prim interpreter, against its eager
     kernel on the values the eager run gives it."""
-    from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
-
     env: dict[int, Tensor] = {}
     for f in trace.feeds:
         env[f.value.id] = Tensor._wrap(np.asarray(feeds[f.role]))
@@ -237,8 +152,6 @@ def _bisect_lowering(trace: Any, feeds: dict[str, np.ndarray], tol: tuple) -> Cu
 
 def _feed_of(v: Any, env: dict, feeds: list, values: dict) -> Any:
     """Make each Value operand of a one-op trace a feed holding its eager value."""
-    from lucid.trace._trace import Feed, Value
-
     if isinstance(v, Value):
         role = f"input:{len(feeds)}"
         feeds.append(Feed(v, role))

@@ -4,10 +4,10 @@
 feed and result roles, its step-scalar plan) with the tensors the entries bind (parameters,
 buffers, optimizer state), the optimizer (class name among ``lucid.optim``'s, options and
 non-tensor state), an attached learning-rate scheduler's state and the global RNG state, into
-the same ``lucid.compiled`` file ``aot.save_compiled`` writes. ``load_step`` turns it back into
-a ``LoadedStep``: a callable that continues the training exactly where the original left it
-(the same executables, fed the same step scalars computed by a real ``lucid.optim`` optimizer
-rebuilt from the file).
+the same ``lucid.compiled`` file ``save_compiled`` writes (``aot.file``). ``load_step`` turns
+it back into a ``LoadedStep``: a callable that continues the training exactly where the
+original left it (the same executables, fed the same step scalars computed by a real
+``lucid.optim`` optimizer rebuilt from the file).
 
 Nothing in the file is executed: the optimizer and scheduler classes are looked up in a fixed
 table of ``lucid.optim`` classes, and their state is plain JSON (``_encode``/``_decode``).
@@ -26,7 +26,27 @@ from typing import Any
 import numpy as np
 
 from lucid import _random
+from lucid._state import state as _state
 from lucid._tensor import Tensor
+from lucid.backends import Unsupported as BackendUnsupported
+from lucid.compile import _pipeline
+from lucid.compile.aot.file import _bad, _lucid_version, _model_weights, _owned, _scalar
+from lucid.compile.training.builder import TrainingModule, _ScalarSource
+from lucid.compile.training.steps import (
+    FusedStep,
+    _attach_grads,
+    _make_entry,
+    _OptimizerView,
+    _run_checked,
+    profile_entry,
+)
+from lucid.ir import feed_roles, forward_func, parse_ir, print_ir, result_roles
+from lucid.ir.prim import prim_dialect
+from lucid.ir.text import make_context
+from lucid.nn.parameter import Parameter
+from lucid.optim import lr_scheduler as sched
+from lucid.optim.optimizer import required
+from lucid.passes import PassFailure, PassManager
 
 logger = logging.getLogger("lucid.compile")
 
@@ -97,8 +117,6 @@ def _optimizer_classes() -> dict[str, type]:
 
 
 def _scheduler_classes() -> dict[str, type]:
-    from lucid.optim import lr_scheduler as sched
-
     # LambdaLR holds functions: their code is not data, so it cannot be saved.
     return {
         name: cls
@@ -111,8 +129,7 @@ def _scheduler_classes() -> dict[str, type]:
 
 # --- save --------------------------------------------------------------------------------------
 def _sig_json(sig: tuple) -> list:
-    """The JSON form of a step key's input signature (``training._input_sig``)."""
-    from lucid.compile.aot import _scalar
+    """The JSON form of a step key's input signature (``signature.step_input_sig``)."""
 
     out = []
     for item in sig:
@@ -128,8 +145,6 @@ def _sig_json(sig: tuple) -> list:
 
 
 def _input_json(inputs: tuple) -> list:
-    from lucid.compile.aot import _scalar
-
     out = []
     for a in inputs:
         if isinstance(a, Tensor):
@@ -151,9 +166,6 @@ def _match(sig: list, training: bool) -> str:
 def save_step(step: Any, scheduler: Any = None) -> tuple[dict, dict[str, str], dict]:
     """The manifest fields, parts and tensors (by role) of a ``FusedStep`` or ``TrainStep``.
     Raises ``NotSaveable`` when the step has no compiled entry or holds what is not data."""
-    from lucid.compile import _pipeline
-    from lucid.compile.training import FusedStep
-    from lucid.ir import print_ir
 
     kind = "fused_step" if isinstance(step, FusedStep) else "make_step"
     entries = list(step._entries.items())
@@ -270,7 +282,6 @@ def _save_optimizer(opt: Any, role_of: dict[int, str], bind: Any) -> dict:
             else:
                 entry[k] = {"value": _encode(v)}
         state[role_of[id(p)]] = entry
-    from lucid.optim.optimizer import required
 
     defaults = {k: v for k, v in opt.defaults.items() if v is not required}
     return {"class": name, "defaults": _encode(defaults), "groups": groups, "state": state}
@@ -291,7 +302,6 @@ class LoadedStep:
                  scheduler: Any, entries: dict[str, Any], sources: dict[str, str],
                  build_ms: dict[str, float], parts: dict[str, str], backend: str,
                  model: Any = None) -> None:  # fmt: skip
-        from lucid.compile.training import _OptimizerView
 
         self.path = path
         self.kind = fields["kind"]
@@ -358,9 +368,6 @@ class LoadedStep:
             return self._step(x, *extra)
 
     def _step(self, x: Any, *extra: Any) -> Tensor:
-        from lucid._state import state as _state
-        from lucid.compile.training import _attach_grads, _run_checked
-
         inputs = (x, *extra)
         _, entry = self._entry_for(inputs)
         view = self._view
@@ -424,7 +431,7 @@ class LoadedStep:
                 {
                     "key": e.saved_key,
                     "compile_ms": ms,
-                    "last_run_ms": getattr(e, "last_run_ms", 0.0),
+                    "last_run_ms": e.last_run_ms,
                     "n_runs": e.n_runs,
                     "passes_ms": {stage: ms},
                     "load_ms": ms,
@@ -454,9 +461,6 @@ class LoadedStep:
     def module(self, key: Any = -1) -> Any:
         """The saved training module of an entry (forward, backward and update in the ``prim``
         dialect, as the original compiled it), parsed from the file."""
-        from lucid.ir import parse_ir
-        from lucid.ir.prim import prim_dialect
-        from lucid.ir.text import make_context
 
         ctx = make_context()
         ctx.load_dialect(prim_dialect())
@@ -475,8 +479,6 @@ class LoadedStep:
         text = self._parts[entry.saved_ir]
         if stage == "prim":
             return text
-        from lucid.compile import _pipeline
-        from lucid.passes import PassManager
 
         module = self.module(key)
         backend = _pipeline.backend_of(self.backend)
@@ -489,7 +491,6 @@ class LoadedStep:
         ``repeats`` times on copies of its feeds (parameters, optimizer state, buffers and the
         RNG are left as they were): one row per instruction, slowest first: ``index``, ``op``,
         ``ms`` (mean) and ``instr``."""
-        from lucid.compile.training import profile_entry
 
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
@@ -513,8 +514,6 @@ def load_step(path: str, manifest: dict, parts: dict, arrays: dict[str, np.ndarr
               backend_name: str, model: Any = None) -> LoadedStep:  # fmt: skip
     """Rebuild a saved training step (see ``LoadedStep``); ``model=`` provides the parameters
     and buffers by name (checked against the file) instead of the file's copies."""
-    from lucid.compile.aot import _bad, _model_weights, _owned
-    from lucid.nn.parameter import Parameter
 
     try:
         _check_fields(manifest)
@@ -605,10 +604,6 @@ def _load_scheduler(saved: dict, optimizer: Any) -> Any:
 
 def _build_entry(record: dict, manifest: dict, parts: dict, tensors: dict[str, Tensor],
                  optimizer: Any, backend_name: str) -> tuple[Any, str]:  # fmt: skip
-    from lucid.compile import _pipeline
-    from lucid.compile._training import TrainingModule, _ScalarSource
-    from lucid.compile.aot import _lucid_version
-    from lucid.compile.training import _make_entry
 
     backend = _pipeline.backend_of(backend_name)
     inplace = bool(record["inplace"])
@@ -664,9 +659,6 @@ def _build_entry(record: dict, manifest: dict, parts: dict, tensors: dict[str, T
 
 def _rebuild(record: dict, parts: dict, backend: Any, inplace: bool) -> Any:
     """The executable of an entry from its saved (prim-dialect) IR, for this backend."""
-    from lucid.ir import feed_roles, forward_func, parse_ir, result_roles
-    from lucid.ir.prim import prim_dialect
-    from lucid.ir.text import make_context
 
     ctx = make_context()
     ctx.load_dialect(prim_dialect())  # the saved IR is the lowered (prim) module
@@ -677,8 +669,6 @@ def _rebuild(record: dict, parts: dict, backend: Any, inplace: bool) -> Any:
     fn = forward_func(module)
     if feed_roles(fn) != record["feed_roles"] or result_roles(fn) != record["result_roles"]:
         raise ValueError(f"load_compiled: the IR of {record['key']} disagrees with the manifest")
-    from lucid.backends import Unsupported as BackendUnsupported
-    from lucid.passes import PassFailure, PassManager
 
     try:
         if backend.pipeline:  # the saved module is lowered: only the backend's own passes

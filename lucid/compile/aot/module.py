@@ -23,7 +23,6 @@ its fields (loading them as their classes would need the classes' code).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -33,55 +32,35 @@ from typing import Any
 
 import numpy as np
 
-from lucid import _random
+from lucid import _dtype, _random
 from lucid._tensor import Tensor
+from lucid.backends.base import Unsupported
+from lucid.compile import _pipeline
+from lucid.compile.aot import step as aot_step
+from lucid.compile.aot.file import (
+    _SCALARS,
+    FORMAT,
+    FORMAT_VERSION,
+    _array_sha256,
+    _backend_program_format,
+    _bad,
+    _lucid_version,
+    _model_weights,
+    _NotSaveable,
+    _owned,
+    _read,
+    _scalar,
+    _sha256,
+    _write,
+)
+from lucid.compile.api import CompiledModule, _at, _tensor_paths
+from lucid.compile.signature import _has_tensor, _TreeSig
+from lucid.compile.training.steps import FusedStep, TrainStep
+from lucid.ir import feed_roles, forward_func, parse_ir, print_ir, result_roles
 
 logger = logging.getLogger("lucid.compile")
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LoadedModule", "load_compiled", "save_compiled"]
-
-FORMAT = "lucid.compiled"
-FORMAT_VERSION = 2
-#: Versions this Lucid reads: 1 (compiled modules only) and 2 (adds ``kind``: training steps).
-READABLE_VERSIONS = (1, 2)
-_SCALARS = (bool, int, float, str, type(None))
-
-
-class _NotSaveable(Exception):
-    """One signature cannot be written (the reason is logged, the others are saved)."""
-
-
-def _sha256(data: bytes | str) -> str:
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    return hashlib.sha256(data).hexdigest()
-
-
-def _array_sha256(arr: np.ndarray) -> str:
-    h = hashlib.sha256(f"{arr.dtype.str}{list(arr.shape)}".encode())
-    # The array's own bytes, hashed in place (tobytes() would copy every weight once more).
-    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-    return h.hexdigest()
-
-
-def _lucid_version() -> str:
-    import lucid
-
-    return str(lucid.__version__)
-
-
-# --- argument signatures, as JSON: computed from a CacheKey (save) and from arguments (load) ----
-def _scalar(value: Any) -> list:
-    if isinstance(value, float) and not math.isfinite(value):
-        return ["float", repr(value)]
-    if isinstance(value, _SCALARS):
-        return [type(value).__name__, value]
-    if isinstance(value, np.generic):
-        return _scalar(value.item())
-    if isinstance(value, (tuple, list)):
-        return [type(value).__name__ if type(value) in (tuple, list) else "tuple",
-                [_scalar(v) for v in value]]  # fmt: skip
-    raise _NotSaveable(f"an argument of type {type(value).__name__} is not a JSON value")
 
 
 def _key_sig(sig: tuple) -> list:
@@ -92,7 +71,6 @@ def _key_sig(sig: tuple) -> list:
             raise _NotSaveable("a symbolic-batch signature (LUCID_COMPILE_DYNAMIC)")
         return ["tensor", [int(d) for d in shape], np.dtype(dt).name]
     kind, value = sig
-    from lucid.compile.api import _TreeSig
 
     if isinstance(value, _TreeSig):
         tree_kind, items = value
@@ -117,16 +95,6 @@ def _arg_sig(a: Any) -> list:
     if isinstance(a, float) and a != a:
         return ["float", "nan"]
     return _scalar(a)
-
-
-def _has_tensor(a: Any) -> bool:
-    if isinstance(a, Tensor):
-        return True
-    if isinstance(a, (tuple, list)):
-        return any(_has_tensor(e) for e in a)
-    if isinstance(a, dict):
-        return any(_has_tensor(e) for e in a.values())
-    return False
 
 
 def _match_text(args_sig: list, kwargs_sig: list, training: bool) -> str:
@@ -188,10 +156,6 @@ def _decode_output(node: Any, outs: list, args: tuple, kwargs: dict) -> Any:
 
 # --- save ----------------------------------------------------------------------------------------
 def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) -> dict:
-    from lucid.backends.base import Unsupported
-    from lucid.compile import _pipeline
-    from lucid.ir import print_ir
-
     args_sig, kwargs_sig, training, grad, _ = key
     if isinstance(training, tuple):  # a loaded module knows one flag, not per-submodule modes
         raise _NotSaveable("its submodules were in mixed train/eval modes")
@@ -233,8 +197,6 @@ def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) 
 
 
 def _np_name(dt: Any) -> str:
-    from lucid import _dtype
-
     return np.dtype(_dtype.canonical(dt).numpy).name
 
 
@@ -251,8 +213,6 @@ def save_compiled(
     (step counters included), the optimizer's options, ``scheduler``'s state (a
     ``lucid.optim.lr_scheduler`` scheduler of the step's optimizer) and the RNG state, so
     ``load_compiled`` resumes the training exactly (``include_weights`` must stay True)."""
-    from lucid.compile.api import CompiledModule
-    from lucid.compile.training import FusedStep, TrainStep
 
     path = os.fspath(path)
     if isinstance(cm, (FusedStep, TrainStep)):
@@ -316,8 +276,6 @@ def save_compiled(
 
 
 def _save_step(step: Any, path: str, include_weights: bool, scheduler: Any) -> bool:
-    from lucid.compile import _aot_step
-
     if not include_weights:
         raise ValueError(
             "save_compiled: a training step is saved with its weights and optimizer state "
@@ -325,8 +283,8 @@ def _save_step(step: Any, path: str, include_weights: bool, scheduler: Any) -> b
         )
     with step._lock if hasattr(step, "_lock") else _NO_LOCK:
         try:
-            fields, parts, weights = _aot_step.save_step(step, scheduler)
-        except _aot_step.NotSaveable as e:
+            fields, parts, weights = aot_step.save_step(step, scheduler)
+        except aot_step.NotSaveable as e:
             logger.warning("save_compiled: nothing to save to %r: %s", path, e)
             return False
     manifest = {
@@ -354,83 +312,6 @@ class _NoLock:
 
 
 _NO_LOCK = _NoLock()
-
-
-def _write(path: str, manifest: dict, parts: dict, weights: dict) -> None:
-    from lucid import serialization
-
-    manifest_text = json.dumps(manifest, sort_keys=True, allow_nan=False)
-    payload = {
-        "format": FORMAT,
-        "manifest": manifest_text,
-        "manifest_sha256": _sha256(manifest_text),
-        "parts": parts,
-        "weights": weights,
-    }
-    serialization.save(payload, path)
-
-
-def _backend_program_format(name: str) -> str | None:
-    from lucid.compile import _pipeline
-
-    return getattr(_pipeline.backend_of(name), "program_format", None)
-
-
-# --- load ----------------------------------------------------------------------------------------
-def _bad(path: str, problem: str) -> ValueError:
-    return ValueError(f"load_compiled: {path!r} is not a usable compiled file: {problem}")
-
-
-def _read(path: str) -> tuple[dict, dict, dict]:
-    from lucid import serialization
-
-    try:
-        obj = serialization.load(path)
-    except ValueError as e:
-        raise _bad(path, str(e)) from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise _bad(path, f"it is not a {FORMAT} file (a plain checkpoint? use lucid.load)")
-    manifest_text, digest = obj.get("manifest"), obj.get("manifest_sha256")
-    parts, weights = obj.get("parts"), obj.get("weights")
-    if not (isinstance(manifest_text, str) and isinstance(digest, str)):
-        raise _bad(path, "its manifest is missing")
-    if _sha256(manifest_text) != digest:
-        raise _bad(path, "the manifest does not match its checksum (corrupted or tampered)")
-    try:
-        manifest = json.loads(manifest_text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise _bad(path, f"the manifest is not JSON ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _bad(path, "the manifest is not a lucid.compiled manifest")
-    version = manifest.get("format_version")
-    if version not in READABLE_VERSIONS:
-        raise _bad(
-            path,
-            f"format version {version!r}; this Lucid reads versions "
-            f"{', '.join(map(str, READABLE_VERSIONS))}",
-        )
-    if not isinstance(parts, dict) or not isinstance(weights, dict):
-        raise _bad(path, "its parts or weights are missing")
-    expected_parts = manifest.get("parts")
-    if not isinstance(expected_parts, dict) or set(expected_parts) != set(parts):
-        raise _bad(path, "its parts are not the ones the manifest lists")
-    for name, text in parts.items():
-        if not isinstance(text, str) or _sha256(text) != expected_parts[name]:
-            raise _bad(path, f"part {name!r} does not match its checksum (corrupted or tampered)")
-    arrays = {}
-    specs = manifest.get("weights")
-    if not isinstance(specs, dict):
-        raise _bad(path, "the manifest lists no weights")
-    for role, arr in weights.items():
-        spec = specs.get(role)
-        if isinstance(arr, Tensor):
-            arr = arr._data
-        if not isinstance(arr, np.ndarray) or not isinstance(spec, dict):
-            raise _bad(path, f"weight {role!r} is not listed in the manifest")
-        if spec.get("sha256") != _array_sha256(arr):
-            raise _bad(path, f"weight {role!r} does not match its checksum")
-        arrays[role] = arr
-    return manifest, parts, arrays
 
 
 _MAX_DEPTH = 100  # of an output structure or an argument signature: far beyond real models
@@ -637,14 +518,10 @@ class LoadedModule:
                 f"compile new ones); saved: {saved}"
             )
         if self._fallback is None:
-            from lucid.compile.api import CompiledModule
-
             self._fallback = CompiledModule(self._model, backend=self._backend)
         return self._fallback(*args, **kwargs)
 
     def _bind(self, sig: _Signature, args: tuple, kwargs: dict) -> list[np.ndarray]:
-        from lucid.compile.api import _at, _tensor_paths
-
         positions: list[tuple] = []
         _tensor_paths(args, (), positions)
         feeds = []
@@ -673,7 +550,6 @@ class LoadedModule:
                 target = role[len("update:") :]
                 if target.startswith("input:"):
                     name = target[len("input:") :]
-                    from lucid.compile.api import _at, _tensor_paths
 
                     positions: list[tuple] = []
                     _tensor_paths(args, (), positions)
@@ -757,8 +633,6 @@ class LoadedModule:
             return text
         if stage not in ("prim", "final"):
             raise ValueError(f"load_compiled: stage must be optimized, prim or final: {stage!r}")
-        from lucid.compile import _pipeline
-        from lucid.ir import parse_ir, print_ir
 
         module = parse_ir(text)
         backend = _pipeline.backend_of(self._backend)
@@ -769,8 +643,6 @@ class LoadedModule:
 def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tuple[Any, str]:
     """The executable of one saved signature: the backend's saved program when it is usable
     here, else rebuilt from the saved IR."""
-    from lucid.compile import _pipeline
-    from lucid.ir import feed_roles, forward_func, parse_ir, result_roles
 
     backend = _pipeline.backend_of(backend_name)
     program_name = record.get("program")
@@ -800,43 +672,21 @@ def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tupl
     return executable, "ir"
 
 
-def _owned(arr: np.ndarray) -> np.ndarray:
-    """A weight read from the file as the loaded module's own C-contiguous, writable array:
-    ``lucid.load`` already made each a fresh copy (shared with nothing), so no second one."""
-    if arr.flags.c_contiguous and arr.flags.writeable:
-        return arr
-    return np.array(arr, order="C", copy=True)
-
-
-def _model_weights(model: Any) -> dict[str, Tensor]:
-    out: dict[str, Tensor] = {}
-    for method, kind in (("named_parameters", "param"), ("named_buffers", "buffer")):
-        fn = getattr(model, method, None)
-        if fn is not None:
-            for name, t in fn():
-                if t is not None:
-                    out.setdefault(f"{kind}:{name}", t)
-    return out
-
-
 def load_compiled(path: str | os.PathLike, *, model: Any = None, backend: str = "auto"):
     """Load what ``save_compiled`` wrote: a callable serving the saved signatures (weights from
     the file, or from ``model=`` by name, checked against the manifest). With ``model=``, a call
     that matches no saved signature is compiled as ``lucid.compile(model)`` would; without, it
     raises naming the saved ones. Never executes code from the file; a truncated, corrupted,
     tampered or wrong-version file raises ValueError (OSError when it cannot be read)."""
-    from lucid.compile import _pipeline
 
     path = os.fspath(path)
     manifest, parts, arrays = _read(path)
     backend_name = _pipeline.resolve_backend(backend)
     kind = manifest.get("kind", "module")
     if kind != "module":
-        from lucid.compile import _aot_step
-
-        if kind not in _aot_step.KINDS:
+        if kind not in aot_step.KINDS:
             raise _bad(path, f"it holds a {kind!r}, which this Lucid does not know")
-        return _aot_step.load_step(path, manifest, parts, arrays, backend_name, model)
+        return aot_step.load_step(path, manifest, parts, arrays, backend_name, model)
     try:
         records = list(manifest["signatures"])
         specs = dict(manifest["weights"])

@@ -1,8 +1,8 @@
 """Compiled training: ``make_step``, ``compiled_step``, ``compile_optimizer`` and ``fused_step``.
 
-All four build on ``build_training_module`` (``lucid.compile._training``): one traced module in
-the ``lucid`` dialect with roles on its feeds and results, lowered and compiled by the backend
-chosen with ``backend=`` (through the registry) into one executable. Results with role
+All four build on ``build_training_module`` (``lucid.compile.training.builder``): one traced
+module in the ``lucid`` dialect with roles on its feeds and results, lowered and compiled by the
+backend chosen with ``backend=`` (through the registry) into one executable. Results with role
 ``update:<feed role>`` are written by the run straight into that feed's array (parameters,
 optimizer state, BatchNorm running statistics, the RNG state), at the end of a successful run, so
 a run that raises leaves them untouched.
@@ -40,7 +40,7 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile import _parity, _pipeline, _recompile, _step_parity
+from lucid.compile import _pipeline, _recompile, parity
 from lucid.compile._binding import (
     LRU,
     STRUCTURE_VERSION,
@@ -51,13 +51,15 @@ from lucid.compile._binding import (
     max_entries,
     name_feeds,
 )
-from lucid.compile._training import (
+from lucid.compile._pipeline import CompileError
+from lucid.compile.entry import StepEntry, _Slot
+from lucid.compile.signature import step_input_sig
+from lucid.compile.training.builder import (
     GradClip,
     TrainingModule,
     build_optimizer_module,
     build_training_module,
 )
-from lucid.compile.api import CompileError
 from lucid.ir import import_trace, print_ir
 from lucid.ops._registry import OpDef
 from lucid.passes import PassFailure, PassManager
@@ -78,15 +80,6 @@ __all__ = [
 # Errors that mean "the compiler cannot do this" (as opposed to the user's model or loss
 # rejecting its inputs, which surface unchanged, exactly as eager would raise them).
 _COMPILER_ERRORS = (GraphBreak, _pipeline.Unsupported, PassFailure, NotImplementedError)
-
-
-class _Slot:
-    """A mutable holder with the ``_data`` attribute feeds are read from (scalars, RNG)."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data: np.ndarray):
-        self._data = data
 
 
 class _GradRef:
@@ -152,7 +145,7 @@ def _compile_step(
 
 def _entry_of(
     compiled: _Compiled, *, inplace: bool, extra_refs: dict[str, Any] | None = None
-) -> _Entry:
+) -> StepEntry:
     return _make_entry(
         compiled.tm,
         compiled.executable,
@@ -173,33 +166,6 @@ _FUSE_LIMIT_ELEMENTS = 1 << 16
 
 def _fuse_updates(params: Any) -> bool:
     return sum(int(np.prod(p.shape)) for p in params) <= _FUSE_LIMIT_ELEMENTS
-
-
-def _input_sig(inputs: tuple) -> tuple:
-    try:  # the hot path: every input a concrete tensor
-        return tuple([(a._data.shape, a._data.dtype) for a in inputs])
-    except AttributeError:
-        return _input_sig_slow(inputs)
-
-
-def _input_sig_slow(inputs: tuple) -> tuple:
-    sig = []
-    for a in inputs:
-        if isinstance(a, Tensor):
-            d = a._data
-            if d is None:
-                raise TypeError("a training step cannot take a trace tensor as input")
-            sig.append((d.shape, d.dtype))
-        else:
-            try:
-                hash(a)
-            except TypeError:
-                raise TypeError(
-                    f"a training step's non-tensor inputs must be hashable (they are baked into "
-                    f"the compiled step), got {type(a).__name__}"
-                ) from None
-            sig.append((type(a), a))
-    return tuple(sig)
 
 
 def _describe(inputs: tuple) -> str:
@@ -244,80 +210,6 @@ def _contiguous_inputs(inputs: tuple) -> tuple:
 # ---------------------------------------------------------------------------------------------
 # One compiled entry: executable + binding plan
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class _Entry:
-    """One compiled training step for one signature, with its feed and result plans."""
-
-    executable: Any
-    feed_roles: list[str]
-    result_roles: list[str]
-    refs: list[Any]  # one object with ``_data`` per feed (None at input positions)
-    input_pos: list[tuple[int, int]]  # (feed index, index among the step's tensor inputs)
-    scalar_slots: dict[str, _Slot]
-    scalar_plan: list[tuple[np.ndarray, int, Tensor | None, str]]
-    rng_slot: _Slot | None
-    loss_index: int | None
-    grad_index: list[tuple[int, Tensor]]
-    updated: list[Tensor]  # tensors the run writes in place (their versions are bumped)
-    commits: list[tuple[int, Any]]  # (result index, target) when not in place
-    inplace: bool
-    compile_ms: float
-    first_scalars: dict[str, float] | None = None
-    scalar_last: list | None = None
-    created_state: dict | None = None
-    n_runs: int = 0
-    tm: Any = None
-    last_used: int = 0  # recency stamp for the entry LRU
-    passes_ms: dict[str, float] | None = None  # time of each compile stage (timing())
-    last_run_ms: float = 0.0
-
-    def set_scalars(self, values: dict[str, float]) -> None:
-        for role, v in values.items():
-            self.scalar_slots[role]._data[()] = v
-        # What refresh compares against (Python floats: cheaper than reading the 0-d arrays).
-        self.scalar_last = [None] * len(self.scalar_plan)
-
-    def run(self, tensor_inputs: Sequence[Tensor]) -> list:
-        feeds = [r._data if r is not None else None for r in self.refs]
-        for fi, ii in self.input_pos:
-            feeds[fi] = tensor_inputs[ii]._data
-        rng = self.rng_slot
-        if rng is not None:
-            rng._data = _random.get_rng_state()._data
-            feeds[self._rng_index] = rng._data
-        t0 = time.perf_counter()
-        results = self.executable.run(feeds)
-        self.last_run_ms = (time.perf_counter() - t0) * 1e3
-        self.n_runs += 1
-        return results
-
-    def feed_copies(self, tensor_inputs: Sequence[Tensor]) -> list[np.ndarray]:
-        """Copies of the arrays ``run`` would feed (for ``profile``: in-place results go to
-        them, not to the model)."""
-        feeds = [r._data if r is not None else None for r in self.refs]
-        for fi, ii in self.input_pos:
-            feeds[fi] = tensor_inputs[ii]._data
-        if self.rng_slot is not None:
-            feeds[self._rng_index] = _random.get_rng_state()._data
-        return [np.array(f, order="C", copy=True) for f in feeds]
-
-    _rng_index: int = -1
-
-    def after_success(self, results: list) -> None:
-        """Commit the non-in-place results, bump versions, advance the RNG."""
-        for i, target in self.commits:
-            if target == "rng":
-                continue
-            np.copyto(target._data, results[i])
-        for t in self.updated:
-            t._version[0] += 1
-        if self.rng_slot is not None:
-            _random.set_rng_state(
-                self.rng_slot._data if self.inplace else self._rng_result(results)
-            )
-
-    def _rng_result(self, results: list) -> np.ndarray:
-        return results[self.result_roles.index("update:rng")]
 
 
 def _make_entry(
@@ -328,7 +220,7 @@ def _make_entry(
     compile_ms: float,
     extra_refs: dict[str, Any] | None = None,
     passes_ms: dict[str, float] | None = None,
-) -> _Entry:
+) -> StepEntry:
     refs: list[Any] = []
     input_pos: list[tuple[int, int]] = []
     scalar_slots: dict[str, _Slot] = {}
@@ -391,7 +283,7 @@ def _make_entry(
             updated.append(target)
             if not inplace:
                 commits.append((ri, target))
-    entry = _Entry(
+    entry = StepEntry(
         executable=executable,
         feed_roles=list(tm.feed_roles),
         result_roles=list(tm.result_roles),
@@ -409,12 +301,12 @@ def _make_entry(
         first_scalars=dict(tm.scalars),
         tm=tm,
         passes_ms=passes_ms,
+        rng_index=rng_index,
     )
-    entry._rng_index = rng_index
     return entry
 
 
-def _run_checked(entry: _Entry, tensor_inputs: Sequence[Tensor], what: str) -> list:
+def _run_checked(entry: StepEntry, tensor_inputs: Sequence[Tensor], what: str) -> list:
     try:
         return entry.run(tensor_inputs)
     except (TypeError, ValueError) as e:
@@ -479,7 +371,7 @@ class _OptimizerView:
             ]
         )
 
-    def refresh(self, entry: _Entry, scalars: list[dict | None]) -> None:
+    def refresh(self, entry: StepEntry, scalars: list[dict | None]) -> None:
         opt = self.opt
         last = entry.scalar_last
         if last is None:
@@ -530,12 +422,12 @@ class _StepOptions:
         self.what = what
         pipeline, self.switches = _pipeline.parse_options(options, what)
         self.pipeline = _pipeline.GRAPH_PIPELINE if pipeline is None else pipeline
-        self.mode = _parity.check_mode(check)
-        self.tol = _parity.tolerance(check_tolerance)
+        self.mode = parity.check_mode(check)
+        self.tol = parity.tolerance(check_tolerance)
         self.eager_only: LRU = LRU(max_entries())
         self.parity: list[dict[str, Any]] = []
 
-    def wants(self, entry: _Entry) -> bool:
+    def wants(self, entry: StepEntry) -> bool:
         """Whether this run of ``entry`` is compared with eager."""
         mode = self.mode
         return mode == "always" or (mode == "first" and entry.n_runs == 0)
@@ -544,7 +436,7 @@ class _StepOptions:
         self,
         owner: Any,
         key: tuple,
-        entry: _Entry,
+        entry: StepEntry,
         bad: str,
         feeds: dict[str, np.ndarray],
         reference: dict[str, np.ndarray],
@@ -553,7 +445,7 @@ class _StepOptions:
         bisect to the culprit and write the repro folder."""
         culprit = None
         try:
-            culprit = _step_parity.bisect_step(
+            culprit = parity.bisect_step(
                 entry.tm.trace,
                 entry.tm.pipeline,
                 feeds,
@@ -595,7 +487,7 @@ def _restore(tensors: list[Tensor], saved: list[np.ndarray]) -> None:
         np.copyto(t._data, data)
 
 
-def _result_values(entry: _Entry, loss: np.ndarray) -> dict[str, np.ndarray]:
+def _result_values(entry: StepEntry, loss: np.ndarray) -> dict[str, np.ndarray]:
     """The loss and the current value of every tensor the step updates, by result role."""
     out = {"output:0": np.array(loss, copy=True)}
     for role in entry.result_roles:
@@ -608,14 +500,14 @@ def _result_values(entry: _Entry, loss: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def _grad_roles(entry: _Entry, grads: list[tuple[Tensor, np.ndarray]]) -> list[tuple[str, Any]]:
+def _grad_roles(entry: StepEntry, grads: list[tuple[Tensor, np.ndarray]]) -> list[tuple[str, Any]]:
     """``(grad:param:<name>, gradient)`` of ``grads`` (in ``entry.grad_index`` order)."""
     return [
         (entry.result_roles[ri], g) for (ri, _), (_, g) in zip(entry.grad_index, grads, strict=True)
     ]
 
 
-def _feed_values(entry: _Entry, inputs: tuple) -> dict[str, np.ndarray]:
+def _feed_values(entry: StepEntry, inputs: tuple) -> dict[str, np.ndarray]:
     """A copy of every feed of ``entry`` as the next run would read it, by role."""
     tensors = [a for a in inputs if isinstance(a, Tensor)]
     out: dict[str, np.ndarray] = {}
@@ -663,7 +555,25 @@ class _StepIntrospection:
     _what = "training step"
     _entries: LRU
     _lock: threading.RLock
+    _opts: _StepOptions
+    _recompiles: Any = None  # the recompile log, for the steps that keep one
     backend: str
+
+    def cache_info(self) -> dict[str, Any]:
+        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
+        ``recompiles`` (why each new signature compiled; not for ``compile_optimizer``),
+        ``eager_only`` and ``reasons`` (the signatures a parity check took off the compiler,
+        and why) and ``parity`` (each mismatch: key, what differed, the bisected culprit)."""
+        info: dict[str, Any] = {
+            "entries": len(self._entries),
+            "max_entries": self._entries.cap,
+            "evictions": self._entries.evictions,
+            "keys": tuple(self._entries),
+            "compile_ms": [e.compile_ms for e in self._entries.values()],
+        }
+        if self._recompiles is not None:
+            info["recompiles"] = [dict(r) for r in self._recompiles.history]
+        return {**info, **self._opts.info()}
 
     def timing(self) -> list[dict[str, Any]]:
         """One row per compiled signature: ``key``, ``compile_ms``, ``last_run_ms`` (the
@@ -681,7 +591,7 @@ class _StepIntrospection:
             for k, e in self._entries.items()
         ]
 
-    def _entry(self, key: Any) -> _Entry:
+    def _entry(self, key: Any) -> StepEntry:
         entries = self._entries
         if not entries:
             raise KeyError(
@@ -726,7 +636,7 @@ class _StepIntrospection:
         _pipeline.lower(module, target)
         return print_ir(module) if stage == "prim" else target.stage_ir(module)
 
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         raise NotImplementedError  # each step finds (or compiles) the entry its inputs use
 
     @_one_call_at_a_time
@@ -790,12 +700,12 @@ class TrainStep(_StepIntrospection):
 
     def _key(self, inputs: tuple) -> tuple:
         return (
-            _input_sig(inputs),
+            step_input_sig(inputs),
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
         )
 
-    def _build(self, key: tuple, inputs: tuple) -> _Entry:
+    def _build(self, key: tuple, inputs: tuple) -> StepEntry:
         check_settings(self.backend)
         self._recompiles.note(key, list(self._entries), logger)
         opts = self._opts
@@ -819,7 +729,7 @@ class TrainStep(_StepIntrospection):
         self._entries.put(key, entry)
         return entry
 
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
         key = self._key(inputs)
@@ -850,8 +760,8 @@ class TrainStep(_StepIntrospection):
         return self._compiled_run(key, entry, inputs)[1:]
 
     def _compiled_run(
-        self, key: tuple, entry: _Entry, inputs: tuple
-    ) -> tuple[_Entry, np.ndarray, list[tuple[Tensor, np.ndarray]]]:
+        self, key: tuple, entry: StepEntry, inputs: tuple
+    ) -> tuple[StepEntry, np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         try:
             res = _run_checked(entry, tensors, "make_step")
@@ -866,11 +776,11 @@ class TrainStep(_StepIntrospection):
     def _eager_run(self, inputs: tuple) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         """An eager-only signature (its parity check failed): eager forward and backward."""
         trained = [p for p in self._params if p._requires_grad]
-        loss, grads = _step_parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
+        loss, grads = parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
         return loss, [(p, g) for p, g in zip(trained, grads, strict=True) if g is not None]
 
     def _checked_run(
-        self, key: tuple, entry: _Entry, inputs: tuple
+        self, key: tuple, entry: StepEntry, inputs: tuple
     ) -> tuple[np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         """The compiled step, then an eager one from the same state (buffers, RNG), compared
         by role: loss, gradients, buffer updates. A mismatch returns eager's, leaves the
@@ -885,14 +795,14 @@ class TrainStep(_StepIntrospection):
         _random.set_rng_state(Tensor._wrap(rng))
         feeds = _feed_values(entry, inputs)
         trained = [p for _, p in entry.grad_index]
-        loss_e, grads_e = _step_parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
+        loss_e, grads_e = parity.eager_gradients(self.model, self.loss_fn, inputs, trained)
         want = _result_values(entry, loss_e)
         eager_grads = [
             (p, g if g is not None else np.zeros_like(p._data))
             for p, g in zip(trained, grads_e, strict=True)
         ]
         want.update(_grad_roles(entry, eager_grads))
-        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is None:
             return loss, grads
         self._opts.mismatch(self, key, entry, bad, feeds, want)
@@ -905,21 +815,6 @@ class TrainStep(_StepIntrospection):
         if _state.grad_enabled and grads:
             _attach_grads(loss, grads)
         return loss
-
-    def cache_info(self) -> dict[str, Any]:
-        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
-        ``recompiles`` (why each new signature compiled), ``eager_only`` and ``reasons`` (the
-        signatures a parity check took off the compiler, and why) and ``parity`` (each
-        mismatch: key, what differed, the bisected culprit)."""
-        return {
-            "entries": len(self._entries),
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "compile_ms": [e.compile_ms for e in self._entries.values()],
-            "recompiles": [dict(r) for r in self._recompiles.history],
-            **self._opts.info(),
-        }
 
 
 def _attach_grads(loss: Tensor, grads: list[tuple[Tensor, np.ndarray]]) -> None:
@@ -993,7 +888,7 @@ def compiled_step(
     if per_model is None:
         per_model = _COMPILED_STEPS[model] = LRU(max_entries())
     name = _pipeline.resolve_backend(backend)
-    mode, tol = _parity.check_mode(check), _parity.tolerance(check_tolerance)
+    mode, tol = parity.check_mode(check), parity.tolerance(check_tolerance)
     step = per_model.get((loss_fn, name, mode, tol))
     if step is None:
         step = TrainStep(model, loss_fn, backend=name, check=mode, check_tolerance=tol)
@@ -1081,13 +976,13 @@ class FusedStep(_StepIntrospection):
 
     def _key(self, inputs: tuple, scalars: list) -> tuple:
         return (
-            _input_sig(inputs),
+            step_input_sig(inputs),
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             self._view.statics(scalars),
             tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
         )
 
-    def _build(self, inputs: tuple) -> tuple[tuple, _Entry]:
+    def _build(self, inputs: tuple) -> tuple[tuple, StepEntry]:
         check_settings(self.backend)
         snap = self._view.snapshot()
         try:
@@ -1124,7 +1019,7 @@ class FusedStep(_StepIntrospection):
         self._entries.put(key, entry)
         return key, entry
 
-    def _first_run_failed(self, key: tuple, entry: _Entry) -> None:
+    def _first_run_failed(self, key: tuple, entry: StepEntry) -> None:
         """A new entry whose first step failed: forget it and the optimizer state its build
         created, so the optimizer looks exactly as before the call (eager or compiled)."""
         if (
@@ -1165,8 +1060,8 @@ class FusedStep(_StepIntrospection):
         return self._run_step(key, entry, inputs, scalars)[2]
 
     def _run_step(
-        self, key: tuple, entry: _Entry, inputs: tuple, scalars: list
-    ) -> tuple[tuple, _Entry, Tensor]:
+        self, key: tuple, entry: StepEntry, inputs: tuple, scalars: list
+    ) -> tuple[tuple, StepEntry, Tensor]:
         """Run ``entry`` (rebuilt once if a feed changed dtype or layout): (key, entry, loss)."""
         view = self._view
         if entry.n_runs == 0 and entry.first_scalars is not None:
@@ -1231,13 +1126,13 @@ class FusedStep(_StepIntrospection):
 
     def _eager_step(self, inputs: tuple) -> Tensor:
         """An eager-only signature (its parity check failed): an eager training step."""
-        loss, _ = _step_parity.eager_optimizer_step(
+        loss, _ = parity.eager_optimizer_step(
             self.model, self.loss_fn, self.optimizer, inputs, self._clip()
         )
         self._view.find_reps()
         return Tensor._wrap(loss)
 
-    def _checked_step(self, key: tuple, entry: _Entry, inputs: tuple, scalars: list) -> Tensor:
+    def _checked_step(self, key: tuple, entry: StepEntry, inputs: tuple, scalars: list) -> Tensor:
         """The compiled step, then an eager one (forward, backward, the optimizer's own
         ``step``) from the same parameters, optimizer state, buffers and RNG, compared by role.
         The eager step's values stay (the compiled ones agree within the tolerance, or are
@@ -1271,14 +1166,14 @@ class FusedStep(_StepIntrospection):
         if pre_build is not None:
             self._view.restore(pre_build)
         try:
-            loss_e, grads_e = _step_parity.eager_optimizer_step(
+            loss_e, grads_e = parity.eager_optimizer_step(
                 self.model, self.loss_fn, opt, inputs, self._clip()
             )
         finally:
             _rebind_state(opt, bound_state)
             self._view.find_reps()
         want = _result_values(entry, loss_e)
-        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is None:
             return loss
         reference = dict(want)
@@ -1290,20 +1185,7 @@ class FusedStep(_StepIntrospection):
         self._opts.mismatch(self, key, entry, bad, feeds, reference)
         return Tensor._wrap(loss_e)
 
-    def cache_info(self) -> dict[str, Any]:
-        """As ``TrainStep.cache_info``: ``entries``, ``keys``, ``compile_ms`` per entry,
-        ``recompiles``, ``eager_only``, ``reasons`` and ``parity``."""
-        return {
-            "entries": len(self._entries),
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "compile_ms": [e.compile_ms for e in self._entries.values()],
-            "recompiles": [dict(r) for r in self._recompiles.history],
-            **self._opts.info(),
-        }
-
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
         view = self._view
@@ -1419,7 +1301,7 @@ class CompiledOptimizerStep(_StepIntrospection):
     def _key(self, scalars: list, params: list) -> tuple:
         return (self._view.statics(scalars), tuple([p._grad is not None for p in params]))
 
-    def _build(self) -> tuple[tuple, _Entry]:
+    def _build(self) -> tuple[tuple, StepEntry]:
         check_settings(self.backend)
         opt = self.optimizer
         snap = self._view.snapshot()
@@ -1498,7 +1380,7 @@ class CompiledOptimizerStep(_StepIntrospection):
             self._run_step(key, entry, scalars)
         return loss
 
-    def _run_step(self, key: tuple, entry: _Entry, scalars: list) -> tuple[tuple, _Entry]:
+    def _run_step(self, key: tuple, entry: StepEntry, scalars: list) -> tuple[tuple, StepEntry]:
         view = self._view
         if entry.n_runs == 0 and entry.first_scalars is not None:
             entry.set_scalars(entry.first_scalars)
@@ -1546,7 +1428,7 @@ class CompiledOptimizerStep(_StepIntrospection):
                 self.grad_norm = clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type)
         type(opt).step(opt)
 
-    def _checked_step(self, key: tuple, entry: _Entry, scalars: list) -> None:
+    def _checked_step(self, key: tuple, entry: StepEntry, scalars: list) -> None:
         """The compiled update, then the optimizer's own eager ``step`` from the same
         parameters, state and gradients, compared by role (``update:param:<g>.<i>``,
         ``update:state:...``); the eager values stay; a mismatch makes ``key`` eager-only."""
@@ -1580,11 +1462,11 @@ class CompiledOptimizerStep(_StepIntrospection):
             _rebind_state(opt, bound_state)
             self._view.find_reps()
         want = self._update_values(entry)
-        bad = _step_parity.compare_roles(got, want, self._opts.tol)
+        bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is not None:
             self._opts.mismatch(self, key, entry, bad, feeds, want)
 
-    def _update_values(self, entry: _Entry) -> dict[str, np.ndarray]:
+    def _update_values(self, entry: StepEntry) -> dict[str, np.ndarray]:
         """The updates by role, and the total gradient norm (``output:0``) when clipping."""
         values = _result_values(entry, np.zeros(()))
         del values["output:0"]
@@ -1592,19 +1474,7 @@ class CompiledOptimizerStep(_StepIntrospection):
             values["output:0"] = np.array(self.grad_norm._data, copy=True)
         return values
 
-    def cache_info(self) -> dict[str, Any]:
-        """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
-        ``eager_only``, ``reasons`` and ``parity`` (see ``check=``)."""
-        return {
-            "entries": len(self._entries),
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "compile_ms": [e.compile_ms for e in self._entries.values()],
-            **self._opts.info(),
-        }
-
-    def _profile_entry(self, inputs: tuple) -> _Entry:
+    def _profile_entry(self, inputs: tuple) -> StepEntry:
         if inputs:
             raise TypeError("profile: a compiled optimizer step takes no inputs")
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
