@@ -6,7 +6,8 @@ mish, relu6, conv1d, group_norm, ...) are written here with Lucid ops.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lucid._dispatch import apply
@@ -124,6 +125,16 @@ __all__ = [
     "avg_pool3d",
     "max_pool3d",
     "lp_pool3d",
+    "max_pool1d_with_indices",
+    "max_pool2d_with_indices",
+    "adaptive_max_pool1d_with_indices",
+    "adaptive_max_pool2d_with_indices",
+    "adaptive_max_pool3d_with_indices",
+    "max_unpool1d",
+    "max_unpool2d",
+    "max_unpool3d",
+    "affine_grid",
+    "linear_cross_entropy",
 ]
 
 
@@ -1418,15 +1429,43 @@ def _adaptive_sizes(output_size: Any, dims: int) -> tuple:
     return (output_size,) * dims
 
 
+def _adaptive_max_with_indices(input: Tensor, output_size: tuple, op: str) -> tuple:  # noqa: A002
+    """Adaptive max pooling and each max's flat index in the input's spatial dims (torch's
+    ``return_indices``). The window max is taken one dim at a time, the last dim first, carrying
+    the flat positions along: ties then resolve to the row-major first element, as torch."""
+    import lucid
+
+    n = len(output_size)
+    if input.ndim not in (n + 1, n + 2):
+        raise ValueError(f"{op}: expected a {n + 1}D or {n + 2}D input, got {tuple(input.shape)}")
+    spatial = tuple(input.shape[input.ndim - n :])
+    positions = lucid.arange(math.prod(spatial)).reshape(spatial).expand(*input.shape)
+    values = input
+    for axis in reversed(range(n)):
+        d = values.ndim - n + axis
+        out = spatial[axis] if output_size[axis] is None else int(output_size[axis])
+        if out <= 0:
+            raise ValueError(f"{op}: output_size must be positive, got {output_size}")
+        value_cells, position_cells = [], []
+        for lo, hi in _adaptive_bounds(spatial[axis], out):
+            window = values.narrow(d, lo, hi - lo)
+            best = window.argmax(d, keepdim=True)
+            value_cells.append(window.gather(d, best))
+            position_cells.append(positions.narrow(d, lo, hi - lo).gather(d, best))
+        values, positions = lucid.cat(value_cells, d), lucid.cat(position_cells, d)
+    return values, positions
+
+
 def _adaptive_max_pool(input: Tensor, output_size: Any, return_indices: bool, dims: int) -> Tensor:  # noqa: A002
     op = f"adaptive_max_pool{dims}d"
     if return_indices:
-        raise ValueError(f"{op}: return_indices=True is not supported")
+        return _adaptive_max_with_indices(input, _adaptive_sizes(output_size, dims), op)
     return _adaptive_max(input, _adaptive_sizes(output_size, dims), op)
 
 
 def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
-    """Max over torch's adaptive windows to a fixed length (indices are not supported)."""
+    """Max over torch's adaptive windows to a fixed length (``return_indices``: also each max's
+    index)."""
     return _adaptive_max_pool(input, output_size, return_indices, 1)
 
 
@@ -1873,3 +1912,168 @@ def lp_pool3d(
     k = _triple(kernel_size, "kernel_size", "lp_pool3d")
     pooled = avg_pool3d(input**norm_type, k, stride, 0, ceil_mode)
     return _lp_root(pooled, k[0] * k[1] * k[2], norm_type)
+
+
+# --- the *_with_indices spellings, max unpooling, affine grids, linear + cross entropy ----------
+
+
+def max_pool1d_with_indices(input: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:  # noqa: A002
+    """``max_pool1d`` returning ``(values, indices)``."""
+    kwargs["return_indices"] = True
+    return max_pool1d(input, *args, **kwargs)
+
+
+def max_pool2d_with_indices(input: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:  # noqa: A002
+    """``max_pool2d`` returning ``(values, indices)``."""
+    kwargs["return_indices"] = True
+    return max_pool2d(input, *args, **kwargs)
+
+
+def _adaptive_max_pool_with_indices(dims: int) -> Callable[..., tuple[Tensor, Tensor]]:
+    def pool(input: Tensor, output_size: Any, return_indices: bool = False) -> tuple:  # noqa: A002
+        return _adaptive_max_pool(input, output_size, True, dims)
+
+    pool.__name__ = pool.__qualname__ = f"adaptive_max_pool{dims}d_with_indices"
+    pool.__doc__ = f"``adaptive_max_pool{dims}d`` returning ``(values, indices)``."
+    return pool
+
+
+adaptive_max_pool1d_with_indices = _adaptive_max_pool_with_indices(1)
+adaptive_max_pool2d_with_indices = _adaptive_max_pool_with_indices(2)
+adaptive_max_pool3d_with_indices = _adaptive_max_pool_with_indices(3)
+
+
+def _max_unpool(
+    input: Tensor,  # noqa: A002
+    indices: Tensor,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    output_size: Any,
+    dims: int,
+) -> Tensor:
+    """Each value placed at its flat spatial index (a max pooling's ``indices``) in a zero
+    output, whose size is the pooling's input size unless ``output_size`` says."""
+    import lucid
+
+    op = f"max_unpool{dims}d"
+
+    def per_dim(v: Any, name: str) -> tuple[int, ...]:
+        t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims
+        if len(t) != dims or any(not isinstance(k, int) or k < 0 for k in t):
+            raise ValueError(f"{op}: {name} must be an int or {dims} of them, got {v!r}")
+        return t
+
+    if input.ndim not in (dims + 1, dims + 2):
+        raise ValueError(f"{op}: expected a {dims + 1}D or {dims + 2}D input, got {input.shape}")
+    if tuple(indices.shape) != tuple(input.shape):
+        raise ValueError(
+            f"{op}: indices {tuple(indices.shape)} must have the input's shape {tuple(input.shape)}"
+        )
+    kernel = per_dim(kernel_size, "kernel_size")
+    steps = kernel if stride is None or stride == () else per_dim(stride, "stride")
+    pads = per_dim(padding, "padding")
+    size_in = tuple(input.shape[input.ndim - dims :])
+    size = tuple(
+        (i - 1) * s - 2 * p + k for i, s, p, k in zip(size_in, steps, pads, kernel, strict=True)
+    )
+    if output_size is not None:
+        size = tuple(output_size)[-dims:]
+        if len(size) != dims:
+            raise ValueError(f"{op}: output_size needs {dims} spatial sizes, got {output_size!r}")
+    lead = tuple(input.shape[: input.ndim - dims])
+    total = math.prod(size)
+    flat_indices = indices.reshape(*lead, -1)
+    out = lucid.zeros(*lead, total, dtype=input.dtype)
+    out = out.scatter(-1, flat_indices, input.reshape(*lead, -1))
+    return out.reshape(*lead, *size)
+
+
+def _max_unpool_nd(dims: int) -> Callable[..., Tensor]:
+    def unpool(
+        input: Tensor,  # noqa: A002
+        indices: Tensor,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        output_size: Any = None,
+    ) -> Tensor:
+        return _max_unpool(input, indices, kernel_size, stride, padding, output_size, dims)
+
+    unpool.__name__ = unpool.__qualname__ = f"max_unpool{dims}d"
+    unpool.__doc__ = (
+        f"The partial inverse of a {dims}-d max pooling: maxima back at their indices (its "
+        "``return_indices``), zeros elsewhere."
+    )
+    return unpool
+
+
+max_unpool1d = _max_unpool_nd(1)
+max_unpool2d = _max_unpool_nd(2)
+max_unpool3d = _max_unpool_nd(3)
+
+
+def affine_grid(theta: Tensor, size: Sequence[int], align_corners: bool | None = None) -> Tensor:
+    """Sampling grids (N, H, W, 2) or (N, D, H, W, 3) of the affine maps ``theta`` (N, 2, 3) or
+    (N, 3, 4), over normalised coordinates in [-1, 1] (pixel centres unless ``align_corners``)."""
+    import lucid
+
+    size = tuple(int(n) for n in size)
+    dims = len(size) - 2
+    if dims not in (2, 3):
+        raise ValueError(f"affine_grid: size must be (N, C, H, W) or (N, C, D, H, W), got {size}")
+    if tuple(theta.shape) != (size[0], dims, dims + 1):
+        raise ValueError(
+            f"affine_grid: theta must have shape {(size[0], dims, dims + 1)} for size {size}, got "
+            f"{tuple(theta.shape)}"
+        )
+    if not theta.dtype.is_floating_point:
+        raise TypeError(f"affine_grid: theta must be floating point, got {theta.dtype}")
+
+    def coords(n: int) -> Tensor:
+        steps = lucid.arange(n, dtype=theta.dtype)
+        if align_corners:
+            return steps * (2.0 / (n - 1)) - 1.0 if n > 1 else steps * 0.0
+        return (steps * 2.0 + 1.0) / n - 1.0
+
+    spatial = size[2:]
+    # The homogeneous coordinates (x, y[, z], 1) of every output point, x along the last dim.
+    axes = [coords(n) for n in reversed(spatial)]
+    mesh = lucid.meshgrid(*reversed(axes), indexing="ij")
+    points = lucid.stack([*reversed(mesh), lucid.ones(*spatial, dtype=theta.dtype)], -1)
+    grid = points.reshape(1, -1, dims + 1) @ theta.mT
+    return grid.reshape(size[0], *spatial, dims)
+
+
+def linear_cross_entropy(
+    input: Tensor,  # noqa: A002
+    linear_weight: Tensor,
+    target: Tensor,
+    *,
+    linear_bias: Tensor | None = None,
+    weight: Tensor | None = None,
+    reduction: str = "mean",
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+    options: Any = None,
+) -> Tensor:
+    """``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)``; ``options``
+    (torch's memory-saving chunking hints) change nothing here."""
+    if input.ndim not in (1, 2):
+        raise ValueError(
+            f"linear_cross_entropy: expected a 1-d or 2-d input, got shape {tuple(input.shape)}"
+        )
+    if linear_weight.ndim != 2:
+        raise ValueError(
+            "linear_cross_entropy: expected a (classes, features) linear_weight, got shape "
+            f"{tuple(linear_weight.shape)}"
+        )
+    logits = linear(input, linear_weight, linear_bias)
+    return cross_entropy(
+        logits,
+        target,
+        weight,
+        ignore_index=-100 if ignore_index is None else ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )

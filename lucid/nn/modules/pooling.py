@@ -157,9 +157,10 @@ class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
 class _AdaptiveMaxPoolNd(_AdaptiveAvgPoolNd):
     def __init__(self, output_size: Any, return_indices: bool = False) -> None:
         super().__init__(output_size)
-        if return_indices:
-            raise ValueError(f"{type(self).__name__}: return_indices=True is not supported")
         self.return_indices = return_indices
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002
+        return self._pool(input, self.output_size, self.return_indices)
 
 
 class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):

@@ -1,0 +1,173 @@
+"""The *_with_indices pooling spellings, max_unpool1d/2d/3d, affine_grid and linear_cross_entropy
+against torch.nn.functional: values, indices and float64 gradients (skipped without torch)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", exc_type=ImportError)
+TF = torch.nn.functional
+
+import lucid  # noqa: E402
+import lucid.nn.functional as F  # noqa: E402
+from lucid.testing import assert_close  # noqa: E402
+
+rng = np.random.default_rng(7)
+
+
+def pair(a, grad=True):
+    if a.dtype.kind in "iu":
+        return lucid.tensor(a), torch.tensor(a)
+    return (
+        lucid.tensor(a, dtype=lucid.float64, requires_grad=grad),
+        torch.tensor(a, dtype=torch.float64, requires_grad=grad),
+    )
+
+
+def same_outputs_and_gradients(lucid_fn, torch_fn, *arrays):
+    """Every output equal (indices exactly); the float inputs' gradients of a random weighting
+    of the first output equal."""
+    pairs = [pair(a) for a in arrays]
+    got, want = lucid_fn(*(p[0] for p in pairs)), torch_fn(*(p[1] for p in pairs))
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert tuple(g.shape) == tuple(w.shape)
+        if w.dtype == torch.int64:
+            assert g.dtype == lucid.int64
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+        else:
+            assert_close(g.detach(), w.detach().numpy(), rtol=1e-10, atol=1e-12)
+    floats = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"]
+    cot = rng.standard_normal(tuple(want[0].shape))
+    lg = lucid.autograd.grad(
+        got[0], [pairs[i][0] for i in floats], lucid.tensor(cot), allow_unused=True
+    )
+    tg = torch.autograd.grad(
+        want[0], [pairs[i][1] for i in floats], torch.tensor(cot), allow_unused=True
+    )
+    for a, b in zip(lg, tg, strict=True):
+        assert (a is None) == (b is None)
+        if b is not None:
+            assert_close(a, b.numpy(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "name,shape,args",
+    [
+        ("max_pool1d_with_indices", (2, 3, 9), (3, 2, 1)),
+        ("max_pool2d_with_indices", (2, 2, 7, 6), ((3, 2), (2, 1), (1, 0))),
+        ("adaptive_max_pool1d_with_indices", (2, 3, 10), (4,)),
+        ("adaptive_max_pool2d_with_indices", (2, 2, 7, 5), ((3, 2),)),
+        ("adaptive_max_pool2d_with_indices", (3, 6, 6), ((4, None),)),
+        ("adaptive_max_pool3d_with_indices", (1, 2, 5, 4, 6), ((2, 3, 4),)),
+    ],
+)
+def test_pooling_with_indices_matches_torch(name, shape, args):
+    same_outputs_and_gradients(
+        lambda x: getattr(F, name)(x, *args),
+        lambda x: getattr(TF, name)(x, *args),
+        rng.standard_normal(shape),
+    )
+
+
+def test_adaptive_max_pool_ties_pick_torchs_index():
+    x = np.zeros((1, 1, 4, 4))  # every window is one tie: torch reports its first element
+    got = F.adaptive_max_pool2d(lucid.tensor(x), 2, return_indices=True)[1]
+    want = TF.adaptive_max_pool2d(torch.tensor(x), 2, return_indices=True)[1]
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize(
+    "dims,shape,kernel,stride,padding,output_size",
+    [
+        (1, (2, 3, 9), 3, 2, 1, None),
+        (1, (3, 8), 2, None, 0, (9,)),
+        (2, (2, 2, 7, 6), (3, 2), (2, 1), (1, 0), None),
+        (2, (2, 2, 6, 6), 2, None, 0, (2, 2, 7, 7)),
+        (3, (1, 2, 4, 6, 6), 2, 2, 0, None),
+        (3, (2, 4, 5, 6), 2, None, 0, (4, 5, 6)),
+    ],
+)
+def test_max_unpool_inverts_torchs_max_pool(dims, shape, kernel, stride, padding, output_size):
+    pool = getattr(TF, f"max_pool{dims}d")
+    _, indices = pool(torch.tensor(rng.standard_normal(shape)), kernel, stride, padding,
+                      return_indices=True)  # fmt: skip
+    values = rng.standard_normal(tuple(indices.shape))
+    same_outputs_and_gradients(
+        lambda v, i: getattr(F, f"max_unpool{dims}d")(v, i, kernel, stride, padding, output_size),
+        lambda v, i: getattr(TF, f"max_unpool{dims}d")(v, i, kernel, stride, padding, output_size),
+        values,
+        indices.numpy(),
+    )
+
+
+def test_max_unpool_refuses_bad_indices_clearly():
+    with pytest.raises(IndexError, match="out of bounds"):
+        F.max_unpool1d(lucid.ones(1, 1, 2), lucid.tensor([[[0, 9]]]), 2)
+    with pytest.raises(ValueError, match="indices"):
+        F.max_unpool2d(lucid.ones(1, 1, 2, 2), lucid.tensor([[[0, 1]]]), 2)
+
+
+@pytest.mark.filterwarnings("ignore:Since version 1.3.0")
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [(2, 3, 4, 5), (2, 1, 3, 4, 2), (1, 1, 1, 3)])
+def test_affine_grid_matches_torch(size, align_corners):
+    dims = len(size) - 2
+    theta = rng.standard_normal((size[0], dims, dims + 1))
+    same_outputs_and_gradients(
+        lambda t: F.affine_grid(t, size, align_corners=align_corners),
+        lambda t: TF.affine_grid(t, size, align_corners=align_corners),
+        theta,
+    )
+
+
+def test_affine_grid_refuses_a_mismatched_theta():
+    with pytest.raises(ValueError, match="theta must have shape"):
+        F.affine_grid(lucid.zeros(2, 3, 4), (2, 1, 4, 4))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"reduction": "sum", "label_smoothing": 0.1}, {"ignore_index": 2, "bias": True}],
+)
+def test_linear_cross_entropy_matches_torch(kwargs):
+    kwargs = dict(kwargs)
+    bias = kwargs.pop("bias", False)
+    x, w, b = rng.standard_normal((6, 4)), rng.standard_normal((5, 4)), rng.standard_normal(5)
+    target = rng.integers(0, 5, 6)
+
+    def run(f, lib):
+        return lambda x, w, b, t: f(x, w, t, linear_bias=b if bias else None, **kwargs)
+
+    same_outputs_and_gradients(
+        run(F.linear_cross_entropy, lucid), run(TF.linear_cross_entropy, torch), x, w, b, target
+    )
+
+
+def test_linear_cross_entropy_refuses_unsupported_shapes():
+    with pytest.raises(ValueError, match="1-d or 2-d input"):
+        F.linear_cross_entropy(lucid.ones(2, 3, 4), lucid.ones(5, 4), lucid.zeros(2, 3).long())
+
+
+@pytest.mark.parametrize("name,shape", [("AdaptiveMaxPool1d", (2, 7)), ("AdaptiveMaxPool2d",
+                         (1, 2, 5, 7)), ("AdaptiveMaxPool3d", (2, 3, 4, 5))])  # fmt: skip
+def test_adaptive_max_pool_modules_return_torchs_indices(name, shape):
+    x = rng.standard_normal(shape)
+    got = getattr(lucid.nn, name)(3, return_indices=True)(lucid.tensor(x))
+    want = getattr(torch.nn, name)(3, return_indices=True)(torch.tensor(x))
+    assert_close(got[0], want[0].numpy())
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+
+
+def test_they_compile_without_a_fallback_and_match_eager():
+    def fn(x, theta):
+        values, indices = F.adaptive_max_pool2d(x, (2, 3), return_indices=True)
+        unpooled = F.max_unpool2d(values, indices, 2, output_size=x.shape)
+        return unpooled.sum() + F.affine_grid(theta, (2, 3, 4, 5)).sum() + (values * 2).sum()
+
+    compiled = lucid.compile(fn)
+    x = lucid.randn(2, 3, 4, 6, dtype=lucid.float64)
+    theta = lucid.randn(2, 2, 3, dtype=lucid.float64)
+    assert_close(compiled(x, theta), fn(x, theta).numpy())
+    assert not compiled.cache_info()["reasons"]
