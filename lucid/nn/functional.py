@@ -127,6 +127,7 @@ __all__ = [
     "lp_pool3d",
     "max_pool1d_with_indices",
     "max_pool2d_with_indices",
+    "max_pool3d_with_indices",
     "adaptive_max_pool1d_with_indices",
     "adaptive_max_pool2d_with_indices",
     "adaptive_max_pool3d_with_indices",
@@ -1892,13 +1893,30 @@ def max_pool3d(
     ceil_mode: bool = False,
     return_indices: bool = False,
 ) -> Tensor:
-    """3-d max pooling over (N, C, D, H, W) or (C, D, H, W) inputs (no dilation or indices)."""
-    if _triple(dilation, "dilation", "max_pool3d") != (1, 1, 1) or return_indices:
-        raise ValueError("max_pool3d: dilation and return_indices are not supported")
+    """3-d max pooling over (N, C, D, H, W) or (C, D, H, W) inputs (no dilation); with
+    ``return_indices`` also each max's flat D*H*W index (the first of ties, as torch)."""
+    import lucid
+
+    if _triple(dilation, "dilation", "max_pool3d") != (1, 1, 1):
+        raise ValueError("max_pool3d: dilation is not supported")
     windows, _ = _window_pool3d(
         input, kernel_size, stride, padding, ceil_mode, float("-inf"), "max_pool3d"
     )
-    return windows.amax(-1)
+    if not return_indices:
+        return windows.amax(-1)
+    spatial = tuple(input.shape[-3:])
+    positions = lucid.arange(math.prod(spatial)).reshape(spatial).expand(*input.shape)
+    position_windows, _ = _window_pool3d(
+        positions, kernel_size, stride, padding, ceil_mode, -1, "max_pool3d"
+    )
+    best = windows.argmax(-1, keepdim=True)
+    return windows.gather(-1, best).squeeze(-1), position_windows.gather(-1, best).squeeze(-1)
+
+
+def max_pool3d_with_indices(input: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:  # noqa: A002
+    """``max_pool3d`` returning ``(values, indices)``."""
+    kwargs["return_indices"] = True
+    return max_pool3d(input, *args, **kwargs)
 
 
 def lp_pool3d(

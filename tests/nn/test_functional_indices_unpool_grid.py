@@ -57,6 +57,8 @@ def same_outputs_and_gradients(lucid_fn, torch_fn, *arrays):
     [
         ("max_pool1d_with_indices", (2, 3, 9), (3, 2, 1)),
         ("max_pool2d_with_indices", (2, 2, 7, 6), ((3, 2), (2, 1), (1, 0))),
+        ("max_pool3d_with_indices", (1, 2, 5, 6, 4), (3, 2, 1)),
+        ("max_pool3d_with_indices", (2, 4, 4, 6), ((2, 3, 2), (1, 3, 2))),
         ("adaptive_max_pool1d_with_indices", (2, 3, 10), (4,)),
         ("adaptive_max_pool2d_with_indices", (2, 2, 7, 5), ((3, 2),)),
         ("adaptive_max_pool2d_with_indices", (3, 6, 6), ((4, None),)),
@@ -71,10 +73,14 @@ def test_pooling_with_indices_matches_torch(name, shape, args):
     )
 
 
-def test_adaptive_max_pool_ties_pick_torchs_index():
+def test_max_pool_ties_pick_torchs_index():
     x = np.zeros((1, 1, 4, 4))  # every window is one tie: torch reports its first element
     got = F.adaptive_max_pool2d(lucid.tensor(x), 2, return_indices=True)[1]
     want = TF.adaptive_max_pool2d(torch.tensor(x), 2, return_indices=True)[1]
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    cube = np.zeros((1, 1, 4, 4, 4))
+    got = F.max_pool3d(lucid.tensor(cube), 2, return_indices=True)[1]
+    want = TF.max_pool3d(torch.tensor(cube), 2, return_indices=True)[1]
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
@@ -86,6 +92,7 @@ def test_adaptive_max_pool_ties_pick_torchs_index():
         (2, (2, 2, 7, 6), (3, 2), (2, 1), (1, 0), None),
         (2, (2, 2, 6, 6), 2, None, 0, (2, 2, 7, 7)),
         (3, (1, 2, 4, 6, 6), 2, 2, 0, None),
+        (3, (1, 2, 5, 6, 5), 3, 2, 1, (5, 6, 5)),
         (3, (2, 4, 5, 6), 2, None, 0, (4, 5, 6)),
     ],
 )
@@ -150,9 +157,16 @@ def test_linear_cross_entropy_refuses_unsupported_shapes():
         F.linear_cross_entropy(lucid.ones(2, 3, 4), lucid.ones(5, 4), lucid.zeros(2, 3).long())
 
 
-@pytest.mark.parametrize("name,shape", [("AdaptiveMaxPool1d", (2, 7)), ("AdaptiveMaxPool2d",
-                         (1, 2, 5, 7)), ("AdaptiveMaxPool3d", (2, 3, 4, 5))])  # fmt: skip
-def test_adaptive_max_pool_modules_return_torchs_indices(name, shape):
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("AdaptiveMaxPool1d", (2, 7)),
+        ("AdaptiveMaxPool2d", (1, 2, 5, 7)),
+        ("AdaptiveMaxPool3d", (2, 3, 4, 5)),
+        ("MaxPool3d", (1, 2, 6, 7, 6)),
+    ],
+)
+def test_max_pool_modules_return_torchs_indices(name, shape):
     x = rng.standard_normal(shape)
     got = getattr(lucid.nn, name)(3, return_indices=True)(lucid.tensor(x))
     want = getattr(torch.nn, name)(3, return_indices=True)(torch.tensor(x))

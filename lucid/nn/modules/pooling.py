@@ -253,7 +253,7 @@ class AvgPool3d(Module):
 
 
 class MaxPool3d(Module):
-    """3-d max pooling (no dilation, ``ceil_mode`` or indices)."""
+    """3-d max pooling (no dilation or ``ceil_mode``; ``return_indices`` as torch)."""
 
     def __init__(
         self,
