@@ -103,6 +103,7 @@ __all__ = [
     "triplet_margin_with_distance_loss",
     "multi_margin_loss",
     "unfold",
+    "fold",
     "relu_",
     "elu_",
     "selu_",
@@ -1622,6 +1623,62 @@ def unfold(
         for j in range(kw)
     ]
     out = lucid.stack(blocks, 2).reshape(n, c * kh * kw, out_h * out_w)
+    return out.squeeze(0) if unbatched else out
+
+
+def fold(
+    input: Tensor,  # noqa: A002
+    output_size: Any,
+    kernel_size: Any,
+    dilation: Any = 1,
+    padding: Any = 0,
+    stride: Any = 1,
+) -> Tensor:
+    """col2im, the adjoint of ``unfold``: the columns (N, C*kh*kw, L) summed back into
+    (N, C, H, W) at the places their blocks came from (overlaps add up)."""
+    import numpy as np
+
+    import lucid
+
+    def pair(v: Any, name: str) -> tuple[int, int]:
+        t = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+        if len(t) != 2 or any(isinstance(k, bool) or not isinstance(k, int) for k in t):
+            raise ValueError(f"fold: {name} must be an int or a pair of ints, got {v!r}")
+        return t
+
+    (h, w), (kh, kw) = pair(output_size, "output_size"), pair(kernel_size, "kernel_size")
+    (dh, dw), (ph, pw), (sh, sw) = (
+        pair(dilation, "dilation"),
+        pair(padding, "padding"),
+        pair(stride, "stride"),
+    )
+    unbatched = input.ndim == 2
+    cols = input.unsqueeze(0) if unbatched else input
+    if cols.ndim != 3:
+        raise ValueError(f"fold: expected a 2D or 3D input, got {tuple(input.shape)}")
+    n, ck, length = cols.shape
+    if ck % (kh * kw):
+        raise ValueError(
+            f"fold: the input's dim 1 ({ck}) must be divisible by the kernel size {kh}x{kw}"
+        )
+    hp, wp = h + 2 * ph, w + 2 * pw
+    out_h = (hp - dh * (kh - 1) - 1) // sh + 1
+    out_w = (wp - dw * (kw - 1) - 1) // sw + 1
+    if out_h <= 0 or out_w <= 0 or out_h * out_w != length:
+        raise ValueError(
+            f"fold: {length} blocks do not tile output_size {(h, w)} with kernel {kh}x{kw}, "
+            f"dilation {(dh, dw)}, padding {(ph, pw)}, stride {(sh, sw)} "
+            f"(expected {max(out_h, 0) * max(out_w, 0)})"
+        )
+    # The flat position in the padded (hp, wp) plane of every (kernel offset, block) entry.
+    rows = (np.arange(kh) * dh)[:, None, None, None] + (np.arange(out_h) * sh)[None, None, :, None]
+    columns = (np.arange(kw) * dw)[None, :, None, None] + (np.arange(out_w) * sw)[None, None, None]
+    places = lucid.tensor((rows * wp + columns).reshape(-1))
+    c = ck // (kh * kw)
+    summed = lucid.zeros(n, c, hp * wp, dtype=cols.dtype).scatter_add(
+        -1, places.expand(n, c, -1), cols.reshape(n, c, -1)
+    )
+    out = summed.reshape(n, c, hp, wp)[:, :, ph : ph + h, pw : pw + w]
     return out.squeeze(0) if unbatched else out
 
 

@@ -178,10 +178,45 @@ def test_they_compile_without_a_fallback_and_match_eager():
     def fn(x, theta):
         values, indices = F.adaptive_max_pool2d(x, (2, 3), return_indices=True)
         unpooled = F.max_unpool2d(values, indices, 2, output_size=x.shape)
-        return unpooled.sum() + F.affine_grid(theta, (2, 3, 4, 5)).sum() + (values * 2).sum()
+        folded = F.fold(F.unfold(x, 2), (4, 6), 2) * x
+        grid = F.affine_grid(theta, (2, 3, 4, 5))
+        return unpooled.sum() + grid.sum() + (values * 2).sum() + folded.sum()
 
     compiled = lucid.compile(fn)
     x = lucid.randn(2, 3, 4, 6, dtype=lucid.float64)
     theta = lucid.randn(2, 2, 3, dtype=lucid.float64)
     assert_close(compiled(x, theta), fn(x, theta).numpy())
     assert not compiled.cache_info()["reasons"]
+
+
+@pytest.mark.parametrize(
+    "batch,output_size,kernel,dilation,padding,stride",
+    [
+        ((2,), (5, 6), (2, 3), 1, 0, 1),
+        ((1,), (7, 6), 3, (2, 1), (1, 2), (2, 1)),
+        ((), (4, 4), 2, 1, 0, 2),
+    ],
+)
+def test_fold_matches_torch(batch, output_size, kernel, dilation, padding, stride):
+    unfolded = TF.unfold(
+        torch.zeros(*batch, 3, *output_size) if batch else torch.zeros(1, 3, *output_size),
+        kernel, dilation, padding, stride,
+    )  # fmt: skip
+    shape = tuple(unfolded.shape) if batch else tuple(unfolded.shape[1:])
+    same_outputs_and_gradients(
+        lambda x: F.fold(x, output_size, kernel, dilation, padding, stride),
+        lambda x: TF.fold(x, output_size, kernel, dilation, padding, stride),
+        rng.standard_normal(shape),
+    )
+    got = lucid.nn.Fold(output_size, kernel, dilation, padding, stride)(
+        lucid.tensor(np.ones(shape))
+    )
+    want = torch.nn.Fold(output_size, kernel, dilation, padding, stride)(torch.ones(shape))
+    assert_close(got, want.numpy())
+
+
+def test_fold_refuses_blocks_that_do_not_tile():
+    with pytest.raises(ValueError, match="do not tile"):
+        F.fold(lucid.ones(1, 4, 5), (3, 3), 2)
+    with pytest.raises(ValueError, match="divisible"):
+        F.fold(lucid.ones(1, 5, 4), (3, 3), 2)
