@@ -2053,9 +2053,11 @@ def _max_unpool(
         (i - 1) * s - 2 * p + k for i, s, p, k in zip(size_in, steps, pads, kernel, strict=True)
     )
     if output_size is not None:
-        size = tuple(output_size)[-dims:]
-        if len(size) != dims:
-            raise ValueError(f"{op}: output_size needs {dims} spatial sizes, got {output_size!r}")
+        if len(tuple(output_size)) not in (dims, dims + 2):
+            raise ValueError(
+                f"{op}: output_size needs {dims} or {dims + 2} sizes, got {output_size!r}"
+            )
+        size = tuple(int(n) for n in tuple(output_size)[-dims:])
     lead = tuple(input.shape[: input.ndim - dims])
     total = math.prod(size)
     flat_indices = indices.reshape(*lead, -1)

@@ -114,6 +114,9 @@ def test_max_unpool_refuses_bad_indices_clearly():
         F.max_unpool1d(lucid.ones(1, 1, 2), lucid.tensor([[[0, 9]]]), 2)
     with pytest.raises(ValueError, match="indices"):
         F.max_unpool2d(lucid.ones(1, 1, 2, 2), lucid.tensor([[[0, 1]]]), 2)
+    with pytest.raises(ValueError, match="output_size needs 3 or 5 sizes"):
+        F.max_unpool3d(lucid.ones(1, 1, 2, 2, 2), lucid.zeros(1, 1, 2, 2, 2).long(), 2,
+                       output_size=(1, 4, 4, 4))  # fmt: skip
 
 
 @pytest.mark.filterwarnings("ignore:Since version 1.3.0")
@@ -220,3 +223,21 @@ def test_fold_refuses_blocks_that_do_not_tile():
         F.fold(lucid.ones(1, 4, 5), (3, 3), 2)
     with pytest.raises(ValueError, match="divisible"):
         F.fold(lucid.ones(1, 5, 4), (3, 3), 2)
+
+
+@pytest.mark.parametrize("dims,shape", [(1, (2, 3, 8)), (2, (1, 2, 6, 4)), (3, (2, 4, 6, 4))])
+def test_max_unpool_modules_invert_max_pool_as_torch(dims, shape):
+    x = rng.standard_normal(shape)
+    pool = getattr(torch.nn, f"MaxPool{dims}d")(2, return_indices=True)
+    values, indices = pool(torch.tensor(x))
+    size = shape[-dims:]
+    want = getattr(torch.nn, f"MaxUnpool{dims}d")(2)(values, indices, output_size=size)
+    got = getattr(lucid.nn, f"MaxUnpool{dims}d")(2)(
+        lucid.tensor(values.numpy()), lucid.tensor(indices.numpy()), output_size=size
+    )
+    assert_close(got, want.numpy())
+    lucid_values, lucid_indices = getattr(lucid.nn, f"MaxPool{dims}d")(2, return_indices=True)(
+        lucid.tensor(x)
+    )
+    round_trip = getattr(lucid.nn, f"MaxUnpool{dims}d")(2)(lucid_values, lucid_indices)
+    assert_close(round_trip, want.numpy())
