@@ -136,6 +136,7 @@ __all__ = [
     "max_unpool2d",
     "max_unpool3d",
     "affine_grid",
+    "grid_sample",
     "linear_cross_entropy",
 ]
 
@@ -2120,6 +2121,55 @@ def affine_grid(theta: Tensor, size: Sequence[int], align_corners: bool | None =
     points = lucid.stack([*reversed(mesh), lucid.ones(*spatial, dtype=theta.dtype)], -1)
     grid = points.reshape(1, -1, dims + 1) @ theta.mT
     return grid.reshape(size[0], *spatial, dims)
+
+
+def grid_sample(
+    input: Tensor,  # noqa: A002
+    grid: Tensor,
+    mode: str = "bilinear",
+    padding_mode: str = "zeros",
+    align_corners: bool | None = None,
+) -> Tensor:
+    """Samples of (N, C, H, W) ``input`` at the normalised (x, y) points of ``grid``
+    (N, Ho, Wo, 2), bilinear or nearest; outside points read zeros or the border."""
+    if mode not in ("bilinear", "nearest"):
+        raise ValueError(f"grid_sample: mode must be 'bilinear' or 'nearest', got {mode!r}")
+    if padding_mode not in ("zeros", "border"):
+        raise ValueError(
+            f"grid_sample: padding_mode must be 'zeros' or 'border', got {padding_mode!r}"
+        )
+    if input.ndim != 4 or grid.ndim != 4 or grid.shape[-1] != 2 or grid.shape[0] != input.shape[0]:
+        raise ValueError(
+            "grid_sample: expected a (N, C, H, W) input and a (N, Ho, Wo, 2) grid, got "
+            f"{tuple(input.shape)} and {tuple(grid.shape)}"
+        )
+    n, c, h, w = input.shape
+    out_h, out_w = grid.shape[1], grid.shape[2]
+
+    def pixel(coord: Tensor, size: int) -> Tensor:
+        if align_corners:
+            coord = (coord + 1) * ((size - 1) / 2)
+        else:
+            coord = ((coord + 1) * size - 1) / 2
+        return coord.clamp(0, size - 1) if padding_mode == "border" else coord
+
+    x, y = pixel(grid[..., 0], w), pixel(grid[..., 1], h)
+    flat = input.reshape(n, c, h * w)
+
+    def read(yi: Tensor, xi: Tensor) -> Tensor:
+        """input at integer pixels (yi, xi) (N, Ho, Wo); zero where they fall outside."""
+        inside = (xi >= 0) & (xi <= w - 1) & (yi >= 0) & (yi <= h - 1)
+        place = (yi.clamp(0, h - 1) * w + xi.clamp(0, w - 1)).long()
+        values = flat.gather(-1, place.reshape(n, 1, -1).expand(n, c, -1))
+        return values.reshape(n, c, out_h, out_w) * inside.unsqueeze(1).type(input.dtype)
+
+    if mode == "nearest":
+        return read(y.detach().round(), x.detach().round())
+    x0, y0 = x.detach().floor(), y.detach().floor()
+    wx, wy = (x - x0).unsqueeze(1), (y - y0).unsqueeze(1)
+    top = read(y0, x0) * (1 - wx) + read(y0, x0 + 1) * wx
+    bottom = read(y0 + 1, x0) * (1 - wx) + read(y0 + 1, x0 + 1) * wx
+    return top * (1 - wy) + bottom * wy
 
 
 def linear_cross_entropy(

@@ -47,8 +47,9 @@ def same_outputs_and_gradients(lucid_fn, torch_fn, *arrays):
         want[0], [pairs[i][1] for i in floats], torch.tensor(cot), allow_unused=True
     )
     for a, b in zip(lg, tg, strict=True):
-        assert (a is None) == (b is None)
-        if b is not None:
+        if a is None or b is None:  # unused on one side: the other's gradient is zero
+            assert all(t is None or not t.numpy().any() for t in (a, b))
+        else:
             assert_close(a, b.numpy(), rtol=1e-9, atol=1e-12)
 
 
@@ -183,7 +184,9 @@ def test_they_compile_without_a_fallback_and_match_eager():
         unpooled = F.max_unpool2d(values, indices, 2, output_size=x.shape)
         folded = F.fold(F.unfold(x, 2), (4, 6), 2) * x
         grid = F.affine_grid(theta, (2, 3, 4, 5))
-        return unpooled.sum() + grid.sum() + (values * 2).sum() + folded.sum()
+        sampled = F.grid_sample(x, grid * 0.9 + 0.01)
+        total = unpooled.sum() + grid.sum() + (values * 2).sum() + folded.sum()
+        return total + sampled.sum()
 
     compiled = lucid.compile(fn)
     x = lucid.randn(2, 3, 4, 6, dtype=lucid.float64)
@@ -241,3 +244,35 @@ def test_max_unpool_modules_invert_max_pool_as_torch(dims, shape):
     )
     round_trip = getattr(lucid.nn, f"MaxUnpool{dims}d")(2)(lucid_values, lucid_indices)
     assert_close(round_trip, want.numpy())
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_matches_torch(mode, padding_mode, align_corners):
+    x = rng.standard_normal((2, 3, 4, 5))
+    # Points inside, on and beyond the border; none exactly on a pixel or half-pixel, where
+    # floor and round have a kink.
+    grid = rng.uniform(-1.3, 1.3, (2, 3, 6, 2)) + 0.0123
+    same_outputs_and_gradients(
+        lambda a, g: F.grid_sample(a, g, mode, padding_mode, align_corners),
+        lambda a, g: TF.grid_sample(a, g, mode, padding_mode, align_corners),
+        x,
+        grid,
+    )
+
+
+def test_grid_sample_of_an_identity_affine_grid_is_the_input():
+    x = lucid.randn(1, 2, 3, 4, dtype=lucid.float64)
+    theta = lucid.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]], dtype=lucid.float64)
+    grid = F.affine_grid(theta, (1, 2, 3, 4), align_corners=False)
+    assert_close(F.grid_sample(x, grid, align_corners=False), x.numpy())
+
+
+def test_grid_sample_refuses_what_it_does_not_do():
+    with pytest.raises(ValueError, match="mode"):
+        F.grid_sample(lucid.ones(1, 1, 2, 2), lucid.zeros(1, 1, 1, 2), mode="bicubic")
+    with pytest.raises(ValueError, match="padding_mode"):
+        F.grid_sample(lucid.ones(1, 1, 2, 2), lucid.zeros(1, 1, 1, 2), padding_mode="reflection")
+    with pytest.raises(ValueError, match="grid_sample: expected"):
+        F.grid_sample(lucid.ones(1, 1, 2, 2, 2), lucid.zeros(1, 1, 1, 1, 3))
