@@ -137,6 +137,7 @@ __all__ = [
     "max_unpool3d",
     "affine_grid",
     "grid_sample",
+    "conv3d",
     "linear_cross_entropy",
 ]
 
@@ -2204,3 +2205,76 @@ def linear_cross_entropy(
         reduction=reduction,
         label_smoothing=label_smoothing,
     )
+
+
+def conv3d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """3-D convolution of (N, C_in, D, H, W) or (C_in, D, H, W) with (C_out, C_in / groups, kd,
+    kh, kw) weights: the strided windows of every kernel offset contracted in one einsum."""
+    import lucid
+
+    unbatched = input.ndim == 4
+    x = input.unsqueeze(0) if unbatched else input
+    if x.ndim != 5 or weight.ndim != 5:
+        raise ValueError(
+            f"conv3d: expected a 4D or 5D input and a 5D weight, got {tuple(input.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    n, c_in = x.shape[0], x.shape[1]
+    c_out, k = weight.shape[0], tuple(weight.shape[2:])
+    if not isinstance(groups, int) or groups <= 0 or c_in % groups or c_out % groups:
+        raise ValueError(
+            f"conv3d: groups ({groups!r}) must be a positive int dividing in_channels ({c_in}) "
+            f"and out_channels ({c_out})"
+        )
+    if weight.shape[1] * groups != c_in:
+        raise ValueError(
+            f"conv3d: the weight {tuple(weight.shape)} expects {weight.shape[1] * groups} input "
+            f"channels with groups={groups}, got {c_in}"
+        )
+    s, d = _triple(stride, "stride", "conv3d"), _triple(dilation, "dilation", "conv3d")
+    if 0 in s or 0 in d:
+        raise ValueError(f"conv3d: stride {s} and dilation {d} must be positive")
+    if padding == "valid":
+        pads = [(0, 0)] * 3
+    elif padding == "same":
+        if s != (1, 1, 1):
+            raise ValueError("conv3d: padding='same' is not supported for strided convolutions")
+        totals = [di * (ki - 1) for di, ki in zip(d, k, strict=True)]
+        pads = [(total // 2, total - total // 2) for total in totals]
+    else:
+        pads = [(p, p) for p in _triple(padding, "padding", "conv3d")]
+    x = pad(x, [amount for lo_hi in reversed(pads) for amount in lo_hi])
+    out = [(x.shape[2 + i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(3)]
+    if min(out) <= 0:
+        raise ValueError(
+            f"conv3d: the kernel {k} (dilation {d}) does not fit the padded input "
+            f"{tuple(x.shape[2:])}"
+        )
+    windows = lucid.stack(
+        [
+            x[
+                :,
+                :,
+                a * d[0] : a * d[0] + s[0] * (out[0] - 1) + 1 : s[0],
+                b * d[1] : b * d[1] + s[1] * (out[1] - 1) + 1 : s[1],
+                c * d[2] : c * d[2] + s[2] * (out[2] - 1) + 1 : s[2],
+            ]
+            for a in range(k[0])
+            for b in range(k[1])
+            for c in range(k[2])
+        ],  # fmt: skip
+        2,
+    ).reshape(n, groups, c_in // groups, math.prod(k), *out)
+    kernel = weight.reshape(groups, c_out // groups, c_in // groups, math.prod(k))
+    y = lucid.einsum("ngckxyz,gock->ngoxyz", windows, kernel).reshape(n, c_out, *out)
+    if bias is not None:
+        y = y + bias.reshape(1, c_out, 1, 1, 1)
+    return y.squeeze(0) if unbatched else y

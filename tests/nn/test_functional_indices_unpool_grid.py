@@ -276,3 +276,41 @@ def test_grid_sample_refuses_what_it_does_not_do():
         F.grid_sample(lucid.ones(1, 1, 2, 2), lucid.zeros(1, 1, 1, 2), padding_mode="reflection")
     with pytest.raises(ValueError, match="grid_sample: expected"):
         F.grid_sample(lucid.ones(1, 1, 2, 2, 2), lucid.zeros(1, 1, 1, 1, 3))
+
+
+@pytest.mark.parametrize(
+    "shape,weight_shape,kwargs",
+    [
+        ((2, 4, 5, 6, 4), (6, 2, 2, 3, 2), {"stride": (1, 2, 1), "padding": 1, "groups": 2}),
+        ((3, 6, 5, 7), (2, 3, 3, 2, 2), {"dilation": (1, 2, 1)}),
+        ((1, 2, 4, 4, 4), (3, 2, 3, 3, 2), {"padding": "same", "dilation": 2}),
+        ((1, 2, 4, 5, 4), (3, 2, 2, 2, 2), {"padding": "valid", "stride": 2}),
+    ],
+)
+def test_conv3d_matches_torch(shape, weight_shape, kwargs):
+    same_outputs_and_gradients(
+        lambda x, w, b: F.conv3d(x, w, b, **kwargs),
+        lambda x, w, b: TF.conv3d(x, w, b, **kwargs),
+        rng.standard_normal(shape),
+        rng.standard_normal(weight_shape),
+        rng.standard_normal(weight_shape[0]),
+    )
+
+
+def test_conv3d_module_matches_torch_and_refuses_bad_channels():
+    model = lucid.nn.Conv3d(2, 4, (2, 3, 2), stride=(2, 1, 1), padding=(1, 0, 1), bias=True)
+    reference = torch.nn.Conv3d(2, 4, (2, 3, 2), stride=(2, 1, 1), padding=(1, 0, 1))
+    model.double()
+    with torch.no_grad():
+        reference.double()
+        reference.weight.copy_(torch.tensor(model.weight.numpy()))
+        reference.bias.copy_(torch.tensor(model.bias.numpy()))
+    x = rng.standard_normal((2, 2, 5, 6, 4))
+    assert_close(model(lucid.tensor(x)).detach(), reference(torch.tensor(x)).detach().numpy())
+    with pytest.raises(ValueError, match="input channels"):
+        F.conv3d(lucid.ones(1, 3, 4, 4, 4), lucid.ones(2, 2, 2, 2, 2))
+
+
+def test_conv3d_compiles_with_eager_gradients(compiled_matches_eager):
+    model = lucid.nn.Conv3d(2, 3, 2, padding=1, groups=1).double()
+    compiled_matches_eager(model, lucid.randn(2, 2, 3, 4, 3, dtype=lucid.float64))
