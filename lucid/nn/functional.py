@@ -138,6 +138,7 @@ __all__ = [
     "affine_grid",
     "grid_sample",
     "conv3d",
+    "embedding_bag",
     "linear_cross_entropy",
 ]
 
@@ -2278,3 +2279,57 @@ def conv3d(
     if bias is not None:
         y = y + bias.reshape(1, c_out, 1, 1, 1)
     return y.squeeze(0) if unbatched else y
+
+
+def embedding_bag(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    offsets: Tensor | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2,
+    scale_grad_by_freq: bool = False,
+    mode: str = "mean",
+    sparse: bool = False,
+    per_sample_weights: Tensor | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int | None = None,
+) -> Tensor:
+    """The sum, mean or max of each bag of embedding rows: the rows of a 2-D ``input``, or the
+    runs of a 1-D ``input`` starting at ``offsets``; ``padding_idx`` entries are left out and an
+    empty bag gives zeros."""
+    import lucid
+
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+    if per_sample_weights is not None and mode != "sum":
+        raise ValueError("embedding_bag: per_sample_weights needs mode='sum'")
+    if input.ndim == 2:
+        if offsets is not None:
+            raise ValueError("embedding_bag: offsets must be None for a 2-D input")
+        bags, length = input.shape
+        offsets = lucid.arange(bags) * length
+        include_last_offset = False
+    elif input.ndim != 1 or offsets is None or offsets.ndim != 1:
+        raise ValueError(
+            "embedding_bag: expected a 2-D input, or a 1-D input with 1-D offsets, got "
+            f"{tuple(input.shape)} and {None if offsets is None else tuple(offsets.shape)}"
+        )
+    flat = input.reshape(-1)
+    rows = embedding(flat, weight, None, max_norm, norm_type)
+    n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    # member[b, i]: entry i lies in bag b (offsets[b] <= i < offsets[b + 1]) and is no padding.
+    bag = lucid.searchsorted(offsets, lucid.arange(flat.shape[0]), right=True) - 1
+    member = bag.unsqueeze(0) == lucid.arange(n_bags).unsqueeze(1)
+    if padding_idx is not None:
+        member = member & (flat != padding_idx % weight.shape[0]).unsqueeze(0)
+    counts = member.sum(1, keepdim=True)
+    if mode == "max":
+        candidates = lucid.where(member.unsqueeze(-1), rows.unsqueeze(0), float("-inf"))
+        best = candidates.argmax(1, keepdim=True)
+        picked = rows.unsqueeze(0).expand(n_bags, -1, -1).gather(1, best).squeeze(1)
+        return lucid.where(counts > 0, picked, 0.0)
+    scale = member.type(rows.dtype)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.reshape(1, -1)
+    total = scale @ rows
+    return total / counts.clamp(min=1).type(rows.dtype) if mode == "mean" else total

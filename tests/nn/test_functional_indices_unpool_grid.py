@@ -314,3 +314,64 @@ def test_conv3d_module_matches_torch_and_refuses_bad_channels():
 def test_conv3d_compiles_with_eager_gradients(compiled_matches_eager):
     model = lucid.nn.Conv3d(2, 3, 2, padding=1, groups=1).double()
     compiled_matches_eager(model, lucid.randn(2, 2, 3, 4, 3, dtype=lucid.float64))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("layout", ["2d", "offsets", "last_offset"])
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_embedding_bag_matches_torch(mode, layout, padding_idx):
+    weight = rng.standard_normal((6, 3))
+    # Repeated indices (ties for max), an empty bag, a bag of padding only.
+    flat = np.array([1, 4, 1, 2, 2, 5, 0, 3, 3])
+    if layout == "2d":
+        indices, offsets, last = flat.reshape(3, 3), None, False
+    else:
+        last = layout == "last_offset"
+        starts = [0, 3, 3, 5, 7] + ([9] if last else [])
+        indices, offsets = flat, np.array(starts)
+
+    def run(lib, f):
+        def call(w, *extra):
+            i = lib.tensor(indices)
+            o = None if offsets is None else lib.tensor(offsets)
+            return f(i, w, o, mode=mode, include_last_offset=last, padding_idx=padding_idx)
+
+        return call
+
+    same_outputs_and_gradients(run(lucid, F.embedding_bag), run(torch, TF.embedding_bag), weight)
+
+
+def test_embedding_bag_per_sample_weights_and_module_match_torch():
+    weight = rng.standard_normal((5, 4))
+    indices, offsets = np.array([0, 2, 4, 1, 3]), np.array([0, 2])
+    psw = rng.standard_normal(5)
+    same_outputs_and_gradients(
+        lambda w, p: F.embedding_bag(lucid.tensor(indices), w, lucid.tensor(offsets), mode="sum",
+                                     per_sample_weights=p),
+        lambda w, p: TF.embedding_bag(torch.tensor(indices), w, torch.tensor(offsets), mode="sum",
+                                      per_sample_weights=p),
+        weight,
+        psw,
+    )  # fmt: skip
+    bag = lucid.nn.EmbeddingBag.from_pretrained(lucid.tensor(weight), mode="max")
+    reference = torch.nn.EmbeddingBag.from_pretrained(torch.tensor(weight), mode="max")
+    got = bag(lucid.tensor(indices), lucid.tensor(offsets))
+    assert_close(got, reference(torch.tensor(indices), torch.tensor(offsets)).numpy())
+    with pytest.raises(ValueError, match="per_sample_weights needs mode='sum'"):
+        F.embedding_bag(lucid.tensor(indices), lucid.tensor(weight), lucid.tensor(offsets),
+                        per_sample_weights=lucid.tensor(psw))  # fmt: skip
+    with pytest.raises(ValueError, match="offsets must be None"):
+        F.embedding_bag(lucid.tensor([[0, 1]]), lucid.tensor(weight), lucid.tensor([0]))
+
+
+def test_embedding_bag_compiles_with_eager_gradients():
+    bag = lucid.nn.EmbeddingBag(6, 3, mode="mean", padding_idx=0).double()
+    indices, offsets = lucid.tensor([1, 4, 0, 2, 5]), lucid.tensor([0, 2, 2])
+    compiled = lucid.compile(bag)
+    assert_close(compiled(indices, offsets), bag(indices, offsets).detach().numpy())
+    assert not compiled.cache_info()["reasons"]
+    compiled(indices, offsets).square().sum().backward()
+    compiled_grad = bag.weight.grad.numpy().copy()
+    bag.zero_grad()
+    bag(indices, offsets).square().sum().backward()
+    assert_close(compiled_grad, bag.weight.grad.numpy())
