@@ -375,3 +375,39 @@ def test_embedding_bag_compiles_with_eager_gradients():
     bag.zero_grad()
     bag(indices, offsets).square().sum().backward()
     assert_close(compiled_grad, bag.weight.grad.numpy())
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 6])
+def test_cross_map_lrn2d_matches_torch_and_finite_differences(size):
+    # torch's legacy backward fails for several sizes, so gradients are checked against float64
+    # finite differences instead.
+    from lucid.testing import gradcheck
+
+    x = rng.standard_normal((2, 5, 3, 2))
+    got = lucid.nn.CrossMapLRN2d(size, 0.1, 0.75, 2.0)(lucid.tensor(x))
+    want = torch.nn.CrossMapLRN2d(size, 0.1, 0.75, 2.0)(torch.tensor(x))
+    assert_close(got, want.numpy())
+    layer = lucid.nn.CrossMapLRN2d(size, 0.1, 0.75, 2.0)
+    gradcheck(lambda t: layer(t).sin().sum(), lucid.tensor(x, requires_grad=True))
+    with pytest.raises(ValueError, match="4D"):
+        layer(lucid.ones(2, 3, 4))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_cross_entropy_loss_module_matches_torch(bias):
+    loss = lucid.nn.LinearCrossEntropyLoss(4, 5, bias=bias, label_smoothing=0.05).double()
+    reference = torch.nn.LinearCrossEntropyLoss(4, 5, bias=bias, label_smoothing=0.05).double()
+    with torch.no_grad():
+        reference.linear.weight.copy_(torch.tensor(loss.linear.weight.numpy()))
+        if bias:
+            reference.linear.bias.copy_(torch.tensor(loss.linear.bias.numpy()))
+    x, target = rng.standard_normal((6, 4)), rng.integers(0, 5, 6)
+    got = loss(lucid.tensor(x), lucid.tensor(target))
+    want = reference(torch.tensor(x), torch.tensor(target))
+    assert_close(got.detach(), want.detach().numpy())
+    got.backward()
+    want.backward()
+    assert_close(loss.linear.weight.grad, reference.linear.weight.grad.numpy())
+    assert sorted(dict(loss.named_parameters())) == sorted(dict(reference.named_parameters()))
+    with pytest.raises(ValueError, match="out_features"):
+        lucid.nn.LinearCrossEntropyLoss(4, 5, out_features=(2,))
