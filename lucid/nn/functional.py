@@ -138,6 +138,7 @@ __all__ = [
     "affine_grid",
     "grid_sample",
     "conv3d",
+    "conv_transpose3d",
     "embedding_bag",
     "linear_cross_entropy",
 ]
@@ -2333,3 +2334,60 @@ def embedding_bag(
         scale = scale * per_sample_weights.reshape(1, -1)
     total = scale @ rows
     return total / counts.clamp(min=1).type(rows.dtype) if mode == "mean" else total
+
+
+def conv_transpose3d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """3-D transposed convolution, weight (C_in, C_out / groups, kd, kh, kw): ``conv3d`` of the
+    input with ``stride - 1`` zeros between its elements, padded by ``dilation * (k - 1) -
+    padding`` (plus ``output_padding`` at the end), with the flipped, transposed weight."""
+    unbatched = input.ndim == 4
+    x = input.unsqueeze(0) if unbatched else input
+    if x.ndim != 5 or weight.ndim != 5:
+        raise ValueError(
+            "conv_transpose3d: expected a 4D or 5D input and a 5D weight, got "
+            f"{tuple(input.shape)} and {tuple(weight.shape)}"
+        )
+    c_in, k = weight.shape[0], tuple(weight.shape[2:])
+    if not isinstance(groups, int) or groups <= 0 or c_in % groups or x.shape[1] != c_in:
+        raise ValueError(
+            f"conv_transpose3d: the weight {tuple(weight.shape)} needs {c_in} input channels "
+            f"divisible by groups ({groups!r}), got {x.shape[1]}"
+        )
+    s, d = _triple(stride, "stride", "conv_transpose3d"), _triple(dilation, "dilation", "conv3d")
+    p = _triple(padding, "padding", "conv_transpose3d")
+    extra = _triple(output_padding, "output_padding", "conv_transpose3d")
+    if 0 in s or 0 in d or any(e >= max(si, di) for e, si, di in zip(extra, s, d, strict=True)):
+        raise ValueError(
+            f"conv_transpose3d: stride {s} and dilation {d} must be positive and output_padding "
+            f"{extra} smaller than one of them"
+        )
+    for axis, step in enumerate(s):
+        if step > 1:  # step - 1 zeros after every element, the trailing ones dropped
+            dim = 2 + axis
+            spread = x.unsqueeze(dim + 1)
+            spread = pad(spread, [0, 0] * (spread.ndim - dim - 2) + [0, step - 1])
+            merged = spread.reshape(*x.shape[:dim], -1, *x.shape[dim + 1 :])
+            x = merged.narrow(dim, 0, (x.shape[dim] - 1) * step + 1)
+    edges = []
+    for axis in reversed(range(3)):
+        before = d[axis] * (k[axis] - 1) - p[axis]
+        edges += [before, before + extra[axis]]
+    x = pad(x, edges)  # negative amounts crop, when padding exceeds dilation * (k - 1)
+    c_out_group = weight.shape[1]
+    flipped = (
+        weight.reshape(groups, c_in // groups, c_out_group, *k)
+        .transpose(1, 2)
+        .reshape(groups * c_out_group, c_in // groups, *k)
+        .flip(-3, -2, -1)
+    )
+    y = conv3d(x, flipped, bias, 1, 0, d, groups)
+    return y.squeeze(0) if unbatched else y

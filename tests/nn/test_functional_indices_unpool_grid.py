@@ -411,3 +411,43 @@ def test_linear_cross_entropy_loss_module_matches_torch(bias):
     assert sorted(dict(loss.named_parameters())) == sorted(dict(reference.named_parameters()))
     with pytest.raises(ValueError, match="out_features"):
         lucid.nn.LinearCrossEntropyLoss(4, 5, out_features=(2,))
+
+
+@pytest.mark.parametrize(
+    "shape,weight_shape,kwargs",
+    [
+        ((2, 4, 3, 4, 3), (4, 3, 2, 3, 2),
+         {"stride": (2, 1, 3), "padding": (1, 0, 1), "output_padding": (1, 0, 2)}),
+        ((1, 4, 2, 3, 2), (4, 1, 3, 2, 2), {"groups": 2, "dilation": (2, 1, 1), "padding": 1}),
+        ((4, 3, 3, 2), (4, 2, 2, 2, 2), {"stride": 2}),
+        ((1, 2, 5, 5, 5), (2, 2, 2, 2, 2), {"padding": 2}),
+    ],
+)  # fmt: skip
+def test_conv_transpose3d_matches_torch(shape, weight_shape, kwargs):
+    groups = kwargs.get("groups", 1)
+    same_outputs_and_gradients(
+        lambda x, w, b: F.conv_transpose3d(x, w, b, **kwargs),
+        lambda x, w, b: TF.conv_transpose3d(x, w, b, **kwargs),
+        rng.standard_normal(shape),
+        rng.standard_normal(weight_shape),
+        rng.standard_normal(weight_shape[1] * groups),
+    )
+
+
+def test_conv_transpose3d_module_matches_torch():
+    layer = lucid.nn.ConvTranspose3d(2, 4, (2, 3, 2), stride=2, padding=(0, 1, 1)).double()
+    reference = torch.nn.ConvTranspose3d(2, 4, (2, 3, 2), stride=2, padding=(0, 1, 1)).double()
+    with torch.no_grad():
+        reference.weight.copy_(torch.tensor(layer.weight.numpy()))
+        reference.bias.copy_(torch.tensor(layer.bias.numpy()))
+    x = rng.standard_normal((2, 2, 3, 3, 2))
+    got = layer(lucid.tensor(x), output_size=(7, 6, 3))
+    want = reference(torch.tensor(x), output_size=(7, 6, 3))
+    assert_close(got.detach(), want.detach().numpy())
+    with pytest.raises(ValueError, match="output_padding"):
+        F.conv_transpose3d(lucid.ones(1, 2, 2, 2, 2), lucid.ones(2, 1, 2, 2, 2), output_padding=1)
+
+
+def test_conv_transpose3d_compiles_with_eager_gradients(compiled_matches_eager):
+    layer = lucid.nn.ConvTranspose3d(2, 3, 2, stride=2, padding=1, output_padding=1).double()
+    compiled_matches_eager(layer, lucid.randn(2, 2, 3, 2, 3, dtype=lucid.float64))
