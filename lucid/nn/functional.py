@@ -6,7 +6,8 @@ mish, relu6, conv1d, group_norm, ...) are written here with Lucid ops.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lucid._dispatch import apply
@@ -102,6 +103,7 @@ __all__ = [
     "triplet_margin_with_distance_loss",
     "multi_margin_loss",
     "unfold",
+    "fold",
     "relu_",
     "elu_",
     "selu_",
@@ -124,6 +126,21 @@ __all__ = [
     "avg_pool3d",
     "max_pool3d",
     "lp_pool3d",
+    "max_pool1d_with_indices",
+    "max_pool2d_with_indices",
+    "max_pool3d_with_indices",
+    "adaptive_max_pool1d_with_indices",
+    "adaptive_max_pool2d_with_indices",
+    "adaptive_max_pool3d_with_indices",
+    "max_unpool1d",
+    "max_unpool2d",
+    "max_unpool3d",
+    "affine_grid",
+    "grid_sample",
+    "conv3d",
+    "conv_transpose3d",
+    "embedding_bag",
+    "linear_cross_entropy",
 ]
 
 
@@ -1418,15 +1435,43 @@ def _adaptive_sizes(output_size: Any, dims: int) -> tuple:
     return (output_size,) * dims
 
 
+def _adaptive_max_with_indices(input: Tensor, output_size: tuple, op: str) -> tuple:  # noqa: A002
+    """Adaptive max pooling and each max's flat index in the input's spatial dims (torch's
+    ``return_indices``). The window max is taken one dim at a time, the last dim first, carrying
+    the flat positions along: ties then resolve to the row-major first element, as torch."""
+    import lucid
+
+    n = len(output_size)
+    if input.ndim not in (n + 1, n + 2):
+        raise ValueError(f"{op}: expected a {n + 1}D or {n + 2}D input, got {tuple(input.shape)}")
+    spatial = tuple(input.shape[input.ndim - n :])
+    positions = lucid.arange(math.prod(spatial)).reshape(spatial).expand(*input.shape)
+    values = input
+    for axis in reversed(range(n)):
+        d = values.ndim - n + axis
+        out = spatial[axis] if output_size[axis] is None else int(output_size[axis])
+        if out <= 0:
+            raise ValueError(f"{op}: output_size must be positive, got {output_size}")
+        value_cells, position_cells = [], []
+        for lo, hi in _adaptive_bounds(spatial[axis], out):
+            window = values.narrow(d, lo, hi - lo)
+            best = window.argmax(d, keepdim=True)
+            value_cells.append(window.gather(d, best))
+            position_cells.append(positions.narrow(d, lo, hi - lo).gather(d, best))
+        values, positions = lucid.cat(value_cells, d), lucid.cat(position_cells, d)
+    return values, positions
+
+
 def _adaptive_max_pool(input: Tensor, output_size: Any, return_indices: bool, dims: int) -> Tensor:  # noqa: A002
     op = f"adaptive_max_pool{dims}d"
     if return_indices:
-        raise ValueError(f"{op}: return_indices=True is not supported")
+        return _adaptive_max_with_indices(input, _adaptive_sizes(output_size, dims), op)
     return _adaptive_max(input, _adaptive_sizes(output_size, dims), op)
 
 
 def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:  # noqa: A002
-    """Max over torch's adaptive windows to a fixed length (indices are not supported)."""
+    """Max over torch's adaptive windows to a fixed length (``return_indices``: also each max's
+    index)."""
     return _adaptive_max_pool(input, output_size, return_indices, 1)
 
 
@@ -1582,6 +1627,62 @@ def unfold(
         for j in range(kw)
     ]
     out = lucid.stack(blocks, 2).reshape(n, c * kh * kw, out_h * out_w)
+    return out.squeeze(0) if unbatched else out
+
+
+def fold(
+    input: Tensor,  # noqa: A002
+    output_size: Any,
+    kernel_size: Any,
+    dilation: Any = 1,
+    padding: Any = 0,
+    stride: Any = 1,
+) -> Tensor:
+    """col2im, the adjoint of ``unfold``: the columns (N, C*kh*kw, L) summed back into
+    (N, C, H, W) at the places their blocks came from (overlaps add up)."""
+    import numpy as np
+
+    import lucid
+
+    def pair(v: Any, name: str) -> tuple[int, int]:
+        t = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+        if len(t) != 2 or any(isinstance(k, bool) or not isinstance(k, int) for k in t):
+            raise ValueError(f"fold: {name} must be an int or a pair of ints, got {v!r}")
+        return t
+
+    (h, w), (kh, kw) = pair(output_size, "output_size"), pair(kernel_size, "kernel_size")
+    (dh, dw), (ph, pw), (sh, sw) = (
+        pair(dilation, "dilation"),
+        pair(padding, "padding"),
+        pair(stride, "stride"),
+    )
+    unbatched = input.ndim == 2
+    cols = input.unsqueeze(0) if unbatched else input
+    if cols.ndim != 3:
+        raise ValueError(f"fold: expected a 2D or 3D input, got {tuple(input.shape)}")
+    n, ck, length = cols.shape
+    if ck % (kh * kw):
+        raise ValueError(
+            f"fold: the input's dim 1 ({ck}) must be divisible by the kernel size {kh}x{kw}"
+        )
+    hp, wp = h + 2 * ph, w + 2 * pw
+    out_h = (hp - dh * (kh - 1) - 1) // sh + 1
+    out_w = (wp - dw * (kw - 1) - 1) // sw + 1
+    if out_h <= 0 or out_w <= 0 or out_h * out_w != length:
+        raise ValueError(
+            f"fold: {length} blocks do not tile output_size {(h, w)} with kernel {kh}x{kw}, "
+            f"dilation {(dh, dw)}, padding {(ph, pw)}, stride {(sh, sw)} "
+            f"(expected {max(out_h, 0) * max(out_w, 0)})"
+        )
+    # The flat position in the padded (hp, wp) plane of every (kernel offset, block) entry.
+    rows = (np.arange(kh) * dh)[:, None, None, None] + (np.arange(out_h) * sh)[None, None, :, None]
+    columns = (np.arange(kw) * dw)[None, :, None, None] + (np.arange(out_w) * sw)[None, None, None]
+    places = lucid.tensor((rows * wp + columns).reshape(-1))
+    c = ck // (kh * kw)
+    summed = lucid.zeros(n, c, hp * wp, dtype=cols.dtype).scatter_add(
+        -1, places.expand(n, c, -1), cols.reshape(n, c, -1)
+    )
+    out = summed.reshape(n, c, hp, wp)[:, :, ph : ph + h, pw : pw + w]
     return out.squeeze(0) if unbatched else out
 
 
@@ -1853,13 +1954,30 @@ def max_pool3d(
     ceil_mode: bool = False,
     return_indices: bool = False,
 ) -> Tensor:
-    """3-d max pooling over (N, C, D, H, W) or (C, D, H, W) inputs (no dilation or indices)."""
-    if _triple(dilation, "dilation", "max_pool3d") != (1, 1, 1) or return_indices:
-        raise ValueError("max_pool3d: dilation and return_indices are not supported")
+    """3-d max pooling over (N, C, D, H, W) or (C, D, H, W) inputs (no dilation); with
+    ``return_indices`` also each max's flat D*H*W index (the first of ties, as torch)."""
+    import lucid
+
+    if _triple(dilation, "dilation", "max_pool3d") != (1, 1, 1):
+        raise ValueError("max_pool3d: dilation is not supported")
     windows, _ = _window_pool3d(
         input, kernel_size, stride, padding, ceil_mode, float("-inf"), "max_pool3d"
     )
-    return windows.amax(-1)
+    if not return_indices:
+        return windows.amax(-1)
+    spatial = tuple(input.shape[-3:])
+    positions = lucid.arange(math.prod(spatial)).reshape(spatial).expand(*input.shape)
+    position_windows, _ = _window_pool3d(
+        positions, kernel_size, stride, padding, ceil_mode, -1, "max_pool3d"
+    )
+    best = windows.argmax(-1, keepdim=True)
+    return windows.gather(-1, best).squeeze(-1), position_windows.gather(-1, best).squeeze(-1)
+
+
+def max_pool3d_with_indices(input: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:  # noqa: A002
+    """``max_pool3d`` returning ``(values, indices)``."""
+    kwargs["return_indices"] = True
+    return max_pool3d(input, *args, **kwargs)
 
 
 def lp_pool3d(
@@ -1873,3 +1991,403 @@ def lp_pool3d(
     k = _triple(kernel_size, "kernel_size", "lp_pool3d")
     pooled = avg_pool3d(input**norm_type, k, stride, 0, ceil_mode)
     return _lp_root(pooled, k[0] * k[1] * k[2], norm_type)
+
+
+# --- the *_with_indices spellings, max unpooling, affine grids, linear + cross entropy ----------
+
+
+def max_pool1d_with_indices(input: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:  # noqa: A002
+    """``max_pool1d`` returning ``(values, indices)``."""
+    kwargs["return_indices"] = True
+    return max_pool1d(input, *args, **kwargs)
+
+
+def max_pool2d_with_indices(input: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:  # noqa: A002
+    """``max_pool2d`` returning ``(values, indices)``."""
+    kwargs["return_indices"] = True
+    return max_pool2d(input, *args, **kwargs)
+
+
+def _adaptive_max_pool_with_indices(dims: int) -> Callable[..., tuple[Tensor, Tensor]]:
+    def pool(input: Tensor, output_size: Any, return_indices: bool = False) -> tuple:  # noqa: A002
+        return _adaptive_max_pool(input, output_size, True, dims)
+
+    pool.__name__ = pool.__qualname__ = f"adaptive_max_pool{dims}d_with_indices"
+    pool.__doc__ = f"``adaptive_max_pool{dims}d`` returning ``(values, indices)``."
+    return pool
+
+
+adaptive_max_pool1d_with_indices = _adaptive_max_pool_with_indices(1)
+adaptive_max_pool2d_with_indices = _adaptive_max_pool_with_indices(2)
+adaptive_max_pool3d_with_indices = _adaptive_max_pool_with_indices(3)
+
+
+def _max_unpool(
+    input: Tensor,  # noqa: A002
+    indices: Tensor,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    output_size: Any,
+    dims: int,
+) -> Tensor:
+    """Each value placed at its flat spatial index (a max pooling's ``indices``) in a zero
+    output, whose size is the pooling's input size unless ``output_size`` says."""
+    import lucid
+
+    op = f"max_unpool{dims}d"
+
+    def per_dim(v: Any, name: str) -> tuple[int, ...]:
+        t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims
+        if len(t) != dims or any(not isinstance(k, int) or k < 0 for k in t):
+            raise ValueError(f"{op}: {name} must be an int or {dims} of them, got {v!r}")
+        return t
+
+    if input.ndim not in (dims + 1, dims + 2):
+        raise ValueError(f"{op}: expected a {dims + 1}D or {dims + 2}D input, got {input.shape}")
+    if tuple(indices.shape) != tuple(input.shape):
+        raise ValueError(
+            f"{op}: indices {tuple(indices.shape)} must have the input's shape {tuple(input.shape)}"
+        )
+    kernel = per_dim(kernel_size, "kernel_size")
+    steps = kernel if stride is None or stride == () else per_dim(stride, "stride")
+    pads = per_dim(padding, "padding")
+    size_in = tuple(input.shape[input.ndim - dims :])
+    size = tuple(
+        (i - 1) * s - 2 * p + k for i, s, p, k in zip(size_in, steps, pads, kernel, strict=True)
+    )
+    if output_size is not None:
+        if len(tuple(output_size)) not in (dims, dims + 2):
+            raise ValueError(
+                f"{op}: output_size needs {dims} or {dims + 2} sizes, got {output_size!r}"
+            )
+        size = tuple(int(n) for n in tuple(output_size)[-dims:])
+    lead = tuple(input.shape[: input.ndim - dims])
+    total = math.prod(size)
+    flat_indices = indices.reshape(*lead, -1)
+    out = lucid.zeros(*lead, total, dtype=input.dtype)
+    out = out.scatter(-1, flat_indices, input.reshape(*lead, -1))
+    return out.reshape(*lead, *size)
+
+
+def _max_unpool_nd(dims: int) -> Callable[..., Tensor]:
+    def unpool(
+        input: Tensor,  # noqa: A002
+        indices: Tensor,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        output_size: Any = None,
+    ) -> Tensor:
+        return _max_unpool(input, indices, kernel_size, stride, padding, output_size, dims)
+
+    unpool.__name__ = unpool.__qualname__ = f"max_unpool{dims}d"
+    unpool.__doc__ = (
+        f"The partial inverse of a {dims}-d max pooling: maxima back at their indices (its "
+        "``return_indices``), zeros elsewhere."
+    )
+    return unpool
+
+
+max_unpool1d = _max_unpool_nd(1)
+max_unpool2d = _max_unpool_nd(2)
+max_unpool3d = _max_unpool_nd(3)
+
+
+def affine_grid(theta: Tensor, size: Sequence[int], align_corners: bool | None = None) -> Tensor:
+    """Sampling grids (N, H, W, 2) or (N, D, H, W, 3) of the affine maps ``theta`` (N, 2, 3) or
+    (N, 3, 4), over normalised coordinates in [-1, 1] (pixel centres unless ``align_corners``)."""
+    import lucid
+
+    size = tuple(int(n) for n in size)
+    dims = len(size) - 2
+    if dims not in (2, 3):
+        raise ValueError(f"affine_grid: size must be (N, C, H, W) or (N, C, D, H, W), got {size}")
+    if tuple(theta.shape) != (size[0], dims, dims + 1):
+        raise ValueError(
+            f"affine_grid: theta must have shape {(size[0], dims, dims + 1)} for size {size}, got "
+            f"{tuple(theta.shape)}"
+        )
+    if not theta.dtype.is_floating_point:
+        raise TypeError(f"affine_grid: theta must be floating point, got {theta.dtype}")
+
+    def coords(n: int) -> Tensor:
+        steps = lucid.arange(n, dtype=theta.dtype)
+        if align_corners:
+            return steps * (2.0 / (n - 1)) - 1.0 if n > 1 else steps * 0.0
+        return (steps * 2.0 + 1.0) / n - 1.0
+
+    spatial = size[2:]
+    # The homogeneous coordinates (x, y[, z], 1) of every output point, x along the last dim.
+    axes = [coords(n) for n in reversed(spatial)]
+    mesh = lucid.meshgrid(*reversed(axes), indexing="ij")
+    points = lucid.stack([*reversed(mesh), lucid.ones(*spatial, dtype=theta.dtype)], -1)
+    grid = points.reshape(1, -1, dims + 1) @ theta.mT
+    return grid.reshape(size[0], *spatial, dims)
+
+
+def grid_sample(
+    input: Tensor,  # noqa: A002
+    grid: Tensor,
+    mode: str = "bilinear",
+    padding_mode: str = "zeros",
+    align_corners: bool | None = None,
+) -> Tensor:
+    """Samples of (N, C, H, W) ``input`` at the normalised (x, y) points of ``grid``
+    (N, Ho, Wo, 2), bilinear or nearest; outside points read zeros or the border."""
+    if mode not in ("bilinear", "nearest"):
+        raise ValueError(f"grid_sample: mode must be 'bilinear' or 'nearest', got {mode!r}")
+    if padding_mode not in ("zeros", "border"):
+        raise ValueError(
+            f"grid_sample: padding_mode must be 'zeros' or 'border', got {padding_mode!r}"
+        )
+    if input.ndim != 4 or grid.ndim != 4 or grid.shape[-1] != 2 or grid.shape[0] != input.shape[0]:
+        raise ValueError(
+            "grid_sample: expected a (N, C, H, W) input and a (N, Ho, Wo, 2) grid, got "
+            f"{tuple(input.shape)} and {tuple(grid.shape)}"
+        )
+    n, c, h, w = input.shape
+    out_h, out_w = grid.shape[1], grid.shape[2]
+
+    def pixel(coord: Tensor, size: int) -> Tensor:
+        if align_corners:
+            coord = (coord + 1) * ((size - 1) / 2)
+        else:
+            coord = ((coord + 1) * size - 1) / 2
+        return coord.clamp(0, size - 1) if padding_mode == "border" else coord
+
+    x, y = pixel(grid[..., 0], w), pixel(grid[..., 1], h)
+    flat = input.reshape(n, c, h * w)
+
+    def read(yi: Tensor, xi: Tensor) -> Tensor:
+        """input at integer pixels (yi, xi) (N, Ho, Wo); zero where they fall outside."""
+        inside = (xi >= 0) & (xi <= w - 1) & (yi >= 0) & (yi <= h - 1)
+        place = (yi.clamp(0, h - 1) * w + xi.clamp(0, w - 1)).long()
+        values = flat.gather(-1, place.reshape(n, 1, -1).expand(n, c, -1))
+        return values.reshape(n, c, out_h, out_w) * inside.unsqueeze(1).type(input.dtype)
+
+    if mode == "nearest":
+        return read(y.detach().round(), x.detach().round())
+    x0, y0 = x.detach().floor(), y.detach().floor()
+    wx, wy = (x - x0).unsqueeze(1), (y - y0).unsqueeze(1)
+    top = read(y0, x0) * (1 - wx) + read(y0, x0 + 1) * wx
+    bottom = read(y0 + 1, x0) * (1 - wx) + read(y0 + 1, x0 + 1) * wx
+    return top * (1 - wy) + bottom * wy
+
+
+def linear_cross_entropy(
+    input: Tensor,  # noqa: A002
+    linear_weight: Tensor,
+    target: Tensor,
+    *,
+    linear_bias: Tensor | None = None,
+    weight: Tensor | None = None,
+    reduction: str = "mean",
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+    options: Any = None,
+) -> Tensor:
+    """``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)``; ``options``
+    (torch's memory-saving chunking hints) change nothing here."""
+    if input.ndim not in (1, 2):
+        raise ValueError(
+            f"linear_cross_entropy: expected a 1-d or 2-d input, got shape {tuple(input.shape)}"
+        )
+    if linear_weight.ndim != 2:
+        raise ValueError(
+            "linear_cross_entropy: expected a (classes, features) linear_weight, got shape "
+            f"{tuple(linear_weight.shape)}"
+        )
+    logits = linear(input, linear_weight, linear_bias)
+    return cross_entropy(
+        logits,
+        target,
+        weight,
+        ignore_index=-100 if ignore_index is None else ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )
+
+
+def conv3d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """3-D convolution of (N, C_in, D, H, W) or (C_in, D, H, W) with (C_out, C_in / groups, kd,
+    kh, kw) weights: the strided windows of every kernel offset contracted in one einsum."""
+    import lucid
+
+    unbatched = input.ndim == 4
+    x = input.unsqueeze(0) if unbatched else input
+    if x.ndim != 5 or weight.ndim != 5:
+        raise ValueError(
+            f"conv3d: expected a 4D or 5D input and a 5D weight, got {tuple(input.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    n, c_in = x.shape[0], x.shape[1]
+    c_out, k = weight.shape[0], tuple(weight.shape[2:])
+    if not isinstance(groups, int) or groups <= 0 or c_in % groups or c_out % groups:
+        raise ValueError(
+            f"conv3d: groups ({groups!r}) must be a positive int dividing in_channels ({c_in}) "
+            f"and out_channels ({c_out})"
+        )
+    if weight.shape[1] * groups != c_in:
+        raise ValueError(
+            f"conv3d: the weight {tuple(weight.shape)} expects {weight.shape[1] * groups} input "
+            f"channels with groups={groups}, got {c_in}"
+        )
+    s, d = _triple(stride, "stride", "conv3d"), _triple(dilation, "dilation", "conv3d")
+    if 0 in s or 0 in d:
+        raise ValueError(f"conv3d: stride {s} and dilation {d} must be positive")
+    if padding == "valid":
+        pads = [(0, 0)] * 3
+    elif padding == "same":
+        if s != (1, 1, 1):
+            raise ValueError("conv3d: padding='same' is not supported for strided convolutions")
+        totals = [di * (ki - 1) for di, ki in zip(d, k, strict=True)]
+        pads = [(total // 2, total - total // 2) for total in totals]
+    else:
+        pads = [(p, p) for p in _triple(padding, "padding", "conv3d")]
+    x = pad(x, [amount for lo_hi in reversed(pads) for amount in lo_hi])
+    out = [(x.shape[2 + i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(3)]
+    if min(out) <= 0:
+        raise ValueError(
+            f"conv3d: the kernel {k} (dilation {d}) does not fit the padded input "
+            f"{tuple(x.shape[2:])}"
+        )
+    windows = lucid.stack(
+        [
+            x[
+                :,
+                :,
+                a * d[0] : a * d[0] + s[0] * (out[0] - 1) + 1 : s[0],
+                b * d[1] : b * d[1] + s[1] * (out[1] - 1) + 1 : s[1],
+                c * d[2] : c * d[2] + s[2] * (out[2] - 1) + 1 : s[2],
+            ]
+            for a in range(k[0])
+            for b in range(k[1])
+            for c in range(k[2])
+        ],  # fmt: skip
+        2,
+    ).reshape(n, groups, c_in // groups, math.prod(k), *out)
+    kernel = weight.reshape(groups, c_out // groups, c_in // groups, math.prod(k))
+    y = lucid.einsum("ngckxyz,gock->ngoxyz", windows, kernel).reshape(n, c_out, *out)
+    if bias is not None:
+        y = y + bias.reshape(1, c_out, 1, 1, 1)
+    return y.squeeze(0) if unbatched else y
+
+
+def embedding_bag(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    offsets: Tensor | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2,
+    scale_grad_by_freq: bool = False,
+    mode: str = "mean",
+    sparse: bool = False,
+    per_sample_weights: Tensor | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int | None = None,
+) -> Tensor:
+    """The sum, mean or max of each bag of embedding rows: the rows of a 2-D ``input``, or the
+    runs of a 1-D ``input`` starting at ``offsets``; ``padding_idx`` entries are left out and an
+    empty bag gives zeros."""
+    import lucid
+
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+    if per_sample_weights is not None and mode != "sum":
+        raise ValueError("embedding_bag: per_sample_weights needs mode='sum'")
+    if input.ndim == 2:
+        if offsets is not None:
+            raise ValueError("embedding_bag: offsets must be None for a 2-D input")
+        bags, length = input.shape
+        offsets = lucid.arange(bags) * length
+        include_last_offset = False
+    elif input.ndim != 1 or offsets is None or offsets.ndim != 1:
+        raise ValueError(
+            "embedding_bag: expected a 2-D input, or a 1-D input with 1-D offsets, got "
+            f"{tuple(input.shape)} and {None if offsets is None else tuple(offsets.shape)}"
+        )
+    flat = input.reshape(-1)
+    rows = embedding(flat, weight, None, max_norm, norm_type)
+    n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    # member[b, i]: entry i lies in bag b (offsets[b] <= i < offsets[b + 1]) and is no padding.
+    bag = lucid.searchsorted(offsets, lucid.arange(flat.shape[0]), right=True) - 1
+    member = bag.unsqueeze(0) == lucid.arange(n_bags).unsqueeze(1)
+    if padding_idx is not None:
+        member = member & (flat != padding_idx % weight.shape[0]).unsqueeze(0)
+    counts = member.sum(1, keepdim=True)
+    if mode == "max":
+        candidates = lucid.where(member.unsqueeze(-1), rows.unsqueeze(0), float("-inf"))
+        best = candidates.argmax(1, keepdim=True)
+        picked = rows.unsqueeze(0).expand(n_bags, -1, -1).gather(1, best).squeeze(1)
+        return lucid.where(counts > 0, picked, 0.0)
+    scale = member.type(rows.dtype)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.reshape(1, -1)
+    total = scale @ rows
+    return total / counts.clamp(min=1).type(rows.dtype) if mode == "mean" else total
+
+
+def conv_transpose3d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """3-D transposed convolution, weight (C_in, C_out / groups, kd, kh, kw): ``conv3d`` of the
+    input with ``stride - 1`` zeros between its elements, padded by ``dilation * (k - 1) -
+    padding`` (plus ``output_padding`` at the end), with the flipped, transposed weight."""
+    unbatched = input.ndim == 4
+    x = input.unsqueeze(0) if unbatched else input
+    if x.ndim != 5 or weight.ndim != 5:
+        raise ValueError(
+            "conv_transpose3d: expected a 4D or 5D input and a 5D weight, got "
+            f"{tuple(input.shape)} and {tuple(weight.shape)}"
+        )
+    c_in, k = weight.shape[0], tuple(weight.shape[2:])
+    if not isinstance(groups, int) or groups <= 0 or c_in % groups or x.shape[1] != c_in:
+        raise ValueError(
+            f"conv_transpose3d: the weight {tuple(weight.shape)} needs {c_in} input channels "
+            f"divisible by groups ({groups!r}), got {x.shape[1]}"
+        )
+    s, d = _triple(stride, "stride", "conv_transpose3d"), _triple(dilation, "dilation", "conv3d")
+    p = _triple(padding, "padding", "conv_transpose3d")
+    extra = _triple(output_padding, "output_padding", "conv_transpose3d")
+    if 0 in s or 0 in d or any(e >= max(si, di) for e, si, di in zip(extra, s, d, strict=True)):
+        raise ValueError(
+            f"conv_transpose3d: stride {s} and dilation {d} must be positive and output_padding "
+            f"{extra} smaller than one of them"
+        )
+    for axis, step in enumerate(s):
+        if step > 1:  # step - 1 zeros after every element, the trailing ones dropped
+            dim = 2 + axis
+            spread = x.unsqueeze(dim + 1)
+            spread = pad(spread, [0, 0] * (spread.ndim - dim - 2) + [0, step - 1])
+            merged = spread.reshape(*x.shape[:dim], -1, *x.shape[dim + 1 :])
+            x = merged.narrow(dim, 0, (x.shape[dim] - 1) * step + 1)
+    edges = []
+    for axis in reversed(range(3)):
+        before = d[axis] * (k[axis] - 1) - p[axis]
+        edges += [before, before + extra[axis]]
+    x = pad(x, edges)  # negative amounts crop, when padding exceeds dilation * (k - 1)
+    c_out_group = weight.shape[1]
+    flipped = (
+        weight.reshape(groups, c_in // groups, c_out_group, *k)
+        .transpose(1, 2)
+        .reshape(groups * c_out_group, c_in // groups, *k)
+        .flip(-3, -2, -1)
+    )
+    y = conv3d(x, flipped, bias, 1, 0, d, groups)
+    return y.squeeze(0) if unbatched else y

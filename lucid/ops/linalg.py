@@ -550,3 +550,170 @@ def block_diag(*tensors: Tensor) -> Tensor:
         rows.append(apply("pad", m, pad=(left, right), value=0))
         left += m.shape[1]
     return cat(rows, 0)
+
+
+# --- lucid.linalg: inv, det, solve, cholesky, eigh (registry ops) and the norms ---------------
+
+
+def _square_infer(name: str):
+    def check(a) -> tuple:
+        shape = tuple(getattr(a, "shape", ()))
+        if len(shape) < 2 or (None not in shape[-2:] and shape[-1] != shape[-2]):
+            raise ValueError(f"{name}: expected a (..., n, n) matrix, got shape {shape}")
+        if not a.dtype.is_floating_point:
+            raise TypeError(f"{name}: expected a floating point matrix, got {a.dtype}")
+        return shape
+
+    return check
+
+
+_check_inv = _square_infer("linalg.inv")
+_check_det = _square_infer("linalg.det")
+_check_solve = _square_infer("linalg.solve")
+_check_cholesky = _square_infer("linalg.cholesky")
+_check_eigh = _square_infer("linalg.eigh")
+
+
+def _numpy_linalg(fn, *arrays, name: str):
+    try:
+        return fn(*arrays)
+    except np.linalg.LinAlgError as exc:
+        raise ValueError(
+            f"{name}: {exc} (the matrix is singular or not positive-definite)"
+        ) from None
+
+
+def _inv_vjp(c, g):
+    inv_t = c.outputs[0].mT
+    return (-(inv_t @ g @ inv_t),)
+
+
+register(
+    OpDef(
+        "linalg_inv",
+        ("a",),
+        lambda a: AVal(_check_inv(a), a.dtype),
+        lambda a: _numpy_linalg(np.linalg.inv, a, name="linalg.inv"),
+        _inv_vjp,
+        saves_inputs=False,
+    )
+)
+
+
+def _det_vjp(c, g):
+    (a,), (det,) = c.inputs, c.outputs
+    scale = (g * det).unsqueeze(-1).unsqueeze(-1)
+    return (scale * apply("linalg_inv", a).mT,)
+
+
+register(
+    OpDef(
+        "linalg_det",
+        ("a",),
+        lambda a: AVal(_check_det(a)[:-2], a.dtype),
+        lambda a: np.asarray(np.linalg.det(a), dtype=a.dtype),
+        _det_vjp,
+    )
+)
+
+
+def _solve_infer(a, b):
+    shape = _check_solve(a)
+    bs = tuple(b.shape)
+    vector = len(bs) == 1
+    n = shape[-1]
+    if (bs[0] if vector else (bs[-2] if len(bs) >= 2 else None)) not in (n, None):
+        raise ValueError(
+            f"linalg.solve: A of shape {shape} and B of shape {bs} do not match (B needs {n} rows)"
+        )
+    if vector:
+        return AVal(shape[:-2] + (n,), result_type(a, b))
+    batch = broadcast_shapes(shape[:-2], bs[:-2], op="linalg.solve batch dims")
+    return AVal(batch + bs[-2:], result_type(a, b))
+
+
+def _solve_kernel(a, b):
+    if b.ndim == 1:
+        return _numpy_linalg(lambda m, v: np.linalg.solve(m, v[..., None])[..., 0], a, b,
+                             name="linalg.solve")  # fmt: skip
+    return _numpy_linalg(np.linalg.solve, a, b, name="linalg.solve")
+
+
+def _solve_vjp(c, g):
+    (a, b), (x,) = c.inputs, c.outputs
+    gb = apply("linalg_solve", a.mT, g)
+    ga = None
+    if c.needs_input_grad[0]:
+        ga = -(gb.unsqueeze(-1) * x.unsqueeze(-2)) if b.ndim == 1 else -(gb @ x.mT)
+    return ga, gb
+
+
+register(
+    OpDef(
+        "linalg_solve",
+        ("a", "b"),
+        _solve_infer,
+        _solve_kernel,
+        _solve_vjp,
+        props=frozenset({PROMOTE}),
+    )  # fmt: skip
+)
+
+
+def _cholesky_vjp(c, g):
+    # Murray (2016): with P = Phi(L^T G) (lower triangle, diagonal halved),
+    # grad A = sym(L^-T P L^-1), sym(X) = (X + X^T) / 2.
+    from lucid.ops.shape import tril
+
+    (low,) = c.outputs
+    phi = tril(low.mT @ tril(g))
+    phi = phi - 0.5 * phi.diagonal(0, -2, -1).diag_embed()
+    low_inv = apply("linalg_inv", low)
+    grad = low_inv.mT @ phi @ low_inv
+    return (0.5 * (grad + grad.mT),)
+
+
+register(
+    OpDef(
+        "linalg_cholesky",
+        ("a",),
+        lambda a: AVal(_check_cholesky(a), a.dtype),
+        lambda a: _numpy_linalg(np.linalg.cholesky, a, name="linalg.cholesky"),
+        _cholesky_vjp,
+        saves_inputs=False,
+    )
+)
+
+
+def _eigh_vjp(c, g_values, g_vectors):
+    # grad A = V (diag(g_values) + F o skew(V^T g_vectors)) V^T, F_ij = 1 / (l_j - l_i).
+    values, vectors = c.outputs
+    inner = 0
+    if g_vectors is not None:
+        vtg = vectors.mT @ g_vectors
+        gaps = values.unsqueeze(-2) - values.unsqueeze(-1)
+        off_diagonal = 1.0 - Tensor._wrap(np.eye(values.shape[-1], dtype=values.dtype.numpy))
+        safe = gaps + (1.0 - off_diagonal)
+        inner = 0.5 * (vtg - vtg.mT) / safe * off_diagonal
+    if g_values is not None:
+        inner = inner + g_values.diag_embed()
+    return (vectors @ inner @ vectors.mT,)
+
+
+def _eigh_kernel(a, UPLO):  # noqa: N803
+    values, vectors = _numpy_linalg(lambda m: np.linalg.eigh(m, UPLO=UPLO), a, name="linalg.eigh")
+    return values.astype(a.dtype), vectors.astype(a.dtype)
+
+
+register(
+    OpDef(
+        "linalg_eigh",
+        ("a",),
+        lambda a, UPLO: (AVal(_check_eigh(a)[:-1], a.dtype), AVal(tuple(a.shape), a.dtype)),  # noqa: N803
+        _eigh_kernel,
+        _eigh_vjp,
+        attrs={"UPLO": "L"},
+        n_outputs=2,
+        saves_inputs=False,
+    )
+)

@@ -16,11 +16,18 @@ import numpy as np
 
 from lucid import _dtype
 from lucid._dispatch import apply
-from lucid._tensor import Tensor
+from lucid._tensor import Tensor, _tensor_from
 from lucid.ops._front import tensor_method
-from lucid.ops._registry import AVal, OpDef, normalize_dim, register
+from lucid.ops._registry import (
+    DATA_DEPENDENT,
+    GRAD_SINK,
+    AVal,
+    OpDef,
+    normalize_dim,
+    register,
+)
 
-__all__ = ["argsort", "msort", "sort", "topk"]
+__all__ = ["argsort", "msort", "sort", "topk", "searchsorted", "bucketize", "bincount", "unique"]
 
 sort_result = namedtuple("sort", ["values", "indices"])
 topk_result = namedtuple("topk", ["values", "indices"])
@@ -185,3 +192,176 @@ def topk(
         largest=bool(largest),
     )
     return topk_result(values, indices)
+
+
+# --- searchsorted / bucketize / bincount / unique: index-valued, so no gradient ----------------
+
+
+def _searchsorted_infer(sorted_sequence, values, right):
+    seq, vals = tuple(sorted_sequence.shape), tuple(values.shape)
+    if len(seq) > 1 and seq[:-1] != vals[:-1]:
+        raise ValueError(
+            f"searchsorted: a {len(seq)}-d sorted_sequence {seq} needs values with the same "
+            f"leading dims, got {vals}"
+        )
+    return AVal(vals, _dtype.int64)
+
+
+def _searchsorted_kernel(sorted_sequence, values, right):
+    side = "right" if right else "left"
+    if sorted_sequence.ndim <= 1:
+        return np.searchsorted(sorted_sequence, values, side=side).astype(np.int64)
+    rows = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
+    queries = values.reshape(rows.shape[0], -1)
+    out = [np.searchsorted(r, q, side=side) for r, q in zip(rows, queries, strict=True)]
+    return np.stack(out).reshape(values.shape).astype(np.int64)
+
+
+register(
+    OpDef(
+        "searchsorted",
+        ("sorted_sequence", "values"),
+        _searchsorted_infer,
+        _searchsorted_kernel,
+        attrs={"right": False},
+        props=frozenset({GRAD_SINK}),
+        doc="Insertion positions of values in the last dim of a sorted sequence (int64).",
+    )
+)
+
+
+def searchsorted(
+    sorted_sequence: Tensor,
+    values: Any,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: Tensor | None = None,
+) -> Tensor:
+    """Where each value would be inserted in ``sorted_sequence`` (its last dim) to keep it
+    sorted: the first such position, or the last with ``right=True`` / ``side="right"``."""
+    if side is not None:
+        if side not in ("left", "right"):
+            raise ValueError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
+        right = side == "right"
+    if sorter is not None:
+        sorted_sequence = sorted_sequence.gather(-1, sorter)
+    scalar = not isinstance(values, Tensor)
+    if scalar:
+        values = _tensor_from(values, sorted_sequence.dtype)
+    out = apply("searchsorted", sorted_sequence, values, right=bool(right))
+    out = out.reshape(()) if scalar and values.ndim == 0 else out
+    return out.type(_dtype.int32) if out_int32 else out
+
+
+def bucketize(
+    input: Any,  # noqa: A002
+    boundaries: Tensor,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+) -> Tensor:
+    """The bucket of each input among 1-d sorted ``boundaries`` (torch's convention: ``right``
+    False gives ``boundaries[i-1] < x <= boundaries[i]``)."""
+    if boundaries.ndim != 1:
+        raise ValueError(f"bucketize: boundaries must be 1-d, got shape {tuple(boundaries.shape)}")
+    return searchsorted(boundaries, input, out_int32=out_int32, right=right)
+
+
+def _bincount_infer(x, weights, minlength, weighted):
+    if x.ndim != 1 or x.dtype.is_floating_point:
+        raise ValueError(f"bincount: expected a 1-d integer tensor, got {x.dtype} {tuple(x.shape)}")
+    # The length is known from values only: eager inference reads them, a tracer sees None.
+    data = getattr(x, "_data", None)
+    n = None
+    if isinstance(data, np.ndarray):
+        n = max(int(minlength), int(data.max()) + 1 if data.size else 0)
+    if not weighted:
+        return AVal((n,), _dtype.int64)
+    # As torch: float weights keep their dtype, others sum as float64.
+    return AVal((n,), weights.dtype if weights.dtype.is_floating_point else _dtype.float64)
+
+
+def _bincount_kernel(x, weights, minlength, weighted):
+    if x.size and x.min() < 0:
+        raise ValueError("bincount: the input must hold non-negative integers")
+    if not weighted:
+        return np.bincount(x, minlength=minlength).astype(np.int64)
+    out = np.bincount(x, weights=weights, minlength=minlength)
+    return out.astype(weights.dtype if weights.dtype.kind == "f" else np.float64)
+
+
+register(
+    OpDef(
+        "bincount",
+        ("x", "weights"),
+        _bincount_infer,
+        _bincount_kernel,
+        attrs={"minlength": 0, "weighted": False},
+        props=frozenset({GRAD_SINK, DATA_DEPENDENT}),
+        # Without weights the input stands in for them (operands are tensors): "weighted" says.
+        doc="Counts (or summed weights) of each non-negative integer; length from the values.",
+    )
+)
+
+
+@tensor_method()
+def bincount(x: Tensor, weights: Tensor | None = None, minlength: int = 0) -> Tensor:
+    """How often each value 0..max(x) occurs in the 1-d non-negative integer ``x`` (at least
+    ``minlength`` bins), or the sum of ``weights`` per value."""
+    if weights is not None and tuple(weights.shape) != tuple(x.shape):
+        raise ValueError(
+            f"bincount: weights {tuple(weights.shape)} must have the input's shape {tuple(x.shape)}"
+        )
+    weighted = weights is not None
+    return apply(
+        "bincount", x, weights if weighted else x, minlength=int(minlength), weighted=weighted
+    )
+
+
+def _unique_infer(x, sorted, return_inverse, return_counts, dim):  # noqa: A002
+    # The number of distinct values is known from values only (as nonzero's count).
+    data = getattr(x, "_data", None)
+    k = np.unique(data, axis=dim).shape[dim or 0] if isinstance(data, np.ndarray) else None
+    inverse_shape = tuple(x.shape) if dim is None else (x.shape[dim],)
+    values = (k,) if dim is None else tuple(k if i == dim else n for i, n in enumerate(x.shape))
+    return (AVal(values, x.dtype), AVal(inverse_shape, _dtype.int64), AVal((k,), _dtype.int64))
+
+
+def _unique_kernel(x, sorted, return_inverse, return_counts, dim):  # noqa: A002
+    values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True, axis=dim)
+    inverse = inverse.reshape(x.shape if dim is None else (x.shape[dim],))
+    return values, inverse.astype(np.int64), counts.astype(np.int64)
+
+
+register(
+    OpDef(
+        "unique",
+        ("x",),
+        _unique_infer,
+        _unique_kernel,
+        attrs={"sorted": True, "return_inverse": False, "return_counts": False, "dim": None},
+        n_outputs=3,
+        props=frozenset({GRAD_SINK, DATA_DEPENDENT}),
+        doc="Sorted distinct values (or slices along dim), the inverse indices and the counts.",
+    )
+)
+
+
+@tensor_method()
+def unique(
+    x: Tensor,
+    sorted: bool = True,  # noqa: A002
+    return_inverse: bool = False,
+    return_counts: bool = False,
+    dim: int | None = None,
+) -> Any:
+    """The distinct values of ``x`` (sorted; slices along ``dim`` when given), with the index of
+    each input element's value (``return_inverse``) and each value's count (``return_counts``)."""
+    d = None if dim is None else normalize_dim(dim, x.ndim, "unique")
+    values, inverse, counts = apply(
+        "unique", x, sorted=True, return_inverse=False, return_counts=False, dim=d
+    )
+    out = (values,) + ((inverse,) if return_inverse else ()) + ((counts,) if return_counts else ())
+    return out[0] if len(out) == 1 else out

@@ -150,3 +150,58 @@ def test_torch_parity_with_gradients():
             if r.grad is not None:
                 np.testing.assert_allclose(o.grad.numpy(), r.grad.numpy(), rtol=1e-10,
                                            atol=1e-12, err_msg=name)  # fmt: skip
+
+
+def test_searchsorted_bucketize_bincount_unique_against_numpy():
+    seq = np.array([1.0, 3.0, 5.0, 7.0])
+    vals = np.array([[0.0, 3.0, 6.0], [7.0, 8.0, 1.0]])
+    for right in (False, True):
+        side = "right" if right else "left"
+        got = lucid.searchsorted(_t(seq), _t(vals), right=right)
+        assert got.dtype == lucid.int64
+        np.testing.assert_array_equal(got.numpy(), np.searchsorted(seq, vals, side=side))
+        np.testing.assert_array_equal(lucid.bucketize(_t(vals), _t(seq), right=right).numpy(),
+                                      np.searchsorted(seq, vals, side=side))  # fmt: skip
+    rows = np.array([[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]])
+    queries = np.array([[3.0, 6.0], [1.0, 5.0]])
+    want = [np.searchsorted(r, q) for r, q in zip(rows, queries, strict=True)]
+    np.testing.assert_array_equal(lucid.searchsorted(_t(rows), _t(queries)).numpy(), want)
+    assert lucid.searchsorted(_t(seq), 4.0).item() == 2
+    assert lucid.searchsorted(_t(seq), _t(vals), side="right", out_int32=True).dtype == lucid.int32
+    counts = lucid.tensor([1, 1, 3, 0, 3, 3])
+    assert lucid.bincount(counts).tolist() == [1, 2, 0, 3]
+    assert lucid.bincount(counts, minlength=6).tolist() == [1, 2, 0, 3, 0, 0]
+    weighted = lucid.bincount(counts, weights=_t([0.5, 0.5, 1, 1, 1, 2]))
+    assert weighted.tolist() == [1.0, 1.0, 0.0, 4.0] and weighted.dtype == lucid.float64
+    data = np.array([[3, 1], [1, 2]])
+    values, inverse, n = lucid.unique(lucid.tensor(data), return_inverse=True, return_counts=True)
+    want_values, want_inverse, want_counts = np.unique(data, return_inverse=True,
+                                                       return_counts=True)  # fmt: skip
+    np.testing.assert_array_equal(values.numpy(), want_values)
+    np.testing.assert_array_equal(inverse.numpy(), want_inverse.reshape(data.shape))
+    np.testing.assert_array_equal(n.numpy(), want_counts)
+    slices = lucid.unique(lucid.tensor([[1, 2], [1, 2], [0, 5]]), dim=0)
+    assert slices.tolist() == [[0, 5], [1, 2]]
+    columns = lucid.unique(lucid.tensor([[1, 1, 0], [2, 2, 5]]), dim=1)
+    assert columns.tolist() == [[0, 1], [5, 2]]
+    with pytest.raises(ValueError, match="non-negative"):
+        lucid.bincount(lucid.tensor([-1, 2]))
+    with pytest.raises(ValueError, match="side"):
+        lucid.searchsorted(_t(seq), _t(vals), side="middle")
+
+
+def test_data_dependent_ops_break_the_graph_with_a_reason():
+    compiled = lucid.compile(lambda v: lucid.bincount(v) * 2)
+    assert compiled(lucid.tensor([1, 1, 3])).tolist() == [0, 4, 0, 2]
+    assert "bincount" in " ".join(compiled.cache_info()["reasons"].values())
+
+
+def test_searchsorted_compiles_without_a_fallback_and_matches_eager():
+    def bucket(seq, v):
+        return lucid.bucketize(v, seq) + lucid.searchsorted(seq, v, right=True) * 10
+
+    compiled = lucid.compile(bucket)
+    seq = _t([-1.0, 0.5, 0.5, 2.0, float("nan")])
+    vals = _t([[0.5, float("nan")], [-3.0, 2.0], [float("inf"), 1.0]])
+    assert lucid.equal(compiled(seq, vals), bucket(seq, vals))
+    assert not compiled.cache_info()["reasons"]

@@ -556,6 +556,21 @@ for _desc in (False, True):
     )
 sample("topk", lambda r: ([ints(r, 3, 6, lo=0, hi=4, dtype=np.int32)], {"k": 6, "dim": 1}))
 sample("topk", lambda r: ([f(r, 4)], {"k": 4, "dim": 0, "largest": False}))
+
+# searchsorted: 1-d and batched sequences, ties, NaN on both sides, mixed dtypes
+_SEQ_NAN = np.array([-1.0, 0.5, 0.5, 2.0, np.nan], dtype=np.float32)
+_VALUES_NAN = np.array([[0.5, np.nan], [-3.0, 2.0], [np.inf, 1.0]], dtype=np.float32)
+for _right in (False, True):
+    sample(
+        "searchsorted",
+        lambda r, rt=_right: ([_SEQ_NAN.copy(), _VALUES_NAN.copy()], {"right": rt}),
+        lambda r, rt=_right: (
+            [np.sort(np.round(f(r, 2, 3, 5)), -1), np.round(f(r, 2, 3, 4))],
+            {"right": rt},
+        ),
+        lambda r, rt=_right: ([np.arange(6, dtype=np.int64), f(r, 4) * 6], {"right": rt}),
+        lambda r, rt=_right: ([np.sort(ints(r, 5)), ints(r, 3, 2)], {"right": rt}),
+    )
 for _repl in (False, True):
     sample(
         "multinomial",

@@ -40,6 +40,18 @@ def distinct(*shape):
     return (_rng.permutation(n) * 0.37 + 0.1).reshape(shape)
 
 
+def well_conditioned(*shape):
+    """Square matrices near the identity (far from singular), so inverses and solves are
+    accurate."""
+    return f(*shape) * 0.3 + np.eye(shape[-1])
+
+
+def spd(*shape):
+    """Symmetric positive-definite matrices with well separated eigenvalues."""
+    m = f(*shape)
+    return m @ np.swapaxes(m, -1, -2) + np.diag(np.arange(1.0, shape[-1] + 1) * 2.0)
+
+
 POOL = dict(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0))
 
 # op name -> (function of the operands, operands); float arrays are differentiated, the rest
@@ -168,6 +180,14 @@ CASES: dict[str, tuple] = {
     "log_softmax": (lambda x: F.log_softmax(x, dim=0), [f(3, 4)]),
     "logsumexp": (lambda x: lucid.logsumexp(x, dim=1), [f(3, 4)]),
     "masked_fill": (lambda x, m: x.masked_fill(m > 1, 0.5), [f(3, 4), ints(3, 4)]),
+    "linalg_cholesky": (lambda a: lucid.linalg.cholesky(a), [spd(2, 3, 3)]),
+    "linalg_det": (lambda a: lucid.linalg.det(a), [well_conditioned(2, 3, 3)]),
+    "linalg_eigh": (lambda a: lucid.linalg.eigh(a), [spd(3, 3)]),
+    "linalg_inv": (lambda a: lucid.linalg.inv(a), [well_conditioned(2, 3, 3)]),
+    "linalg_solve": (
+        lambda a, b, v: (lucid.linalg.solve(a, b), lucid.linalg.solve(a[0], v)),
+        [well_conditioned(2, 3, 3), f(2, 3, 2), f(3)],
+    ),
     "matmul": (lambda x, y: x @ y, [f(2, 3, 4), f(4, 2)]),
     "max_dim": (lambda x: lucid.max(x, dim=1)[0], [distinct(3, 4)]),
     "max_pool2d": (lambda x: F.max_pool2d(x, 2), [distinct(2, 2, 4, 4)]),

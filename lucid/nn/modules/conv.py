@@ -1,4 +1,5 @@
-"""``Conv1d`` and ``Conv2d`` (weight layout (out_channels, in_channels / groups, *kernel))."""
+"""``Conv1d``, ``Conv2d`` and ``Conv3d`` (weight layout (out_channels, in_channels / groups,
+*kernel))."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from lucid.nn.modules._utils import (
 )
 from lucid.nn.modules.module import Module
 
-__all__ = ["Conv1d", "Conv2d"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d"]
 
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
@@ -108,7 +109,7 @@ class _ConvNd(Module):
         return [p for p in reversed(self.padding) for _ in (0, 1)]
 
     def _conv(self, x: Tensor, padding: Any) -> Tensor:
-        conv = F.conv1d if self._n == 1 else F.conv2d
+        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[self._n]
         return conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
@@ -154,3 +155,9 @@ class Conv2d(_ConvNd):
     """2-D convolution over (N, C_in, H, W) inputs."""
 
     _n = 2
+
+
+class Conv3d(_ConvNd):
+    """3-D convolution over (N, C_in, D, H, W) inputs."""
+
+    _n = 3

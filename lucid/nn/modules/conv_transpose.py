@@ -1,4 +1,4 @@
-"""``ConvTranspose2d`` (weight layout (in_channels, out_channels / groups, kh, kw), as PyTorch)."""
+"""``ConvTranspose1d/2d/3d`` (weight layout (in_channels, out_channels / groups, *kernel))."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from lucid.nn.modules._utils import (
 )
 from lucid.nn.modules.module import Module
 
-__all__ = ["ConvTranspose1d", "ConvTranspose2d"]
+__all__ = ["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
 
 class ConvTranspose2d(Module):
@@ -124,7 +124,7 @@ class ConvTranspose2d(Module):
                 f"{type(self).__name__}: expected a {n + 1}D (unbatched) or {n + 2}D (batched) "
                 f"input, got {input.ndim}D with shape {tuple(input.shape)}"
             )
-        function = F.conv_transpose2d if n == 2 else F.conv_transpose1d
+        function = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[n]
         return function(
             input,
             self.weight,
@@ -159,3 +159,11 @@ class ConvTranspose1d(ConvTranspose2d):
     output is ``(L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1`` long."""
 
     _dims = 1
+
+
+class ConvTranspose3d(ConvTranspose2d):
+    """3-D transposed convolution over (N, C_in, D, H, W) inputs, weight (C_in, C_out/groups,
+    kd, kh, kw); each output dim is ``(n - 1) * stride - 2 * padding + dilation * (k - 1) +
+    output_padding + 1``."""
+
+    _dims = 3

@@ -10,7 +10,7 @@ from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 from lucid.ops._registry import normalize_dim
 
-__all__ = ["Flatten", "Unflatten", "Unfold"]
+__all__ = ["Flatten", "Unflatten", "Unfold", "Fold"]
 
 
 class Flatten(Module):
@@ -80,4 +80,32 @@ class Unfold(Module):
         return (
             f"kernel_size={self.kernel_size}, dilation={self.dilation}, padding={self.padding}, "
             f"stride={self.stride}"
+        )
+
+
+class Fold(Module):
+    """col2im: sums the columns (N, C * kh * kw, L) of sliding blocks back into
+    (N, C, *output_size), the adjoint of ``Unfold``."""
+
+    def __init__(
+        self,
+        output_size: Any,
+        kernel_size: Any,
+        dilation: Any = 1,
+        padding: Any = 0,
+        stride: Any = 1,
+    ):
+        super().__init__()
+        self.output_size, self.kernel_size = output_size, kernel_size
+        self.dilation, self.padding, self.stride = dilation, padding, stride
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.fold(
+            input, self.output_size, self.kernel_size, self.dilation, self.padding, self.stride
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"output_size={self.output_size}, kernel_size={self.kernel_size}, "
+            f"dilation={self.dilation}, padding={self.padding}, stride={self.stride}"
         )

@@ -10,6 +10,7 @@ from lucid.nn.modules.module import Module
 
 __all__ = [
     "CrossEntropyLoss",
+    "LinearCrossEntropyLoss",
     "NLLLoss",
     "MSELoss",
     "L1Loss",
@@ -382,3 +383,42 @@ class MultiLabelMarginLoss(_LegacyLoss):
 
 class NLLLoss2d(NLLLoss):
     """Deprecated alias of ``NLLLoss`` (which takes (N, C, H, W) inputs itself)."""
+
+
+class LinearCrossEntropyLoss(_WeightedLoss):
+    """A ``Linear(in_features, num_classes)`` layer followed by cross entropy, as one loss
+    (``linear_cross_entropy``); its parameters live in ``self.linear``."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        *,
+        out_features: tuple[int, ...] = (),
+        bias: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+        reduction: str = "mean",
+        weight: Tensor | None = None,
+        ignore_index: int | None = None,
+        label_smoothing: float = 0.0,
+        options: Any = None,
+    ) -> None:
+        from lucid.nn.modules.linear import Linear
+
+        super().__init__(weight, reduction)
+        if tuple(out_features):
+            raise ValueError(
+                "LinearCrossEntropyLoss: out_features (a K-dimensional loss) is not supported, "
+                f"got {out_features!r}"
+            )
+        self.in_features, self.num_classes = in_features, num_classes
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+        self.linear = Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return F.linear_cross_entropy(
+            input, self.linear.weight, target, linear_bias=self.linear.bias, weight=self.weight,
+            reduction=self.reduction, ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+        )  # fmt: skip

@@ -29,6 +29,7 @@ __all__ = [
     "RMSNorm",
     "GroupNorm",
     "LocalResponseNorm",
+    "CrossMapLRN2d",
 ]
 
 
@@ -335,3 +336,29 @@ class LocalResponseNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class CrossMapLRN2d(LocalResponseNorm):
+    """torch's legacy cross-channel LRN of 4-D inputs, ``x / (k + alpha / size * s)^beta``: for
+    channel ``c`` the sum ``s`` of squares runs over channels ``c - p + 1 .. c + p - 1`` with
+    ``p = (size - 1) // 2 + 1`` (clipped), plus channel 0 always, as torch's running-sum loop
+    leaves it (``LocalResponseNorm`` uses a centred window)."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        import numpy as np
+
+        import lucid
+
+        if input.ndim != 4:
+            raise ValueError(f"CrossMapLRN2d: expected a 4D input, got {input.ndim}D")
+        channels = input.shape[1]
+        ahead = (self.size - 1) // 2 + 1
+        window = np.zeros((channels, channels))
+        for c in range(channels):
+            low = 0 if c <= ahead else c - ahead + 1
+            window[c, low : min(c + ahead, channels)] = 1
+            window[c, 0] = 1
+        squares = lucid.einsum(
+            "nchw,dc->ndhw", input * input, lucid.tensor(window, dtype=input.dtype)
+        )
+        return input * (self.k + self.alpha / self.size * squares) ** -self.beta

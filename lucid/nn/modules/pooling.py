@@ -25,6 +25,9 @@ __all__ = [
     "LPPool3d",
     "AvgPool3d",
     "MaxPool3d",
+    "MaxUnpool1d",
+    "MaxUnpool2d",
+    "MaxUnpool3d",
 ]
 
 
@@ -157,9 +160,10 @@ class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
 class _AdaptiveMaxPoolNd(_AdaptiveAvgPoolNd):
     def __init__(self, output_size: Any, return_indices: bool = False) -> None:
         super().__init__(output_size)
-        if return_indices:
-            raise ValueError(f"{type(self).__name__}: return_indices=True is not supported")
         self.return_indices = return_indices
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002
+        return self._pool(input, self.output_size, self.return_indices)
 
 
 class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
@@ -252,7 +256,7 @@ class AvgPool3d(Module):
 
 
 class MaxPool3d(Module):
-    """3-d max pooling (no dilation, ``ceil_mode`` or indices)."""
+    """3-d max pooling (no dilation or ``ceil_mode``; ``return_indices`` as torch)."""
 
     def __init__(
         self,
@@ -275,3 +279,37 @@ class MaxPool3d(Module):
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class _MaxUnpoolNd(Module):
+    _unpool: Callable[..., Tensor]
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def forward(self, input: Tensor, indices: Tensor, output_size: Any = None) -> Tensor:  # noqa: A002
+        return self._unpool(
+            input, indices, self.kernel_size, self.stride, self.padding, output_size
+        )
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    """The partial inverse of ``MaxPool1d``: maxima back at their indices, zeros elsewhere."""
+
+    _unpool = staticmethod(F.max_unpool1d)
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    """The partial inverse of ``MaxPool2d``: maxima back at their indices, zeros elsewhere."""
+
+    _unpool = staticmethod(F.max_unpool2d)
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    """The partial inverse of ``MaxPool3d``: maxima back at their indices, zeros elsewhere."""
+
+    _unpool = staticmethod(F.max_unpool3d)

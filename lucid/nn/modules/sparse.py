@@ -1,4 +1,5 @@
-"""``Embedding``: a lookup table of ``num_embeddings`` vectors of size ``embedding_dim``."""
+"""``Embedding``: a lookup table of ``num_embeddings`` vectors of size ``embedding_dim``;
+``EmbeddingBag``: sums, means or maxima of bags of its rows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from lucid.nn.modules._utils import check_positive_int, empty_parameter, factory
 from lucid.nn.modules.module import Module
 from lucid.nn.parameter import Parameter
 
-__all__ = ["Embedding"]
+__all__ = ["Embedding", "EmbeddingBag"]
 
 
 class Embedding(Module):
@@ -79,3 +80,63 @@ class Embedding(Module):
         if self.padding_idx is not None:
             s += f", padding_idx={self.padding_idx}"
         return s
+
+
+class EmbeddingBag(Embedding):
+    """An ``Embedding`` whose lookups are reduced per bag (``mode`` sum, mean or max): the rows
+    of a 2-D input, or the runs of a 1-D input starting at ``offsets``."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        _weight: Tensor | None = None,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f"EmbeddingBag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, _weight, device=device, dtype=dtype
+        )
+        self.max_norm, self.norm_type, self.mode = max_norm, norm_type, mode
+        self.include_last_offset = include_last_offset
+
+    def forward(  # noqa: D102
+        self,
+        input: Tensor,  # noqa: A002
+        offsets: Tensor | None = None,
+        per_sample_weights: Tensor | None = None,
+    ) -> Tensor:
+        return F.embedding_bag(
+            input, self.weight, offsets, self.max_norm, self.norm_type, mode=self.mode,
+            per_sample_weights=per_sample_weights, include_last_offset=self.include_last_offset,
+            padding_idx=self.padding_idx,
+        )  # fmt: skip
+
+    @classmethod
+    def from_pretrained(  # type: ignore[override]
+        cls,
+        embeddings: Tensor,
+        freeze: bool = True,
+        mode: str = "mean",
+        padding_idx: int | None = None,
+        **kwargs: Any,
+    ) -> EmbeddingBag:
+        """An EmbeddingBag holding ``embeddings`` (2-D); ``freeze`` turns off its gradient."""
+        if embeddings.ndim != 2:
+            raise ValueError("Embeddings parameter is expected to be 2-dimensional")
+        bag = cls(*embeddings.shape, mode=mode, padding_idx=padding_idx, _weight=embeddings,
+                  **kwargs)  # fmt: skip
+        bag.weight.requires_grad = not freeze
+        return bag
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", mode={self.mode}"

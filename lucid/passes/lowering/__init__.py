@@ -8,6 +8,7 @@ exactly one family.
 from lucid.passes.lowering import (  # noqa: F401  (registers rules)
     elementwise,
     indexing,
+    linalg,
     loss,
     nn,
     random,
