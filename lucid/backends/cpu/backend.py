@@ -117,13 +117,20 @@ class CPUBackend(Backend):
         from lucid.backends.cpu.program import Program
 
         with paused_gc():  # see lucid.ir._gc: collections cost more than they free here
-            if isinstance(module, Program):
-                _split.ms = {}
-                program = self._fused(module)
-            else:
-                program = self.program(module, inplace_updates=inplace_updates)
-            with _step("native-compile"):
-                return _native.compile(program.describe(), self.cache)
+            return self._compile_paused(module, inplace_updates, Program)
+
+    def _compile_paused(self, module: Any, inplace_updates: bool, program_type: type) -> Any:
+        # A helper, so the emitted program (every instruction, attribute dict and slot) is freed
+        # by reference counting when it returns: the collection that follows the pause then
+        # walks only what outlives the compile, not a program about to die (a whole-program walk
+        # per compile, growing faster than the program on large steps).
+        if isinstance(module, program_type):
+            _split.ms = {}
+            program = self._fused(module)
+        else:
+            program = self.program(module, inplace_updates=inplace_updates)
+        with _step("native-compile"):
+            return _native.compile(program.describe(), self.cache)
 
     def bound_call(
         self, executable: Any, positions: Sequence[int], tensors: Sequence[Any], *, single: bool
