@@ -127,6 +127,7 @@ CASES: dict[str, tuple] = {
         ),
         [f(), f(3, 4)],
     ),
+    "cumprod": (lambda x: lucid.cumprod(x, dim=1), [f(3, 4)]),
     "cumsum": (lambda x: lucid.cumsum(x, dim=1), [f(3, 4)]),
     "div": (lambda x, y: x / y, [f(3, 4), pos(4)]),
     "einsum": (lambda x, y: lucid.einsum("ij,jk->ik", x, y), [f(2, 3), f(3, 4)]),
