@@ -514,9 +514,8 @@ register(
 
 
 def _cumprod_kernel(x, dim, dtype):
-    if x.ndim == 0:
-        return x.astype(_accumulate_dtype(x) if dtype is None else dtype.numpy)
-    return np.cumprod(x, axis=dim, dtype=_accumulate_dtype(x) if dtype is None else dtype.numpy)
+    out_dtype = _accumulate_dtype(x) if dtype is None else dtype.numpy
+    return x.astype(out_dtype) if x.ndim == 0 else np.cumprod(x, axis=dim, dtype=out_dtype)
 
 
 def _reversed_cumsum(v, dim):
