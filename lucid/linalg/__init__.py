@@ -1,13 +1,15 @@
 """``lucid.linalg``: linear algebra as ``torch.linalg`` (a subset).
 
-``inv``, ``det``, ``solve``, ``cholesky`` and ``eigh`` are registry ops (numpy kernels, VJP
-rules; ``lucid.compile`` falls back to eager for them with the reason); ``slogdet`` and the norms
-compose them and other Lucid ops.
+``inv``, ``det``, ``solve``, ``cholesky``, ``eigh``, ``qr`` and ``svd`` are registry ops (numpy
+kernels, VJP rules; ``lucid.compile`` falls back to eager for them with the reason); ``slogdet``
+and the norms compose them and other Lucid ops.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
@@ -20,6 +22,9 @@ __all__ = [
     "cholesky",
     "eigh",
     "eigvalsh",
+    "qr",
+    "svd",
+    "svdvals",
     "vector_norm",
     "matrix_norm",
     "norm",
@@ -69,6 +74,32 @@ def eigh(A: Tensor, UPLO: str = "L") -> tuple[Tensor, Tensor]:  # noqa: N803
 def eigvalsh(A: Tensor, UPLO: str = "L") -> Tensor:  # noqa: N803
     """The eigenvalues (ascending) of a symmetric matrix."""
     return eigh(A, UPLO)[0]
+
+
+def qr(A: Tensor, mode: str = "reduced") -> tuple[Tensor, Tensor]:  # noqa: N803
+    """``(Q, R)`` with ``A = Q R``, Q's columns orthonormal, R upper-triangular. ``mode``:
+    ``"reduced"`` (Q (m, k), R (k, n), k = min(m, n)), ``"complete"`` (Q (m, m), R (m, n)) or
+    ``"r"`` (an empty Q, the reduced R). The gradient needs R's diagonal nonzero; ``"complete"``
+    with m > n has none, as in PyTorch."""
+    if mode == "r":
+        r = apply("linalg_qr", A, mode="reduced")[1]
+        return Tensor._wrap(np.empty((0,), dtype=A.dtype.numpy)), r
+    q, r = apply("linalg_qr", A, mode=mode)
+    return q, r
+
+
+def svd(A: Tensor, full_matrices: bool = True) -> tuple[Tensor, Tensor, Tensor]:  # noqa: N803
+    """``(U, S, Vh)`` with ``A = U diag(S) Vh``, singular values descending. The gradient
+    through U or Vh needs distinct nonzero singular values (repeated ones divide by zero, as in
+    PyTorch); ``full_matrices``' extra columns get none."""
+    u, s, vh = apply("linalg_svd", A, full_matrices=bool(full_matrices))
+    return u, s, vh
+
+
+def svdvals(A: Tensor) -> Tensor:  # noqa: N803
+    """The singular values, descending; their gradient is ``U diag(gS) Vh`` (defined for
+    repeated values too)."""
+    return apply("linalg_svd", A, full_matrices=False, values_only=True)[1]
 
 
 def vector_norm(

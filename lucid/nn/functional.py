@@ -102,6 +102,7 @@ __all__ = [
     "local_response_norm",
     "triplet_margin_with_distance_loss",
     "multi_margin_loss",
+    "ctc_loss",
     "unfold",
     "fold",
     "relu_",
@@ -2391,3 +2392,110 @@ def conv_transpose3d(
     )
     y = conv3d(x, flipped, bias, 1, 0, d, groups)
     return y.squeeze(0) if unbatched else y
+
+
+def _as_int64_tensor(values: Any) -> Tensor:
+    import lucid
+
+    if isinstance(values, Tensor):
+        return values.type(lucid.int64)
+    return lucid.tensor(values, dtype=lucid.int64)
+
+
+def _ctc_padded_targets(targets: Tensor, target_lengths: Tensor) -> Tensor:
+    """(N, S) targets; a 1-D ``targets`` holds every sequence back to back (lengths concrete)."""
+    import lucid
+
+    if targets.ndim == 2:
+        return targets.type(lucid.int64)
+    lengths = [int(n) for n in target_lengths.reshape(-1).tolist()]
+    if sum(lengths) != targets.shape[0]:
+        raise ValueError(
+            f"ctc_loss: 1-D targets hold {targets.shape[0]} labels but target_lengths add up to "
+            f"{sum(lengths)}"
+        )
+    flat, rows, start = targets.tolist(), [], 0
+    width = max(lengths, default=0)
+    for n in lengths:
+        rows.append(flat[start : start + n] + [0] * (width - n))
+        start += n
+    return lucid.tensor(rows, dtype=lucid.int64).reshape(len(lengths), width)
+
+
+def ctc_loss(
+    log_probs: Tensor,
+    targets: Tensor,
+    input_lengths: Any,
+    target_lengths: Any,
+    blank: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+) -> Tensor:
+    """Connectionist Temporal Classification loss of ``log_probs`` (T, N, C) (or (T, C)) against
+    ``targets`` ((N, S) padded, or 1-D concatenated). The forward (alpha) recursion runs in log
+    space over time, each sample frozen past its input length; ``reduction="mean"`` divides each
+    loss by its target length (at least 1) before averaging, as PyTorch. An impossible
+    alignment gives ``inf`` (``zero_infinity``: 0, with a zero gradient)."""
+    import lucid
+
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"ctc_loss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    batched = log_probs.ndim == 3
+    if log_probs.ndim not in (2, 3) or not log_probs.dtype.is_floating_point:
+        raise ValueError(
+            f"ctc_loss: log_probs must be a floating (T, N, C) or (T, C) tensor, got shape "
+            f"{tuple(log_probs.shape)} of {log_probs.dtype}"
+        )
+    if not batched:
+        log_probs, targets = log_probs.unsqueeze(1), targets.reshape(1, -1)
+    steps, batch, classes = log_probs.shape
+    if not 0 <= blank < classes:
+        raise ValueError(f"ctc_loss: blank {blank} is not a class index in [0, {classes})")
+    input_lengths = _as_int64_tensor(input_lengths).reshape(-1)
+    target_lengths = _as_int64_tensor(target_lengths).reshape(-1)
+    if input_lengths.shape[0] != batch or target_lengths.shape[0] != batch:
+        raise ValueError(
+            f"ctc_loss: need {batch} input and target lengths, got {input_lengths.shape[0]} "
+            f"and {target_lengths.shape[0]}"
+        )
+    padded = _ctc_padded_targets(targets, target_lengths)
+    labels = padded.shape[1]
+    # Extended labels: blank, l1, blank, l2, ..., blank; labels past a target's length read
+    # as blank so the gather stays in range.
+    in_target = lucid.arange(labels).unsqueeze(0) < target_lengths.unsqueeze(1)
+    padded = lucid.where(in_target, padded, blank)
+    blanks = lucid.full((batch, labels), blank, dtype=lucid.int64)
+    extended = lucid.cat([lucid.stack([blanks, padded], 2).reshape(batch, 2 * labels),
+                          blanks[:, :1]], 1)  # fmt: skip
+    width = 2 * labels + 1
+    emissions = log_probs.gather(2, extended.unsqueeze(0).expand(steps, batch, width))
+    # A finite stand-in for log(0): logsumexp of -inf's has a NaN gradient.
+    unreachable = -1e30
+    skip_allowed = lucid.cat(
+        [lucid.zeros(batch, 2, dtype=lucid.bool_),
+         (extended[:, 2:] != blank) & (extended[:, 2:] != extended[:, :-2])], 1,
+    )  # fmt: skip
+    alpha = lucid.cat(
+        [lucid.zeros(batch, 1, dtype=log_probs.dtype),
+         lucid.full((batch, width - 1), unreachable, dtype=log_probs.dtype)], 1,
+    )  # fmt: skip
+    pad1 = lucid.full((batch, 1), unreachable, dtype=log_probs.dtype)
+    pad2 = lucid.full((batch, 2), unreachable, dtype=log_probs.dtype)
+    for t in range(steps):
+        from_prev = lucid.cat([pad1, alpha[:, :-1]], 1)
+        from_skip = lucid.where(skip_allowed, lucid.cat([pad2, alpha[:, :-2]], 1), unreachable)
+        stepped = lucid.stack([alpha, from_prev, from_skip], 0).logsumexp(0) + emissions[t]
+        alpha = lucid.where((input_lengths > t).unsqueeze(1), stepped, alpha)
+    last = (2 * target_lengths).unsqueeze(1)
+    end_blank = alpha.gather(1, last).squeeze(1)
+    end_label = lucid.where(
+        target_lengths > 0, alpha.gather(1, (last - 1).clamp_min(0)).squeeze(1), unreachable
+    )
+    likelihood = lucid.stack([end_blank, end_label], 0).logsumexp(0)
+    impossible = likelihood < unreachable / 2
+    loss = lucid.where(impossible, 0.0 if zero_infinity else math.inf, -likelihood)
+    if reduction == "mean":
+        return (loss / target_lengths.clamp_min(1).type(loss.dtype)).mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss if batched else loss.squeeze(0)

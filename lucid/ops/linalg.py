@@ -717,3 +717,160 @@ register(
         saves_inputs=False,
     )
 )
+
+
+# --- QR and SVD ------------------------------------------------------------------------------
+
+
+def _check_float_matrix(name: str, a) -> tuple:
+    shape = tuple(getattr(a, "shape", ()))
+    if len(shape) < 2:
+        raise ValueError(f"{name}: expected a (..., m, n) matrix, got shape {shape}")
+    if not a.dtype.is_floating_point:
+        raise TypeError(f"{name}: expected a floating point matrix, got {a.dtype}")
+    return shape
+
+
+def _qr_infer(a, mode):
+    shape = _check_float_matrix("linalg.qr", a)
+    if mode not in ("reduced", "complete"):
+        raise ValueError(f"linalg.qr: mode must be 'reduced', 'complete' or 'r', got {mode!r}")
+    m, n = shape[-2:]
+    k = m if mode == "complete" or None in (m, n) else min(m, n)
+    return AVal(shape[:-2] + (m, k), a.dtype), AVal(shape[:-2] + (k, n), a.dtype)
+
+
+def _qr_kernel(a, mode):
+    q, r = np.linalg.qr(a, mode=mode)
+    return q.astype(a.dtype), r.astype(a.dtype)
+
+
+def _copy_lower_to_upper(m):
+    from lucid.ops.shape import tril
+
+    low = tril(m, -1)
+    return low + low.mT + m.diagonal(0, -2, -1).diag_embed()
+
+
+def _square_qr_vjp(q, r, g_q, g_r):
+    # A = QR with m >= n (Q m x n): M = R gR^T - gQ^T Q,
+    # grad A = (gQ + Q copyltu(M)) R^-T, copyltu mirroring M's lower triangle upwards.
+    m = r @ g_r.mT - g_q.mT @ q
+    b = g_q + q @ _copy_lower_to_upper(m)
+    return apply("linalg_solve", r, b.mT).mT
+
+
+def _qr_vjp(c, g_q, g_r):
+    from lucid.ops.creation import zeros_like
+
+    (q, r) = c.outputs
+    rows, cols = q.shape[-2], r.shape[-1]
+    if c.attrs["mode"] == "complete" and rows > cols:
+        raise ValueError(
+            "linalg.qr: mode='complete' with more rows than columns has no gradient (the extra "
+            "columns of Q are not determined by A); use mode='reduced'"
+        )
+    g_q = zeros_like(q) if g_q is None else g_q
+    g_r = zeros_like(r) if g_r is None else g_r
+    if rows >= cols:
+        return (_square_qr_vjp(q, r, g_q, g_r),)
+    # A = [X | Y] with X = Q R_X square and Y = Q R_Y: R_Y's gradient reaches Y through Q and
+    # adds Y gR_Y^T to Q's gradient for the square part.
+    from lucid.ops.shape import cat
+
+    a = c.inputs[0]
+    y = a[..., rows:]
+    g_ry = g_r[..., rows:]
+    g_x = _square_qr_vjp(q, r[..., :rows], g_q + y @ g_ry.mT, g_r[..., :rows])
+    return (cat([g_x, q @ g_ry], -1),)
+
+
+register(
+    OpDef(
+        "linalg_qr",
+        ("a",),
+        _qr_infer,
+        _qr_kernel,
+        _qr_vjp,
+        attrs={"mode": "reduced"},
+        n_outputs=2,
+        doc="The QR factorisation: Q with orthonormal columns and upper-triangular R.",
+    )
+)
+
+
+def _svd_infer(a, full_matrices, values_only):
+    shape = _check_float_matrix("linalg.svd", a)
+    m, n = shape[-2:]
+    k = None if None in (m, n) else min(m, n)
+    batch = shape[:-2]
+    u_cols, vh_rows = (m, n) if full_matrices else (k, k)
+    return (
+        AVal(batch + (m, u_cols), a.dtype),
+        AVal(batch + (k,), a.dtype),
+        AVal(batch + (vh_rows, n), a.dtype),
+    )
+
+
+def _svd_kernel(a, full_matrices, values_only):
+    u, s, vh = _numpy_linalg(
+        lambda x: np.linalg.svd(x, full_matrices=full_matrices), a, name="linalg.svd"
+    )
+    return u.astype(a.dtype), s.astype(a.dtype), vh.astype(a.dtype)
+
+
+def _svd_vjp(c, g_u, g_s, g_vh):
+    # PyTorch's svd_backward (real case), on the reduced factors (full_matrices' extra columns
+    # carry no gradient). With E_ij = s_j^2 - s_i^2 off the diagonal (1 on it),
+    # J = skew(U^T gU), K = skew(V^T gV), skew(X) = X - X^T:
+    #   grad A = U ((J S + S K) / E + diag(gS)) V^T
+    #            + (I - U U^T) gU S^-1 V^T + U S^-1 gV^T (I - V V^T).
+    # Repeated singular values divide by zero; a zero one does so when U or V is differentiated.
+    u, s, vh = c.outputs
+    if c.attrs["values_only"]:  # svdvals: U and Vh never reach the user
+        g_u = g_vh = None
+    k = s.shape[-1]
+    rows, cols = u.shape[-2], vh.shape[-1]
+    u, vh = u[..., :k], vh[..., :k, :]
+    g_u = None if g_u is None else g_u[..., :k]
+    g_vh = None if g_vh is None else g_vh[..., :k, :]
+    if g_u is None and g_vh is None:
+        return (u @ (g_s.unsqueeze(-1) * vh),) if g_s is not None else (None,)
+    s_row, s_col = s.unsqueeze(-2), s.unsqueeze(-1)
+    squares = s * s
+    eye = Tensor._wrap(np.eye(k, dtype=s.dtype.numpy))
+    gaps = squares.unsqueeze(-2) - squares.unsqueeze(-1) + eye
+    inner = 0
+    if g_u is not None:
+        j = u.mT @ g_u
+        inner = (j - j.mT) * s_row
+    if g_vh is not None:
+        kv = vh @ g_vh.mT
+        inner = inner + s_col * (kv - kv.mT)
+    inner = inner / gaps
+    if g_s is not None:
+        inner = inner + g_s.diag_embed()
+    if rows > cols and g_u is not None:
+        g_u_scaled = g_u / s_row
+        return ((u @ inner + g_u_scaled - u @ (u.mT @ g_u_scaled)) @ vh,)
+    if rows < cols and g_vh is not None:
+        scaled_g_vh = g_vh / s_col
+        return (u @ (inner @ vh + scaled_g_vh - (scaled_g_vh @ vh.mT) @ vh),)
+    return (u @ inner @ vh,)
+
+
+register(
+    OpDef(
+        "linalg_svd",
+        ("a",),
+        _svd_infer,
+        _svd_kernel,
+        _svd_vjp,
+        # values_only (svdvals): only S is handed out, so U's and Vh's (zero) gradients are
+        # skipped, which keeps S's gradient finite for repeated singular values.
+        attrs={"full_matrices": True, "values_only": False},
+        n_outputs=3,
+        saves_inputs=False,
+        doc="The singular value decomposition U diag(S) Vh, singular values descending.",
+    )
+)

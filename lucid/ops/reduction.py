@@ -51,6 +51,7 @@ __all__ = [
     "argmax",
     "argmin",
     "count_nonzero",
+    "cumprod",
     "cumsum",
     "equal",
     "logsumexp",
@@ -476,9 +477,12 @@ register(
 )
 
 
-def _cumsum_infer(x, dim, dtype):
-    normalize_dim(dim, x.ndim, "cumsum")
-    return AVal(tuple(x.shape), _int_to_long(x, {"dtype": dtype}))
+def _cumulative_infer(name):
+    def infer(x, dim, dtype):
+        normalize_dim(dim, x.ndim, name)
+        return AVal(tuple(x.shape), _int_to_long(x, {"dtype": dtype}))
+
+    return infer
 
 
 def _cumsum_kernel(x, dim, dtype):
@@ -499,12 +503,54 @@ register(
     OpDef(
         "cumsum",
         ("x",),
-        _cumsum_infer,
+        _cumulative_infer("cumsum"),
         _cumsum_kernel,
         _cumsum_vjp,
         attrs={"dim": 0, "dtype": None},
         saves_inputs=False,
         saves_outputs=False,
+    )
+)
+
+
+def _cumprod_kernel(x, dim, dtype):
+    out_dtype = _accumulate_dtype(x) if dtype is None else dtype.numpy
+    return x.astype(out_dtype) if x.ndim == 0 else np.cumprod(x, axis=dim, dtype=out_dtype)
+
+
+def _reversed_cumsum(v, dim):
+    from lucid.ops.shape import flip  # shape builds on reductions
+
+    return flip(cumsum(flip(v, (dim,)), dim), (dim,))
+
+
+def _cumprod_vjp(c, g):
+    # PyTorch's rule: dx_i = sum_{j>=i} g_j * out_j / x_i where x_i != 0. Past the first zero of a
+    # slice every product vanishes, so later entries get 0; the first zero itself gets
+    # sum_{j>=k} g_j * prod_{m<=j, m!=k} x_m, the reversed cumsum of g times the cumprod with
+    # that zero replaced by one.
+    x, out = c.inputs[0], c.outputs[0]
+    if g.ndim == 0:
+        return (g,)
+    dim = c.attrs["dim"]
+    is_zero = eq(x, 0)
+    first_zero = logical_and(is_zero, eq(cumsum(is_zero, dim), 1))
+    safe_x = where(is_zero, 1, x)
+    nonzero_grad = where(is_zero, 0, _reversed_cumsum(g * out, dim) / safe_x)
+    at_first_zero = _reversed_cumsum(g * cumprod(where(first_zero, 1, x), dim), dim)
+    return (where(first_zero, at_first_zero, nonzero_grad),)
+
+
+register(
+    OpDef(
+        "cumprod",
+        ("x",),
+        _cumulative_infer("cumprod"),
+        _cumprod_kernel,
+        _cumprod_vjp,
+        attrs={"dim": 0, "dtype": None},
+        saves_inputs=True,
+        saves_outputs=True,
     )
 )
 
@@ -727,6 +773,12 @@ def logsumexp(x, dim=None, keepdim: bool = False) -> Tensor:
 def cumsum(x, dim: int, *, dtype=None) -> Tensor:
     """Cumulative sum along ``dim``; integers and bools accumulate in int64."""
     return apply("cumsum", x, dim=dim, dtype=_dt(dtype))
+
+
+@tensor_method()
+def cumprod(x, dim: int, *, dtype=None) -> Tensor:
+    """Cumulative product along ``dim``; integers and bools accumulate in int64."""
+    return apply("cumprod", x, dim=dim, dtype=_dt(dtype))
 
 
 @tensor_method()

@@ -218,6 +218,12 @@ sample(
     lambda r: ([f(r, 3, 4)], {"dim": None, "correction": 0, "keepdim": True}),
 )
 sample("cumsum", lambda r: ([f(r, 3, 4)], {"dim": 1}), lambda r: ([ints(r, 5)], {"dim": 0}))
+sample(
+    "cumprod",
+    lambda r: ([f(r, 3, 5)], {"dim": 1}),
+    lambda r: ([f(r, 4, 2)], {"dim": -2}),
+    lambda r: ([ints(r, 5)], {"dim": 0}),
+)
 sample("iota", lambda r: ([f(r, 3, 4)], {"dim": 1}))
 sample("sum_to_size", lambda r: ([f(r, 2, 3, 4)], {"shape": (3, 1)}))
 sample(

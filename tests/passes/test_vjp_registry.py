@@ -127,6 +127,7 @@ CASES: dict[str, tuple] = {
         ),
         [f(), f(3, 4)],
     ),
+    "cumprod": (lambda x: lucid.cumprod(x, dim=1), [f(3, 4)]),
     "cumsum": (lambda x: lucid.cumsum(x, dim=1), [f(3, 4)]),
     "div": (lambda x, y: x / y, [f(3, 4), pos(4)]),
     "einsum": (lambda x, y: lucid.einsum("ij,jk->ik", x, y), [f(2, 3), f(3, 4)]),
@@ -184,6 +185,14 @@ CASES: dict[str, tuple] = {
     "linalg_det": (lambda a: lucid.linalg.det(a), [well_conditioned(2, 3, 3)]),
     "linalg_eigh": (lambda a: lucid.linalg.eigh(a), [spd(3, 3)]),
     "linalg_inv": (lambda a: lucid.linalg.inv(a), [well_conditioned(2, 3, 3)]),
+    "linalg_qr": (
+        lambda a, b: (*lucid.linalg.qr(a), *lucid.linalg.qr(b), *lucid.linalg.qr(b, "complete")),
+        [f(2, 4, 3), f(3, 5)],
+    ),
+    "linalg_svd": (
+        lambda a, b: (*lucid.linalg.svd(a, False), *lucid.linalg.svd(b), lucid.linalg.svdvals(a)),
+        [f(2, 4, 3), f(3, 5)],
+    ),
     "linalg_solve": (
         lambda a, b, v: (lucid.linalg.solve(a, b), lucid.linalg.solve(a[0], v)),
         [well_conditioned(2, 3, 3), f(2, 3, 2), f(3)],

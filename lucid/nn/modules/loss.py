@@ -29,6 +29,7 @@ __all__ = [
     "MultiLabelSoftMarginLoss",
     "TripletMarginWithDistanceLoss",
     "MultiMarginLoss",
+    "CTCLoss",
     "MultiLabelMarginLoss",
     "NLLLoss2d",
 ]
@@ -421,4 +422,21 @@ class LinearCrossEntropyLoss(_WeightedLoss):
             input, self.linear.weight, target, linear_bias=self.linear.bias, weight=self.weight,
             reduction=self.reduction, ignore_index=self.ignore_index,
             label_smoothing=self.label_smoothing,
+        )  # fmt: skip
+
+
+class CTCLoss(_Loss):
+    """Connectionist Temporal Classification loss (``F.ctc_loss``)."""
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False):
+        super().__init__(reduction)
+        self.blank = blank
+        self.zero_infinity = zero_infinity
+
+    def forward(
+        self, log_probs: Tensor, targets: Tensor, input_lengths: Any, target_lengths: Any
+    ) -> Tensor:
+        return F.ctc_loss(
+            log_probs, targets, input_lengths, target_lengths, blank=self.blank,
+            reduction=self.reduction, zero_infinity=self.zero_infinity,
         )  # fmt: skip

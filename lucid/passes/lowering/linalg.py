@@ -10,10 +10,19 @@ from lucid import _dtype
 from lucid.passes.lowering._core import PV, Builder, rule, unsupported
 
 _FACTORISATION = (
-    "it factorises a matrix (LU, Cholesky or a symmetric eigensolver) and prim has no such op; "
+    "it factorises a matrix (LU, Cholesky, QR, SVD or a symmetric eigensolver) and prim has no "
+    "such op; "
     "the compiled path runs it eagerly"
 )
-for _name in ("linalg_inv", "linalg_det", "linalg_solve", "linalg_cholesky", "linalg_eigh"):
+for _name in (
+    "linalg_inv",
+    "linalg_det",
+    "linalg_solve",
+    "linalg_cholesky",
+    "linalg_eigh",
+    "linalg_qr",
+    "linalg_svd",
+):
     unsupported(_name, _FACTORISATION)
 unsupported("bincount", "its output length depends on the input's values (a graph break)")
 unsupported("unique", "its output shape depends on the input's values (a graph break)")

@@ -141,6 +141,26 @@ def _cumsum(b: Builder, v, dim, dtype):
     return b.op("cumsum", b.cast(v, out), axis=normalize_dim(dim, v.ndim))
 
 
+@rule("cumprod")
+def _cumprod(b: Builder, v, dim, dtype):
+    """No prim scan multiplies, so a Hillis-Steele scan: log2(n) rounds, each multiplying by the
+    running products shifted by 1, 2, 4, ... entries (ones shifted in). The association order
+    differs from eager's left-to-right product: floats may differ in the last ulps."""
+    out = b.outs[0].dtype
+    v = b.cast(v, out)
+    if v.ndim == 0:
+        return v
+    axis = normalize_dim(dim, v.ndim)
+    n = v.shape[axis]
+    shift = 1
+    while shift < n:
+        ones_shape = v.shape[:axis] + (shift,) + v.shape[axis + 1 :]
+        shifted = b.concat([b.full(1, ones_shape, out), b.slice_axis(v, axis, 0, n - shift)], axis)
+        v = b.op("mul", v, shifted)
+        shift *= 2
+    return v
+
+
 @rule("iota")
 def _iota(b: Builder, v, dim):
     d = normalize_dim(dim, v.ndim)
