@@ -313,10 +313,114 @@ def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, in
     return q, r, is_zero, zero
 
 
+# Float32 fmod works in rounds that each take at most 2**23 multiples of y * 2**(22 j) out of the
+# remainder: 13 rounds (j = 12 .. 0) cover every ratio of Float32 magnitudes (below 2**277).
+_FMOD_ROUND_BITS = 22
+_FMOD_ROUNDS = 13
+# Veltkamp's constant 2**12 + 1 splits a Float32 into two halves of at most 12 bits.
+_VELTKAMP = 4097.0
+# Divisors above this are scaled down by it inside a round, so no split or product overflows.
+_FMOD_BIG = 2.0**64
+
+
+def _two_product(c: _Ctx, q: int, y: int, veltkamp: int) -> tuple[int, int]:
+    """(p, e) with p = fl(q * y) and p + e = q * y exactly (Dekker's product on Veltkamp splits:
+    12-bit halves multiply exactly; every term is a multiple of the smallest subnormal, so
+    gradual underflow loses nothing)."""
+
+    def split(v: int) -> tuple[int, int]:
+        t = c.bin("multiplication", v, veltkamp)
+        hi = c.bin("subtraction", t, c.bin("subtraction", t, v))
+        return hi, c.bin("subtraction", v, hi)
+
+    (qh, ql), (yh, yl) = split(q), split(y)
+    p = c.bin("multiplication", q, y)
+    e = c.bin("subtraction", c.bin("multiplication", qh, yh), p)
+    for u, v in ((qh, yl), (ql, yh), (ql, yl)):
+        e = c.bin("addition", e, c.bin("multiplication", u, v))
+    return p, e
+
+
+def _fmod_round(c: _Ctx, rem: int, y: int, k: Mapping[float, int]) -> int:
+    """fmod(rem, y) for 0 <= rem < y * 2**23 (y > 0, possibly +inf), exact.
+
+    With q = floor(rem / y) from a faithful division, q is t = floor(rem / y) or t + 1 (rem / y
+    >= t is not rounded below the representable t, and stays below t + 2 as q < 2**23), so the
+    true rem - q·y lies in [-y, y): a multiple of the operands' common grid no wider than y,
+    hence representable. rem - p is exact by Sterbenz's lemma (p/2 <= rem <= 2p when q >= 1),
+    so (rem - p) - e rounds the representable rem - q·y to itself, and adding y back once when
+    it is negative is exact for the same reason. q = 0 keeps rem unchanged (also y = +inf).
+    ``k`` maps each constant the round uses to its tensor."""
+    zero = k[0.0]
+    big = c.bin("greaterThan", y, k[_FMOD_BIG])
+    down = c.select(big, k[1.0 / _FMOD_BIG], k[1.0])
+    up = c.select(big, k[_FMOD_BIG], k[1.0])
+    # Power-of-two scaling is exact here: a scaled y stays above 1, and a rem that q >= 1
+    # uses is at least about y.
+    rem_s, y_s = c.bin("multiplication", rem, down), c.bin("multiplication", y, down)
+    q = c.un("floor", c.bin("division", rem_s, y_s))
+    p, e = _two_product(c, q, y_s, k[_VELTKAMP])
+    r = c.bin("subtraction", c.bin("subtraction", rem_s, p), e)
+    r = c.select(c.bin("lessThan", r, zero), c.bin("addition", r, y_s), r)
+    return c.select(c.bin("equal", q, zero), rem, c.bin("multiplication", r, up))
+
+
+def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
+    """(floor quotient, floor remainder) of Float32 a / b, equal to eager Lucid's (numpy's
+    npy_divmod): mod = fmod(a, b) exactly; div = (a - mod) / b, one lower (and mod + b) when mod
+    is non-zero with a sign unlike b's; the quotient floor(div), rounded up when div exceeds it
+    by more than 1/2; a zero mod takes b's sign, a zero div the sign of a / b; a zero divisor
+    gives a / b and NaN. floor(a / b) alone is not that: 1.0 // 0.1 is 9 (fmod is 0.0999...).
+
+    fmod of the magnitudes is reduced modulo y·2**(22 j) for j = 12 .. 0 (a multiple of y, so
+    the final remainder is fmod(|a|, |b|)), each round exact (``_fmod_round``). Exactness rests
+    on correctly rounded addition, subtraction and multiplication, a faithful division and
+    gradual underflow, as the reference models them; Apple documents no accuracy for these."""
+    a, b = ins[0].id, ins[1].id
+    k = {
+        v: c.const(v, "f32")
+        for v in (0.0, 1.0, 0.5, _VELTKAMP, _FMOD_BIG, 1.0 / _FMOD_BIG, 2.0**_FMOD_ROUND_BITS)
+    }
+    zero = k[0.0]
+    x, y = c.un("absolute", a), c.un("absolute", b)
+    # y * 2**(22 j) for j = 0 .. 12, exact or +inf (an infinite one leaves its round a no-op;
+    # the first finite one is above 2**105, so |a| / it stays below 2**23).
+    scaled = [y]
+    for _ in range(_FMOD_ROUNDS - 1):
+        scaled.append(c.bin("multiplication", scaled[-1], k[2.0**_FMOD_ROUND_BITS]))
+    mag = x
+    for y_j in reversed(scaled):
+        mag = _fmod_round(c, mag, y_j, k)
+    fmod = c.select(c.bin("lessThan", a, zero), c.un("negative", mag), mag)
+    b_is_zero = c.bin("equal", b, zero)
+    defined = c.bin("logicalAND", c.un("isFinite", a), c.un("not", c.un("isNaN", b)))
+    fmod = c.select(c.bin("logicalAND", defined, c.un("not", b_is_zero)), fmod, c.const(math.nan, "f32"))
+
+    quotient = c.bin("division", a, b)
+    div = c.bin("division", c.bin("subtraction", a, fmod), b)
+    b_negative = c.bin("lessThan", b, zero)
+    moved = c.bin(
+        "logicalAND",
+        c.bin("notEqual", fmod, zero),
+        c.bin("logicalXOR", b_negative, c.bin("lessThan", fmod, zero)),
+    )
+    mod = c.select(moved, c.bin("addition", fmod, b), fmod)
+    div = c.select(moved, c.bin("subtraction", div, k[1.0]), div)
+    signed_zero = c.select(b_negative, c.const(-0.0, "f32"), zero)
+    mod = c.select(c.bin("equal", mod, zero), signed_zero, mod)
+    floor = c.un("floor", div)
+    up = c.bin("greaterThan", c.bin("subtraction", div, floor), k[0.5])
+    floor = c.select(up, c.bin("addition", floor, k[1.0]), floor)
+    # A zero div is finite a over larger b: 0 * (a / b) is the zero with the quotient's sign.
+    zero_div = c.bin("multiplication", zero, quotient)
+    floor = c.select(c.bin("equal", div, zero), zero_div, floor)
+    return c.select(b_is_zero, quotient, floor), mod
+
+
 @_handles("floor_divide")
 def _floor_divide(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     if ins[0].dtype in P.FLOAT:
-        return [c.un("floor", c.bin("division", ins[0].id, ins[1].id))]
+        return [_float_floor_division(c, ins)[0]]
     q, _, is_zero, zero = _int_floor_division(c, ins, len(outs[0].shape))
     return [c.select(is_zero, zero, q)]
 
@@ -324,11 +428,7 @@ def _floor_divide(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 @_handles("remainder")
 def _remainder(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     if ins[0].dtype in P.FLOAT:
-        # floorModulo gives 0 for a zero divisor; prim (IEEE, numpy) gives NaN there.
-        r, dt = len(outs[0].shape), ins[0].dtype
-        is_zero = c.bin("equal", ins[1].id, c.const(0.0, dt, r))
-        mod = c.bin("floorModulo", ins[0].id, ins[1].id)
-        return [c.select(is_zero, c.const(math.nan, dt, r), mod)]
+        return [_float_floor_division(c, ins)[1]]
     _, r, is_zero, zero = _int_floor_division(c, ins, len(outs[0].shape))
     return [c.select(is_zero, zero, r)]
 

@@ -278,18 +278,6 @@ def _division(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _int_divide(a, b) if a.dtype.kind == "i" else np.divide(a, b)
 
 
-def _floor_modulo(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # Header: "primaryTensor - (floor(primaryTensor / secondaryTensor) * secondaryTensor)",
-    # "returns 0 if divisor is 0".
-    zero = b == 0
-    safe = np.where(zero, np.ones((), b.dtype), b)
-    if a.dtype.kind == "i":
-        out = np.mod(a, safe)
-    else:
-        out = a - np.floor(a / safe) * safe
-    return np.where(zero, np.zeros((), a.dtype), out)
-
-
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "addition": np.add,
     "subtraction": np.subtract,
@@ -303,7 +291,6 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "minimum": lambda a, b: np.fmin(a, b) if a.dtype.kind == "f" else np.minimum(a, b),
     "maximumWithNaNPropagation": np.maximum,
     "minimumWithNaNPropagation": np.minimum,
-    "floorModulo": _floor_modulo,
     "equal": np.equal,
     "notEqual": np.not_equal,
     "lessThan": np.less,

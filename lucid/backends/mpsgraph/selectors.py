@@ -122,7 +122,7 @@ _sel("truncateWithTensor:name:", "T", "name", introduced="13.0")
 # --- binary
 for _name in (
     "addition", "subtraction", "multiplication", "division", "power", "atan2", "maximum",
-    "minimum", "floorModulo", "equal", "notEqual", "lessThan", "lessThanOrEqualTo",
+    "minimum", "equal", "notEqual", "lessThan", "lessThanOrEqualTo",
     "greaterThan", "greaterThanOrEqualTo", "logicalAND", "logicalOR", "logicalXOR",
 ):  # fmt: skip
     _sel(f"{_name}WithPrimaryTensor:secondaryTensor:name:", "T", "T", "name")
@@ -338,6 +338,11 @@ _INT_DIVISION = (
     f"logicalXOR{_BIN}", _SELECT, _C, "castTensor:toType:name:", "floorWithTensor:name:",
     f"lessThanOrEqualTo{_BIN}",
 )  # fmt: skip
+# Float32 floor_divide and remainder (eager's divmod from an exact fmod) add these.
+_FLOAT_DIVISION = (
+    "absoluteWithTensor:name:", "negativeWithTensor:name:", "isFiniteWithTensor:name:",
+    "isNaNWithTensor:name:", "notWithTensor:name:", f"addition{_BIN}", f"greaterThan{_BIN}",
+)  # fmt: skip
 _PHILOX = (
     f"bitwiseXOR{_BIN}",
     "coordinateAlongAxis:withShape:name:", "castTensor:toType:name:", _C,
@@ -434,8 +439,8 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
     },
     "maximum": (f"maximumWithNaNPropagation{_BIN}", f"maximum{_BIN}"),
     "minimum": (f"minimumWithNaNPropagation{_BIN}", f"minimum{_BIN}"),
-    "floor_divide": ("floorWithTensor:name:", *_INT_DIVISION),
-    "remainder": (f"floorModulo{_BIN}", *_INT_DIVISION),
+    "floor_divide": (*_INT_DIVISION, *_FLOAT_DIVISION),
+    "remainder": (*_INT_DIVISION, *_FLOAT_DIVISION),
     "select": (_SELECT,),
     "cast": (
         "castTensor:toType:name:",
@@ -611,11 +616,12 @@ EMISSION_NOTES: dict[str, str] = {
     "log1p": "u = 1 + x; log(u)·x/(u − 1), x where u = 1, u where u = +inf (Goldberg's trick)",
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
-    "floor_divide": "floats: floor(a / b); integers: exact over the whole range, in the "
+    "floor_divide": "floats: eager's (numpy's) divmod from an exact fmod (13 rounds of "
+    "Dekker products on Veltkamp splits), so 1.0 // 0.1 is 9; integers: exact over the whole range, in the "
     "operand type with no wrapping step: Float32 quotient estimates (2 rounds for int32, 4 for "
     "int64) on −|a| and −|b|, one exact step, signs; INT_MIN // −1 gives INT_MIN, a zero "
     "divisor 0",
-    "remainder": "floats: floorModulo, NaN for a zero divisor (floorModulo gives 0); integers: "
+    "remainder": "floats: floor_divide's divmod (b's sign, NaN for a zero divisor); integers: "
     "the remainder of floor_divide's exact steps, a zero divisor gives 0",
     "cast": "float → int: truncate, clamp, NaN → 0, ≥ 2^(bits−1) → the integer maximum; "
     "→ bool: x ≠ 0",

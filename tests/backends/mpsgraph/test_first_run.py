@@ -76,6 +76,56 @@ def test_1_the_program_format_refuses_a_target_named_twice():
         b.program([y, y], [])
 
 
+# --- 9b. Float32 floor_divide and remainder equal eager's divmod ------------------------------
+
+
+def _float_division(name: str, a, b) -> None:
+    """The emission run by the reference equals eager Lucid bit for bit (signed zeros too; any
+    NaN for a NaN)."""
+    from lucid.backends.mpsgraph.reference import run_program
+
+    a, b = np.array(a, np.float32), np.array(b, np.float32)
+    with np.errstate(all="ignore"):
+        (got,) = run_program(_division_program(name, "f32", len(a)), [a, b])
+        want = P.evaluate(name, [a, b], {})[0]
+    assert got.dtype == want.dtype
+    nan = np.isnan(want)
+    bad = (np.isnan(got) != nan) | (~nan & (got.view(np.uint32) != want.view(np.uint32)))
+    wrong = zip(a[bad][:5], b[bad][:5], got[bad][:5], want[bad][:5], strict=True)
+    assert not bad.any(), list(wrong)
+
+
+_FLOAT_EDGES = [0.0, -0.0, 1.0, -1.0, 0.1, -0.1, 3.0, 1e-45, 1.1754944e-38, 3.4028235e38,
+                -3.4028235e38, float("inf"), float("-inf"), float("nan")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["floor_divide", "remainder"])
+def test_9b_float_division_is_eager_divmod_at_the_edges(name):
+    # 1.0 // 0.1 == 9 and 1.0 % 0.1 == 0.0999... (floor(1.0 / 0.1) is 10), b's sign on the
+    # remainder, signed zeros, zero divisors, infinities, NaN, subnormals, the largest values.
+    a, b = np.meshgrid(np.float32(_FLOAT_EDGES), np.float32(_FLOAT_EDGES))
+    _float_division(name, a.ravel(), b.ravel())
+    tenths = np.float32(np.arange(-40, 41)) * np.float32(0.1)
+    for divisor in (0.1, -0.1, 0.3, -0.7):
+        _float_division(name, tenths, np.full_like(tenths, divisor))
+
+
+_f32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
+_f32_bits = st.integers(0, 2**32 - 1).map(lambda v: float(np.uint32(v).view(np.float32)))
+_tenths = st.integers(-1000, 1000).map(lambda k: float(np.float32(k) * np.float32(0.1)))
+_float_operand = st.one_of(_f32, _f32_bits, _tenths, st.sampled_from(_FLOAT_EDGES))
+
+
+@pytest.mark.parametrize("name", ["floor_divide", "remainder"])
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_9b_float_division_is_eager_divmod_everywhere(name, data):
+    pairs = data.draw(st.lists(st.tuples(_float_operand, _float_operand), min_size=_N,
+                               max_size=_N))  # fmt: skip
+    a, b = zip(*pairs, strict=True)
+    _float_division(name, a, b)
+
+
 # --- 10. rank-0 shapes --------------------------------------------------------------------------
 def _shape_args(program):
     for p in program["placeholders"]:

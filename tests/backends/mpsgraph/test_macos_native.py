@@ -212,6 +212,20 @@ def test_9_integer_division_exact_over_the_whole_range(op, dtype):
     same(*on_device(op, [a, b]))
 
 
+@pytest.mark.parametrize("op", ["floor_divide", "remainder"])
+def test_9_float_division_matches_eager_bit_for_bit(op):
+    # 1.0 // 0.1 is 9 (fmod gives 0.0999...), signed zeros, infinities, NaN, subnormals, and
+    # random Float32 bit patterns (every magnitude ratio, so every fmod round is used).
+    edges = np.float32([0, -0.0, 1, -1, 0.1, -0.1, 3, np.inf, -np.inf, np.nan, 1e-45, 3.4e38])
+    a, b = (g.ravel() for g in np.meshgrid(edges, edges))
+    bits = np.random.default_rng(25).integers(0, 2**32, (2, 4096), dtype=np.uint64)
+    a, b = (np.concatenate([v, w.astype(np.uint32).view(np.float32)]) for v, w in zip((a, b), bits))
+    (got,), (want,) = on_device(op, [a, b])
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
 def test_10_rank0_feeds_and_results():
     def loss(x, s):
         return (x * x).sum() * s
