@@ -654,12 +654,6 @@ const ReplayEntry kReplayTable[] = {
                                 secondaryTensor:a.tensor(1)
                                            name:a.name(2)]);
      }},
-    {"floorModuloWithPrimaryTensor:secondaryTensor:name:",
-     [](MPSGraph* g, const CallArgs& a) -> Results {
-       return a.one([g floorModuloWithPrimaryTensor:a.tensor(0)
-                                    secondaryTensor:a.tensor(1)
-                                               name:a.name(2)]);
-     }},
     {"equalWithPrimaryTensor:secondaryTensor:name:",
      [](MPSGraph* g, const CallArgs& a) -> Results {
        return a.one([g equalWithPrimaryTensor:a.tensor(0)
