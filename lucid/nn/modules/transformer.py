@@ -387,19 +387,8 @@ class TransformerDecoderLayer(Module):
         self.dropout3 = Dropout(dropout)
         self.activation = _activation(activation)
 
-    def _sa_block(
-        self, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool
-    ) -> Tensor:
-        x = self.self_attn(
-            x,
-            x,
-            x,
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            need_weights=False,
-            is_causal=is_causal,
-        )[0]
-        return self.dropout1(x)
+    # The same attribute names as the encoder layer's (self_attn, dropout1), as in PyTorch.
+    _sa_block = TransformerEncoderLayer._sa_block
 
     def _mha_block(
         self,
