@@ -30,6 +30,7 @@ from lucid._dtype import (  # noqa: F401
     short,
     uint8,
 )
+from lucid._dtype import finfo, get_default_dtype, set_default_dtype  # noqa: F401
 from lucid._native_loader import _native
 from lucid._state import is_grad_enabled, is_inference_mode_enabled  # noqa: F401
 from lucid._tensor import LEGACY_TENSOR_TYPES as _LEGACY_TENSOR_TYPES
@@ -80,6 +81,7 @@ def from_numpy(array) -> Tensor:
 
 from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
     accelerator,
+    amp,
     cuda,
     linalg,
     nn,
@@ -88,6 +90,7 @@ from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim acce
     utils,  # noqa: E402,F401
 )
 from lucid._generator import Generator  # noqa: E402,F401
+from lucid.amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402,F401
 from lucid.serialization import load, save  # noqa: E402,F401
 from lucid.sparse import sparse_coo_tensor, spmm  # noqa: E402,F401
 
