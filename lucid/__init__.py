@@ -16,10 +16,12 @@ from lucid._dtype import (  # noqa: F401
     bool_,
     double,
     dtype,
+    finfo,
     float,
     float16,
     float32,
     float64,
+    get_default_dtype,
     half,
     int,
     int8,
@@ -27,10 +29,10 @@ from lucid._dtype import (  # noqa: F401
     int32,
     int64,
     long,
+    set_default_dtype,
     short,
     uint8,
 )
-from lucid._dtype import finfo, get_default_dtype, set_default_dtype  # noqa: F401
 from lucid._native_loader import _native
 from lucid._state import is_grad_enabled, is_inference_mode_enabled  # noqa: F401
 from lucid._tensor import LEGACY_TENSOR_TYPES as _LEGACY_TENSOR_TYPES

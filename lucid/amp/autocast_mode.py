@@ -74,8 +74,9 @@ class _ActivePolicy:
             for x in _flatten(operands):
                 if _eligible(x):
                     target = _dtype._higher(target, x.dtype)
+        cast = self._cast
         return tuple(
-            [self._cast(e, target) for e in x] if isinstance(x, (list, tuple)) else self._cast(x, target)
+            [cast(e, target) for e in x] if isinstance(x, (list, tuple)) else cast(x, target)
             for x in operands
         )
 

@@ -168,7 +168,9 @@ class GradScaler:
         if new_scale is not None:
             if isinstance(new_scale, Tensor):
                 if new_scale.numel() != 1 or not new_scale.dtype.is_floating_point:
-                    raise ValueError("GradScaler.update: new_scale must be a 1-element float tensor")
+                    raise ValueError(
+                        "GradScaler.update: new_scale must be a 1-element float tensor"
+                    )
                 value = float(new_scale.item())
             else:
                 value = float(new_scale)
