@@ -2,6 +2,7 @@
 
 from lucid.amp.autocast_mode import (
     autocast,
+    autocast_key,
     clear_autocast_cache,
     get_autocast_dtype,
     is_autocast_available,
@@ -13,6 +14,7 @@ from lucid.amp.grad_scaler import GradScaler
 __all__ = [
     "GradScaler",
     "autocast",
+    "autocast_key",
     "clear_autocast_cache",
     "get_autocast_dtype",
     "is_autocast_available",

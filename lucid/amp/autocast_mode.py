@@ -243,6 +243,14 @@ def get_autocast_dtype(device_type: str) -> _dtype.dtype:
     return _local.dtype[device_type]
 
 
+def autocast_key() -> tuple[str, str] | None:
+    """What the active autocast region changes about the ops it runs, as a hashable value:
+    ``(device_type, dtype name)``, or None outside autocast. A cache of compiled graphs keys on
+    it, since the same function traces to different graphs inside and outside a region."""
+    active = state.autocast
+    return None if active is None else (active.device_type, active.dtype.name)
+
+
 def is_autocast_available(device_type: str) -> bool:
     """Whether ``autocast(device_type)`` can be enabled ('cpu' and 'mps')."""
     return device_type in DEVICE_TYPES or device_type == "metal"

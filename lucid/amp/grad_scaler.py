@@ -264,10 +264,11 @@ class GradScaler:
 
 def _unscale_in_place(grad: Tensor, inv_scale: np.float32) -> bool:
     """``grad *= inv_scale`` computed in float32 (float64 for float64), rounded once to the
-    gradient's dtype; whether any element was inf or NaN."""
+    gradient's dtype; whether any element was inf or NaN. The gradient tensor gets a new array:
+    its old one may be a read-only broadcast view shared with other tensors."""
     data = grad._data
     wide = data.astype(np.float64 if data.dtype == np.float64 else np.float32)
     found = not bool(np.isfinite(wide).all())
-    np.copyto(data, wide * inv_scale, casting="unsafe")
+    grad._data = (wide * inv_scale).astype(data.dtype)
     grad._version[0] += 1
     return found

@@ -817,13 +817,21 @@ Tensor.zero_ = _zero_
 Tensor.copy_ = _copy_
 
 # --- structural helpers autograd needs
+
+
+def _cast_kernel(x: np.ndarray, dtype) -> np.ndarray:
+    # C order: a cast (and so clone and contiguous) of a transposed view is row-major. Beyond a
+    # half format's range a value becomes inf, silently, as in PyTorch.
+    with np.errstate(over="ignore"):
+        return x.astype(dtype.numpy, order="C")
+
+
 register(
     OpDef(
         "cast",
         ("x",),
         lambda x, dtype: elementwise_infer(dtype)(x),
-        # C order: a cast (and so clone and contiguous) of a transposed view is row-major.
-        lambda x, dtype: x.astype(dtype.numpy, order="C"),
+        _cast_kernel,
         lambda c, g: (g.type(c.inputs[0].dtype) if c.inputs[0].dtype.is_floating_point else None,),
         attrs={"dtype": None},
         props=frozenset({ELEMENTWISE, SYMBOLIC_BATCH_SAFE}),
