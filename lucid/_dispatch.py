@@ -53,7 +53,7 @@ def _to_array(x: Any, compute: np.dtype | None) -> np.ndarray:
         if compute is not None:
             if a.dtype != compute:
                 a = a.astype(compute)
-        elif a.dtype in _dtype.HALF_NUMPY:
+        elif a.itemsize == 2 and a.dtype in _dtype.HALF_NUMPY:  # itemsize first: cheap
             a = a.astype(_FLOAT32)
         return a
     np_dt = compute if compute is not None else _dtype.result_type(x).numpy
@@ -82,9 +82,8 @@ def _run_eager(opdef: OpDef, operands: tuple, attrs: dict) -> Any:
     avals = opdef.infer(*operands, **attrs)
     compute = None
     if PROMOTE in opdef.props:
-        compute = _dtype.result_type(*_flat_operands(opdef, operands)).numpy
-        if compute in _dtype.HALF_NUMPY:
-            compute = _FLOAT32
+        promoted = _dtype.result_type(*_flat_operands(opdef, operands))
+        compute = _FLOAT32 if promoted in _dtype.HALF_DTYPES else promoted.numpy
     if opdef.variadic:
         arrays = [_to_array(x, compute) for x in operands[:n_fixed]]
         arrays.append([_to_array(x, compute) for x in operands[-1]])
