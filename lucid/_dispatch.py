@@ -97,7 +97,10 @@ def _run_eager(opdef: OpDef, operands: tuple, attrs: dict) -> Any:
     for r, av in zip(result, avals, strict=True):
         np_dt = av.dtype.numpy
         if type(r) is not np.ndarray or r.dtype != np_dt:
-            with np.errstate(over="ignore"):  # float32 beyond the half range rounds to inf
+            if np_dt in _dtype.HALF_NUMPY:
+                with np.errstate(over="ignore"):  # float32 beyond the half range rounds to inf
+                    r = np.asarray(r, dtype=np_dt)
+            else:
                 r = np.asarray(r, dtype=np_dt)
         if CHECK_INFERENCE and r.shape != tuple(av.shape):
             raise AssertionError(f"{opdef.name}: kernel gave {r.shape}, inference {av.shape}")
