@@ -166,7 +166,7 @@ def test_state_dict_round_trip_and_disabled_scaler():
         assert not GradScaler("cuda").is_enabled()
 
 
-def _mlp_run(amp: bool, steps: int = 50) -> list[float]:
+def _mlp_run(amp: bool, steps: int = 50, dtype=lucid.bfloat16) -> list[float]:
     lucid.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
     opt = lucid.optim.Adam(model.parameters(), lr=1e-2)
@@ -177,7 +177,7 @@ def _mlp_run(amp: bool, steps: int = 50) -> list[float]:
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        with lucid.autocast("cpu", dtype=lucid.bfloat16, enabled=amp):
+        with lucid.autocast("cpu", dtype=dtype, enabled=amp):
             loss = F.mse_loss(model(x), y)
         assert loss.dtype is lucid.float32  # mse_loss autocasts to float32
         scaler.scale(loss).backward()
@@ -187,8 +187,41 @@ def _mlp_run(amp: bool, steps: int = 50) -> list[float]:
     return losses
 
 
-def test_mlp_trained_50_steps_with_autocast_and_scaler_tracks_float32():
-    amp, full = _mlp_run(True), _mlp_run(False)
+@pytest.mark.parametrize("dtype", [lucid.bfloat16, lucid.float16])
+def test_mlp_trained_50_steps_with_autocast_and_scaler_tracks_float32(dtype):
+    amp, full = _mlp_run(True, dtype=dtype), _mlp_run(False)
     assert amp[-1] < 0.6 * amp[0]  # it learns
     # bfloat16 has 8 significant bits: the curves agree to a few percent of the start.
     np.testing.assert_allclose(amp, full, atol=0.05 * full[0])
+
+
+@pytest.mark.filterwarnings(
+    "ignore:.*(invalid value|overflow):RuntimeWarning"
+)  # the inf is the point
+def test_huge_initial_scale_on_a_float16_model_backs_off_until_gradients_are_finite():
+    lucid.manual_seed(1)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = lucid.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = GradScaler(init_scale=2.0**40)
+    x, y = lucid.randn(32, 4), lucid.randn(32, 1)
+    scales, changed = [], []
+    for _ in range(40):
+        before = [p.detach().numpy().copy() for p in model.parameters()]
+        opt.zero_grad()
+        with lucid.autocast("cpu", dtype=lucid.float16):
+            loss = F.mse_loss(model(x), y)
+        scales.append(scaler.get_scale())
+        scaler.scale(loss).backward()  # float16 activation gradients overflow at first
+        scaler.step(opt)
+        scaler.update()
+        changed.append(
+            any(
+                not np.array_equal(b, p.detach().numpy())
+                for b, p in zip(before, model.parameters(), strict=True)
+            )
+        )
+    first = changed.index(True)
+    assert first >= 10  # 2**40 times a gradient is far beyond float16's 65504
+    # Every skipped step halved the scale, exactly; steps then ran (none skipped at this scale).
+    assert scales[: first + 1] == [2.0**40 * 0.5**k for k in range(first + 1)]
+    assert all(changed[first:]) and scales[first:] == [scales[first]] * (40 - first)
