@@ -107,9 +107,16 @@ def test_a_conditional_refusal_names_the_op_and_the_condition():
 
 
 def test_dtype_without_a_prim_type_is_refused():
-    module = import_trace(trace(lambda t: t + 1, Tensor._wrap(np.ones(3, np.float16))))
-    with pytest.raises(LoweringError, match="float16 has no prim type"):
+    module = import_trace(trace(lambda t: t + 1, Tensor._wrap(np.ones(3, np.int16))))
+    with pytest.raises(LoweringError, match="int16 has no prim type"):
         lower_module(module)
+
+
+def test_half_precision_lowers_to_half_prim_values():
+    module = import_trace(trace(lambda t: t * 2 + 1, Tensor._wrap(np.ones(3, np.float16))))
+    lower_module(module)
+    text = print_ir(module)
+    assert "prim.mul" in text and "tensor<3xf16>" in text and "f32" not in text
 
 
 def test_symbolic_dimension_is_refused_until_shapes_are_specialized():

@@ -10,6 +10,7 @@ import numpy as np
 
 from lucid.ir.prim._core import (
     FLOAT,
+    HALF,
     NUMPY_DTYPES,
     Attr,
     Aval,
@@ -17,6 +18,7 @@ from lucid.ir.prim._core import (
     _fail,
     _register,
 )
+from lucid.ir.prim._half import to_half
 
 
 # --- factories and randomness -------------------------------------------------------------------
@@ -31,10 +33,9 @@ def _constant_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
 
 def _constant_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     values = np.array(attrs["value"], dtype=np.float64)
-    dtype = NUMPY_DTYPES[attrs["dtype"]]
-    return [
-        np.broadcast_to(values.astype(dtype), math.prod(attrs["shape"])).reshape(attrs["shape"])
-    ]
+    dtype = attrs["dtype"]
+    typed = to_half(values, dtype) if dtype in HALF else values.astype(NUMPY_DTYPES[dtype])
+    return [np.broadcast_to(typed, math.prod(attrs["shape"])).reshape(attrs["shape"])]
 
 
 def _fill_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
@@ -49,7 +50,8 @@ _register(
     PrimOp(
         "constant", (), {"shape": Attr("ints"), "dtype": Attr("dtype"), "value": Attr("floats")},
         _constant_infer, _constant_ref, "factory",
-        "runtime.cpp: materialised once at compile time", props=frozenset({"GRAD_SINK"}),
+        "runtime.cpp: materialised once at compile time",
+        props=frozenset({"GRAD_SINK", "HALF_AWARE"}),
     )
 )  # fmt: skip
 _register(
@@ -120,7 +122,7 @@ def _random_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval
         if avals[0].shape != (2,) or avals[0].dtype != "i64":
             raise _fail(name, f"state must be i64[2] (key, counter), got {avals[0]}")
         if attrs["dtype"] not in FLOAT:
-            raise _fail(name, f"dtype must be f32 or f64, got {attrs['dtype']}")
+            raise _fail(name, f"dtype must be one of {sorted(FLOAT)}, got {attrs['dtype']}")
         if any(d < 0 for d in attrs["shape"]):
             raise _fail(name, f"negative dimension in shape {attrs['shape']}")
         return [Aval(attrs["shape"], attrs["dtype"])]

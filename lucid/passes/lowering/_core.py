@@ -33,6 +33,7 @@ __all__ = [
     "Operand",
     "is_scalar",
     "lower_dtype",
+    "numpy_dtype",
     "prim_arg_type",
     "rule",
     "unsupported",
@@ -72,6 +73,8 @@ class LoweringUnsupported(Exception):
 _TO_PRIM = {
     _dtype.float32: "f32",
     _dtype.float64: "f64",
+    _dtype.float16: "f16",
+    _dtype.bfloat16: "bf16",
     _dtype.int32: "i32",
     _dtype.int64: "i64",
     _dtype.bool_: "bool",
@@ -84,9 +87,15 @@ def lower_dtype(dt: _dtype.dtype) -> str:
     p = _TO_PRIM.get(dt)
     if p is None:
         raise LoweringUnsupported(
-            f"dtype {dt.name} has no prim type (prim has float32, float64, int32, int64, bool)"
+            f"dtype {dt.name} has no prim type (prim has float32, float64, float16, bfloat16, "
+            "int32, int64, bool)"
         )
     return p
+
+
+def numpy_dtype(dt: _dtype.dtype) -> np.dtype:
+    """The numpy dtype prim stores Lucid dtype ``dt`` in (ml_dtypes' for bfloat16)."""
+    return P.NUMPY_DTYPES[lower_dtype(dt)]
 
 
 class PV:
