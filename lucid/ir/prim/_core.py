@@ -176,14 +176,16 @@ def infer(name: str, avals: Sequence[Aval], attrs: dict[str, Any]) -> list[Aval]
 def evaluate(name: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Run the numpy reference of ``name`` and check its outputs against the rule.
 
-    Half precision: unless the op is ``HALF_AWARE``, its reference runs on half operands widened
-    to float32 (a half ``dtype`` attribute reads as f32) and each half result is rounded once
-    to its storage type (``lucid.ir.prim._half``)."""
+    Half precision: unless the op is ``HALF_AWARE``, an op on half values is its float32 op
+    followed by a cast: the reference runs on half operands widened to float32 (a half ``dtype``
+    attribute reads as f32), each half result is its float32 result rounded once to the storage
+    type (``lucid.ir.prim._half``)."""
     op = lookup(name)
     full = check_attrs(op, attrs)
     avals = infer(name, [Aval(tuple(a.shape), dtype_of(a)) for a in arrays], full)
     arrays = [np.asarray(a) for a in arrays]
-    if "HALF_AWARE" not in op.props:
+    aware = "HALF_AWARE" in op.props
+    if not aware:
         arrays = [widen_half(a) for a in arrays]
         full = {
             k: "f32" if op.attrs[k].kind == "dtype" and v in HALF else v for k, v in full.items()
@@ -194,7 +196,7 @@ def evaluate(name: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> 
         out = np.asarray(out)
         assert out.shape == aval.shape, (name, out.shape, aval.shape)
         if aval.dtype in HALF:
-            out = to_half(out, aval.dtype)
+            out = to_half(out if aware else out.astype(np.float32), aval.dtype)
         result.append(np.array(out, dtype=NUMPY_DTYPES[aval.dtype], order="C"))
     return result
 

@@ -94,7 +94,7 @@ def random_words(state: np.ndarray, count: int) -> np.ndarray:
 
 
 def _uniform01(state: np.ndarray, n: int, dtype: str) -> np.ndarray:
-    if dtype == "f32":
+    if dtype != "f64":  # 24 bits for float32 and the half formats, as eager draws them
         return (random_words(state, n) >> np.uint32(8)).astype(np.float64) * 2.0**-24
     w = random_words(state, 2 * n).astype(np.uint64).reshape(n, 2)
     return ((w[:, 0] << np.uint64(21)) ^ (w[:, 1] >> np.uint64(11))).astype(np.float64) * 2.0**-53
@@ -130,13 +130,14 @@ def _random_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval
     return rule
 
 
+# Random ops are HALF_AWARE: a half draw rounds once from its float64 value (eager's kernels).
 _register(
     PrimOp(
         "random_uniform", ("state",),
         {"shape": Attr("ints"), "dtype": Attr("dtype", "f32"), "low": Attr("float", 0.0),
          "high": Attr("float", 1.0)},
         _random_infer("random_uniform"), _random_uniform_ref, "random",
-        "shape.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK"}),
+        "shape.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK", "HALF_AWARE"}),
     )
 )  # fmt: skip
 _register(
@@ -145,6 +146,7 @@ _register(
         {"shape": Attr("ints"), "dtype": Attr("dtype", "f32"), "mean": Attr("float", 0.0),
          "std": Attr("float", 1.0)},
         _random_infer("random_normal"), _random_normal_ref, "random",
-        "shape.cpp: Philox-4x32-10 + Box-Muller", props=frozenset({"RANDOM", "GRAD_SINK"}),
+        "shape.cpp: Philox-4x32-10 + Box-Muller",
+        props=frozenset({"RANDOM", "GRAD_SINK", "HALF_AWARE"}),
     )
 )  # fmt: skip

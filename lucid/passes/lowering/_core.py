@@ -24,6 +24,7 @@ from lucid.ir.prim.dialect import create_prim, prim_type
 from lucid.ops._registry import AVal
 
 __all__ = [
+    "HALF_DTYPES",
     "P",
     "PV",
     "RULES",
@@ -80,6 +81,7 @@ _TO_PRIM = {
     _dtype.bool_: "bool",
 }
 _FROM_PRIM = {v: k for k, v in _TO_PRIM.items()}
+HALF_DTYPES = frozenset({_dtype.float16, _dtype.bfloat16})
 
 
 def lower_dtype(dt: _dtype.dtype) -> str:
@@ -134,6 +136,9 @@ class Builder:
     def __init__(self, insert: Callable[[x.Operation], None]):
         self._insert = insert
         self.outs: tuple[AVal, ...] = ()
+        # The op's results as the registry gives them: outs differs on half ops, whose rules
+        # compute in float32 (dtype-dependent constants such as finfo follow the stored dtype).
+        self.stored_outs: tuple[AVal, ...] = ()
         self.used: tuple[bool, ...] = ()  # per result of the op being lowered: is it read?
         self.op_name = ""
         self._consts: dict[tuple, PV] = {}
@@ -141,6 +146,7 @@ class Builder:
         # (e.g. max_pool2d's indices: which input and window they came from). One function's
         # lowering shares one Builder.
         self.facts: dict[x.SSAValue, tuple] = {}
+        self._widened: dict[x.SSAValue, PV] = {}  # half value -> its float32 cast, made once
 
     # --- raw emission
     def emit(self, name: str, operands: Sequence[PV], **attrs: Any) -> list[PV]:
@@ -210,6 +216,16 @@ class Builder:
         if v.dtype is dtype:
             return v
         return self.op("cast", v, dtype=lower_dtype(dtype))
+
+    def widen(self, v: PV) -> PV:
+        """A half value as float32 (one cast per value, shared by every op that reads it);
+        other values unchanged."""
+        if v.dtype not in HALF_DTYPES:
+            return v
+        wide = self._widened.get(v.ssa)
+        if wide is None:
+            wide = self._widened[v.ssa] = self.cast(v, _dtype.float32)
+        return wide
 
     def check_index(self, idx: PV, low: int, high: int, message: str) -> PV:
         """``idx`` after a run-time check that every value lies in ``[low, high)``; otherwise the

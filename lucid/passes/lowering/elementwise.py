@@ -251,7 +251,7 @@ def _nan_to_num(b: Builder, v, nan, posinf, neginf):
         return v
     import ml_dtypes  # its finfo covers bfloat16 as well as numpy's float types
 
-    info = ml_dtypes.finfo(numpy_dtype(v.dtype))
+    info = ml_dtypes.finfo(numpy_dtype(b.stored_outs[0].dtype))  # float16's max, not float32's
     hi = float(info.max) if posinf is None else posinf
     lo = float(info.min) if neginf is None else neginf
     dt = v.dtype
