@@ -1,13 +1,14 @@
-"""Every registry op in float16 through ``lower-to-prim``: the samples of
-``test_lower_to_prim_ops.py`` with their float32 operands (and float32 dtype attributes) in
-float16, the prim interpreter after lowering vs eager float16. Seeds (so shapes and values) come
-from hypothesis."""
+"""Every registry op in float16 and bfloat16 through ``lower-to-prim``: the samples of
+``test_lower_to_prim_ops.py`` with their float32 operands (and float32 dtype attributes) in half
+precision, the prim interpreter after lowering vs eager. Seeds (so shapes and values) come from
+hypothesis."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,37 +24,60 @@ _spec = importlib.util.spec_from_file_location(
 samples = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(samples)
 
-HALF = lucid.float16
+# bfloat16 joins once eager Lucid stores it (ml_dtypes' numpy type).
+HALF_DTYPES = [
+    pytest.param(lucid.float16, id="float16"),
+    pytest.param(
+        lucid.bfloat16,
+        id="bfloat16",
+        marks=pytest.mark.skipif(lucid.bfloat16.numpy is None, reason="no eager bfloat16 yet"),
+    ),
+]
+# Relative tolerance: a few units in the last place of each format.
+TOLERANCE = {"float16": 1e-2, "bfloat16": 6e-2}
 
 
-def _to_half(v):
+def _to_half(v, half):
     if isinstance(v, np.ndarray) and v.dtype == np.float32:
-        return v.astype(HALF.numpy)
+        return v.astype(half.numpy)
     if isinstance(v, list):
-        return [_to_half(e) for e in v]
+        return [_to_half(e, half) for e in v]
     return v
 
 
-def _attrs_to_half(attrs: dict) -> dict:
-    return {k: HALF if v is lucid.float32 else v for k, v in attrs.items()}
-
-
-def half_sample(name: str, i: int, seed: int):
+def half_sample(name: str, i: int, seed: int, half):
     operands, attrs = samples.SAMPLES[name][i](np.random.default_rng(seed))
-    return [_to_half(v) for v in operands], _attrs_to_half(attrs)
+    attrs = {k: half if v is lucid.float32 else v for k, v in attrs.items()}
+    return [_to_half(v, half) for v in operands], attrs
 
 
-def assert_close_half(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def assert_close_half(got: np.ndarray, want: np.ndarray, half, what: str) -> None:
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    if want.dtype == np.float16:
-        # Eager rounds after every numpy step, prim once per prim op: a few half ulps apart.
+    if want.dtype == half.numpy:
+        # Both round each op's result once; the float32 steps inside an op may differ.
+        tol = TOLERANCE[half.name]
         np.testing.assert_allclose(
-            got.astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=1e-2,
+            got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol,
             equal_nan=True, err_msg=what,
         )  # fmt: skip
     else:
         samples.assert_same(got, want, what)
+
+
+def _nan_to_num_as_pytorch(arrays: list[np.ndarray], half) -> list[np.ndarray]:
+    # torch.nan_to_num replaces infinities by the extremes of the tensor's own dtype (float16's
+    # 65504), which a kernel run on the float32-widened values would not give.
+    x = arrays[0].astype(np.float32)
+    info = ml_dtypes.finfo(half.numpy)
+    out = np.where(
+        np.isnan(x), 0, np.where(x == np.inf, info.max, np.where(x == -np.inf, info.min, x))
+    )
+    return [out.astype(half.numpy)]
+
+
+# Ops whose half results follow PyTorch's documented behaviour rather than eager's kernel.
+PYTORCH_REFERENCE = {"nan_to_num": _nan_to_num_as_pytorch}
 
 
 def _valid_in_float32(name: str, i: int, seed: int) -> bool:
@@ -75,19 +99,22 @@ HALF_CASES = [
 ]
 
 
+@pytest.mark.parametrize("half", HALF_DTYPES)
 @pytest.mark.parametrize("name,i", HALF_CASES, ids=[f"{n}-{i}" for n, i in HALF_CASES])
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
-def test_op_in_float16_lowers_and_matches_eager(name, i, seed):
+def test_op_in_half_lowers_and_matches_eager(name, i, half, seed):
     if not _valid_in_float32(name, i, seed):
         # Some makers' values fit only some seeds (indices that must not be negative): then the
         # seed test_lower_to_prim_ops.py uses.
         seed = 1000 + i + sum(map(ord, name))
-    module, arrays, eager = samples.build(name, *half_sample(name, i, seed))
+    module, arrays, eager = samples.build(name, *half_sample(name, i, seed, half))
+    if name in PYTORCH_REFERENCE:
+        eager = PYTORCH_REFERENCE[name](arrays, half)
     lower_module(module)
     got = interpret_prim(module, arrays)
     for k, (g, want) in enumerate(zip(got, eager, strict=True)):
-        assert_close_half(g, want, f"{name} output {k}: prim interpreter vs eager float16")
+        assert_close_half(g, want, half, f"{name} output {k}: prim interpreter vs eager {half}")
 
 
 @pytest.mark.parametrize("backend", ["cpu", "mpsgraph-reference"])
