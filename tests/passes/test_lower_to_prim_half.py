@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lucid
+from lucid.ir.importer import forward_func
 from lucid.ir.prim.interpreter import interpret_prim
+from lucid.passes import PassManager
 from lucid.passes.lower_to_prim import lower_module
 
 _spec = importlib.util.spec_from_file_location(
@@ -128,3 +130,34 @@ def test_compiled_half_model_falls_back_with_the_backends_reason(backend):
     assert "float16 storage not supported yet" in reason, reason
     assert f"{backend.split('-')[0]} backend" in reason, reason
     assert "no prim type" not in reason
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(f"u{a.itemsize}") if a.dtype.kind in "fV" else a
+
+
+@pytest.mark.parametrize("name,i", HALF_CASES, ids=[f"{n}-{i}" for n, i in HALF_CASES])
+def test_narrow_half_keeps_every_bit(name, i):
+    # A half prim op is its float32 op plus one rounding: running ops on the half values
+    # instead of their float32 casts changes no result bit.
+    seed = 1000 + i + sum(map(ord, name))
+    module, arrays, _ = samples.build(name, *half_sample(name, i, seed, lucid.float16))
+    lower_module(module)
+    wide = interpret_prim(module, arrays)
+    PassManager("narrow-half").run(module)
+    module.verify()
+    for k, (got, want) in enumerate(zip(interpret_prim(module, arrays), wide, strict=True)):
+        assert got.dtype == want.dtype, (name, k)
+        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"{name} output {k}")
+
+
+def test_narrow_half_runs_a_half_matmul_directly():
+    x = np.ones((2, 3), np.float16)
+    w = np.ones((3, 4), np.float16)
+    module, arrays, _ = samples.build("matmul", [x, w], {})
+    lower_module(module)
+    PassManager("narrow-half").run(module)
+    names = [op.name for op in forward_func(module).body.blocks.first.ops]
+    assert names == ["prim.matmul", "func.return"], names
+    (out,) = interpret_prim(module, arrays)
+    assert out.dtype == np.float16 and (out == 3).all()
