@@ -90,15 +90,16 @@ def _valid_in_float32(name: str, i: int, seed: int) -> bool:
     return True
 
 
-HALF_CASES = [
-    (n, i)
-    for n, i in samples.CASES
-    if any(
-        isinstance(v, np.ndarray) and v.dtype == np.float32
-        for v in samples.SAMPLES[n][i](np.random.default_rng(0))[0]
+def _has_float32(name: str, i: int) -> bool:
+    operands, attrs = samples.SAMPLES[name][i](np.random.default_rng(0))
+    flat = [e for v in operands for e in (v if isinstance(v, list) else [v])]
+    return any(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in flat) or any(
+        v is lucid.float32 for v in attrs.values()
     )
-    or any(v is lucid.float32 for v in samples.SAMPLES[n][i](np.random.default_rng(0))[1].values())
-]
+
+
+# The samples with something float32 to turn into half precision.
+HALF_CASES = [(n, i) for n, i in samples.CASES if _has_float32(n, i)]
 
 
 @pytest.mark.parametrize("half", HALF_DTYPES)
