@@ -182,10 +182,11 @@ def evaluate(name: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> 
     type (``lucid.ir.prim._half``)."""
     op = lookup(name)
     full = check_attrs(op, attrs)
-    avals = infer(name, [Aval(tuple(a.shape), dtype_of(a)) for a in arrays], full)
+    in_avals = [Aval(tuple(a.shape), dtype_of(a)) for a in arrays]
+    avals = infer(name, in_avals, full)
     arrays = [np.asarray(a) for a in arrays]
     aware = "HALF_AWARE" in op.props
-    if not aware:
+    if not aware and any(a.dtype in HALF for a in (*in_avals, *avals)):
         arrays = [widen_half(a) for a in arrays]
         full = {
             k: "f32" if op.attrs[k].kind == "dtype" and v in HALF else v for k, v in full.items()
