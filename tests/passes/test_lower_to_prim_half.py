@@ -15,10 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lucid
+from lucid.ir import import_trace
 from lucid.ir.importer import forward_func
 from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.passes.lower_to_prim import lower_module
+from lucid.trace import trace
 
 _spec = importlib.util.spec_from_file_location(
     "lower_to_prim_samples", pathlib.Path(__file__).parent / "test_lower_to_prim_ops.py"
@@ -162,3 +164,24 @@ def test_narrow_half_runs_a_half_matmul_directly():
     assert names == ["prim.matmul", "func.return"], names
     (out,) = interpret_prim(module, arrays)
     assert out.dtype == np.float16 and (out == 3).all()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda a, b: lucid.nn.functional.mse_loss(a, b), id="mse_loss"),
+        pytest.param(lambda a, b: lucid.linalg.vector_norm(a), id="vector_norm"),
+    ],
+)
+def test_half_composites_keep_their_intermediates_in_float32(fn):
+    # A registry op lowered to several prim ops keeps its intermediates in float32, as eager's
+    # kernel does: 300**2 overflows float16, while the op's result fits.
+    a = np.full(64, 300.0, np.float16)
+    a[::2] = 0
+    b = np.zeros(64, np.float16)
+    module = import_trace(trace(fn, lucid.tensor(a), lucid.tensor(b)))
+    lower_module(module)
+    (got,) = interpret_prim(module, [a, b])
+    want = fn(lucid.tensor(a.astype(np.float32)), lucid.tensor(b.astype(np.float32))).numpy()
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(float(got), float(want), rtol=2e-3)
