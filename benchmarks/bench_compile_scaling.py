@@ -367,8 +367,8 @@ class _SelfTimer:
 # is skipped (its time stays in ``backend:other``).
 BACKEND_STEPS = (
     ("lucid.backends.cpu.emit", "emit_program", "backend:emit"),
-    ("lucid.backends.cpu.kernel_fusion", "fuse_kernels", "backend:fuse-kernels"),
-    ("lucid.backends.cpu.fuse", "fuse_elementwise", "backend:fuse-elementwise"),
+    ("lucid.backends.cpu.rewrites", "fuse_kernels", "backend:fuse-kernels"),
+    ("lucid.backends.cpu.fuse_elementwise", "fuse_elementwise", "backend:fuse-elementwise"),
 )
 
 

@@ -99,8 +99,8 @@ class CPUBackend(Backend):
         return self._fused(program)
 
     def _fused(self, program: Program) -> Program:
-        from lucid.backends.cpu.fuse import fuse_elementwise
-        from lucid.backends.cpu.kernel_fusion import fuse_kernels
+        from lucid.backends.cpu.fuse_elementwise import fuse_elementwise
+        from lucid.backends.cpu.rewrites import fuse_kernels
 
         if not self.fuse:
             return program

@@ -6,7 +6,8 @@ surface early with the op's name; the native validator checks the same rules aga
 description assembled by hand can never crash the process either.
 
 :meth:`Program.interpret` is the numpy reference interpreter: it runs every instruction through the
-op's reference semantics in ``prim_ops`` and is what native results are tested against.
+op's reference semantics in ``prim_ops`` (``reference`` for the CPU-only instructions) and is
+what native results are tested against.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lucid.backends import prim_ops
+from lucid.backends.cpu.reference import CPU_ONLY_REFERENCES
 from lucid.backends.prim_ops import NUMPY_DTYPES, Aval, PrimError
 
 FUSED = "fused"
@@ -189,8 +191,8 @@ class Program:
                     out = np.broadcast_to(values[len(args) + k], self.slots[o].shape)
                     env[o] = np.array(out, order="C")
                 continue
-            if ins.op in _cpu_only_references():
-                out = _cpu_only_references()[ins.op](args, ins.attrs)
+            if ins.op in CPU_ONLY_REFERENCES:
+                out = CPU_ONLY_REFERENCES[ins.op](args, ins.attrs)
                 if isinstance(out, tuple):  # a multi-output kernel
                     for o, value in zip(ins.outputs, out, strict=False):
                         env[o] = np.array(value, order="C")
@@ -203,14 +205,6 @@ class Program:
             np.copyto(feeds[f], results[r])
             results[r] = feeds[f]
         return results
-
-
-def _cpu_only_references() -> dict:
-    # The CPU-only kernels that fuse-kernels emits (gemm, layer_norm); imported late, as that
-    # module builds on this one.
-    from lucid.backends.cpu.kernel_fusion import CPU_ONLY_REFERENCES
-
-    return CPU_ONLY_REFERENCES
 
 
 def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, Any]]:

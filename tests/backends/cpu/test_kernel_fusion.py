@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from lucid import _native
 from lucid.backends.cpu import CPUBackend, Program
-from lucid.backends.cpu.kernel_fusion import fuse_kernels
+from lucid.backends.cpu.rewrites import fuse_kernels
 
 
 def _feeds(p: Program, rng, scale: float = 1.0) -> list[np.ndarray]:

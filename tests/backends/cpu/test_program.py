@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lucid import _native
-from lucid.backends.cpu import CPUBackend, FusedNode, Program, fuse_elementwise
+from lucid.backends.cpu import CPUBackend, FusedNode, Program
+from lucid.backends.cpu.fuse_elementwise import fuse_elementwise
 from lucid.backends.cpu.program import FUSED
 from lucid.backends.prim_ops import PrimError
 

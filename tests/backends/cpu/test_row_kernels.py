@@ -1,4 +1,4 @@
-"""Row kernels folded out of the autodiff graph (``kernel_fusion.py``: ``gelu``, ``gelu_grad``,
+"""Row kernels folded out of the autodiff graph (``rewrites/rows.py``: ``gelu``, ``gelu_grad``,
 ``layer_norm_grad``): native results against the prim interpreter on the unfused program, the
 numpy references of the kernels, eager Lucid, float64 finite differences through ``fused_step``,
 and bit-identical results on one thread and two."""
@@ -19,7 +19,8 @@ from lucid.backends.cpu import (
     Program,
     set_num_threads,
 )
-from lucid.backends.cpu.kernel_fusion import _INV_SQRT_2PI, _SQRT_HALF, fuse_kernels
+from lucid.backends.cpu.reference import INV_SQRT_2PI, SQRT_HALF
+from lucid.backends.cpu.rewrites import fuse_kernels
 
 SHAPES = st.one_of(
     st.tuples(st.integers(1, 40)),
@@ -76,13 +77,13 @@ def gelu_program(shape, dtype="f32", grad=True, bias_sum=True, swap=False):
     """GELU (erf) forward and its gradient as lower_to_prim writes them, the cdf shared."""
     p = Program()
     x = p.feed(shape, dtype)
-    erf = p.op("erf", _mul(p, x, _const(p, _SQRT_HALF, dtype), swap))
+    erf = p.op("erf", _mul(p, x, _const(p, SQRT_HALF, dtype), swap))
     cdf = _mul(p, p.op("add", erf, _const(p, 1.0, dtype)), _const(p, 0.5, dtype), swap)
     p.result(_mul(p, x, cdf, swap))
     if grad:
         dy = p.feed(shape, dtype)
         square = _mul(p, _mul(p, x, x, False), _const(p, -0.5, dtype), swap)
-        pdf = _mul(p, p.op("exp", square), _const(p, _INV_SQRT_2PI, dtype), swap)
+        pdf = _mul(p, p.op("exp", square), _const(p, INV_SQRT_2PI, dtype), swap)
         dx = _mul(p, dy, p.op("add", cdf, _mul(p, x, pdf, swap)), swap)
         p.result(dx)
         if bias_sum:
