@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lucid.backends import prim_ops
+from lucid.ir import prim as prim_ops
 
 SQRT_HALF = 0.7071067811865476
 INV_SQRT_2PI = 0.3989422804014327

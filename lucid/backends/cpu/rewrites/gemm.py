@@ -14,7 +14,7 @@ from lucid.backends.cpu.rewrites.match import (
     gemm_of,
     single_use,
 )
-from lucid.backends.prim_ops import Aval
+from lucid.ir.prim import Aval
 
 
 def fold_gemm_scale(g: Graph) -> None:

@@ -16,7 +16,7 @@ from lucid.backends.cpu.rewrites.match import (
     single_use,
     take_column_sum,
 )
-from lucid.backends.prim_ops import Aval
+from lucid.ir.prim import Aval
 
 
 def fold_layer_norm(g: Graph) -> None:
