@@ -11,9 +11,6 @@ instructions by one CPU-only instruction that computes the same values in fewer 
   ``r`` (plus the bias) is written into the output before BLAS accumulates, one pass fewer;
 - ``mul(matmul(a, b), c)`` with ``c`` a 0-d constant becomes ``gemm{alpha = c}(a, b)``: the
   attention's ``1/sqrt(d)`` scale and its gradient's, applied by BLAS's ``alpha``;
-- ``normalize(x, mean(x), mean((x - mean(x))^2), gamma, beta)`` over the last axis (layer norm
-  as lowered) becomes ``layer_norm(x, gamma, beta)``: one kernel per row, which stays in cache,
-  instead of four instructions and five passes over the tensor;
 - attention's per-head operands ``transpose{0,2,1,3}(reshape(slice(qkv)))`` become head views
   of the projection (``a_view``/``b_view`` = [H, D, col0]: BLAS reads each head's [L, D] block
   in place, rows W apart), and a per-head product transposed back and reshaped to [B, L, H*D]
@@ -32,9 +29,9 @@ instructions by one CPU-only instruction that computes the same values in fewer 
 - ``relu`` or ``gelu`` of a gemm's (or float matmul's) product that nothing else reads becomes
   that gemm with ``activation``: Lucid's sgemm applies it to each output tile in registers after
   the bias and addend (OpenBLAS products get it as a pass after the call);
-- GELU (erf form) and its gradient become ``gelu(x)`` and ``gelu_grad(dy, x)`` (with the
-  column sums of the gradient, the bias gradient of the layer before, as a second output), and
-  layer norm's backward (statistics recomputed, as autodiff writes it) becomes
+- a ``gelu_grad(dy, x)`` (GELU and its gradient are composite prim ops that lowering emits
+  whole) takes the column sums of its result, the bias gradient of the layer before, as a
+  second output; layer norm's backward (statistics recomputed, as autodiff writes it) becomes
   ``layer_norm_grad(dy, x, gamma)`` with gamma's, beta's and the previous bias's gradients as
   further outputs: one pass per row instead of about fourteen instructions.
 
@@ -44,8 +41,9 @@ rounding: the layer norm multiplies by one reciprocal square root per row).
 
 The rewrites come in families, one module each over the shared matcher (``match``): ``gemm``
 (epilogues), ``attention`` (head views, padded sums, attention and its gradient), ``rows``
-(layer norm, GELU and their gradients) and ``conv``; their numpy semantics are in
-``lucid.backends.cpu.reference``.
+(layer norm's gradient, GELU's gradient's column sums) and ``conv``; their numpy semantics are
+in ``lucid.backends.cpu.reference``. GELU and layer norm's forward need no rewrite: they are
+composite prim ops (``lucid.ir.prim.composite``), emitted whole by lowering.
 """
 
 from __future__ import annotations
@@ -58,10 +56,8 @@ from lucid.backends.cpu.rewrites.match import Graph
 REWRITES = (
     gemm.fold_gemm_scale,  # first: a scaled product is then one gemm for the head views
     attention.fold_head_views,
-    rows.fold_layer_norm,
     rows.fold_layer_norm_grad,
-    rows.fold_gelu_grad,
-    rows.fold_gelu,  # after fold_gelu_grad, which frees the cdf the backward shares
+    rows.gelu_grad_column_sums,
     gemm.fold_gemm_bias,
     gemm.fold_gemm_addend,
     attention.fold_padded_sums,
@@ -74,7 +70,7 @@ REWRITES = (
 
 
 def fuse_kernels(program: Program) -> Program:
-    """A new program with GEMM epilogues and layer norms folded; the input is left unchanged."""
+    """A new program with GEMM epilogues and row kernels folded; the input is left unchanged."""
     out = Program()
     out.slots = list(program.slots)
     out.feeds = list(program.feeds)

@@ -92,7 +92,7 @@ GEMM_ACTIVATIONS = ("relu", "gelu")
 
 
 def fold_gemm_activation(g: Graph) -> None:
-    """``relu`` or ``gelu`` (the row kernel ``rows.fold_gelu`` made) of a float matmul's or gemm's
+    """``relu`` or ``gelu`` (a composite prim op) of a float matmul's or gemm's
     product that nothing else reads becomes that gemm with ``activation``: the kernel applies
     it to each output tile while the tile is in registers, after bias and addend, instead of a
     pass of its own over the output. At the activation's position, as the other gemm folds."""

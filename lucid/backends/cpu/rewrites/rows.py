@@ -1,79 +1,25 @@
-"""Row kernels: layer norm (forward, as lowered), layer norm's backward and GELU (erf form)
-with its gradient, matched as expression trees over the autodiff graph and replaced by the
-CPU-only ``layer_norm``, ``layer_norm_grad``, ``gelu`` and ``gelu_grad`` kernels."""
+"""Row kernels: layer norm's backward, matched over the autodiff graph and replaced by the
+CPU-only ``layer_norm_grad`` kernel; and the column sums a ``gelu_grad`` can write on the way.
+(Layer norm's forward and GELU are composite prim ops: lowering emits them whole.)"""
 
 from __future__ import annotations
 
 from lucid.backends.cpu.program import Instr
-from lucid.backends.cpu.reference import INV_SQRT_2PI, SQRT_HALF
 from lucid.backends.cpu.rewrites.match import (
-    FLOAT_DTYPES,
     Graph,
     column_sum,
     erase_dead,
-    last_axis_mean,
     row_kernel_candidates,
-    single_use,
     take_column_sum,
 )
 from lucid.ir.prim import Aval
 
-
-def fold_layer_norm(g: Graph) -> None:
-    program, instrs = g.program, g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "normalize":
-            continue
-        x, mean, var, gamma, beta = ins.inputs
-        xa = g.aval(x)
-        if xa.dtype not in FLOAT_DTYPES or not xa.shape or xa.shape != g.aval(ins.outputs[0]).shape:
-            continue
-        if any(g.aval(p) != Aval(xa.shape[-1:], xa.dtype) for p in (gamma, beta)):
-            continue
-        k_mean = last_axis_mean(g, mean, x)
-        sq = instrs[g.producer[var]].inputs[0] if g.made_by(var, "reduce_mean") else None
-        k_var = last_axis_mean(g, var, sq) if sq is not None else None
-        square = single_use(g, sq, "mul") if sq is not None else None
-        if k_mean is None or k_var is None or square is None:
-            continue
-        centered = square[1].inputs[0]
-        sub = g.made_by(centered, "sub")
-        if square[1].inputs != (centered, centered) or sub is None:
-            continue
-        if sub[1].inputs != (x, mean) or g.aval(centered) != xa:
-            continue
-        # mean: read by the sub and the normalize; the variance only by the normalize.
-        if not (g.used_only_by(mean, 2) and g.used_only_by(var, 1) and g.uses[centered] == 2):
-            continue
-        if centered in program.results:
-            continue
-        eps = ins.attrs["epsilon"]
-        for j in (k_mean, k_var, square[0], sub[0]):
-            g.set(j, None)
-        g.set(k, Instr("layer_norm", (x, gamma, beta), ins.outputs, {"epsilon": eps}))
-
-
-# -- GELU and layer norm's backward as row kernels --------------------------------------------
+# -- layer norm's backward as a row kernel -----------------------------------------------------
 #
-# The autodiff graph of a layer norm and of an erf GELU is matched as expression trees over the
-# unfused prim instructions (``match.Match``), so operand order of adds and multiplies, and a mean
-# written as ``reduce_mean`` or as ``reduce_sum * (1/n)``, do not matter. The matched instructions
-# whose values nothing else reads are removed; the rest (the forward's GELU cdf, read by the
-# backward and by the activation) stay.
-
-
-_GELU_CDF = (
-    "mul",
-    ("add", ("erf", ("mul", "x", ("const", SQRT_HALF))), ("const", 1.0)),
-    ("const", 0.5),
-)
-_GELU_PDF = (
-    "mul",
-    ("exp", ("mul", ("mul", "x", "x"), ("const", -0.5))),
-    ("const", INV_SQRT_2PI),
-)
-_GELU_GRAD = ("mul", "dy", ("add", _GELU_CDF, ("mul", "x", _GELU_PDF)))
-_GELU = ("mul", "x", _GELU_CDF)
+# The autodiff graph of a layer norm is matched as an expression tree over the unfused prim
+# instructions (``match.Match``), so operand order of adds and multiplies, and a mean written as
+# ``reduce_mean`` or as ``reduce_sum * (1/n)``, do not matter. The matched instructions whose
+# values nothing else reads are removed.
 
 _LN_CENTERED = ("sub", "x", ("mean_last", "x"))
 _LN_RSTD = (
@@ -152,34 +98,17 @@ def fold_layer_norm_grad(g: Graph) -> None:
         erase_dead(g, dead)
 
 
-def fold_gelu_grad(g: Graph) -> None:
-    """GELU's gradient (erf form) ``dy * (cdf(x) + x * pdf(x))`` becomes ``gelu_grad(dy, x)``,
-    with the column sums of the result (the bias gradient of the layer that produced ``x``) as
-    a second output when the program takes them."""
+def gelu_grad_column_sums(g: Graph) -> None:
+    """A ``gelu_grad`` (a composite prim op, emitted whole by lowering) whose result's column
+    sums the program takes (the bias gradient of the layer that produced ``x``) writes them as
+    its second output, in the same pass over the rows."""
     instrs = g.instrs
-    for k, m in row_kernel_candidates(g, _GELU_GRAD, "mul"):
-        dy, x = m.env["dy"], m.env["x"]
-        dx = instrs[k].outputs[0]
-        if g.aval(dy) != g.aval(x) or g.aval(dx) != g.aval(x):
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "gelu_grad" or len(ins.outputs) != 1:
             continue
-        outputs = [dx]
+        (dx,) = ins.outputs
         if column_sum(g, dx, k) is not None:
-            outputs.append(take_column_sum(g, dx, k))
-        g.set(k, Instr("gelu_grad", (dy, x), tuple(outputs), {}))
-        erase_dead(g, set(m.instrs) - {k})
-
-
-def fold_gelu(g: Graph) -> None:
-    """GELU (erf form) ``x * (erf(x / sqrt 2) + 1) / 2`` becomes ``gelu(x)``: one vectorized pass
-    instead of the elementwise evaluator's five nodes (runs after ``fold_gelu_grad``, which
-    frees the cdf the backward shared)."""
-    instrs = g.instrs
-    for k, m in row_kernel_candidates(g, _GELU, "mul"):
-        x, y = m.env["x"], instrs[k].outputs[0]
-        if g.aval(x) != g.aval(y):
-            continue
-        g.set(k, Instr("gelu", (x,), (y,), {}))
-        erase_dead(g, set(m.instrs) - {k})
+            g.set(k, Instr("gelu_grad", ins.inputs, (dx, take_column_sum(g, dx, k)), {}))
 
 
 # -- numpy references of the CPU-only instructions (Program.interpret) ------------------------
