@@ -65,7 +65,7 @@ def _as_tensor_like(x: Any, like: Tensor) -> Tensor:
 
 def _float(x: Tensor) -> Tensor:
     """Integer and bool inputs promote to the default float dtype, as torch's float functions."""
-    return x if x.dtype.is_floating_point else x.type(_lucid().get_default_dtype())
+    return x if x.dtype.is_floating_point else x.type(_lucid().float32)
 
 
 # --- inverse trigonometric and hyperbolic functions ---------------------------------------------
@@ -395,7 +395,7 @@ def range(  # noqa: A001
         raise ValueError("range: step must be nonzero")
     count = int(math.floor((end - start) / step)) + 1
     values = start + np.arange(max(count, 0)) * step
-    return lucid.tensor(values, dtype=dtype or lucid.get_default_dtype())
+    return lucid.tensor(values, dtype=dtype or lucid.float32)
 
 
 def logspace(
@@ -410,7 +410,7 @@ def logspace(
     """``steps`` values from base**start to base**end, evenly spaced in the exponent."""
     lucid = _lucid()
     exponents = np.linspace(start, end, steps)
-    return lucid.tensor(np.power(base, exponents), dtype=dtype or lucid.get_default_dtype())
+    return lucid.tensor(np.power(base, exponents), dtype=dtype or lucid.float32)
 
 
 def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype: Any = None, **_: Any):
@@ -442,12 +442,12 @@ def _window(length: int, periodic: bool, dtype: Any, fn, name: str) -> Tensor:
     if length < 0:
         raise ValueError(f"{name}: window_length must be non-negative, got {length}")
     if length == 0:
-        return lucid.zeros(0, dtype=dtype or lucid.get_default_dtype())
+        return lucid.zeros(0, dtype=dtype or lucid.float32)
     if length == 1:
-        return lucid.ones(1, dtype=dtype or lucid.get_default_dtype())
+        return lucid.ones(1, dtype=dtype or lucid.float32)
     n = length + 1 if periodic else length
     values = fn(np.arange(n, dtype=np.float64), n)[:length]
-    return lucid.tensor(values, dtype=dtype or lucid.get_default_dtype())
+    return lucid.tensor(values, dtype=dtype or lucid.float32)
 
 
 def _cosine_window(a0: float, a1: float, a2: float = 0.0):
