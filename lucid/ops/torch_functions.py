@@ -89,7 +89,7 @@ def atan(input: Tensor) -> Tensor:  # noqa: A002
     for k in reversed(_range(13)):
         series = series * y2 + ((-1.0) ** k) / (2 * k + 1)
     reduced = 4.0 * y * series
-    return lucid.where(big, lucid.where(x > 0, math.pi / 2, -math.pi / 2) - reduced, reduced)
+    return lucid.where(big, x.sign() * (math.pi / 2) - reduced, reduced)
 
 
 def atan2(input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
@@ -99,7 +99,7 @@ def atan2(input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
     safe_x = lucid.where(x == 0, 1.0, x)
     base = atan(y / safe_x)
     left = lucid.where(y < 0, base - math.pi, base + math.pi)
-    on_axis = lucid.where(y > 0, math.pi / 2, lucid.where(y < 0, -math.pi / 2, 0.0 * y))
+    on_axis = y.sign() * (math.pi / 2)
     return lucid.where(x > 0, base, lucid.where(x < 0, left, on_axis))
 
 
@@ -128,10 +128,13 @@ def cosh(input: Tensor) -> Tensor:  # noqa: A002
 
 
 def asinh(input: Tensor) -> Tensor:  # noqa: A002
-    """The inverse hyperbolic sine, odd: sign(x) log1p(|x| + x^2 / (1 + sqrt(1 + x^2)))."""
+    """The inverse hyperbolic sine, odd: log1p(|x| + x^2 / (1 + sqrt(1 + x^2))) with x's sign."""
+    lucid = _lucid()
     x = _float(input)
-    a = x.abs()
-    return x.sign() * (a + a * a / (1.0 + (1.0 + a * a).sqrt())).log1p()
+    negative = x < 0
+    a = lucid.where(negative, -x, x)  # |x|, with slope 1 at 0 (abs has 0 there)
+    magnitude = (a + a * a / (1.0 + (1.0 + a * a).sqrt())).log1p()
+    return lucid.where(negative, -magnitude, magnitude)
 
 
 def acosh(input: Tensor) -> Tensor:  # noqa: A002
@@ -286,7 +289,7 @@ def angle(input: Tensor) -> Tensor:  # noqa: A002
     """The argument of a real number: pi for negatives, 0 otherwise (NaN stays NaN)."""
     lucid = _lucid()
     x = _float(input)
-    return lucid.where(x < 0, math.pi, lucid.where(x.isnan(), x, 0.0 * x))
+    return lucid.where(x.isnan(), x, (x < 0).type(x.dtype) * math.pi)
 
 
 def real(input: Tensor) -> Tensor:  # noqa: A002
@@ -730,7 +733,7 @@ def nansum(input: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any 
     """The sum with NaNs counted as zero."""
     lucid = _lucid()
     x = input if dtype is None else input.type(dtype)
-    clean = lucid.where(x.isnan(), 0.0 * x.detach(), x) if x.dtype.is_floating_point else x
+    clean = lucid.where(x.isnan(), lucid.zeros_like(x), x) if x.dtype.is_floating_point else x
     return clean.sum() if dim is None and not keepdim else clean.sum(_dims(dim, x), keepdim=keepdim)
 
 

@@ -1,0 +1,571 @@
+"""The torch.* functions of ``lucid.ops.torch_functions``: values against numpy references
+(PyTorch's documented formulas), gradients against float64 finite differences, compiled equal to
+eager where they compose lowerable ops, and torch itself when importable."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import lucid
+from lucid.testing import gradcheck
+
+RNG = np.random.default_rng(0)
+
+
+def _t(a, grad=False):
+    return lucid.tensor(np.asarray(a), requires_grad=grad)
+
+
+WIDE = np.concatenate([RNG.uniform(-60, 60, 8), RNG.uniform(-2, 2, 8), [0.0, 1.0, -1.0, 0.5]])
+UNIT = RNG.uniform(-0.95, 0.95, 12)
+POS = RNG.uniform(0.1, 5.0, 12)
+PROB = RNG.uniform(0.05, 0.95, 12)
+
+UNARY = [
+    ("atan", np.arctan, WIDE),
+    ("arctan", np.arctan, WIDE),
+    ("asin", np.arcsin, UNIT),
+    ("arcsin", np.arcsin, UNIT),
+    ("acos", np.arccos, UNIT),
+    ("arccos", np.arccos, UNIT),
+    ("asinh", np.arcsinh, WIDE),
+    ("arcsinh", np.arcsinh, WIDE),
+    ("acosh", np.arccosh, POS + 1.0),
+    ("arccosh", np.arccosh, POS + 1.0),
+    ("atanh", np.arctanh, UNIT),
+    ("arctanh", np.arctanh, UNIT),
+    ("sinh", np.sinh, np.concatenate([UNIT * 1e-6, WIDE / 10])),
+    ("cosh", np.cosh, WIDE / 10),
+    ("exp2", np.exp2, WIDE / 10),
+    ("log2", np.log2, POS),
+    ("log10", np.log10, POS),
+    ("sinc", np.sinc, np.concatenate([UNIT, [0.0, 2.0]])),
+    ("logit", lambda p: np.log(p / (1 - p)), PROB),
+    ("deg2rad", np.deg2rad, WIDE),
+    ("rad2deg", np.rad2deg, WIDE),
+    ("frac", lambda x: x - np.trunc(x), WIDE),
+    ("fix", np.trunc, WIDE),
+    ("sgn", np.sign, WIDE),
+    ("positive", lambda x: x, WIDE),
+    ("angle", np.angle, WIDE),
+    ("real", np.real, WIDE),
+    ("conj", np.conj, WIDE),
+    ("conj_physical", np.conj, WIDE),
+    ("resolve_conj", lambda x: x, WIDE),
+    ("resolve_neg", lambda x: x, WIDE),
+]
+SMOOTH = {
+    "atan",
+    "arctan",
+    "asin",
+    "arcsin",
+    "acos",
+    "arccos",
+    "asinh",
+    "arcsinh",
+    "acosh",
+    "arccosh",
+    "atanh",
+    "arctanh",
+    "sinh",
+    "cosh",
+    "exp2",
+    "log2",
+    "log10",
+    "sinc",
+    "logit",
+    "deg2rad",
+    "rad2deg",
+    "positive",
+    "real",
+    "conj",
+    "conj_physical",
+}
+
+
+@pytest.mark.parametrize("name, ref, x", UNARY, ids=[u[0] for u in UNARY])
+def test_unary_values_and_gradients(name, ref, x):
+    fn = getattr(lucid, name)
+    np.testing.assert_allclose(fn(_t(x)).numpy(), ref(x), rtol=1e-13, atol=1e-15)
+    assert fn(_t(x.astype(np.float32))).dtype == lucid.float32
+    if name in SMOOTH:
+        gradcheck(fn, _t(x[x != 0] if name == "sinc" else x, True))
+
+
+def test_sinc_gradient_at_zero_and_integer_promotion():
+    x = _t([0.0, 0.3], True)
+    lucid.sinc(x).sum().backward()
+    assert x.grad.numpy()[0] == 0.0
+    assert lucid.atan(lucid.tensor([1, 2])).dtype == lucid.float32
+    np.testing.assert_allclose(
+        lucid.logit(_t([0.0, 1.0, 0.5]), eps=0.1).numpy(),
+        np.log(np.array([0.1, 0.9, 0.5]) / (1 - np.array([0.1, 0.9, 0.5]))),
+    )
+
+
+def test_predicates():
+    x = np.array([-0.0, 0.0, -1.0, 2.0, np.inf, -np.inf, np.nan])
+    np.testing.assert_array_equal(
+        lucid.signbit(_t(x)).numpy(), np.signbit(x)[:6].tolist() + [False]
+    )
+    np.testing.assert_array_equal(lucid.isposinf(_t(x)).numpy(), np.isposinf(x))
+    np.testing.assert_array_equal(lucid.isneginf(_t(x)).numpy(), np.isneginf(x))
+    assert lucid.isreal(_t(x)).numpy().all()
+    np.testing.assert_array_equal(
+        lucid.signbit(lucid.tensor([-2, 0, 3])).numpy(), [True, False, False]
+    )
+
+
+BINARY = [
+    (
+        "atan2",
+        np.arctan2,
+        RNG.uniform(-3, 3, 12),
+        np.concatenate([RNG.uniform(-3, 3, 9), [0.0, 0, 0]]),
+    ),
+    ("arctan2", np.arctan2, RNG.uniform(-3, 3, 6), RNG.uniform(-3, 3, 6)),
+    ("logaddexp2", np.logaddexp2, WIDE, WIDE[::-1]),
+    (
+        "xlogy",
+        lambda x, y: np.where(x == 0, 0.0, x * np.log(y)),
+        np.concatenate([[0.0], POS[1:]]),
+        POS,
+    ),
+    ("copysign", np.copysign, WIDE, WIDE[::-1]),
+    ("fmod", np.fmod, WIDE, np.where(np.abs(WIDE[::-1]) < 0.3, 0.7, WIDE[::-1])),
+    ("float_power", np.float_power, POS, UNIT),
+    ("fmax", np.fmax, np.array([1.0, np.nan, 3.0, np.nan]), np.array([2.0, 1.0, np.nan, np.nan])),
+    ("fmin", np.fmin, np.array([1.0, np.nan, 3.0, np.nan]), np.array([2.0, 1.0, np.nan, np.nan])),
+    ("heaviside", np.heaviside, np.array([-1.0, 0.0, 2.0, 0.0]), np.array([0.5, 0.25, 0.5, 0.75])),
+]
+
+
+@pytest.mark.parametrize("name, ref, x, y", BINARY, ids=[b[0] for b in BINARY])
+def test_binary_values(name, ref, x, y):
+    got = getattr(lucid, name)(_t(x), _t(y)).numpy()
+    np.testing.assert_allclose(got, ref(x, y), rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["atan2", "logaddexp2", "xlogy", "copysign", "float_power"])
+def test_binary_gradients(name):
+    x = POS[:5] if name in ("xlogy", "float_power") else RNG.uniform(0.5, 2, 5) * [1, -1, 1, -1, 1]
+    y = POS[5:10] if name in ("xlogy", "float_power", "atan2") else RNG.uniform(-2, 2, 5)
+    if name == "atan2":
+        y = y * [1, -1, 1, -1, -1]
+    gradcheck(lambda a, b: getattr(lucid, name)(a, b), _t(x, True), _t(y, True))
+
+
+def test_integer_functions():
+    a, b = np.array([12, -18, 7, 0]), np.array([8, 12, 0, 5])
+    np.testing.assert_array_equal(lucid.gcd(_t(a), _t(b)).numpy(), np.gcd(a, b))
+    np.testing.assert_array_equal(lucid.lcm(_t(a), _t(b)).numpy(), np.lcm(a, b))
+    np.testing.assert_array_equal(lucid.fmod(_t([7, -7]), _t([3, 3])).numpy(), [1, -1])
+    np.testing.assert_allclose(
+        lucid.ldexp(_t([1.5, 3.0]), _t([2, -1])).numpy(), np.ldexp([1.5, 3.0], [2, -1])
+    )
+    np.testing.assert_array_equal(
+        lucid.isin(_t([1, 2, 3, 4]), _t([2, 4, 9])).numpy(), np.isin([1, 2, 3, 4], [2, 4, 9])
+    )
+    np.testing.assert_array_equal(
+        lucid.isin(_t([1, 2]), _t([2]), invert=True).numpy(), [True, False]
+    )
+    with pytest.raises(TypeError, match="integer"):
+        lucid.gcd(_t([1.0]), _t([2.0]))
+
+
+def test_pointwise_composites_compile_equal_to_eager():
+    x, y = _t(WIDE / 30), _t(POS[:1].repeat(20))
+
+    def fn(a, b):
+        return (
+            lucid.atan(a * 40),
+            lucid.asin(a),
+            lucid.acos(a),
+            lucid.atanh(a),
+            lucid.asinh(a),
+            lucid.sinh(a),
+            lucid.cosh(a),
+            lucid.sinc(a),
+            lucid.atan2(a, a.flip(0)),
+            lucid.logaddexp2(a, b),
+            lucid.copysign(b, a),
+            lucid.fmod(a * 9, b),
+            lucid.exp2(a),
+            lucid.log2(b),
+            lucid.xlogy(a.abs(), b),
+            lucid.fmax(a, b),
+        )
+
+    compiled = lucid.compile(fn, strict=True)
+    for got, want in zip(compiled(x, y), fn(x, y), strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-14)
+
+
+# --- creation -------------------------------------------------------------------------------
+
+
+def test_creation_functions():
+    np.testing.assert_allclose(lucid.range(1, 4).numpy(), [1, 2, 3, 4])
+    np.testing.assert_allclose(lucid.range(0, 1, 0.25).numpy(), [0, 0.25, 0.5, 0.75, 1.0])
+    assert lucid.range(3).dtype == lucid.float32
+    np.testing.assert_allclose(lucid.logspace(0, 2, 3).numpy(), [1, 10, 100], rtol=1e-6)
+    np.testing.assert_allclose(
+        lucid.logspace(0, 3, 4, base=2, dtype=lucid.float64).numpy(), [1, 2, 4, 8]
+    )
+    assert lucid.empty_strided((2, 3), (3, 1)).shape == (2, 3)
+    buf = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    np.testing.assert_array_equal(lucid.frombuffer(buf, dtype=lucid.float32).numpy(), [0, 1, 2, 3])
+    arr = np.arange(3.0)
+    shared = lucid.as_tensor(arr)
+    arr[0] = 7.0
+    assert shared.numpy()[0] == 7.0
+    assert lucid.asarray([1, 2], dtype=lucid.float64).dtype == lucid.float64
+    t = lucid.ones(2)
+    assert lucid.asarray(t) is t and lucid.asarray(t, copy=True) is not t
+    np.testing.assert_array_equal(lucid.from_dlpack(np.arange(3)).numpy(), [0, 1, 2])
+    with pytest.raises(ValueError, match="step"):
+        lucid.range(0, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "name, ref",
+    [
+        ("hann_window", np.hanning),
+        ("hamming_window", np.hamming),
+        ("blackman_window", np.blackman),
+        ("bartlett_window", np.bartlett),
+        ("kaiser_window", lambda n: np.kaiser(n, 12.0)),
+    ],
+)
+def test_windows(name, ref):
+    fn = getattr(lucid, name)
+    np.testing.assert_allclose(
+        fn(7, periodic=False, dtype=lucid.float64).numpy(), ref(7), atol=1e-12
+    )
+    np.testing.assert_allclose(fn(7, dtype=lucid.float64).numpy(), ref(8)[:7], atol=1e-12)
+    assert fn(0).shape == (0,) and fn(1).numpy().tolist() == [1.0]
+
+
+# --- indexing, joining, splitting ----------------------------------------------------------
+
+
+def test_joining_and_splitting():
+    a, b = RNG.standard_normal((2, 3, 4)), RNG.standard_normal((2, 3, 4))
+    for name in ("hstack", "vstack", "dstack", "column_stack", "row_stack"):
+        ref = getattr(np, name if name != "row_stack" else "vstack")
+        np.testing.assert_array_equal(
+            getattr(lucid, name)([_t(a[0]), _t(b[0])]).numpy(), ref([a[0], b[0]])
+        )
+    np.testing.assert_array_equal(
+        lucid.column_stack([_t(a[0, 0]), _t(b[0, 0])]).numpy(), np.column_stack([a[0, 0], b[0, 0]])
+    )
+    np.testing.assert_array_equal(
+        lucid.hstack([_t(a[0, 0]), _t(b[0, 0])]).numpy(), np.hstack([a[0, 0], b[0, 0]])
+    )
+    for name, sections in (("hsplit", 3), ("vsplit", 2), ("dsplit", [1, 3])):
+        got = getattr(lucid, name)(_t(a), sections)
+        for g, w in zip(got, getattr(np, name)(a, sections), strict=True):
+            np.testing.assert_array_equal(g.numpy(), w)
+    with pytest.raises(ValueError, match="equal"):
+        lucid.hsplit(_t(a), 2)
+    np.testing.assert_array_equal(lucid.adjoint(_t(a)).numpy(), np.swapaxes(a, -1, -2))
+    np.testing.assert_array_equal(lucid.moveaxis(_t(a), 0, -1).numpy(), np.moveaxis(a, 0, -1))
+    mask = np.array([[0, 1, 0], [2, 0, 3]])
+    np.testing.assert_array_equal(lucid.argwhere(_t(mask)).numpy(), np.argwhere(mask))
+    idx = np.array([[0, -1], [5, 7]])
+    np.testing.assert_array_equal(lucid.take(_t(a[0]), _t(idx)).numpy(), np.take(a[0], idx))
+    np.testing.assert_array_equal(lucid.narrow_copy(_t(a), 2, 1, 2).numpy(), a[:, :, 1:3])
+    got = lucid.unravel_index(_t([0, 5, 23, -1]), (2, 3, 4))
+    for g, w in zip(got, np.unravel_index([0, 5, 23, 23], (2, 3, 4)), strict=True):
+        np.testing.assert_array_equal(g.numpy(), w)
+    with pytest.raises(ValueError, match="out of bounds"):
+        lucid.unravel_index(_t([24]), (2, 3, 4))
+    np.testing.assert_array_equal(lucid.ravel(_t(a)).numpy(), a.ravel())
+    np.testing.assert_array_equal(lucid.fliplr(_t(a)).numpy(), np.fliplr(a))
+    np.testing.assert_array_equal(lucid.flipud(_t(a)).numpy(), np.flipud(a))
+    np.testing.assert_array_equal(lucid.diagflat(_t(a[0, 0]), 1).numpy(), np.diagflat(a[0, 0], 1))
+    x, y = lucid.broadcast_tensors(_t(a[:, :1]), _t(b[0]))
+    assert x.shape == y.shape == (2, 3, 4)
+    assert lucid.broadcast_shapes((2, 1), (3,), 1) == (2, 3)
+    with pytest.raises(ValueError, match="broadcast"):
+        lucid.broadcast_shapes((2,), (3,))
+    v = np.array([1.0, 2.0, 3.0, 4.0])
+    for r, rep in ((2, False), (3, False), (2, True)):
+        pick = itertools.combinations_with_replacement if rep else itertools.combinations
+        want = np.array(list(pick(v, r)))
+        np.testing.assert_array_equal(lucid.combinations(_t(v), r, rep).numpy(), want)
+
+
+def test_scatters_values_and_gradients():
+    a, src = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 2))
+    want = a.copy()
+    want[:, 1:4:2] = src
+    np.testing.assert_array_equal(lucid.slice_scatter(_t(a), _t(src), 1, 1, 4, 2).numpy(), want)
+    want = a.copy()
+    want[:, 2] = src[:, 0]
+    np.testing.assert_array_equal(lucid.select_scatter(_t(a), _t(src[:, 0]), 1, 2).numpy(), want)
+    want = a.copy()
+    want[[0, 1, 2], [1, 2, 3]] = src[:, 0]
+    np.testing.assert_array_equal(lucid.diagonal_scatter(_t(a), _t(src[:, 0]), 1).numpy(), want)
+    gradcheck(lambda x, s: lucid.slice_scatter(x, s, 1, 1, 4, 2), _t(a, True), _t(src, True))
+    gradcheck(lambda x, s: lucid.diagonal_scatter(x, s, 1), _t(a, True), _t(src[:, 0], True))
+
+
+# --- reductions and order statistics ------------------------------------------------------
+
+
+def test_nan_reductions_median_kthvalue():
+    x = RNG.standard_normal((3, 5))
+    nanx = x.copy()
+    nanx[0, 1] = nanx[2, 4] = np.nan
+    np.testing.assert_allclose(lucid.nansum(_t(nanx)).numpy(), np.nansum(nanx))
+    np.testing.assert_allclose(lucid.nansum(_t(nanx), 1).numpy(), np.nansum(nanx, 1))
+    np.testing.assert_allclose(
+        lucid.nanmean(_t(nanx), 0, keepdim=True).numpy(), np.nanmean(nanx, 0, keepdims=True)
+    )
+    lo, hi = lucid.aminmax(_t(x), dim=1)
+    np.testing.assert_array_equal(lo.numpy(), x.min(1))
+    np.testing.assert_array_equal(hi.numpy(), x.max(1))
+    even = RNG.standard_normal((3, 4))
+    for arr in (x, even):
+        med = lucid.median(_t(arr), 1)
+        lower = np.sort(arr, 1)[:, (arr.shape[1] - 1) // 2]
+        np.testing.assert_array_equal(med.values.numpy(), lower)
+        np.testing.assert_array_equal(arr[np.arange(3), med.indices.numpy()], lower)
+    assert float(lucid.median(_t(even)).numpy()) == np.sort(even.ravel())[(even.size - 1) // 2]
+    assert np.isnan(lucid.median(_t(nanx), 1).values.numpy()[[0, 2]]).all()
+    nm = lucid.nanmedian(_t(nanx), 1).values.numpy()
+    np.testing.assert_array_equal(
+        nm, [np.sort(r[~np.isnan(r)])[(np.sum(~np.isnan(r)) - 1) // 2] for r in nanx]
+    )
+    kth = lucid.kthvalue(_t(x), 2, 0)
+    np.testing.assert_array_equal(kth.values.numpy(), np.sort(x, 0)[1])
+    np.testing.assert_array_equal(x[kth.indices.numpy(), np.arange(5)], np.sort(x, 0)[1])
+    gradcheck(lambda t: lucid.median(t, 1).values, _t(x, True))
+    gradcheck(lambda t: lucid.nanmean(t, 1), _t(x, True))
+    with pytest.raises(ValueError, match="out of range"):
+        lucid.kthvalue(_t(x), 6, 1)
+
+
+@pytest.mark.parametrize("interpolation", ["linear", "lower", "higher", "midpoint", "nearest"])
+def test_quantile(interpolation):
+    x = RNG.standard_normal((4, 7))
+    q = [0.0, 0.3, 0.5, 0.9, 1.0]
+    got = lucid.quantile(_t(x), _t(q), 1, interpolation=interpolation).numpy()
+    np.testing.assert_allclose(got, np.quantile(x, q, axis=1, method=interpolation), rtol=1e-13)
+    got = lucid.quantile(_t(x), 0.3, interpolation=interpolation).numpy()
+    np.testing.assert_allclose(got, np.quantile(x, 0.3, method=interpolation), rtol=1e-13)
+    nanx = x.copy()
+    nanx[1, 2] = np.nan
+    got = lucid.nanquantile(_t(nanx), 0.4, 1, keepdim=True, interpolation=interpolation).numpy()
+    np.testing.assert_allclose(
+        got, np.nanquantile(nanx, 0.4, axis=1, keepdims=True, method=interpolation)
+    )
+    assert np.isnan(lucid.quantile(_t(nanx), 0.4, 1).numpy()[1])
+    if interpolation == "linear":
+        gradcheck(lambda t: lucid.quantile(t, 0.3, 1), _t(x, True))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        lucid.quantile(_t(x), 1.5)
+
+
+def test_cumulative_functions():
+    x = np.array([[1.0, 3.0, 2.0, 3.0, 5.0], [0.0, -1.0, -1.0, 4.0, 2.0]])
+    values, indices = lucid.cummax(_t(x), 1)
+    np.testing.assert_array_equal(values.numpy(), np.maximum.accumulate(x, 1))
+    np.testing.assert_array_equal(indices.numpy(), [[0, 1, 1, 3, 4], [0, 0, 0, 3, 3]])
+    values, indices = lucid.cummin(_t(x), 1)
+    np.testing.assert_array_equal(values.numpy(), np.minimum.accumulate(x, 1))
+    np.testing.assert_array_equal(indices.numpy(), [[0, 0, 0, 0, 0], [0, 1, 2, 2, 2]])
+    wide = np.array([-1000.0, 0.0, 1000.0, 1.0])
+    np.testing.assert_allclose(
+        lucid.logcumsumexp(_t(wide), 0).numpy(), np.logaddexp.accumulate(wide)
+    )
+    y = RNG.standard_normal((3, 4))
+    gradcheck(lambda t: lucid.logcumsumexp(t, 1), _t(y, True))
+    gradcheck(lambda t: lucid.cummax(t, 0).values, _t(y, True))
+
+
+def test_unique_consecutive_and_histograms():
+    x = np.array([1, 1, 2, 2, 3, 1, 1, 2])
+    out, inverse, counts = lucid.unique_consecutive(_t(x), return_inverse=True, return_counts=True)
+    np.testing.assert_array_equal(out.numpy(), [1, 2, 3, 1, 2])
+    np.testing.assert_array_equal(inverse.numpy(), [0, 0, 1, 1, 2, 3, 3, 4])
+    np.testing.assert_array_equal(counts.numpy(), [2, 2, 1, 2, 1])
+    rows = np.array([[1, 1], [1, 1], [2, 0]])
+    np.testing.assert_array_equal(
+        lucid.unique_consecutive(_t(rows), dim=0).numpy(), [[1, 1], [2, 0]]
+    )
+    data = RNG.standard_normal(50)
+    np.testing.assert_array_equal(
+        lucid.histc(_t(data), 5, -1, 1).numpy(), np.histogram(data, 5, (-1, 1))[0]
+    )
+    np.testing.assert_array_equal(lucid.histc(_t(data), 4).numpy(), np.histogram(data, 4)[0])
+    hist, edges = lucid.histogram(_t(data), 6)
+    want_hist, want_edges = np.histogram(data, 6)
+    np.testing.assert_array_equal(hist.numpy(), want_hist)
+    np.testing.assert_allclose(edges.numpy(), want_edges)
+
+
+def test_cov_corrcoef_renorm():
+    x = RNG.standard_normal((3, 6))
+    fw, aw = np.array([1, 2, 1, 3, 1, 1]), RNG.uniform(0.5, 2, 6)
+    np.testing.assert_allclose(lucid.cov(_t(x)).numpy(), np.cov(x), rtol=1e-12)
+    np.testing.assert_allclose(
+        lucid.cov(_t(x), correction=0).numpy(), np.cov(x, ddof=0), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        lucid.cov(_t(x), fweights=_t(fw), aweights=_t(aw)).numpy(),
+        np.cov(x, fweights=fw, aweights=aw),
+        rtol=1e-12,
+    )
+    np.testing.assert_allclose(lucid.corrcoef(_t(x)).numpy(), np.corrcoef(x), rtol=1e-12)
+    gradcheck(lucid.cov, _t(x, True))
+    gradcheck(lucid.corrcoef, _t(x, True))
+    w = RNG.standard_normal((3, 4)) * 3
+    norms = np.linalg.norm(w, axis=1, keepdims=True)
+    want = w * np.where(norms > 2.0, 2.0 / (norms + 1e-7), 1.0)
+    np.testing.assert_allclose(lucid.renorm(_t(w), 2, 0, 2.0).numpy(), want, rtol=1e-12)
+    gradcheck(lambda t: lucid.renorm(t, 2, 0, 2.0), _t(w, True))
+
+
+# --- BLAS and LAPACK ------------------------------------------------------------------------
+
+
+def test_blas_functions():
+    inp, b1, b2 = (
+        RNG.standard_normal((2, 4)),
+        RNG.standard_normal((3, 2, 5)),
+        RNG.standard_normal((3, 5, 4)),
+    )
+    np.testing.assert_allclose(
+        lucid.addbmm(_t(inp), _t(b1), _t(b2), beta=0.5, alpha=2).numpy(),
+        0.5 * inp + 2 * np.einsum("bij,bjk->ik", b1, b2),
+        rtol=1e-12,
+    )
+    v1, v2 = RNG.standard_normal(2), RNG.standard_normal(4)
+    np.testing.assert_allclose(
+        lucid.addr(_t(inp), _t(v1), _t(v2), alpha=3).numpy(), inp + 3 * np.outer(v1, v2)
+    )
+    np.testing.assert_allclose(lucid.ger(_t(v1), _t(v2)).numpy(), np.outer(v1, v2))
+    m = RNG.standard_normal((4, 3))
+    np.testing.assert_allclose(lucid.mv(_t(m), _t(v2[:3])).numpy(), m @ v2[:3])
+    np.testing.assert_allclose(lucid.vdot(_t(v2), _t(v2)).numpy(), v2 @ v2)
+    np.testing.assert_allclose(lucid.chain_matmul(_t(inp), _t(m), _t(m.T)).numpy(), inp @ m @ m.T)
+    gradcheck(lambda a, b, c: lucid.addbmm(a, b, c), _t(inp, True), _t(b1, True), _t(b2, True))
+    x = np.linspace(0, 2, 7)
+    y = np.sin(x)[None, :] * [[1.0], [2.0]]
+    np.testing.assert_allclose(
+        lucid.trapezoid(_t(y), _t(x)).numpy(), np.trapezoid(y, x), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        lucid.trapz(_t(y), dx=0.5).numpy(), np.trapezoid(y, dx=0.5), rtol=1e-12
+    )
+    cum = lucid.cumulative_trapezoid(_t(y), _t(x)).numpy()
+    want = np.cumsum((y[:, 1:] + y[:, :-1]) / 2 * np.diff(x), 1)
+    np.testing.assert_allclose(cum, want, rtol=1e-12)
+    gradcheck(lambda t: lucid.trapezoid(t, _t(x)), _t(y, True))
+
+
+def test_lapack_functions():
+    a = RNG.standard_normal((3, 3)) + 3 * np.eye(3)
+    spd = a @ a.T
+    low = np.linalg.cholesky(spd)
+    np.testing.assert_allclose(lucid.cholesky(_t(spd)).numpy(), low, rtol=1e-12)
+    np.testing.assert_allclose(lucid.cholesky(_t(spd), upper=True).numpy(), low.T, rtol=1e-12)
+    np.testing.assert_allclose(
+        lucid.cholesky_inverse(_t(low)).numpy(), np.linalg.inv(spd), rtol=1e-10
+    )
+    np.testing.assert_allclose(
+        lucid.cholesky_inverse(_t(low.T), upper=True).numpy(), np.linalg.inv(spd), rtol=1e-10
+    )
+    rhs = RNG.standard_normal((3, 2))
+    np.testing.assert_allclose(
+        lucid.cholesky_solve(_t(rhs), _t(low)).numpy(), np.linalg.solve(spd, rhs), rtol=1e-10
+    )
+    np.testing.assert_allclose(lucid.inverse(_t(a)).numpy(), np.linalg.inv(a), rtol=1e-12)
+    np.testing.assert_allclose(lucid.det(_t(a)).numpy(), np.linalg.det(a), rtol=1e-12)
+    np.testing.assert_allclose(
+        lucid.logdet(_t(spd)).numpy(), np.log(np.linalg.det(spd)), rtol=1e-12
+    )
+    assert np.isnan(lucid.logdet(_t(-np.eye(3))).numpy())
+    sign, logabs = lucid.slogdet(_t(-a))
+    np.testing.assert_allclose((sign.numpy(), logabs.numpy()), np.linalg.slogdet(-a), rtol=1e-12)
+    packed, pivots = lucid.lu(_t(a))
+    p, lo, up = lucid.lu_unpack(packed, pivots)
+    np.testing.assert_allclose((p @ lo @ up).numpy(), a, atol=1e-12)
+    np.testing.assert_allclose(
+        lucid.lu_solve(_t(rhs), packed, pivots).numpy(), np.linalg.solve(a, rhs), rtol=1e-10
+    )
+    assert len(lucid.lu(_t(a), get_infos=True)) == 3
+    np.testing.assert_allclose(
+        lucid.matrix_power(_t(a), 3).numpy(), np.linalg.matrix_power(a, 3), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        lucid.pinverse(_t(m := RNG.standard_normal((4, 2)))).numpy(), np.linalg.pinv(m), atol=1e-12
+    )
+    q, r = lucid.qr(_t(m), some=False)
+    assert q.shape == (4, 4) and r.shape == (4, 2)
+    np.testing.assert_allclose((q @ r).numpy(), m, atol=1e-12)
+    u, s, v = lucid.svd(_t(m))
+    np.testing.assert_allclose(((u * s) @ v.mT).numpy(), m, atol=1e-12)
+    _, s_only, v_zero = lucid.svd(_t(m), compute_uv=False)
+    np.testing.assert_allclose(s_only.numpy(), s.numpy())
+    assert not v_zero.numpy().any()
+    sol, coeff = lucid.triangular_solve(_t(rhs), _t(a), upper=True)
+    np.testing.assert_allclose(sol.numpy(), np.linalg.solve(np.triu(a), rhs), rtol=1e-10)
+    np.testing.assert_array_equal(coeff.numpy(), a)
+    sol_t, _ = lucid.triangular_solve(_t(rhs), _t(a), upper=False, transpose=True)
+    np.testing.assert_allclose(sol_t.numpy(), np.linalg.solve(np.tril(a).T, rhs), rtol=1e-10)
+    xs = np.array([2.0, 3.0, 0.5])
+    np.testing.assert_allclose(lucid.vander(_t(xs)).numpy(), np.vander(xs))
+    np.testing.assert_allclose(
+        lucid.vander(_t(xs), 4, increasing=True).numpy(), np.vander(xs, 4, increasing=True)
+    )
+    q_full = lucid.orgqr(_t(np.tril(m, -1)), _t([0.0, 0.0]))
+    np.testing.assert_allclose(q_full.numpy(), np.eye(4, 2))
+    gradcheck(lambda t: lucid.logdet(t @ t.mT), _t(a, True))
+    gradcheck(lambda t: lucid.cholesky_solve(_t(rhs), t), _t(low, True))
+
+
+# --- PyTorch --------------------------------------------------------------------------------
+
+TORCH_CASES = [
+    "atan",
+    "asin",
+    "acos",
+    "asinh",
+    "acosh",
+    "atanh",
+    "sinh",
+    "cosh",
+    "sinc",
+    "logit",
+    "exp2",
+    "log2",
+    "log10",
+    "deg2rad",
+    "frac",
+    "logcumsumexp",
+    "nansum",
+    "nanmean",
+]
+
+
+@pytest.mark.parametrize("name", TORCH_CASES)
+def test_against_torch(name):
+    torch = pytest.importorskip("torch")
+    x = PROB.reshape(3, 4) * 0.9 + (1.0 if name == "acosh" else 0.0)
+    args = (0,) if name == "logcumsumexp" else ()
+    ours = _t(x, True)
+    theirs = torch.tensor(x, requires_grad=True)
+    got, want = getattr(lucid, name)(ours, *args), getattr(torch, name)(theirs, *args)
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+    got.sum().backward()
+    want.sum().backward()
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-10)
+
+
+def test_math_constants_sanity():
+    assert math.isclose(float(lucid.atan(_t(1.0)).numpy()), math.pi / 4, rel_tol=1e-15)
