@@ -206,3 +206,23 @@ def test_adaptive_log_softmax_bad_input():
         m(lucid.randn(2, 4), lucid.tensor([1, 2, 3]))
     with pytest.raises(RuntimeError, match="multi-target"):
         m(lucid.randn(2, 4), lucid.tensor([[1, 2]]))
+
+
+def test_adaptive_log_softmax_matches_torch():
+    torch = pytest.importorskip("torch")
+    lucid.manual_seed(2)
+    ours = nn.AdaptiveLogSoftmaxWithLoss(8, 12, [3, 7], div_value=2.0, head_bias=True).double()
+    theirs = torch.nn.AdaptiveLogSoftmaxWithLoss(8, 12, [3, 7], div_value=2.0, head_bias=True)
+    theirs = theirs.double()
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+            q.copy_(torch.tensor(p.detach().numpy()))
+    x = np.random.default_rng(5).standard_normal((6, 8))
+    target = [0, 2, 5, 8, 11, 9]
+    xo, xt = lucid.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, loss = ours(xo, lucid.tensor(target))
+    want_out, want_loss = theirs(xt, torch.tensor(target))
+    np.testing.assert_allclose(out.detach().numpy(), want_out.detach().numpy(), rtol=1e-12)
+    loss.backward()
+    want_loss.backward()
+    np.testing.assert_allclose(xo.grad.numpy(), xt.grad.numpy(), rtol=1e-10)
