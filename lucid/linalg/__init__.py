@@ -40,6 +40,9 @@ __all__ = [
     "lu",
     "lu_factor",
     "lu_factor_ex",
+    "ldl_factor",
+    "ldl_factor_ex",
+    "ldl_solve",
     "lu_solve",
     "matmul",
     "matrix_exp",
@@ -691,3 +694,131 @@ def lu_factor_ex(
     packed, pivots = lu_factor(A, pivot=pivot)
     info = _lu_info(A.detach().numpy())
     return packed, pivots, _raise_or_info("lu_factor_ex", info, check_errors, "U is singular")
+
+
+# --- LDL (Bunch-Kaufman): LAPACK sytrf's factorisation, computed with numpy -------------------
+
+_BUNCH_KAUFMAN_ALPHA = (1.0 + math.sqrt(17.0)) / 8.0
+
+
+def _sytf2_lower(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Bunch-Kaufman diagonal pivoting of one symmetric matrix (its lower triangle), as LAPACK's
+    unblocked sytf2: the compact LD, 1-based pivots (negative pairs mark 2x2 blocks), info."""
+    w = np.tril(a).astype(np.float64)
+    w = w + np.tril(w, -1).T  # work on the full symmetric matrix, read the lower triangle
+    n = w.shape[0]
+    piv = np.zeros(n, dtype=np.int32)
+    info, k = 0, 0
+    while k < n:
+        step = 1
+        absakk = abs(w[k, k])
+        imax = k + 1 + int(np.argmax(np.abs(w[k + 1 :, k]))) if k < n - 1 else k
+        colmax = abs(w[imax, k]) if k < n - 1 else 0.0
+        if max(absakk, colmax) == 0.0 or np.isnan(absakk):
+            info = info or k + 1
+            kp = k
+        else:
+            if absakk >= _BUNCH_KAUFMAN_ALPHA * colmax:
+                kp = k
+            else:
+                rowmax = np.max(np.abs(w[imax, k:imax]))
+                if imax < n - 1:
+                    rowmax = max(rowmax, np.max(np.abs(w[imax + 1 :, imax])))
+                if absakk >= _BUNCH_KAUFMAN_ALPHA * colmax * (colmax / rowmax):
+                    kp = k
+                elif abs(w[imax, imax]) >= _BUNCH_KAUFMAN_ALPHA * rowmax:
+                    kp = imax
+                else:
+                    kp, step = imax, 2
+            kk = k + step - 1
+            if kp != kk:  # symmetric interchange of kk and kp in the trailing matrix
+                w[[kk, kp], k:] = w[[kp, kk], k:]
+                w[k:, [kk, kp]] = w[k:, [kp, kk]]
+            if step == 1:
+                d11 = 1.0 / w[k, k]
+                col = w[k + 1 :, k].copy()
+                w[k + 1 :, k + 1 :] -= d11 * np.outer(col, col)
+                w[k + 1 :, k] = col * d11
+                w[k, k + 1 :] = w[k + 1 :, k]
+            elif k < n - 2:
+                d21 = w[k + 1, k]
+                d11, d22 = w[k + 1, k + 1] / d21, w[k, k] / d21
+                t = 1.0 / (d11 * d22 - 1.0)
+                d21 = t / d21
+                cols = w[k + 2 :, k : k + 2].copy()
+                wk = d21 * (d11 * cols[:, 0] - cols[:, 1])
+                wkp1 = d21 * (d22 * cols[:, 1] - cols[:, 0])
+                w[k + 2 :, k + 2 :] -= np.outer(cols[:, 0], wk) + np.outer(cols[:, 1], wkp1)
+                w[k + 2 :, k], w[k + 2 :, k + 1] = wk, wkp1
+                w[k, k + 2 :], w[k + 1, k + 2 :] = wk, wkp1
+        if step == 1:
+            piv[k] = kp + 1
+        else:
+            piv[k] = piv[k + 1] = -(kp + 1)
+        k += step
+    return np.tril(w), piv, info
+
+
+def _ldl_matrix(ld: np.ndarray, piv: np.ndarray) -> np.ndarray:
+    """A = M D M^T rebuilt from sytrf's compact form, M = P(1) L(1) P(2) L(2) ..."""
+    n = ld.shape[0]
+    m, d, k = np.eye(n), np.zeros((n, n)), 0
+    while k < n:
+        step = 1 if piv[k] > 0 else 2
+        swap = (k if step == 1 else k + 1), abs(int(piv[k])) - 1
+        perm = np.eye(n)
+        perm[list(swap)] = perm[list(swap[::-1])]
+        unit = np.eye(n)
+        unit[k + step :, k : k + step] = ld[k + step :, k : k + step]
+        d[k : k + step, k : k + step] = np.tril(ld[k : k + step, k : k + step])
+        d[k : k + step, k : k + step] += np.tril(ld[k : k + step, k : k + step], -1).T
+        m = m @ perm @ unit
+        k += step
+    return m @ d @ m.T
+
+
+def ldl_factor_ex(
+    A: Tensor,  # noqa: N803
+    *,
+    hermitian: bool = False,
+    check_errors: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(LD, pivots, info)``: the Bunch-Kaufman factorisation A = P L D L^T P^T of symmetric
+    matrices (their lower triangle read), in LAPACK sytrf's compact form. Not differentiable
+    (as in torch); info > 0 marks an exactly singular D."""
+    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"linalg.ldl_factor: expected (*, n, n) matrices, got {tuple(A.shape)}")
+    if not A.dtype.is_floating_point:
+        raise TypeError(f"linalg.ldl_factor: expected a floating point matrix, got {A.dtype}")
+    a = A.detach().numpy()
+    flat = a.reshape((-1,) + a.shape[-2:])
+    results = [_sytf2_lower(m) for m in flat]
+    ld = np.stack([r[0] for r in results]).reshape(a.shape).astype(a.dtype)
+    piv = np.stack([r[1] for r in results]).reshape(a.shape[:-1])
+    info = np.array([r[2] for r in results], dtype=np.int32).reshape(a.shape[:-2])
+    code = _raise_or_info("ldl_factor_ex", info, check_errors, "D is singular")
+    return Tensor._wrap(ld), Tensor._wrap(piv), code
+
+
+def ldl_factor(A: Tensor, *, hermitian: bool = False) -> tuple[Tensor, Tensor]:  # noqa: N803
+    """``(LD, pivots)`` of ``ldl_factor_ex``, raising when D is singular."""
+    ld, piv, _ = ldl_factor_ex(A, hermitian=hermitian, check_errors=True)
+    return ld, piv
+
+
+def ldl_solve(
+    LD: Tensor,  # noqa: N803
+    pivots: Tensor,
+    B: Tensor,  # noqa: N803
+    *,
+    hermitian: bool = False,
+) -> Tensor:
+    """X with A X = B from ``ldl_factor(A)``; differentiable in B."""
+    if LD.ndim < 2 or LD.shape[-1] != LD.shape[-2]:
+        raise ValueError(f"linalg.ldl_solve: LD must be (*, n, n), got {tuple(LD.shape)}")
+    ld, piv = LD.detach().numpy(), pivots.numpy()
+    flat_ld = ld.reshape((-1,) + ld.shape[-2:])
+    flat_piv = piv.reshape((-1, piv.shape[-1]))
+    rebuilt = np.stack([_ldl_matrix(m, p) for m, p in zip(flat_ld, flat_piv, strict=True)])
+    a = Tensor._wrap(rebuilt.reshape(ld.shape).astype(ld.dtype))
+    return solve(a, B)

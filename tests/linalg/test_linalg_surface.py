@@ -387,3 +387,74 @@ def test_torch_parity_with_gradients(name, fn):
     got.sum().backward()
     want.sum().backward()
     np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-7, atol=1e-10)
+
+
+# --- LDL ----------------------------------------------------------------------------------------
+
+
+def _rebuild_from_sytrf(ld, piv):
+    """LAPACK's documented meaning of sytrf's lower compact form: A = U D U^T with
+    U = P(1) L(1) P(2) L(2) ..., P(k) swapping k (k + 1 for a 2x2 block) with |piv[k]|."""
+    n = ld.shape[0]
+    u, d, k = np.eye(n), np.zeros((n, n)), 0
+    while k < n:
+        s = 1 if piv[k] > 0 else 2
+        p = np.eye(n)
+        i, j = (k if s == 1 else k + 1), abs(piv[k]) - 1
+        p[[i, j]] = p[[j, i]]
+        block_l = np.eye(n)
+        block_l[k + s :, k : k + s] = ld[k + s :, k : k + s]
+        block = ld[k : k + s, k : k + s]
+        d[k : k + s, k : k + s] = np.tril(block) + np.tril(block, -1).T
+        u = u @ p @ block_l
+        k += s
+    return u @ d @ u.T
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 7])
+def test_ldl_factor_rebuilds_the_matrix(n):
+    rng = np.random.default_rng(n)
+    for trial in range(8):
+        a = rng.standard_normal((n, n))
+        a = a + a.T
+        if trial % 2 and n > 1:
+            a[0, 0] = 0.0  # forces a 2x2 pivot or an interchange
+        ld, piv = linalg.ldl_factor(_t(a))
+        assert piv.dtype == lucid.int32
+        assert np.all(np.triu(ld.numpy(), 1) == 0)
+        np.testing.assert_allclose(_rebuild_from_sytrf(ld.numpy(), piv.numpy()), a, atol=1e-10)
+        b = rng.standard_normal((n, 2))
+        x = linalg.ldl_solve(ld, piv, _t(b))
+        np.testing.assert_allclose(x.numpy(), np.linalg.solve(a, b), rtol=1e-8, atol=1e-10)
+
+
+def test_ldl_pivots_batches_and_errors():
+    ld, piv = linalg.ldl_factor(_t(np.array([[0.0, 1.0], [1.0, 0.0]])))
+    np.testing.assert_array_equal(piv.numpy(), [-2, -2])
+    np.testing.assert_allclose(ld.numpy(), [[0.0, 0.0], [1.0, 0.0]])
+    a = _m(3, 4, 4, seed=30)
+    a = a + np.swapaxes(a, -1, -2)
+    ld, piv, info = linalg.ldl_factor_ex(_t(a))
+    assert ld.shape == (3, 4, 4) and piv.shape == (3, 4) and not info.numpy().any()
+    for i in range(3):
+        np.testing.assert_allclose(_rebuild_from_sytrf(ld.numpy()[i], piv.numpy()[i]), a[i],
+                                   atol=1e-10)  # fmt: skip
+    b = _t(_m(3, 4, 1, seed=31), True)
+    gradcheck(lambda t: linalg.ldl_solve(ld, piv, t), b)
+    _, _, info = linalg.ldl_factor_ex(_t(np.zeros((2, 2))))
+    assert int(info.numpy()) == 1
+    with pytest.raises(ValueError, match="singular"):
+        linalg.ldl_factor(_t(np.zeros((2, 2))))
+    with pytest.raises(ValueError, match="n, n"):
+        linalg.ldl_factor(_t(_m(2, 3)))
+
+
+def test_ldl_matches_torch():
+    torch = pytest.importorskip("torch")
+    a = _m(5, 5, seed=32)
+    a = a + a.T
+    a[0, 0] = 0.0
+    ld, piv = linalg.ldl_factor(_t(a))
+    want_ld, want_piv = torch.linalg.ldl_factor(torch.tensor(a))
+    np.testing.assert_array_equal(piv.numpy(), want_piv.numpy())
+    np.testing.assert_allclose(np.tril(ld.numpy()), np.tril(want_ld.numpy()), atol=1e-12)
