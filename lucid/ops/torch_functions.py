@@ -10,7 +10,6 @@ Functions whose result depends on the values' count or on integer arithmetic num
 
 from __future__ import annotations
 
-import builtins
 import itertools
 import math
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ __all__ = [
     "real", "conj", "conj_physical", "resolve_conj", "resolve_neg", "isreal", "isposinf",
     "isneginf", "fmax", "fmin", "isin", "gcd", "lcm",
     # creation
-    "asarray", "as_tensor", "range", "logspace", "empty_strided", "frombuffer", "from_dlpack",
+    "asarray", "as_tensor", "logspace", "empty_strided", "frombuffer", "from_dlpack",
     "bartlett_window", "blackman_window", "hamming_window", "hann_window", "kaiser_window",
     # indexing, joining, splitting
     "adjoint", "argwhere", "moveaxis", "dsplit", "hsplit", "vsplit", "column_stack", "dstack",
@@ -39,16 +38,14 @@ __all__ = [
     # reductions and order statistics
     "aminmax", "nansum", "nanmean", "median", "nanmedian", "quantile", "nanquantile",
     "kthvalue", "cummax", "cummin", "logcumsumexp", "unique_consecutive", "histc", "histogram",
-    "cov", "corrcoef", "renorm",
+    "cov", "corrcoef", "renorm", "frexp", "nextafter", "bitwise_left_shift",
+    "bitwise_right_shift", "gradient", "histogramdd",
     # BLAS and LAPACK
     "addbmm", "addr", "chain_matmul", "cholesky", "cholesky_inverse", "cholesky_solve", "ger",
     "inverse", "det", "logdet", "slogdet", "lu", "lu_solve", "lu_unpack", "matrix_power",
     "matrix_exp", "mv", "orgqr", "pinverse", "qr", "svd", "trapezoid", "trapz",
     "cumulative_trapezoid", "triangular_solve", "vdot", "vander",
 ]  # fmt: skip
-
-
-_range = builtins.range  # this module defines torch's ``range``
 
 
 def _lucid():
@@ -82,11 +79,11 @@ def atan(input: Tensor) -> Tensor:  # noqa: A002
     big = x.abs() > 1
     safe = lucid.where(x == 0, 1.0, x)  # 1/x only where |x| > 1 is used
     y = lucid.where(big, 1.0 / safe, x)
-    for _ in _range(2):
+    for _ in range(2):
         y = y / (1.0 + (1.0 + y * y).sqrt())
     y2 = y * y
     series = y * 0
-    for k in reversed(_range(13)):
+    for k in reversed(range(13)):
         series = series * y2 + ((-1.0) ** k) / (2 * k + 1)
     reduced = 4.0 * y * series
     return lucid.where(big, x.sign() * (math.pi / 2) - reduced, reduced)
@@ -384,21 +381,6 @@ def asarray(
 def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
     """``asarray`` without a forced copy (a numpy array of a Lucid dtype is shared)."""
     return asarray(data, dtype=dtype)
-
-
-def range(  # noqa: A001
-    start: float, end: float | None = None, step: float = 1, *, dtype: Any = None, **_: Any
-) -> Tensor:
-    """torch's deprecated inclusive range: start, start + step, ..., up to and including end
-    (floating point by default)."""
-    lucid = _lucid()
-    if end is None:
-        start, end = 0, start
-    if step == 0:
-        raise ValueError("range: step must be nonzero")
-    count = int(math.floor((end - start) / step)) + 1
-    values = start + np.arange(max(count, 0)) * step
-    return lucid.tensor(values, dtype=dtype or lucid.float32)
 
 
 def logspace(
@@ -709,7 +691,7 @@ def combinations(input: Tensor, r: int = 2, with_replacement: bool = False) -> T
     if input.ndim != 1:
         raise ValueError(f"combinations: expected a 1-d tensor, got {tuple(input.shape)}")
     pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
-    rows = list(pick(_range(input.shape[0]), r))
+    rows = list(pick(range(input.shape[0]), r))
     if not rows:
         return input[:0].reshape(0, r) if r else input[:0]
     index = _tensor_from(np.asarray(rows, dtype=np.int64).reshape(-1))
@@ -738,7 +720,7 @@ def nansum(input: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any 
 
 
 def _dims(dim: Any, x: Tensor) -> Any:
-    return tuple(_range(x.ndim)) if dim is None else dim
+    return tuple(range(x.ndim)) if dim is None else dim
 
 
 def nanmean(input: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:  # noqa: A002
@@ -901,7 +883,7 @@ def _cumulative_extreme(input: Tensor, dim: int, larger: bool, name: str) -> Any
         return namedtuple(name, ["values", "indices"])(input, lucid.zeros((), dtype=lucid.int64))
     values, indices = [], []
     best = best_index = None
-    for i in _range(input.shape[d]):
+    for i in range(input.shape[d]):
         x = input.select(d, i)
         if best is None:
             best, best_index = x, lucid.zeros_like(x, dtype=lucid.int64)
@@ -936,7 +918,7 @@ def logcumsumexp(input: Tensor, dim: int) -> Tensor:  # noqa: A002
         return x
     d = dim % x.ndim
     running, out = None, []
-    for i in _range(x.shape[d]):
+    for i in range(x.shape[d]):
         xi = x.select(d, i)
         running = xi if running is None else lucid.logaddexp(running, xi)
         out.append(running)
@@ -1062,7 +1044,7 @@ def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:  # noqa
     guard in the scale)."""
     lucid = _lucid()
     d = dim % input.ndim
-    others = tuple(i for i in _range(input.ndim) if i != d)
+    others = tuple(i for i in range(input.ndim) if i != d)
     norms = (input.abs() ** p).sum(others, keepdim=True) ** (1.0 / p)
     scale = lucid.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0 + 0 * norms)
     return input * scale
@@ -1326,3 +1308,149 @@ def vander(x: Tensor, N: int | None = None, increasing: bool = False) -> Tensor:
         raise ValueError(f"vander: expected a 1-d tensor, got {tuple(x.shape)}")
     out = linalg.vander(x, N=N)
     return out if increasing else _lucid().flip(out, (-1,))
+
+
+# --- floating point decomposition, bit shifts, numerical gradients, N-d histograms -------------
+
+
+def frexp(input: Tensor) -> Any:  # noqa: A002
+    """``(mantissa, exponent)`` with x = mantissa * 2**exponent and 0.5 <= |mantissa| < 1; the
+    mantissa is x scaled by an exact power of two, so its gradient is 2**-exponent."""
+    from collections import namedtuple
+
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"frexp: expected a floating point tensor, got {input.dtype}")
+    _, exponent = np.frexp(input.detach().numpy())
+    scale = np.ldexp(np.ones((), dtype=input.dtype.numpy), -exponent)  # an exact power of two
+    mantissa = input * _tensor_from(scale.astype(input.dtype.numpy))
+    exponent = _tensor_from(exponent.astype(np.int32))
+    return namedtuple("frexp", ["mantissa", "exponent"])(mantissa, exponent)
+
+
+def nextafter(input: Tensor, other: Any) -> Tensor:  # noqa: A002
+    """The next representable float after x towards ``other`` (reads the values; no gradient)."""
+    y = _as_tensor_like(other, input)
+    return _tensor_from(
+        np.nextafter(input.detach().numpy(), y.detach().numpy().astype(input.dtype.numpy))
+    )
+
+
+def _shift(name: str, input: Any, other: Any, fn) -> Tensor:  # noqa: A002
+    x = input if isinstance(input, Tensor) else _tensor_from(input)
+    y = _as_tensor_like(other, x)
+    if x.dtype.is_floating_point or y.dtype.is_floating_point:
+        raise TypeError(f"{name}: expected integer tensors, got {x.dtype} and {y.dtype}")
+    return _tensor_from(fn(x.numpy(), y.numpy()).astype(x.dtype.numpy))
+
+
+def bitwise_left_shift(input: Any, other: Any) -> Tensor:  # noqa: A002
+    """x << other for integer tensors (reads the values)."""
+    return _shift("bitwise_left_shift", input, other, np.left_shift)
+
+
+def bitwise_right_shift(input: Any, other: Any) -> Tensor:  # noqa: A002
+    """x >> other (arithmetic for signed integers; reads the values)."""
+    return _shift("bitwise_right_shift", input, other, np.right_shift)
+
+
+def _coordinates(spacing: Any, n: int) -> np.ndarray:
+    if isinstance(spacing, Tensor):
+        coords = spacing.detach().numpy().astype(np.float64)
+        if coords.shape != (n,):
+            raise ValueError(
+                f"gradient: a coordinate tensor must have {n} entries, got {coords.shape}"
+            )
+        return coords
+    return np.arange(n, dtype=np.float64) * float(spacing)
+
+
+def _gradient_along(f: Tensor, d: int, coords: np.ndarray, edge_order: int) -> Tensor:
+    """numpy's second-order accurate differences along dim ``d`` at (possibly uneven)
+    coordinates: central in the interior, one-sided of ``edge_order`` at both ends."""
+    lucid = _lucid()
+    n = f.shape[d]
+    if n < edge_order + 1:
+        raise ValueError(f"gradient: dim {d} of size {n} needs at least {edge_order + 1} points")
+
+    def sl(start: int, stop: int | None) -> Tensor:
+        return f.narrow(d, start, (n if stop is None else stop) - start)
+
+    def along(values: np.ndarray) -> Tensor:
+        shape = [1] * f.ndim
+        shape[d] = values.shape[0]
+        return lucid.tensor(values.reshape(shape), dtype=f.dtype)
+
+    h = np.diff(coords)
+    pieces = []
+    if edge_order == 1:
+        pieces.append((sl(1, 2) - sl(0, 1)) / float(h[0]))
+    else:
+        h1, h2 = h[0], h[1]
+        a, b, c = -(2 * h1 + h2) / (h1 * (h1 + h2)), (h1 + h2) / (h1 * h2), -h1 / (h2 * (h1 + h2))
+        pieces.append(sl(0, 1) * float(a) + sl(1, 2) * float(b) + sl(2, 3) * float(c))
+    if n > 2:
+        hs, hd = h[:-1], h[1:]
+        a = -hd / (hs * (hd + hs))
+        b = (hd - hs) / (hd * hs)
+        c = hs / (hd * (hd + hs))
+        pieces.append(sl(0, n - 2) * along(a) + sl(1, n - 1) * along(b) + sl(2, None) * along(c))
+    if edge_order == 1:
+        pieces.append((sl(n - 1, None) - sl(n - 2, n - 1)) / float(h[-1]))
+    else:
+        h1, h2 = h[-2], h[-1]
+        a, b, c = h2 / (h1 * (h1 + h2)), -(h2 + h1) / (h1 * h2), (2 * h2 + h1) / (h2 * (h1 + h2))
+        pieces.append(
+            sl(n - 3, n - 2) * float(a) + sl(n - 2, n - 1) * float(b) + sl(n - 1, None) * float(c)
+        )
+    return lucid.cat(pieces, d)
+
+
+def gradient(
+    input: Tensor,  # noqa: A002
+    *,
+    spacing: Any = 1,
+    dim: Any = None,
+    edge_order: int = 1,
+) -> tuple[Tensor, ...]:
+    """The derivative estimate along each of ``dim`` (every dim when None), as numpy's
+    ``gradient``: ``spacing`` is a step per dim (a number or a list) or coordinate tensors."""
+    if edge_order not in (1, 2):
+        raise ValueError(f"gradient: edge_order must be 1 or 2, got {edge_order}")
+    x = _float(input)
+    dims = list(range(x.ndim)) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    dims = [d % x.ndim for d in dims]
+    spacings = list(spacing) if isinstance(spacing, (list, tuple)) else [spacing] * len(dims)
+    if len(spacings) != len(dims):
+        raise ValueError(f"gradient: {len(spacings)} spacings for {len(dims)} dims")
+    return tuple(
+        _gradient_along(x, d, _coordinates(s, x.shape[d]), edge_order)
+        for d, s in zip(dims, spacings, strict=True)
+    )
+
+
+def histogramdd(
+    input: Tensor,  # noqa: A002
+    bins: Any = 10,
+    *,
+    range: Any = None,  # noqa: A002
+    weight: Tensor | None = None,
+    density: bool = False,
+) -> Any:
+    """``(hist, bin_edges)`` of (N, D) points in D dims, as numpy's ``histogramdd`` (reads the
+    values)."""
+    from collections import namedtuple
+
+    points = input.numpy()
+    edges_in = (
+        [b.numpy() for b in bins]
+        if isinstance(bins, (list, tuple)) and bins and isinstance(bins[0], Tensor)
+        else bins
+    )
+    ranges = range  # torch's flat (min_0, max_0, min_1, max_1, ...) or numpy's pairs
+    if ranges is not None and not isinstance(ranges[0], (tuple, list)):
+        ranges = [tuple(ranges[int(i) : int(i) + 2]) for i in np.arange(0, len(ranges), 2)]
+    w = None if weight is None else weight.numpy()
+    hist, edges = np.histogramdd(points, bins=edges_in, range=ranges, weights=w, density=density)
+    dt = input.dtype.numpy
+    pair = namedtuple("histogramdd", ["hist", "bin_edges"])
+    return pair(_tensor_from(hist.astype(dt)), [_tensor_from(e.astype(dt)) for e in edges])

@@ -742,6 +742,8 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("torch", "as_strided"): "Lucid tensors expose no strides (numpy arrays underneath)",
     ("torch", "from_file"): "file-backed storages (Lucid has no storage objects)",
     ("torch", "trace"): "``lucid.trace`` is the tracer package; ``Tensor.trace`` is the function",
+    ("torch", "range"): "deprecated in PyTorch for ``arange``; as ``lucid.range`` it would shadow "
+    "Python's ``range`` under ``from lucid import *``",
 }  # fmt: skip
 
 
@@ -858,6 +860,7 @@ def _probe_args() -> dict[tuple[str, str], list[tuple]]:
         ("functional", "triplet_margin_loss"): [(x2, y2, p2)],
         ("functional", "triplet_margin_with_distance_loss"): [(x2, y2, p2)],
         ("linalg", "lu_solve"): [(lu_, piv, sq)],
+        ("linalg", "ldl_solve"): [(*lucid.linalg.ldl_factor(sq + sq.mT), sq)],
         ("linalg", "solve_triangular"): [(sq, sq, Kw(upper=True))],
         ("functional", "max_unpool1d"): [(*F.max_pool1d(x3, 2, return_indices=True), 2)],
         ("functional", "max_unpool2d"): [(*F.max_pool2d(x4, 2, return_indices=True), 2)],
@@ -866,7 +869,6 @@ def _probe_args() -> dict[tuple[str, str], list[tuple]]:
         ("torch", "sparse_coo_tensor"): [(lucid.tensor([[0, 1], [1, 0]]), b[:2], (2, 2))],
         ("torch", "from_numpy"): [(np_zeros((2, 2)),)],
         ("torch", "frombuffer"): [(bytearray(8), Kw(dtype=lucid.float32))],
-        ("torch", "range"): [(0, 3)],
         ("torch", "linspace"): [(0, 1, 5)],
         ("torch", "logspace"): [(0, 1, 5)],
         ("torch", "empty_strided"): [((2, 2), (2, 1))],
