@@ -39,7 +39,7 @@ __all__ = [
     "aminmax", "nansum", "nanmean", "median", "nanmedian", "quantile", "nanquantile",
     "kthvalue", "cummax", "cummin", "logcumsumexp", "unique_consecutive", "histc", "histogram",
     "cov", "corrcoef", "renorm", "frexp", "nextafter", "bitwise_left_shift",
-    "bitwise_right_shift", "gradient", "histogramdd",
+    "bitwise_right_shift", "gradient", "histogramdd", "scatter_reduce", "index_reduce",
     # BLAS and LAPACK
     "addbmm", "addr", "chain_matmul", "cholesky", "cholesky_inverse", "cholesky_solve", "ger",
     "inverse", "det", "logdet", "slogdet", "lu", "lu_solve", "lu_unpack", "matrix_power",
@@ -1454,3 +1454,110 @@ def histogramdd(
     dt = input.dtype.numpy
     pair = namedtuple("histogramdd", ["hist", "bin_edges"])
     return pair(_tensor_from(hist.astype(dt)), [_tensor_from(e.astype(dt)) for e in edges])
+
+
+# --- scatter and index reductions --------------------------------------------------------------
+
+_SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _extreme_fill(dtype: Any, largest: bool) -> float | int:
+    if dtype.is_floating_point:
+        return -math.inf if largest else math.inf
+    info = np.iinfo(dtype.numpy)
+    return int(info.min if largest else info.max)
+
+
+def scatter_reduce(
+    input: Tensor,  # noqa: A002
+    dim: int,
+    index: Tensor,
+    src: Tensor,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Tensor:
+    """``input`` with each ``src`` element reduced (``sum``, ``prod``, ``mean``, ``amax``,
+    ``amin``) into the position its ``index`` names along ``dim``; positions no index names keep
+    their value. Computed densely (each source element against every target position), so it
+    composes ops ``lucid.compile`` lowers and autograd differentiates."""
+    lucid = _lucid()
+    if reduce not in _SCATTER_REDUCTIONS:
+        raise ValueError(
+            f"scatter_reduce: reduce must be one of {_SCATTER_REDUCTIONS}, got {reduce!r}"
+        )
+    if index.ndim != input.ndim or src.ndim != input.ndim:
+        raise ValueError(
+            f"scatter_reduce: input, index and src need the same number of dims, got "
+            f"{tuple(input.shape)}, {tuple(index.shape)} and {tuple(src.shape)}"
+        )
+    d = dim % input.ndim
+    for k, (i, s, n) in enumerate(zip(index.shape, src.shape, input.shape, strict=True)):
+        if i > s or (k != d and i > n):
+            raise ValueError(
+                f"scatter_reduce: index {tuple(index.shape)} is larger than src "
+                f"{tuple(src.shape)} or input {tuple(input.shape)} along dim {k}"
+            )
+    src = src[tuple(slice(0, i) for i in index.shape)]
+    region_key = tuple(slice(0, i) if k != d else slice(None) for k, i in enumerate(index.shape))
+    region = input[region_key].movedim(d, -1)  # (..., n)
+    n = region.shape[-1]
+    mask = index.movedim(d, -1).unsqueeze(-1) == lucid.arange(n)  # (..., k, n)
+    values = src.movedim(d, -1).unsqueeze(-1).type(input.dtype)
+    count = mask.type(input.dtype).sum(-2)
+    if reduce in ("sum", "mean"):
+        reduced = lucid.where(mask, values, 0).sum(-2)
+    elif reduce == "prod":
+        reduced = lucid.where(mask, values, 1).prod(-2)
+    else:
+        largest = reduce == "amax"
+        picked = lucid.where(mask, values, _extreme_fill(input.dtype, largest))
+        reduced = picked.amax(-2) if largest else picked.amin(-2)
+    hit = count > 0
+    if include_self:
+        if reduce == "sum":
+            out = region + reduced
+        elif reduce == "prod":
+            out = region * reduced
+        elif reduce == "mean":
+            out = (region + reduced) / (count + 1)
+        else:
+            out = (
+                lucid.maximum(region, reduced)
+                if reduce == "amax"
+                else lucid.minimum(region, reduced)
+            )
+    else:
+        if reduce == "mean":
+            reduced = reduced / lucid.where(hit, count, 1)
+        out = lucid.where(hit, reduced, region)
+    if not input.dtype.is_floating_point and reduce == "mean":
+        out = out.floor().type(input.dtype)
+    result = input.clone()
+    result[region_key] = out.movedim(-1, d)
+    return result
+
+
+def index_reduce(
+    input: Tensor,  # noqa: A002
+    dim: int,
+    index: Tensor,
+    source: Tensor,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Tensor:
+    """``scatter_reduce`` with one index per slice of ``source`` along ``dim`` (``prod``,
+    ``mean``, ``amax``, ``amin``)."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise ValueError(f"index_reduce: reduce must be prod, mean, amax or amin, got {reduce!r}")
+    if index.ndim != 1 or index.shape[0] != source.shape[dim % source.ndim]:
+        raise ValueError(
+            f"index_reduce: index must be 1-d with one entry per slice of source along dim "
+            f"{dim}, got {tuple(index.shape)} for source {tuple(source.shape)}"
+        )
+    d = dim % source.ndim
+    shape = [1] * source.ndim
+    shape[d] = index.shape[0]
+    full_index = index.reshape(*shape).expand(*source.shape)
+    return scatter_reduce(input, d, full_index, source, reduce, include_self=include_self)

@@ -886,6 +886,8 @@ def _probe_args() -> dict[tuple[str, str], list[tuple]]:
         ("torch", "select"): [(x2, 1, 2)],
         ("torch", "scatter"): [(x2, 1, t((2, 4), 4, "int"), y2)],
         ("torch", "scatter_add"): [(x2, 1, t((2, 4), 4, "int"), y2)],
+        ("torch", "scatter_reduce"): [(x2, 1, t((2, 4), 4, "int"), y2, "amax")],
+        ("torch", "index_reduce"): [(x2, 0, lucid.tensor([1, 0]), y2, "prod")],
         ("torch", "select_scatter"): [(x2, b[:2], 1, 0)],
         ("torch", "swapaxes"): [(x3, 0, 2)],
         ("torch", "swapdims"): [(x3, 0, 2)],

@@ -623,3 +623,58 @@ def test_histogramdd():
     np.testing.assert_allclose(hist.numpy(), want)
     for e, we in zip(edges, want_edges, strict=True):
         np.testing.assert_allclose(e.numpy(), we)
+
+
+def _ref_scatter_reduce(x, dim, index, src, reduce, include_self):
+    """torch's documented loop: self[index[i][j]][j] (dim 0) reduced with src[i][j], and so on."""
+    out = x.copy()
+    hits = {}
+    for pos in np.ndindex(index.shape):
+        target = list(pos)
+        target[dim] = index[pos]
+        hits.setdefault(tuple(target), []).append(src[pos])
+    for target, vals in hits.items():
+        vals = ([x[target]] if include_self else []) + vals
+        fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean, "amax": np.max, "amin": np.min}
+        out[target] = fn[reduce](vals)
+    return out
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce, include_self):
+    x = RNG.standard_normal((3, 4))
+    src = RNG.standard_normal((3, 5))
+    index = RNG.integers(0, 4, (2, 5))
+    for dim, idx in ((1, index), (0, RNG.integers(0, 3, (2, 4)))):
+        got = lucid.scatter_reduce(_t(x), dim, _t(idx), _t(src), reduce, include_self=include_self)
+        want = _ref_scatter_reduce(x, dim, idx, src, reduce, include_self)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+    gradcheck(
+        lambda a, s: lucid.scatter_reduce(a, 1, _t(index), s, reduce, include_self=include_self),
+        _t(x, True),
+        _t(src, True),
+    )
+    fn = lucid.compile(lambda a, s: lucid.scatter_reduce(a, 1, _t(index), s, reduce), strict=True)
+    np.testing.assert_allclose(
+        fn(_t(x), _t(src)).numpy(),
+        lucid.scatter_reduce(_t(x), 1, _t(index), _t(src), reduce).numpy(),
+        rtol=1e-12,
+    )
+
+
+def test_index_reduce_and_errors():
+    x = RNG.standard_normal((4, 3))
+    source = RNG.standard_normal((5, 3))
+    index = np.array([0, 2, 0, 3, 3])
+    got = lucid.index_reduce(_t(x), 0, _t(index), _t(source), "amax")
+    want = x.copy()
+    for i, j in enumerate(index):
+        want[j] = np.maximum(want[j], source[i])
+    np.testing.assert_allclose(got.numpy(), want)
+    ints = lucid.scatter_reduce(_t([[10, 20]]), 1, _t([[0, 0]]), _t([[1, 2]]), "mean")
+    np.testing.assert_array_equal(ints.numpy(), [[4, 20]])  # floor((10 + 1 + 2) / 3)
+    with pytest.raises(ValueError, match="reduce"):
+        lucid.scatter_reduce(_t(x), 0, _t(np.zeros((1, 3), int)), _t(x), "max")
+    with pytest.raises(ValueError, match="1-d"):
+        lucid.index_reduce(_t(x), 0, _t(index[:2]), _t(source), "prod")
