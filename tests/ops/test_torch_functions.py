@@ -546,6 +546,9 @@ TORCH_CASES = [
     "logcumsumexp",
     "nansum",
     "nanmean",
+    "lgamma",
+    "digamma",
+    "erfc",
 ]
 
 
@@ -678,3 +681,51 @@ def test_index_reduce_and_errors():
         lucid.scatter_reduce(_t(x), 0, _t(np.zeros((1, 3), int)), _t(x), "max")
     with pytest.raises(ValueError, match="1-d"):
         lucid.index_reduce(_t(x), 0, _t(index[:2]), _t(source), "prod")
+
+
+SPECIAL_X = np.concatenate([np.linspace(-5.3, 0.4, 23), np.linspace(0.5, 60.0, 31), [1.0, 2.0]])
+
+
+def test_lgamma_digamma_mvlgamma_erfc_values():
+    got = lucid.lgamma(_t(SPECIAL_X)).numpy()
+    want = np.array([math.lgamma(v) for v in SPECIAL_X])
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+    assert np.isinf(lucid.lgamma(_t([0.0, -3.0])).numpy()).all()
+    psi = lucid.digamma(_t(SPECIAL_X)).numpy()
+    np.testing.assert_allclose(
+        lucid.digamma(_t(SPECIAL_X + 1)).numpy() - psi, 1 / SPECIAL_X, rtol=1e-11, atol=1e-11
+    )
+    euler = 0.57721566490153286
+    np.testing.assert_allclose(
+        lucid.digamma(_t([1.0, 0.5])).numpy(), [-euler, -euler - 2 * math.log(2)], rtol=1e-14
+    )
+    h = 1e-5
+    smooth = np.abs(SPECIAL_X - np.round(SPECIAL_X)) > 0.1  # finite differences near poles
+    slope = [(math.lgamma(v + h) - math.lgamma(v - h)) / (2 * h) for v in SPECIAL_X[smooth]]
+    np.testing.assert_allclose(psi[smooth], slope, rtol=1e-7, atol=1e-7)
+    special = lucid.digamma(_t([0.0, -2.0])).numpy()
+    assert special[0] == -np.inf and np.isnan(special[1])
+    x = np.array([2.5, 4.0, 7.25])
+    want = 3 * 2 / 4 * math.log(math.pi) + sum(
+        np.array([math.lgamma(v - i / 2) for v in x]) for i in range(3)
+    )
+    np.testing.assert_allclose(lucid.mvlgamma(_t(x), 3).numpy(), want, rtol=1e-13)
+    with pytest.raises(ValueError, match=r"\(p-1\)/2"):
+        lucid.mvlgamma(_t([0.9]), 3)
+    z = np.linspace(-6, 27, 100)
+    np.testing.assert_allclose(lucid.erfc(_t(z)).numpy(), [math.erfc(v) for v in z], rtol=1e-13)
+
+
+def test_special_function_gradients_and_compiled():
+    x = _t(np.array([-2.7, -0.4, 0.3, 1.7, 8.0]), True)
+    lucid.lgamma(x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), lucid.digamma(x.detach()).numpy(), rtol=1e-9)
+    gradcheck(lucid.digamma, _t([-2.7, 0.3, 1.7, 8.0], True))
+    z = _t(np.array([-1.0, 0.4, 1.6, 3.0, 6.0]), True)
+    lucid.erfc(z).sum().backward()
+    want = -2 / math.sqrt(math.pi) * np.exp(-(z.detach().numpy() ** 2))
+    np.testing.assert_allclose(z.grad.numpy(), want, rtol=1e-10, atol=1e-300)
+    fn = lucid.compile(lambda t: (lucid.lgamma(t), lucid.digamma(t), lucid.erfc(t)), strict=True)
+    v = _t(np.array([-2.7, 0.3, 1.7, 8.0]))
+    for got, want in zip(fn(v), (lucid.lgamma(v), lucid.digamma(v), lucid.erfc(v)), strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
