@@ -7,6 +7,7 @@ the op lowers to prim (``lucid.passes.lower_to_prim``) and whether the CPU backe
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 
@@ -84,7 +85,7 @@ def markdown() -> str:
     ]
     for r in table:
         lines.append("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |")
-    return "\n".join(lines + surface_lines()) + "\n"
+    return "\n".join(lines + list(surface_lines())) + "\n"
 
 
 def compiled_status(kind: str, name: str, owner: object) -> str:
@@ -107,6 +108,7 @@ def compiled_status(kind: str, name: str, owner: object) -> str:
     return "yes" if not refused else "no: " + ", ".join(refused) + " not lowered"
 
 
+@functools.cache  # the probes take seconds; one table per process
 def surface_lines() -> list[str]:
     """The coverage of PyTorch's public names (``lucid.ops.torch_surface``): which exist in
     Lucid under the same name, and whether each compiles."""
