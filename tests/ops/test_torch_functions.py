@@ -549,6 +549,8 @@ TORCH_CASES = [
     "lgamma",
     "digamma",
     "erfc",
+    "i0",
+    "erfinv",
 ]
 
 
@@ -728,4 +730,39 @@ def test_special_function_gradients_and_compiled():
     fn = lucid.compile(lambda t: (lucid.lgamma(t), lucid.digamma(t), lucid.erfc(t)), strict=True)
     v = _t(np.array([-2.7, 0.3, 1.7, 8.0]))
     for got, want in zip(fn(v), (lucid.lgamma(v), lucid.digamma(v), lucid.erfc(v)), strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_polygamma(n):
+    x = np.linspace(0.2, 40.0, 30)
+    got = lucid.polygamma(n, _t(x)).numpy()
+    step = lucid.polygamma(n, _t(x + 1)).numpy() - got
+    np.testing.assert_allclose(step, (-1) ** n * math.factorial(n) / x ** (n + 1), rtol=1e-12)
+    zeta = {1: math.pi**2 / 6, 2: -2 * 1.2020569031595942, 3: math.pi**4 / 15}
+    np.testing.assert_allclose(lucid.polygamma(n, _t([1.0])).numpy(), [zeta[n]], rtol=1e-14)
+    gradcheck(lambda t: lucid.polygamma(n, t), _t([0.7, 2.5, 11.0], True))
+    np.testing.assert_allclose(lucid.polygamma(0, _t(x)).numpy(), lucid.digamma(_t(x)).numpy())
+    with pytest.raises(ValueError, match="non-negative"):
+        lucid.polygamma(-1, _t(x))
+
+
+def test_i0_and_erfinv():
+    z = np.concatenate([np.linspace(-30, 30, 61), [19.9, 20.1, 100.0]])
+    np.testing.assert_allclose(lucid.i0(_t(z)).numpy(), np.i0(z), rtol=1e-14)
+    gradcheck(lucid.i0, _t([-3.0, 0.5, 7.0], True))
+    gradcheck(lambda t: lucid.i0(t) / 1e9, _t([25.0], True))  # the asymptotic branch
+    y = np.linspace(-0.999, 0.999, 51)
+    x = lucid.erfinv(_t(y)).numpy()
+    np.testing.assert_allclose([math.erf(v) for v in x], y, atol=2e-16)
+    np.testing.assert_allclose(lucid.erfinv(_t([0.5])).numpy(), [0.4769362762044699], rtol=1e-15)
+    edges = lucid.erfinv(_t([1.0, -1.0, 1.5])).numpy()
+    assert edges[0] == np.inf and edges[1] == -np.inf and np.isnan(edges[2])
+    t = _t(y[10:-10], True)
+    lucid.erfinv(t).sum().backward()
+    want = math.sqrt(math.pi) / 2 * np.exp(lucid.erfinv(t.detach()).numpy() ** 2)
+    np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-10)
+    fn = lucid.compile(lambda v: (lucid.i0(v * 30), lucid.erfinv(v * 0.9)), strict=True)
+    v = _t(np.linspace(-1, 1, 9))
+    for got, want in zip(fn(v), (lucid.i0(v * 30), lucid.erfinv(v * 0.9)), strict=True):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
