@@ -41,6 +41,7 @@ __all__ = [
     "cov", "corrcoef", "renorm", "frexp", "nextafter", "bitwise_left_shift",
     "bitwise_right_shift", "gradient", "histogramdd", "scatter_reduce", "index_reduce",
     "lgamma", "digamma", "mvlgamma", "erfc", "polygamma", "i0", "erfinv",
+    "geqrf", "ormqr", "svd_lowrank", "pca_lowrank",
     # BLAS and LAPACK
     "addbmm", "addr", "chain_matmul", "cholesky", "cholesky_inverse", "cholesky_solve", "ger",
     "inverse", "det", "logdet", "slogdet", "lu", "lu_solve", "lu_unpack", "matrix_power",
@@ -1725,3 +1726,98 @@ def erfinv(input: Tensor) -> Tensor:  # noqa: A002
     fixed = y.detach()  # the edge values carry no gradient (inf * 0 would leak NaN into it)
     edge = lucid.where(fixed.abs() == 1, fixed * math.inf, fixed * math.nan)
     return lucid.where(inside, x, edge)
+
+
+# --- Householder QR in LAPACK's format, and low-rank SVD / PCA --------------------------------
+
+
+def geqrf(input: Tensor) -> Any:  # noqa: A002
+    """``(a, tau)``: LAPACK geqrf's QR in Householder form, R on and above the diagonal of ``a``,
+    the reflectors' tails v_i (v_i[i] = 1) below it, H_i = I - tau_i v_i v_i^T (reads the
+    values; not differentiable, as in torch). ``orgqr``/``ormqr`` apply Q."""
+    from collections import namedtuple
+
+    if input.ndim < 2 or not input.dtype.is_floating_point:
+        raise ValueError(
+            f"geqrf: expected a floating point (*, m, n) tensor, got {tuple(input.shape)}"
+        )
+    a = input.detach().numpy().astype(np.float64)
+    flat = a.reshape((-1,) + a.shape[-2:]).copy()
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    taus = np.zeros((flat.shape[0], k))
+    for b, mat in enumerate(flat):
+        for i in range(k):
+            alpha, x = mat[i, i], mat[i + 1 :, i]
+            norm_x = np.linalg.norm(x)
+            if norm_x == 0.0:  # dlarfg: H = I
+                continue
+            beta = -math.copysign(math.hypot(alpha, norm_x), alpha)
+            taus[b, i] = (beta - alpha) / beta
+            v = x / (alpha - beta)
+            mat[i + 1 :, i] = v
+            mat[i, i] = beta
+            tail = mat[i:, i + 1 :]
+            full_v = np.concatenate([[1.0], v])
+            tail -= taus[b, i] * np.outer(full_v, full_v @ tail)
+    dt = input.dtype.numpy
+    out = namedtuple("geqrf", ["a", "tau"])
+    return out(_tensor_from(flat.reshape(a.shape).astype(dt)),
+               _tensor_from(taus.reshape(a.shape[:-2] + (k,)).astype(dt)))  # fmt: skip
+
+
+def ormqr(
+    input: Tensor,  # noqa: A002
+    tau: Tensor,
+    other: Tensor,
+    left: bool = True,
+    transpose: bool = False,
+) -> Tensor:
+    """Q @ other (``other @ Q`` when not ``left``; Q^T with ``transpose``), Q = H_1 ... H_k from
+    geqrf's reflectors, applied one reflector at a time (differentiable in all three)."""
+    lucid = _lucid()
+    m = input.shape[-2]
+    k = tau.shape[-1]
+    if other.shape[-2 if left else -1] != m:
+        raise ValueError(
+            f"ormqr: other {tuple(other.shape)} does not match the reflectors' length {m}"
+        )
+    vectors = lucid.tril(input[..., :, :k], -1) + lucid.eye(m, k, dtype=input.dtype)
+    # Q C = H_1 (H_2 (... H_k C)); Q^T C = H_k (... H_1 C); C Q = ((C H_1) H_2) ...
+    order = range(k - 1, -1, -1) if left != transpose else range(k)
+    out = other
+    for i in order:
+        v = vectors[..., :, i : i + 1]
+        t = tau[..., i : i + 1].unsqueeze(-1)
+        out = out - (v * t) @ (v.mT @ out) if left else out - ((out @ v) * t) @ v.mT
+    return out
+
+
+def svd_lowrank(
+    A: Tensor,  # noqa: N803
+    q: int | None = 6,
+    niter: int = 2,
+    M: Tensor | None = None,  # noqa: N803
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(U, S, V)`` of the rank-``q`` truncated SVD of A - M, A ~ U diag(S) V^T. Lucid
+    computes the exact truncation (torch approximates it with ``niter`` randomized subspace
+    iterations; its result tends to this one)."""
+    from lucid import linalg
+
+    a = A if M is None else A - M
+    q = min(6 if q is None else q, *a.shape[-2:])
+    u, s, vh = linalg.svd(a, full_matrices=False)
+    return u[..., :q], s[..., :q], vh[..., :q, :].mT
+
+
+def pca_lowrank(
+    A: Tensor,  # noqa: N803
+    q: int | None = None,
+    center: bool = True,
+    niter: int = 2,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``svd_lowrank`` of A with its column means subtracted (``center``); q defaults to
+    min(6, m, n)."""
+    q = min(6, *A.shape[-2:]) if q is None else q
+    centred = A - A.mean(-2, keepdim=True) if center else A
+    return svd_lowrank(centred, q, niter)

@@ -921,6 +921,7 @@ def _probe_args() -> dict[tuple[str, str], list[tuple]]:
         ("torch", "lu"): [(sq,)],
         ("torch", "lu_solve"): [(sq, lu_, piv)],
         ("torch", "lu_unpack"): [(lu_, piv)],
+        ("torch", "ormqr"): [(*lucid.geqrf(sq), sq)],
     }
     for name in ("bartlett", "blackman", "hamming", "hann", "kaiser"):
         out[("torch", f"{name}_window")] = [(8,)]

@@ -766,3 +766,70 @@ def test_i0_and_erfinv():
     v = _t(np.linspace(-1, 1, 9))
     for got, want in zip(fn(v), (lucid.i0(v * 30), lucid.erfinv(v * 0.9)), strict=True):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+
+
+def _ref_householder_qr(a):
+    """LAPACK's documented geqrf: reflectors H_i = I - tau v v^T with v[i] = 1, beta =
+    -sign(alpha) ||(alpha, x)||, tau = (beta - alpha) / beta, v = x / (alpha - beta)."""
+    a = a.copy()
+    m, n = a.shape
+    taus = []
+    for i in range(min(m, n)):
+        alpha, x = a[i, i], a[i + 1 :, i].copy()
+        if not np.any(x):
+            taus.append(0.0)
+            continue
+        beta = -np.sign(alpha if alpha != 0 else 1.0) * np.hypot(alpha, np.linalg.norm(x))
+        tau = (beta - alpha) / beta
+        v = np.concatenate([[1.0], x / (alpha - beta)])
+        a[i:, i:] -= tau * np.outer(v, v @ a[i:, i:])
+        a[i + 1 :, i] = v[1:]
+        taus.append(tau)
+    return a, np.array(taus)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4)])
+def test_geqrf_ormqr(shape):
+    a = RNG.standard_normal(shape)
+    packed, tau = lucid.geqrf(_t(a))
+    want_packed, want_tau = _ref_householder_qr(a)
+    np.testing.assert_allclose(packed.numpy(), want_packed, atol=1e-12)
+    np.testing.assert_allclose(tau.numpy(), want_tau, atol=1e-12)
+    q = lucid.ormqr(packed, tau, lucid.eye(shape[0], dtype=lucid.float64)).numpy()
+    np.testing.assert_allclose(q @ np.triu(packed.numpy())[: shape[0]], a, atol=1e-12)
+    np.testing.assert_allclose(q.T @ q, np.eye(shape[0]), atol=1e-12)
+    c = RNG.standard_normal((shape[0], 2))
+    for left, transpose, want in (
+        (True, True, q.T @ c),
+        (False, False, c.T @ q),
+        (False, True, c.T @ q.T),
+    ):
+        other = c if left else c.T
+        got = lucid.ormqr(packed, tau, _t(other), left=left, transpose=transpose)
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-12)
+    gradcheck(
+        lambda p, t, o: lucid.ormqr(p, t, o),
+        _t(packed.numpy(), True),
+        _t(tau.numpy(), True),
+        _t(c, True),
+    )
+    if shape[0] >= shape[1]:
+        np.testing.assert_allclose(lucid.orgqr(packed, tau).numpy(), q[:, : shape[1]], atol=1e-12)
+
+
+def test_svd_and_pca_lowrank():
+    a = RNG.standard_normal((8, 5))
+    u, s, v = lucid.svd_lowrank(_t(a), q=3)
+    want_u, want_s, want_vh = np.linalg.svd(a, full_matrices=False)
+    np.testing.assert_allclose(s.numpy(), want_s[:3], rtol=1e-12)
+    np.testing.assert_allclose(
+        ((u * s) @ v.mT).numpy(), (want_u[:, :3] * want_s[:3]) @ want_vh[:3], atol=1e-12
+    )
+    m = RNG.standard_normal((8, 5))
+    _, s_shift, _ = lucid.svd_lowrank(_t(a + m), q=2, M=_t(m))
+    np.testing.assert_allclose(s_shift.numpy(), want_s[:2], rtol=1e-12)
+    _, s_pca, v_pca = lucid.pca_lowrank(_t(a))
+    centred = a - a.mean(0)
+    np.testing.assert_allclose(s_pca.numpy(), np.linalg.svd(centred, compute_uv=False), rtol=1e-12)
+    assert v_pca.shape == (5, 5)
+    gradcheck(lambda t: lucid.svd_lowrank(t, q=2)[1], _t(a, True))
