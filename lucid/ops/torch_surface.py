@@ -922,6 +922,8 @@ def _probe_args() -> dict[tuple[str, str], list[tuple]]:
         ("torch", "lu_solve"): [(sq, lu_, piv)],
         ("torch", "lu_unpack"): [(lu_, piv)],
         ("torch", "ormqr"): [(*lucid.geqrf(sq), sq)],
+        ("torch", "igamma"): [(p2 + 1, p2)],
+        ("torch", "igammac"): [(p2 + 1, p2)],
     }
     for name in ("bartlett", "blackman", "hamming", "hann", "kaiser"):
         out[("torch", f"{name}_window")] = [(8,)]

@@ -833,3 +833,28 @@ def test_svd_and_pca_lowrank():
     np.testing.assert_allclose(s_pca.numpy(), np.linalg.svd(centred, compute_uv=False), rtol=1e-12)
     assert v_pca.shape == (5, 5)
     gradcheck(lambda t: lucid.svd_lowrank(t, q=2)[1], _t(a, True))
+
+
+def test_igamma_igammac():
+    xs = np.array([0.0, 0.01, 0.5, 1.0, 2.0, 3.5, 5.0, 10.0, 30.0, 80.0])
+    for a in (1, 2, 5, 20):  # Q(n, x) = e^-x sum_{k < n} x^k / k!
+        want_q = np.array(
+            [math.exp(-x) * sum(x**k / math.factorial(k) for k in range(a)) for x in xs]
+        )
+        a_t = _t(np.full(xs.shape, float(a)))
+        np.testing.assert_allclose(lucid.igammac(a_t, _t(xs)).numpy(), want_q, rtol=1e-13)
+        np.testing.assert_allclose(lucid.igamma(a_t, _t(xs)).numpy(), 1 - want_q, atol=1e-14)
+    half = lucid.igammac(_t(np.full(xs.shape, 0.5)), _t(xs)).numpy()
+    np.testing.assert_allclose(half, [math.erfc(math.sqrt(x)) for x in xs], rtol=1e-13)
+    assert np.isnan(lucid.igamma(_t([-1.0, 1.0]), _t([1.0, -1.0])).numpy()).all()
+    a = _t([0.7, 2.5, 6.0, 3.0])
+    x = _t([0.3, 4.0, 2.0, 9.0], True)
+    lucid.igamma(a, x).sum().backward()
+    av, xv = a.numpy(), x.detach().numpy()
+    density = np.exp((av - 1) * np.log(xv) - xv - np.array([math.lgamma(v) for v in av]))
+    np.testing.assert_allclose(x.grad.numpy(), density, rtol=1e-10)
+    fn = lucid.compile(lambda p, q: (lucid.igamma(p, q), lucid.igammac(p, q)), strict=True)
+    for got, want in zip(
+        fn(a, x.detach()), (lucid.igamma(a, x.detach()), lucid.igammac(a, x.detach())), strict=True
+    ):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
