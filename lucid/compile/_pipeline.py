@@ -4,8 +4,8 @@ The backend is reached only by name, through ``lucid.backends``' registry: its `
 after ``lower-to-prim`` and its ``compile`` makes the executable (see ``lucid/backends/base.py``).
 
 ``compile_trace`` runs them in order and returns a ``CompiledGraph`` (the executable plus what
-the caller needs to bind it). ``stage_ir`` replays the same stages to show the IR at any of them,
-so the compile path itself never prints.
+the caller needs to bind it). ``lucid.compile.introspect`` replays the same stages to show the
+IR at any of them, so the compile path itself never prints.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from lucid.backends import get_backend
 from lucid.backends import resolve_backend as _resolve
 from lucid.compile import _disk_cache
 from lucid.ir import feed_roles as _feed_roles
-from lucid.ir import forward_func, import_trace, print_ir, result_roles
+from lucid.ir import forward_func, import_trace, result_roles
 from lucid.passes import Instrumentation, PassFailure, PassManager
 
 GRAPH_PIPELINE = "canonicalize,cse,dce"
@@ -483,23 +483,6 @@ def compile_symbolic_trace(
         except (BackendUnsupported, *target.refusals) as e:
             raise Unsupported(str(e)) from e
     return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
-
-
-def stage_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = None) -> str:
-    """The module of ``trace`` at ``stage`` (see ``STAGES``), as MLIR text."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
-    module = import_trace(trace)
-    if stage == "imported":
-        return print_ir(module)
-    PassManager(_graph_passes(pipeline)).run(module)
-    if stage == "optimized":
-        return print_ir(module)
-    target = backend_of(backend)
-    lower(module, target)
-    if stage == "prim":
-        return print_ir(module)
-    return target.stage_ir(module)
 
 
 def dump_trace(trace: Any) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -21,7 +20,7 @@ import numpy as np
 
 from lucid import _random
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline, _pytree, _recompile, parity
+from lucid.compile import _pipeline, _pytree, introspect, parity
 from lucid.compile._binding import (
     LRU,
     MODE_VERSION,
@@ -35,6 +34,7 @@ from lucid.compile._binding import (
     owner_modules,
 )
 from lucid.compile._grad_call import compile_grad_call
+from lucid.compile.cache import SignatureCache
 from lucid.compile.entry import ForwardEntry, GradEntry
 from lucid.compile.signature import (
     _SYMBOLIC_SAFE_OPS,
@@ -51,8 +51,6 @@ from lucid.nn.modules.module import Module
 from lucid.trace._tracing import GraphBreak, _tracing
 
 logger = logging.getLogger("lucid.compile")
-
-_RECOMPILE_HISTORY = 64  # explanations kept per wrapper
 
 __all__ = ["CacheKey", "CompileError", "CompiledModule", "compile"]
 
@@ -168,11 +166,9 @@ class CompiledModule(Module):
         self.__dict__["_auto"] = {}
         self.__dict__["_lock"] = threading.RLock()
         self.__dict__["_owners"] = owner_modules(target)
-        self.__dict__["_max_entries"] = max_entries()
-        # Why each new signature compiled while others were cached (kept across clear_cache).
-        self.__dict__["_recompiles"] = []
-        self.__dict__["_n_compiled"] = 0
-        self.__dict__["_recompile_warned"] = False
+        # Entries, eager-only signatures, call counts and the recompile log (which is kept
+        # across clear_cache).
+        self.__dict__["_cache"] = SignatureCache()
         self._reset()
         # Like functools.wraps, but without routing through __setattr__ (which forwards to the
         # model: a model must never gain itself as an attribute).
@@ -183,17 +179,12 @@ class CompiledModule(Module):
 
     def _reset(self) -> None:
         d = self.__dict__
-        cap = d["_max_entries"]
-        n_calls: dict = {}
-        d["_n_calls"] = n_calls
-
-        def forget(key: Any, entry: Any) -> None:
-            # An evicted signature stops being counted (cache_info stays consistent).
-            if key not in d["_entries"] and key not in d["_eager_only"]:
-                n_calls.pop(key, None)
-
-        d["_entries"] = LRU(cap, forget)
-        d["_eager_only"] = LRU(cap, forget)
+        cache = d["_cache"]
+        cache.clear()
+        cap = cache.cap
+        # The hit path reads the entry table directly (one dict lookup, no method call).
+        d["_entries"] = cache.entries
+        d["_eager_only"] = cache.eager_only
         d["_params"] = None
         d["_fingerprint"] = ()
         d["_not_symbolic"] = LRU(cap)
@@ -416,27 +407,28 @@ class CompiledModule(Module):
                     return self._run_fixed(entry, args, kwargs)
                 except (TypeError, ValueError, _pipeline.FeedMismatch):
                     pass
-                # A parameter or buffer changed shape or dtype behind our back (the native run
-                # checks every feed): refresh the fingerprint and recompile.
-                logger.info("lucid.compile: recompiling %r: %s", key, e)
-                with self._lock:
-                    old = self._entries.pop(key, None)
-                    if old is not None and old.n_hits > 1:  # its earlier calls stay counted
-                        d["_n_calls"][key] = d["_n_calls"].get(key, 0) + old.n_hits - 1
-                    self.__dict__["_params"] = None
-                    self._param_list()
-                    stale, key = key, self._key(args, kwargs)
-                    if d["_symbolic"]:
-                        key = self._symbolic_key(key, args, kwargs)
-                    if key != stale:  # its calls move to the new key (cache_info stays whole)
-                        moved = d["_n_calls"].pop(stale, 0)
-                        if moved:
-                            d["_n_calls"][key] = d["_n_calls"].get(key, 0) + moved
-        n_calls = d["_n_calls"]
-        n_calls[key] = n_calls.get(key, 0) + 1
+                key = self._rekey(key, entry, args, kwargs, e)
+        d["_cache"].count(key)
         if key in d["_eager_only"]:
             return self._model(*args, **kwargs)
         return self._miss(key, args, kwargs)
+
+    def _rekey(self, key: tuple, entry: Any, args: tuple, kwargs: dict, err: Exception) -> tuple:
+        """A parameter or buffer changed shape or dtype behind our back (the native run checks
+        every feed): drop ``entry``, refresh the fingerprint; the key to compile once more."""
+        logger.info("lucid.compile: recompiling %r: %s", key, err)
+        cache = self._cache
+        with self._lock:
+            if cache.entries.get(key) is entry:
+                entry.n_hits -= 1  # this call is counted again under the new key
+                cache.pop(key)  # its earlier calls stay counted
+            self.__dict__["_params"] = None
+            self._param_list()
+            stale, key = key, self._key(args, kwargs)
+            if self._symbolic:
+                key = self._symbolic_key(key, args, kwargs)
+            cache.move_calls(stale, key)  # cache_info stays whole
+        return key
 
     def _run_fixed(self, entry: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``entry`` after a failed run, with every array in a layout the runtime takes:
@@ -474,15 +466,16 @@ class CompiledModule(Module):
         with self._lock:
             entry = self._entries.get(key)
             if entry is None and key not in self._eager_only:
-                self._note_recompile(key)
+                self._cache.note_compile(
+                    key, self.__dict__.get("__qualname__", type(self._model).__name__)
+                )
                 try:
                     entry = self._compile(key, args, kwargs)
                 except _NotSymbolic as e:
                     # This graph cannot share one executable across batch sizes: per-shape.
                     self._not_symbolic.put(key, str(e))
                     static = self._key(args, kwargs)
-                    self._n_calls.pop(key, None)
-                    self._n_calls[static] = self._n_calls.get(static, 0) + 1
+                    self._cache.move_calls(key, static)
                     return (
                         self._miss(static, args, kwargs)
                         if static not in self._entries
@@ -681,42 +674,10 @@ class CompiledModule(Module):
         """Make ``key`` eager-only with the mismatch and the culprit; the eager result."""
         reason = f"parity check failed: {bad}" + (f"; culprit: {culprit}" if culprit else "")
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._n_calls[key] = self._n_calls.get(key, 0) + old.n_hits
-            self._eager_only.put(key, reason)
+            self._cache.mark_eager(key, reason)
         self._parity.append({"key": key, "mismatch": bad, "culprit": culprit})
         logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
         return eager
-
-    def _note_recompile(self, key: CacheKey) -> None:
-        """Log why ``key`` compiles against the nearest cached key; past the recompile limit,
-        warn once naming what varies."""
-        d = self.__dict__
-        d["_n_compiled"] += 1
-        cached = [*self._entries, *self._eager_only]
-        if not cached:
-            return
-        info = _recompile.explain(key, cached)
-        history = d["_recompiles"]
-        history.append(info)
-        del history[:-_RECOMPILE_HISTORY]
-        level = logging.WARNING if _env_flag("LUCID_COMPILE_VERBOSE") else logging.INFO
-        logger.log(level, "lucid.compile: %s", info["message"])
-        limit = _recompile.recompile_limit()
-        if d["_n_compiled"] > limit and not d["_recompile_warned"]:
-            d["_recompile_warned"] = True
-            varying = Counter(v for r in history for v in r["varying"])
-            hints = sorted({h for r in history for h in r["hints"]})
-            logger.warning(
-                "lucid.compile: %d signatures compiled on %s (LUCID_COMPILE_RECOMPILE_LIMIT=%d); "
-                "what varies: %s%s",
-                d["_n_compiled"],
-                self.__dict__.get("__qualname__", type(self._model).__name__),
-                limit,
-                ", ".join(f"{v} ({n}x)" for v, n in varying.most_common(3)) or "unknown",
-                (". Hint: " + "; ".join(hints)) if hints else "",
-            )
 
     def _fall_back(
         self, key: CacheKey, args: tuple, kwargs: dict, err: BaseException, unexpected: bool = False
@@ -727,7 +688,7 @@ class CompiledModule(Module):
         # The eager result decides: if the model itself rejects the input, the user gets that
         # error and the signature is not marked.
         out = self._model(*args, **kwargs)
-        self._eager_only.put(key, reason)
+        self._cache.mark_eager(key, reason)
         logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
         return out
 
@@ -850,45 +811,29 @@ class CompiledModule(Module):
     def cache_info(self) -> dict[str, Any]:
         """``entries``, ``max_entries`` (the LRU cap), ``evictions``, ``keys``, ``eager_only``,
         ``n_calls`` and ``reasons`` (why each eager-only signature fell back)."""
-        return {
-            "entries": len(self._entries),
-            # The LRU cap on entries (LUCID_COMPILE_MAX_CACHE) and how many were evicted.
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "eager_only": tuple(self._eager_only),
-            "n_calls": self._call_counts(),
-            "reasons": dict(self._eager_only),
+        return introspect.cache_info(
+            self._cache,
+            n_calls={CacheKey(k): n for k, n in self._cache.call_counts().items()},
             # With LUCID_COMPILE_DYNAMIC=1: symbolic keys served per shape instead, and why.
-            "not_symbolic": dict(self._not_symbolic),
-            # Why each new signature compiled while others were cached (see _recompile.py).
-            "recompiles": [dict(r) for r in self._recompiles],
+            not_symbolic=dict(self._not_symbolic),
             # With check=: each parity mismatch (key, what differed, the bisected culprit).
-            "parity": [dict(r) for r in self._parity],
+            parity=[dict(r) for r in self._parity],
             # mode="auto": per key, the decision ("compiled", "eager" or None while timing) and
             # the median ms of each path.
-            "auto": {k: dict(v) for k, v in self._auto.items()},
-        }
-
-    def _call_counts(self) -> dict[CacheKey, int]:
-        counts = {CacheKey(k): n for k, n in self._n_calls.items()}
-        for k, e in list(self._entries.items()):
-            counts[CacheKey(k)] = counts.get(CacheKey(k), 0) + e.n_hits
-        return counts
+            auto={k: dict(v) for k, v in self._auto.items()},
+        )
 
     def timing(self) -> list[dict[str, Any]]:
         """One row per cached signature: ``key``, ``compile_ms``, ``last_run_ms``, ``n_hits``
         (calls served from the cache) and ``passes_ms`` (time per compiler stage)."""
         return [
-            {
-                "key": k,
-                "compile_ms": e.compile_ms,
-                "last_run_ms": e.last_run_ms,
-                "n_hits": e.n_hits,
-                "passes_ms": dict(e.passes_ms),
-                "from_disk": bool(getattr(getattr(e, "graph", None), "from_disk", False)),
+            introspect.timing_row(
+                k,
+                e,
+                n_hits=e.n_hits,
+                from_disk=bool(getattr(getattr(e, "graph", None), "from_disk", False)),
                 **({"auto": dict(self._auto[k])} if k in self._auto else {}),
-            }
+            )
             for k, e in self._entries.items()
         ]
 
@@ -903,8 +848,7 @@ class CompiledModule(Module):
         >>> rows = lucid.compile(model).profile(x)
         >>> rows[0]["op"], rows[0]["ms"]          # e.g. ('matmul', 0.25)
         """
-        if not isinstance(repeats, int) or repeats < 1:
-            raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
+        introspect.check_repeats(repeats)
         from lucid._autograd import no_grad
 
         with no_grad():
@@ -922,7 +866,7 @@ class CompiledModule(Module):
             self(*args, **kwargs)
             key, entry = lookup()
         if entry is None:
-            reason = self._eager_only.get(CacheKey(key), "it falls back to eager")
+            reason = self._cache.eager_reason(key) or "it falls back to eager"
             raise RuntimeError(f"profile: these arguments run eagerly ({reason}): no executable")
         executable = getattr(entry.graph, "executable", None)
         if executable is None:
@@ -930,22 +874,11 @@ class CompiledModule(Module):
                 "profile: these arguments run through the symbolic-batch path (one executable "
                 "per batch size); profile without LUCID_COMPILE_DYNAMIC=1"
             )
-        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
-            raise RuntimeError(
-                f"profile: the {self._options.backend!r} backend's executables do not report "
-                "per-instruction times"
-            )
         args, kwargs = _contiguous(args, kwargs)
         ensure_c_layout(t for _, t in self._bound.tensors)
         ensure_c_layout(entry.captured_tensors)
-        # Copies: in-place results (BatchNorm statistics, the RNG state) go to them, not the model.
-        feeds = [np.array(f, copy=True) for f in entry.bind(args, kwargs)]
-        lines = executable.dump().splitlines()[1:]
-        rows = [
-            {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
-            for i, op, seconds in executable.profile(feeds, repeats)
-        ]
-        return sorted(rows, key=lambda r: -r["ms"])
+        feeds = entry.bind(args, kwargs)
+        return introspect.profile_rows(executable, feeds, repeats, self._options.backend)
 
     def clear_cache(self) -> None:
         """Drop every entry, the eager-only list, the call counters, the parameter fingerprint
@@ -976,7 +909,7 @@ class CompiledModule(Module):
         entry = self._entries.get(key)
         if entry is None:
             raise KeyError(f"no compiled signature {key!r}")
-        return _pipeline.stage_ir(
+        return introspect.trace_ir(
             entry.trace, stage, backend=self._options.backend, pipeline=self._options.pipeline
         )
 

@@ -35,7 +35,7 @@ import numpy as np
 from lucid import _dtype, _random
 from lucid._tensor import Tensor
 from lucid.backends.base import Unsupported
-from lucid.compile import _pipeline
+from lucid.compile import _pipeline, introspect
 from lucid.compile.aot import step as aot_step
 from lucid.compile.aot.file import (
     _SCALARS,
@@ -54,6 +54,7 @@ from lucid.compile.aot.file import (
     _write,
 )
 from lucid.compile.api import CompiledModule, _at, _tensor_paths
+from lucid.compile.cache import SignatureCache
 from lucid.compile.signature import _has_tensor, _TreeSig
 from lucid.compile.training.steps import FusedStep, TrainStep
 from lucid.ir import feed_roles, forward_func, parse_ir, print_ir, result_roles
@@ -448,8 +449,10 @@ class _Signature:
         self.executable = executable
         self.source = source
         self.build_ms = build_ms
+        self.compile_ms = build_ms  # what timing() reports: building it from the file
         self.n_hits = 0
         self.last_run_ms = 0.0
+        self.last_used = 0  # recency stamp of the signature cache
 
 
 class LoadedModule:
@@ -463,7 +466,11 @@ class LoadedModule:
         self.manifest = manifest
         self._parts = parts
         self._weights = weights
-        self._signatures = signatures
+        # Keyed by the saved match text; every saved signature stays (the cap is their number).
+        self._cache = SignatureCache(max(len(signatures), 1))
+        for match, sig in signatures.items():
+            self._cache.put(match, sig)
+        self._signatures = self._cache.entries
         self._model = model
         self._backend = backend
         self._fallback = None
@@ -493,7 +500,7 @@ class LoadedModule:
             )
         except _NotSaveable:
             return None
-        return self._signatures.get(match)
+        return self._cache.get(match)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         sig = self._saved_signature(args, kwargs)
@@ -567,13 +574,13 @@ class LoadedModule:
         the backend's saved program ran; ``ir``: rebuilt from the saved IR) and, with
         ``model=``, the ``compiled`` module's own cache_info for new signatures."""
         sigs = list(self._signatures.values())
-        info = {
-            "entries": len(sigs),
-            "keys": tuple(s.key for s in sigs),
-            "n_calls": {s.key: s.n_hits for s in sigs},
-            "sources": {s.key: s.source for s in sigs},
-            "backend": self._backend,
-        }
+        info = introspect.cache_info(
+            self._cache,
+            keys=tuple(s.key for s in sigs),
+            n_calls={s.key: s.n_hits for s in sigs},
+            sources={s.key: s.source for s in sigs},
+            backend=self._backend,
+        )
         if self._fallback is not None:
             info["compiled"] = self._fallback.cache_info()
         return info
@@ -582,15 +589,14 @@ class LoadedModule:
         """One row per saved signature: ``key``, ``load_ms`` (building its executable),
         ``last_run_ms``, ``n_hits`` and ``source`` (``program`` or ``ir``)."""
         return [
-            {
-                "key": s.key,
-                "load_ms": s.build_ms,
-                "compile_ms": s.build_ms,
-                "last_run_ms": s.last_run_ms,
-                "n_hits": s.n_hits,
-                "source": s.source,
-                "from_file": True,
-            }
+            introspect.timing_row(
+                s.key,
+                s,
+                load_ms=s.build_ms,
+                n_hits=s.n_hits,
+                source=s.source,
+                from_file=True,
+            )
             for s in self._signatures.values()
         ]
 
@@ -599,25 +605,13 @@ class LoadedModule:
         signature ``args`` match, run ``repeats`` times on copies of its feeds (weights, buffers
         and the RNG are left as they were): one row per instruction, slowest first: ``index``,
         ``op``, ``ms`` (mean wall time) and ``instr``."""
-        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-            raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
+        introspect.check_repeats(repeats)
         sig = self._saved_signature(args, kwargs)
         if sig is None:
             saved = "; ".join(s.key for s in self._signatures.values())
             raise ValueError(f"profile: these arguments match no saved signature; saved: {saved}")
-        executable = sig.executable
-        if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
-            raise RuntimeError(
-                f"profile: the {self._backend!r} backend's executables do not report "
-                "per-instruction times"
-            )
-        feeds = [np.array(f, order="C", copy=True) for f in self._bind(sig, args, kwargs)]
-        lines = executable.dump().splitlines()[1:]
-        rows = [
-            {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
-            for i, op, seconds in executable.profile(feeds, repeats)
-        ]
-        return sorted(rows, key=lambda r: -r["ms"])
+        feeds = self._bind(sig, args, kwargs)
+        return introspect.profile_rows(sig.executable, feeds, repeats, self._backend)
 
     def ir(self, key: str | None = None, stage: str = "optimized") -> str:
         """The saved MLIR of a signature (``key``: its repr, as in ``cache_info()["keys"]``;
@@ -633,11 +627,7 @@ class LoadedModule:
             return text
         if stage not in ("prim", "final"):
             raise ValueError(f"load_compiled: stage must be optimized, prim or final: {stage!r}")
-
-        module = parse_ir(text)
-        backend = _pipeline.backend_of(self._backend)
-        _pipeline.lower(module, backend)
-        return print_ir(module) if stage == "prim" else backend.stage_ir(module)
+        return introspect.ir_at(parse_ir(text), "optimized", stage, backend=self._backend)
 
 
 def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tuple[Any, str]:

@@ -29,8 +29,9 @@ from lucid import _random
 from lucid._state import state as _state
 from lucid._tensor import Tensor
 from lucid.backends import Unsupported as BackendUnsupported
-from lucid.compile import _pipeline
+from lucid.compile import _pipeline, introspect
 from lucid.compile.aot.file import _bad, _lucid_version, _model_weights, _owned, _scalar
+from lucid.compile.cache import SignatureCache
 from lucid.compile.training.builder import TrainingModule, _ScalarSource
 from lucid.compile.training.steps import (
     FusedStep,
@@ -311,7 +312,11 @@ class LoadedStep:
         self.scheduler = scheduler
         self.backend = backend
         self._tensors = tensors
-        self._entries = entries
+        # Keyed by the saved match text; every saved entry stays (the cap is their number).
+        self._cache = SignatureCache(max(len(entries), 1))
+        for match, entry in entries.items():
+            self._cache.put(match, entry)
+        self._entries = self._cache.entries
         self._sources = sources
         self._build_ms = build_ms
         self._parts = parts
@@ -346,7 +351,7 @@ class LoadedStep:
 
     def _entry_for(self, inputs: tuple) -> tuple[str, Any]:
         match = _match(_input_json(inputs), self.training)
-        entry = self._entries.get(match)
+        entry = self._cache.get(match)
         if entry is None:
             saved = "; ".join(e.saved_key for e in self._entries.values())
             modes = {e.saved_training for e in self._entries.values()}
@@ -409,12 +414,12 @@ class LoadedStep:
         """``entries``, ``keys`` (the saved entries' keys), ``n_calls`` and ``sources``
         (``program`` or ``ir``) per entry."""
         entries = list(self._entries.values())
-        return {
-            "entries": len(entries),
-            "keys": tuple(e.saved_key for e in entries),
-            "n_calls": {e.saved_key: e.n_runs - e.saved_runs for e in entries},
-            "sources": {e.saved_key: self._sources[e.saved_key] for e in entries},
-        }
+        return introspect.cache_info(
+            self._cache,
+            keys=tuple(e.saved_key for e in entries),
+            n_calls={e.saved_key: e.n_runs - e.saved_runs for e in entries},
+            sources={e.saved_key: self._sources[e.saved_key] for e in entries},
+        )
 
     def timing(self) -> list[dict[str, Any]]:
         """One row per saved entry, with a live step's keys: ``key``, ``compile_ms`` (here:
@@ -428,17 +433,17 @@ class LoadedStep:
             source = self._sources[e.saved_key]
             stage = "load-program" if source == "program" else "rebuild-from-ir"
             rows.append(
-                {
-                    "key": e.saved_key,
-                    "compile_ms": ms,
-                    "last_run_ms": e.last_run_ms,
-                    "n_runs": e.n_runs,
-                    "passes_ms": {stage: ms},
-                    "load_ms": ms,
-                    "n_hits": e.n_runs - e.saved_runs,
-                    "source": source,
-                    "from_file": True,
-                }
+                introspect.timing_row(
+                    e.saved_key,
+                    e,
+                    compile_ms=ms,
+                    n_runs=e.n_runs,
+                    passes_ms={stage: ms},
+                    load_ms=ms,
+                    n_hits=e.n_runs - e.saved_runs,
+                    source=source,
+                    from_file=True,
+                )
             )
         return rows
 
@@ -480,11 +485,8 @@ class LoadedStep:
         if stage == "prim":
             return text
 
-        module = self.module(key)
-        backend = _pipeline.backend_of(self.backend)
-        if backend.pipeline:  # the saved module is lowered: only the backend's own passes
-            PassManager(backend.pipeline).run(module)
-        return backend.stage_ir(module)
+        # The saved module is lowered: only the backend's own passes remain.
+        return introspect.ir_at(self.module(key), "lowered", "final", backend=self.backend)
 
     def profile(self, *inputs: Any, repeats: int = 100) -> list[dict[str, Any]]:
         """Where a step's time goes: the executable of the saved entry ``inputs`` match, run
@@ -492,8 +494,7 @@ class LoadedStep:
         RNG are left as they were): one row per instruction, slowest first: ``index``, ``op``,
         ``ms`` (mean) and ``instr``."""
 
-        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-            raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
+        introspect.check_repeats(repeats)
         if not inputs:
             raise TypeError("profile: pass the step's inputs (x, *extra)")
         _, entry = self._entry_for(inputs)

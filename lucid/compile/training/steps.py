@@ -40,11 +40,10 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline, _recompile, parity
+from lucid.compile import _pipeline, _recompile, introspect, parity
 from lucid.compile._binding import (
     LRU,
     STRUCTURE_VERSION,
-    TICK,
     Bound,
     check_settings,
     ensure_c_layout,
@@ -52,6 +51,7 @@ from lucid.compile._binding import (
     name_feeds,
 )
 from lucid.compile._pipeline import CompileError
+from lucid.compile.cache import RecompileLog, SignatureCache
 from lucid.compile.entry import StepEntry, _Slot
 from lucid.compile.signature import step_input_sig
 from lucid.compile.training.builder import (
@@ -60,9 +60,8 @@ from lucid.compile.training.builder import (
     build_optimizer_module,
     build_training_module,
 )
-from lucid.ir import import_trace, print_ir
 from lucid.ops._registry import OpDef
-from lucid.passes import PassFailure, PassManager
+from lucid.passes import PassFailure
 from lucid.trace._tracing import GraphBreak
 
 logger = logging.getLogger("lucid.compile")
@@ -181,20 +180,9 @@ def _describe(inputs: tuple) -> str:
 def profile_entry(entry: Any, inputs: tuple, repeats: int, backend: str) -> list[dict[str, Any]]:
     """Per-instruction times of ``entry``'s executable run ``repeats`` times on copies of the
     feeds ``inputs`` give (live and loaded steps alike), slowest first."""
-    executable = entry.executable
-    if not (hasattr(executable, "profile") and hasattr(executable, "dump")):
-        raise RuntimeError(
-            f"profile: the {backend!r} backend's executables do not report per-instruction times"
-        )
     tensors = [a for a in _contiguous_inputs(inputs) if isinstance(a, Tensor)]
     ensure_c_layout(entry.refs)
-    feeds = entry.feed_copies(tensors)
-    lines = executable.dump().splitlines()[1:]
-    rows = [
-        {"index": i, "op": op, "ms": seconds * 1e3, "instr": lines[i].strip()}
-        for i, op, seconds in executable.profile(feeds, repeats)
-    ]
-    return sorted(rows, key=lambda r: -r["ms"])
+    return introspect.profile_rows(entry.executable, entry.feed_copies(tensors), repeats, backend)
 
 
 def _contiguous_inputs(inputs: tuple) -> tuple:
@@ -409,8 +397,8 @@ class _OptimizerView:
 # ---------------------------------------------------------------------------------------------
 class _StepOptions:
     """A training step's ``options=`` (graph pipeline, pass-manager switches) and ``check=``
-    state: the mode, the tolerance, the signatures a failed check made eager-only (with the
-    reason) and the mismatches found."""
+    state: the mode, the tolerance and the mismatches found (the signatures a failed check
+    made eager-only are in the step's ``SignatureCache``)."""
 
     def __init__(
         self,
@@ -424,7 +412,6 @@ class _StepOptions:
         self.pipeline = _pipeline.GRAPH_PIPELINE if pipeline is None else pipeline
         self.mode = parity.check_mode(check)
         self.tol = parity.tolerance(check_tolerance)
-        self.eager_only: LRU = LRU(max_entries())
         self.parity: list[dict[str, Any]] = []
 
     def wants(self, entry: StepEntry) -> bool:
@@ -458,17 +445,12 @@ class _StepOptions:
                 "lucid.compile: %s: parity bisection failed: %s: %s", self.what, type(e).__name__, e
             )
         reason = f"parity check failed: {bad}" + (f"; culprit: {culprit}" if culprit else "")
-        owner._entries.pop(key, None)
-        self.eager_only.put(key, reason)
+        owner._cache.mark_eager(key, reason)
         self.parity.append({"key": key, "mismatch": bad, "culprit": culprit})
         logger.warning("lucid.compile: %s: running %r eagerly: %s", self.what, key, reason)
 
     def info(self) -> dict[str, Any]:
-        return {
-            "eager_only": tuple(self.eager_only),
-            "reasons": dict(self.eager_only),
-            "parity": [dict(r) for r in self.parity],
-        }
+        return {"parity": [dict(r) for r in self.parity]}
 
 
 def _unique(tensors: Any) -> list[Tensor]:
@@ -553,43 +535,35 @@ class _StepIntrospection:
     ``self._entries``, named ``self._what`` in messages)."""
 
     _what = "training step"
-    _entries: LRU
+    _cache: SignatureCache
+    _entries: LRU  # _cache.entries
     _lock: threading.RLock
     _opts: _StepOptions
-    _recompiles: Any = None  # the recompile log, for the steps that keep one
     backend: str
+
+    def _new_cache(self, recompiles: bool = True) -> None:
+        """The step's ``SignatureCache`` (``_entries`` is its entry table)."""
+        log = RecompileLog(f"{self._what}: ", _recompile.diff_step) if recompiles else None
+        self._cache = SignatureCache(recompiles=log)
+        self._entries = self._cache.entries
 
     def cache_info(self) -> dict[str, Any]:
         """``entries``, ``max_entries``, ``evictions``, ``keys``, ``compile_ms`` per entry,
         ``recompiles`` (why each new signature compiled; not for ``compile_optimizer``),
         ``eager_only`` and ``reasons`` (the signatures a parity check took off the compiler,
         and why) and ``parity`` (each mismatch: key, what differed, the bisected culprit)."""
-        info: dict[str, Any] = {
-            "entries": len(self._entries),
-            "max_entries": self._entries.cap,
-            "evictions": self._entries.evictions,
-            "keys": tuple(self._entries),
-            "compile_ms": [e.compile_ms for e in self._entries.values()],
-        }
-        if self._recompiles is not None:
-            info["recompiles"] = [dict(r) for r in self._recompiles.history]
-        return {**info, **self._opts.info()}
+        return introspect.cache_info(
+            self._cache,
+            compile_ms=[e.compile_ms for e in self._entries.values()],
+            **self._opts.info(),
+        )
 
     def timing(self) -> list[dict[str, Any]]:
         """One row per compiled signature: ``key``, ``compile_ms``, ``last_run_ms`` (the
         executable's last run), ``n_runs`` and ``passes_ms`` (time per compiler stage: ``trace``,
         ``vjp``, ``optimizer-fusion``, ``ghost-grads``, the graph passes, ``lower-to-prim``, the
         backend's passes, ``backend-compile``)."""
-        return [
-            {
-                "key": k,
-                "compile_ms": e.compile_ms,
-                "last_run_ms": e.last_run_ms,
-                "n_runs": e.n_runs,
-                "passes_ms": dict(e.passes_ms or {}),
-            }
-            for k, e in self._entries.items()
-        ]
+        return [introspect.timing_row(k, e, n_runs=e.n_runs) for k, e in self._entries.items()]
 
     def _entry(self, key: Any) -> StepEntry:
         entries = self._entries
@@ -627,14 +601,7 @@ class _StepIntrospection:
         if stage not in _pipeline.STAGES:
             raise ValueError(f"unknown stage {stage!r}; expected one of {_pipeline.STAGES}")
         tm = self._entry(key).tm
-        module = import_trace(tm.trace)
-        if stage != "imported":
-            PassManager(tm.pipeline).run(module)
-        if stage in ("imported", "optimized"):
-            return print_ir(module)
-        target = _pipeline.backend_of(self.backend)
-        _pipeline.lower(module, target)
-        return print_ir(module) if stage == "prim" else target.stage_ir(module)
+        return introspect.trace_ir(tm.trace, stage, backend=self.backend, pipeline=tm.pipeline)
 
     def _profile_entry(self, inputs: tuple) -> StepEntry:
         raise NotImplementedError  # each step finds (or compiles) the entry its inputs use
@@ -645,8 +612,7 @@ class _StepIntrospection:
         times on copies of its feeds (parameters, optimizer state, buffers and the RNG are left
         as they were; compiling the entry first if needed, without taking a step): one row per
         instruction, slowest first: ``index``, ``op``, ``ms`` (mean) and ``instr``."""
-        if not isinstance(repeats, int) or repeats < 1:
-            raise ValueError(f"profile: repeats must be a positive int, got {repeats!r}")
+        introspect.check_repeats(repeats)
         return profile_entry(self._profile_entry(inputs), inputs, repeats, self.backend)
 
 
@@ -685,11 +651,10 @@ class TrainStep(_StepIntrospection):
         self.loss_fn = loss_fn
         self.dynamic = dynamic
         self.backend = _pipeline.resolve_backend(backend)
-        self._entries: LRU = LRU(max_entries())
+        self._new_cache()
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._params = list(model.parameters())
         self._bound = Bound([model])
-        self._recompiles = _recompile.StepRecompiles("make_step")
         self._opts = _StepOptions("make_step", options, check, check_tolerance)
 
     def _check_structure(self) -> None:
@@ -707,7 +672,7 @@ class TrainStep(_StepIntrospection):
 
     def _build(self, key: tuple, inputs: tuple) -> StepEntry:
         check_settings(self.backend)
-        self._recompiles.note(key, list(self._entries), logger)
+        self._cache.note_compile(key)
         opts = self._opts
         try:
             compiled = _compile_step(
@@ -726,17 +691,14 @@ class TrainStep(_StepIntrospection):
                 f"{type(e).__name__}: {e}"
             ) from e
         entry = _entry_of(compiled, inplace=True)
-        self._entries.put(key, entry)
+        self._cache.put(key, entry)
         return entry
 
     def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
         key = self._key(inputs)
-        if key in self._opts.eager_only:
-            raise RuntimeError(
-                f"profile: these inputs run eagerly ({self._opts.eager_only[key]}): no executable"
-            )
+        _refuse_eager_profile(self._cache, key)
         entry = self._entries.get(key)
         return entry if entry is not None else self._build(key, inputs)
 
@@ -747,14 +709,12 @@ class TrainStep(_StepIntrospection):
             self._check_structure()
         key = self._key(inputs)
         opts = self._opts
-        entry = self._entries.get(key)
+        entry = self._cache.get(key)
         if entry is None:
             # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
-            if key in opts.eager_only:
+            if key in self._cache.eager_only:
                 return self._eager_run(inputs)
             entry = self._build(key, inputs)
-        else:
-            entry.last_used = next(TICK)
         if opts.mode is not None and opts.wants(entry):
             return self._checked_run(key, entry, inputs)
         return self._compiled_run(key, entry, inputs)[1:]
@@ -763,13 +723,20 @@ class TrainStep(_StepIntrospection):
         self, key: tuple, entry: StepEntry, inputs: tuple
     ) -> tuple[StepEntry, np.ndarray, list[tuple[Tensor, np.ndarray]]]:
         tensors = [a for a in inputs if isinstance(a, Tensor)]
-        try:
-            res = _run_checked(entry, tensors, "make_step")
-        except _pipeline.FeedMismatch:
-            self._entries.pop(key, None)
+
+        def rebuild() -> tuple[tuple, StepEntry]:
+            # A parameter changed dtype or storage behind our back: its key may differ too.
             self._params = list(self.model.parameters())
-            entry = self._build(self._key(inputs), inputs)
-            res = _run_checked(entry, tensors, "make_step")
+            new_key = self._key(inputs)
+            return new_key, self._build(new_key, inputs)
+
+        key, entry, res = self._cache.rebuild_once(
+            key,
+            entry,
+            lambda _, e: _run_checked(e, tensors, "make_step"),
+            rebuild,
+            (_pipeline.FeedMismatch,),
+        )
         entry.after_success(res)
         return entry, res[entry.loss_index], [(p, res[i]) for i, p in entry.grad_index]
 
@@ -945,10 +912,9 @@ class FusedStep(_StepIntrospection):
         self.backend = _pipeline.resolve_backend(backend)
         self._view = _OptimizerView(optimizer)
         self._params = list(model.parameters())
-        self._entries: LRU = LRU(max_entries())
+        self._new_cache()
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._bound = Bound([model])
-        self._recompiles = _recompile.StepRecompiles("fused_step")
         self._opts = _StepOptions("fused_step", options, check, check_tolerance)
 
     def _check_structure(self) -> None:
@@ -1016,7 +982,7 @@ class FusedStep(_StepIntrospection):
         entry.created_state = snap  # undone if the entry's first run fails
         self._view.find_reps()
         key = self._key(inputs, self._view.group_scalars())
-        self._entries.put(key, entry)
+        self._cache.put(key, entry)
         return key, entry
 
     def _first_run_failed(self, key: tuple, entry: StepEntry) -> None:
@@ -1043,18 +1009,17 @@ class FusedStep(_StepIntrospection):
         scalars = view.group_scalars()
         key = self._key(inputs, scalars)
         opts = self._opts
-        entry = self._entries.get(key)
+        cache = self._cache
+        entry = cache.get(key)
         if entry is None:
             # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
-            if key in opts.eager_only:
+            if key in cache.eager_only:
                 return self._eager_step(inputs)
-            self._recompiles.note(key, list(self._entries), logger)
+            cache.note_compile(key)
             key, entry = self._build(inputs)
-            if key in opts.eager_only:  # known once the optimizer state exists
-                self._entries.pop(key, None)
+            if key in cache.eager_only:  # known once the optimizer state exists
+                cache.pop(key)
                 return self._eager_step(inputs)
-        else:
-            entry.last_used = next(TICK)
         if opts.mode is not None and opts.wants(entry):
             return self._checked_step(key, entry, inputs, scalars)
         return self._run_step(key, entry, inputs, scalars)[2]
@@ -1069,22 +1034,29 @@ class FusedStep(_StepIntrospection):
         else:
             view.refresh(entry, scalars)
         tensors = [a for a in inputs if isinstance(a, Tensor)]
-        try:
-            res = _run_checked(entry, tensors, "fused_step")
-        except _pipeline.FeedMismatch:
-            # A parameter changed dtype or storage behind our back: rebuild once.
-            self._entries.pop(key, None)
-            self._params = list(self.model.parameters())
-            key, entry = self._build(inputs)
-            entry.set_scalars(entry.first_scalars)
+        first = entry
+
+        def run(k: tuple, e: StepEntry) -> list:
             try:
-                res = _run_checked(entry, tensors, "fused_step")
-            except BaseException:
-                self._first_run_failed(key, entry)
+                return _run_checked(e, tensors, "fused_step")
+            except _pipeline.FeedMismatch:
+                if e is not first:  # the rebuilt entry failed too
+                    self._first_run_failed(k, e)
                 raise
-        except BaseException:
-            self._first_run_failed(key, entry)
-            raise
+            except BaseException:
+                self._first_run_failed(k, e)
+                raise
+
+        def rebuild() -> tuple[tuple, StepEntry]:
+            # A parameter changed dtype or storage behind our back.
+            self._params = list(self.model.parameters())
+            k, e = self._build(inputs)
+            e.set_scalars(e.first_scalars)
+            return k, e
+
+        key, entry, res = self._cache.rebuild_once(
+            key, entry, run, rebuild, (_pipeline.FeedMismatch,)
+        )
         loss_arr = res[entry.loss_index]
         norm_index = entry.tm.grad_norm_index
         if self.check_finite and not np.isfinite(loss_arr).all():
@@ -1194,10 +1166,7 @@ class FusedStep(_StepIntrospection):
             self._entries.clear()
         scalars = view.group_scalars()
         key = self._key(inputs, scalars)
-        if key in self._opts.eager_only:
-            raise RuntimeError(
-                f"profile: these inputs run eagerly ({self._opts.eager_only[key]}): no executable"
-            )
+        _refuse_eager_profile(self._cache, key)
         entry = self._entries.get(key)
         if entry is None:
             key, entry = self._build(inputs)
@@ -1291,7 +1260,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         self._opts = _StepOptions("compile_optimizer", options, check, check_tolerance)
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
-        self._entries: LRU = LRU(max_entries())
+        self._new_cache(recompiles=False)
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         # The parameter objects the entries bind. As in PyTorch, the optimizer updates the
         # objects in its param_groups (a parameter replaced in the model afterwards is not its
@@ -1335,7 +1304,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         self._view.find_reps()
         params = [p for g in opt.param_groups for p in g["params"]]
         key = self._key(self._view.group_scalars(), params)
-        self._entries.put(key, entry)
+        self._cache.put(key, entry)
         self._bound_params = params
         return key, entry
 
@@ -1361,19 +1330,18 @@ class CompiledOptimizerStep(_StepIntrospection):
                 self.grad_norm = lucid.tensor(0.0)  # clip_grad_norm_ of no gradients
             return loss
         opts = self._opts
-        entry = self._entries.get(key)
+        cache = self._cache
+        entry = cache.get(key)
         if entry is None:
             # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
-            if key in opts.eager_only:
+            if key in cache.eager_only:
                 self._eager_step()
                 return loss
             key, entry = self._build()
-            if key in opts.eager_only:  # known once the optimizer state exists
-                self._entries.pop(key, None)
+            if key in cache.eager_only:  # known once the optimizer state exists
+                cache.pop(key)
                 self._eager_step()
                 return loss
-        else:
-            entry.last_used = next(TICK)
         if opts.mode is not None and opts.wants(entry):
             self._checked_step(key, entry, scalars)
         else:
@@ -1386,26 +1354,35 @@ class CompiledOptimizerStep(_StepIntrospection):
             entry.set_scalars(entry.first_scalars)
         else:
             view.refresh(entry, scalars)
-        try:
-            res = entry.run(())
-        except (TypeError, ValueError) as e:
+        last = [entry]  # the entry whose feeds a second failure names
+
+        def run(_: tuple, e: StepEntry) -> list:
+            last[0] = e
+            return e.run(())
+
+        def relayout(_: BaseException) -> None:
             # A parameter, state or gradient array in another layout (re-laid out in place,
             # same objects) or dtype (rebuilt) than at compile time.
-            self._entries.pop(key, None)
             for g in self.optimizer.param_groups:
                 for p in g["params"]:
                     if p._grad is not None and not p._grad._data.flags.c_contiguous:
                         p._grad = Tensor._wrap(np.asarray(p._grad._data, order="C"))
             ensure_c_layout(entry.refs)
-            try:
-                key, entry = self._build()
-                entry.set_scalars(entry.first_scalars)
-                res = entry.run(())
-            except (TypeError, ValueError) as e2:
-                raise RuntimeError(
-                    "compiled optimizer step: cannot bind the feeds: "
-                    + name_feeds(str(e2), entry.feed_roles)
-                ) from e
+
+        def rebuild() -> tuple[tuple, StepEntry]:
+            k, e = self._build()
+            e.set_scalars(e.first_scalars)
+            return k, e
+
+        try:
+            key, entry, res = self._cache.rebuild_once(
+                key, entry, run, rebuild, (TypeError, ValueError), before_rebuild=relayout
+            )
+        except (TypeError, ValueError) as e:
+            raise RuntimeError(
+                "compiled optimizer step: cannot bind the feeds: "
+                + name_feeds(str(e), last[0].feed_roles)
+            ) from e
         entry.after_success(res)
         entry.first_scalars = None
         if entry.tm.grad_norm_index is not None:
@@ -1490,6 +1467,13 @@ class CompiledOptimizerStep(_StepIntrospection):
         else:
             self._view.refresh(entry, scalars)
         return entry
+
+
+def _refuse_eager_profile(cache: SignatureCache, key: tuple) -> None:
+    """``profile`` of a signature that runs eagerly: there is no executable to time."""
+    reason = cache.eager_reason(key)
+    if reason is not None:
+        raise RuntimeError(f"profile: these inputs run eagerly ({reason}): no executable")
 
 
 def _build_optimizer_module(
