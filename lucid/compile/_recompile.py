@@ -2,7 +2,7 @@
 nearest cached key, part by part, old -> new, with a hint where one applies.
 
 A key is ``(argument signatures, keyword signatures, training, grad, parameter dtypes)`` (see
-``api.CacheKey``); a tensor's signature is ``(shape, dtype, requires_grad)``, any other
+``signature.CacheKey``); a tensor's signature is ``(shape, dtype, requires_grad)``, any other
 argument's ``(type, value)``.
 """
 

@@ -15,6 +15,7 @@ wrapper may read directly (``entries.get(key)``) without a method call.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections import Counter
@@ -22,13 +23,59 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lucid.compile import _recompile
-from lucid.compile._binding import LRU, TICK, max_entries
 
-__all__ = ["HISTORY", "RecompileLog", "SignatureCache"]
+__all__ = ["HISTORY", "LRU", "TICK", "RecompileLog", "SignatureCache", "max_entries"]
 
 logger = logging.getLogger("lucid.compile")
 
 HISTORY = 64  # recompile explanations kept per wrapper
+
+DEFAULT_MAX_ENTRIES = 32
+
+
+def max_entries() -> int:
+    """The per-wrapper entry cap: ``LUCID_COMPILE_MAX_CACHE`` (the native executable cache's cap
+    too), default 32."""
+    value = os.environ.get("LUCID_COMPILE_MAX_CACHE", "").strip()
+    if not value:
+        return DEFAULT_MAX_ENTRIES
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"LUCID_COMPILE_MAX_CACHE must be a positive integer, got {value!r}")
+    return n
+
+
+# Recency ticks: a hit stamps its entry with ``next(TICK)`` (cheaper than re-hashing the key to
+# reorder a dict on the hot path); eviction, on the miss path only, scans for the oldest stamp.
+TICK = itertools.count()
+
+
+class LRU(dict):
+    """A dict of at most ``cap`` entries. ``put`` stamps the value's ``last_used`` and evicts the
+    least recently used (a hit restamps ``value.last_used = next(TICK)``; values that take no
+    attributes are evicted oldest first). ``on_evict(key, value)`` runs for each eviction."""
+
+    def __init__(self, cap: int, on_evict: Any = None):
+        super().__init__()
+        self.cap = cap
+        self.on_evict = on_evict
+        self.evictions = 0
+
+    def put(self, key: Any, value: Any) -> None:
+        try:
+            value.last_used = next(TICK)
+        except AttributeError:
+            pass
+        self[key] = value
+        while len(self) > self.cap:
+            old_key = min(self, key=lambda k: getattr(self[k], "last_used", -1))
+            old = self.pop(old_key)
+            self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(old_key, old)
 
 
 def _verbose() -> bool:

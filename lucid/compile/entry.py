@@ -19,8 +19,8 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline
 from lucid.compile._binding import name_feeds
+from lucid.compile.errors import FeedMismatch
 from lucid.ops._registry import OpDef
 
 __all__ = ["ForwardEntry", "GradEntry", "GradProgram", "StepEntry"]
@@ -31,7 +31,7 @@ class ForwardEntry:
     """One cached signature of ``CompiledModule`` without gradients: the executable and how to
     bind and unpack it."""
 
-    graph: Any  # _pipeline.CompiledGraph
+    graph: Any  # CompiledGraph
     bind: Callable[[tuple, dict], list]
     finish: Callable[[tuple, dict, list], Any]
     trace: Any
@@ -94,7 +94,7 @@ class ForwardEntry:
 class GradProgram:
     """The compiled forward and backward of one concrete shape, with their feed plans."""
 
-    fwd: Any  # _pipeline.CompiledGraph
+    fwd: Any  # CompiledGraph
     bwd: Any  # the backward executable
     fwd_plan: list[tuple[str, Any]]
     fwd_results: list[tuple[str, Any]]
@@ -166,7 +166,7 @@ class GradEntry:
         try:
             res = prog.fwd.run(feeds)
         except (TypeError, ValueError) as e:
-            raise _pipeline.FeedMismatch(name_feeds(str(e), prog.fwd.feed_roles)) from e
+            raise FeedMismatch(name_feeds(str(e), prog.fwd.feed_roles)) from e
         outs: list[Any] = [None] * self.n_leaves
         residuals: list[np.ndarray] = []
         for i, (kind, ref) in enumerate(prog.fwd_results):

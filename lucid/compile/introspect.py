@@ -3,7 +3,8 @@ and ``profile``.
 
 ``CompiledModule``, the training steps and the callables ``load_compiled`` returns each answer
 these four with the same keys and the same rules; what differs (a loaded file has no trace, a
-training step counts runs rather than hits) is passed in, not rewritten.
+training step counts runs rather than hits) is passed in, not rewritten. ``ir`` replays the
+compile's stages, which ``session`` does (``ir_at``, ``trace_ir``, re-exported here).
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from lucid.compile import _pipeline
 from lucid.compile.cache import SignatureCache
-from lucid.ir import import_trace, print_ir
-from lucid.passes import PassManager
+from lucid.compile.session import STAGES, ir_at, trace_ir
 
 __all__ = [
+    "STAGES",
     "cache_info",
     "check_repeats",
     "ir_at",
@@ -26,10 +26,6 @@ __all__ = [
     "timing_row",
     "trace_ir",
 ]
-
-# The stages ``ir(stage=...)`` shows, in pipeline order; "lowered" (after ``lower-to-prim``,
-# before the backend's own passes) is where a saved training step's module starts.
-STAGES = _pipeline.STAGES
 
 
 def cache_info(cache: SignatureCache, **extra: Any) -> dict[str, Any]:
@@ -75,33 +71,3 @@ def profile_rows(
         for i, op, seconds in executable.profile(copies, repeats)
     ]
     return sorted(rows, key=lambda r: -r["ms"])
-
-
-def ir_at(module: Any, start: str, stage: str, *, backend: str, pipeline: str | None = None) -> str:
-    """The MLIR text of ``module`` (at stage ``start``: ``imported``, ``optimized``,
-    ``lowered`` or ``prim``) brought to ``stage``: ``imported``, ``optimized`` (after the graph
-    ``pipeline``), ``prim`` (lowered and the backend's passes) or ``final`` (the backend's
-    program). ``module`` is changed in place."""
-    order = ("imported", "optimized", "lowered", "prim", "final")
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
-    if order.index(stage) < order.index(start):
-        raise ValueError(f"stage {stage!r} comes before what is kept ({start!r})")
-    if start == "imported" and stage != "imported":
-        PassManager(_pipeline._graph_passes(pipeline)).run(module)
-    if stage in ("imported", "optimized"):
-        return print_ir(module)
-    target = _pipeline.backend_of(backend)
-    if start in ("imported", "optimized"):
-        _pipeline.lower(module, target)
-    elif start == "lowered" and target.pipeline:
-        PassManager(target.pipeline).run(module)
-    return print_ir(module) if stage == "prim" else target.stage_ir(module)
-
-
-def trace_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = None) -> str:
-    """The module of ``trace`` at ``stage``, replayed from the trace (``pipeline``: the graph
-    passes it was compiled with; None for the default)."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
-    return ir_at(import_trace(trace), "imported", stage, backend=backend, pipeline=pipeline)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import lucid
 from lucid import nn
-from lucid.compile._pipeline import FeedMismatch
 from lucid.compile.cache import RecompileLog, SignatureCache
+from lucid.compile.errors import FeedMismatch
 
 
 class Entry:

@@ -9,7 +9,8 @@ import pytest
 
 import lucid
 import lucid.nn as nn
-from lucid.compile import _pipeline
+from lucid.compile import options
+from lucid.compile.session import CompileSession
 from lucid.ir import import_trace
 from lucid.trace._tracing import _tracing
 
@@ -118,13 +119,11 @@ def test_compile_session_is_usable_by_other_entry_points(monkeypatch, capsys, ca
     with _tracing(model) as tracer:
         out = model(tracer.input((2, 4), lucid.float32))
         trace = tracer.finish([out])
-    session = _pipeline.CompileSession(
-        {"print_ir_after_all": True, "print_ir_tree_dir": str(tmp_path)}
-    )
+    session = CompileSession({"print_ir_after_all": True, "print_ir_tree_dir": str(tmp_path)})
     with session.timed("import"):
         module = import_trace(trace)
     session.run_passes("canonicalize,cse,dce", module, pipeline="step-graph")
-    backend = _pipeline.backend_of("cpu")
+    backend = options.backend_of("cpu")
     exe = session.compile_module(module, backend, pipeline="step-lowering", prefix="step:")
     with caplog.at_level(logging.INFO, logger="lucid.compile"):
         ms = session.finish("my step", trace=trace, backend="cpu")
@@ -143,9 +142,9 @@ def test_compile_session_is_usable_by_other_entry_points(monkeypatch, capsys, ca
 
 
 def test_parse_options_is_shared_and_names_the_caller():
-    pipeline, switches = _pipeline.parse_options(
+    pipeline, switches = options.parse_options(
         {"pipeline": "cse", "print_ir_after_all": 1, "pass_timing": True}, "fused_step"
     )
     assert pipeline == "cse" and switches == {"print_ir_after_all": True, "timing": True}
     with pytest.raises(ValueError, match="fused_step: unknown option"):
-        _pipeline.parse_options({"bogus": 1}, "fused_step")
+        options.parse_options({"bogus": 1}, "fused_step")

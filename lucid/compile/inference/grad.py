@@ -23,10 +23,13 @@ import time
 from typing import Any
 
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline, _pytree
-from lucid.compile._binding import LRU, max_entries
+from lucid.compile import _pytree
+from lucid.compile.cache import LRU, max_entries
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.compile.entry import GradEntry, GradProgram
+from lucid.compile.errors import Unsupported, check_value_sizes
+from lucid.compile.options import GRAPH_PIPELINE, backend_of
+from lucid.compile.session import CompiledGraph, CompileSession
 from lucid.compile.signature import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
@@ -121,19 +124,19 @@ def compile_grad_call(
     options: Any,
     *,
     symbolic: bool = False,
-    session: _pipeline.CompileSession | None = None,
+    session: CompileSession | None = None,
 ) -> GradEntry:
     """Trace, differentiate, split and compile ``model(*args, **kwargs)`` for grad mode.
     Tensor keyword arguments are fed (role ``input:<name>``) and get gradients like positional
     ones. With ``symbolic`` the positional tensors' shared leading dim is traced as a symbolic
-    batch (``_NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
+    batch (``_NotSymbolic`` when the graph cannot take it). Raises ``Unsupported``
     for what this path does not handle. ``session`` carries the debugging switches and collects
     the time of each stage (graph passes with ``vjp``; ``forward:``/``backward:`` lowering)."""
-    first_session = session or _pipeline.CompileSession(getattr(options, "switches", None))
+    first_session = session or CompileSession(getattr(options, "switches", None))
     if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
-        raise _pipeline.Unsupported("tensors inside a container argument in grad mode")
+        raise Unsupported("tensors inside a container argument in grad mode")
     if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
-        raise _pipeline.Unsupported("tensors inside a container keyword argument in grad mode")
+        raise Unsupported("tensors inside a container keyword argument in grad mode")
     with _tracing(model) as tracer:
         tensor_pos: list[int] = []
         targs = []
@@ -183,7 +186,7 @@ def compile_grad_call(
             term = (t * cot).sum()
             seeded = term if seeded is None else seeded + term
         if seeded is None:
-            raise _pipeline.Unsupported("no floating output to differentiate")
+            raise Unsupported("no floating output to differentiate")
         trace = tracer.finish([seeded, *computed])
         captured = tracer.feed_tensors()
     if symbolic:
@@ -204,26 +207,26 @@ def compile_grad_call(
             return t._requires_grad
         return False
 
-    def build(batch: int | None, session: _pipeline.CompileSession | None = None) -> GradProgram:
+    def build(batch: int | None, session: CompileSession | None = None) -> GradProgram:
         # A later batch size of a symbolic entry is a compile of its own (switches apply again).
-        _pipeline.check_value_sizes(trace, batch)
-        session = session or _pipeline.CompileSession(getattr(options, "switches", None))
+        check_value_sizes(trace, batch)
+        session = session or CompileSession(getattr(options, "switches", None))
         with session.timed("import"):
             module = import_trace(trace)
         wrt_roles = [r for r in feed_roles(forward_func(module)) if requires_grad(r)]
         if not wrt_roles:
-            raise _pipeline.Unsupported("nothing the outputs depend on requires grad")
+            raise Unsupported("nothing the outputs depend on requires grad")
         # One graph pipeline: [shape-specialize,] vjp, then the graph passes.
         passes: list = []
         if batch is not None:
             passes += parse_pipeline_spec(f"shape-specialize{{batch={batch}}}")
         passes.append(VJP(wrt=" ".join(wrt_roles)))
-        passes += parse_pipeline_spec(options.pipeline or _pipeline.GRAPH_PIPELINE)
+        passes += parse_pipeline_spec(options.pipeline or GRAPH_PIPELINE)
         try:
             session.run_passes(passes, module, pipeline="graph")
         except PassFailure as e:
             if e.pass_name == "vjp":
-                raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
+                raise Unsupported(f"vjp: {e.cause}") from e
             raise
         program = _compile_split(module, captured, options, session)
         # For parity bisection: the graph pipeline as a spec over the imported trace.
@@ -256,14 +259,14 @@ def compile_grad_call(
 
 
 def _compile_split(
-    module: x.ModuleOp, captured: dict, options: Any, session: _pipeline.CompileSession
+    module: x.ModuleOp, captured: dict, options: Any, session: CompileSession
 ) -> GradProgram:
     """Split a differentiated module and compile both halves on the backend (each its own
     pipeline of ``session``: ``forward-lowering`` and ``backward-lowering``)."""
     with session.timed("split"):
         fwd_mod, bwd_mod = split_forward_backward(module)
     fwd_fn, bwd_fn = forward_func(fwd_mod), forward_func(bwd_mod)
-    backend = _pipeline.backend_of(options.backend)
+    backend = backend_of(options.backend)
     fwd_exe = session.compile_module(
         fwd_mod, backend, inplace=True, pipeline="forward-lowering", prefix="forward:"
     )
@@ -285,7 +288,7 @@ def _compile_split(
 
     fwd_plan = [plan_for(r) for r in feed_roles(fwd_fn)]
     if any(k in ("residual", "cot") for k, _ in fwd_plan):
-        raise _pipeline.Unsupported("the forward reads a cotangent (split failed)")
+        raise Unsupported("the forward reads a cotangent (split failed)")
     fwd_results: list[tuple[str, Any]] = []
     for role in result_roles(fwd_fn):
         if role.startswith("output:"):
@@ -298,10 +301,10 @@ def _compile_split(
             fwd_results.append(("residual", None))
     bwd_plan = [plan_for(r) for r in feed_roles(bwd_fn)]
     if any(k == "rng" for k, _ in bwd_plan) and not any(k == "rng" for k, _ in fwd_plan):
-        raise _pipeline.Unsupported("the backward reads an RNG state the forward does not")
+        raise Unsupported("the backward reads an RNG state the forward does not")
     grad_roles = [r[len("grad:") :] for r in result_roles(bwd_fn)]
     return GradProgram(
-        fwd=_pipeline.CompiledGraph(fwd_exe, feed_roles(fwd_fn), result_roles(fwd_fn), {}),
+        fwd=CompiledGraph(fwd_exe, feed_roles(fwd_fn), result_roles(fwd_fn), {}),
         bwd=bwd_exe,
         fwd_plan=fwd_plan,
         fwd_results=fwd_results,
