@@ -31,7 +31,7 @@ def test_print_ir_after_all_prints_every_pipeline_in_grad_mode(monkeypatch, caps
     monkeypatch.setenv("LUCID_COMPILE_PRINT_IR_AFTER_ALL", "1")
     _grad_call(lucid.compile(_model()))
     err = capsys.readouterr().err
-    for name in ("vjp", "canonicalize", "cse", "dce"):
+    for name in ("vjp", "canonicalize", "cse", "dce", "partition"):
         assert f"IR Dump After {name}" in err
     # Two lowering pipelines: the forward and the backward executables.
     assert err.count("IR Dump After lower-to-prim") == 2
@@ -69,7 +69,7 @@ def test_timing_has_the_stages_in_grad_mode():
         "canonicalize",
         "cse",
         "dce",
-        "split",
+        "partition",
         "forward:lower-to-prim",
         "forward:backend-compile",
         "backward:lower-to-prim",
@@ -88,18 +88,25 @@ def test_tree_dir_gives_each_pipeline_its_own_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("LUCID_COMPILE_PRINT_IR_TREE_DIR", str(tmp_path))
     cm = lucid.compile(_model())
     _grad_call(cm)
-    assert _tree(tmp_path) == ["00_graph", "01_forward-lowering", "02_backward-lowering"]
+    assert _tree(tmp_path) == [
+        "00_graph",
+        "01_partition",
+        "02_forward-lowering",
+        "03_backward-lowering",
+    ]
     inputs = [(tmp_path / d / "00_input.mlir").read_text() for d in _tree(tmp_path)]
-    assert len(set(inputs)) == 3  # nothing overwritten: three different modules
-    assert "cot" in inputs[0] and "cot" not in inputs[1] and "residual" in inputs[2]
+    assert len(set(inputs)) == 4  # nothing overwritten: four different modules
+    assert "cot" in inputs[0] and "cot" not in inputs[2] and "residual" in inputs[3]
     assert (tmp_path / "00_graph" / "01_vjp.mlir").exists()
-    assert (tmp_path / "02_backward-lowering" / "01_lower-to-prim.mlir").exists()
+    split = (tmp_path / "01_partition" / "01_partition.mlir").read_text()
+    assert "func.func @forward" in split and "func.func @backward" in split
+    assert (tmp_path / "03_backward-lowering" / "01_lower-to-prim.mlir").exists()
     # A no_grad call of the same wrapper: two more folders, numbered after the others.
     with lucid.no_grad():
         cm(lucid.randn(3, 4))
-    assert _tree(tmp_path)[3:] == ["03_graph", "04_lowering"]
-    graph_out = (tmp_path / "03_graph" / "03_dce.mlir").read_text()
-    assert graph_out == (tmp_path / "04_lowering" / "00_input.mlir").read_text()
+    assert _tree(tmp_path)[4:] == ["04_graph", "05_lowering"]
+    graph_out = (tmp_path / "04_graph" / "03_dce.mlir").read_text()
+    assert graph_out == (tmp_path / "05_lowering" / "00_input.mlir").read_text()
 
 
 def test_tree_dir_option_in_a_fresh_folder_per_process_run(tmp_path):

@@ -3,7 +3,8 @@ runs a compiled backward.
 
 ``compile_grad_call`` traces the model once, adds one cotangent feed ``cot:<j>`` per floating
 output and differentiates ``sum_j (out_j * cot_j).sum()`` with the ``vjp`` pass (so the
-backward of every output is one graph). The differentiated function is then split in two:
+backward of every output is one graph). The ``partition`` pass (``lucid.passes.partition``)
+then splits the differentiated function in two:
 
 - the **forward** executable: every op that does not depend on a cotangent. It returns the
   model's outputs, the buffer/RNG updates (written in place) and the **residuals**: the
@@ -31,90 +32,13 @@ from lucid.compile.errors import Unsupported, check_value_sizes
 from lucid.compile.options import GRAPH_PIPELINE, backend_of
 from lucid.compile.session import CompiledGraph, CompileSession
 from lucid.compile.signature import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
-from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
-from lucid.passes import PassFailure, PassManager, parse_pipeline_spec
-from lucid.passes._graph import append_results, block_of, erase_args, keep_results, set_arg_roles
+from lucid.passes import PassFailure, parse_pipeline_spec
+from lucid.passes.partition import split_module
 from lucid.passes.vjp import VJP
 from lucid.trace._tracing import GraphBreak, _tracing
 
-__all__ = ["GradEntry", "compile_grad_call", "split_forward_backward"]
-
-
-def split_forward_backward(module: x.ModuleOp) -> tuple[x.ModuleOp, x.ModuleOp]:
-    """Split a differentiated module (cotangent feeds ``cot:*``, results ``output:*``,
-    ``update:*`` and ``grad:*``) into a forward module (no cotangent; results ``output:*``,
-    ``update:*``, ``residual:<i>``) and a backward module (feeds: what it reads of the original
-    feeds, ``residual:<i>``, ``cot:*``; results ``grad:*``)."""
-    fn = forward_func(module)
-    block = block_of(fn)
-    roles = feed_roles(fn)
-    backward: set[x.SSAValue] = {
-        a for a, r in zip(block.args, roles, strict=True) if r.startswith("cot:")
-    }
-    ops = list(block.ops)
-    ret = ops[-1]
-    body = ops[:-1]
-    for op in body:
-        if any(o in backward for o in op.operands):
-            backward.update(op.results)
-    arg_set = set(block.args)
-    position = {op: i for i, op in enumerate(body)}  # body.index per residual was quadratic
-    residual_pos: list[tuple[int, int]] = []  # (op index, result index) of each residual
-    seen: set[x.SSAValue] = set()
-
-    def need(v: x.SSAValue) -> None:
-        if v in backward or v in arg_set or v in seen:
-            return
-        seen.add(v)
-        residual_pos.append((position[v.owner], v.index))
-
-    for op in body:
-        if any(o in backward for o in op.operands):
-            for o in op.operands:
-                need(o)
-    r_roles = result_roles(fn)
-    for v, role in zip(ret.operands, r_roles, strict=True):
-        if role.startswith("grad:"):
-            need(v)
-
-    def values_at(mod: x.ModuleOp) -> list[x.SSAValue]:
-        ops_ = list(block_of(forward_func(mod)).ops)
-        return [ops_[i].results[j] for i, j in residual_pos]
-
-    # Forward: outputs (but the seeded sum), updates, residuals; the backward ops die.
-    fwd = module.clone()
-    ffn = forward_func(fwd)
-    residuals = values_at(fwd)
-    keep = [
-        i
-        for i, r in enumerate(r_roles)
-        if r.startswith("update:") or (r.startswith("output:") and r != "output:0")
-    ]
-    keep_results(ffn, keep)
-    append_results(ffn, residuals, [f"residual:{i}" for i in range(len(residuals))])
-    PassManager("dce").run(fwd)
-    _erase_unused_args(ffn)
-
-    # Backward: residuals become feeds; only the gradients are returned.
-    bwd = module.clone()
-    bfn = forward_func(bwd)
-    bblock = block_of(bfn)
-    b_roles = feed_roles(bfn)
-    for i, v in enumerate(values_at(bwd)):
-        arg = bblock.insert_arg(v.type, len(bblock.args))
-        v.replace_all_uses_with(arg)
-        b_roles.append(f"residual:{i}")
-    set_arg_roles(bfn, b_roles)
-    bfn.update_function_type()
-    keep_results(bfn, [i for i, r in enumerate(r_roles) if r.startswith("grad:")])
-    PassManager("dce").run(bwd)
-    _erase_unused_args(bfn)
-    return fwd, bwd
-
-
-def _erase_unused_args(fn: x.func.FuncOp) -> None:
-    erase_args(fn, [i for i, a in enumerate(block_of(fn).args) if not a.uses])
+__all__ = ["GradEntry", "compile_grad_call"]
 
 
 def compile_grad_call(
@@ -259,12 +183,13 @@ def compile_grad_call(
 
 
 def _compile_split(
-    module: x.ModuleOp, captured: dict, options: Any, session: CompileSession
+    module: Any, captured: dict, options: Any, session: CompileSession
 ) -> GradProgram:
     """Split a differentiated module and compile both halves on the backend (each its own
     pipeline of ``session``: ``forward-lowering`` and ``backward-lowering``)."""
-    with session.timed("split"):
-        fwd_mod, bwd_mod = split_forward_backward(module)
+    # The ``partition`` pass, in a pipeline of its own (visible with print-ir-after-all).
+    session.run_passes("partition", module, pipeline="partition")
+    fwd_mod, bwd_mod = split_module(module)
     fwd_fn, bwd_fn = forward_func(fwd_mod), forward_func(bwd_mod)
     backend = backend_of(options.backend)
     fwd_exe = session.compile_module(
