@@ -12,7 +12,7 @@ module:
   RNG state, the cotangents), then ``residual:<i>``. Results: the ``grad:*`` results.
 
 Running ``@forward`` and feeding its residuals to ``@backward`` computes exactly what the
-original function computed (``tests/passes/test_partition.py`` checks it with the IR
+original function computed (``tests/compile/test_partition.py`` checks it with the IR
 interpreter). ``split_module`` then gives each half its own module (named ``@forward``, as a
 backend expects), to be lowered and compiled separately.
 """
