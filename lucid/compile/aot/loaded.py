@@ -15,6 +15,7 @@ import numpy as np
 from lucid import _random
 from lucid._tensor import Tensor
 from lucid.compile import introspect
+from lucid.compile._pytree import _at, _tensor_paths
 from lucid.compile.aot import loaded_step
 from lucid.compile.aot.file import (
     _SCALARS,
@@ -33,7 +34,6 @@ from lucid.compile.aot.module import (
 from lucid.compile.aot.step import KINDS
 from lucid.compile.cache import SignatureCache
 from lucid.compile.errors import Unsupported
-from lucid.compile.inference.forward import _at, _tensor_paths
 from lucid.compile.inference.module import CompiledModule
 from lucid.compile.options import backend_of, resolve_backend
 from lucid.compile.session import compile_module

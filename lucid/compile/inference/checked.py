@@ -88,7 +88,7 @@ def check_grad_call(cm: Any, key: CacheKey, entry: Any, args: tuple, kwargs: dic
     rng = np.array(_random.get_rng_state()._data, copy=True)
     args, kwargs = _contiguous(args, kwargs)
     prog = entry._program_for(args) if entry.symbolic else entry.program
-    tensor_args = [args[i] for i in entry.tensor_pos]
+    tensor_args = entry.tensor_args(args)
 
     def tensor_of(role: str) -> Tensor:
         name = role[len("input:") :] if role.startswith("input:") else None

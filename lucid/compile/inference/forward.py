@@ -6,7 +6,6 @@ and RNG updates written back). Also the helpers that walk tensor arguments insid
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from lucid import _random
 from lucid._tensor import Tensor
 from lucid.compile import _pytree
+from lucid.compile._pytree import _at, _replace_tensors, _tensor_paths
 from lucid.compile.cache import LRU, TICK, max_entries
 from lucid.compile.entry import ForwardEntry
 from lucid.compile.errors import Unsupported
@@ -29,38 +29,6 @@ from lucid.compile.signature import (
 from lucid.trace._tracing import GraphBreak, _tracing
 
 __all__ = ["compile_forward"]
-
-
-def _tensor_paths(obj: Any, path: tuple, out: list[tuple]) -> None:
-    """Append the access path (``args[i][k]...``) of every tensor in ``obj``, depth first."""
-    if isinstance(obj, Tensor):
-        out.append(path)
-    elif isinstance(obj, (tuple, list)):
-        for i, e in enumerate(obj):
-            _tensor_paths(e, (*path, i), out)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _tensor_paths(v, (*path, k), out)
-
-
-def _at(args: Any, path: tuple) -> Any:
-    for k in path:
-        args = args[k]
-    return args
-
-
-def _replace_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """``obj`` with every tensor ``t`` replaced by ``fn(t)`` (same containers, same order)."""
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, tuple):
-        items = [_replace_tensors(e, fn) for e in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return type(obj)([_replace_tensors(e, fn) for e in obj])
-    if isinstance(obj, dict):
-        return type(obj)((k, _replace_tensors(v, fn)) for k, v in obj.items())
-    return obj
 
 
 def compile_forward(

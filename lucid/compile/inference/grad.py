@@ -25,6 +25,7 @@ from typing import Any
 
 from lucid._tensor import Tensor
 from lucid.compile import _pytree
+from lucid.compile._pytree import _at, _replace_tensors, _tensor_paths
 from lucid.compile.cache import LRU, max_entries
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.compile.entry import GradEntry, GradProgram
@@ -57,22 +58,28 @@ def compile_grad_call(
     for what this path does not handle. ``session`` carries the debugging switches and collects
     the time of each stage (graph passes with ``vjp``; ``forward:``/``backward:`` lowering)."""
     first_session = session or CompileSession(getattr(options, "switches", None))
-    if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
-        raise Unsupported("tensors inside a container argument in grad mode")
+    if symbolic and any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
+        # Their leading dim need not be the batch (an LSTM's (h, c) has it second).
+        raise _NotSymbolic("tensors inside a container argument")
     if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
         raise Unsupported("tensors inside a container keyword argument in grad mode")
     with _tracing(model) as tracer:
-        tensor_pos: list[int] = []
+        # tensor_pos: the access path of each tensor argument (``(i,)`` for ``args[i]``,
+        # ``(i, k)`` for ``args[i][k]``: an LSTM's ``(h, c)``), in feed order ``input:N``.
+        tensor_pos: list[tuple] = []
         targs = []
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
-                tensor_pos.append(i)
+                tensor_pos.append((i,))
                 if symbolic:
                     t = tracer.input((None, *a.shape[1:]), a.dtype)
                     t._requires_grad = a.requires_grad
                 else:
                     t = tracer.input_like(a)
                 targs.append(t)
+            elif _has_tensor(a):
+                _tensor_paths(a, (i,), tensor_pos)
+                targs.append(_replace_tensors(a, tracer.input_like))
             else:
                 targs.append(a)
         tkwargs = {
@@ -91,7 +98,7 @@ def compile_grad_call(
         # own autograd business); the graph computes and differentiates the other outputs.
         passthrough: dict[int, tuple[str, Any]] = {}
         for j, t in enumerate(leaves):
-            k = next((k for k, i in enumerate(tensor_pos) if targs[i] is t), None)
+            k = next((k for k, p in enumerate(tensor_pos) if _at(targs, p) is t), None)
             if k is not None:
                 passthrough[j] = ("input", k)
             else:
@@ -127,7 +134,7 @@ def compile_grad_call(
             return captured[role]._requires_grad
         if role.startswith("input:"):
             name = role[6:]
-            t = args[tensor_pos[int(name)]] if name.isdigit() else kwargs[name]
+            t = _at(args, tensor_pos[int(name)]) if name.isdigit() else kwargs[name]
             return t._requires_grad
         return False
 
@@ -157,7 +164,7 @@ def compile_grad_call(
         program.pipeline = ",".join(str(p.spec()) for p in passes)
         return program
 
-    batch = args[tensor_pos[0]].shape[0] if symbolic else None
+    batch = _at(args, tensor_pos[0]).shape[0] if symbolic else None
     program = build(batch, first_session)
     entry = GradEntry(
         program=program,
