@@ -152,6 +152,15 @@ class SignatureCache:
         self.entries: LRU = LRU(self.cap, self._forget)
         self.eager_only: LRU = LRU(self.cap, self._forget)
 
+    @classmethod
+    def holding(cls, entries: dict[Any, Any]) -> SignatureCache:
+        """A cache of exactly ``entries`` (key -> entry), none ever evicted (the cap is their
+        number): the signatures a saved file holds."""
+        cache = cls(max(len(entries), 1))
+        for key, entry in entries.items():
+            cache.put(key, entry)
+        return cache
+
     def _forget(self, key: Any, _: Any) -> None:
         # An evicted signature stops being counted (cache_info stays consistent).
         if key not in self.entries and key not in self.eager_only:

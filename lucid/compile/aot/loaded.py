@@ -195,10 +195,7 @@ class LoadedModule:
         self.manifest = manifest
         self._parts = parts
         self._weights = weights
-        # Keyed by the saved match text; every saved signature stays (the cap is their number).
-        self._cache = SignatureCache(max(len(signatures), 1))
-        for match, sig in signatures.items():
-            self._cache.put(match, sig)
+        self._cache = SignatureCache.holding(signatures)  # keyed by the saved match text
         self._signatures = self._cache.entries
         self._model = model
         self._backend = backend

@@ -72,10 +72,7 @@ class LoadedStep:
         self.scheduler = scheduler
         self.backend = backend
         self._tensors = tensors
-        # Keyed by the saved match text; every saved entry stays (the cap is their number).
-        self._cache = SignatureCache(max(len(entries), 1))
-        for match, entry in entries.items():
-            self._cache.put(match, entry)
+        self._cache = SignatureCache.holding(entries)  # keyed by the saved match text
         self._entries = self._cache.entries
         self._sources = sources
         self._build_ms = build_ms

@@ -53,9 +53,6 @@ logger = logging.getLogger("lucid.compile")
 __all__ = ["FusedStep", "fused_step"]
 
 
-# ---------------------------------------------------------------------------------------------
-# fused_step
-# ---------------------------------------------------------------------------------------------
 class FusedStep(_StepIntrospection):
     """``step(x, *extra) -> loss``: forward + loss + backward + optimizer update as one native
     executable; parameters, optimizer state, BatchNorm buffers and the RNG state are updated in

@@ -55,9 +55,6 @@ logger = logging.getLogger("lucid.compile")
 __all__ = ["TrainStep", "compiled_step", "make_step"]
 
 
-# ---------------------------------------------------------------------------------------------
-# make_step / compiled_step
-# ---------------------------------------------------------------------------------------------
 class TrainStep(_StepIntrospection):
     """``step(x, *extra) -> loss``: compiled forward + backward of ``loss_fn(model(x), *extra)``.
 

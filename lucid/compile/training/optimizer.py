@@ -52,9 +52,6 @@ logger = logging.getLogger("lucid.compile")
 __all__ = ["CompiledOptimizerStep", "compile_optimizer"]
 
 
-# ---------------------------------------------------------------------------------------------
-# compile_optimizer
-# ---------------------------------------------------------------------------------------------
 class CompiledOptimizerStep(_StepIntrospection):
     """Replaces ``optimizer.step``: the update of every parameter with a gradient as one cached
     native executable writing parameters and state in place. ``optimizer.step.eager`` is the
