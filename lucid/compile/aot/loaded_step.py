@@ -38,7 +38,7 @@ from lucid.compile.training.entries import (
 )
 from lucid.compile.training.make_step import _attach_grads
 from lucid.ir import feed_roles, forward_func, parse_ir, result_roles
-from lucid.ir.prim import prim_dialect
+from lucid.ir.prim.dialect import prim_dialect
 from lucid.ir.text import make_context
 from lucid.nn.parameter import Parameter
 from lucid.passes import PassFailure, PassManager
