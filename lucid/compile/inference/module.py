@@ -116,7 +116,7 @@ class CompiledModule(ModuleFacade):
         self.__dict__["_parity"] = []
         if mode not in ("default", "auto"):
             raise ValueError(f"lucid.compile: mode must be 'default' or 'auto', got {mode!r}")
-        # mode="auto": per signature, compiled vs eager timed on the first calls (_AutoEntry).
+        # mode="auto": per signature, compiled vs eager timed on the first calls (AutoEntry).
         self.__dict__["_mode"] = mode
         self.__dict__["_auto"] = {}
         self.__dict__["_lock"] = threading.RLock()
