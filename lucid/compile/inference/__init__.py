@@ -2,7 +2,8 @@
 returns) and ``compile``.
 
 ``module`` holds the wrapper's call loop and introspection, ``facade`` its ``nn.Module`` side,
-``forward`` tracing and compiling a signature without gradients (with its binder and finisher),
+``tracing`` tracing one call, ``forward`` compiling a signature without gradients (with its
+binder and finisher),
 ``grad`` the grad-mode signature (compiled forward and backward halves), ``checked`` the
 ``check=`` and ``mode="auto"`` entry wrappers.
 """

@@ -17,16 +17,16 @@ from lucid.compile._pytree import _at, _replace_tensors, _tensor_paths
 from lucid.compile.cache import LRU, TICK, max_entries
 from lucid.compile.entry import ForwardEntry
 from lucid.compile.errors import Unsupported
+from lucid.compile.inference.tracing import trace_call
 from lucid.compile.options import Options, backend_of
 from lucid.compile.session import CompileSession, compile_symbolic_trace, compile_trace
 from lucid.compile.signature import (
     _SYMBOLIC_SAFE_OPS,
     CacheKey,
-    _has_tensor,
     _is_symbolic,
     _NotSymbolic,
 )
-from lucid.trace._tracing import GraphBreak, _tracing
+from lucid.trace._tracing import _tracing
 
 __all__ = ["compile_forward"]
 
@@ -43,53 +43,16 @@ def compile_forward(
     it in ``session``: the entry a hit runs. A symbolic ``key`` gets one graph for every batch
     size (``_NotSymbolic`` when the model cannot take it); what the compiler cannot handle
     raises ``Unsupported`` or ``GraphBreak``."""
-    if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
-        raise Unsupported("tensors inside a container keyword argument")
+    symbolic = _is_symbolic(key)
     with _tracing(model) as tracer:
-        # tensor_pos: the access path of each tensor input (``(i,)`` for ``args[i]``,
-        # ``(i, k)`` for ``args[i][k]``), in feed order ``input:0``, ``input:1``, ...
-        tensor_pos: list[tuple] = []
-        targs = []
-        for i, (a, sig) in enumerate(zip(args, key[0], strict=True)):
-            if isinstance(a, Tensor):
-                tensor_pos.append((i,))
-                t = tracer.input(sig[0], a.dtype)
-                t._requires_grad = a._requires_grad
-                targs.append(t)
-            elif _has_tensor(a):
-                paths: list[tuple] = []
-                _tensor_paths(a, (i,), paths)
-                tensor_pos.extend(paths)
-                targs.append(_replace_tensors(a, tracer.input_like))
-            else:
-                targs.append(a)
-        tkwargs = {
-            k: tracer.input_like(v, role=f"input:{k}") if isinstance(v, Tensor) else v
-            for k, v in kwargs.items()
-        }
-        symbolic = _is_symbolic(key)
-        try:
-            out = model(*targs, **tkwargs)
-        except (TypeError, ValueError, IndexError, GraphBreak) as e:
-            if symbolic:
-                raise _NotSymbolic(f"tracing with a symbolic batch failed: {e}") from e
-            raise
-        leaves: list[Tensor] = []
-        rebuild = _pytree.flatten(out, leaves)
+        call = trace_call(tracer, model, args, kwargs, symbolic)
+        tensor_pos, out, leaves, rebuild = call.tensor_pos, call.out, call.leaves, call.rebuild
         # An input returned unchanged comes back as itself, not as a copy.
-        passthrough: dict[int, tuple[str, Any]] = {}
-        computed: list[Tensor] = []
-        for j, t in enumerate(leaves):
-            hit = next(
-                (("arg", path) for path in tensor_pos if _at(targs, path) is t),
-                None,
-            )
-            if hit is None:
-                hit = next((("kw", k) for k, v in tkwargs.items() if v is t), None)
-            if hit is not None:
-                passthrough[j] = hit
-            else:
-                computed.append(t)
+        passthrough = {
+            j: ("arg", tensor_pos[ref]) if kind == "input" else (kind, ref)
+            for j, (kind, ref) in call.passthrough.items()
+        }
+        computed = call.computed
         trace = tracer.finish(computed)
         captured = tracer.feed_tensors()
     if symbolic:

@@ -24,12 +24,12 @@ import time
 from typing import Any
 
 from lucid._tensor import Tensor
-from lucid.compile import _pytree
-from lucid.compile._pytree import _at, _replace_tensors, _tensor_paths
+from lucid.compile._pytree import _at
 from lucid.compile.cache import LRU, max_entries
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.compile.entry import GradEntry, GradProgram
 from lucid.compile.errors import Unsupported, check_value_sizes
+from lucid.compile.inference.tracing import trace_call
 from lucid.compile.options import GRAPH_PIPELINE, backend_of
 from lucid.compile.session import CompiledGraph, CompileSession
 from lucid.compile.signature import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
@@ -37,7 +37,7 @@ from lucid.ir.importer import feed_roles, forward_func, import_trace, result_rol
 from lucid.passes import PassFailure, parse_pipeline_spec
 from lucid.passes.partition import split_module
 from lucid.passes.vjp import VJP
-from lucid.trace._tracing import GraphBreak, _tracing
+from lucid.trace._tracing import _tracing
 
 __all__ = ["GradEntry", "compile_grad_call"]
 
@@ -61,51 +61,12 @@ def compile_grad_call(
     if symbolic and any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
         # Their leading dim need not be the batch (an LSTM's (h, c) has it second).
         raise _NotSymbolic("tensors inside a container argument")
-    if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
-        raise Unsupported("tensors inside a container keyword argument in grad mode")
     with _tracing(model) as tracer:
-        # tensor_pos: the access path of each tensor argument (``(i,)`` for ``args[i]``,
-        # ``(i, k)`` for ``args[i][k]``: an LSTM's ``(h, c)``), in feed order ``input:N``.
-        tensor_pos: list[tuple] = []
-        targs = []
-        for i, a in enumerate(args):
-            if isinstance(a, Tensor):
-                tensor_pos.append((i,))
-                if symbolic:
-                    t = tracer.input((None, *a.shape[1:]), a.dtype)
-                    t._requires_grad = a.requires_grad
-                else:
-                    t = tracer.input_like(a)
-                targs.append(t)
-            elif _has_tensor(a):
-                _tensor_paths(a, (i,), tensor_pos)
-                targs.append(_replace_tensors(a, tracer.input_like))
-            else:
-                targs.append(a)
-        tkwargs = {
-            k: tracer.input_like(v, role=f"input:{k}") if isinstance(v, Tensor) else v
-            for k, v in kwargs.items()
-        }
-        try:
-            out = model(*targs, **tkwargs)
-        except (TypeError, ValueError, IndexError, GraphBreak) as e:
-            if symbolic:
-                raise _NotSymbolic(f"tracing with a symbolic batch failed: {e}") from e
-            raise
-        leaves: list[Tensor] = []
-        rebuild = _pytree.flatten(out, leaves)
+        call = trace_call(tracer, model, args, kwargs, symbolic)
+        tensor_pos, rebuild, passthrough = call.tensor_pos, call.rebuild, call.passthrough
         # An input returned unchanged is handed back as itself (its gradient is the caller's
         # own autograd business); the graph computes and differentiates the other outputs.
-        passthrough: dict[int, tuple[str, Any]] = {}
-        for j, t in enumerate(leaves):
-            k = next((k for k, p in enumerate(tensor_pos) if _at(targs, p) is t), None)
-            if k is not None:
-                passthrough[j] = ("input", k)
-            else:
-                name = next((n for n, v in tkwargs.items() if v is t), None)
-                if name is not None:
-                    passthrough[j] = ("kw", name)
-        computed = [t for j, t in enumerate(leaves) if j not in passthrough]
+        computed = call.computed
         n_model_ops = len(tracer.trace.ops)  # the seeding below reduces over the batch
         seeded = None
         cot_index: dict[int, int] = {}
