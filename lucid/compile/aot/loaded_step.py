@@ -145,10 +145,7 @@ class LoadedStep:
                     "load_compiled: the optimizer's structural options (e.g. nesterov, amsgrad) "
                     "differ from the saved step's; they are compiled in"
                 )
-            if entry.n_runs == 0 and entry.first_scalars is not None:
-                entry.set_scalars(entry.first_scalars)
-            else:
-                view.refresh(entry, scalars)
+            view.prepare(entry, scalars)
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         t0 = time.perf_counter()
         res = _run_checked(entry, tensors, "load_compiled step")

@@ -317,6 +317,15 @@ class _OptimizerView:
             ]
         )
 
+    def prepare(self, entry: StepEntry, scalars: list[dict | None]) -> None:
+        """Set ``entry``'s step scalars for its next run: the values its build saw on its first
+        run (a first step may differ: SGD's momentum buffer), the optimizer's current ones
+        after."""
+        if entry.n_runs == 0 and entry.first_scalars is not None:
+            entry.set_scalars(entry.first_scalars)
+        else:
+            self.refresh(entry, scalars)
+
     def refresh(self, entry: StepEntry, scalars: list[dict | None]) -> None:
         opt = self.opt
         last = entry.scalar_last

@@ -208,10 +208,7 @@ class FusedStep(_StepIntrospection):
     ) -> tuple[tuple, StepEntry, Tensor]:
         """Run ``entry`` (rebuilt once if a feed changed dtype or layout): (key, entry, loss)."""
         view = self._view
-        if entry.n_runs == 0 and entry.first_scalars is not None:
-            entry.set_scalars(entry.first_scalars)  # a first step may differ (SGD's buffer)
-        else:
-            view.refresh(entry, scalars)
+        view.prepare(entry, scalars)
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         first = entry
 
@@ -347,10 +344,7 @@ class FusedStep(_StepIntrospection):
         entry = self._entries.get(key)
         if entry is None:
             key, entry = self._build(inputs)
-        if entry.n_runs == 0 and entry.first_scalars is not None:
-            entry.set_scalars(entry.first_scalars)
-        else:
-            view.refresh(entry, scalars)
+        view.prepare(entry, scalars)
         return entry
 
 

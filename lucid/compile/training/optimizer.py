@@ -176,10 +176,7 @@ class CompiledOptimizerStep(_StepIntrospection):
 
     def _run_step(self, key: tuple, entry: StepEntry, scalars: list) -> tuple[tuple, StepEntry]:
         view = self._view
-        if entry.n_runs == 0 and entry.first_scalars is not None:
-            entry.set_scalars(entry.first_scalars)
-        else:
-            view.refresh(entry, scalars)
+        view.prepare(entry, scalars)
         last = [entry]  # the entry whose feeds a second failure names
 
         def run(_: tuple, e: StepEntry) -> list:
@@ -288,10 +285,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         entry = self._entries.get(key)
         if entry is None:
             key, entry = self._build()
-        if entry.n_runs == 0 and entry.first_scalars is not None:
-            entry.set_scalars(entry.first_scalars)
-        else:
-            self._view.refresh(entry, scalars)
+        self._view.prepare(entry, scalars)
         return entry
 
 
