@@ -156,9 +156,15 @@ def save_step(step: Any, scheduler: Any = None) -> tuple[dict, dict[str, str], d
     if not entries:
         raise NotSaveable("the step has no compiled entry (call it once first)")
     # A loaded step knows one training flag, not per-submodule modes: mixed-mode entries stay.
-    entries = [(key, entry) for key, entry in entries if not isinstance(key[1], tuple)]
+    # A loaded step matches calls without an autocast region: entries traced inside one stay.
+    entries = [
+        (key, entry) for key, entry in entries if not isinstance(key[1], tuple) and key[-1] is None
+    ]
     if not entries:
-        raise NotSaveable("every compiled entry has submodules in mixed train/eval modes")
+        raise NotSaveable(
+            "every compiled entry has submodules in mixed train/eval modes or was traced "
+            "inside an autocast region"
+        )
     tensors: dict[str, Tensor] = {}  # role -> tensor; one role per object (the first seen)
     role_of: dict[int, str] = {}
 

@@ -81,11 +81,15 @@ def eager_optimizer_step(
     optimizer: Any,
     inputs: tuple,
     before_update: Callable[[list[Tensor]], None] | None = None,
+    scaler: Any = None,
 ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """One eager training step (forward, backward, ``optimizer``'s own ``step``, even when
     ``compile_optimizer`` replaced it): the loss and each parameter's gradient (by ``id``).
     ``.grad`` of every parameter is left as it was (a fused step never fills it);
-    ``before_update(params)`` runs between backward and the update (gradient clipping)."""
+    ``before_update(params)`` runs between backward and the update (gradient clipping).
+    With ``scaler`` (a ``GradScaler``) the scaled loss is differentiated (the gradients returned
+    are scaled), unscaled before ``before_update``, the update skipped on inf/NaN and the scale
+    updated, as ``scaler.step(optimizer); scaler.update()``."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     saved = [p._grad for p in params]
     for p in params:
@@ -93,12 +97,21 @@ def eager_optimizer_step(
     try:
         with lucid.enable_grad():
             loss = loss_fn(model(inputs[0]), *inputs[1:])
-            if loss._requires_grad:
-                loss.backward()
+            differentiated = scaler.scale(loss) if scaler is not None else loss
+            if differentiated._requires_grad:
+                differentiated.backward()
         grads = {id(p): np.array(p._grad._data, copy=True) for p in params if p._grad is not None}
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         if before_update is not None:
             before_update(params)
-        type(optimizer).step(optimizer)
+        if scaler is None:
+            type(optimizer).step(optimizer)
+        else:
+            # scaler.step, but with the optimizer's own step (compile_optimizer may replace it)
+            if not scaler._per_optimizer_states[id(optimizer)]["found_inf"]:
+                type(optimizer).step(optimizer)
+            scaler.update()
     finally:
         for p, g in zip(params, saved, strict=True):
             p._grad = g

@@ -21,7 +21,7 @@ from lucid.compile.options import (
     check_settings,
     resolve_backend,
 )
-from lucid.compile.signature import step_input_sig
+from lucid.compile.signature import autocast_state, step_input_sig
 from lucid.compile.training.base import (
     _feed_values,
     _one_call_at_a_time,
@@ -36,6 +36,7 @@ from lucid.compile.training.base import (
 )
 from lucid.compile.training.builder import (
     GradClip,
+    LossScaling,
     build_training_module,
 )
 from lucid.compile.training.entries import (
@@ -47,6 +48,7 @@ from lucid.compile.training.entries import (
     _OptimizerView,
     _run_checked,
 )
+from lucid.compile.training.scaling import BoundScaler
 
 logger = logging.getLogger("lucid.compile")
 
@@ -74,6 +76,7 @@ class FusedStep(_StepIntrospection):
         max_grad_norm: float | None = None,
         norm_type: float | str = 2.0,
         clip_grad_value: float | None = None,
+        scaler: Any = None,
     ):
         if not hasattr(model, "named_parameters"):
             raise TypeError(f"fused_step needs an nn.Module, got {type(model).__name__}")
@@ -95,6 +98,7 @@ class FusedStep(_StepIntrospection):
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._bound = Bound([model])
         self._opts = _StepOptions("fused_step", options, check, check_tolerance)
+        self._scaler = BoundScaler.of(scaler, "fused_step")
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
@@ -125,7 +129,23 @@ class FusedStep(_StepIntrospection):
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             self._view.statics(scalars),
             tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
+            autocast_state(),
+            self._scaling_key(),
         )
+
+    def _scaling_key(self) -> tuple | None:
+        return None if self._scaler is None else self._scaler.key()
+
+    def _loss_scaling(self) -> LossScaling | None:
+        return None if self._scaler is None else self._scaler.loss_scaling()
+
+    def _scaler_in(self) -> None:
+        if self._scaler is not None:
+            self._scaler.load()
+
+    def _scaler_out(self) -> None:
+        if self._scaler is not None:
+            self._scaler.store()
 
     def _build(self, inputs: tuple) -> tuple[tuple, StepEntry]:
         check_settings(self.backend)
@@ -143,6 +163,7 @@ class FusedStep(_StepIntrospection):
                     fuse_optimizer=_fuse_updates(p for p in self._params if p._requires_grad),
                     pipeline=self._opts.pipeline,
                     grad_clip=self.grad_clip,
+                    loss_scaling=self._loss_scaling(),
                     instrumentation=inst,
                 ),
                 inplace=not self.check_finite,
@@ -181,6 +202,7 @@ class FusedStep(_StepIntrospection):
         inputs = (x, *extra)
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
+        self._scaler_in()
         view = self._view
         if view.changed():  # load_state_dict: the bound state tensors are gone
             view.reset()
@@ -246,6 +268,7 @@ class FusedStep(_StepIntrospection):
                 "and optimizer state were left unchanged"
             )
         entry.after_success(res)
+        self._scaler_out()
         if norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[norm_index]))
         entry.first_scalars = None
@@ -272,8 +295,9 @@ class FusedStep(_StepIntrospection):
 
     def _eager_step(self, inputs: tuple) -> Tensor:
         """An eager-only signature (its parity check failed): an eager training step."""
+        scaler = self._grad_scaler()
         loss, _ = parity.eager_optimizer_step(
-            self.model, self.loss_fn, self.optimizer, inputs, self._clip()
+            self.model, self.loss_fn, self.optimizer, inputs, self._clip(), scaler=scaler
         )
         self._view.find_reps()
         return Tensor._wrap(loss)
@@ -294,6 +318,7 @@ class FusedStep(_StepIntrospection):
                 *self.model.parameters(),
                 *self.model.buffers(),
                 *(v for st in bound_state.values() for v in st.values() if isinstance(v, Tensor)),
+                *self._scaler_tensors(),
             ]
         )
         saved = _save(tracked)
@@ -313,11 +338,12 @@ class FusedStep(_StepIntrospection):
             self._view.restore(pre_build)
         try:
             loss_e, grads_e = parity.eager_optimizer_step(
-                self.model, self.loss_fn, opt, inputs, self._clip()
+                self.model, self.loss_fn, opt, inputs, self._clip(), scaler=self._grad_scaler()
             )
         finally:
             _rebind_state(opt, bound_state)
             self._view.find_reps()
+            self._scaler_in()  # the eager step's scaler state, as the step binds it
         want = _result_values(entry, loss_e)
         bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is None:
@@ -331,9 +357,16 @@ class FusedStep(_StepIntrospection):
         self._opts.mismatch(self, key, entry, bad, feeds, reference)
         return Tensor._wrap(loss_e)
 
+    def _grad_scaler(self) -> Any:
+        return None if self._scaler is None else self._scaler.scaler
+
+    def _scaler_tensors(self) -> list[Tensor]:
+        return [] if self._scaler is None else self._scaler.tensors()
+
     def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
+        self._scaler_in()
         view = self._view
         if view.changed():
             view.reset()
@@ -361,6 +394,7 @@ def fused_step(
     max_grad_norm: float | None = None,
     norm_type: float | str = 2.0,
     clip_grad_value: float | None = None,
+    scaler: Any = None,
 ) -> FusedStep:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
@@ -378,6 +412,12 @@ def fused_step(
     max_grad_norm, norm_type)`` before ``opt.step()`` would (``step.grad_norm`` is then the total
     norm before clipping, a 0-d tensor; a non-finite one raises ``FloatingPointError`` under
     ``check_finite``); ``clip_grad_value`` clamps them first, as ``clip_grad_value_``.
+
+    ``scaler`` (a ``lucid.amp.GradScaler``) does inside the step what ``scaler.scale(loss)
+    .backward(); scaler.unscale_(opt); <clipping>; scaler.step(opt); scaler.update()`` does
+    eagerly: a step whose gradients are not all finite leaves the parameters and the optimizer
+    state untouched, and the scaler's scale and growth tracker are updated (``get_scale()`` and
+    ``state_dict()`` see them). The returned loss is the unscaled one.
     """
     return FusedStep(
         model,
@@ -391,4 +431,5 @@ def fused_step(
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
         clip_grad_value=clip_grad_value,
+        scaler=scaler,
     )
