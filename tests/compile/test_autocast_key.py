@@ -96,3 +96,20 @@ def test_fused_step_keys_on_the_autocast_region():
     regions = [k[4] for k in step._entries]
     assert None in regions
     assert len(step.cache_info()["recompiles"]) >= 1
+
+
+def test_a_compiled_function_recompiles_per_region():
+    w = lucid.randn(3, 5)
+
+    def project(x):
+        return F.softmax(lucid.matmul(x, w), -1)
+
+    compiled = lucid.compile(project)
+    x = lucid.randn(4, 3)
+    with lucid.no_grad():
+        assert compiled(x).dtype is lucid.float32
+        with lucid.autocast("cpu", dtype=lucid.float16):
+            got, want = compiled(x), project(x)
+        _close(got, want)
+        assert compiled(x).dtype is lucid.float32
+    assert len(compiled.cache_info()["n_calls"]) == 2

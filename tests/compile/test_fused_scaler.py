@@ -13,7 +13,7 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import optim
 from lucid.amp import GradScaler
-from lucid.compile import fused_step
+from lucid.compile import CompileError, fused_step
 
 STEPS = 32
 # 2**127 overflows the first step's scaled gradients; the backoff then puts the scale far below
@@ -188,3 +188,53 @@ def test_compile_optimizer_with_scaler_matches_scaler_step_and_update(check):
         np.testing.assert_allclose(pc.numpy(), pe.numpy(), rtol=1e-4, atol=1e-5)
     info = opt.step.cache_info()
     assert not info["eager_only"] and not info.get("parity"), info
+
+
+def test_float16_parameters_are_refused_as_eager_unscale_refuses_them():
+    model = _model().half()
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batches()[0]
+    eager_scaler = GradScaler()
+    eager_scaler.scale(F.mse_loss(model(x.half()), y.half())).backward()
+    with pytest.raises(ValueError, match="FP16 gradients"):
+        eager_scaler.unscale_(opt)
+    with pytest.raises(ValueError, match="FP16 gradients"):
+        fused_step(model, F.mse_loss, opt, scaler=GradScaler())
+
+
+def test_a_bfloat16_model_with_a_scaler_is_refused_cleanly_until_the_backend_stores_it():
+    """The CPU backend has no bfloat16 storage yet: the step raises CompileError naming it and
+    changes nothing (parameters, optimizer state, scaler); eager training still works."""
+    model = _model().bfloat16()
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    scaler = GradScaler(init_scale=2.0**10)
+    step = fused_step(model, F.mse_loss, opt, scaler=scaler)
+    x, y = _batches()[0]
+    before = _params(model)
+    try:
+        step(x.bfloat16(), y.bfloat16())
+    except CompileError as e:
+        assert "bfloat16" in str(e)
+        assert _unchanged(before, _params(model))
+        assert not opt.state
+        assert scaler.get_scale() == 2.0**10
+        assert scaler.state_dict()["_growth_tracker"] == 0
+    else:  # the backend stores bfloat16 now: compiled equals eager
+        eager = _model().bfloat16()
+        eager_opt = optim.Adam(eager.parameters(), lr=1e-2)
+        eager_scaler = GradScaler(init_scale=2.0**10)
+        eager_scaler.scale(F.mse_loss(eager(x.bfloat16()), y.bfloat16())).backward()
+        eager_scaler.step(eager_opt)
+        eager_scaler.update()
+        assert scaler.state_dict() == eager_scaler.state_dict()
+        for a, b in zip(model.parameters(), eager.parameters(), strict=True):
+            np.testing.assert_allclose(a.float().numpy(), b.float().numpy(), atol=1e-2)
+
+
+def test_parity_compare_is_not_blinded_by_an_inf_in_the_reference():
+    from lucid.compile.parity.compare import compare
+
+    want = [np.array([np.inf, 1.0, np.nan], dtype=np.float32)]
+    assert compare([want[0].copy()], want, (1e-4, 1e-5)) is None
+    off = np.array([np.inf, 2.0, np.nan], dtype=np.float32)
+    assert "1 of 3 elements differ" in compare([off], want, (1e-4, 1e-5))

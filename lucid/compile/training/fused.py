@@ -98,7 +98,7 @@ class FusedStep(_StepIntrospection):
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._bound = Bound([model])
         self._opts = _StepOptions("fused_step", options, check, check_tolerance)
-        self._scaler = BoundScaler.of(scaler, "fused_step")
+        self._scaler = BoundScaler.of(scaler, "fused_step", self._params)
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old

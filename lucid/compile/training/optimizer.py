@@ -91,7 +91,9 @@ class CompiledOptimizerStep(_StepIntrospection):
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
         self._new_cache(recompiles=False)
-        self._scaler = BoundScaler.of(scaler, "compile_optimizer")
+        self._scaler = BoundScaler.of(
+            scaler, "compile_optimizer", (p for g in optimizer.param_groups for p in g["params"])
+        )
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         # The parameter objects the entries bind. As in PyTorch, the optimizer updates the
         # objects in its param_groups (a parameter replaced in the model afterwards is not its

@@ -4,10 +4,12 @@ growth tracker as float32 state, copied from the scaler before each step and bac
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+import lucid
 from lucid._tensor import Tensor
 from lucid.compile.training.builder import LossScaling
 
@@ -23,7 +25,9 @@ class BoundScaler:
         self.growth_tracker = Tensor._wrap(np.zeros((), dtype=np.float32))
 
     @staticmethod
-    def of(scaler: Any, what: str) -> BoundScaler | None:
+    def of(scaler: Any, what: str, params: Iterable[Tensor]) -> BoundScaler | None:
+        """The bound ``scaler`` of a step training ``params``; refuses float16 parameters as
+        ``GradScaler.unscale_`` refuses their gradients."""
         if scaler is None:
             return None
         from lucid.amp import GradScaler
@@ -32,7 +36,14 @@ class BoundScaler:
             raise TypeError(
                 f"{what}: scaler must be a lucid.amp.GradScaler, got {type(scaler).__name__}"
             )
-        return BoundScaler(scaler) if scaler.is_enabled() else None
+        if not scaler.is_enabled():
+            return None
+        if any(p.dtype is lucid.float16 and p.requires_grad for p in params):
+            raise ValueError(
+                f"{what}: Attempting to unscale FP16 gradients: keep the parameters in float32 "
+                "(autocast casts them per op) when using a GradScaler"
+            )
+        return BoundScaler(scaler)
 
     def key(self) -> tuple:
         """What a compiled step bakes in: the scale tensor it binds and the growth options."""
