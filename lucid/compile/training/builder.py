@@ -125,6 +125,11 @@ class LossScaling:
     backoff_factor: float
     growth_interval: int
 
+    def name_feeds(self, tracer: Any) -> None:
+        """The roles of the scaler's tensors in the trace (updated in place, written back)."""
+        tracer._names[id(self.scale)] = "scaler:scale"
+        tracer._names[id(self.growth_tracker)] = "scaler:growth_tracker"
+
     def unscale(self, grads: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """The gradients divided by the scale (in float32, rounded once to their dtype) and
         whether all of them are finite (a 0-d bool tensor)."""
@@ -324,8 +329,7 @@ def build_training_module(
         outputs = [loss]
         scaled_loss = None
         if loss_scaling is not None:  # with the scale before the update changes it
-            tracer._names[id(loss_scaling.scale)] = "scaler:scale"
-            tracer._names[id(loss_scaling.growth_tracker)] = "scaler:growth_tracker"
+            loss_scaling.name_feeds(tracer)
             scaled_loss = loss * loss_scaling.scale  # what backward differentiates
         if optimizer is not None:
             sources, grad_norm = _trace_update(
@@ -517,8 +521,6 @@ def _trace_update(
         finite = None
         fed_grads = grads
         if loss_scaling is not None:
-            tracer._names[id(loss_scaling.scale)] = "scaler:scale"
-            tracer._names[id(loss_scaling.growth_tracker)] = "scaler:growth_tracker"
             grads, finite = loss_scaling.unscale(grads)
         if grad_clip is not None:
             grads, grad_norm = grad_clip.apply(grads)
@@ -588,6 +590,8 @@ def build_optimizer_module(
     with _tracing() as tracer:
         for p in trained:
             tracer._names[id(p)] = f"param:{names[id(p)]}"
+        if loss_scaling is not None:
+            loss_scaling.name_feeds(tracer)
         sources, grad_norm = _trace_update(
             tracer,
             optimizer,
