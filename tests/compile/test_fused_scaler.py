@@ -238,3 +238,17 @@ def test_parity_compare_is_not_blinded_by_an_inf_in_the_reference():
     assert compare([want[0].copy()], want, (1e-4, 1e-5)) is None
     off = np.array([np.inf, 2.0, np.nan], dtype=np.float32)
     assert "1 of 3 elements differ" in compare([off], want, (1e-4, 1e-5))
+
+
+def test_a_step_with_a_scaler_is_not_saved(tmp_path, caplog):
+    import logging
+
+    from lucid.compile import save_compiled
+
+    model = _model()
+    step = fused_step(model, F.mse_loss, _optimizer("adam", model), scaler=GradScaler())
+    step(*_batches()[0])
+    with caplog.at_level(logging.WARNING, logger="lucid.compile"):
+        assert save_compiled(step, tmp_path / "a.lucidc") is False
+    assert "GradScaler" in caplog.text
+    assert not list(tmp_path.iterdir())

@@ -152,6 +152,9 @@ def save_step(step: Any, scheduler: Any = None) -> tuple[dict, dict[str, str], d
     Raises ``NotSaveable`` when the step has no compiled entry or holds what is not data."""
 
     kind = "fused_step" if isinstance(step, FusedStep) else "make_step"
+    if getattr(step, "_scaler", None) is not None:
+        # A loaded step could not write its scale back to the user's GradScaler.
+        raise NotSaveable("it was built with a GradScaler (scaler=)")
     entries = list(step._entries.items())
     if not entries:
         raise NotSaveable("the step has no compiled entry (call it once first)")
