@@ -291,6 +291,7 @@ def build_training_module(
     instrumentation: Instrumentation | None = None,
     grad_clip: GradClip | None = None,
     loss_scaling: LossScaling | None = None,
+    masters: dict[int, Tensor] | None = None,
 ) -> TrainingModule:
     """Trace and differentiate one training step of ``model``.
 
@@ -301,7 +302,10 @@ def build_training_module(
     (``keep_grads=True`` keeps the gradients too). ``grad_clip`` clips the gradients the update
     sees; with a ``max_norm`` the total norm before clipping is result ``output:1``.
     ``loss_scaling`` (with an optimizer) differentiates the scaled loss (the last ``output:``)
-    and makes the update conditional on finite gradients (see ``LossScaling``).
+    and makes the update conditional on finite gradients (see ``LossScaling``). ``masters``
+    maps ``id(master)`` to the model's parameter for each float32 master weight the optimizer
+    holds in place of a half-precision parameter: the gradient is widened to float32, the
+    master updated (``master:<name>``) and the parameter set to it rounded to its dtype.
     ``pipeline`` runs last. ``instrumentation`` (the pass manager's printing and timing
     switches) covers every pass, as one pipeline.
     """
@@ -341,6 +345,7 @@ def build_training_module(
                 scalar_dtypes,
                 grad_clip=grad_clip,
                 loss_scaling=loss_scaling,
+                masters=masters,
             )
         if grad_norm is not None:
             outputs.append(grad_norm)
@@ -457,6 +462,7 @@ def _trace_update(
     grad_clip: GradClip | None = None,
     write_back_clipped: bool = False,
     loss_scaling: LossScaling | None = None,
+    masters: dict[int, Tensor] | None = None,
 ) -> tuple[list[_ScalarSource], Tensor | None]:
     """Record the optimizer's update of ``trained`` against ghost gradient feeds (clipped by
     ``grad_clip`` first, and with ``write_back_clipped`` the clipped gradients written back to
@@ -469,11 +475,15 @@ def _trace_update(
     arithmetic gives the Python float (``_FedScalar``); a dtype other than float32 is appended
     to the role (``scalar:0:lr:float64``), so a group mixing dtypes gets one feed per dtype.
     ``loss_scaling`` unscales the gradients before clipping and keeps each update only when
-    they are all finite, then updates the scale."""
+    they are all finite, then updates the scale. ``masters``: as for ``build_training_module``."""
+    masters = masters or {}
     trained_ids = {id(p) for p in trained}
+    trained_ids |= {mid for mid, p in masters.items() if id(p) in trained_ids}
     saved = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
+            if id(p) in masters:  # named before the placeholders below capture it
+                tracer._names[id(p)] = f"master:{names[id(masters[id(p)])]}"
             saved[id(p)] = (p, p._grad)
             # Placeholders so _param_updates yields exactly the parameters that get a gradient.
             p._grad = lucid.zeros_like(p) if id(p) in trained_ids else None
@@ -510,13 +520,19 @@ def _trace_update(
     with lucid.no_grad():
         grads = []
         for param, _placeholder, st, _ in items:
-            if id(param) not in names:
+            model_param = masters.get(id(param), param)
+            if id(model_param) not in names:
                 raise ValueError("the optimizer holds a parameter that is not the model's")
-            pname = names[id(param)]
+            pname = names[id(model_param)]
             for key, t in st.items():
                 if isinstance(t, Tensor):
                     tracer._names[id(t)] = f"state:{pname}.{key}"
-            grads.append(tracer.input(tuple(param.shape), param.dtype, role=f"{grad_role}{pname}"))
+            grad = tracer.input(
+                tuple(model_param.shape), model_param.dtype, role=f"{grad_role}{pname}"
+            )
+            if model_param is not param:
+                grad = grad.to(param.dtype)
+            grads.append(grad)
         grad_norm = None
         finite = None
         fed_grads = grads
@@ -555,6 +571,9 @@ def _trace_update(
             if finite is not None:
                 for t, old in zip(written, before, strict=True):
                     t.copy_(lucid.where(finite, t, old))
+            model_param = masters.get(id(param))
+            if model_param is not None:
+                model_param.copy_(param)  # rounded to the parameter's dtype
         if loss_scaling is not None:
             loss_scaling.update_scale(finite)
     return sources, grad_norm

@@ -77,6 +77,7 @@ class FusedStep(_StepIntrospection):
         norm_type: float | str = 2.0,
         clip_grad_value: float | None = None,
         scaler: Any = None,
+        master_weights: bool = False,
     ):
         if not hasattr(model, "named_parameters"):
             raise TypeError(f"fused_step needs an nn.Module, got {type(model).__name__}")
@@ -98,7 +99,10 @@ class FusedStep(_StepIntrospection):
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._bound = Bound([model])
         self._opts = _StepOptions("fused_step", options, check, check_tolerance)
-        self._scaler = BoundScaler.of(scaler, "fused_step", self._params)
+        # id(float32 master) -> the half-precision parameter it stands in for
+        self._masters: dict[int, Tensor] = _master_weights(optimizer) if master_weights else {}
+        held = (p for g in optimizer.param_groups for p in g["params"])
+        self._scaler = BoundScaler.of(scaler, "fused_step", held)
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
@@ -111,6 +115,7 @@ class FusedStep(_StepIntrospection):
         self._entries.clear()
         self._params = list(self.model.parameters())
         held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        held |= {id(p) for p in self._masters.values()}
         stale = [n for n, t in bound.replaced(old) if id(t) in held]
         if stale:
             # Checked again on every call until the optimizer no longer holds them.
@@ -164,6 +169,7 @@ class FusedStep(_StepIntrospection):
                     pipeline=self._opts.pipeline,
                     grad_clip=self.grad_clip,
                     loss_scaling=self._loss_scaling(),
+                    masters=self._masters,
                     instrumentation=inst,
                 ),
                 inplace=not self.check_finite,
@@ -217,7 +223,14 @@ class FusedStep(_StepIntrospection):
             if key in cache.eager_only:
                 return self._eager_step(inputs)
             cache.note_compile(key)
-            key, entry = self._build(inputs)
+            try:
+                key, entry = self._build(inputs)
+            except CompileError as e:
+                if not self._masters or not _half_storage_refused(e):
+                    raise
+                # Until the backend stores half types: the same step, eagerly.
+                cache.mark_eager(key, f"master weights: {e}")
+                return self._eager_step(inputs)
             if key in cache.eager_only:  # known once the optimizer state exists
                 cache.pop(key)
                 return self._eager_step(inputs)
@@ -297,7 +310,13 @@ class FusedStep(_StepIntrospection):
         """An eager-only signature (its parity check failed): an eager training step."""
         scaler = self._grad_scaler()
         loss, _ = parity.eager_optimizer_step(
-            self.model, self.loss_fn, self.optimizer, inputs, self._clip(), scaler=scaler
+            self.model,
+            self.loss_fn,
+            self.optimizer,
+            inputs,
+            self._clip(),
+            scaler=scaler,
+            masters=self._masters,
         )
         self._view.find_reps()
         return Tensor._wrap(loss)
@@ -338,7 +357,13 @@ class FusedStep(_StepIntrospection):
             self._view.restore(pre_build)
         try:
             loss_e, grads_e = parity.eager_optimizer_step(
-                self.model, self.loss_fn, opt, inputs, self._clip(), scaler=self._grad_scaler()
+                self.model,
+                self.loss_fn,
+                opt,
+                inputs,
+                self._clip(),
+                scaler=self._grad_scaler(),
+                masters=self._masters,
             )
         finally:
             _rebind_state(opt, bound_state)
@@ -356,6 +381,12 @@ class FusedStep(_StepIntrospection):
                 feeds[f"ghost:{role}"] = g
         self._opts.mismatch(self, key, entry, bad, feeds, reference)
         return Tensor._wrap(loss_e)
+
+    def master_weights(self) -> dict[Tensor, Tensor]:
+        """Each half-precision parameter's float32 master weight (empty without
+        ``master_weights=True``)."""
+        by_id = {id(m): m for g in self.optimizer.param_groups for m in g["params"]}
+        return {p: by_id[mid] for mid, p in self._masters.items()}
 
     def _grad_scaler(self) -> Any:
         return None if self._scaler is None else self._scaler.scaler
@@ -395,6 +426,7 @@ def fused_step(
     norm_type: float | str = 2.0,
     clip_grad_value: float | None = None,
     scaler: Any = None,
+    master_weights: bool = False,
 ) -> FusedStep:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
@@ -418,6 +450,13 @@ def fused_step(
     eagerly: a step whose gradients are not all finite leaves the parameters and the optimizer
     state untouched, and the scaler's scale and growth tracker are updated (``get_scale()`` and
     ``state_dict()`` see them). The returned loss is the unscaled one.
+
+    ``master_weights=True`` (for float16/bfloat16 models) replaces each half-precision parameter
+    in ``optimizer`` by a float32 master copy (``step.master_weights()`` maps them): the
+    optimizer and its state work in float32 on the half gradients widened, and each parameter is
+    set to its master rounded to its dtype. The optimizer must not have taken a step yet. Where
+    the backend cannot store half types yet, the step runs eagerly (``cache_info()["reasons"]``
+    says so).
     """
     return FusedStep(
         model,
@@ -432,4 +471,33 @@ def fused_step(
         norm_type=norm_type,
         clip_grad_value=clip_grad_value,
         scaler=scaler,
+        master_weights=master_weights,
     )
+
+
+def _master_weights(optimizer: Any) -> dict[int, Tensor]:
+    """Put a float32 copy of each half-precision parameter in ``optimizer`` in its place;
+    ``{id(master): parameter}``."""
+    from lucid import _dtype
+
+    if optimizer.state:
+        raise ValueError(
+            "fused_step: master_weights=True needs an optimizer that has not taken a step yet "
+            "(its state would belong to the half-precision parameters)"
+        )
+    masters: dict[int, Tensor] = {}
+    for group in optimizer.param_groups:
+        params = group["params"]
+        for i, p in enumerate(params):
+            if p.dtype in (_dtype.float16, _dtype.bfloat16):
+                master = Tensor._wrap(p._data.astype(np.float32))
+                master._requires_grad = p._requires_grad
+                params[i] = master
+                masters[id(master)] = p
+    return masters
+
+
+def _half_storage_refused(error: CompileError) -> bool:
+    """Whether compiling failed only because the backend stores no half types yet."""
+    text = str(error)
+    return "storage not supported" in text and ("float16" in text or "bfloat16" in text)
