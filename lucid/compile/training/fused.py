@@ -99,10 +99,12 @@ class FusedStep(_StepIntrospection):
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._bound = Bound([model])
         self._opts = _StepOptions("fused_step", options, check, check_tolerance)
+        # Checked before master weights change the optimizer (whose half parameters they
+        # replace: the scaler then sees float32 masters only).
+        held = [] if master_weights else [p for g in optimizer.param_groups for p in g["params"]]
+        self._scaler = BoundScaler.of(scaler, "fused_step", held)
         # id(float32 master) -> the half-precision parameter it stands in for
         self._masters: dict[int, Tensor] = _master_weights(optimizer) if master_weights else {}
-        held = (p for g in optimizer.param_groups for p in g["params"])
-        self._scaler = BoundScaler.of(scaler, "fused_step", held)
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
@@ -307,7 +309,8 @@ class FusedStep(_StepIntrospection):
         return clip_eagerly
 
     def _eager_step(self, inputs: tuple) -> Tensor:
-        """An eager-only signature (its parity check failed): an eager training step."""
+        """An eager-only signature (its parity check failed, or master weights of half types the
+        backend cannot store yet): an eager training step."""
         scaler = self._grad_scaler()
         loss, _ = parity.eager_optimizer_step(
             self.model,

@@ -48,6 +48,8 @@ class BoundScaler:
     def key(self) -> tuple:
         """What a compiled step bakes in: the scale tensor it binds and the growth options."""
         sc = self.scaler
+        if sc._scale is None:  # the tensor the step binds exists from the first key on
+            sc._lazy_init()
         return (
             id(sc._scale),
             sc.get_growth_factor(),
