@@ -81,6 +81,7 @@ def from_numpy(array) -> Tensor:
 from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
     accelerator,
     cuda,
+    distributed,
     linalg,
     nn,
     optim,

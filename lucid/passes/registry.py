@@ -27,6 +27,7 @@ _BUILTIN = {
     "prim-simplify": "lucid.passes.prim_simplify:PrimSimplify",
     "vjp": "lucid.passes.vjp:VJP",
     "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
+    "grad-allreduce": "lucid.passes.grad_allreduce:GradAllReduce",
     "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",
     "shape-specialize": "lucid.passes.shape_specialize:ShapeSpecialize",
 }
