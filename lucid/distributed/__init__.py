@@ -170,6 +170,30 @@ def _storage(t: Any, g: Any, what: str) -> np.ndarray:
     return t._data
 
 
+def _check_blocks(g: Any, what: str, whole: np.ndarray, block: np.ndarray) -> None:
+    """``whole`` must hold ``world_size`` blocks the size of ``block``, of the same dtype."""
+    if whole.size != block.size * g.size or whole.dtype != block.dtype:
+        raise ValueError(
+            g.error(
+                f"{what}: {whole.shape} {whole.dtype} must hold world_size={g.size} blocks of "
+                f"{block.shape} {block.dtype}"
+            )
+        )
+
+
+def _check_list(g: Any, what: str, arrays: list, like: np.ndarray) -> None:
+    """One array per rank, each with ``like``'s shape and dtype."""
+    if len(arrays) != g.size:
+        raise ValueError(g.error(f"{what}: the list has {len(arrays)} tensors for {g.size} ranks"))
+    for r, a in enumerate(arrays):
+        if a.shape != like.shape or a.dtype != like.dtype:
+            raise ValueError(
+                g.error(
+                    f"{what}: list[{r}] is {a.shape} {a.dtype}, expected {like.shape} {like.dtype}"
+                )
+            )
+
+
 def _written(t: Tensor) -> None:
     t._version[0] += 1  # an in-place write: autograd's saved-tensor checks must see it
 
@@ -193,13 +217,7 @@ def all_gather_into_tensor(output: Tensor, input: Tensor, group: Any = None) -> 
     g = _group(group)
     src = _storage(input, g, "all_gather_into_tensor")
     out = _storage(output, g, "all_gather_into_tensor")
-    if out.size != src.size * g.size or out.dtype != src.dtype:
-        raise ValueError(
-            g.error(
-                f"all_gather_into_tensor: output {out.shape} {out.dtype} must hold world_size="
-                f"{g.size} copies of input {src.shape} {src.dtype}"
-            )
-        )
+    _check_blocks(g, "all_gather_into_tensor output", out, src)
     g.all_gather_array(out.reshape((g.size, *src.shape)) if out.flags.c_contiguous else out, src)
     _written(output)
 
@@ -208,19 +226,8 @@ def all_gather(tensor_list: list, tensor: Tensor, group: Any = None) -> None:
     """``tensor_list[r]`` receives rank ``r``'s ``tensor`` (one tensor per rank, same shape)."""
     g = _group(group)
     src = _storage(tensor, g, "all_gather")
-    if len(tensor_list) != g.size:
-        raise ValueError(
-            g.error(f"all_gather: tensor_list has {len(tensor_list)} tensors for {g.size} ranks")
-        )
     outs = [_storage(t, g, "all_gather") for t in tensor_list]
-    for r, o in enumerate(outs):
-        if o.shape != src.shape or o.dtype != src.dtype:
-            raise ValueError(
-                g.error(
-                    f"all_gather: tensor_list[{r}] is {o.shape} {o.dtype}, the input is "
-                    f"{src.shape} {src.dtype}"
-                )
-            )
+    _check_list(g, "all_gather", outs, src)
     gathered = np.empty((g.size, *src.shape), dtype=src.dtype)
     g.all_gather_array(gathered, src)
     for t, o, part in zip(tensor_list, outs, gathered, strict=True):
@@ -239,13 +246,7 @@ def reduce_scatter_tensor(
     g = _group(group)
     src = _storage(input, g, "reduce_scatter_tensor")
     out = _storage(output, g, "reduce_scatter_tensor")
-    if src.size != out.size * g.size or out.dtype != src.dtype:
-        raise ValueError(
-            g.error(
-                f"reduce_scatter_tensor: input {src.shape} {src.dtype} must be world_size="
-                f"{g.size} blocks of output {out.shape} {out.dtype}"
-            )
-        )
+    _check_blocks(g, "reduce_scatter_tensor input", src, out)
     g.reduce_scatter_array(out, src, as_reduce_op(op))
     _written(output)
 
@@ -258,19 +259,8 @@ def reduce_scatter(
 ) -> None:
     """``output`` = ``input_list[rank]`` reduced over the ranks (one input per rank)."""
     g = _group(group)
-    if len(input_list) != g.size:
-        raise ValueError(
-            g.error(f"reduce_scatter: input_list has {len(input_list)} tensors for {g.size} ranks")
-        )
     out = _storage(output, g, "reduce_scatter")
     parts = [_storage(t, g, "reduce_scatter") for t in input_list]
-    for r, p in enumerate(parts):
-        if p.shape != out.shape or p.dtype != out.dtype:
-            raise ValueError(
-                g.error(
-                    f"reduce_scatter: input_list[{r}] is {p.shape} {p.dtype}, the output is "
-                    f"{out.shape} {out.dtype}"
-                )
-            )
+    _check_list(g, "reduce_scatter", parts, out)
     g.reduce_scatter_array(out, np.stack(parts), as_reduce_op(op))
     _written(output)

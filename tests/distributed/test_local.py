@@ -131,8 +131,10 @@ def test_collectives_refuse_bad_input():
         dist.all_reduce(np.ones(3), group=group)
     with pytest.raises(ValueError, match="unknown reduce op 'product'"):
         dist.all_reduce(lucid.ones(3), op="product", group=group)
-    with pytest.raises(ValueError, match="tensor_list has 2 tensors for 1 ranks"):
+    with pytest.raises(ValueError, match="all_gather: the list has 2 tensors for 1 ranks"):
         dist.all_gather([lucid.ones(2), lucid.ones(2)], lucid.ones(2), group=group)
+    with pytest.raises(ValueError, match=r"must hold world_size=1 blocks of \(2,\) float32"):
+        dist.all_gather_into_tensor(lucid.zeros(3), lucid.zeros(2), group=group)
 
 
 # --- DistributedSampler: PyTorch's rules ----------------------------------------------------
