@@ -29,8 +29,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _worker(workloads: list[str], steps: int) -> None:
-    sys.path.insert(0, HERE)
+def _timed(fn, n: int) -> float:
+    """Median milliseconds of ``n`` calls of ``fn``, every rank starting each call together."""
+    import lucid.distributed as dist
+
+    times = []
+    for _ in range(n):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _measure(wl: str, steps: int) -> dict:
+    """One workload's row on this rank: step, compute-only and all-reduce medians (ms)."""
     import numpy as np
     from workloads import data, lucid_loss, lucid_model
 
@@ -39,48 +52,43 @@ def _worker(workloads: list[str], steps: int) -> None:
     from lucid import optim
     from lucid.nn.parallel import DistributedDataParallel
 
+    model = lucid_model(wl)
+    ddp = DistributedDataParallel(model)
+    opt = (optim.AdamW if wl == "F" else optim.SGD)(ddp.parameters(), lr=1e-3)
+    loss_fn = lucid_loss(wl)
+    x, y = data(wl, seed=dist.get_rank())
+    args = (lucid.tensor(x),) if y is None else (lucid.tensor(x), lucid.tensor(y))
+
+    def step() -> None:
+        opt.zero_grad()
+        loss_fn(ddp(args[0]), *args[1:]).backward()
+        opt.step()
+
+    step()  # warm-up: first-call allocations
+    step_ms = _timed(step, steps)
+    with ddp.no_sync():
+        compute_ms = _timed(step, steps)
+    n_bytes = sum(p._data.nbytes for p in model.parameters())
+    flat = lucid.tensor(np.zeros(n_bytes // 4, dtype=np.float32))
+    reduce_ms = _timed(lambda: dist.all_reduce(flat), max(steps, 5))
+    return dict(
+        workload=wl,
+        procs=dist.get_world_size(),
+        grad_mb=n_bytes / 2**20,
+        step_ms=step_ms,
+        compute_ms=compute_ms,
+        allreduce_ms=reduce_ms,
+    )
+
+
+def _worker(workloads: list[str], steps: int) -> None:
+    sys.path.insert(0, HERE)
+    import lucid.distributed as dist
+
     dist.init_process_group("mpi")
-    rank, size = dist.get_rank(), dist.get_world_size()
     for wl in workloads:
-        model = lucid_model(wl)
-        ddp = DistributedDataParallel(model)
-        opt = (optim.AdamW if wl == "F" else optim.SGD)(ddp.parameters(), lr=1e-3)
-        loss_fn = lucid_loss(wl)
-        x, y = data(wl, seed=rank)
-        args = (lucid.tensor(x),) if y is None else (lucid.tensor(x), lucid.tensor(y))
-
-        def step() -> None:
-            opt.zero_grad()
-            out = ddp(args[0])
-            loss = loss_fn(out, *args[1:])
-            loss.backward()
-            opt.step()
-
-        def timed(fn, n: int) -> float:
-            times = []
-            for _ in range(n):
-                dist.barrier()
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
-            return statistics.median(times) * 1e3
-
-        step()  # warm-up: first-call allocations
-        step_ms = timed(step, steps)
-        with ddp.no_sync():
-            compute_ms = timed(step, steps)
-        n_bytes = sum(p._data.nbytes for p in model.parameters())
-        flat = lucid.tensor(np.zeros(n_bytes // 4, dtype=np.float32))
-        reduce_ms = timed(lambda: dist.all_reduce(flat), max(steps, 5))
-        if rank == 0:
-            row = dict(
-                workload=wl,
-                procs=size,
-                grad_mb=n_bytes / 2**20,
-                step_ms=step_ms,
-                compute_ms=compute_ms,
-                allreduce_ms=reduce_ms,
-            )
+        row = _measure(wl, steps)
+        if dist.get_rank() == 0:
             print("RESULT " + json.dumps(row), flush=True)
     dist.destroy_process_group()
 
@@ -120,9 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for procs in args.procs:
         rows += _launch(procs, args.workloads, args.steps, args.timeout)
-    print(
-        f"{'wl':<3} {'procs':>5} {'grad MB':>8} {'step ms':>9} {'compute ms':>11} {'allreduce ms':>13}"
-    )
+    header = ("wl", "procs", "grad MB", "step ms", "compute ms", "allreduce ms")
+    print("{:<3} {:>5} {:>8} {:>9} {:>11} {:>13}".format(*header))
     for r in sorted(rows, key=lambda r: (r["workload"], r["procs"])):
         print(
             f"{r['workload']:<3} {r['procs']:>5} {r['grad_mb']:>8.1f} {r['step_ms']:>9.1f} "
