@@ -125,16 +125,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         _worker(args.workloads, args.steps)
         return
-    rows = []
-    for procs in args.procs:
-        rows += _launch(procs, args.workloads, args.steps, args.timeout)
     header = ("wl", "procs", "grad MB", "step ms", "compute ms", "allreduce ms")
-    print("{:<3} {:>5} {:>8} {:>9} {:>11} {:>13}".format(*header))
-    for r in sorted(rows, key=lambda r: (r["workload"], r["procs"])):
-        print(
-            f"{r['workload']:<3} {r['procs']:>5} {r['grad_mb']:>8.1f} {r['step_ms']:>9.1f} "
-            f"{r['compute_ms']:>11.1f} {r['allreduce_ms']:>13.2f}"
-        )
+    print("{:<3} {:>5} {:>8} {:>9} {:>11} {:>13}".format(*header), flush=True)
+    for procs in args.procs:  # rows as each job ends: a long run shows its progress
+        for r in _launch(procs, args.workloads, args.steps, args.timeout):
+            print(
+                f"{r['workload']:<3} {r['procs']:>5} {r['grad_mb']:>8.1f} {r['step_ms']:>9.1f} "
+                f"{r['compute_ms']:>11.1f} {r['allreduce_ms']:>13.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

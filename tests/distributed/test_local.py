@@ -112,6 +112,43 @@ def test_one_rank_ddp_gives_plain_gradients_and_keeps_state_dict_keys():
     assert list(ddp.state_dict()) == [f"module.{k}" for k in plain.state_dict()]
 
 
+class TwoRanksOfOne(OneRank):
+    """Claims two ranks but reduces only its own buffer (the other rank contributes zeros):
+    records when each bucket's non-blocking all-reduce starts."""
+
+    size = 2
+
+    def __init__(self):
+        super().__init__()
+        self.started = []
+
+    def start_all_reduce(self, arr, op):
+        self.started.append(arr.size)
+        return len(self.started)
+
+    def wait(self, requests, what):
+        assert requests == list(range(1, len(self.started) + 1))
+
+
+def test_buckets_start_during_backward_and_in_order():
+    model, plain = _mlp(), _mlp()
+    group = TwoRanksOfOne()
+    ddp = DDP(model, process_group=group, bucket_cap_mb=1e-9)  # one parameter per bucket
+    started_when_first_layer_ready = []
+    first_weight = model[0].weight  # backward reaches it last
+    first_weight.register_post_accumulate_grad_hook(
+        lambda t: started_when_first_layer_ready.append(len(group.started))
+    )
+    x = lucid.randn(5, 4).double()
+    ddp(x).sum().backward()
+    plain(x).sum().backward()
+    # The last layers' buckets were already in flight while backward reached the first layer.
+    assert started_when_first_layer_ready[0] >= 2
+    assert group.started == [p._data.size for p in reversed(list(model.parameters()))]
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        assert_close(p.grad.numpy(), q.grad.numpy() / 2, rtol=1e-15, atol=0)  # sum / world size
+
+
 def test_ddp_without_a_process_group_names_init_process_group():
     previous = dist.set_default_group(None)
     try:
