@@ -158,6 +158,29 @@ def ddp_sgd_adamw_float32() -> None:
 
 
 @check
+def ddp_compiled_optimizer() -> None:
+    """Eager DDP backward, then ``compile_optimizer``'s executable updates from the averaged
+    gradients: the same parameters as one process on the whole batch with the eager AdamW."""
+    r, n = rank_size()
+    per_rank = 4
+    local, ref = _mlp(lucid.float64, seed=30 + r), _mlp(lucid.float64, seed=30)
+    ddp = DDP(local)
+    opt = optim.AdamW(ddp.parameters(), lr=0.01, weight_decay=0.1)
+    lucid.compile.compile_optimizer(opt)  # opt.step is now one cached executable
+    ref_opt = optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.1)
+    for x, y in _batches(n, 3, per_rank, lucid.float64, seed=5):
+        opt.zero_grad()
+        shard = slice(r * per_rank, (r + 1) * per_rank)
+        ((ddp(lucid.tensor(x[shard])) - lucid.tensor(y[shard])) ** 2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ((ref(lucid.tensor(x)) - lucid.tensor(y)) ** 2).mean().backward()
+        ref_opt.step()
+    for (name, p), q in zip(local.named_parameters(), ref.parameters(), strict=True):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+@check
 def ddp_batchnorm() -> None:
     """What PyTorch's DDP guarantees with BatchNorm (each rank normalizes with its own batch
     statistics; buffers are broadcast from rank 0 before every forward): the averaged gradient

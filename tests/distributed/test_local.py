@@ -149,6 +149,19 @@ def test_buckets_start_during_backward_and_in_order():
         assert_close(p.grad.numpy(), q.grad.numpy() / 2, rtol=1e-15, atol=0)  # sum / world size
 
 
+def test_compiling_ddp_falls_back_to_eager_or_refuses_never_skips_the_all_reduce():
+    model = _mlp()
+    ddp = DDP(model, process_group=OneRank())
+    x = lucid.randn(5, 4).double()
+    cm = lucid.compile(ddp)
+    assert_close(cm(x).detach().numpy(), model(x).detach().numpy(), rtol=0, atol=0)
+    (reason,) = cm.cache_info()["reasons"].values()
+    assert "DistributedDataParallel" in reason
+    opt = lucid.optim.SGD(ddp.parameters(), lr=0.1)
+    with pytest.raises(lucid.compile.CompileError, match="DistributedDataParallel"):
+        lucid.compile.fused_step(ddp, lambda out: (out**2).mean(), opt)(x)
+
+
 def test_ddp_without_a_process_group_names_init_process_group():
     previous = dist.set_default_group(None)
     try:

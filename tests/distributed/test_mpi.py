@@ -65,7 +65,7 @@ def _assert_passed(n: int, checks: list[str]) -> None:
 
 
 def test_two_processes():
-    _assert_passed(2, ["collectives", "ddp_sgd_float64", "ddp_batchnorm"])
+    _assert_passed(2, ["collectives", "ddp_sgd_float64", "ddp_batchnorm", "ddp_compiled_optimizer"])
 
 
 def test_four_processes():
@@ -83,6 +83,7 @@ def test_every_check(n):
             "ddp_adamw_float64",
             "ddp_sgd_adamw_float32",
             "ddp_batchnorm",
+            "ddp_compiled_optimizer",
             "ddp_no_sync",
             "ddp_unused_parameters",
             "sampler",

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lucid._autograd import queue_callback
+from lucid._state import state
 from lucid._tensor import Tensor
 from lucid.distributed import default_group
 from lucid.distributed._group import ReduceOp
@@ -141,6 +142,14 @@ class DistributedDataParallel(Module):
         return [len(b.params) for b in self._buckets]
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if state.tracer is not None:
+            # A compiled training step writes p.grad without the autograd engine, so the hooks
+            # would never average it: the replicas would drift apart silently. Refuse instead
+            # (lucid.compile falls back to eager; fused_step/compiled_step raise the reason).
+            return state.tracer.graph_break(
+                "DistributedDataParallel: its gradient all-reduce runs in eager backward hooks; "
+                "run the DDP model eagerly (compile_optimizer works: it reads the averaged p.grad)"
+            )
         group = self.process_group
         if self.broadcast_buffers and group.size > 1:
             buffers = list(self.module.buffers())
