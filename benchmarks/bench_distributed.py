@@ -12,8 +12,9 @@ AdamW for F) on the workload's batch, so the global batch grows with the number 
 - ``all-reduce``: one blocking all-reduce of every gradient in one flat buffer, between barriers.
 
 The launcher starts ``mpirun --oversubscribe -n N`` for each N; rank 0 prints one JSON line per
-workload, which the launcher collects into a table. On a 2-core machine 4 processes share 2
-cores: the 4-process rows measure oversubscription, not scaling.
+workload, which the launcher collects into a table. Each rank gets ``cores // N`` BLAS and
+native threads (at least one). On a 2-core machine 4 processes share 2 cores: the 4-process rows
+measure oversubscription, not scaling.
 """
 
 from __future__ import annotations
@@ -94,10 +95,15 @@ def _worker(workloads: list[str], steps: int) -> None:
 
 
 def _launch(procs: int, workloads: list[str], steps: int, timeout: float) -> list[dict]:
+    # One BLAS/native thread per core and rank: N ranks each starting a pool as wide as the
+    # machine would run N times more threads than cores.
+    threads = str(max(1, (os.cpu_count() or 1) // procs))
+    pinned = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "LUCID_NUM_THREADS")
     command = [
         "mpirun",
         "--oversubscribe",
         "--allow-run-as-root",
+        *[arg for name in pinned for arg in ("-x", f"{name}={threads}")],
         "-n",
         str(procs),
         sys.executable,

@@ -109,10 +109,12 @@ class MPIProcessGroup:
         """Complete ``requests`` or raise ``DistributedTimeoutError`` after the timeout."""
         if not requests:
             return
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         pause = 0.0
         while not self._mpi.Request.Testall(requests):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 _abort_at_exit(self)
                 raise DistributedTimeoutError(
                     self.error(
@@ -121,10 +123,12 @@ class MPIProcessGroup:
                         "collectives in the same order)"
                     )
                 )
-            # Poll hot for the short waits of a healthy step, then back off so that a rank
-            # waiting for a slow peer leaves the core to it (ranks may share cores).
+            # MPI moves a large message in fragments, each needing a Testall on both sides:
+            # poll (yielding the core, which ranks may share) for the first half second, and
+            # only then back off to a slower poll while waiting for a late or dead peer.
             time.sleep(pause)
-            pause = min(pause * 2 or 1e-5, 2e-3)
+            if now - start > 0.5:
+                pause = min(pause * 2 or 1e-4, 2e-3)
 
     def test(self, requests: list) -> bool:
         """Whether ``requests`` have completed (and drive MPI's progress on them)."""
