@@ -7,7 +7,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from lucid._state import state
+from lucid._state import autocast_suspended, state
 from lucid.ops._registry import OpDef, VJPContext
 
 
@@ -336,7 +336,7 @@ def run_backward(
     # Post-accumulate-grad hooks fire once per leaf, after its last gradient of this backward.
     hook_uses = _leaf_hook_uses(order) if _hooked_tensors[0] and capture is None else None
     fired: dict[int, Any] = {}
-    with set_grad_enabled(bool(create_graph)):
+    with set_grad_enabled(bool(create_graph)), autocast_suspended():
         for node in order:
             gouts = pending.pop(id(node), None)
             if gouts is None:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from lucid._native_loader import _native
 from lucid._threads import thread_env_error
 from lucid.backends.base import Backend, Unsupported
-from lucid.backends.prim_ops import PRIM_OPS
 from lucid.ir._gc import paused_gc
+from lucid.ir.prim import PRIM_OPS
 
 if TYPE_CHECKING:
     from lucid.backends.cpu.program import Program
@@ -74,13 +74,18 @@ class CPUBackend(Backend):
     def supported_ops(self) -> frozenset[str]:
         return frozenset(PRIM_OPS) & frozenset(_native.op_names())
 
+    def refusal(self, module: Any) -> str | None:
+        from lucid.backends.cpu.emit import storage_refusal
+
+        return storage_refusal(module) or super().refusal(module)
+
     def program(self, module: Any, *, inplace_updates: bool = True) -> Program:
         """The (fused, unless ``fuse=False``) native program of a prim module; with
         ``inplace_updates``, ``update:<role>`` results are written into their feeds by the
         runtime."""
         from lucid.backends.cpu.emit import EmitError, emit_program
         from lucid.backends.cpu.program import Instr, Program
-        from lucid.backends.prim_ops import Aval
+        from lucid.ir.prim import Aval
 
         _split.ms = {}
         with _step("emit"):

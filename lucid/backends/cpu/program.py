@@ -1,12 +1,12 @@
 """The native program model, built in Python: typed value slots + instructions + feeds and results.
 
 A :class:`Program` is what the CPU backend hands to ``lucid._native.compile`` in one call (through
-:meth:`Program.describe`). Building it runs each op's shape/dtype rule from ``prim_ops`` so mistakes
-surface early with the op's name; the native validator checks the same rules again, so a
+:meth:`Program.describe`). Building it runs each op's shape/dtype rule from ``lucid.ir.prim`` so
+mistakes surface early with the op's name; the native validator checks the same rules again, so a
 description assembled by hand can never crash the process either.
 
 :meth:`Program.interpret` is the numpy reference interpreter: it runs every instruction through the
-op's reference semantics in ``prim_ops`` and is what native results are tested against.
+op's reference semantics in ``lucid.ir.prim`` and is what native results are tested against.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends import prim_ops
-from lucid.backends.prim_ops import NUMPY_DTYPES, Aval, PrimError
+from lucid.ir import prim as prim_ops
+from lucid.ir.prim import NUMPY_DTYPES, Aval, PrimError
 
 FUSED = "fused"
 
@@ -49,6 +49,16 @@ class Instr:
         return self.out_nodes if self.out_nodes is not None else (len(self.nodes) - 1,)
 
 
+# The prim dtypes the native runtime cannot hold yet, by their Lucid names.
+_NO_STORAGE = {"f16": "float16", "bf16": "bfloat16"}
+
+
+def storage_problem(dtype: str) -> str | None:
+    """Why the native runtime cannot hold values of prim ``dtype``, or None."""
+    name = _NO_STORAGE.get(dtype)
+    return f"cpu backend: {name} storage not supported yet" if name else None
+
+
 class Program:
     """A straight-line program over typed value slots with static shapes."""
 
@@ -62,6 +72,9 @@ class Program:
     def new_slot(self, shape: Sequence[int], dtype: str) -> int:
         if dtype not in NUMPY_DTYPES:
             raise PrimError(f"unknown dtype {dtype!r}; expected one of {prim_ops.DTYPES}")
+        problem = storage_problem(dtype)
+        if problem:
+            raise PrimError(problem)
         self.slots.append(Aval(tuple(int(d) for d in shape), dtype))
         return len(self.slots) - 1
 
