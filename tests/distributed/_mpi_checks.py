@@ -191,8 +191,10 @@ def ddp_batchnorm() -> None:
 
     def make(seed):
         lucid.manual_seed(seed)
+        # No bias before BatchNorm: its exact gradient is zero, and AdamW would turn the
+        # round-off left in it into full-size steps (noise, not a property of DDP).
         return nn.Sequential(
-            nn.Linear(5, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)
+            nn.Linear(5, 6, bias=False), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)
         ).double()
 
     local, ref = make(7 + r), make(7)
@@ -222,7 +224,7 @@ def ddp_batchnorm() -> None:
         ref_opt.step()
     for (name, p), q in zip(local.named_parameters(), ref.parameters(), strict=True):
         np.testing.assert_allclose(
-            p.numpy(), q.numpy(), rtol=1e-12, atol=1e-12, err_msg=f"rank {r}: {name}"
+            p.numpy(), q.numpy(), rtol=1e-10, atol=1e-12, err_msg=f"rank {r}: {name}"
         )
     if r == 0:  # rank 0's running statistics are the reference's (shard 0's updates)
         for (name, b), q in zip(local.named_buffers(), ref_buffers, strict=True):
