@@ -26,12 +26,19 @@ from lucid.passes.grad_allreduce import GradAllReduceError, insert_grad_allreduc
 from lucid.testing import assert_close
 from lucid.trace import _tracing
 
-_spec = importlib.util.spec_from_file_location(
-    "thread_group", os.path.join(os.path.dirname(__file__), "_thread_group.py")
-)
-_thread_group = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_thread_group)
-ThreadGroup = _thread_group.ThreadGroup
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(os.path.dirname(__file__), path)
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ThreadGroup = _load("thread_group", "_thread_group.py").ThreadGroup
+# forward + loss + a hand-written SGD update on ghost gradient feeds, x of 4 rows
+_sgd_step_module = _load("ghost_grads_tests", "../passes/test_ghost_grads.py")._sgd_step_module
 
 
 @pytest.fixture
@@ -94,28 +101,11 @@ def test_every_rank_gets_the_whole_batch_gradient(group_of, n):
             assert_close(rank_results[f"grad:param:{name}"], p.grad.numpy(), rtol=1e-12, atol=1e-15)
 
 
-def _sgd_step_module(n_rows: int):
-    with _tracing() as tr:
-        x = tr.input((n_rows, 3), lucid.float64)
-        w = tr.input((3, 2), lucid.float64, role="param:w")
-        b = tr.input((2,), lucid.float64, role="param:b")
-        loss = ((x @ w + b).tanh() ** 2).mean()
-        gw = tr.input((3, 2), lucid.float64, role="ghost:param:w")
-        gb = tr.input((2,), lucid.float64, role="ghost:param:b")
-        trace = tr.finish([loss, w - gw * 0.5, b - gb * 0.5])
-    return import_trace(trace)
-
-
 def test_the_optimizer_update_reads_the_averaged_gradients(group_of):
     """``grad-allreduce`` runs before ``ghost-grads``: the update binds to the averages."""
     n, rows = 2, 4
-    rng = np.random.default_rng(0)
-    xa, w0, b0 = (
-        rng.standard_normal((n * rows, 3)),
-        rng.standard_normal((3, 2)),
-        rng.standard_normal(2),
-    )
-    module = _sgd_step_module(rows)
+    module, w0, b0 = _sgd_step_module()
+    xa = np.random.default_rng(0).standard_normal((n * rows, 3))
     PassManager("vjp{wrt=params},grad-allreduce,ghost-grads,canonicalize,cse,dce").run(module)
     assert result_roles(forward_func(module)) == ["output:0", "output:1", "output:2"]
     assert len(_all_reduce_ops(module)) == 1  # both gradients share one 25 MB bucket
