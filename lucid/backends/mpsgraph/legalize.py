@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from lucid.ir import _xdsl as x
 from lucid.ir.prim.dialect import PrimIROp, create_prim, prim_attrs
+from lucid.ir.prim.expand import expand_composites
 from lucid.passes._blocks import blocks_of
 from lucid.passes.registry import register_pass
 
@@ -122,6 +123,7 @@ def _split_matmul_accumulate(block: x.Block) -> None:
 
 def legalize(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -> None:
     """Rewrite ``module`` in place for MPSGraph; raise MPSGraphUnsupported if it cannot run."""
+    expand_composites(module)  # MPSGraph has no kernel of a composite prim op
     reason = legalize_refusal(module, macos)
     if reason is not None:
         raise MPSGraphUnsupported(reason)
