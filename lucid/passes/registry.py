@@ -31,6 +31,7 @@ _BUILTIN = {
     "grad-allreduce": "lucid.passes.grad_allreduce:GradAllReduce",
     "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",
     "shape-specialize": "lucid.passes.shape_specialize:ShapeSpecialize",
+    "partition": "lucid.passes.partition:Partition",
 }
 
 _PASSES: dict[str, Callable[[], type[x.ModulePass]]] = {}
