@@ -307,7 +307,7 @@ def sampler() -> None:
 
 @check
 def grad_allreduce_pass() -> None:
-    from lucid.compile._training import build_training_module
+    from lucid.compile.training import build_training_module
     from lucid.ir import interpret
 
     r, n = rank_size()

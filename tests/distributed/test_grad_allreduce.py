@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import lucid
 import lucid.distributed as dist
 from lucid import nn
-from lucid.compile._training import build_training_module
+from lucid.compile.training import build_training_module
 from lucid.ir import forward_func, import_trace, interpret, result_roles
 from lucid.passes import Instrumentation, PassFailure, PassManager
 from lucid.passes.grad_allreduce import GradAllReduceError, insert_grad_allreduce
