@@ -48,6 +48,9 @@ def _type_problem(t: x.Attribute) -> str | None:
         return None
     if isinstance(t.element_type, x.Float64Type):
         return "float64 (MPSGraph has no 64-bit float; use float32 or backend='cpu')"
+    if t.element_type in (x.f16, x.bf16):
+        name = "float16" if t.element_type == x.f16 else "bfloat16"
+        return f"{name} (mpsgraph backend: {name} storage not supported yet)"
     shape = t.get_shape()
     if any(d == 0 for d in shape):
         return f"a zero-sized dimension in {t} (MPSGraph cannot create one)"
