@@ -10,6 +10,8 @@ Runs on a ``prim`` module (after ``lower-to-prim``), before the emitter:
   such modules are refused;
 - integer matmul is refused (PyTorch never gives it to MPSGraph), and so is a matmul with a
   dimension above 2**15 when the running macOS is older than 14.4 (wrong results there);
+- a type the running macOS lacks is refused with the version that introduced it
+  (``MPSDataTypeBFloat16``: macOS 14.0); float16 and bfloat16 are otherwise native;
 - int64 indices: MPSGraph's gathers, scatters and one-hot take Int32 indices. The narrowing is not
   an IR rewrite here on purpose: the emitter range-checks the int64 values first and casts after
   (``prim.cast`` to i32 would wrap 2**32 + 1 into range and read the wrong row silently);
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from lucid.ir import _xdsl as x
 from lucid.ir.prim import PrimIROp, create_prim, prim_attrs
 from lucid.passes._blocks import blocks_of
+from lucid.backends.mpsgraph.selectors import MPS_DTYPES, dtype_introduced, macos_key
 from lucid.passes.registry import register_pass
 
 __all__ = ["MPSGraphLegalize", "MPSGraphUnsupported", "legalize", "legalize_refusal"]
@@ -42,11 +45,22 @@ class MPSGraphUnsupported(ValueError):
         super().__init__(f"MPSGraph cannot run this graph: {reason}")
 
 
-def _type_problem(t: x.Attribute) -> str | None:
+# Element types by the prim dtype name their MPSDataType is keyed by (selectors.MPS_DTYPES).
+_HALF_ELEMENT_TYPES = ((x.Float16Type, "f16"), (x.BFloat16Type, "bf16"))
+
+
+def _type_problem(t: x.Attribute, macos: tuple[int, ...] | None = None) -> str | None:
     if not isinstance(t, x.TensorType):
         return None
     if isinstance(t.element_type, x.Float64Type):
         return "float64 (MPSGraph has no 64-bit float; use float32 or backend='cpu')"
+    for cls, prim_dtype in _HALF_ELEMENT_TYPES:
+        since = dtype_introduced(prim_dtype)
+        if isinstance(t.element_type, cls) and macos is not None and macos < macos_key(since):
+            return (
+                f"{t.element_type} ({MPS_DTYPES[prim_dtype][0]} needs macOS {since}; this is "
+                f"macOS {'.'.join(map(str, macos))})"
+            )
     shape = t.get_shape()
     if any(d == 0 for d in shape):
         return f"a zero-sized dimension in {t} (MPSGraph cannot create one)"
@@ -66,12 +80,14 @@ def _matmul_problem(op: x.Operation, macos: tuple[int, ...] | None) -> str | Non
     if not isinstance(op, PrimIROp) or op.name not in ("prim.matmul", "prim.matmul_accumulate"):
         return None
     t = op.results[0].type
-    if isinstance(t, x.TensorType) and not isinstance(t.element_type, x.Float32Type):
+    if isinstance(t, x.TensorType) and not isinstance(
+        t.element_type, (x.Float32Type, x.Float16Type, x.BFloat16Type)
+    ):
         # PyTorch never sends integer matmul to MPSGraph (use_metal_mm: its own kernel), and
         # MPSGraph's Int32/Int64 matrixMultiplication is undocumented.
         return (
             f"{op.name} on {t.element_type} (MPSGraph's matrix multiplication is used for "
-            "float32 only)"
+            "float32, float16 and bfloat16 only)"
         )
     if macos is not None and macos < _MATMUL_FIXED_IN:
         for v in op.operands[:2]:
@@ -90,12 +106,12 @@ def legalize_refusal(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -
     running version, when known) adds the refusals of older releases' bugs."""
     for block in blocks_of(module):
         for i, a in enumerate(block.args):
-            problem = _type_problem(a.type)
+            problem = _type_problem(a.type, macos)
             if problem:
                 return f"argument {i} has {problem}"
         for op in block.ops:
             for v in (*op.operands, *op.results):
-                problem = _type_problem(v.type)
+                problem = _type_problem(v.type, macos)
                 if problem:
                     return f"{op.name} has {problem}"
             problem = _matmul_problem(op, macos)
