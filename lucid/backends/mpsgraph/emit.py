@@ -420,7 +420,9 @@ def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
     fmod = c.select(c.bin("lessThan", a, zero), c.un("negative", mag), mag)
     b_is_zero = c.bin("equal", b, zero)
     defined = c.bin("logicalAND", c.un("isFinite", a), c.un("not", c.un("isNaN", b)))
-    fmod = c.select(c.bin("logicalAND", defined, c.un("not", b_is_zero)), fmod, c.const(math.nan, "f32"))
+    fmod = c.select(
+        c.bin("logicalAND", defined, c.un("not", b_is_zero)), fmod, c.const(math.nan, "f32")
+    )
 
     quotient = c.bin("division", a, b)
     div = c.bin("division", c.bin("subtraction", a, fmod), b)

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lucid.backends.mpsgraph.selectors import MPS_DTYPES, dtype_introduced, macos_key
 from lucid.ir import _xdsl as x
 from lucid.ir.prim import PrimIROp, create_prim, prim_attrs
 from lucid.passes._blocks import blocks_of
-from lucid.backends.mpsgraph.selectors import MPS_DTYPES, dtype_introduced, macos_key
 from lucid.passes.registry import register_pass
 
 __all__ = ["MPSGraphLegalize", "MPSGraphUnsupported", "legalize", "legalize_refusal"]

@@ -312,6 +312,7 @@ def dtype_introduced(prim_dtype: str) -> str:
     """The macOS version that introduced the MPSDataType of ``prim_dtype``."""
     return MPS_DTYPE_INTRODUCED.get(MPS_DTYPES[prim_dtype][0], "11.0")
 
+
 PRIM_OF_MPS_DTYPE: dict[str, str] = {name: prim for prim, (name, _) in MPS_DTYPES.items()}
 
 
@@ -647,10 +648,10 @@ EMISSION_NOTES: dict[str, str] = {
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
     "floor_divide": "floats: eager's (numpy's) divmod from an exact fmod (13 rounds of "
-    "Dekker products on Veltkamp splits), so 1.0 // 0.1 is 9; integers: exact over the whole range, in the "
-    "operand type with no wrapping step: Float32 quotient estimates (2 rounds for int32, 4 for "
-    "int64) on −|a| and −|b|, one exact step, signs; INT_MIN // −1 gives INT_MIN, a zero "
-    "divisor 0; halves: the Float32 divmod rounded once (as eager)",
+    "Dekker products on Veltkamp splits), so 1.0 // 0.1 is 9; integers: exact over the whole "
+    "range, in the operand type with no wrapping step: Float32 quotient estimates (2 rounds "
+    "for int32, 4 for int64) on −|a| and −|b|, one exact step, signs; INT_MIN // −1 gives "
+    "INT_MIN, a zero divisor 0; halves: the Float32 divmod rounded once (as eager)",
     "remainder": "floats: floor_divide's divmod (b's sign, NaN for a zero divisor); integers: "
     "the remainder of floor_divide's exact steps, a zero divisor gives 0; halves: the Float32 "
     "divmod rounded once (as eager)",
