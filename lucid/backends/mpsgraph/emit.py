@@ -1160,20 +1160,26 @@ class _Limbs:
 
     def mulhilo(self, m: int, x: _Word) -> tuple[_Word, _Word]:
         """(high word, low word) of the 64-bit product of the constant ``m`` and ``x``: byte
-        times limb partial products (below 2**24) summed into four 16-bit limbs."""
+        times limb partial products (below 2**24) summed into four 16-bit limbs. The products
+        half a limb up (odd bytes) are summed per limb first (two below 2**25) and split once."""
         limbs: list[list[int]] = [[], [], [], []]
+        half_up: list[list[int]] = [[], [], []]
         for j, part in enumerate((x[1], x[0])):  # x's low limb, then its high limb
             for i in range(4):
                 byte = (m >> (8 * i)) & 0xFF
                 if not byte:
                     continue
                 t = self.mul(part, self.k(byte))  # at bit 8 * i + 16 * j
-                at = i // 2 + j
-                if i % 2 == 0:
-                    limbs[at].append(t)
-                else:  # half a limb up: its low byte shifted into this limb, the rest the next
-                    limbs[at].append(self.mul(self.band(t, 0xFF), self.k(256)))
-                    limbs[at + 1].append(self.shr(t, 8))
+                (limbs if i % 2 == 0 else half_up)[i // 2 + j].append(t)
+        for at, terms in enumerate(half_up):
+            if not terms:
+                continue
+            t = terms[0]
+            for more in terms[1:]:
+                t = self.add(t, more)
+            # Half a limb up: its low byte shifted into this limb, the rest into the next.
+            limbs[at].append(self.mul(self.band(t, 0xFF), self.k(256)))
+            limbs[at + 1].append(self.shr(t, 8))
         sums = []
         for terms in limbs:
             total = terms[0] if terms else self.k(0)
