@@ -1142,21 +1142,37 @@ class _Limbs:
     def xor(self, a: _Word, b: _Word) -> _Word:
         return self.c.bin("bitwiseXOR", a[0], b[0]), self.c.bin("bitwiseXOR", a[1], b[1])
 
-    def normalize(self, limbs: list[int]) -> list[int]:
-        """Carries propagated: each limb back in [0, 2**16) (the top one's carry dropped)."""
+    def normalize(self, limbs: list[int], top_fits: bool = False) -> list[int]:
+        """Carries propagated: each limb back in [0, 2**16) (the top one's carry dropped, or
+        with ``top_fits`` none to drop: the value is below 2**(16 * len(limbs)))."""
         out = []
         carry = None
         for i, limb in enumerate(limbs):
             v = limb if carry is None else self.add(limb, carry)
             if i + 1 < len(limbs):
                 carry = self.shr(v, 16)
-            out.append(self.band(v, _LIMB))
+            out.append(v if top_fits and i + 1 == len(limbs) else self.band(v, _LIMB))
         return out
 
-    def add_const(self, a: _Word, value: int) -> _Word:
-        high, low = self.normalize([self.add(a[1], self.k(value & _LIMB)),
-                                    self.add(a[0], self.k(value >> 16))])  # fmt: skip
-        return low, high
+    def round_keys(self, key: _Word, bump: int, rounds: int) -> list[_Word]:
+        """The key of each round, ``key + r * bump`` mod 2**32 for r < ``rounds``: one addition
+        of the rounds' constants (as data) for all rounds at once, then a slice per round."""
+        steps = [r * bump % 2**32 for r in range(rounds)]
+        shape = [rounds]
+
+        def data(values: list[int]) -> int:
+            array = np.array(values, np.int32)
+            return self.c.call("constantWithData:shape:dataType:", A.constant(array, "i32"),
+                               A.shape(shape), A.dtype("i32"))  # fmt: skip
+
+        low = self.add(key[1], data([v & _LIMB for v in steps]))
+        high = self.add(key[0], data([v >> 16 for v in steps]))
+        low, high = self.normalize([low, high])
+        words = [key]
+        for r in range(1, rounds):
+            words.append((self.c.slice(high, [r], [r + 1], [1]),
+                          self.c.slice(low, [r], [r + 1], [1])))  # fmt: skip
+        return words
 
     def mulhilo(self, m: int, x: _Word) -> tuple[_Word, _Word]:
         """(high word, low word) of the 64-bit product of the constant ``m`` and ``x``: byte
@@ -1186,7 +1202,8 @@ class _Limbs:
             for t in terms[1:]:
                 total = self.add(total, t)
             sums.append(total)
-        p0, p1, p2, p3 = self.normalize(sums)
+        # The product of two 32-bit values is below 2**64: no carry out of the top limb.
+        p0, p1, p2, p3 = self.normalize(sums, top_fits=True)
         return (p3, p2), (p1, p0)
 
 
@@ -1214,12 +1231,11 @@ def _philox_top24(c: _Ctx, state: int, count: int) -> int:
     block = c.call("coordinateAlongAxis:withShape:name:", A.integer(0), A.shape([blocks]), A.NIL)
     zero = z.k(0)
     x = [(z.shr(block, 16), z.band(block, _LIMB)), (zero, zero), counter_lo, counter_hi]
-    k = [key_lo, key_hi]
-    for _ in range(10):
+    keys = [z.round_keys(key_lo, PHILOX_W[0], 10), z.round_keys(key_hi, PHILOX_W[1], 10)]
+    for k in zip(*keys, strict=True):
         hi0, lo0 = z.mulhilo(PHILOX_M[0], x[0])
         hi1, lo1 = z.mulhilo(PHILOX_M[1], x[2])
         x = [z.xor(z.xor(hi1, x[1]), k[0]), lo1, z.xor(z.xor(hi0, x[3]), k[1]), lo0]
-        k = [z.add_const(k[0], PHILOX_W[0]), z.add_const(k[1], PHILOX_W[1])]
     # word >> 8 = high * 2**8 + (low >> 8), below 2**24; lanes on the counter alone are (1,)
     # and broadcast against the blocks when added.
     top = [z.add(z.mul(high, z.k(256)), z.shr(low, 8)) for high, low in x]

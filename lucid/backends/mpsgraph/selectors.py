@@ -369,6 +369,7 @@ _FLOAT_DIVISION = (
 _PHILOX = (
     f"bitwiseXOR{_BIN}",
     "coordinateAlongAxis:withShape:name:", "castTensor:toType:name:", _C,
+    "constantWithData:shape:dataType:",
     "sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",
     "reshapeTensor:withShape:name:",
     f"bitwiseAND{_BIN}", f"bitwiseRightShift{_BIN}",
