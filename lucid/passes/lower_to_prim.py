@@ -173,7 +173,7 @@ class LowerToPrim(x.ModulePass):
     name = "lower-to-prim"
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
-        from lucid.ir.prim import prim_dialect
+        from lucid.ir.prim.dialect import prim_dialect
 
         # Registered lazily: generating all prim op classes costs ~0.5 s, and lowering itself
         # creates only the classes it uses.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
-from lucid.ir.prim import PrimIROp, create_prim, prim_attrs
+from lucid.ir.prim.dialect import PrimIROp, create_prim, prim_attrs
 from lucid.passes._blocks import blocks_of, erase_dead, merge_common
 
 STAGE = "prim-simplify"  # the visit counters' name for this pass

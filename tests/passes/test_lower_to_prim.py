@@ -14,11 +14,11 @@ from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ir import import_trace, parse_ir, print_ir
 from lucid.ir.importer import forward_func
-from lucid.ir.prim import make_prim_context
-from lucid.ir.prim_interpreter import interpret_prim
-from lucid.ops.coverage import rows
+from lucid.ir.prim.dialect import make_prim_context
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassFailure, PassManager, get_pass
 from lucid.passes.lower_to_prim import LoweringError, LowerToPrim, lower_module
+from lucid.tools.coverage import rows
 from lucid.trace import trace
 from lucid.trace._tracing import _tracing
 

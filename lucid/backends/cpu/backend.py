@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from lucid._native_loader import _native
 from lucid._threads import thread_env_error
 from lucid.backends.base import Backend, Unsupported
-from lucid.backends.prim_ops import PRIM_OPS
 from lucid.ir._gc import paused_gc
+from lucid.ir.prim import PRIM_OPS
 
 if TYPE_CHECKING:
     from lucid.backends.cpu.program import Program
@@ -80,7 +80,7 @@ class CPUBackend(Backend):
         runtime."""
         from lucid.backends.cpu.emit import EmitError, emit_program
         from lucid.backends.cpu.program import Instr, Program
-        from lucid.backends.prim_ops import Aval
+        from lucid.ir.prim import Aval
 
         _split.ms = {}
         with _step("emit"):

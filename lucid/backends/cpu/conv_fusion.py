@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lucid.backends import prim_ops
 from lucid.backends.cpu.program import Instr, Program
+from lucid.ir import prim as prim_ops
 
 FLOAT_DTYPES = ("f32", "f64")
 

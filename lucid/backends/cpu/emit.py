@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lucid.backends.cpu.program import Program
-from lucid.backends.prim_ops import PrimError
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.importer import feed_roles, forward_func, result_roles
-from lucid.ir.prim import PrimIROp, aval_of_type
+from lucid.ir.prim import PrimError
+from lucid.ir.prim.dialect import PrimIROp, aval_of_type
 
 __all__ = ["EmitError", "NativeProgram", "compile_program", "emit_program", "run_program"]
 

@@ -53,8 +53,8 @@ import numpy as np
 
 from lucid.backends.cpu import conv_fusion
 from lucid.backends.cpu.program import Instr, Program
-from lucid.backends.prim_ops import Aval
 from lucid.ir import visits
+from lucid.ir.prim import Aval
 
 FLOAT_DTYPES = ("f32", "f64")
 STAGE = "fuse-kernels"  # the visit counters' name for this step
@@ -1088,7 +1088,7 @@ def _gelu_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
 
 
 def _gelu_cdf(x: np.ndarray) -> np.ndarray:
-    from lucid.backends import prim_ops
+    from lucid.ir import prim as prim_ops
 
     t = x.dtype.type
     (erf,) = prim_ops.evaluate("erf", [x * t(_SQRT_HALF)], {})

@@ -1,12 +1,12 @@
 """The native program model, built in Python: typed value slots + instructions + feeds and results.
 
 A :class:`Program` is what the CPU backend hands to ``lucid._native.compile`` in one call (through
-:meth:`Program.describe`). Building it runs each op's shape/dtype rule from ``prim_ops`` so mistakes
-surface early with the op's name; the native validator checks the same rules again, so a
+:meth:`Program.describe`). Building it runs each op's shape/dtype rule from ``lucid.ir.prim`` so
+mistakes surface early with the op's name; the native validator checks the same rules again, so a
 description assembled by hand can never crash the process either.
 
 :meth:`Program.interpret` is the numpy reference interpreter: it runs every instruction through the
-op's reference semantics in ``prim_ops`` and is what native results are tested against.
+op's reference semantics in ``lucid.ir.prim`` and is what native results are tested against.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends import prim_ops
-from lucid.backends.prim_ops import NUMPY_DTYPES, Aval, PrimError
+from lucid.ir import prim as prim_ops
+from lucid.ir.prim import NUMPY_DTYPES, Aval, PrimError
 
 FUSED = "fused"
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from lucid.backends.cpu import CPUBackend, Program
-from lucid.backends.prim_ops import dtype_of
+from lucid.ir.prim import dtype_of
 
 TOLERANCE = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from lucid.backends.mpsgraph.selectors import MPS_DTYPES, dtype_introduced, macos_key
 from lucid.ir import _xdsl as x
-from lucid.ir.prim import PrimIROp, create_prim, prim_attrs
+from lucid.ir.prim.dialect import PrimIROp, create_prim, prim_attrs
 from lucid.passes._blocks import blocks_of
 from lucid.passes.registry import register_pass
 

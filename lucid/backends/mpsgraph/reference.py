@@ -34,8 +34,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from lucid.backends import prim_ops as P
 from lucid.backends.mpsgraph import program as A
+from lucid.ir import prim as P
 
 __all__ = [
     "WIDENED_SELECTORS",

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from lucid import _dtype
-from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
-from lucid.ir.prim import create_prim, prim_type
+from lucid.ir import prim as P
+from lucid.ir.prim.dialect import create_prim, prim_type
 from lucid.ops._registry import AVal
 
 __all__ = [
@@ -256,7 +256,7 @@ class Builder:
 
 
 def _prim_dtype_of(t: x.Attribute) -> str:
-    from lucid.ir.prim import aval_of_type
+    from lucid.ir.prim.dialect import aval_of_type
 
     return aval_of_type(t).dtype
 

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from lucid.backends import prim_ops
 from lucid.backends.cpu import CPUBackend, Program
 from lucid.backends.cpu.testing import check, random_array
+from lucid.ir import prim as prim_ops
 
 POSITIVE_DOMAIN = {"log", "sqrt", "rsqrt", "log1p", "reciprocal"}
 FEW = settings(max_examples=8)

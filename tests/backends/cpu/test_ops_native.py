@@ -9,9 +9,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from lucid.backends import prim_ops
 from lucid.backends.cpu import CPUBackend, Program
 from lucid.backends.cpu.testing import check, random_array, run_both
+from lucid.ir import prim as prim_ops
 
 SEEDS = st.integers(0, 2**32 - 1)
 SHAPES = hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=5)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import lucid
-from lucid.backends import prim_ops
 from lucid.backends.cpu.testing import check, run_both
+from lucid.ir import prim as prim_ops
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])

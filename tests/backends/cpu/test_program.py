@@ -9,7 +9,7 @@ from hypothesis.extra import numpy as hnp
 from lucid import _native
 from lucid.backends.cpu import CPUBackend, FusedNode, Program, fuse_elementwise
 from lucid.backends.cpu.program import FUSED
-from lucid.backends.prim_ops import PrimError
+from lucid.ir.prim import PrimError
 
 CHAIN_UNARY = ["neg", "abs", "tanh", "sigmoid", "relu", "square", "sin"]
 CHAIN_BINARY = ["add", "sub", "mul", "maximum", "minimum"]
@@ -337,6 +337,6 @@ def test_dump_is_readable():
 
 
 def test_backend_reports_every_prim_op_as_supported():
-    from lucid.backends import prim_ops
+    from lucid.ir import prim as prim_ops
 
     assert CPUBackend().supported_ops() == frozenset(prim_ops.PRIM_OPS)

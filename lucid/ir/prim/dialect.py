@@ -1,4 +1,4 @@
-"""The ``prim`` dialect: one IRDL op per entry of the prim op table (``lucid.backends.prim_ops``).
+"""The ``prim`` dialect: one IRDL op per entry of the prim op table (``lucid.ir.prim``).
 
 The table is the single definition of every primitive (operands, attributes, shape/dtype rule,
 numpy semantics); this module only gives each entry an xDSL face. Operands and results are builtin
@@ -15,8 +15,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
+from lucid.ir import prim as P
 from lucid.ir.types import BoundedCache
 
 __all__ = [

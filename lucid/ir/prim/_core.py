@@ -68,7 +68,7 @@ class PrimOp:
     infer: Callable[[list[Aval], dict[str, Any]], list[Aval]]
     reference: Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
     family: str
-    # What MPSGraph calls for it lives in its emission table (``lucid.backends.mpsgraph``).
+    # The native kernel's source file; how MPSGraph runs the op its backend states itself.
     cpu_kernel: str
     variadic: bool = False
     elementwise: bool = False
@@ -208,44 +208,3 @@ def _same_dtype(op: str, avals: Sequence[Aval]) -> str:
     if len(dtypes) != 1:
         raise _fail(op, f"operands must share one dtype, got {[a.dtype for a in avals]}")
     return dtypes.pop()
-
-
-_FAMILY_ORDER = (
-    "unary", "binary", "select", "cast", "normalization", "linalg", "reduction", "softmax",
-    "shape", "gather", "convolution", "pooling", "factory", "random",
-)  # fmt: skip
-
-
-def markdown_table() -> str:
-    """The prim op table as markdown (docs/prim.md embeds it; a test keeps the two equal).
-
-    The MPSGraph columns come from the MPSGraph emitter's table
-    (``lucid.backends.mpsgraph.selectors.EMISSIONS``): the method each op's emission is built
-    around, the composite it forms when it takes several, and the newest macOS version among all
-    the methods it may call."""
-    from lucid.backends.mpsgraph.selectors import EMISSION_NOTES, EMISSIONS, emission_macos
-
-    def mps_of(op: PrimOp) -> str:
-        main = f"`{EMISSIONS[op.name][0]}`"
-        note = EMISSION_NOTES.get(op.name)
-        return f"{main} ({note})" if note else main
-
-    def attrs_of(op: PrimOp) -> str:
-        parts = []
-        for name, spec in op.attrs.items():
-            default = "" if spec.default is REQUIRED else f"={spec.default}"
-            parts.append(f"{name}: {spec.kind}{default}")
-        return ", ".join(parts)
-
-    lines = [
-        "| prim op | operands | attributes | MPSGraph method | min macOS | CPU kernel |",
-        "|---|---|---|---|---|---|",
-    ]
-    ops = sorted(PRIM_OPS.values(), key=lambda o: (_FAMILY_ORDER.index(o.family), o.name))
-    for op in ops:
-        operands = ", ".join(op.operands) + ("..." if op.variadic else "")
-        lines.append(
-            f"| `{op.name}` | {operands} | {attrs_of(op)} | {mps_of(op)} "
-            f"| {emission_macos(op.name)} | {op.cpu_kernel} |"
-        )
-    return "\n".join(lines) + "\n"

@@ -1,10 +1,12 @@
 """The ``prim`` op table: the living definition of Lucid's backend-neutral primitives.
 
-Each prim op has one direct MPSGraph counterpart and one CPU kernel. This module is pure Python
-(numpy only, no xDSL): for every op it gives the operands, the attributes with their kinds and
-defaults, a shape/dtype rule over :class:`Aval` and the numpy reference semantics. The xDSL ``prim``
-dialect, the ``lower-to-prim`` pass, the native validator and the MPSGraph numpy builder are
-checked against this table.
+Each prim op has one direct MPSGraph counterpart and one CPU kernel. The table (this package's
+top level and its ``_<family>`` modules) is pure Python (numpy only, no xDSL): for every op it
+gives the operands, the attributes with their kinds and defaults, a shape/dtype rule over
+:class:`Aval` and the numpy reference semantics. Beside it, ``dialect`` gives every entry an xDSL
+face (the ``prim`` dialect) and ``interpreter`` runs prim modules on the table's semantics. The
+``lower-to-prim`` pass, the native validator and the backends are checked against the table; it
+imports no backend (each backend states which ops it runs).
 
 Conventions shared by every op:
 
@@ -16,9 +18,9 @@ Conventions shared by every op:
 """
 
 # Importing a family module registers its ops in PRIM_OPS.
-from lucid.backends.prim_ops import _conv, _elementwise, _linalg, _random, _reduction, _shape
-from lucid.backends.prim_ops._conv import conv_output_shape, pool_output_shape
-from lucid.backends.prim_ops._core import (
+from lucid.ir.prim import _conv, _elementwise, _linalg, _random, _reduction, _shape
+from lucid.ir.prim._conv import conv_output_shape, pool_output_shape
+from lucid.ir.prim._core import (
     ANY,
     DTYPES,
     FLOAT,
@@ -37,18 +39,17 @@ from lucid.backends.prim_ops._core import (
     evaluate,
     infer,
     lookup,
-    markdown_table,
     normalize_axes,
     normalize_axis,
 )
-from lucid.backends.prim_ops._elementwise import BINARY, ELEMENTWISE_OPS, UNARY
-from lucid.backends.prim_ops._random import (
+from lucid.ir.prim._elementwise import BINARY, ELEMENTWISE_OPS, UNARY
+from lucid.ir.prim._random import (
     _random_normal_ref,  # noqa: F401  (tests compare eager draws against these directly)
     _random_uniform_ref,  # noqa: F401
     philox4x32,
     random_words,
 )
-from lucid.backends.prim_ops._reduction import REDUCTIONS
+from lucid.ir.prim._reduction import REDUCTIONS
 
 __all__ = [
     "_conv",
@@ -80,7 +81,6 @@ __all__ = [
     "evaluate",
     "infer",
     "lookup",
-    "markdown_table",
     "normalize_axes",
     "normalize_axis",
     "philox4x32",
