@@ -426,7 +426,11 @@ def _clamp(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, _name: None) -> np.nda
 def _cast(x: np.ndarray, dt: np.dtype, _name: None) -> np.ndarray:
     # Float -> float casts round to nearest even (numpy's and ml_dtypes' conversions; a Float16
     # or BFloat16 value is exact in Float32, so the result is the one rounding of the value).
+    # Integers reach a half type through Float32 (a GPU converts through float; Apple documents
+    # no direct conversion): for BFloat16 and |x| > 2**24 that may round twice, one unit apart.
     x = _widen(x)
+    if dt in _HALF and x.dtype.kind in "iub":
+        x = x.astype(np.float32)
     if dt == np.bool_:
         return x != 0
     if is_float(x.dtype) and dt.kind == "i":

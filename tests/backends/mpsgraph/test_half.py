@@ -158,3 +158,14 @@ def test_casts_between_float_types_round_to_nearest_even(src, dst):
     nan = np.isnan(want.astype(np.float32))
     np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
     np.testing.assert_array_equal(got[~nan].astype(np.float32), want[~nan].astype(np.float32))
+
+
+def test_integers_reach_half_types_through_float32():
+    # 2**24 + 2**16 + 1 rounds to 2**24 + 2**16 in Float32, a BFloat16 tie that goes to 2**24;
+    # rounded once it would be 2**24 + 2**17. The reference models the GPU's conversion through
+    # float (Apple documents no direct one); the device test prints what a Mac does.
+    x = np.array([2**24 + 2**16 + 1, -(2**24 + 2**16 + 1), 7], np.int32)
+    got = _run("i32", lambda b, v: b.call("castTensor:toType:name:",
+                                          [A.tensor(v), A.dtype("bf16"), A.NIL])[0], x)  # fmt: skip
+    assert got.dtype == NUMPY["bf16"]
+    np.testing.assert_array_equal(got.astype(np.float64), [2.0**24, -(2.0**24), 7.0])
