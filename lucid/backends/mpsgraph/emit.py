@@ -339,10 +339,11 @@ def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, in
     return q, r, is_zero, zero
 
 
-# Float32 fmod works in rounds that each take at most 2**23 multiples of y * 2**(22 j) out of the
-# remainder: 13 rounds (j = 12 .. 0) cover every ratio of Float32 magnitudes (below 2**277).
-_FMOD_ROUND_BITS = 22
-_FMOD_ROUNDS = 13
+# Float32 fmod works in rounds that each take at most 2**24 multiples of y * 2**(23 j) out of the
+# remainder: 12 rounds (j = 11 .. 0) cover every ratio of Float32 magnitudes (below 2**277: the
+# first round's ratio is below 2**128 / 2**(253 - 149) = 2**24).
+_FMOD_ROUND_BITS = 23
+_FMOD_ROUNDS = 12
 # Veltkamp's constant 2**12 + 1 splits a Float32 into two halves of at most 12 bits.
 _VELTKAMP = 4097.0
 # Divisors above this are scaled down by it inside a round, so no split or product overflows.
@@ -368,10 +369,11 @@ def _two_product(c: _Ctx, q: int, y: int, veltkamp: int) -> tuple[int, int]:
 
 
 def _fmod_round(c: _Ctx, rem: int, y: int, k: Mapping[float, int]) -> int:
-    """fmod(rem, y) for 0 <= rem < y * 2**23 (y > 0, possibly +inf), exact.
+    """fmod(rem, y) for 0 <= rem < y * 2**24 (y > 0, possibly +inf), exact.
 
     With q = floor(rem / y) from a faithful division, q is t = floor(rem / y) or t + 1 (rem / y
-    >= t is not rounded below the representable t, and stays below t + 2 as q < 2**23), so the
+    >= t is not rounded below the representable t, nor above t + 1 <= 2**24; q has at most 24
+    bits, so Veltkamp splits it into two 12-bit halves), so the
     true rem - q·y lies in [-y, y): a multiple of the operands' common grid no wider than y,
     hence representable. rem - p is exact by Sterbenz's lemma (p/2 <= rem <= 2p when q >= 1),
     so (rem - p) - e rounds the representable rem - q·y to itself, and adding y back once when
@@ -398,7 +400,7 @@ def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
     by more than 1/2; a zero mod takes b's sign, a zero div the sign of a / b; a zero divisor
     gives a / b and NaN. floor(a / b) alone is not that: 1.0 // 0.1 is 9 (fmod is 0.0999...).
 
-    fmod of the magnitudes is reduced modulo y·2**(22 j) for j = 12 .. 0 (a multiple of y, so
+    fmod of the magnitudes is reduced modulo y·2**(23 j) for j = 11 .. 0 (a multiple of y, so
     the final remainder is fmod(|a|, |b|)), each round exact (``_fmod_round``). Exactness rests
     on correctly rounded addition, subtraction and multiplication, a faithful division and
     gradual underflow, as the reference models them; Apple documents no accuracy for these."""
@@ -409,7 +411,7 @@ def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
     }
     zero = k[0.0]
     x, y = c.un("absolute", a), c.un("absolute", b)
-    # y * 2**(22 j) for j = 0 .. 12, exact or +inf (an infinite one leaves its round a no-op;
+    # y * 2**(23 j) for j = 0 .. 11, exact or +inf (an infinite one leaves its round a no-op;
     # the first finite one is above 2**105, so |a| / it stays below 2**23).
     scaled = [y]
     for _ in range(_FMOD_ROUNDS - 1):

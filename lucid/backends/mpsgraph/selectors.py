@@ -648,7 +648,7 @@ EMISSION_NOTES: dict[str, str] = {
     "log1p": "u = 1 + x; log(u)·x/(u − 1), x where u = 1, u where u = +inf (Goldberg's trick)",
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
-    "floor_divide": "floats: eager's (numpy's) divmod from an exact fmod (13 rounds of "
+    "floor_divide": "floats: eager's (numpy's) divmod from an exact fmod (12 rounds of "
     "Dekker products on Veltkamp splits), so 1.0 // 0.1 is 9; integers: exact over the whole "
     "range, in the operand type with no wrapping step: Float32 quotient estimates (2 rounds "
     "for int32, 4 for int64) on −|a| and −|b|, one exact step, signs; INT_MIN // −1 gives "
