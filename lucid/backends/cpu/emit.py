@@ -14,14 +14,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lucid.backends.cpu.program import Program
+from lucid.backends.cpu.program import Program, storage_problem
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.importer import feed_roles, forward_func, result_roles
 from lucid.ir.prim import PrimError
 from lucid.ir.prim.dialect import PrimIROp, aval_of_type
 
-__all__ = ["EmitError", "NativeProgram", "compile_program", "emit_program", "run_program"]
+__all__ = [
+    "EmitError",
+    "NativeProgram",
+    "compile_program",
+    "emit_program",
+    "run_program",
+    "storage_refusal",
+]
 
 
 class EmitError(ValueError):
@@ -61,9 +68,9 @@ def emit_program(
     for a in block.args:
         try:
             aval = aval_of_type(a.type)
+            slot_of[a] = program.feed(aval.shape, aval.dtype)
         except (PrimError, ValueError) as e:
             raise EmitError(f"argument of type {a.type}: {e}") from None
-        slot_of[a] = program.feed(aval.shape, aval.dtype)
     returned = False
     for op in block.ops:
         visits.count("emit")
@@ -90,6 +97,19 @@ def emit_program(
             if target in by_role:
                 program.inplace_result(j, by_role[target])
     return NativeProgram(program, f_roles, r_roles)
+
+
+def storage_refusal(module: x.ModuleOp) -> str | None:
+    """Why the native runtime cannot hold a value of the prim ``module`` (a half-precision
+    one), or None."""
+    for fn in module.ops:
+        for block in fn.regions[0].blocks:
+            types = {v.type for v in (*block.args, *(r for op in block.ops for r in op.results))}
+            for t in types:
+                problem = isinstance(t, x.TensorType) and storage_problem(aval_of_type(t).dtype)
+                if problem:
+                    return problem
+    return None
 
 
 def compile_program(program: NativeProgram, *, cache: bool = True, fuse: bool = True) -> Any:

@@ -49,6 +49,16 @@ class Instr:
         return self.out_nodes if self.out_nodes is not None else (len(self.nodes) - 1,)
 
 
+# The prim dtypes the native runtime cannot hold yet, by their Lucid names.
+_NO_STORAGE = {"f16": "float16", "bf16": "bfloat16"}
+
+
+def storage_problem(dtype: str) -> str | None:
+    """Why the native runtime cannot hold values of prim ``dtype``, or None."""
+    name = _NO_STORAGE.get(dtype)
+    return f"cpu backend: {name} storage not supported yet" if name else None
+
+
 class Program:
     """A straight-line program over typed value slots with static shapes."""
 
@@ -62,6 +72,9 @@ class Program:
     def new_slot(self, shape: Sequence[int], dtype: str) -> int:
         if dtype not in NUMPY_DTYPES:
             raise PrimError(f"unknown dtype {dtype!r}; expected one of {prim_ops.DTYPES}")
+        problem = storage_problem(dtype)
+        if problem:
+            raise PrimError(problem)
         self.slots.append(Aval(tuple(int(d) for d in shape), dtype))
         return len(self.slots) - 1
 

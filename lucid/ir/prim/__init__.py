@@ -10,8 +10,9 @@ imports no backend (each backend states which ops it runs).
 
 Conventions shared by every op:
 
-- dtypes are the strings ``f32 f64 i32 i64 bool``; operands of an op have exactly the dtypes its
-  rule asks for (promotion happened before prim, through explicit ``cast``);
+- dtypes are the strings ``f32 f64 f16 bf16 i32 i64 bool`` (half precision: see ``_half``);
+  operands of an op have exactly the dtypes its rule asks for (promotion happened before prim,
+  through explicit ``cast``);
 - shapes are static tuples; binary/select/normalize operands broadcast with numpy rules;
 - axes may be negative and count from the end;
 - integer division or remainder by zero gives 0 (never a trap), as numpy does.
@@ -43,6 +44,7 @@ from lucid.ir.prim._core import (
     normalize_axis,
 )
 from lucid.ir.prim._elementwise import BINARY, ELEMENTWISE_OPS, UNARY
+from lucid.ir.prim._half import HALF, to_half, widen_half
 from lucid.ir.prim._random import (
     _random_normal_ref,  # noqa: F401  (tests compare eager draws against these directly)
     _random_uniform_ref,  # noqa: F401
@@ -63,6 +65,7 @@ __all__ = [
     "DTYPES",
     "ELEMENTWISE_OPS",
     "FLOAT",
+    "HALF",
     "INT",
     "NUMERIC",
     "NUMPY_DTYPES",
@@ -86,4 +89,6 @@ __all__ = [
     "philox4x32",
     "pool_output_shape",
     "random_words",
+    "to_half",
+    "widen_half",
 ]

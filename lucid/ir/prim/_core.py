@@ -8,14 +8,17 @@ from typing import Any
 
 import numpy as np
 
-DTYPES = ("f32", "f64", "i32", "i64", "bool")
-FLOAT = frozenset({"f32", "f64"})
+from lucid.ir.prim._half import HALF, HALF_NUMPY, to_half, widen_half
+
+DTYPES = ("f32", "f64", "f16", "bf16", "i32", "i64", "bool")
+FLOAT = frozenset({"f32", "f64"}) | HALF
 INT = frozenset({"i32", "i64"})
 NUMERIC = FLOAT | INT
 ANY = frozenset(DTYPES)
 NUMPY_DTYPES = {
     "f32": np.dtype(np.float32),
     "f64": np.dtype(np.float64),
+    **HALF_NUMPY,
     "i32": np.dtype(np.int32),
     "i64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
@@ -171,15 +174,30 @@ def infer(name: str, avals: Sequence[Aval], attrs: dict[str, Any]) -> list[Aval]
 
 
 def evaluate(name: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """Run the numpy reference of ``name`` and check its outputs against the rule."""
+    """Run the numpy reference of ``name`` and check its outputs against the rule.
+
+    Half precision: unless the op is ``HALF_AWARE``, an op on half values is its float32 op
+    followed by a cast: the reference runs on half operands widened to float32 (a half ``dtype``
+    attribute reads as f32), each half result is its float32 result rounded once to the storage
+    type (``lucid.ir.prim._half``)."""
     op = lookup(name)
     full = check_attrs(op, attrs)
-    avals = infer(name, [Aval(tuple(a.shape), dtype_of(a)) for a in arrays], full)
-    outs = op.reference([np.asarray(a) for a in arrays], full)
+    in_avals = [Aval(tuple(a.shape), dtype_of(a)) for a in arrays]
+    avals = infer(name, in_avals, full)
+    arrays = [np.asarray(a) for a in arrays]
+    aware = "HALF_AWARE" in op.props
+    if not aware and any(a.dtype in HALF for a in (*in_avals, *avals)):
+        arrays = [widen_half(a) for a in arrays]
+        full = {
+            k: "f32" if op.attrs[k].kind == "dtype" and v in HALF else v for k, v in full.items()
+        }
+    outs = op.reference(arrays, full)
     result = []
     for aval, out in zip(avals, outs, strict=True):
         out = np.asarray(out)
         assert out.shape == aval.shape, (name, out.shape, aval.shape)
+        if aval.dtype in HALF:
+            out = to_half(out if aware else out.astype(np.float32), aval.dtype)
         result.append(np.array(out, dtype=NUMPY_DTYPES[aval.dtype], order="C"))
     return result
 
