@@ -118,13 +118,13 @@ class _Ctx:
 
 
 def exact_scalar(value: float, dtype: str) -> float:
-    """``value`` rounded to the half type ``dtype`` (to nearest even, as eager's numpy and
-    ml_dtypes conversions do), unchanged for other types. Whether MPSGraph turns a double scalar
+    """``value`` rounded to the half type ``dtype`` (once, to nearest even, as prim's constants
+    and eager's conversions), unchanged for other types. Whether MPSGraph turns a double scalar
     into a half by one rounding or through float (two) is undocumented; an exact one needs
     neither."""
     if dtype not in HALF_DTYPES:
         return value
-    return float(np.asarray(value, np.float64).astype(A.numpy_dtype(MPS_DTYPES[dtype][0])))
+    return float(P.to_half(np.asarray(value, np.float64), dtype).astype(np.float64))
 
 
 def _widened(c: _Ctx, vals: list[Val], emit: Callable[[list[int]], int], out_dtype: str) -> int:
@@ -1088,9 +1088,11 @@ def _constant(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
         value = exact_scalar(attrs["value"][0] if attrs["value"] else 0.0, out.dtype)
         return [c.call("constantWithScalar:shape:dataType:", A.double(value), dims,
                        A.dtype(out.dtype))]  # fmt: skip
-    values = np.asarray(attrs["value"], dtype=np.float64).astype(
-        A.numpy_dtype(MPS_DTYPES[out.dtype][0])
-    )
+    values = np.asarray(attrs["value"], dtype=np.float64)
+    if out.dtype in HALF_DTYPES:
+        values = P.to_half(values, out.dtype)  # one rounding of each value, as prim's constant
+    else:
+        values = values.astype(P.NUMPY_DTYPES[out.dtype])
     return [
         c.call(
             "constantWithData:shape:dataType:",

@@ -184,7 +184,7 @@ WIDENED_SELECTORS = frozenset({
 })  # fmt: skip
 # Calls whose result type is an argument (the cast and the constants): they handle halves
 # themselves instead of through the Float32 model.
-_OWN_HALF_RULE = frozenset({"castTensor:toType:name:"})
+_OWN_HALF_RULE = frozenset({"castTensor:toType:name:", "constantWithData:shape:dataType:"})
 
 
 def is_float(dt: np.dtype) -> bool:

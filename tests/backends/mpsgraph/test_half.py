@@ -169,3 +169,308 @@ def test_integers_reach_half_types_through_float32():
                                           [A.tensor(v), A.dtype("bf16"), A.NIL])[0], x)  # fmt: skip
     assert got.dtype == NUMPY["bf16"]
     np.testing.assert_array_equal(got.astype(np.float64), [2.0**24, -(2.0**24), 7.0])
+
+
+# --- every prim op in half precision: the recording and the reference against prim (eager) ------
+from lucid.ir import prim as P  # noqa: E402
+from tests.backends.mpsgraph.test_emit import CASES, emit_and_run  # noqa: E402
+
+# The ops whose half emission casts to Float32 and back (docs/backend-mpsgraph.md, "Half
+# precision"): accumulations, and what is exact only through Float32.
+WIDENED_OPS = {
+    "reduce_sum", "reduce_mean", "reduce_prod", "variance", "softmax", "log_softmax", "cumsum",
+    "normalize", "scatter_add", "scatter_add_along_axis", "floor_divide", "remainder", "argsort",
+    "cast", "random_uniform", "random_normal",
+}  # fmt: skip
+# Units in the last place of the half result allowed between the reference and prim: both round
+# once from Float32 for most ops; the composites (expm1, log1p) and the accumulations (whose sum
+# order differs) take a few more.
+ULPS = 4
+
+
+def _to_half(a: np.ndarray, dt: str) -> np.ndarray:
+    return P.to_half(a, dt) if a.dtype == np.float32 else a
+
+
+def half_cases(dt: str) -> list[tuple[str, list, dict]]:
+    """test_emit's cases with every float32 operand and ``dtype`` attribute in ``dt``."""
+    out = []
+    for name, arrays, attrs in CASES:
+        halved = [_to_half(a, dt) for a in arrays]
+        new_attrs = {k: dt if k == "dtype" and v == "f32" else v for k, v in attrs.items()}
+        if name in ("random_uniform", "random_normal"):
+            new_attrs["dtype"] = dt
+        if any(h is not a for h, a in zip(halved, arrays, strict=True)) or new_attrs != attrs:
+            out.append((name, halved, new_attrs))
+    return out
+
+
+def record(name, arrays, attrs):
+    """The outputs of the prim op's emission run by the reference, and its program."""
+    got, _, prog = emit_and_run(name, arrays, attrs)
+    return got, prog
+
+
+def casts(prog: dict) -> int:
+    return sum(c["selector"] == "castTensor:toType:name:" for c in prog["calls"])
+
+
+def assert_within_half_precision(got, want, dt, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype)
+    if got.dtype != NUMPY[dt]:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=what)
+    finite = np.isfinite(w)
+    np.testing.assert_array_equal(g[~finite & ~np.isnan(w)], w[~finite & ~np.isnan(w)])
+    eps = float(ml_dtypes.finfo(NUMPY[dt]).eps)
+    scale = np.max(np.abs(w[finite]), initial=1.0)
+    bound = ULPS * eps * (np.abs(w[finite]) + scale * eps + float(ml_dtypes.finfo(NUMPY[dt]).tiny))
+    assert np.all(np.abs(g[finite] - w[finite]) <= bound * 8 ** (w.ndim > 0)), what
+
+
+CASES_HALF = [(dt, *c) for dt in HALVES for c in half_cases(dt)]
+
+
+@pytest.mark.parametrize(
+    "dt, name, arrays, attrs", CASES_HALF, ids=[f"{c[0]}-{c[1]}" for c in CASES_HALF]
+)
+def test_every_prim_op_in_half_matches_prim_within_the_format(dt, name, arrays, attrs):
+    got, prog = record(name, arrays, attrs)
+    want = P.evaluate(name, arrays, attrs)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_within_half_precision(g, w, dt, f"{dt} {name} output {k}")
+    # The recorded types: half placeholders are the half MPSDataType.
+    for p, a in zip(prog["placeholders"], arrays, strict=True):
+        assert p["dtype"] == MPS_DTYPES[P.dtype_of(a)][0]
+    # Casts only where intended: the half recording adds none to the float32 one, except for
+    # the ops that widen (those must: the reference refuses a half accumulation).
+    f32_arrays = [a.astype(np.float32) if a.dtype == NUMPY[dt] else a for a in arrays]
+    f32_attrs = {k: "f32" if v == dt else v for k, v in attrs.items()}
+    _, f32_prog = record(name, f32_arrays, f32_attrs)
+    extra = casts(prog) - casts(f32_prog)
+    assert extra == 0 or name in WIDENED_OPS, (name, extra)
+
+
+# --- whole programs: legalize, emit and run, against the prim interpreter and eager -------------
+import lucid  # noqa: E402
+from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend  # noqa: E402
+from lucid.backends.mpsgraph.legalize import MPSGraphUnsupported, legalize_refusal  # noqa: E402
+
+
+def _needs_eager(dt: str) -> None:
+    """Skip unless eager Lucid holds arrays of ``dt`` (bfloat16 arrives with ml_dtypes)."""
+    try:
+        lucid.tensor(np.zeros(2, NUMPY[dt])) + 1
+    except (TypeError, KeyError) as e:
+        pytest.skip(f"eager Lucid has no {dt} tensors here: {e}")
+
+
+def _half_matmul_module(dt: str):
+    """A prim module as lower-to-prim writes ``(a @ b).sum()`` on half values: float32 between
+    casts."""
+    from lucid.ir import _xdsl as xd
+    from lucid.ir.prim.dialect import create_prim, prim_type
+
+    block = xd.Block(arg_types=[prim_type((2, 3), dt), prim_type((3, 2), dt)])
+    ops = [create_prim("cast", [v], {"dtype": "f32"}) for v in block.args]
+    ops.append(create_prim("matmul", [ops[0].results[0], ops[1].results[0]], {}))
+    ops.append(create_prim("cast", [ops[-1].results[0]], {"dtype": dt}))
+    ops.append(create_prim("cast", [ops[-1].results[0]], {"dtype": "f32"}))
+    ops.append(create_prim("reduce_sum", [ops[-1].results[0]], {"axes": [0, 1]}))
+    ops.append(create_prim("cast", [ops[-1].results[0]], {"dtype": dt}))
+    for op in ops:
+        block.add_op(op)
+    out = ops[-1].results[0]
+    block.add_op(xd.func.ReturnOp(out))
+    types = [a.type for a in block.args]
+    return xd.ModuleOp([xd.func.FuncOp("forward", (types, [out.type]), xd.Region(block))])
+
+
+@pytest.mark.parametrize("dt", HALVES)
+def test_bfloat16_is_refused_before_macos_14_with_the_version_and_half_matmul_is_native(dt):
+    module = _half_matmul_module(dt)
+    module.verify()
+    assert legalize_refusal(module) is None and legalize_refusal(module, (14, 0)) is None
+    old = legalize_refusal(module, (13, 6))
+    if dt == "bf16":
+        assert "MPSDataTypeBFloat16 needs macOS 14.0" in old and "macOS 13.6" in old
+        with pytest.raises(MPSGraphUnsupported, match="BFloat16 needs macOS 14.0"):
+            MPSGraphBackendAt((13, 6)).compile(module)
+    else:
+        assert old is None
+    a, b = (np.arange(6, dtype=np.float32).reshape(s).astype(NUMPY[dt]) for s in ((2, 3), (3, 2)))
+    executable = MPSGraphReferenceBackend().compile(module)
+    (got,) = executable.run([a, b])
+    assert got.dtype == NUMPY[dt] and float(got) == float((a.astype(np.float32) @ b).sum())
+    program = executable.program
+    selectors = [c["selector"] for c in program["calls"]]
+    # The matmul reads the half placeholders directly (the casts around it are narrowed away);
+    # only the sum is widened, one cast in and one out.
+    matmul = selectors.index("matrixMultiplicationWithPrimaryTensor:secondaryTensor:name:")
+    assert "castTensor:toType:name:" not in selectors[:matmul]
+    assert selectors.count("castTensor:toType:name:") == 2, selectors
+    assert {p["dtype"] for p in program["placeholders"]} == {MPS_DTYPES[dt][0]}
+
+
+class MPSGraphBackendAt(MPSGraphReferenceBackend):
+    """The reference backend legalizing for a given macOS (what the native one does on a Mac)."""
+
+    def __init__(self, macos):
+        self.macos = macos
+
+    def _macos(self):
+        return self.macos
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_a_half_model_compiles_for_mpsgraph_and_matches_eager(dt):
+    _needs_eager("f16" if dt == "float16" else "bf16")
+    rng = np.random.default_rng(3)
+    np_dt = NUMPY["f16" if dt == "float16" else "bf16"]
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32).astype(np_dt)
+                 for s in ((8, 16), (16, 32), (32, 4)))  # fmt: skip
+
+    def mlp(x, w1, w2):
+        h = (x @ w1).relu()
+        return lucid.softmax(h @ w2, -1).sum(0), (h * h).mean()
+
+    args = [lucid.tensor(a) for a in (x, w1, w2)]
+    cm = lucid.compile(mlp, backend="mpsgraph-reference")
+    got = [t.numpy() for t in cm(*args)]
+    info = cm.cache_info()
+    assert not info["eager_only"] and not info["reasons"], info  # compiled, no fallback
+    want = [t.numpy() for t in mlp(*args)]
+    for g, w in zip(got, want, strict=True):
+        assert_within_half_precision(g, w, "f16" if dt == "float16" else "bf16", "mlp")
+
+
+# --- random half programs (hypothesis), written as lower-to-prim writes them ---------------------
+from lucid.backends.mpsgraph.legalize import narrow_half  # noqa: E402
+from lucid.ir import _xdsl as xd  # noqa: E402
+from lucid.ir.prim.dialect import create_prim, prim_type  # noqa: E402
+from lucid.ir.prim.interpreter import interpret_prim  # noqa: E402
+from tests.backends.mpsgraph.test_random_programs import BINARY, programs  # noqa: E402
+
+
+def _half_module(shape, steps, dt):
+    """The random program with every step computed as lower-to-prim does on half values: the
+    operands cast to float32, the op, the result cast back."""
+    feed_shapes = [shape]
+    cur = P.Aval(shape, dt)
+    for name, attrs in steps:
+        if name in BINARY:
+            feed_shapes.append(cur.shape[1:])
+        attrs = {k: v for k, v in attrs.items() if k != "other"}
+        (cur,) = P.infer(name, [P.Aval(cur.shape, "f32")] * (2 if name in BINARY else 1), attrs)
+    block = xd.Block(arg_types=[prim_type(s, dt) for s in feed_shapes])
+    value, k = block.args[0], 1
+
+    def add(name, operands, attrs):
+        op = create_prim(name, operands, attrs)
+        block.add_op(op)
+        return op.results[0]
+
+    for name, attrs in steps:
+        attrs = {k2: v for k2, v in attrs.items() if k2 != "other"}
+        operands = [add("cast", [value], {"dtype": "f32"})]
+        if name in BINARY:
+            operands.append(add("cast", [block.args[k]], {"dtype": "f32"}))
+            k += 1
+        value = add("cast", [add(name, operands, attrs)], {"dtype": dt})
+    block.add_op(xd.func.ReturnOp(value))
+    types = [a.type for a in block.args]
+    fn = xd.func.FuncOp("forward", (types, [value.type]), xd.Region(block))
+    return xd.ModuleOp([fn]), feed_shapes
+
+
+@settings(max_examples=20, deadline=None)
+@given(programs(), st.sampled_from(HALVES))
+def test_random_half_program_matches_the_prim_interpreter_within_the_format(case, dt):
+    shape, steps, seed = case
+    module, feed_shapes = _half_module(shape, steps, dt)
+    module.verify()
+    rng = np.random.default_rng(seed)
+    feeds = [np.asarray(P.to_half(rng.standard_normal(s), dt)) for s in feed_shapes]
+    (want,) = interpret_prim(module, feeds)
+    (got,) = MPSGraphReferenceBackend().compile(module).run(feeds)
+    # Each step rounds once in both; the reference rounds in the step's op where prim rounds
+    # after it, and a unit of difference grows through later steps (exp, tanh): a few units.
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    eps = float(ml_dtypes.finfo(NUMPY[dt]).eps)
+    np.testing.assert_allclose(g, w, rtol=8 * eps, atol=8 * eps * max(1.0, np.abs(w).max()))
+
+
+def test_narrowing_keeps_float32_where_a_region_needs_it():
+    # linear + gelu + softmax as lower-to-prim writes them: the linear's matmul and bias add run
+    # in half, gelu's constant 1/sqrt(2) is no half value (its region stays float32), softmax
+    # accumulates (float32).
+    dt = "f16"
+    block = xd.Block(arg_types=[prim_type((2, 3), dt), prim_type((4, 3), dt), prim_type((4,), dt)])
+    ops: list = []
+
+    def add(name, operands, attrs=None):
+        ops.append(create_prim(name, operands, attrs or {}))
+        block.add_op(ops[-1])
+        return ops[-1].results[0]
+
+    x, w, b = (add("cast", [a], {"dtype": "f32"}) for a in block.args)
+    y = add("cast", [add("add", [add("matmul", [x, w], {"transpose_b": True}), b])], {"dtype": dt})
+    yf = add("cast", [y], {"dtype": "f32"})
+    k = add("constant", [], {"shape": [], "dtype": "f32", "value": [0.7071067811865476]})
+    g = add("cast", [add("mul", [yf, add("erf", [add("mul", [yf, k])])])], {"dtype": dt})
+    s = add("cast", [add("softmax", [add("cast", [g], {"dtype": "f32"})], {"axis": -1})],
+            {"dtype": dt})  # fmt: skip
+    block.add_op(xd.func.ReturnOp(s))
+    assert narrow_half(block) == 2
+    names = [(op.name, str(op.results[0].type)) for op in block.ops if op.results]
+    assert ("prim.matmul", "tensor<2x4xf16>") in names and ("prim.add", "tensor<2x4xf16>") in names
+    assert ("prim.erf", "tensor<2x4xf32>") in names
+    assert ("prim.softmax", "tensor<2x4xf32>") in names
+
+
+# --- every registry op in float16 through lower-to-prim and the MPSGraph emission, vs eager -----
+from hypothesis import HealthCheck  # noqa: E402
+
+from lucid.passes.lower_to_prim import lower_module  # noqa: E402
+from tests.passes import test_lower_to_prim_half as half_samples  # noqa: E402
+
+REGISTRY_CASES = half_samples.HALF_CASES
+
+
+@pytest.mark.parametrize("half", half_samples.HALF_DTYPES)
+@pytest.mark.parametrize("name,i", REGISTRY_CASES, ids=[f"{n}-{i}" for n, i in REGISTRY_CASES])
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_registry_op_in_half_through_mpsgraph_matches_eager(name, i, half, seed):
+    if not half_samples._valid_in_float32(name, i, seed):
+        seed = 1000 + i + sum(map(ord, name))
+    module, arrays, eager = half_samples.samples.build(
+        name, *half_samples.half_sample(name, i, seed, half)
+    )
+    if name in half_samples.PYTORCH_REFERENCE:
+        eager = half_samples.PYTORCH_REFERENCE[name](arrays, half)
+    lower_module(module)
+    lowered = interpret_prim(module, arrays)
+    try:
+        executable = MPSGraphReferenceBackend().compile(module, inplace_updates=False)
+    except MPSGraphUnsupported as e:
+        # What MPSGraph refuses in float32 too: float64 values and integer matmuls.
+        assert "float64" in e.reason or "matmul on i" in e.reason, e
+        return
+    got = executable.run([np.array(a) for a in arrays])
+    for k, (g, ref, want) in enumerate(zip(got, lowered, eager, strict=True)):
+        what = f"{name} output {k} in {half}"
+        half_samples.assert_close_half(g, ref, half, f"{what}: vs the prim interpreter")
+        half_samples.assert_close_half(g, want, half, f"{what}: mpsgraph-reference vs eager")
+
+
+def test_a_half_module_compiles_for_mpsgraph_without_falling_back():
+    model = lucid.nn.Sequential(lucid.nn.Linear(4, 8), lucid.nn.ReLU()).half()
+    x = lucid.tensor(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float16))
+    compiled = lucid.compile(model, backend="mpsgraph-reference")
+    got = compiled(x).detach().numpy()
+    assert not compiled.cache_info()["reasons"], compiled.cache_info()["reasons"]
+    assert_within_half_precision(got, model(x).detach().numpy(), "f16", "Linear + ReLU")
