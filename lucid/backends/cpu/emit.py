@@ -4,8 +4,8 @@ executable.
 Each function argument becomes a feed slot, each prim op one instruction of the program builder
 (``lucid.backends.cpu.program.Program``, which reruns the prim table's rule on every op), and the
 returned values the results. Results whose role is ``update:<feed role>`` may be written back into
-that feed in place. ``compile_program`` hands the program to the CPU backend, which fuses
-elementwise chains and compiles through ``lucid._native`` (with its executable cache).
+that feed in place. ``compile_program`` fuses it as the CPU backend does and compiles it through
+``lucid._native`` (with its executable cache).
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lucid._native_loader import _native
+from lucid.backends.cpu.fuse_elementwise import fuse_elementwise
 from lucid.backends.cpu.program import Program, storage_problem
+from lucid.backends.cpu.rewrites import fuse_kernels
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.importer import feed_roles, forward_func, result_roles
@@ -113,11 +116,11 @@ def storage_refusal(module: x.ModuleOp) -> str | None:
 
 
 def compile_program(program: NativeProgram, *, cache: bool = True, fuse: bool = True) -> Any:
-    """Compile ``program`` on the CPU backend (elementwise fusion unless ``fuse=False``) into a
-    ``lucid._native`` executable; ``ValueError`` names anything malformed."""
-    from lucid.backends.cpu.backend import CPUBackend
-
-    return CPUBackend(fuse=fuse, cache=cache).compile(program.program)
+    """Compile ``program`` as the CPU backend does (kernel and elementwise fusion unless
+    ``fuse=False``) into a ``lucid._native`` executable; ``ValueError`` names anything
+    malformed."""
+    fused = fuse_elementwise(fuse_kernels(program.program)) if fuse else program.program
+    return _native.compile(fused.describe(), cache)
 
 
 def run_program(executable: Any, feeds: Mapping[str, Any] | list, program: NativeProgram) -> list:

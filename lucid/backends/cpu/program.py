@@ -6,7 +6,8 @@ mistakes surface early with the op's name; the native validator checks the same 
 description assembled by hand can never crash the process either.
 
 :meth:`Program.interpret` is the numpy reference interpreter: it runs every instruction through the
-op's reference semantics in ``lucid.ir.prim`` and is what native results are tested against.
+op's reference semantics in ``lucid.ir.prim`` (``reference`` for the CPU-only instructions) and is
+what native results are tested against.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from lucid.backends.cpu.reference import CPU_ONLY_REFERENCES
 from lucid.ir import prim as prim_ops
 from lucid.ir.prim import NUMPY_DTYPES, Aval, PrimError
 
@@ -202,8 +204,8 @@ class Program:
                     out = np.broadcast_to(values[len(args) + k], self.slots[o].shape)
                     env[o] = np.array(out, order="C")
                 continue
-            if ins.op in _cpu_only_references():
-                out = _cpu_only_references()[ins.op](args, ins.attrs)
+            if ins.op in CPU_ONLY_REFERENCES:
+                out = CPU_ONLY_REFERENCES[ins.op](args, ins.attrs)
                 if isinstance(out, tuple):  # a multi-output kernel
                     for o, value in zip(ins.outputs, out, strict=False):
                         env[o] = np.array(value, order="C")
@@ -216,14 +218,6 @@ class Program:
             np.copyto(feeds[f], results[r])
             results[r] = feeds[f]
         return results
-
-
-def _cpu_only_references() -> dict:
-    # The CPU-only kernels that fuse-kernels emits (gemm, layer_norm); imported late, as that
-    # module builds on this one.
-    from lucid.backends.cpu.kernel_fusion import CPU_ONLY_REFERENCES
-
-    return CPU_ONLY_REFERENCES
 
 
 def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, Any]]:

@@ -39,6 +39,7 @@ from lucid.backends.mpsgraph.selectors import MPS_DTYPES, dtype_introduced, maco
 from lucid.ir import _xdsl as x
 from lucid.ir import prim as P
 from lucid.ir.prim.dialect import PrimIROp, create_prim, prim_attrs
+from lucid.ir.prim.expand import expand_composites
 from lucid.passes._blocks import blocks_of
 from lucid.passes.registry import register_pass
 
@@ -297,6 +298,7 @@ def narrow_half(block: x.Block) -> int:
 
 def legalize(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -> None:
     """Rewrite ``module`` in place for MPSGraph; raise MPSGraphUnsupported if it cannot run."""
+    expand_composites(module)  # MPSGraph has no kernel of a composite prim op
     reason = legalize_refusal(module, macos)
     if reason is not None:
         raise MPSGraphUnsupported(reason)

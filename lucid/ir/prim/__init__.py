@@ -18,11 +18,12 @@ Conventions shared by every op:
 - integer division or remainder by zero gives 0 (never a trap), as numpy does.
 """
 
-# Importing a family module registers its ops in PRIM_OPS.
-from lucid.ir.prim import _conv, _elementwise, _linalg, _random, _reduction, _shape
+# Importing a family module registers its ops in PRIM_OPS (composite: in COMPOSITE_OPS).
+from lucid.ir.prim import _conv, _elementwise, _linalg, _random, _reduction, _shape, composite
 from lucid.ir.prim._conv import conv_output_shape, pool_output_shape
 from lucid.ir.prim._core import (
     ANY,
+    COMPOSITE_OPS,
     DTYPES,
     FLOAT,
     INT,
@@ -60,8 +61,10 @@ __all__ = [
     "_random",
     "_reduction",
     "_shape",
+    "composite",
     "ANY",
     "BINARY",
+    "COMPOSITE_OPS",
     "DTYPES",
     "ELEMENTWISE_OPS",
     "FLOAT",

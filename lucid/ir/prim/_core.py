@@ -79,6 +79,8 @@ class PrimOp:
 
 
 PRIM_OPS: dict[str, PrimOp] = {}
+# Ops that carry their decomposition into PRIM_OPS (``composite.py``); lookup finds both.
+COMPOSITE_OPS: dict[str, PrimOp] = {}
 
 
 def _fail(op: str, message: str) -> PrimError:
@@ -203,10 +205,10 @@ def evaluate(name: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> 
 
 
 def lookup(name: str) -> PrimOp:
-    try:
-        return PRIM_OPS[name]
-    except KeyError:
-        raise PrimError(f"unknown prim op {name!r}") from None
+    op = PRIM_OPS.get(name) or COMPOSITE_OPS.get(name)
+    if op is None:
+        raise PrimError(f"unknown prim op {name!r}")
+    return op
 
 
 def _register(op: PrimOp) -> None:
