@@ -252,3 +252,41 @@ def test_a_step_with_a_scaler_is_not_saved(tmp_path, caplog):
         assert save_compiled(step, tmp_path / "a.lucidc") is False
     assert "GradScaler" in caplog.text
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
+def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
+    """Eager GradScaler skips opt.step() entirely: SGD's momentum buffer does not exist after a
+    skipped first step, so the next step is the first (buf = grad, not dampened)."""
+    from lucid.compile import compile_optimizer
+
+    def run(mode):
+        lucid.manual_seed(0)
+        model = nn.Linear(3, 2)
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+        scaler = GradScaler(init_scale=2.0**127, backoff_factor=2.0**-20)
+        step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
+        if mode == "compile_optimizer":
+            compile_optimizer(opt, scaler=scaler)
+        rng = np.random.default_rng(0)
+        for _ in range(5):
+            x = lucid.tensor(rng.standard_normal((4, 3)).astype(np.float32))
+            y = lucid.tensor(100 * rng.standard_normal((4, 2)).astype(np.float32))
+            if mode == "fused_step":
+                step(x, y)
+                continue
+            opt.zero_grad()
+            scaler.scale(F.mse_loss(model(x), y)).backward()
+            if mode == "compile_optimizer":
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+        return model, scaler
+
+    want_model, want_scaler = run("eager")
+    model, scaler = run(compiled)
+    assert scaler.get_scale() == want_scaler.get_scale() < 2.0**127
+    np.testing.assert_allclose(
+        model.weight.detach().numpy(), want_model.weight.detach().numpy(), rtol=1e-5, atol=1e-5
+    )

@@ -246,6 +246,7 @@ class FusedStep(_StepIntrospection):
         """Run ``entry`` (rebuilt once if a feed changed dtype or layout): (key, entry, loss)."""
         view = self._view
         view.prepare(entry, scalars)
+        scale_before = None if self._scaler is None else self._scaler.scale_value()
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         first = entry
 
@@ -284,6 +285,10 @@ class FusedStep(_StepIntrospection):
             )
         entry.after_success(res)
         self._scaler_out()
+        if scale_before is not None and self._scaler.skipped(scale_before):
+            # Eager GradScaler skips opt.step(): state this entry's build created must not exist
+            # (SGD's first momentum step differs from later ones).
+            self._first_run_failed(key, entry)
         if norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[norm_index]))
         entry.first_scalars = None

@@ -193,6 +193,7 @@ class CompiledOptimizerStep(_StepIntrospection):
     def _run_step(self, key: tuple, entry: StepEntry, scalars: list) -> tuple[tuple, StepEntry]:
         view = self._view
         view.prepare(entry, scalars)
+        scale_before = None if self._scaler is None else self._scaler.scale_value()
         last = [entry]  # the entry whose feeds a second failure names
 
         def run(_: tuple, e: StepEntry) -> list:
@@ -225,6 +226,16 @@ class CompiledOptimizerStep(_StepIntrospection):
         entry.after_success(res)
         if self._scaler is not None:
             self._scaler.store()
+            if (
+                self._scaler.skipped(scale_before)
+                and entry.n_runs <= 1
+                and entry.created_state is not None
+            ):
+                # Eager GradScaler skips opt.step(): state this entry's build created must not
+                # exist (SGD's first momentum step differs from later ones).
+                self._entries.pop(key, None)
+                view.restore(entry.created_state)
+                view.find_reps()
         entry.first_scalars = None
         if entry.tm.grad_norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[entry.tm.grad_norm_index]))

@@ -81,6 +81,13 @@ class BoundScaler:
         sc._growth_tracker._version[0] += 1
         sc._scale._version[0] += 1
 
+    def scale_value(self) -> float:
+        return float(self.scaler._scale._data)
+
+    def skipped(self, scale_before: float) -> bool:
+        """Whether the step just run skipped its update (it backed the scale off)."""
+        return self.scale_value() < scale_before
+
     def tensors(self) -> list[Tensor]:
         """Every tensor a step writes: saved and restored around a parity check."""
         return [self.scaler._scale, self.scaler._growth_tracker, self.growth_tracker]
