@@ -1,8 +1,16 @@
 import os
+import sys
 
 from hypothesis import HealthCheck, settings
 
-import lucid._dispatch
+# Cache compiled bytecode (Python's default), in this process and the ones the tests start, even
+# where PYTHONDONTWRITEBYTECODE is set: without it every test module is assertion-rewritten again
+# and every child process compiles Lucid anew, a sizeable share of the run's time. The caches go
+# to the __pycache__ folders git ignores.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+import lucid._dispatch  # noqa: E402
 
 # Every kernel's output is checked against its op's shape/dtype inference during the tests.
 lucid._dispatch.CHECK_INFERENCE = True
