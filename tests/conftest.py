@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 
@@ -18,7 +19,17 @@ lucid._dispatch.CHECK_INFERENCE = True
 settings.register_profile(
     "lucid",
     deadline=None,
-    max_examples=int(os.environ.get("LUCID_HYPOTHESIS_EXAMPLES", "25")),
+    # Few examples in the README's run; .ci/run's second step runs the hypothesis tests with
+    # LUCID_HYPOTHESIS_EXAMPLES=100 (a test's own @settings(max_examples=...) takes precedence).
+    max_examples=int(os.environ.get("LUCID_HYPOTHESIS_EXAMPLES", "10")),
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("lucid")
+
+
+def pytest_collection_finish(session):
+    """What collecting loaded (test modules, Lucid, xDSL, hypothesis) lives for the whole run:
+    frozen out of the cyclic collector's sight, the full collections during the tests stop
+    rescanning it."""
+    gc.collect()
+    gc.freeze()
