@@ -65,7 +65,9 @@ DEFAULT_SIZES = {
     "transformer": (1, 2, 4, 8, 16, 32, 48),
     "chain": (250, 500, 1000, 2000, 4000, 8000),
     "lstm": (25, 50, 100, 200, 400),
-    "resnet": (1, 2, 4, 8, 16, 32),
+    # All past fused_step's update-fusion limit (65,536 parameter elements, about 14 blocks):
+    # a series crossing it would fit two different training programs.
+    "resnet": (16, 24, 32, 48, 64, 96),
 }
 QUICK_SIZES = {
     "transformer": (1, 2, 4),
@@ -367,8 +369,8 @@ class _SelfTimer:
 # is skipped (its time stays in ``backend:other``).
 BACKEND_STEPS = (
     ("lucid.backends.cpu.emit", "emit_program", "backend:emit"),
-    ("lucid.backends.cpu.kernel_fusion", "fuse_kernels", "backend:fuse-kernels"),
-    ("lucid.backends.cpu.fuse", "fuse_elementwise", "backend:fuse-elementwise"),
+    ("lucid.backends.cpu.rewrites", "fuse_kernels", "backend:fuse-kernels"),
+    ("lucid.backends.cpu.fuse_elementwise", "fuse_elementwise", "backend:fuse-elementwise"),
 )
 
 

@@ -16,10 +16,12 @@ from lucid._dtype import (  # noqa: F401
     bool_,
     double,
     dtype,
+    finfo,
     float,
     float16,
     float32,
     float64,
+    get_default_dtype,
     half,
     int,
     int8,
@@ -27,6 +29,7 @@ from lucid._dtype import (  # noqa: F401
     int32,
     int64,
     long,
+    set_default_dtype,
     short,
     uint8,
 )
@@ -80,6 +83,7 @@ def from_numpy(array) -> Tensor:
 
 from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim access)
     accelerator,
+    amp,
     cuda,
     linalg,
     nn,
@@ -88,6 +92,7 @@ from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim acce
     utils,  # noqa: E402,F401
 )
 from lucid._generator import Generator  # noqa: E402,F401
+from lucid.amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402,F401
 from lucid.serialization import load, save  # noqa: E402,F401
 from lucid.sparse import sparse_coo_tensor, spmm  # noqa: E402,F401
 

@@ -6,7 +6,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from lucid._state import state
+from lucid._state import autocast_suspended, state
 from lucid.ops._registry import OpDef, VJPContext
 
 
@@ -328,7 +328,7 @@ def run_backward(
             slot[r._out_idx] = _accumulate(slot[r._out_idx], g)
             root_nodes.append(r._node)
 
-    with set_grad_enabled(bool(create_graph)):
+    with set_grad_enabled(bool(create_graph)), autocast_suspended():
         for node in _topo_order(root_nodes):
             gouts = pending.pop(id(node), None)
             if gouts is None:

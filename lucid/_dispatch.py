@@ -24,6 +24,11 @@ CHECK_INFERENCE = False
 def apply(op: str | OpDef, *operands: Any, **attrs: Any) -> Any:
     opdef = op if isinstance(op, OpDef) else REGISTRY[op]
     attrs = opdef.bind_attrs(attrs)
+    autocast = state.autocast
+    if autocast is not None:
+        # lucid.autocast: the op's row of the policy table may cast floating operands first;
+        # the casts are ordinary ``cast`` ops, so a tracer records them like any other op.
+        operands = autocast.cast_operands(opdef, operands, attrs)
     tracer = state.tracer
     if tracer is not None:
         return tracer.record(opdef, operands, attrs)
@@ -36,13 +41,22 @@ def _flat_operands(opdef: OpDef, operands: tuple) -> list:
     return list(operands)
 
 
-def _to_array(x: Any, compute: _dtype.dtype | None) -> np.ndarray:
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _to_array(x: Any, compute: np.dtype | None) -> np.ndarray:
+    """The kernel's view of an operand. float16/bfloat16 storage is widened to float32 (exactly):
+    kernels compute in float32 and the result is rounded once to the half format, which is what
+    PyTorch's CPU kernels do (float32 accumulation in sums, softmax, norms and matmul)."""
     if isinstance(x, Tensor):
         a = x._data
-        if compute is not None and a.dtype != compute.numpy:
-            a = a.astype(compute.numpy)
+        if compute is not None:
+            if a.dtype != compute:
+                a = a.astype(compute)
+        elif a.itemsize == 2 and a.dtype in _dtype.HALF_NUMPY:  # itemsize first: cheap
+            a = a.astype(_FLOAT32)
         return a
-    np_dt = compute.numpy if compute is not None else _dtype.result_type(x).numpy
+    np_dt = compute if compute is not None else _dtype.result_type(x).numpy
     return np.asarray(x, dtype=np_dt)
 
 
@@ -66,9 +80,10 @@ def _run_eager(opdef: OpDef, operands: tuple, attrs: dict) -> Any:
                 f"{opdef.name}(): expected a Tensor or a number as operand, got {type(x).__name__}"
             )
     avals = opdef.infer(*operands, **attrs)
-    compute = (
-        _dtype.result_type(*_flat_operands(opdef, operands)) if PROMOTE in opdef.props else None
-    )
+    compute = None
+    if PROMOTE in opdef.props:
+        promoted = _dtype.result_type(*_flat_operands(opdef, operands))
+        compute = _FLOAT32 if promoted in _dtype.HALF_DTYPES else promoted.numpy
     if opdef.variadic:
         arrays = [_to_array(x, compute) for x in operands[:n_fixed]]
         arrays.append([_to_array(x, compute) for x in operands[-1]])
@@ -82,7 +97,11 @@ def _run_eager(opdef: OpDef, operands: tuple, attrs: dict) -> Any:
     for r, av in zip(result, avals, strict=True):
         np_dt = av.dtype.numpy
         if type(r) is not np.ndarray or r.dtype != np_dt:
-            r = np.asarray(r, dtype=np_dt)
+            if np_dt in _dtype.HALF_NUMPY:
+                with np.errstate(over="ignore"):  # float32 beyond the half range rounds to inf
+                    r = np.asarray(r, dtype=np_dt)
+            else:
+                r = np.asarray(r, dtype=np_dt)
         if CHECK_INFERENCE and r.shape != tuple(av.shape):
             raise AssertionError(f"{opdef.name}: kernel gave {r.shape}, inference {av.shape}")
         outs.append(Tensor._wrap(r))

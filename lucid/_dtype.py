@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 
@@ -15,9 +16,9 @@ class dtype:  # noqa: N801  (PyTorch spells dtypes in lower case)
 
     def __init__(self, name: str, np_dtype: Any, category: int):
         self.name = name
-        self.numpy = np.dtype(np_dtype) if np_dtype is not None else None
+        self.numpy = np.dtype(np_dtype)
         self.category = category  # 0 bool, 1 integer, 2 floating
-        self.itemsize = self.numpy.itemsize if self.numpy is not None else 2
+        self.itemsize = self.numpy.itemsize
 
     @property
     def is_floating_point(self) -> bool:
@@ -39,15 +40,18 @@ uint8 = dtype("uint8", np.uint8, 1)
 float16 = dtype("float16", np.float16, 2)
 float32 = dtype("float32", np.float32, 2)
 float64 = dtype("float64", np.float64, 2)
-# numpy has no bfloat16: the name exists so code can mention it, and using it raises TypeError.
-bfloat16 = dtype("bfloat16", None, 2)
+# numpy has no bfloat16 of its own: ml_dtypes provides the numpy dtype (round to nearest even).
+bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, 2)
 
 half, float, double, long, int, short = float16, float32, float64, int64, int32, int16  # noqa: A001
 
 ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, float32, float64, bfloat16)
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NAME.update({"bool_": bool_, "half": half, "float": float32, "double": double, "long": long})
-_BY_NUMPY = {d.numpy: d for d in ALL_DTYPES if d.numpy is not None}
+_BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}
+# The 16-bit floating formats: stored in 16 bits, computed in float32 and rounded once per op.
+HALF_DTYPES = (float16, bfloat16)
+HALF_NUMPY = frozenset(d.numpy for d in HALF_DTYPES)
 
 default_float = float32
 default_int = int64
@@ -71,8 +75,6 @@ def from_numpy(np_dtype: Any) -> dtype:
 def canonical(d: Any) -> dtype:
     """Accept a lucid dtype, a name, a numpy dtype or a Python type and return a Lucid dtype."""
     if isinstance(d, dtype):
-        if d.numpy is None:
-            raise TypeError(f"{d!r} is not supported: numpy has no {d.name} type")
         return d
     if isinstance(d, str):
         return canonical(from_name(d))
@@ -96,6 +98,9 @@ def _higher(a: dtype, b: dtype) -> dtype:
         return a
     if a.category != b.category:
         return a if a.category > b.category else b
+    if {a, b} == {float16, bfloat16}:
+        # Neither holds the other (more mantissa vs more exponent): torch gives float32.
+        return float32
     if a.category == 1 and {a, b} & {uint8} and {a, b} - {uint8}:
         # torch: uint8 with a signed type promotes to the next signed type that holds both.
         other = b if a is uint8 else a
@@ -139,3 +144,50 @@ def result_type(*operands: Any) -> dtype:
     if out is None:
         raise TypeError("result_type needs at least one operand")
     return out
+
+
+def set_default_dtype(d: Any) -> None:
+    """The floating dtype of Python floats, ``lucid.tensor([1.0])`` and new parameters.
+
+    As PyTorch: float32 (the default), float64, float16 or bfloat16.
+    """
+    global default_float
+    dt = canonical(d)
+    if not dt.is_floating_point:
+        raise TypeError(
+            f"set_default_dtype: only floating-point types can be the default type, not {dt}"
+        )
+    default_float = dt
+
+
+def get_default_dtype() -> dtype:
+    """The current default floating dtype (``lucid.float32`` unless changed)."""
+    return default_float
+
+
+class finfo:  # noqa: N801  (torch.finfo)
+    """Machine limits of a floating dtype, with ``torch.finfo``'s fields (Python floats)."""
+
+    __slots__ = ("dtype", "bits", "eps", "max", "min", "tiny", "smallest_normal", "resolution")
+
+    def __init__(self, type: Any = None):  # noqa: A002  (torch's argument name)
+        dt = default_float if type is None else canonical(type)
+        if not dt.is_floating_point:
+            raise TypeError(f"finfo: {dt} is not a floating-point dtype (use numpy's iinfo)")
+        info = ml_dtypes.finfo(dt.numpy)
+        self.dtype = dt.name
+        self.bits = builtins.int(info.bits)
+        self.eps = builtins.float(info.eps)
+        self.max = builtins.float(info.max)
+        self.min = builtins.float(info.min)
+        self.tiny = builtins.float(info.smallest_normal)
+        self.smallest_normal = self.tiny
+        # 10**-digits as a double, as torch (numpy's is rounded to the format itself)
+        self.resolution = 10.0 ** -builtins.int(info.precision)
+
+    def __repr__(self) -> str:
+        return (
+            f"finfo(resolution={self.resolution:g}, min={self.min:g}, max={self.max:g}, "
+            f"eps={self.eps:g}, smallest_normal={self.smallest_normal:g}, tiny={self.tiny:g}, "
+            f"dtype={self.dtype})"
+        )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class _ThreadState(threading.local):
@@ -12,6 +14,8 @@ class _ThreadState(threading.local):
         # The only thing the eager core knows about compilation: when a tracer is installed on this
         # thread, the dispatch point hands every op to ``tracer.record`` instead of computing it.
         self.tracer = None
+        # lucid.autocast's active policy (an object with ``cast_operands``), or None when off.
+        self.autocast = None
 
 
 state = _ThreadState()
@@ -29,3 +33,13 @@ def is_inference_mode_enabled() -> bool:
 def current_tracer():
     """The tracer recording on this thread, or None."""
     return state.tracer
+
+
+@contextmanager
+def autocast_suspended() -> Iterator[None]:
+    """Autocast off inside (gradients are computed in the types the forward pass chose)."""
+    saved, state.autocast = state.autocast, None
+    try:
+        yield
+    finally:
+        state.autocast = saved

@@ -93,7 +93,7 @@ class Tensor:
                 raise TypeError("Tensor(data, dtype=...) takes one data argument")
             arr = _as_array(args[0] if args and args[0] is not None else [], dtype)
         else:
-            arr = _legacy_array(args, _dtype.float32, "Tensor")
+            arr = _legacy_array(args, _dtype.default_float, "Tensor")
             if len(args) == 1 and isinstance(args[0], Tensor):
                 version = args[0]._version
         self._data = arr
@@ -299,11 +299,15 @@ class Tensor:
             raise RuntimeError(
                 f"item(): a tensor with {self._data.size} elements cannot be converted to a scalar"
             )
-        return self._data.reshape(()).item()
+        value = self._data.reshape(()).item()
+        # ml_dtypes' bfloat16 scalar is no Python float; PyTorch's item() gives one.
+        return float(value) if self._data.dtype in _dtype.HALF_NUMPY else value
 
     def tolist(self) -> Any:
         if self._data is None or state.tracer is not None:
             return _graph_break(self, "Tensor.tolist()")
+        if self._data.dtype in _dtype.HALF_NUMPY:
+            return self._data.astype(np.float32).tolist()  # exact; bfloat16 gives Python floats
         return self._data.tolist()
 
     def __bool__(self) -> bool:
@@ -451,6 +455,9 @@ class Tensor:
     def half(self) -> Tensor:
         return self.type(_dtype.float16)
 
+    def bfloat16(self) -> Tensor:
+        return self.type(_dtype.bfloat16)
+
     def long(self) -> Tensor:
         return self.type(_dtype.int64)
 
@@ -535,6 +542,7 @@ _LEGACY_BY_NAME = {
     "FloatTensor": _dtype.float32,
     "DoubleTensor": _dtype.float64,
     "HalfTensor": _dtype.float16,
+    "BFloat16Tensor": _dtype.bfloat16,
     "LongTensor": _dtype.int64,
     "IntTensor": _dtype.int32,
     "ShortTensor": _dtype.int16,
@@ -565,13 +573,13 @@ def _as_array(data: Any, dtype: Any = None) -> np.ndarray:
         arr = np.asarray(_unwrap_nested(data))
         if dt is None:
             if arr.dtype.kind == "f":
-                arr = arr.astype(np.float32)
+                arr = arr.astype(_dtype.default_float.numpy)
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(np.int64)
             elif arr.dtype.kind == "b":
                 pass
             elif arr.size == 0:
-                arr = arr.astype(np.float32)
+                arr = arr.astype(_dtype.default_float.numpy)
             else:
                 raise TypeError(f"cannot make a tensor from {type(data).__name__} data")
     if dt is not None and arr.dtype != dt.numpy:

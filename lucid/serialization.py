@@ -74,12 +74,13 @@ _TO_NUMPY = {
     "I32": np.dtype("<i4"),
     "I64": np.dtype("<i8"),
     "F16": np.dtype("<f2"),
+    "BF16": _dtype.bfloat16.numpy,  # ml_dtypes' bfloat16 (native byte order: little on every host)
     "F32": np.dtype("<f4"),
     "F64": np.dtype("<f8"),
 }
 _FROM_NUMPY = {v.newbyteorder("="): k for k, v in _TO_NUMPY.items()}
-# Read but not written: widened exactly to a dtype Lucid has (numpy has no bfloat16).
-_WIDENED = {"BF16": (np.dtype("<u2"), 2), "U16": (np.dtype("<u2"), 2), "U32": (np.dtype("<u4"), 4)}
+# Read but not written: widened exactly to a dtype Lucid has.
+_WIDENED = {"U16": (np.dtype("<u2"), 2), "U32": (np.dtype("<u4"), 4)}
 _KNOWN_UNSUPPORTED = {"U64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"}
 
 
@@ -497,8 +498,6 @@ def _read_array(raw: memoryview, dtype: str, shape: list[int]) -> np.ndarray:
         arr = np.frombuffer(raw, dtype=_TO_NUMPY[dtype])
         return arr.astype(_TO_NUMPY[dtype].newbyteorder("="), copy=True).reshape(shape)
     words = np.frombuffer(raw, dtype=_WIDENED[dtype][0]).astype(np.uint32)
-    if dtype == "BF16":  # bfloat16 is the top half of a float32: exact
-        return (words << np.uint32(16)).view(np.float32).reshape(shape)
     return words.astype(np.int32 if dtype == "U16" else np.int64).reshape(shape)
 
 

@@ -505,8 +505,8 @@ def test_hand_written_file_loads_as_dict_of_tensors():
     assert got["ids"].dtype == lucid.int64 and got["ids"].tolist() == [7, -9, 2**40]
     assert got["mask"].dtype == lucid.bool_ and got["mask"].tolist() == [True, False]
     assert got["scalar"].shape == () and got["scalar"].item() == math.pi
-    assert got["half"].dtype == lucid.float32  # widened exactly
-    np.testing.assert_array_equal(got["half"].numpy(), bf16)
+    assert got["half"].dtype == lucid.bfloat16
+    np.testing.assert_array_equal(got["half"].numpy().astype(np.float32), bf16)
     assert got["small"].dtype == lucid.int32 and got["small"].tolist() == [65535, 1]
 
 
@@ -746,3 +746,25 @@ def test_optimizer_load_state_dict_accepts_numpy():
             got = opt2.state[p2][key]
             assert isinstance(got, lucid.Tensor) and _bits(got) == _bits(v)
     assert opt2.state[list(model2.parameters())[0]]["step"].dtype == lucid.float32
+
+
+@pytest.mark.parametrize("dt,tag", [(lucid.float16, "F16"), (lucid.bfloat16, "BF16")])
+def test_half_tensors_round_trip_bit_exact_with_their_safetensors_tag(dt, tag):
+    # Every 16-bit pattern: NaNs (with payloads), infinities, subnormals, both zeros.
+    bits = np.arange(2**16, dtype=np.uint16)
+    t = lucid.from_numpy(bits.view(dt.numpy).copy())
+    model = nn.Linear(3, 2).to(dt)
+    buf = io.BytesIO()
+    lucid.save({"all": t, "model": model.state_dict()}, buf)
+    header_len = struct.unpack("<Q", buf.getvalue()[:8])[0]
+    header = json.loads(buf.getvalue()[8 : 8 + header_len])
+    assert {e["dtype"] for k, e in header.items() if k != "__metadata__"} == {tag}
+    buf.seek(0)
+    got = lucid.load(buf)
+    assert got["all"].dtype is dt
+    np.testing.assert_array_equal(got["all"].numpy().view(np.uint16), bits)
+    for name, p in model.state_dict().items():
+        assert got["model"][name].dtype is dt
+        np.testing.assert_array_equal(
+            got["model"][name].numpy().view(np.uint16), p.detach().numpy().view(np.uint16)
+        )

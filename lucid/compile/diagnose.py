@@ -261,15 +261,7 @@ def _lower_one(top: Any) -> tuple[str, set[str], Any]:
 
 
 def _support(first_use: dict[str, Any], backend: str | None) -> list[OpSupport]:
-    from lucid.ops.coverage import _stage_lookups
-
     backends = _backends(backend)
-    # Per-op tables some backends publish; with one backend asked for, only its own.
-    lookups = [
-        (c, f)
-        for c, f in _stage_lookups()
-        if c != "lowers to prim" and (backend is None or c in backends)
-    ]
     out = []
     for name, top in sorted(first_use.items()):
         op = REGISTRY.get(name)
@@ -284,8 +276,6 @@ def _support(first_use: dict[str, Any], backend: str | None) -> list[OpSupport]:
                 continue
             refusal = target.refusal(module)
             stages[bname] = f"no: {refusal}" if refusal else "yes"
-        for column, lookup in lookups:  # backends that publish a per-op table
-            stages.setdefault(column, lookup(name) or "no: unknown")
         safe = op is not None and SYMBOLIC_BATCH_SAFE in op.props
         out.append(OpSupport(name, stages, safe))
     return out

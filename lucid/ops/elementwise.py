@@ -589,6 +589,12 @@ def tan(x) -> Tensor:
 
 def nan_to_num(x, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None):
     """Replace NaN, +inf and -inf (default: 0 and the dtype's largest/smallest finite value)."""
+    if isinstance(x, Tensor) and x.dtype in _dtype.HALF_DTYPES:
+        # Half kernels compute in float32, whose limits would round back to inf: name the
+        # half format's own limits, as PyTorch does.
+        info = _dtype.finfo(x.dtype)
+        posinf = info.max if posinf is None else posinf
+        neginf = info.min if neginf is None else neginf
     return apply("nan_to_num", x, nan=nan, posinf=posinf, neginf=neginf)
 
 
@@ -811,13 +817,21 @@ Tensor.zero_ = _zero_
 Tensor.copy_ = _copy_
 
 # --- structural helpers autograd needs
+
+
+def _cast_kernel(x: np.ndarray, dtype) -> np.ndarray:
+    # C order: a cast (and so clone and contiguous) of a transposed view is row-major. Beyond a
+    # half format's range a value becomes inf, silently, as in PyTorch.
+    with np.errstate(over="ignore"):
+        return x.astype(dtype.numpy, order="C")
+
+
 register(
     OpDef(
         "cast",
         ("x",),
         lambda x, dtype: elementwise_infer(dtype)(x),
-        # C order: a cast (and so clone and contiguous) of a transposed view is row-major.
-        lambda x, dtype: x.astype(dtype.numpy, order="C"),
+        _cast_kernel,
         lambda c, g: (g.type(c.inputs[0].dtype) if c.inputs[0].dtype.is_floating_point else None,),
         attrs={"dtype": None},
         props=frozenset({ELEMENTWISE, SYMBOLIC_BATCH_SAFE}),

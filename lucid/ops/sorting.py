@@ -38,6 +38,7 @@ def _check_sortable(op: str, x) -> None:
         _dtype.float32,
         _dtype.float64,
         _dtype.float16,
+        _dtype.bfloat16,
         _dtype.int8,
         _dtype.int16,
         _dtype.int32,

@@ -16,13 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lucid import _dtype
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp, constant_value
 from lucid.ir.types import dtype_of_type, shape_of_type
 from lucid.ops._registry import AVal
 from lucid.passes.lowering import RULES, UNSUPPORTED
-from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, P, lower_dtype
+from lucid.passes.lowering._core import (
+    HALF_DTYPES,
+    PV,
+    Builder,
+    LoweringUnsupported,
+    P,
+    lower_dtype,
+)
 
 STAGE = "lower-to-prim"  # the visit counters' name for this pass
 
@@ -129,11 +137,21 @@ def _lower_op(b: Builder, op: LucidOp, env: dict) -> None:
         raise LoweringError(name, UNSUPPORTED.get(name, "no lowering rule"))
     try:
         outs = tuple(_static_aval(r.type, "a result") for r in op.results)
-        for v in op.operands:
-            if isinstance(env[v], PV):
-                lower_dtype(env[v].dtype)
-        operands = op.operand_groups([env[v] for v in op.operands])
-        b.outs, b.op_name = outs, name
+        values = [env[v] for v in op.operands]
+        for v in values:
+            if isinstance(v, PV):
+                lower_dtype(v.dtype)
+        seen = outs
+        if any(isinstance(v, PV) and v.dtype in HALF_DTYPES for v in values):
+            # As eager runs a kernel on half tensors: the rule sees the operands widened to
+            # float32 (exact) and computes float32 results, each rounded once to its half dtype
+            # below. So composites (norms, attention, losses) accumulate in float32.
+            values = [b.widen(v) if isinstance(v, PV) else v for v in values]
+            seen = tuple(
+                AVal(a.shape, _dtype.float32) if a.dtype in HALF_DTYPES else a for a in outs
+            )
+        operands = op.operand_groups(values)
+        b.outs, b.stored_outs, b.op_name = seen, outs, name
         b.used = tuple(bool(r.uses) for r in op.results)
         result = fn(b, *operands, **op.lucid_attrs())
     except LoweringUnsupported as e:
@@ -173,7 +191,7 @@ class LowerToPrim(x.ModulePass):
     name = "lower-to-prim"
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
-        from lucid.ir.prim import prim_dialect
+        from lucid.ir.prim.dialect import prim_dialect
 
         # Registered lazily: generating all prim op classes costs ~0.5 s, and lowering itself
         # creates only the classes it uses.

@@ -14,15 +14,22 @@ only feeds a matmul is materialised. This pass, run after ``lower-to-prim``:
 - erases unused pure ops (as ``dce``).
 
 Every rewrite keeps each value's type, so the function computes exactly what it did.
+
+``narrow-half`` (a separate pass, for backends whose kernels take half operands) runs an op on
+half values directly instead of on their float32 casts, bit for bit the same (see
+``narrow_half_ops``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from lucid.ir import _xdsl as x
+from lucid.ir import prim as P
 from lucid.ir import visits
-from lucid.ir.prim import PrimIROp, create_prim, prim_attrs
+from lucid.ir.prim.dialect import PrimIROp, create_prim, prim_attrs
 from lucid.passes._blocks import blocks_of, erase_dead, merge_common
 
 STAGE = "prim-simplify"  # the visit counters' name for this pass
@@ -113,6 +120,92 @@ def fold_scaled_products_into_accumulate(block: x.Block) -> None:
             op.results[0].replace_all_uses_with(new_ops[-1].results[0])
             block.erase_op(op)
             break
+
+
+def _half_source(value: x.SSAValue, half: x.Attribute) -> x.SSAValue | None:
+    """The ``half`` value that ``value`` widens (``prim.cast`` to f32 of it), else None."""
+    cast = value.owner
+    if isinstance(cast, PrimIROp) and cast.name == "prim.cast":
+        source = cast.operands[0]
+        if isinstance(source.type, x.TensorType) and source.type.element_type == half:
+            return source
+    return None
+
+
+def _half_constant(value: x.SSAValue, dtype: str) -> x.Operation | None:
+    """A ``dtype`` copy of the f32 ``prim.constant`` behind ``value`` when every entry is exact
+    in ``dtype``, else None."""
+    const = value.owner
+    if not isinstance(const, PrimIROp) or const.name != "prim.constant":
+        return None
+    attrs = prim_attrs(const)
+    values = np.array(attrs["value"], np.float64)
+    if not np.array_equal(P.to_half(values, dtype).astype(np.float64), values, equal_nan=True):
+        return None
+    return create_prim("constant", [], {**attrs, "dtype": dtype})
+
+
+def narrow_half_ops(block: x.Block) -> None:
+    """Rewrite ``cast<half>(op(cast<f32>(a), ...))`` to ``op(a, ...)`` on the half values.
+
+    Lowering computes an op on half values in float32 between casts (as eager's kernels); a prim
+    op on half operands is defined as exactly that (its float32 op, then one rounding), so the
+    rewrite keeps every bit. A backend whose kernels take half operands (converting while they
+    load, as a GEMM packs) runs this after ``prim-simplify`` to drop the conversion passes."""
+    ops = list(block.ops)
+    visits.count(STAGE, len(ops))
+    for cast in ops:
+        if not isinstance(cast, PrimIROp) or cast.name != "prim.cast":
+            continue
+        dtype = prim_attrs(cast)["dtype"]
+        op = cast.operands[0].owner
+        if (
+            dtype not in P.HALF
+            or not isinstance(op, PrimIROp)
+            or "HALF_AWARE" in op.PRIM.props
+            or len(op.results) != 1
+            or _only_use(op.results[0]) is not cast
+        ):
+            continue
+        half = cast.results[0].type.element_type
+        operands, constants = [], []
+        for v in op.operands:
+            element = v.type.element_type if isinstance(v.type, x.TensorType) else None
+            if element != x.f32:
+                operands.append(v)  # indices, conditions: unchanged
+                continue
+            narrow = _half_source(v, half)
+            if narrow is None:
+                const = _half_constant(v, dtype)
+                if const is None:
+                    break
+                constants.append(const)
+                narrow = const.results[0]
+            operands.append(narrow)
+        else:
+            try:
+                new = create_prim(op.PRIM.name, operands, prim_attrs(op))
+            except P.PrimError:
+                continue
+            if new.results[0].type != cast.results[0].type:
+                continue
+            block.insert_ops_before([*constants, new], cast)
+            cast.results[0].replace_all_uses_with(new.results[0])
+            block.erase_op(cast)
+            block.erase_op(op)
+
+
+@dataclass(frozen=True)
+class NarrowHalf(x.ModulePass):
+    """Run ops on half values directly instead of on their float32 casts (prim dialect); for
+    backends whose kernels take half operands."""
+
+    name = "narrow-half"
+
+    def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
+        for block in blocks_of(op):
+            narrow_half_ops(block)
+            erase_dead(block, self.name)
 
 
 @dataclass(frozen=True)

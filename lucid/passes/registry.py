@@ -25,6 +25,7 @@ _BUILTIN = {
     "dce": "lucid.passes.dce:DCE",
     "lower-to-prim": "lucid.passes.lower_to_prim:LowerToPrim",
     "prim-simplify": "lucid.passes.prim_simplify:PrimSimplify",
+    "narrow-half": "lucid.passes.prim_simplify:NarrowHalf",
     "vjp": "lucid.passes.vjp:VJP",
     "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
     "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",

@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace) -> None:
     name, text = _read_source(args.input)
     ctx = make_context()
     if "prim." in text:  # a lowered module: the prim dialect is loaded only when needed
-        from lucid.ir.prim import prim_dialect
+        from lucid.ir.prim.dialect import prim_dialect
 
         ctx.load_dialect(prim_dialect())
     try:

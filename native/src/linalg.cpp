@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include "lucid/blas.h"
 #include "lucid/conv.h"
@@ -588,6 +589,42 @@ void max_pool_unpadded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64
   }
 }
 
+// max_pool2d with padding or dilation (a ResNet stem's 3x3/2 pool with padding 1): windows that lie
+// inside the plane take the branch-free loop of the unpadded path, only the border windows
+// max_tap's bounds-checked one, so the result is max_tap's, bit for bit.
+template <class T>
+void max_pool_bordered(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
+  const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
+  // Output rows [oh0, oh1) (columns [ow0, ow1)) have windows inside the plane.
+  auto inside = [](int64_t pad, int64_t stride, int64_t extent, int64_t size, int64_t outs) {
+    const int64_t lo = std::min(outs, (pad + stride - 1) / stride);
+    const int64_t room = size + pad - extent;
+    const int64_t hi = room < 0 ? lo : std::min(outs, room / stride + 1);
+    return std::pair<int64_t, int64_t>{lo, std::max(lo, hi)};
+  };
+  const auto [oh0, oh1] = inside(g.pt, g.sh, (g.KH - 1) * g.dh + 1, g.H, g.HO);
+  const auto [ow0, ow1] = inside(g.pl, g.sw, (g.KW - 1) * g.dw + 1, g.W, g.WO);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    const T* xp = x + nc * plane;
+    T* yp = out + nc * oplane;
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      T* y = yp + oh * g.WO;
+      const bool row_inside = oh >= oh0 && oh < oh1;
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        if (!row_inside || ow < ow0 || ow >= ow1) {
+          max_tap(g, xp, oh, ow, &y[ow]);
+          continue;
+        }
+        const T* w = xp + (oh * g.sh - g.pt) * g.W + (ow * g.sw - g.pl);
+        T best = w[0];
+        for (int64_t i = 0; i < g.KH; ++i)
+          for (int64_t j = 0; j < g.KW; ++j) best = max_nan(best, w[i * g.dh * g.W + j * g.dw]);
+        y[ow] = best;
+      }
+    }
+  }
+}
+
 // c ? x : y through bit masks: GCC turns a float ?: into a branch here, and on real data the
 // condition is a coin flip.
 template <class T>
@@ -660,6 +697,11 @@ void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out, bool relu = 
       (g.HO - 1) * g.sh + g.KH <= g.H && (g.WO - 1) * g.sw + g.KW <= g.W) {
     parallel_for(g.NC, planes_per_part(g),
                  [&](int64_t nc0, int64_t nc1) { max_pool_unpadded(g, a, out, nc0, nc1); });
+    return;
+  }
+  if (op == Op::max_pool2d) {
+    parallel_for(g.NC, planes_per_part(g),
+                 [&](int64_t nc0, int64_t nc1) { max_pool_bordered(g, a, out, nc0, nc1); });
     return;
   }
   if (op == Op::max_pool2d_grad || op == Op::avg_pool2d_grad)

@@ -280,3 +280,17 @@ def test_report_reads_back_the_cases_a_stopped_run_appended(tmp_path, capsys):
     cse = saved["exponents"]["chain infer"]["cse"]
     assert cse["judged"] and cse["exponent"] == pytest.approx(1.0, abs=0.01)
     assert "| chain | infer | pairs 400 | 801 |" in capsys.readouterr().out
+
+
+def test_each_resnet_series_stays_on_one_side_of_the_update_fusion_limit():
+    # fused_step fuses the optimizer updates only up to a parameter count: a series crossing
+    # it would fit one growth exponent over two different training programs.
+    import scaling_models
+
+    from lucid.compile.training.steps import _fuse_updates
+
+    for sizes in (CS.DEFAULT_SIZES["resnet"], CS.QUICK_SIZES["resnet"]):
+        sides = {
+            _fuse_updates(list(scaling_models.lucid_model("resnet", n).parameters())) for n in sizes
+        }
+        assert len(sides) == 1, sizes

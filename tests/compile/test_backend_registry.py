@@ -28,11 +28,11 @@ from lucid.backends import (
     resolve_backend,
     unregister_backend,
 )
-from lucid.backends.prim_ops import PRIM_OPS
 from lucid.compile import CompileError, compile_optimizer, diagnose, fused_step, make_step
 from lucid.ir import forward_func, print_ir
 from lucid.ir.importer import feed_roles, result_roles
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim import PRIM_OPS
+from lucid.ir.prim.interpreter import interpret_prim
 
 COMPILE_DIR = Path(lucid.__file__).resolve().parent / "compile"
 

@@ -74,7 +74,8 @@ def _memory_run(n_shapes: int, warmup: int) -> float:
 def test_memory_stays_bounded_over_many_shapes(monkeypatch):
     monkeypatch.setenv("LUCID_COMPILE_MAX_CACHE", "4")
     from lucid.backends.cpu import cache_info as native_cache_info
-    from lucid.ir import prim, types
+    from lucid.ir import types
+    from lucid.ir.prim import dialect as prim
 
     growth = _memory_run(160, warmup=40)
     # Unbounded, each compile kept ~600 kB (120 compiles: ~70 MB); bounded, ~10 kB.

@@ -230,8 +230,8 @@ def test_a_warm_hit_and_load_compiled_skip_the_compiler_modules(cache_dir, tmp_p
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     cold = run("save")
-    compiler = {"lucid.passes.lower_to_prim", "lucid.backends.cpu.fuse",
-                "lucid.backends.cpu.kernel_fusion", "lucid.backends.cpu.program",
+    compiler = {"lucid.passes.lower_to_prim", "lucid.backends.cpu.fuse_elementwise",
+                "lucid.backends.cpu.rewrites", "lucid.backends.cpu.program",
                 "lucid.backends.cpu.emit"}  # fmt: skip
     assert compiler <= set(cold["modules"])  # the cold compile needs them
     for mode in ("compile", "load"):

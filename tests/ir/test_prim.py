@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
 from lucid.ir import parse_ir, print_ir
-from lucid.ir.prim import (
+from lucid.ir import prim as P
+from lucid.ir.prim.dialect import (
     attr_from_prim,
     attr_to_prim,
     create_prim,
@@ -21,7 +21,7 @@ from lucid.ir.prim import (
     prim_dialect,
     prim_type,
 )
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 
 _SAMPLE_ATTR = {
     "int": 3,

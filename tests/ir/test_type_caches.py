@@ -7,7 +7,8 @@ import gc
 import tracemalloc
 
 import lucid
-from lucid.ir import prim, types
+from lucid.ir import types
+from lucid.ir.prim import dialect as prim
 
 
 def _one_off_shapes(n: int, start: int) -> None:

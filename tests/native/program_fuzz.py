@@ -566,8 +566,8 @@ def reference_program(desc: dict):
 
     Attributes a prim op does not declare are dropped (the native validator ignores them: the
     fuzzer adds such names); a ``fused`` instruction's flattened expression becomes its nodes."""
-    from lucid.backends import prim_ops
     from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
+    from lucid.ir import prim as prim_ops
 
     program = Program()
     for shape, dtype in desc["slots"]:

@@ -272,7 +272,7 @@ def test_float32_uniforms_use_24_bits_and_float64_use_53():
 
 @pytest.mark.parametrize("dtype,prim_dtype", [(lucid.float32, "f32"), (lucid.float64, "f64")])
 def test_eager_draws_equal_the_backend_reference_stream(dtype, prim_dtype):
-    prim_ops = pytest.importorskip("lucid.backends.prim_ops")
+    prim_ops = pytest.importorskip("lucid.ir.prim")
     state = np.array([2024, 5], dtype=np.int64)
     attrs = {"shape": (3, 5), "dtype": prim_dtype, "low": -1.0, "high": 2.0}
     eager = apply("uniform", lucid.tensor(state), shape=(3, 5), dtype=dtype, low=-1.0, high=2.0)

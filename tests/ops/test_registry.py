@@ -6,7 +6,7 @@ import pytest
 
 import lucid  # noqa: F401
 from lucid.ops import REGISTRY
-from lucid.ops.coverage import markdown, vjp_status
+from lucid.tools.coverage import markdown, vjp_status
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -34,5 +34,5 @@ def test_docs_ops_md_is_current():
 
     path = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ops.md"
     assert path.read_text() == markdown(), (
-        "docs/ops.md is stale: regenerate it with `python -m lucid.ops.coverage > docs/ops.md`"
+        "docs/ops.md is stale: regenerate it with `python -m lucid.tools.coverage > docs/ops.md`"
     )

@@ -7,7 +7,7 @@ import pytest
 import lucid
 from lucid._dispatch import apply
 from lucid.ir import import_trace, interpret
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.trace import trace
 

@@ -14,11 +14,11 @@ from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ir import import_trace, parse_ir, print_ir
 from lucid.ir.importer import forward_func
-from lucid.ir.prim import make_prim_context
-from lucid.ir.prim_interpreter import interpret_prim
-from lucid.ops.coverage import rows
+from lucid.ir.prim.dialect import make_prim_context
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassFailure, PassManager, get_pass
 from lucid.passes.lower_to_prim import LoweringError, LowerToPrim, lower_module
+from lucid.tools.coverage import rows
 from lucid.trace import trace
 from lucid.trace._tracing import _tracing
 
@@ -107,9 +107,21 @@ def test_a_conditional_refusal_names_the_op_and_the_condition():
 
 
 def test_dtype_without_a_prim_type_is_refused():
-    module = import_trace(trace(lambda t: t + 1, Tensor._wrap(np.ones(3, np.float16))))
-    with pytest.raises(LoweringError, match="float16 has no prim type"):
+    module = import_trace(trace(lambda t: t + 1, Tensor._wrap(np.ones(3, np.int16))))
+    with pytest.raises(LoweringError, match="int16 has no prim type"):
         lower_module(module)
+
+
+def test_half_ops_compute_in_float32_and_round_once_per_op():
+    # As eager runs a kernel on half tensors: widened operands, float32 arithmetic, one rounding
+    # of each op's result; a value read twice is widened once.
+    module = import_trace(trace(lambda t: t * 2 + t, Tensor._wrap(np.ones(3, np.float16))))
+    lower_module(module)
+    ops = [op for op in forward_func(module).body.blocks.first.ops if op.name != "func.return"]
+    casts = [str(op.results[0].type) for op in ops if op.name == "prim.cast"]
+    assert casts == ["tensor<3xf32>", "tensor<3xf16>", "tensor<3xf32>", "tensor<3xf16>"]
+    arith = [op for op in ops if op.name in ("prim.mul", "prim.add")]
+    assert [str(op.results[0].type) for op in arith] == ["tensor<3xf32>"] * 2
 
 
 def test_symbolic_dimension_is_refused_until_shapes_are_specialized():

@@ -18,8 +18,8 @@ from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ir import import_trace, interpret
 from lucid.ir.importer import forward_func
-from lucid.ir.prim import PrimIROp
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.dialect import PrimIROp
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.ops._registry import REGISTRY
 from lucid.passes import PassManager
 from lucid.passes.lower_to_prim import LoweringError, lower_module, lowering_status

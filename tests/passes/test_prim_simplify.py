@@ -12,8 +12,8 @@ import lucid.nn.functional as F
 from lucid._tensor import Tensor
 from lucid.ir import import_trace, parse_ir, print_ir
 from lucid.ir.importer import forward_func
-from lucid.ir.prim import make_prim_context, prim_attrs
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.dialect import make_prim_context, prim_attrs
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager, get_pass
 from lucid.passes.prim_simplify import PrimSimplify
 from lucid.trace import trace

@@ -16,7 +16,7 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid.compile._pipeline import specialize_batch
 from lucid.ir import import_trace, interpret, print_ir
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassFailure, PassManager, PipelineError, get_pass
 from lucid.passes.shape_specialize import ShapeSpecialize, ShapeSpecializeError, specialize_module
 from lucid.trace import _tracing

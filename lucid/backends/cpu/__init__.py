@@ -1,4 +1,5 @@
-"""The CPU backend: program model, fuse-elementwise, and the native runtime behind it."""
+"""The CPU backend: program model, fuse-kernels (``rewrites``), fuse-elementwise, and the native
+runtime behind it."""
 
 from typing import Any
 
@@ -16,7 +17,6 @@ from lucid.backends.cpu.backend import (
 
 # The program model and the fusion pass load on first use: serving a saved program needs neither.
 _LAZY = {
-    "fuse_elementwise": "lucid.backends.cpu.fuse",
     "FusedNode": "lucid.backends.cpu.program",
     "Program": "lucid.backends.cpu.program",
 }
@@ -36,7 +36,6 @@ __all__ = [
     "Program",
     "cache_clear",
     "cache_info",
-    "fuse_elementwise",
     "get_num_threads",
     "last_compile_split",
     "set_adaptive_threads",

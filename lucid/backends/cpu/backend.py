@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from lucid._native_loader import _native
 from lucid._threads import thread_env_error
 from lucid.backends.base import Backend, Unsupported
-from lucid.backends.prim_ops import PRIM_OPS
 from lucid.ir._gc import paused_gc
+from lucid.ir.prim import COMPOSITE_OPS, PRIM_OPS
 
 if TYPE_CHECKING:
     from lucid.backends.cpu.program import Program
@@ -72,7 +72,13 @@ class CPUBackend(Backend):
             raise ValueError(error)
 
     def supported_ops(self) -> frozenset[str]:
-        return frozenset(PRIM_OPS) & frozenset(_native.op_names())
+        # The composite ops with a native kernel (gelu, gelu_grad) run it; others are expanded.
+        return (frozenset(PRIM_OPS) | frozenset(COMPOSITE_OPS)) & frozenset(_native.op_names())
+
+    def refusal(self, module: Any) -> str | None:
+        from lucid.backends.cpu.emit import storage_refusal
+
+        return storage_refusal(module) or super().refusal(module)
 
     def program(self, module: Any, *, inplace_updates: bool = True) -> Program:
         """The (fused, unless ``fuse=False``) native program of a prim module; with
@@ -80,10 +86,12 @@ class CPUBackend(Backend):
         runtime."""
         from lucid.backends.cpu.emit import EmitError, emit_program
         from lucid.backends.cpu.program import Instr, Program
-        from lucid.backends.prim_ops import Aval
+        from lucid.ir.prim import Aval
+        from lucid.ir.prim.expand import expand_composites
 
         _split.ms = {}
         with _step("emit"):
+            expand_composites(module, keep=self.supported_ops())
             try:
                 desc = emit_program(module, inplace_updates=inplace_updates).desc
             except EmitError as e:
@@ -99,8 +107,8 @@ class CPUBackend(Backend):
         return self._fused(program)
 
     def _fused(self, program: Program) -> Program:
-        from lucid.backends.cpu.fuse import fuse_elementwise
-        from lucid.backends.cpu.kernel_fusion import fuse_kernels
+        from lucid.backends.cpu.fuse_elementwise import fuse_elementwise
+        from lucid.backends.cpu.rewrites import fuse_kernels
 
         if not self.fuse:
             return program

@@ -4,8 +4,8 @@ executable.
 Each function argument becomes a feed slot, each prim op one instruction of the program builder
 (``lucid.backends.cpu.program.Program``, which reruns the prim table's rule on every op), and the
 returned values the results. Results whose role is ``update:<feed role>`` may be written back into
-that feed in place. ``compile_program`` hands the program to the CPU backend, which fuses
-elementwise chains and compiles through ``lucid._native`` (with its executable cache).
+that feed in place. ``compile_program`` fuses it as the CPU backend does and compiles it through
+``lucid._native`` (with its executable cache).
 """
 
 from __future__ import annotations
@@ -14,14 +14,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lucid.backends.cpu.program import Program
-from lucid.backends.prim_ops import PrimError
+from lucid._native_loader import _native
+from lucid.backends.cpu.fuse_elementwise import fuse_elementwise
+from lucid.backends.cpu.program import Program, storage_problem
+from lucid.backends.cpu.rewrites import fuse_kernels
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.importer import feed_roles, forward_func, result_roles
-from lucid.ir.prim import PrimIROp, aval_of_type
+from lucid.ir.prim import PrimError
+from lucid.ir.prim.dialect import PrimIROp, aval_of_type
 
-__all__ = ["EmitError", "NativeProgram", "compile_program", "emit_program", "run_program"]
+__all__ = [
+    "EmitError",
+    "NativeProgram",
+    "compile_program",
+    "emit_program",
+    "run_program",
+    "storage_refusal",
+]
 
 
 class EmitError(ValueError):
@@ -61,9 +71,9 @@ def emit_program(
     for a in block.args:
         try:
             aval = aval_of_type(a.type)
+            slot_of[a] = program.feed(aval.shape, aval.dtype)
         except (PrimError, ValueError) as e:
             raise EmitError(f"argument of type {a.type}: {e}") from None
-        slot_of[a] = program.feed(aval.shape, aval.dtype)
     returned = False
     for op in block.ops:
         visits.count("emit")
@@ -92,12 +102,25 @@ def emit_program(
     return NativeProgram(program, f_roles, r_roles)
 
 
-def compile_program(program: NativeProgram, *, cache: bool = True, fuse: bool = True) -> Any:
-    """Compile ``program`` on the CPU backend (elementwise fusion unless ``fuse=False``) into a
-    ``lucid._native`` executable; ``ValueError`` names anything malformed."""
-    from lucid.backends.cpu.backend import CPUBackend
+def storage_refusal(module: x.ModuleOp) -> str | None:
+    """Why the native runtime cannot hold a value of the prim ``module`` (a half-precision
+    one), or None."""
+    for fn in module.ops:
+        for block in fn.regions[0].blocks:
+            types = {v.type for v in (*block.args, *(r for op in block.ops for r in op.results))}
+            for t in types:
+                problem = isinstance(t, x.TensorType) and storage_problem(aval_of_type(t).dtype)
+                if problem:
+                    return problem
+    return None
 
-    return CPUBackend(fuse=fuse, cache=cache).compile(program.program)
+
+def compile_program(program: NativeProgram, *, cache: bool = True, fuse: bool = True) -> Any:
+    """Compile ``program`` as the CPU backend does (kernel and elementwise fusion unless
+    ``fuse=False``) into a ``lucid._native`` executable; ``ValueError`` names anything
+    malformed."""
+    fused = fuse_elementwise(fuse_kernels(program.program)) if fuse else program.program
+    return _native.compile(fused.describe(), cache)
 
 
 def run_program(executable: Any, feeds: Mapping[str, Any] | list, program: NativeProgram) -> list:

@@ -1,12 +1,13 @@
 """The native program model, built in Python: typed value slots + instructions + feeds and results.
 
 A :class:`Program` is what the CPU backend hands to ``lucid._native.compile`` in one call (through
-:meth:`Program.describe`). Building it runs each op's shape/dtype rule from ``prim_ops`` so mistakes
-surface early with the op's name; the native validator checks the same rules again, so a
+:meth:`Program.describe`). Building it runs each op's shape/dtype rule from ``lucid.ir.prim`` so
+mistakes surface early with the op's name; the native validator checks the same rules again, so a
 description assembled by hand can never crash the process either.
 
 :meth:`Program.interpret` is the numpy reference interpreter: it runs every instruction through the
-op's reference semantics in ``prim_ops`` and is what native results are tested against.
+op's reference semantics in ``lucid.ir.prim`` (``reference`` for the CPU-only instructions) and is
+what native results are tested against.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends import prim_ops
-from lucid.backends.prim_ops import NUMPY_DTYPES, Aval, PrimError
+from lucid.backends.cpu.reference import CPU_ONLY_REFERENCES
+from lucid.ir import prim as prim_ops
+from lucid.ir.prim import NUMPY_DTYPES, Aval, PrimError
 
 FUSED = "fused"
 
@@ -49,6 +51,16 @@ class Instr:
         return self.out_nodes if self.out_nodes is not None else (len(self.nodes) - 1,)
 
 
+# The prim dtypes the native runtime cannot hold yet, by their Lucid names.
+_NO_STORAGE = {"f16": "float16", "bf16": "bfloat16"}
+
+
+def storage_problem(dtype: str) -> str | None:
+    """Why the native runtime cannot hold values of prim ``dtype``, or None."""
+    name = _NO_STORAGE.get(dtype)
+    return f"cpu backend: {name} storage not supported yet" if name else None
+
+
 class Program:
     """A straight-line program over typed value slots with static shapes."""
 
@@ -62,6 +74,9 @@ class Program:
     def new_slot(self, shape: Sequence[int], dtype: str) -> int:
         if dtype not in NUMPY_DTYPES:
             raise PrimError(f"unknown dtype {dtype!r}; expected one of {prim_ops.DTYPES}")
+        problem = storage_problem(dtype)
+        if problem:
+            raise PrimError(problem)
         self.slots.append(Aval(tuple(int(d) for d in shape), dtype))
         return len(self.slots) - 1
 
@@ -189,8 +204,8 @@ class Program:
                     out = np.broadcast_to(values[len(args) + k], self.slots[o].shape)
                     env[o] = np.array(out, order="C")
                 continue
-            if ins.op in _cpu_only_references():
-                out = _cpu_only_references()[ins.op](args, ins.attrs)
+            if ins.op in CPU_ONLY_REFERENCES:
+                out = CPU_ONLY_REFERENCES[ins.op](args, ins.attrs)
                 if isinstance(out, tuple):  # a multi-output kernel
                     for o, value in zip(ins.outputs, out, strict=False):
                         env[o] = np.array(value, order="C")
@@ -203,14 +218,6 @@ class Program:
             np.copyto(feeds[f], results[r])
             results[r] = feeds[f]
         return results
-
-
-def _cpu_only_references() -> dict:
-    # The CPU-only kernels that fuse-kernels emits (gemm, layer_norm); imported late, as that
-    # module builds on this one.
-    from lucid.backends.cpu.kernel_fusion import CPU_ONLY_REFERENCES
-
-    return CPU_ONLY_REFERENCES
 
 
 def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, Any]]:

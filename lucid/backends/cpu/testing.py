@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from lucid.backends.cpu import CPUBackend, Program
-from lucid.backends.prim_ops import dtype_of
+from lucid.ir import prim
+from lucid.ir.prim import dtype_of
 
 TOLERANCE = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
 
@@ -21,6 +22,17 @@ def run_both(
     program.result(program.op(name, *slots, **(attrs or {})))
     native = CPUBackend(cache=False).compile(program).run(arrays)[0]
     return native, program.interpret(arrays)[0]
+
+
+def decomposed(program: Program, feeds: list[np.ndarray]) -> list[np.ndarray]:
+    """``program``'s results from the prim table alone: every composite op (``gelu``,
+    ``layer_norm``, ...) runs as its decomposition, where ``Program.interpret`` runs the CPU
+    kernels' own references."""
+    env = dict(zip(program.feeds, feeds, strict=True))
+    for ins in program.instrs:
+        outs = prim.evaluate(ins.op, [env[s] for s in ins.inputs], ins.attrs)
+        env.update(zip(ins.outputs, outs, strict=True))
+    return [env[s] for s in program.results]
 
 
 def assert_match(native: np.ndarray, ref: np.ndarray, scale: float = 1.0) -> None:

@@ -29,7 +29,7 @@ from lucid.backends.mpsgraph.native import (
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
 from lucid.backends.mpsgraph.symbolic import SymbolicUnsafe, symbolic_dims
-from lucid.backends.prim_ops._shape import index_error_message
+from lucid.ir.prim._shape import index_error_message
 
 __all__ = [
     "Boundary",

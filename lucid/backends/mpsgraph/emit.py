@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lucid.backends import prim_ops as P
 from lucid.backends.mpsgraph import program as A
 from lucid.backends.mpsgraph.selectors import MPS_DTYPES
-from lucid.backends.prim_ops._random import PHILOX_M, PHILOX_W
+from lucid.ir import prim as P
+from lucid.ir.prim._random import PHILOX_M, PHILOX_W
 
 __all__ = ["HANDLED_OPS", "Builder", "EmitError", "Emitted", "Val", "emit_module", "emit_op"]
 
@@ -1129,7 +1129,7 @@ def _state_words(c: _Ctx, state: int) -> tuple[_Word, _Word, _Word, _Word]:
 
 def _philox_top24(c: _Ctx, state: int, count: int) -> int:
     """The top 24 bits (Int32) of ``count`` Philox-4x32-10 words of an i64[2] (key, counter)
-    state, in the order of ``prim_ops.random_words``: word i is lane i % 4 of block i // 4."""
+    state, in the order of ``lucid.ir.prim.random_words``: word i is lane i % 4 of block i // 4."""
     z = _Limbs(c)
     key_lo, key_hi, counter_lo, counter_hi = _state_words(c, state)
     blocks = (count + 3) // 4
@@ -1252,7 +1252,7 @@ def emit_module(
     """
     from lucid.ir import _xdsl as x
     from lucid.ir.importer import feed_roles, forward_func, result_roles
-    from lucid.ir.prim import PrimIROp, aval_of_type
+    from lucid.ir.prim.dialect import PrimIROp, aval_of_type
 
     sym_of = symbolic or {}
     fn = forward_func(module, func_name)

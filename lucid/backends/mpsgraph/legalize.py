@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lucid.ir import _xdsl as x
-from lucid.ir.prim import PrimIROp, create_prim, prim_attrs
+from lucid.ir.prim.dialect import PrimIROp, create_prim, prim_attrs
+from lucid.ir.prim.expand import expand_composites
 from lucid.passes._blocks import blocks_of
 from lucid.passes.registry import register_pass
 
@@ -47,6 +48,9 @@ def _type_problem(t: x.Attribute) -> str | None:
         return None
     if isinstance(t.element_type, x.Float64Type):
         return "float64 (MPSGraph has no 64-bit float; use float32 or backend='cpu')"
+    if t.element_type in (x.f16, x.bf16):
+        name = "float16" if t.element_type == x.f16 else "bfloat16"
+        return f"{name} (mpsgraph backend: {name} storage not supported yet)"
     shape = t.get_shape()
     if any(d == 0 for d in shape):
         return f"a zero-sized dimension in {t} (MPSGraph cannot create one)"
@@ -119,6 +123,7 @@ def _split_matmul_accumulate(block: x.Block) -> None:
 
 def legalize(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -> None:
     """Rewrite ``module`` in place for MPSGraph; raise MPSGraphUnsupported if it cannot run."""
+    expand_composites(module)  # MPSGraph has no kernel of a composite prim op
     reason = legalize_refusal(module, macos)
     if reason is not None:
         raise MPSGraphUnsupported(reason)

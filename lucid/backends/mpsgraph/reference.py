@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends import prim_ops as P
 from lucid.backends.mpsgraph import program as A
+from lucid.ir import prim as P
 
 __all__ = ["MPSGraphAbort", "ReferenceBuilder", "UndefinedBehavior", "run_program"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends import prim_ops as P
+from lucid.ir import prim as P
 
 __all__ = ["CASES", "Case", "check_case", "main", "run_emission", "run_isolated"]
 

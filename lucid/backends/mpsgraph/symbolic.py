@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
+from lucid.ir import prim as P
 from lucid.ir.importer import feed_roles, forward_func
-from lucid.ir.prim import PrimIROp, aval_of_type
+from lucid.ir.prim.dialect import PrimIROp, aval_of_type
 from lucid.passes.registry import register_pass
 
 __all__ = ["SymbolicSafety", "SymbolicUnsafe", "symbolic_dims"]

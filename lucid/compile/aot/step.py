@@ -41,7 +41,7 @@ from lucid.compile.training.steps import (
     profile_entry,
 )
 from lucid.ir import feed_roles, forward_func, parse_ir, print_ir, result_roles
-from lucid.ir.prim import prim_dialect
+from lucid.ir.prim.dialect import prim_dialect
 from lucid.ir.text import make_context
 from lucid.nn.parameter import Parameter
 from lucid.optim import lr_scheduler as sched

@@ -32,7 +32,7 @@ from lucid._tensor import Tensor
 from lucid.compile.parity.compare import Culprit, backend_culprit, compare
 from lucid.ir import forward_func, import_trace, interpret, print_ir, result_roles
 from lucid.ir.importer import feed_roles
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.ops import REGISTRY
 from lucid.passes import PassManager, parse_pipeline_spec
 from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value

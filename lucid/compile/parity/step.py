@@ -33,7 +33,7 @@ from lucid.compile.parity.compare import Culprit, backend_culprit, compare
 from lucid.ir import ConstantOp, LucidOp, import_trace, interpret
 from lucid.ir.dialect import constant_value
 from lucid.ir.importer import feed_roles, forward_func, result_roles
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager, parse_pipeline_spec
 from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 

@@ -617,6 +617,9 @@ class Module:
     def half(self) -> Module:
         return self.to(_dtype.float16)
 
+    def bfloat16(self) -> Module:
+        return self.to(_dtype.bfloat16)
+
     def type(self, dst_type: Any) -> Module:
         return self.to(dst_type)
 

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from lucid import _dtype
-from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
-from lucid.ir.prim import create_prim, prim_type
+from lucid.ir import prim as P
+from lucid.ir.prim.dialect import create_prim, prim_type
 from lucid.ops._registry import AVal
 
 __all__ = [
+    "HALF_DTYPES",
     "P",
     "PV",
     "RULES",
@@ -33,6 +34,7 @@ __all__ = [
     "Operand",
     "is_scalar",
     "lower_dtype",
+    "numpy_dtype",
     "prim_arg_type",
     "rule",
     "unsupported",
@@ -72,11 +74,14 @@ class LoweringUnsupported(Exception):
 _TO_PRIM = {
     _dtype.float32: "f32",
     _dtype.float64: "f64",
+    _dtype.float16: "f16",
+    _dtype.bfloat16: "bf16",
     _dtype.int32: "i32",
     _dtype.int64: "i64",
     _dtype.bool_: "bool",
 }
 _FROM_PRIM = {v: k for k, v in _TO_PRIM.items()}
+HALF_DTYPES = frozenset({_dtype.float16, _dtype.bfloat16})
 
 
 def lower_dtype(dt: _dtype.dtype) -> str:
@@ -84,9 +89,15 @@ def lower_dtype(dt: _dtype.dtype) -> str:
     p = _TO_PRIM.get(dt)
     if p is None:
         raise LoweringUnsupported(
-            f"dtype {dt.name} has no prim type (prim has float32, float64, int32, int64, bool)"
+            f"dtype {dt.name} has no prim type (prim has float32, float64, float16, bfloat16, "
+            "int32, int64, bool)"
         )
     return p
+
+
+def numpy_dtype(dt: _dtype.dtype) -> np.dtype:
+    """The numpy dtype prim stores Lucid dtype ``dt`` in (ml_dtypes' for bfloat16)."""
+    return P.NUMPY_DTYPES[lower_dtype(dt)]
 
 
 class PV:
@@ -125,6 +136,9 @@ class Builder:
     def __init__(self, insert: Callable[[x.Operation], None]):
         self._insert = insert
         self.outs: tuple[AVal, ...] = ()
+        # The op's results as the registry gives them: outs differs on half ops, whose rules
+        # compute in float32 (dtype-dependent constants such as finfo follow the stored dtype).
+        self.stored_outs: tuple[AVal, ...] = ()
         self.used: tuple[bool, ...] = ()  # per result of the op being lowered: is it read?
         self.op_name = ""
         self._consts: dict[tuple, PV] = {}
@@ -132,6 +146,7 @@ class Builder:
         # (e.g. max_pool2d's indices: which input and window they came from). One function's
         # lowering shares one Builder.
         self.facts: dict[x.SSAValue, tuple] = {}
+        self._widened: dict[x.SSAValue, PV] = {}  # half value -> its float32 cast, made once
 
     # --- raw emission
     def emit(self, name: str, operands: Sequence[PV], **attrs: Any) -> list[PV]:
@@ -202,6 +217,16 @@ class Builder:
             return v
         return self.op("cast", v, dtype=lower_dtype(dtype))
 
+    def widen(self, v: PV) -> PV:
+        """A half value as float32 (one cast per value, shared by every op that reads it);
+        other values unchanged."""
+        if v.dtype not in HALF_DTYPES:
+            return v
+        wide = self._widened.get(v.ssa)
+        if wide is None:
+            wide = self._widened[v.ssa] = self.cast(v, _dtype.float32)
+        return wide
+
     def check_index(self, idx: PV, low: int, high: int, message: str) -> PV:
         """``idx`` after a run-time check that every value lies in ``[low, high)``; otherwise the
         run raises ``IndexError(message)`` with ``{}`` replaced by the first bad value. Rules
@@ -256,7 +281,7 @@ class Builder:
 
 
 def _prim_dtype_of(t: x.Attribute) -> str:
-    from lucid.ir.prim import aval_of_type
+    from lucid.ir.prim.dialect import aval_of_type
 
     return aval_of_type(t).dtype
 

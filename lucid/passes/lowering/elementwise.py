@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from lucid import _dtype
 from lucid._dtype import result_type
-from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, rule, unsupported
+from lucid.passes.lowering._core import (
+    PV,
+    Builder,
+    LoweringUnsupported,
+    numpy_dtype,
+    rule,
+    unsupported,
+)
 
 _NUMERIC_ONLY = {
     "add", "sub", "mul", "maximum", "minimum", "floor_divide", "remainder", "neg", "abs", "sign",
@@ -242,9 +249,9 @@ def _detach(b: Builder, v):
 def _nan_to_num(b: Builder, v, nan, posinf, neginf):
     if not v.dtype.is_floating_point:
         return v
-    import numpy as np
+    import ml_dtypes  # its finfo covers bfloat16 as well as numpy's float types
 
-    info = np.finfo(v.dtype.numpy)
+    info = ml_dtypes.finfo(numpy_dtype(b.stored_outs[0].dtype))  # float16's max, not float32's
     hi = float(info.max) if posinf is None else posinf
     lo = float(info.min) if neginf is None else neginf
     dt = v.dtype

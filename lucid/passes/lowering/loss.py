@@ -12,7 +12,7 @@ import math
 from lucid import _dtype
 from lucid._dtype import result_type
 from lucid.ops.loss import target_out_of_range
-from lucid.passes.lowering._core import PV, Builder, rule
+from lucid.passes.lowering._core import PV, Builder, lower_dtype, rule
 
 _BCE_EPS = 1e-12
 
@@ -232,7 +232,7 @@ class _NLL:
             s = grad
         if self.prob:
             return b.op("neg", b.op("mul", b.op("mul", s, self.w), self.tp))
-        onehot = b.op("one_hot", self.t, depth=self.n_classes, axis=-1, dtype=_pdt(dt))
+        onehot = b.op("one_hot", self.t, depth=self.n_classes, axis=-1, dtype=lower_dtype(dt))
         wt = b.reshape(self.wt, (*self.wt.shape, 1))
         g = b.binary("mul", b.op("mul", onehot, wt), -(1 - self.ls), dt)
         if self.ls:
@@ -244,10 +244,6 @@ class _NLL:
     def classes_back(self, v: PV) -> PV:
         inverse = [self.perm.index(d) for d in range(len(self.perm))]
         return self.b.transpose(v, inverse)
-
-
-def _pdt(dt) -> str:
-    return {_dtype.float32: "f32", _dtype.float64: "f64"}[dt]
 
 
 @rule("nll_loss")

@@ -4,13 +4,22 @@ gradients, pooling, normalization, activations and scaled dot-product attention.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from lucid import _dtype
 from lucid.ops._registry import normalize_dim
 from lucid.ops.pool import _adaptive_matrix, _avg_divisor, _geometry
-from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, is_scalar, rule
+from lucid.passes.lowering._core import (
+    PV,
+    Builder,
+    LoweringUnsupported,
+    P,
+    is_scalar,
+    lower_dtype,
+    rule,
+)
 from lucid.passes.lowering.shape import tri_mask
 
 # --- linear algebra
@@ -402,6 +411,13 @@ def _affine(b: Builder, t, dt, shape, default: float) -> PV:
 
 @rule("layer_norm")
 def _layer_norm(b: Builder, v, weight, bias, normalized_shape, eps):
+    if len(normalized_shape) == 1 and v.ndim >= 1:  # over the last axis: a composite op
+        row = (v.shape[-1],)
+        gamma, beta = (
+            b.reshape(b.cast(t, v.dtype), row) if isinstance(t, PV) else b.const(d, v.dtype, row)
+            for t, d in ((weight, 1.0), (bias, 0.0))
+        )
+        return _composite(b, "layer_norm", v, gamma, beta, epsilon=float(eps))
     axes = tuple(range(v.ndim - len(normalized_shape), v.ndim))
     mean = b.reduce("reduce_mean", v, axes, True)
     centered = b.op("sub", v, mean)
@@ -461,25 +477,47 @@ def _elu_backward(b: Builder, grad, v, alpha):
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def _gelu_parts(b: Builder, v: PV, approximate: str) -> tuple[PV, PV | None]:
-    """(cdf-like factor, tanh value or None)."""
+def _gelu_tanh_parts(b: Builder, v: PV) -> tuple[PV, PV]:
+    """(cdf-like factor, tanh value) of the tanh approximation."""
     dt = v.dtype
-    if approximate == "tanh":
-        cube = b.op("mul", b.op("mul", v, v), v)
-        inner = b.binary(
-            "mul", b.op("add", v, b.binary("mul", cube, 0.044715, dt)), _SQRT_2_OVER_PI, dt
-        )
-        t = b.op("tanh", inner)
-        return b.binary("mul", b.binary("add", t, 1.0, dt), 0.5, dt), t
-    if approximate != "none":
+    cube = b.op("mul", b.op("mul", v, v), v)
+    inner = b.binary(
+        "mul", b.op("add", v, b.binary("mul", cube, 0.044715, dt)), _SQRT_2_OVER_PI, dt
+    )
+    t = b.op("tanh", inner)
+    return b.binary("mul", b.binary("add", t, 1.0, dt), 0.5, dt), t
+
+
+def _need_gelu_form(approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
         raise LoweringUnsupported(f"gelu approximate={approximate!r}")
-    e = b.op("erf", b.binary("mul", v, 1.0 / math.sqrt(2.0), dt))
-    return b.binary("mul", b.binary("add", e, 1.0, dt), 0.5, dt), None
+
+
+def _composite(b: Builder, name: str, *operands: PV, **attrs: Any) -> PV:
+    """Composite prim op ``name`` (``lucid.ir.prim.composite``) on ``operands``: emitted whole
+    when its rule takes them (a backend then runs its kernel or expands it), else decomposed
+    here through the same definition."""
+    op = P.COMPOSITE_OPS[name]
+    full = P.check_attrs(op, attrs)
+    try:
+        op.infer([P.Aval(o.shape, lower_dtype(o.dtype)) for o in operands], full)
+    except P.PrimError:
+        (out,) = op.decompose(
+            lambda n, *a, **k: b.op(n, *a, **k),
+            lambda c, like: b.const(c, like.dtype, ()),
+            operands,
+            full,
+        )
+        return out
+    return b.op(name, *operands, **attrs)
 
 
 @rule("gelu")
 def _gelu(b: Builder, v, approximate):
-    cdf, _ = _gelu_parts(b, v, approximate)
+    _need_gelu_form(approximate)
+    if approximate == "none":  # the erf form: a composite op
+        return _composite(b, "gelu", v)
+    cdf, _ = _gelu_tanh_parts(b, v)
     return b.op("mul", v, cdf)
 
 
@@ -487,26 +525,20 @@ def _gelu(b: Builder, v, approximate):
 def _gelu_backward(b: Builder, grad, v, approximate):
     dt = grad.dtype
     v = b.cast(v, dt)
-    cdf, t = _gelu_parts(b, v, approximate)
-    if t is not None:
-        d_inner = b.binary(
-            "mul",
-            b.binary("add", b.binary("mul", b.op("mul", v, v), 3 * 0.044715, dt), 1.0, dt),
-            _SQRT_2_OVER_PI,
-            dt,
-        )
-        one_minus_t2 = b.binary("sub", 1.0, b.op("mul", t, t), dt)
-        d = b.op(
-            "add", cdf, b.op("mul", b.binary("mul", v, 0.5, dt), b.op("mul", one_minus_t2, d_inner))
-        )
-    else:
-        pdf = b.binary(
-            "mul",
-            b.op("exp", b.binary("mul", b.op("mul", v, v), -0.5, dt)),
-            1.0 / math.sqrt(2.0 * math.pi),
-            dt,
-        )
-        d = b.op("add", cdf, b.op("mul", v, pdf))
+    _need_gelu_form(approximate)
+    if approximate == "none":
+        return _composite(b, "gelu_grad", grad, v)
+    cdf, t = _gelu_tanh_parts(b, v)
+    d_inner = b.binary(
+        "mul",
+        b.binary("add", b.binary("mul", b.op("mul", v, v), 3 * 0.044715, dt), 1.0, dt),
+        _SQRT_2_OVER_PI,
+        dt,
+    )
+    one_minus_t2 = b.binary("sub", 1.0, b.op("mul", t, t), dt)
+    d = b.op(
+        "add", cdf, b.op("mul", b.binary("mul", v, 0.5, dt), b.op("mul", one_minus_t2, d_inner))
+    )
     return b.op("mul", grad, d)
 
 

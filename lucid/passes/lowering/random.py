@@ -12,7 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from lucid import _dtype
-from lucid.passes.lowering._core import Builder, LoweringUnsupported, lower_dtype, rule
+from lucid.passes.lowering._core import (
+    Builder,
+    LoweringUnsupported,
+    lower_dtype,
+    numpy_dtype,
+    rule,
+)
 
 
 def _float_dtype(dt: _dtype.dtype) -> _dtype.dtype:
@@ -24,7 +30,8 @@ def _uniform(b: Builder, rng, shape, dtype, low, high):
     dt = b.outs[0].dtype
     u = b.op("random_uniform", rng, shape=tuple(shape), dtype=lower_dtype(dt), low=low, high=high)
     if high > low:  # rounding must not reach the open upper bound (as eager)
-        top = float(np.nextafter(dt.numpy.type(high), dt.numpy.type(low)))
+        typed = numpy_dtype(dt).type
+        top = float(np.nextafter(typed(high), typed(low)))
         u = b.binary("minimum", u, top, dt)
     return u
 
@@ -54,7 +61,7 @@ def _bernoulli_mask(b: Builder, rng, v, p):
     draw_dt = _float_dtype(out.dtype)
     u = b.op("random_uniform", rng, shape=out.shape, dtype=lower_dtype(draw_dt))
     keep = b.cast(b.binary("ge", u, p, draw_dt), out.dtype)
-    return b.binary("mul", keep, float(out.dtype.numpy.type(1 / (1 - p))), out.dtype)
+    return b.binary("mul", keep, float(numpy_dtype(out.dtype).type(1 / (1 - p))), out.dtype)
 
 
 MAX_RANDPERM = 2048

@@ -19,8 +19,8 @@ from lucid.backends.cpu import (
     Program,
     set_num_threads,
 )
-from lucid.backends.cpu.kernel_fusion import fuse_kernels
 from lucid.backends.cpu.program import Instr
+from lucid.backends.cpu.rewrites import fuse_kernels
 
 TOL = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
 

@@ -14,7 +14,7 @@ from lucid.backends.cpu import (
     set_num_threads,
 )
 from lucid.backends.cpu.testing import assert_match, random_array
-from lucid.backends.prim_ops import dtype_of
+from lucid.ir.prim import dtype_of
 
 SEEDS = st.integers(0, 2**32 - 1)
 

@@ -1,4 +1,4 @@
-"""conv_fusion (conv2d + bias + ReLU as one ``conv2d_bias``; ReLU's gradient folded into the max
+"""rewrites.conv (conv2d + bias + ReLU as one ``conv2d_bias``; ReLU's gradient folded into the max
 pool gradient as ``max_pool2d_relu_grad``): native results of the fused program against the prim
 interpreter on the unfused one, the same bits at one and two threads, float64 gradients of a
 compiled CNN against finite differences, and no fold where a removed value is still needed."""
@@ -14,7 +14,7 @@ from lucid.backends.cpu import (
     Program,
     set_num_threads,
 )
-from lucid.backends.cpu.kernel_fusion import fuse_kernels
+from lucid.backends.cpu.rewrites import fuse_kernels
 from lucid.testing import numerical_grads
 
 pytestmark = pytest.mark.usefixtures("fixed_threads")

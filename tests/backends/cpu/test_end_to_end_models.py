@@ -14,8 +14,8 @@ from lucid import _native
 from lucid.backends.cpu.emit import compile_program, emit_program
 from lucid.ir import import_trace, interpret
 from lucid.ir.importer import feed_roles, forward_func
-from lucid.ir.prim import PrimIROp
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.dialect import PrimIROp
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.trace import trace
 

@@ -18,7 +18,7 @@ from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.backends.cpu.emit import EmitError, compile_program, emit_program
 from lucid.ir import import_trace
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.passes.lower_to_prim import lower_module
 from lucid.trace import trace

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import lucid
-from lucid.backends import prim_ops
 from lucid.backends.cpu.testing import check, run_both
+from lucid.ir import prim as prim_ops
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
@@ -59,3 +59,27 @@ def test_compiled_max_pool_gradient_equals_eager_autograd_with_ties_and_nans():
     lucid.compile(loss)(xc).backward()
     np.testing.assert_array_equal(np.isnan(xc.grad.numpy()), np.isnan(xe.grad.numpy()))
     np.testing.assert_allclose(xc.grad.numpy(), xe.grad.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize(
+    "kernel, strides, padding, dilation, shape",
+    [
+        ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (2, 3, 9, 8)),  # a ResNet stem's pool
+        ((3, 3), (2, 2), (1, 0, 1, 0), (1, 1), (1, 2, 8, 8)),  # padding on one side
+        ((2, 3), (1, 2), (0, 1, 1, 0), (2, 1), (2, 2, 7, 9)),  # dilated rows
+        ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (1, 2, 2, 2)),  # no window inside the plane
+        ((3, 3), (3, 3), (0, 0, 0, 0), (2, 2), (1, 1, 11, 11)),  # dilation without padding
+    ],
+)
+def test_bordered_max_pool_matches_reference_with_nans_and_infinities(
+    dtype, kernel, strides, padding, dilation, shape
+):
+    # Interior windows take the branch-free loop, border windows the bounds-checked one: both
+    # must give the reference's value, a NaN tap anywhere in the window included.
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(shape).astype(np.float32 if dtype == "f32" else np.float64)
+    x[rng.random(shape) < 0.1] = np.nan
+    x[rng.random(shape) < 0.1] = -np.inf
+    attrs = {"kernel": kernel, "strides": strides, "padding": padding, "dilation": dilation}
+    check("max_pool2d", [x], attrs)

@@ -219,19 +219,7 @@ def test_the_shape_rule_keeps_slivers_narrower_than_a_tile_and_tiny_products_on_
     assert not _native.sgemm_chosen(False, False, 32, 32, 32)  # under 2^18 multiply-adds
 
 
-# -- gemm + relu / gemm + gelu folded into one gemm (kernel_fusion._fold_gemm_activation) ------
-
-_SQRT_HALF = 0.7071067811865476
-
-
-def _gelu_of(p: Program, x: int, dtype: str) -> int:
-    """GELU (erf form) as lower_to_prim writes it."""
-
-    def const(v):
-        return p.op("constant", shape=(), dtype=dtype, value=(v,))
-
-    erf = p.op("erf", p.op("mul", x, const(_SQRT_HALF)))
-    return p.op("mul", x, p.op("mul", p.op("add", erf, const(1.0)), const(0.5)))
+# -- gemm + relu / gemm + gelu folded into one gemm (rewrites.gemm.fold_gemm_activation) ------
 
 
 def _linear_act_program(m, k, n, ta, tb, bias, residual, activation, dtype):
@@ -243,7 +231,8 @@ def _linear_act_program(m, k, n, ta, tb, bias, residual, activation, dtype):
         y = p.op("add", y, p.feed((n,), dtype))
     if residual:
         y = p.op("add", p.feed((m, n), dtype), y)
-    p.result(p.op("relu", y) if activation == "relu" else _gelu_of(p, y, dtype))
+    # GELU as lowering emits it: the composite prim op
+    p.result(p.op(activation, y))
     return p
 
 
@@ -275,7 +264,7 @@ def _fold_feeds(p: Program, seed: int) -> list[np.ndarray]:
 def test_gemm_activation_folds_into_one_gemm_matching_the_prim_graph(
     sgemm_mode, m, k, n, ta, tb, bias, residual, activation, dtype, mode, seed
 ):
-    from lucid.backends.cpu.kernel_fusion import fuse_kernels
+    from lucid.backends.cpu.rewrites import fuse_kernels
 
     sgemm_mode(mode)
     p = _linear_act_program(m, k, n, ta, tb, bias, residual, activation, dtype)
@@ -291,7 +280,7 @@ def test_gemm_activation_folds_into_one_gemm_matching_the_prim_graph(
 
 
 def test_activation_stays_apart_when_the_product_is_read_elsewhere():
-    from lucid.backends.cpu.kernel_fusion import fuse_kernels
+    from lucid.backends.cpu.rewrites import fuse_kernels
 
     p = Program()
     x, w, b = p.feed((8, 20)), p.feed((30, 20)), p.feed((30,))

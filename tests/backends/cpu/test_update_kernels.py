@@ -13,8 +13,8 @@ import lucid
 from lucid import optim
 from lucid.backends.cpu import CPUBackend, Program
 from lucid.backends.cpu.program import FusedNode
-from lucid.backends.prim_ops import NUMPY_DTYPES
 from lucid.compile import compile_optimizer
+from lucid.ir.prim import NUMPY_DTYPES
 
 # (optimizer, options, the kernel its update runs through)
 CONFIGS = [

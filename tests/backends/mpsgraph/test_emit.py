@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lucid.backends import prim_ops as P
 from lucid.backends.cpu.testing import random_array
 from lucid.backends.mpsgraph.backend import MPSGraphExecutable
 from lucid.backends.mpsgraph.emit import Val, emit_op, mps_dims
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
+from lucid.ir import prim as P
 
 RNG = np.random.default_rng(7)
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.backends import prim_ops as P
 from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend
 from lucid.backends.mpsgraph.program import ProgramError, RecordingBuilder
 from lucid.ir import import_trace
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir import prim as P
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.trace import trace
 from tests.backends.mpsgraph.test_emit import emit_and_run

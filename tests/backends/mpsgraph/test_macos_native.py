@@ -73,8 +73,8 @@ import os  # noqa: E402
 import tempfile  # noqa: E402
 
 import lucid  # noqa: E402
-from lucid.backends import prim_ops as P  # noqa: E402
 from lucid.backends.mpsgraph import selfcheck  # noqa: E402
+from lucid.ir import prim as P  # noqa: E402
 from tests.backends.mpsgraph.test_first_run import _edges  # noqa: E402
 
 NATIVE = "mpsgraph"

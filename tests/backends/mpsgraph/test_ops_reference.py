@@ -16,7 +16,7 @@ import pytest
 from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend
 from lucid.backends.mpsgraph.legalize import MPSGraphUnsupported
 from lucid.ir import print_ir
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes.lower_to_prim import lower_module
 
 _spec = importlib.util.spec_from_file_location(

@@ -15,7 +15,7 @@ from lucid.backends.mpsgraph.legalize import MPSGraphUnsupported, legalize, lega
 from lucid.backends.mpsgraph.reference import MPSGraphAbort
 from lucid.backends.mpsgraph.symbolic import SymbolicSafety, SymbolicUnsafe, symbolic_dims
 from lucid.ir import import_trace, print_ir
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassManager
 from lucid.passes.registry import get_pass
 from lucid.trace import trace

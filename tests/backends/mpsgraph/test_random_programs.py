@@ -7,11 +7,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lucid.backends import prim_ops as P
 from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend
 from lucid.ir import _xdsl as x
-from lucid.ir.prim import create_prim, prim_type
-from lucid.ir.prim_interpreter import interpret_prim
+from lucid.ir import prim as P
+from lucid.ir.prim.dialect import create_prim, prim_type
+from lucid.ir.prim.interpreter import interpret_prim
 
 UNARY = ["neg", "abs", "square", "relu", "exp", "tanh", "sigmoid", "erf", "floor", "sin"]
 BINARY = ["add", "sub", "mul", "maximum", "minimum"]

@@ -18,7 +18,7 @@ from lucid.backends.mpsgraph.selectors import (
     emission_macos,
     macos_key,
 )
-from lucid.backends.prim_ops import PRIM_OPS
+from lucid.ir.prim import PRIM_OPS
 
 METADATA = Path("/work/shared/mpsgraph-metadata")
 needs_metadata = pytest.mark.skipif(

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from lucid.backends import prim_ops as P
 from lucid.backends.mpsgraph import selfcheck
 from lucid.backends.mpsgraph.emit import Val, emit_op, mps_dims
 from lucid.backends.mpsgraph.program import RecordingBuilder
 from lucid.backends.mpsgraph.selectors import INPUT_SELECTORS, SELECTORS
+from lucid.ir import prim as P
 
 
 def test_the_cases_cover_every_prim_op_and_every_selector():

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends.prim_ops._core import (
+from lucid.ir.prim._core import (
     FLOAT,
     Attr,
     Aval,

@@ -1,9 +1,9 @@
-"""The ``prim`` dialect: one IRDL op per entry of the prim op table (``lucid.backends.prim_ops``).
+"""The ``prim`` dialect: one IRDL op per entry of the prim op table (``lucid.ir.prim``).
 
 The table is the single definition of every primitive (operands, attributes, shape/dtype rule,
 numpy semantics); this module only gives each entry an xDSL face. Operands and results are builtin
-tensors of exact dtypes (``f32 f64 i32 i64 i1``), attributes are typed properties, and the verifier
-reruns the table's rule on the operand types.
+tensors of exact dtypes (``f32 f64 f16 bf16 i32 i64 i1``), attributes are typed properties, and
+the verifier reruns the table's rule on the operand types.
 
 Custom form: ``%2 = prim.reduce_sum %1 {axes = array<i64: 1>} : (tensor<4x8xf32>) ->
 tensor<4xf32>``.
@@ -15,8 +15,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
+from lucid.ir import prim as P
 from lucid.ir.types import BoundedCache
 
 __all__ = [
@@ -32,7 +32,15 @@ __all__ = [
     "prim_type",
 ]
 
-_DTYPE_TO_ELEM = {"f32": x.f32, "f64": x.f64, "i32": x.i32, "i64": x.i64, "bool": x.i1}
+_DTYPE_TO_ELEM = {
+    "f32": x.f32,
+    "f64": x.f64,
+    "f16": x.f16,
+    "bf16": x.bf16,
+    "i32": x.i32,
+    "i64": x.i64,
+    "bool": x.i1,
+}
 _ELEM_TO_DTYPE = {v: k for k, v in _DTYPE_TO_ELEM.items()}
 _TYPE_CACHE_LIMIT = 128  # least recently used evicted (see lucid.ir.types.BoundedCache)
 _TYPE_CACHE: BoundedCache[x.TensorType] = BoundedCache(_TYPE_CACHE_LIMIT)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
-from lucid.backends.prim_ops import ELEMENTWISE_OPS
 from lucid.ir import visits
+from lucid.ir.prim import ELEMENTWISE_OPS
 
 STAGE = "fuse-elementwise"  # the visit counters' name for this step
 

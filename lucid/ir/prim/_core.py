@@ -8,14 +8,17 @@ from typing import Any
 
 import numpy as np
 
-DTYPES = ("f32", "f64", "i32", "i64", "bool")
-FLOAT = frozenset({"f32", "f64"})
+from lucid.ir.prim._half import HALF, HALF_NUMPY, to_half, widen_half
+
+DTYPES = ("f32", "f64", "f16", "bf16", "i32", "i64", "bool")
+FLOAT = frozenset({"f32", "f64"}) | HALF
 INT = frozenset({"i32", "i64"})
 NUMERIC = FLOAT | INT
 ANY = frozenset(DTYPES)
 NUMPY_DTYPES = {
     "f32": np.dtype(np.float32),
     "f64": np.dtype(np.float64),
+    **HALF_NUMPY,
     "i32": np.dtype(np.int32),
     "i64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
@@ -68,7 +71,7 @@ class PrimOp:
     infer: Callable[[list[Aval], dict[str, Any]], list[Aval]]
     reference: Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
     family: str
-    # What MPSGraph calls for it lives in its emission table (``lucid.backends.mpsgraph``).
+    # The native kernel's source file; how MPSGraph runs the op its backend states itself.
     cpu_kernel: str
     variadic: bool = False
     elementwise: bool = False
@@ -76,6 +79,8 @@ class PrimOp:
 
 
 PRIM_OPS: dict[str, PrimOp] = {}
+# Ops that carry their decomposition into PRIM_OPS (``composite.py``); lookup finds both.
+COMPOSITE_OPS: dict[str, PrimOp] = {}
 
 
 def _fail(op: str, message: str) -> PrimError:
@@ -171,24 +176,39 @@ def infer(name: str, avals: Sequence[Aval], attrs: dict[str, Any]) -> list[Aval]
 
 
 def evaluate(name: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """Run the numpy reference of ``name`` and check its outputs against the rule."""
+    """Run the numpy reference of ``name`` and check its outputs against the rule.
+
+    Half precision: unless the op is ``HALF_AWARE``, an op on half values is its float32 op
+    followed by a cast: the reference runs on half operands widened to float32 (a half ``dtype``
+    attribute reads as f32), each half result is its float32 result rounded once to the storage
+    type (``lucid.ir.prim._half``)."""
     op = lookup(name)
     full = check_attrs(op, attrs)
-    avals = infer(name, [Aval(tuple(a.shape), dtype_of(a)) for a in arrays], full)
-    outs = op.reference([np.asarray(a) for a in arrays], full)
+    in_avals = [Aval(tuple(a.shape), dtype_of(a)) for a in arrays]
+    avals = infer(name, in_avals, full)
+    arrays = [np.asarray(a) for a in arrays]
+    aware = "HALF_AWARE" in op.props
+    if not aware and any(a.dtype in HALF for a in (*in_avals, *avals)):
+        arrays = [widen_half(a) for a in arrays]
+        full = {
+            k: "f32" if op.attrs[k].kind == "dtype" and v in HALF else v for k, v in full.items()
+        }
+    outs = op.reference(arrays, full)
     result = []
     for aval, out in zip(avals, outs, strict=True):
         out = np.asarray(out)
         assert out.shape == aval.shape, (name, out.shape, aval.shape)
+        if aval.dtype in HALF:
+            out = to_half(out if aware else out.astype(np.float32), aval.dtype)
         result.append(np.array(out, dtype=NUMPY_DTYPES[aval.dtype], order="C"))
     return result
 
 
 def lookup(name: str) -> PrimOp:
-    try:
-        return PRIM_OPS[name]
-    except KeyError:
-        raise PrimError(f"unknown prim op {name!r}") from None
+    op = PRIM_OPS.get(name) or COMPOSITE_OPS.get(name)
+    if op is None:
+        raise PrimError(f"unknown prim op {name!r}")
+    return op
 
 
 def _register(op: PrimOp) -> None:
@@ -208,44 +228,3 @@ def _same_dtype(op: str, avals: Sequence[Aval]) -> str:
     if len(dtypes) != 1:
         raise _fail(op, f"operands must share one dtype, got {[a.dtype for a in avals]}")
     return dtypes.pop()
-
-
-_FAMILY_ORDER = (
-    "unary", "binary", "select", "cast", "normalization", "linalg", "reduction", "softmax",
-    "shape", "gather", "convolution", "pooling", "factory", "random",
-)  # fmt: skip
-
-
-def markdown_table() -> str:
-    """The prim op table as markdown (docs/prim.md embeds it; a test keeps the two equal).
-
-    The MPSGraph columns come from the MPSGraph emitter's table
-    (``lucid.backends.mpsgraph.selectors.EMISSIONS``): the method each op's emission is built
-    around, the composite it forms when it takes several, and the newest macOS version among all
-    the methods it may call."""
-    from lucid.backends.mpsgraph.selectors import EMISSION_NOTES, EMISSIONS, emission_macos
-
-    def mps_of(op: PrimOp) -> str:
-        main = f"`{EMISSIONS[op.name][0]}`"
-        note = EMISSION_NOTES.get(op.name)
-        return f"{main} ({note})" if note else main
-
-    def attrs_of(op: PrimOp) -> str:
-        parts = []
-        for name, spec in op.attrs.items():
-            default = "" if spec.default is REQUIRED else f"={spec.default}"
-            parts.append(f"{name}: {spec.kind}{default}")
-        return ", ".join(parts)
-
-    lines = [
-        "| prim op | operands | attributes | MPSGraph method | min macOS | CPU kernel |",
-        "|---|---|---|---|---|---|",
-    ]
-    ops = sorted(PRIM_OPS.values(), key=lambda o: (_FAMILY_ORDER.index(o.family), o.name))
-    for op in ops:
-        operands = ", ".join(op.operands) + ("..." if op.variadic else "")
-        lines.append(
-            f"| `{op.name}` | {operands} | {attrs_of(op)} | {mps_of(op)} "
-            f"| {emission_macos(op.name)} | {op.cpu_kernel} |"
-        )
-    return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""fuse-kernels' convolution rewrites (called from :func:`kernel_fusion.fuse_kernels`).
+"""fuse-kernels' convolution rewrites.
 
 - ``add(conv2d(x, w), b)`` with ``b`` a per-channel bias (shape ``[O, 1, 1]`` or
   ``[1, O, 1, 1]``; one of shape ``[O]`` would broadcast along the width), optionally followed
@@ -14,12 +14,8 @@ Each applies only when the values it removes are read by nothing else (not a res
 
 from __future__ import annotations
 
-import numpy as np
-
-from lucid.backends import prim_ops
 from lucid.backends.cpu.program import Instr, Program
-
-FLOAT_DTYPES = ("f32", "f64")
+from lucid.backends.cpu.rewrites.match import FLOAT_DTYPES, Graph
 
 
 def _bias_of(program: Program, slot: int, out_shape: tuple) -> bool:
@@ -28,9 +24,9 @@ def _bias_of(program: Program, slot: int, out_shape: tuple) -> bool:
     return program.slots[slot].shape in ((channels, 1, 1), (1, channels, 1, 1))
 
 
-def fold_conv_bias_relu(g) -> None:
+def fold_conv_bias_relu(g: Graph) -> None:
     """``relu(add(conv2d(x, w), bias))`` (the relu optional) becomes one ``conv2d_bias``
-    (``g``: kernel_fusion's graph of the instruction list, through which edits go)."""
+    (edits go through ``g``)."""
     program, instrs = g.program, g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "conv2d":
@@ -56,12 +52,12 @@ def fold_conv_bias_relu(g) -> None:
         g.set(last, Instr("conv2d_bias", (*ins.inputs, bias), (out,), {**ins.attrs, "relu": relu}))
 
 
-def _zero_scalar(g, slot: int) -> bool:
+def _zero_scalar(g: Graph, slot: int) -> bool:
     found = g.made_by(slot, "constant")
     return found is not None and g.aval(slot).shape == () and not any(found[1].attrs["value"])
 
 
-def fold_max_pool_relu_grad(g) -> None:
+def fold_max_pool_relu_grad(g: Graph) -> None:
     """``select(gt(x, 0), max_pool2d_grad(dy, x), 0)`` becomes ``max_pool2d_relu_grad(dy, x)``."""
     instrs = g.instrs
     for k, ins in enumerate(instrs):
@@ -82,25 +78,3 @@ def fold_max_pool_relu_grad(g) -> None:
         g.set(gt[0], None)
         g.set(pool[0], None)
         g.set(k, Instr("max_pool2d_relu_grad", pool[1].inputs, ins.outputs, dict(pool[1].attrs)))
-
-
-# -- numpy references of the CPU-only instructions (Program.interpret) ------------------------
-
-
-def _conv2d_bias_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
-    x, w, bias = args
-    conv_attrs = {k: v for k, v in attrs.items() if k != "relu"}
-    (out,) = prim_ops.evaluate("conv2d", [x, w], conv_attrs)
-    out = out + bias.reshape(1, -1, 1, 1)
-    return np.where(out < 0, out.dtype.type(0), out) if attrs["relu"] else out
-
-
-def _max_pool2d_relu_grad_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
-    (grad,) = prim_ops.evaluate("max_pool2d_grad", args, attrs)
-    return np.where(args[1] > 0, grad, grad.dtype.type(0))
-
-
-CONV_REFERENCES = {
-    "conv2d_bias": _conv2d_bias_reference,
-    "max_pool2d_relu_grad": _max_pool2d_relu_grad_reference,
-}

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends.prim_ops._core import (
+from lucid.ir.prim._core import (
     ANY,
     FLOAT,
+    HALF,
     NUMERIC,
     NUMPY_DTYPES,
     PRIM_OPS,
@@ -22,6 +23,7 @@ from lucid.backends.prim_ops._core import (
     _same_dtype,
     broadcast,
 )
+from lucid.ir.prim._half import to_half, widen_half
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -195,11 +197,19 @@ _register(
 
 
 def _cast_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    # Half aware: to half rounds once from the exact source value; from half to a float widens
+    # exactly (numpy's and ml_dtypes' own conversion, NaN payloads included), to an int or bool
+    # it goes through the exact float32 value.
+    if attrs["dtype"] in HALF:
+        return [to_half(xs[0], attrs["dtype"])]
     x, target = xs[0], NUMPY_DTYPES[attrs["dtype"]]
+    if target.kind != "f":
+        x = widen_half(x)
     if x.dtype.kind == "f" and target.kind == "i":
         # Float to int truncates toward zero; NaN gives 0 and out-of-range values saturate.
         info = np.iinfo(target)
-        t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+        with np.errstate(invalid="ignore"):  # a signalling NaN flags its conversion
+            t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
         # Compared in float64, where int64's max rounds up to 2**63: ``>=`` catches exactly the
         # values that do not fit. The saturated ends are written as integers (a float 2**63
         # converted to int64 would wrap to INT64_MIN).
@@ -215,7 +225,7 @@ _register(
     PrimOp(
         "cast", ("x",), {"dtype": Attr("dtype")},
         lambda avals, attrs: [Aval(avals[0].shape, attrs["dtype"])], _cast_ref, "cast",
-        "elementwise.cpp: cast", elementwise=True,
+        "elementwise.cpp: cast", elementwise=True, props=frozenset({"HALF_AWARE"}),
     )
 )  # fmt: skip
 

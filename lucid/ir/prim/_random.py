@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends.prim_ops._core import (
+from lucid.ir.prim._core import (
     FLOAT,
+    HALF,
     NUMPY_DTYPES,
     Attr,
     Aval,
@@ -17,6 +18,7 @@ from lucid.backends.prim_ops._core import (
     _fail,
     _register,
 )
+from lucid.ir.prim._half import to_half
 
 
 # --- factories and randomness -------------------------------------------------------------------
@@ -31,10 +33,9 @@ def _constant_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
 
 def _constant_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     values = np.array(attrs["value"], dtype=np.float64)
-    dtype = NUMPY_DTYPES[attrs["dtype"]]
-    return [
-        np.broadcast_to(values.astype(dtype), math.prod(attrs["shape"])).reshape(attrs["shape"])
-    ]
+    dtype = attrs["dtype"]
+    typed = to_half(values, dtype) if dtype in HALF else values.astype(NUMPY_DTYPES[dtype])
+    return [np.broadcast_to(typed, math.prod(attrs["shape"])).reshape(attrs["shape"])]
 
 
 def _fill_infer(avals: list[Aval], attrs: dict[str, Any]) -> list[Aval]:
@@ -49,7 +50,8 @@ _register(
     PrimOp(
         "constant", (), {"shape": Attr("ints"), "dtype": Attr("dtype"), "value": Attr("floats")},
         _constant_infer, _constant_ref, "factory",
-        "runtime.cpp: materialised once at compile time", props=frozenset({"GRAD_SINK"}),
+        "runtime.cpp: materialised once at compile time",
+        props=frozenset({"GRAD_SINK", "HALF_AWARE"}),
     )
 )  # fmt: skip
 _register(
@@ -92,7 +94,7 @@ def random_words(state: np.ndarray, count: int) -> np.ndarray:
 
 
 def _uniform01(state: np.ndarray, n: int, dtype: str) -> np.ndarray:
-    if dtype == "f32":
+    if dtype != "f64":  # 24 bits for float32 and the half formats, as eager draws them
         return (random_words(state, n) >> np.uint32(8)).astype(np.float64) * 2.0**-24
     w = random_words(state, 2 * n).astype(np.uint64).reshape(n, 2)
     return ((w[:, 0] << np.uint64(21)) ^ (w[:, 1] >> np.uint64(11))).astype(np.float64) * 2.0**-53
@@ -120,7 +122,7 @@ def _random_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval
         if avals[0].shape != (2,) or avals[0].dtype != "i64":
             raise _fail(name, f"state must be i64[2] (key, counter), got {avals[0]}")
         if attrs["dtype"] not in FLOAT:
-            raise _fail(name, f"dtype must be f32 or f64, got {attrs['dtype']}")
+            raise _fail(name, f"dtype must be one of {sorted(FLOAT)}, got {attrs['dtype']}")
         if any(d < 0 for d in attrs["shape"]):
             raise _fail(name, f"negative dimension in shape {attrs['shape']}")
         return [Aval(attrs["shape"], attrs["dtype"])]
@@ -128,13 +130,14 @@ def _random_infer(name: str) -> Callable[[list[Aval], dict[str, Any]], list[Aval
     return rule
 
 
+# Random ops are HALF_AWARE: a half draw rounds once from its float64 value (eager's kernels).
 _register(
     PrimOp(
         "random_uniform", ("state",),
         {"shape": Attr("ints"), "dtype": Attr("dtype", "f32"), "low": Attr("float", 0.0),
          "high": Attr("float", 1.0)},
         _random_infer("random_uniform"), _random_uniform_ref, "random",
-        "shape.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK"}),
+        "shape.cpp: Philox-4x32-10", props=frozenset({"RANDOM", "GRAD_SINK", "HALF_AWARE"}),
     )
 )  # fmt: skip
 _register(
@@ -143,6 +146,7 @@ _register(
         {"shape": Attr("ints"), "dtype": Attr("dtype", "f32"), "mean": Attr("float", 0.0),
          "std": Attr("float", 1.0)},
         _random_infer("random_normal"), _random_normal_ref, "random",
-        "shape.cpp: Philox-4x32-10 + Box-Muller", props=frozenset({"RANDOM", "GRAD_SINK"}),
+        "shape.cpp: Philox-4x32-10 + Box-Muller",
+        props=frozenset({"RANDOM", "GRAD_SINK", "HALF_AWARE"}),
     )
 )  # fmt: skip

@@ -1,37 +1,37 @@
 """Op coverage: what every registry op has, for ``docs/ops.md`` and the registry-walking test.
 
-``python -m lucid.ops.coverage > docs/ops.md`` regenerates the table; it is never written by hand.
-Columns beyond the registry (lowering, backends) are filled from the tables of the later stages
-when those modules are importable, so the eager core never depends on them.
+``python -m lucid.tools.coverage > docs/ops.md`` regenerates the table; it is never written by
+hand. Beyond the registry's own columns it combines what the later stages state per op: whether
+the op lowers to prim (``lucid.passes.lower_to_prim``) and whether the CPU backend runs it.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable
 
+from lucid.ir.prim import PRIM_OPS
 from lucid.ops._registry import GRAD_SINK, REGISTRY, OpDef
-
-# Where later stages keep a per-op table: (column, module, function(op_name) -> str | None).
-_STAGE_COLUMNS: list[tuple[str, str, str]] = [
-    ("lowers to prim", "lucid.passes.lower_to_prim", "lowering_status"),
-    ("cpu", "lucid.ops.coverage", "cpu_status"),
-]
+from lucid.passes.lower_to_prim import lowering_status
 
 
 def cpu_status(name: str) -> str | None:
     """The CPU backend runs an op when it lowers to prim and the native runtime implements every
     prim op (checked against the native module's opcode list)."""
-    from lucid import _native
-    from lucid.backends.prim_ops import PRIM_OPS
-    from lucid.passes.lower_to_prim import lowering_status
+    from lucid import _native  # only this column needs the built native module
 
     lowered = lowering_status(name)
     if lowered is None or not lowered.startswith("yes"):
         return lowered and "no (does not lower)"
     missing = sorted(set(PRIM_OPS) - set(_native.op_names()))
     return "yes" if not missing else f"prim ops missing natively: {', '.join(missing)}"
+
+
+# The per-op columns of later stages: (column, function(op_name) -> str | None).
+STAGE_COLUMNS: list[tuple[str, Callable[[str], str | None]]] = [
+    ("lowers to prim", lowering_status),
+    ("cpu", cpu_status),
+]
 
 
 def vjp_status(op: OpDef) -> str:
@@ -43,19 +43,6 @@ def vjp_status(op: OpDef) -> str:
     return f"none: {reason}" if reason else "MISSING"
 
 
-def _stage_lookups() -> list[tuple[str, Callable[[str], str | None]]]:
-    found = []
-    for column, module, fn in _STAGE_COLUMNS:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        lookup = getattr(mod, fn, None)
-        if lookup is not None:
-            found.append((column, lookup))
-    return found
-
-
 def family(op: OpDef) -> str:
     mod = getattr(op.kernel, "__module__", "") or ""
     return mod.rsplit(".", 1)[-1] if mod.startswith("lucid.ops.") else "-"
@@ -64,7 +51,7 @@ def family(op: OpDef) -> str:
 def rows() -> list[dict[str, str]]:
     import lucid  # noqa: F401  (registers every op family)
 
-    stages = _stage_lookups()
+    stages = STAGE_COLUMNS
     out = []
     for name in sorted(REGISTRY):
         op = REGISTRY[name]
@@ -87,7 +74,7 @@ def markdown() -> str:
     lines = [
         "# Op coverage",
         "",
-        "Generated from the op registry by `python -m lucid.ops.coverage`; do not edit by hand.",
+        "Generated from the op registry by `python -m lucid.tools.coverage`; do not edit by hand.",
         "",
         f"{len(table)} ops. `vjp`: `rule` (a VJP rule), `grad sink` (the gradient deliberately "
         "stops), `none: reason` (no rule, with the reason).",

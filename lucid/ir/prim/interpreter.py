@@ -1,5 +1,5 @@
 """The reference interpreter of the ``prim`` dialect: runs a prim module on numpy inputs with the
-prim table's numpy semantics (``lucid.backends.prim_ops.evaluate``).
+prim table's numpy semantics (``lucid.ir.prim.evaluate``).
 
 It is the oracle of the ``lower-to-prim`` tests (lucid interpreter vs prim interpreter) and of the
 backends (prim interpreter vs native executable).
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from lucid.backends import prim_ops as P
 from lucid.ir import _xdsl as x
+from lucid.ir import prim as P
 from lucid.ir.importer import feed_roles, forward_func
-from lucid.ir.prim import PrimIROp, aval_of_type
+from lucid.ir.prim.dialect import PrimIROp, aval_of_type
 
 __all__ = ["interpret_prim"]
 

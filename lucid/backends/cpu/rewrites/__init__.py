@@ -1,0 +1,91 @@
+"""fuse-kernels: fold small passes over memory into the CPU runtime's larger kernels.
+
+Runs on a native :class:`Program` before ``fuse-elementwise``. Each rewrite replaces a few prim
+instructions by one CPU-only instruction that computes the same values in fewer passes:
+
+- ``add(matmul(a, b), bias)`` with ``bias`` of shape ``[N]`` becomes ``gemm(a, b, bias)``: the
+  runtime writes the bias rows into the output and lets BLAS accumulate onto them (``beta = 1``),
+  which costs what BLAS's own zeroing of the output did, so the separate bias pass is gone (a
+  transformer's QKV projection, whose bias add fuses with nothing);
+- ``add(gemm(...), r)`` with ``r`` of the output's shape (a residual) becomes ``gemm(..., r)``:
+  ``r`` (plus the bias) is written into the output before BLAS accumulates, one pass fewer;
+- ``mul(matmul(a, b), c)`` with ``c`` a 0-d constant becomes ``gemm{alpha = c}(a, b)``: the
+  attention's ``1/sqrt(d)`` scale and its gradient's, applied by BLAS's ``alpha``;
+- attention's per-head operands ``transpose{0,2,1,3}(reshape(slice(qkv)))`` become head views
+  of the projection (``a_view``/``b_view`` = [H, D, col0]: BLAS reads each head's [L, D] block
+  in place, rows W apart), and a per-head product transposed back and reshaped to [B, L, H*D]
+  is written in that order (``c_view``): the slices and transposes, a copy of the activation
+  each, are gone;
+- a sum of zero pads that tile one axis (plus zero constants) becomes a ``concat`` of the
+  padded values (the gradient of a fused QKV projection);
+- ``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)`` over [B, H, L, D] operands (head views
+  or dense) becomes ``attention(q, k, v)``: per (batch, head) and block of query rows the scores
+  stay in cache between the two products and the softmax; weights P read after the product (by
+  the gradient) are its second output;
+- attention's gradient as lowered (dP = dO Vᵀ, dS = P (dP - rowsum(dP P)), dQ = alpha dS K,
+  dK = alpha dSᵀ Q, dV = Pᵀ dO, concatenated into the fused QKV projection's gradient) becomes
+  ``attention_grad(qkv, dO, P)`` (P: the forward's weights, kept), which writes dQ, dK and dV
+  into that gradient's columns;
+- ``relu`` or ``gelu`` of a gemm's (or float matmul's) product that nothing else reads becomes
+  that gemm with ``activation``: Lucid's sgemm applies it to each output tile in registers after
+  the bias and addend (OpenBLAS products get it as a pass after the call);
+- a ``gelu_grad(dy, x)`` (GELU and its gradient are composite prim ops that lowering emits
+  whole) takes the column sums of its result, the bias gradient of the layer before, as a
+  second output; layer norm's backward (statistics recomputed, as autodiff writes it) becomes
+  ``layer_norm_grad(dy, x, gamma)`` with gamma's, beta's and the previous bias's gradients as
+  further outputs: one pass per row instead of about fourteen instructions.
+
+A rewrite applies only when the values it removes are used nowhere else (not read by another
+instruction, not a program result), so the program computes the same values (up to float
+rounding: the layer norm multiplies by one reciprocal square root per row).
+
+The rewrites come in families, one module each over the shared matcher (``match``): ``gemm``
+(epilogues), ``attention`` (head views, padded sums, attention and its gradient), ``rows``
+(layer norm's gradient, GELU's gradient's column sums) and ``conv``; their numpy semantics are
+in ``lucid.backends.cpu.reference``. GELU and layer norm's forward need no rewrite: they are
+composite prim ops (``lucid.ir.prim.composite``), emitted whole by lowering.
+"""
+
+from __future__ import annotations
+
+from lucid.backends.cpu.program import Instr, Program
+from lucid.backends.cpu.rewrites import attention, conv, gemm, rows
+from lucid.backends.cpu.rewrites.match import Graph
+
+# In order: each entry's comment says why it runs where it does.
+REWRITES = (
+    gemm.fold_gemm_scale,  # first: a scaled product is then one gemm for the head views
+    attention.fold_head_views,
+    rows.fold_layer_norm_grad,
+    rows.gelu_grad_column_sums,
+    gemm.fold_gemm_bias,
+    gemm.fold_gemm_addend,
+    attention.fold_padded_sums,
+    attention.fold_attention_grad,  # after fold_padded_sums, whose concat it absorbs
+    attention.fold_attention,
+    gemm.fold_gemm_activation,  # last of the gemm folds: the attention folds match plain gemms
+    conv.fold_conv_bias_relu,
+    conv.fold_max_pool_relu_grad,
+)
+
+
+def fuse_kernels(program: Program) -> Program:
+    """A new program with GEMM epilogues and row kernels folded; the input is left unchanged."""
+    out = Program()
+    out.slots = list(program.slots)
+    out.feeds = list(program.feeds)
+    out.results = list(program.results)
+    out.inplace = dict(program.inplace)
+    instrs: list[Instr | None] = list(program.instrs)
+    graph = Graph(out, instrs)
+    for rewrite in REWRITES:
+        rewrite(graph)
+    # Constants the rewrites stopped reading (a folded scale, a zero addend) go.
+    for k, ins in enumerate(instrs):
+        if ins is not None and ins.op == "constant" and not graph.uses[ins.outputs[0]]:
+            graph.set(k, None)
+    out.instrs = [ins for ins in instrs if ins is not None]
+    return out
+
+
+__all__ = ["REWRITES", "fuse_kernels"]

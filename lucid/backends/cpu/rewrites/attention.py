@@ -1,0 +1,382 @@
+"""Attention: per-head operands read in place from the projection (head views), sums of zero
+pads as one ``concat``, ``attention(q, k, v)`` for the softmax of scaled scores times V, and
+``attention_grad`` for its gradient written into the fused QKV projection's gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lucid.backends.cpu.program import Instr
+from lucid.backends.cpu.rewrites.match import (
+    FLOAT_DTYPES,
+    STAGE,
+    Graph,
+    gemm_of,
+    single_use,
+    zero_constant,
+)
+from lucid.ir import visits
+
+
+def _head_source(g: Graph, slot: int) -> tuple[int, list[int]] | None:
+    """``(src, [H, D, col0])`` when ``slot`` is ``transpose{0,2,1,3}(reshape(x))`` of a
+    ``[B, L, W]`` value's columns ``col0 .. col0 + H*D`` (x a unit-stride slice of its last axis,
+    or the whole value): the heads of a projection, which a gemm reads in place."""
+    t = g.made_by(slot, "transpose")
+    if t is None or tuple(t[1].attrs["perm"]) != (0, 2, 1, 3):
+        return None
+    r = g.made_by(t[1].inputs[0], "reshape")
+    if r is None:
+        return None
+    b, length, heads, dim = g.aval(r[1].outputs[0]).shape
+    src = r[1].inputs[0]
+    col0 = 0
+    sl = g.made_by(src, "slice")
+    if sl is not None:
+        starts, ends, strides = (sl[1].attrs[k] for k in ("starts", "ends", "strides"))
+        whole = g.aval(sl[1].inputs[0]).shape
+        if (
+            len(whole) != 3
+            or tuple(strides) != (1, 1, 1)
+            or tuple(starts[:2]) != (0, 0)
+            or tuple(ends[:2]) != whole[:2]
+        ):
+            return None
+        src, col0 = sl[1].inputs[0], starts[2]
+    if g.aval(src).shape[:2] != (b, length) or len(g.aval(src).shape) != 3:
+        return None
+    return src, [heads, dim, col0]
+
+
+def fold_head_views(g: Graph) -> None:
+    """Attention's per-head operands read straight from the projection, and its per-head result
+    written straight in [B, L, H*D] order: the slices and transposes around it (copies of the
+    whole activation each) are gone."""
+    program, instrs = g.program, g.instrs
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
+            continue
+        if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
+            continue
+        gemm = gemm_of(ins)
+        inputs, attrs, outputs = list(gemm.inputs), dict(gemm.attrs), gemm.outputs
+        for i, name in ((0, "a_view"), (1, "b_view")):
+            if name in attrs or len(g.aval(inputs[i]).shape) != 4:
+                continue
+            found = _head_source(g, inputs[i])
+            if found is not None:
+                inputs[i], attrs[name] = found[0], found[1]
+        out = outputs[0]
+        t = g.only_reader(out, "transpose") if len(g.aval(out).shape) == 4 else None
+        if t is not None and tuple(t[1].attrs["perm"]) == (0, 2, 1, 3) and "c_view" not in attrs:
+            # The transposed value [B, L, H, D] is dense, so it is byte for byte the [B, L, H*D]
+            # value the gemm writes through c_view; readers that reshape it read that instead.
+            b, heads, length, dim = g.aval(out).shape
+            merged = (b, length, heads * dim)
+            readers = g.readers(t[1].outputs[0])
+            if t[1].outputs[0] not in program.results and all(
+                instrs[j].op == "reshape" for j in readers
+            ):
+                new = program.new_slot(merged, g.aval(out).dtype)
+                for j in readers:
+                    r = instrs[j]
+                    g.set(j, Instr("reshape", (new,), r.outputs, dict(r.attrs)))
+                outputs, attrs["c_view"] = (new,), [heads, dim]
+                # Where the transpose was: every reader of its value comes after it.
+                g.set(k, None)
+                k = t[0]
+        if attrs == gemm.attrs and outputs == gemm.outputs:
+            continue
+        g.set(k, Instr("gemm", tuple(inputs), outputs, attrs))
+        # The slices, reshapes and transposes whose values nothing reads any more go.
+        g.erase_unread(lambda _, ins: ins.op in ("slice", "reshape", "transpose"))
+
+
+def _padded_sum(g: Graph, k: int, shape: tuple):
+    """(zero pads, zero constants, tree instructions) of the tree of single-use same-shape adds
+    rooted at instruction ``k`` when every leaf is a single-use zero pad or a zero constant;
+    None at the first other leaf (so a long sum of other values, a gradient accumulated over
+    time steps, costs its root a few visits, not a walk of the whole chain per add)."""
+    pieces, zeros, tree, pending = [], [], [k], list(g.instrs[k].inputs)
+    while pending:
+        s = pending.pop()
+        visits.count(STAGE)
+        if g.aval(s).shape != shape:
+            return None
+        found = g.made_by(s, "add")
+        if found is not None and g.used_only_by(s, 1):
+            tree.append(found[0])
+            pending.extend(found[1].inputs)
+            continue
+        pad = single_use(g, s, "pad")
+        if pad is not None and pad[1].attrs["value"] == 0:
+            pieces.append(pad)
+        elif zero_constant(g, s):
+            zeros.append(s)
+        else:
+            return None
+    return pieces, zeros, tree
+
+
+def fold_padded_sums(g: Graph) -> None:
+    """A sum of zero-padded pieces that tile one axis, plus zeros, becomes their concatenation:
+    the gradient of a fused QKV projection was three pads of [.., 3E] and an add of four arrays
+    (one of them a zero constant), where one concat reads each piece once."""
+    program, instrs = g.program, g.instrs
+    for k in reversed(range(len(instrs))):
+        ins = instrs[k]
+        if ins is None or ins.op != "add":
+            continue
+        shape = g.aval(ins.outputs[0]).shape
+        found = _padded_sum(g, k, shape)
+        if found is None:
+            continue
+        pieces, zeros, tree = found
+        axis = _tiled_axis([p for _, p in pieces], shape)
+        if axis is None:
+            continue
+        pieces.sort(key=lambda jp: jp[1].attrs["low"][axis])
+        for j in tree + [j for j, _ in pieces]:
+            g.set(j, None)
+        sources = tuple(p.inputs[0] for _, p in pieces)
+        g.set(k, Instr("concat", sources, ins.outputs, {"axis": axis}))
+        for s in zeros:  # a zero constant read by nothing else now
+            if g.uses[s] == 0 and s not in program.results and s in g.producer:
+                g.set(g.producer[s], None)
+
+
+def _tiled_axis(pads: list[Instr], shape: tuple) -> int | None:
+    """The one axis along which ``pads`` (at least two) place their inputs side by side,
+    covering it exactly; None otherwise."""
+    if len(pads) < 2:
+        return None
+    axes = {a for p in pads for a in range(len(shape)) if p.attrs["low"][a] or p.attrs["high"][a]}
+    if len(axes) != 1:
+        return None
+    (axis,) = axes
+    spans = sorted((p.attrs["low"][axis], shape[axis] - p.attrs["high"][axis]) for p in pads)
+    edge = 0
+    for lo, hi in spans:
+        if lo != edge or hi <= lo:
+            return None
+        edge = hi
+    return axis if edge == shape[axis] else None
+
+
+# -- attention -----------------------------------------------------------------------------------
+
+
+def _attention_operand(g: Graph, gemm: Instr, i: int) -> tuple[int, list[int] | None, tuple]:
+    """(slot, view or None, logical [B, H, L, D] shape) of a gemm's operand ``i``."""
+    slot = gemm.inputs[i]
+    view = gemm.attrs.get(("a_view", "b_view")[i])
+    shape = g.aval(slot).shape
+    if view is None:
+        return slot, None, shape
+    heads, dim, _ = view
+    return slot, list(view), (shape[0], heads, shape[1], dim)
+
+
+def _plain_gemm(g: Graph, slot: int, *, ta: bool, tb: bool) -> tuple[int, Instr] | None:
+    """A single-use 2-operand float matmul/gemm producing ``slot`` with these transposes."""
+    found = single_use(g, slot, "gemm") or single_use(g, slot, "matmul")
+    if found is None or len(found[1].inputs) != 2 or g.aval(slot).dtype not in FLOAT_DTYPES:
+        return None
+    gemm = gemm_of(found[1])
+    if (gemm.attrs["transpose_a"], gemm.attrs["transpose_b"]) != (ta, tb):
+        return None
+    return found[0], gemm
+
+
+def _last_axis_softmax(g: Graph, slot: int) -> tuple[int, Instr] | None:
+    found = g.made_by(slot, "softmax")
+    if found is None or len(g.aval(slot).shape) != 4 or found[1].attrs["axis"] % 4 != 3:
+        return None
+    return found
+
+
+def _scores(g: Graph, probs: int) -> tuple[int, int, Instr] | None:
+    """(softmax index, scores gemm index, scores gemm) when ``probs`` is
+    ``softmax(gemm{alpha}(q, k, transpose_b))`` over rank-4 operands of equal batch and heads."""
+    sm = _last_axis_softmax(g, probs)
+    if sm is None:
+        return None
+    qk = _plain_gemm(g, sm[1].inputs[0], ta=False, tb=True)
+    if qk is None:
+        return None
+    q = _attention_operand(g, qk[1], 0)
+    k = _attention_operand(g, qk[1], 1)
+    if len(q[2]) != 4 or len(k[2]) != 4 or q[2][:2] != k[2][:2] or q[2][3] != k[2][3]:
+        return None
+    return sm[0], qk[0], qk[1]
+
+
+def _attention_attrs(q, k, v, alpha: float) -> dict | None:
+    """The attention attributes of (slot, view, shape) operands, None unless their logical
+    shapes are [B, H, Lq, D], [B, H, Lk, D] and [B, H, Lk, Dv]."""
+    (_, qv, qs), (_, kv, ks), (_, vv, vs) = q, k, v
+    if len(vs) != 4 or vs[:2] != qs[:2] or vs[2] != ks[2]:
+        return None
+    attrs: dict = {"alpha": float(alpha)}
+    for name, view in (("q_view", qv), ("k_view", kv), ("v_view", vv)):
+        if view is not None:
+            attrs[name] = view
+    return attrs
+
+
+def fold_attention(g: Graph) -> None:
+    """``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)``, with the scores read nowhere else,
+    becomes one ``attention(q, k, v)`` (masked scores stay unfused). Weights read elsewhere too
+    (the training forward's, which the gradient reads; ``need_weights``) become its second
+    output, when nothing reads them before the product."""
+    instrs = g.instrs
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
+            continue
+        pv = gemm_of(ins)
+        if pv.attrs["transpose_a"] or pv.attrs["transpose_b"] or pv.attrs["alpha"] != 1.0:
+            continue
+        if "a_view" in pv.attrs or g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
+            continue
+        probs = pv.inputs[0]
+        keep_probs = not g.used_only_by(probs, 1)
+        if keep_probs and min(g.readers(probs), default=k) < k:
+            continue
+        found = _scores(g, probs)
+        if found is None:
+            continue
+        j_sm, j_qk, qk = found
+        q, kk = _attention_operand(g, qk, 0), _attention_operand(g, qk, 1)
+        v = _attention_operand(g, pv, 1)
+        attrs = _attention_attrs(q, kk, v, qk.attrs["alpha"])
+        if attrs is None:
+            continue
+        out = g.aval(ins.outputs[0])
+        b, heads, length, dv = q[2][0], q[2][1], q[2][2], v[2][3]
+        if "c_view" in pv.attrs:
+            attrs["out_view"] = [heads, dv]
+            want = (b, length, heads * dv)
+        else:
+            want = (b, heads, length, dv)
+        if out.shape != want:
+            continue
+        g.set(j_sm, None)
+        g.set(j_qk, None)
+        outputs = (*ins.outputs, probs) if keep_probs else ins.outputs
+        g.set(k, Instr("attention", (q[0], kk[0], v[0]), outputs, attrs))
+
+
+def _concat_piece(g: Graph, slot: int) -> tuple[list[int], Instr] | None:
+    """(instruction indices, gemm) when ``slot`` is a single-use gemm written through a
+    ``c_view``, possibly behind a same-shape reshape."""
+    chain = []
+    r = single_use(g, slot, "reshape")
+    if r is not None and g.aval(r[1].inputs[0]) == g.aval(slot):
+        chain.append(r[0])
+        slot = r[1].inputs[0]
+    found = single_use(g, slot, "gemm")
+    if found is None or "c_view" not in found[1].attrs or len(found[1].inputs) != 2:
+        return None
+    return [*chain, found[0]], found[1]
+
+
+def _mul_of(g: Graph, slot: int, factor: int) -> tuple[int, int] | None:
+    """(index, other factor) when ``slot`` is ``mul(factor, other)`` (either order)."""
+    found = g.made_by(slot, "mul")
+    if found is None or factor not in found[1].inputs:
+        return None
+    a, b = found[1].inputs
+    return found[0], (b if a == factor else a)
+
+
+def fold_attention_grad(g: Graph) -> None:
+    """Attention's gradient, concatenated as the fused QKV projection's gradient, becomes one
+    ``attention_grad(qkv, dO, P)`` writing dQ, dK and dV into that concatenation's columns."""
+    instrs = g.instrs
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "concat" or len(ins.inputs) != 3:
+            continue
+        out = g.aval(ins.outputs[0])
+        if len(out.shape) != 3 or ins.attrs["axis"] % 3 != 2 or out.dtype not in FLOAT_DTYPES:
+            continue
+        pieces = [_concat_piece(g, s) for s in ins.inputs]
+        if any(p is None for p in pieces):
+            continue
+        found = _attention_grad_parts(g, [p[1] for p in pieces])
+        if found is None:
+            continue
+        roles, removed, qkv, d_out, probs, attrs = found
+        cols = list(np.cumsum([0] + [g.aval(s).shape[2] for s in ins.inputs])[:3])
+        attrs["grad_cols"] = [int(cols[roles.index(r)]) for r in ("dq", "dk", "dv")]
+        attrs["grad_width"] = [out.shape[2]]
+        for j in removed + [j for p in pieces for j in p[0]]:
+            g.set(j, None)
+        g.set(k, Instr("attention_grad", (qkv, d_out, probs), ins.outputs, attrs))
+
+
+def _attention_grad_parts(g: Graph, gemms: list[Instr]):
+    """Matches the three gemms of a concatenation against attention's gradient: (roles in
+    concat order, indices of the other removed instructions, qkv slot, dO slot, weights slot,
+    attrs)."""
+    roles: list[str] = []
+    probs = None
+    by_role: dict[str, Instr] = {}
+    for gemm in gemms:
+        if gemm.attrs["transpose_b"] or "a_view" in gemm.attrs or "b_view" not in gemm.attrs:
+            return None
+        if gemm.attrs["transpose_a"] and g.made_by(gemm.inputs[0], "softmax"):
+            role = "dv"
+            probs = gemm.inputs[0]
+        elif gemm.attrs["transpose_a"]:
+            role = "dk"
+        else:
+            role = "dq"
+        if role in by_role:
+            return None
+        by_role[role] = gemm
+        roles.append(role)
+    dq, dk, dv = by_role["dq"], by_role["dk"], by_role["dv"]
+    ds = dq.inputs[0]
+    if dk.inputs[0] != ds or dq.inputs[1] != dk.inputs[1] or dv.attrs["alpha"] != 1.0:
+        return None
+    if dq.attrs["alpha"] != dk.attrs["alpha"] or not g.used_only_by(ds, 2):
+        return None
+    qkv, d_out = dq.inputs[1], dv.inputs[1]
+    # dS = mul(P, sub(dP, reduce_sum(mul(dP, P), last axis)))
+    m = _mul_of(g, ds, probs)
+    sub = single_use(g, m[1], "sub") if m is not None else None
+    if sub is None:
+        return None
+    dp, row = sub[1].inputs
+    red = single_use(g, row, "reduce_sum")
+    if red is None or not red[1].attrs["keepdims"] or [a % 4 for a in red[1].attrs["axes"]] != [3]:
+        return None
+    m2 = _mul_of(g, red[1].inputs[0], probs)
+    if m2 is None or m2[1] != dp or not g.used_only_by(red[1].inputs[0], 1):
+        return None
+    dp_found = g.made_by(dp, "gemm")
+    if dp_found is None or not g.used_only_by(dp, 2):
+        return None
+    dpg = dp_found[1]
+    if dpg.attrs["transpose_a"] or not dpg.attrs["transpose_b"] or len(dpg.inputs) != 2:
+        return None
+    if dpg.inputs != (d_out, qkv) or dpg.attrs["alpha"] != 1.0:
+        return None
+    if dpg.attrs.get("a_view") != dv.attrs["b_view"] or "a_view" not in dpg.attrs:
+        return None
+    # P: any last-axis softmax (masked scores too: the gradient's formula does not read them);
+    # Q, K and V: heads of qkv as the dK, dQ and dP products read them.
+    if _last_axis_softmax(g, probs) is None:
+        return None
+    q_view, k_view, v_view = dk.attrs["b_view"], dq.attrs["b_view"], dpg.attrs.get("b_view")
+    if v_view is None:
+        return None
+    removed = [dp_found[0], m2[0], red[0], sub[0], m[0]]
+    attrs = {
+        "alpha": float(dq.attrs["alpha"]),
+        "q_view": list(q_view),
+        "k_view": list(k_view),
+        "v_view": list(v_view),
+        "d_out_view": list(dv.attrs["b_view"]),
+    }
+    return roles, removed, qkv, d_out, probs, attrs

@@ -1,0 +1,112 @@
+"""GEMM epilogues: a constant scale, a bias row, a residual addend and a relu/gelu activation
+folded into the CPU-only ``gemm`` instruction (BLAS's ``alpha``, its ``beta = 1`` accumulator,
+and the tile epilogue of Lucid's sgemm)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lucid.backends.cpu.program import Instr
+from lucid.backends.cpu.rewrites.match import (
+    Graph,
+    constant_scalar,
+    float_matmul,
+    gemm_of,
+    single_use,
+)
+from lucid.ir.prim import Aval
+
+
+def fold_gemm_scale(g: Graph) -> None:
+    instrs = g.instrs
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "mul":
+            continue
+        for i in (0, 1):
+            product, scale = ins.inputs[i], ins.inputs[1 - i]
+            mm = float_matmul(g, product)
+            alpha = constant_scalar(g, scale)
+            if mm is None or alpha is None or g.aval(product) != g.aval(ins.outputs[0]):
+                continue
+            j, matmul = mm
+            gemm = gemm_of(matmul)
+            # Where the mul was: the constant may be defined after the matmul.
+            g.set(j, None)
+            g.set(
+                k,
+                Instr(
+                    "gemm",
+                    gemm.inputs,
+                    ins.outputs,
+                    {**gemm.attrs, "alpha": gemm.attrs["alpha"] * alpha},
+                ),
+            )
+            break
+
+
+def _fold_add_into_gemm(
+    g: Graph,
+    takes: Callable[[Graph, Instr, int, Aval], bool],
+) -> None:
+    """Each ``add`` of a float matmul's (or single-use gemm's) product and an operand that
+    ``takes(g, gemm, operand, out_aval)`` accepts becomes that gemm with the operand as its
+    accumulator, at the add's position (every operand is defined by then)."""
+    instrs = g.instrs
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op != "add":
+            continue
+        out = g.aval(ins.outputs[0])
+        for i in (0, 1):
+            product, operand = ins.inputs[i], ins.inputs[1 - i]
+            found = float_matmul(g, product) or single_use(g, product, "gemm")
+            if found is None or g.aval(product) != out:
+                continue
+            j, matmul = found
+            gemm = gemm_of(matmul)
+            if not takes(g, gemm, operand, out):
+                continue
+            g.set(j, None)
+            g.set(k, Instr("gemm", (*gemm.inputs, operand), ins.outputs, dict(gemm.attrs)))
+            break
+
+
+def _takes_bias(g: Graph, gemm: Instr, bias: int, out: Aval) -> bool:
+    b = g.aval(bias)
+    return len(gemm.inputs) == 2 and b.shape == out.shape[-1:] and b.dtype == out.dtype
+
+
+def _takes_addend(g: Graph, gemm: Instr, addend: int, out: Aval) -> bool:
+    # A gemm with a full-shape addend already has its accumulator.
+    return g.aval(addend) == out and not any(len(g.aval(s).shape) > 1 for s in gemm.inputs[2:])
+
+
+def fold_gemm_bias(g: Graph) -> None:
+    _fold_add_into_gemm(g, _takes_bias)
+
+
+def fold_gemm_addend(g: Graph) -> None:
+    _fold_add_into_gemm(g, _takes_addend)
+
+
+GEMM_ACTIVATIONS = ("relu", "gelu")
+
+
+def fold_gemm_activation(g: Graph) -> None:
+    """``relu`` or ``gelu`` (a composite prim op) of a float matmul's or gemm's
+    product that nothing else reads becomes that gemm with ``activation``: the kernel applies
+    it to each output tile while the tile is in registers, after bias and addend, instead of a
+    pass of its own over the output. At the activation's position, as the other gemm folds."""
+    instrs = g.instrs
+    for k, ins in enumerate(instrs):
+        if ins is None or ins.op not in GEMM_ACTIVATIONS or len(ins.inputs) != 1:
+            continue
+        product = ins.inputs[0]
+        found = float_matmul(g, product) or single_use(g, product, "gemm")
+        if found is None or g.aval(product) != g.aval(ins.outputs[0]):
+            continue
+        j, matmul = found
+        gemm = gemm_of(matmul)
+        if "activation" in gemm.attrs:
+            continue
+        g.set(j, None)
+        g.set(k, Instr("gemm", gemm.inputs, ins.outputs, {**gemm.attrs, "activation": ins.op}))

@@ -1,0 +1,297 @@
+"""The matcher every ``fuse-kernels`` rewrite is written with: :class:`Graph` (producers, uses
+and readers of the instruction list, kept current through ``Graph.set``), :class:`Match`
+(expression patterns over the instruction tree producing a slot) and the small queries the
+rewrite families share."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from math import prod
+
+import numpy as np
+
+from lucid.backends.cpu.program import Instr, Program
+from lucid.ir import visits
+
+FLOAT_DTYPES = ("f32", "f64")
+STAGE = "fuse-kernels"  # the visit counters' name for this step
+
+
+class Graph:
+    """Producers, use counts and readers of the instruction list, built once and kept current
+    by ``set``, through which every rewrite edits the list: a fold costs the instructions it
+    looks at, not a rebuild of the whole program per rewrite (which made fusion quadratic)."""
+
+    def __init__(self, program: Program, instrs: list[Instr | None]) -> None:
+        self.program = program
+        self.instrs = instrs
+        self.producer: dict[int, int] = {}
+        self.uses: Counter[int] = Counter(program.results)
+        self._readers: dict[int, dict[int, None]] = {}
+        # Slots whose last reader went away since the last ``erase_unread``.
+        self.unread: set[int] = set()
+        for k, ins in enumerate(instrs):
+            if ins is not None:
+                self._link(k, ins)
+        visits.count(STAGE, len(instrs))
+
+    def _link(self, k: int, ins: Instr) -> None:
+        for s in ins.outputs:
+            self.producer[s] = k
+        for s in ins.inputs:
+            self.uses[s] += 1
+            self._readers.setdefault(s, {})[k] = None
+
+    def _unlink(self, k: int, ins: Instr) -> None:
+        for s in ins.outputs:
+            if self.producer.get(s) == k:
+                del self.producer[s]
+        for s in ins.inputs:
+            self.uses[s] -= 1
+            self._readers[s].pop(k, None)
+            if not self.uses[s]:
+                self.unread.add(s)
+
+    def set(self, k: int, ins: Instr | None) -> None:
+        """Put ``ins`` (None: nothing) at position ``k``, updating producers, uses, readers."""
+        visits.count(STAGE)
+        old = self.instrs[k]
+        if old is not None:
+            self._unlink(k, old)
+        self.instrs[k] = ins
+        if ins is not None:
+            self._link(k, ins)
+
+    def readers(self, slot: int) -> list[int]:
+        """Positions of the instructions reading ``slot``, in program order."""
+        return sorted(self._readers.get(slot, ()))
+
+    def erase_unread(self, erasable: Callable[[int, Instr], bool]) -> None:
+        """Drop the instructions ``erasable`` accepts whose values nothing reads any more, among
+        the producers of values left unread by the edits so far, and so on up their operands."""
+        pending: list[int] = []
+        while True:
+            pending.extend(self.producer[s] for s in self.unread if s in self.producer)
+            self.unread.clear()
+            if not pending:
+                return
+            k = pending.pop()
+            ins = self.instrs[k]
+            if ins is None or not erasable(k, ins) or any(self.uses[s] for s in ins.outputs):
+                continue
+            self.set(k, None)
+
+    def only_reader(self, slot: int, op: str) -> tuple[int, Instr] | None:
+        """(index, instruction) of the one ``op`` instruction reading ``slot``, when nothing else
+        reads it (and it is not a result)."""
+        readers = self.readers(slot)
+        if len(readers) != 1 or not self.used_only_by(slot, 1):
+            return None
+        ins = self.instrs[readers[0]]
+        return (readers[0], ins) if ins is not None and ins.op == op else None
+
+    def made_by(self, slot: int, op: str) -> tuple[int, Instr] | None:
+        """(index, instruction) when ``slot`` is the output of an ``op`` instruction."""
+        k = self.producer.get(slot)
+        ins = self.instrs[k] if k is not None else None
+        return (k, ins) if ins is not None and ins.op == op else None
+
+    def used_only_by(self, slot: int, count: int) -> bool:
+        return self.uses[slot] == count and slot not in self.program.results
+
+    def aval(self, slot: int):
+        return self.program.slots[slot]
+
+
+def float_matmul(g: Graph, slot: int) -> tuple[int, Instr] | None:
+    found = g.made_by(slot, "matmul")
+    if found is None or g.aval(slot).dtype not in FLOAT_DTYPES or not g.used_only_by(slot, 1):
+        return None
+    return found
+
+
+def gemm_of(ins: Instr) -> Instr:
+    """``ins`` (a matmul or gemm) as a gemm."""
+    if ins.op == "gemm":
+        return ins
+    attrs = {"transpose_a": ins.attrs["transpose_a"], "transpose_b": ins.attrs["transpose_b"]}
+    return Instr("gemm", ins.inputs, ins.outputs, {**attrs, "alpha": 1.0})
+
+
+def constant_scalar(g: Graph, slot: int) -> float | None:
+    found = g.made_by(slot, "constant")
+    if found is None or g.aval(slot).shape != () or g.aval(slot).dtype not in FLOAT_DTYPES:
+        return None
+    value = np.asarray(found[1].attrs["value"], dtype=np.float64).reshape(-1)
+    return float(value[0]) if value.size == 1 else None
+
+
+def single_use(g: Graph, slot: int, op: str) -> tuple[int, Instr] | None:
+    found = g.made_by(slot, op)
+    return found if found is not None and g.used_only_by(slot, 1) else None
+
+
+def last_axis_mean(g: Graph, slot: int, of: int) -> int | None:
+    """The index of ``slot``'s producer when it is ``reduce_mean(of)`` over the last axis with
+    kept dims."""
+    found = g.made_by(slot, "reduce_mean")
+    if found is None:
+        return None
+    k, ins = found
+    rank = len(g.aval(of).shape)
+    axes = [a % rank for a in ins.attrs["axes"]] if rank else []
+    if ins.inputs != (of,) or axes != [rank - 1] or not ins.attrs["keepdims"]:
+        return None
+    return k
+
+
+def zero_constant(g: Graph, slot: int) -> bool:
+    found = g.made_by(slot, "constant")
+    return found is not None and not any(found[1].attrs["value"])
+
+
+def is_close(value: float, want: float) -> bool:
+    return abs(value - want) <= 1e-6 * max(1.0, abs(want))
+
+
+class Match:
+    """Matches an expression pattern against the instruction tree producing a slot.
+
+    A pattern is a variable name (binds a slot; a bound name must see the same slot again), a
+    ``("const", value)``, a ``("bind_const", name)`` (binds a 0-d float constant's value), a
+    ``("mean_last", p)`` (``reduce_mean`` over the last axis with kept dims, or that axis's
+    ``reduce_sum`` times ``1/n``), or ``(op, *operand_patterns)``, trying both operand orders of
+    ``add`` and ``mul``. ``instrs`` collects the matched instructions (constants excluded)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.env: dict[str, int | float] = {}
+        self.instrs: set[int] = set()
+
+    def match(self, slot: int, pat) -> bool:
+        saved = (dict(self.env), set(self.instrs))
+        if self._match(slot, pat):
+            return True
+        self.env, self.instrs = saved
+        return False
+
+    def _match(self, slot: int, pat) -> bool:
+        g = self.g
+        visits.count(STAGE)
+        if isinstance(pat, str):
+            if pat in self.env:
+                return self.env[pat] == slot
+            self.env[pat] = slot
+            return True
+        kind = pat[0]
+        if kind == "const":
+            value = constant_scalar(g, slot)
+            return value is not None and is_close(value, pat[1])
+        if kind == "bind_const":
+            value = constant_scalar(g, slot)
+            if value is None:
+                return False
+            self.env[pat[1]] = value
+            return True
+        if kind == "mean_last":
+            return self._mean_last(slot, pat[1])
+        found = g.made_by(slot, kind)
+        if found is None or len(found[1].inputs) != len(pat) - 1:
+            return False
+        k, ins = found
+        orders = [ins.inputs]
+        if kind in ("add", "mul"):
+            orders.append(ins.inputs[::-1])
+        for operands in orders:
+            saved = (dict(self.env), set(self.instrs))
+            if all(self.match(s, p) for s, p in zip(operands, pat[1:], strict=True)):
+                self.instrs.add(k)
+                return True
+            self.env, self.instrs = saved
+        return False
+
+    def _mean_last(self, slot: int, pat) -> bool:
+        g = self.g
+        found = g.made_by(slot, "reduce_mean")
+        if found is not None and last_axis_mean(g, slot, found[1].inputs[0]) is not None:
+            if self.match(found[1].inputs[0], pat):
+                self.instrs.add(found[0])
+                return True
+            return False
+        mul = g.made_by(slot, "mul")
+        if mul is None:
+            return False
+        for total, scale in (mul[1].inputs, mul[1].inputs[::-1]):
+            summed = g.made_by(total, "reduce_sum")
+            value = constant_scalar(g, scale)
+            if summed is None or value is None:
+                continue
+            (x,) = summed[1].inputs
+            shape = g.aval(x).shape
+            axes = [a % len(shape) for a in summed[1].attrs["axes"]] if shape else []
+            if axes != [len(shape) - 1] or not summed[1].attrs["keepdims"]:
+                continue
+            if not is_close(value, 1.0 / shape[-1]) or not self.match(x, pat):
+                continue
+            self.instrs.update((mul[0], summed[0]))
+            return True
+        return False
+
+
+def erase_dead(g: Graph, candidates: set[int]) -> None:
+    """Drop the ``candidates`` whose values nothing reads any more (after a rewrite stopped
+    reading them), and constants left unread; values other instructions still read stay."""
+    g.erase_unread(lambda k, ins: k in candidates or ins.op == "constant")
+
+
+def column_sum(g: Graph, slot: int, after: int) -> tuple[int, Instr] | None:
+    """A ``reduce_sum`` after instruction ``after`` of ``slot`` (or of its reshape to
+    ``[rows, n]``) over every axis but the last: the gradient of a bias added to ``slot``'s
+    rows."""
+    shape = g.aval(slot).shape
+    sources = [slot]
+    for j in g.readers(slot):
+        r = g.instrs[j]
+        if r is not None and r.op == "reshape" and len(g.aval(r.outputs[0]).shape) == 2:
+            if g.aval(r.outputs[0]).shape[-1] == shape[-1]:
+                sources.append(r.outputs[0])
+    for src in sources:
+        rank = len(g.aval(src).shape)
+        for j in g.readers(src):
+            r = g.instrs[j]
+            if j <= after or r is None or r.op != "reduce_sum":
+                continue
+            axes = sorted(a % rank for a in r.attrs["axes"])
+            out = g.aval(r.outputs[0]).shape
+            if axes == list(range(rank - 1)) and out[-1:] == shape[-1:] and prod(out) == shape[-1]:
+                return j, r
+    return None
+
+
+def take_column_sum(g: Graph, slot: int, after: int) -> int:
+    """A new ``[n]`` slot for the column sums of ``slot``: an existing column sum after
+    ``after`` becomes a reshape (a view) of it; otherwise nothing reads the new slot."""
+    aval = g.aval(slot)
+    new = g.program.new_slot(aval.shape[-1:], aval.dtype)
+    found = column_sum(g, slot, after)
+    if found is not None:
+        j, r = found
+        shape = g.aval(r.outputs[0]).shape
+        g.set(j, Instr("reshape", (new,), r.outputs, {"shape": tuple(shape)}))
+    return new
+
+
+def row_kernel_candidates(g: Graph, pattern, op: str) -> Iterator[tuple[int, Match]]:
+    """Yields (index, match) for each float ``op`` instruction whose value matches ``pattern``;
+    the caller rewrites through ``g`` before the next candidate."""
+    instrs = g.instrs
+    for k in range(len(instrs)):
+        ins = instrs[k]
+        if ins is None or ins.op != op or len(ins.outputs) != 1:
+            continue
+        if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES or not g.aval(ins.outputs[0]).shape:
+            continue
+        m = Match(g)
+        if m.match(ins.outputs[0], pattern):
+            yield k, m

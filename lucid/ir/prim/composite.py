@@ -1,0 +1,156 @@
+"""Composite prim ops: prim ops that carry their decomposition into other prim ops.
+
+MLX's ``fast`` ops are the model. Lowering emits a composite whole (``gelu`` instead of the five
+ops of its erf form, ``layer_norm`` instead of four), so a backend with a kernel for it runs that
+kernel without re-finding the tree; any backend without one expands the decomposition
+(``lucid.ir.prim.expand``), and the op's reference semantics are its decomposition evaluated on
+the table's references, so the prim interpreter needs nothing of its own.
+
+A decomposition is written once against two callables and is used for every target:
+``emit(name, *operands, **attrs)`` appends a prim op and returns its value, ``const(value, like)``
+is a 0-d constant of ``like``'s dtype. Numpy arrays (the reference), IR values (the expansion)
+and lowering's values (a case the composite does not take) all fit. Like every table module,
+this one is pure Python: no xDSL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lucid.ir.prim._core import (
+    COMPOSITE_OPS,
+    FLOAT,
+    PRIM_OPS,
+    Attr,
+    Aval,
+    PrimOp,
+    _fail,
+    _need,
+    evaluate,
+)
+
+Emit = Callable[..., Any]
+Const = Callable[[float, Any], Any]
+Decomposition = Callable[[Emit, Const, Sequence[Any], dict[str, Any]], list[Any]]
+
+SQRT_HALF = 1.0 / math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@dataclass(frozen=True)
+class CompositeOp(PrimOp):
+    """A prim op with a decomposition into other prim ops (which may be composites too)."""
+
+    decomposition: Decomposition | None = None
+
+    def decompose(self, emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
+        """The op's results, built from other prim ops through ``emit`` and ``const``."""
+        assert self.decomposition is not None, self.name
+        return self.decomposition(emit, const, operands, attrs)
+
+
+def _numpy_emit(name: str, *operands: np.ndarray, **attrs: Any) -> np.ndarray:
+    (out,) = evaluate(name, list(operands), attrs)
+    return out
+
+
+def _numpy_const(value: float, like: np.ndarray) -> np.ndarray:
+    return np.asarray(value, dtype=like.dtype)
+
+
+def _register_composite(
+    name: str,
+    operands: tuple[str, ...],
+    infer: Callable[[list[Aval], dict[str, Any]], list[Aval]],
+    decomposition: Decomposition,
+    cpu_kernel: str,
+    attrs: dict[str, Attr] | None = None,
+) -> None:
+    assert name not in PRIM_OPS and name not in COMPOSITE_OPS, name
+
+    def reference(arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return decomposition(_numpy_emit, _numpy_const, arrays, attrs)
+
+    COMPOSITE_OPS[name] = CompositeOp(
+        name, operands, attrs or {}, infer, reference, "composite", cpu_kernel,
+        decomposition=decomposition,
+    )  # fmt: skip
+
+
+# --- GELU, erf form: x * Phi(x), and its gradient dy * (Phi(x) + x * phi(x))
+
+
+def _gelu_cdf(emit: Emit, const: Const, x: Any) -> Any:
+    erf = emit("erf", emit("mul", x, const(SQRT_HALF, x)))
+    return emit("mul", emit("add", erf, const(1.0, x)), const(0.5, x))
+
+
+def _gelu(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
+    (x,) = operands
+    return [emit("mul", x, _gelu_cdf(emit, const, x))]
+
+
+def _gelu_grad(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
+    dy, x = operands
+    square = emit("mul", x, x)
+    pdf = emit("mul", emit("exp", emit("mul", square, const(-0.5, x))), const(INV_SQRT_2PI, x))
+    slope = emit("add", _gelu_cdf(emit, const, x), emit("mul", x, pdf))
+    return [emit("mul", dy, slope)]
+
+
+def _gelu_rule(avals: list[Aval], attrs: dict) -> list[Aval]:
+    (x,) = avals
+    _need("gelu", x, FLOAT)
+    return [x]
+
+
+def _gelu_grad_rule(avals: list[Aval], attrs: dict) -> list[Aval]:
+    dy, x = avals
+    _need("gelu_grad", x, FLOAT)
+    if dy != x:
+        raise _fail("gelu_grad", f"the gradient {dy} and the input {x} differ")
+    if not x.shape:  # the CPU kernel works on rows
+        raise _fail("gelu_grad", "needs an input of rank >= 1")
+    return [x]
+
+
+_register_composite("gelu", ("x",), _gelu_rule, _gelu, "norm_gelu.cpp")
+_register_composite("gelu_grad", ("dy", "x"), _gelu_grad_rule, _gelu_grad, "norm_gelu.cpp")
+
+# --- layer norm over the last axis: (x - mean) / sqrt(var + epsilon) * gamma + beta
+
+
+def _layer_norm(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
+    x, gamma, beta = operands
+    mean = emit("reduce_mean", x, axes=(-1,), keepdims=True)
+    centered = emit("sub", x, mean)
+    var = emit("reduce_mean", emit("mul", centered, centered), axes=(-1,), keepdims=True)
+    return [emit("normalize", x, mean, var, gamma, beta, epsilon=attrs["epsilon"])]
+
+
+def _layer_norm_rule(avals: list[Aval], attrs: dict) -> list[Aval]:
+    x, gamma, beta = avals
+    _need("layer_norm", x, FLOAT)
+    if not x.shape:
+        raise _fail("layer_norm", "needs an input of rank >= 1")
+    row = Aval(x.shape[-1:], x.dtype)
+    if gamma != row or beta != row:
+        raise _fail("layer_norm", f"weight and bias must be {row}, got {gamma} and {beta}")
+    return [x]
+
+
+_register_composite(
+    "layer_norm",
+    ("x", "weight", "bias"),
+    _layer_norm_rule,
+    _layer_norm,
+    "norm_gelu.cpp",
+    {"epsilon": Attr("float")},
+)
+
+__all__ = ["COMPOSITE_OPS", "INV_SQRT_2PI", "SQRT_HALF", "CompositeOp"]
