@@ -55,6 +55,7 @@ from lucid.ops.reduction import *  # noqa: F401,F403
 from lucid.ops.rnn import *  # noqa: F401,F403
 from lucid.ops.shape import *  # noqa: F401,F403
 from lucid.ops.sorting import *  # noqa: F401,F403
+from lucid.ops.torch_functions import *  # noqa: F401,F403
 from lucid.ops.upsample import *  # noqa: F401,F403
 
 __version__ = _native.__version__

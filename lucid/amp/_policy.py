@@ -68,6 +68,9 @@ OP_POLICY: dict[str, tuple[str, str]] = {
     "linalg_svd": (FP32, NONE),
     "linalg_eigh": (FP32, NONE),
     "linalg_det": (NONE, NONE),
+    "linalg_lu": (NONE, NONE),  # linalg_lu, linalg_matrix_exp, linalg_pinv: in neither list
+    "linalg_matrix_exp": (NONE, NONE),
+    "linalg_pinv": (NONE, NONE),
     # --- promote to the widest input type
     "cat": (PROMOTE, NONE),
     "index_put": (NONE, PROMOTE),

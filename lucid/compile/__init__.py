@@ -9,8 +9,9 @@ import sys
 import types
 
 from lucid.compile.aot import LoadedModule, load_compiled, save_compiled
-from lucid.compile.api import CompiledModule, CompileError, compile
 from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
+from lucid.compile.errors import CompileError
+from lucid.compile.inference import CompiledModule, compile
 from lucid.compile.signature import CacheKey
 from lucid.compile.training import (
     compile_optimizer,

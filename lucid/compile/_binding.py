@@ -1,5 +1,5 @@
-"""What keeps a compiled entry's bound tensors honest: module-structure checks, array layouts and
-the bounded entry caches shared by ``lucid.compile`` and the training entry points.
+"""What keeps a compiled entry's bound tensors honest: module-structure checks and array layouts,
+shared by ``lucid.compile`` and the training entry points.
 
 Compiled entries bind parameters, buffers and optimizer state by object identity. Replacing one
 (``model[2] = nn.Linear(16, 7)``, a new ``nn.Parameter``, ``load_state_dict(assign=True)``,
@@ -15,8 +15,6 @@ recomputed only when ``MODE_VERSION`` (bumped by any ``training`` assignment) mo
 
 from __future__ import annotations
 
-import itertools
-import os
 import re
 import types
 from collections.abc import Iterable
@@ -25,69 +23,18 @@ from typing import Any
 import numpy as np
 
 from lucid._tensor import Tensor
-from lucid.compile import _disk_cache
 from lucid.nn.modules.module import MODE_VERSION, STRUCTURE_VERSION, Module
 
 __all__ = [
     "MODE_VERSION",
     "STRUCTURE_VERSION",
     "Bound",
-    "LRU",
-    "TICK",
     "ensure_c_layout",
-    "max_entries",
     "mode_repr",
     "name_feeds",
     "owner_modules",
     "training_modes",
 ]
-
-DEFAULT_MAX_ENTRIES = 32
-
-
-def max_entries() -> int:
-    """The per-wrapper entry cap: ``LUCID_COMPILE_MAX_CACHE`` (the native executable cache's cap
-    too), default 32."""
-    value = os.environ.get("LUCID_COMPILE_MAX_CACHE", "").strip()
-    if not value:
-        return DEFAULT_MAX_ENTRIES
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"LUCID_COMPILE_MAX_CACHE must be a positive integer, got {value!r}")
-    return n
-
-
-# Recency ticks: a hit stamps its entry with ``next(TICK)`` (cheaper than re-hashing the key to
-# reorder a dict on the hot path); eviction, on the miss path only, scans for the oldest stamp.
-TICK = itertools.count()
-
-
-class LRU(dict):
-    """A dict of at most ``cap`` entries. ``put`` stamps the value's ``last_used`` and evicts the
-    least recently used (a hit restamps ``value.last_used = next(TICK)``; values that take no
-    attributes are evicted oldest first). ``on_evict(key, value)`` runs for each eviction."""
-
-    def __init__(self, cap: int, on_evict: Any = None):
-        super().__init__()
-        self.cap = cap
-        self.on_evict = on_evict
-        self.evictions = 0
-
-    def put(self, key: Any, value: Any) -> None:
-        try:
-            value.last_used = next(TICK)
-        except AttributeError:
-            pass
-        self[key] = value
-        while len(self) > self.cap:
-            old_key = min(self, key=lambda k: getattr(self[k], "last_used", -1))
-            old = self.pop(old_key)
-            self.evictions += 1
-            if self.on_evict is not None:
-                self.on_evict(old_key, old)
 
 
 def owner_modules(target: Any) -> list[Module]:
@@ -255,31 +202,3 @@ def name_feeds(message: str, roles: list[str]) -> str:
         return m.group(0)
 
     return _FEED_RE.sub(sub, message)
-
-
-def check_settings(backend: str) -> None:
-    """Refuse a bad ``LUCID_*`` setting once, at the first compile, with a ValueError naming it
-    (rather than sending every signature to eager with a warning each): the backend's own
-    settings (``Backend.check_settings``), the cache cap and the debug folder."""
-    from lucid.backends import get_backend
-
-    get_backend(backend).check_settings()
-    max_entries()
-    if _disk_cache.enabled():
-        _disk_cache.max_bytes()  # LUCID_COMPILE_DISK_CACHE_MAX_MB
-    if os.environ.get("LUCID_COMPILE_DEBUG", "").strip().lower() in ("", "0", "false", "no", "off"):
-        return
-    folder = os.environ.get("LUCID_COMPILE_DEBUG_DIR")
-    if not folder:
-        return
-    try:
-        os.makedirs(folder, exist_ok=True)
-        import tempfile
-
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise ValueError(
-            f"LUCID_COMPILE_DEBUG_DIR={folder!r} is not a writable folder "
-            f"({type(e).__name__}: {e.strerror or e})"
-        ) from None

@@ -1,4 +1,5 @@
-"""Flattening a model's return value into tensors and rebuilding the same structure.
+"""Flattening a model's return value into tensors and rebuilding the same structure, and the
+access paths of tensors inside argument containers (``args[i][k]...``).
 
 Supported containers: tuple, list, dict, namedtuple and dataclass; any other leaf that is not a
 Tensor is kept as it is (a constant of the structure).
@@ -43,3 +44,35 @@ def flatten(obj: Any, leaves: list[Tensor]) -> Rebuild:
         cls = type(obj)
         return lambda vals: cls(**{f: p(vals) for f, p in zip(fields, parts, strict=True)})
     return lambda vals: obj
+
+
+def _tensor_paths(obj: Any, path: tuple, out: list[tuple]) -> None:
+    """Append the access path (``args[i][k]...``) of every tensor in ``obj``, depth first."""
+    if isinstance(obj, Tensor):
+        out.append(path)
+    elif isinstance(obj, (tuple, list)):
+        for i, e in enumerate(obj):
+            _tensor_paths(e, (*path, i), out)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _tensor_paths(v, (*path, k), out)
+
+
+def _at(args: Any, path: tuple) -> Any:
+    for k in path:
+        args = args[k]
+    return args
+
+
+def _replace_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """``obj`` with every tensor ``t`` replaced by ``fn(t)`` (same containers, same order)."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        items = [_replace_tensors(e, fn) for e in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, list):
+        return type(obj)([_replace_tensors(e, fn) for e in obj])
+    if isinstance(obj, dict):
+        return type(obj)((k, _replace_tensors(v, fn)) for k, v in obj.items())
+    return obj

@@ -2,7 +2,7 @@
 nearest cached key, part by part, old -> new, with a hint where one applies.
 
 A key is ``(argument signatures, keyword signatures, training, grad, parameter dtypes)`` (see
-``api.CacheKey``); a tensor's signature is ``(shape, dtype, requires_grad)``, any other
+``signature.CacheKey``); a tensor's signature is ``(shape, dtype, requires_grad)``, any other
 argument's ``(type, value)``.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from lucid.compile._binding import mode_repr
 
-__all__ = ["Difference", "StepRecompiles", "explain", "nearest", "recompile_limit"]
+__all__ = ["Difference", "explain", "nearest", "recompile_limit"]
 
 BATCH_HINT = "the batch dim changes: compile with dynamic=True to share one executable"
 SCALAR_HINT = "a Python scalar argument changes value: pass it as a tensor to reuse the executable"
@@ -184,43 +184,3 @@ def recompile_limit() -> int:
     if value < 1:
         raise ValueError(f"LUCID_COMPILE_RECOMPILE_LIMIT must be a positive integer, got {raw!r}")
     return value
-
-
-class StepRecompiles:
-    """The recompile explanations of one training step (``make_step`` / ``fused_step``)."""
-
-    def __init__(self, what: str):
-        self.what = what
-        self.history: list[dict[str, Any]] = []
-        self.n_compiled = 0
-        self.warned = False
-
-    def note(self, key: tuple, cached: list[tuple], logger: Any) -> None:
-        """Log why ``key`` compiles against the nearest of ``cached``; warn once past the
-        limit."""
-        self.n_compiled += 1
-        if not cached:
-            return
-        info = explain(key, cached, diff_step)
-        self.history.append(info)
-        del self.history[:-64]
-        verbose = os.environ.get("LUCID_COMPILE_VERBOSE", "").strip().lower() not in (
-            "",
-            "0",
-            "false",
-            "no",
-            "off",
-        )
-        logger.log(30 if verbose else 20, "lucid.compile: %s: %s", self.what, info["message"])
-        limit = recompile_limit()
-        if self.n_compiled > limit and not self.warned:
-            self.warned = True
-            varying = sorted({v for r in self.history for v in r["varying"]})
-            logger.warning(
-                "lucid.compile: %s: %d signatures compiled (LUCID_COMPILE_RECOMPILE_LIMIT=%d); "
-                "what varies: %s",
-                self.what,
-                self.n_compiled,
-                limit,
-                ", ".join(varying) or "unknown",
-            )

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lucid._tensor import Tensor
-from lucid.compile._pipeline import CompileError, resolve_backend
+from lucid.compile.errors import CompileError
+from lucid.compile.options import resolve_backend
 from lucid.ops._registry import GRAD_SINK, REGISTRY, SYMBOLIC_BATCH_SAFE
 from lucid.trace._tracing import GraphBreak, _tracing
 

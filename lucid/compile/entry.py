@@ -19,8 +19,9 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline
 from lucid.compile._binding import name_feeds
+from lucid.compile._pytree import _at
+from lucid.compile.errors import FeedMismatch
 from lucid.ops._registry import OpDef
 
 __all__ = ["ForwardEntry", "GradEntry", "GradProgram", "StepEntry"]
@@ -31,7 +32,7 @@ class ForwardEntry:
     """One cached signature of ``CompiledModule`` without gradients: the executable and how to
     bind and unpack it."""
 
-    graph: Any  # _pipeline.CompiledGraph
+    graph: Any  # CompiledGraph
     bind: Callable[[tuple, dict], list]
     finish: Callable[[tuple, dict, list], Any]
     trace: Any
@@ -94,7 +95,7 @@ class ForwardEntry:
 class GradProgram:
     """The compiled forward and backward of one concrete shape, with their feed plans."""
 
-    fwd: Any  # _pipeline.CompiledGraph
+    fwd: Any  # CompiledGraph
     bwd: Any  # the backward executable
     fwd_plan: list[tuple[str, Any]]
     fwd_results: list[tuple[str, Any]]
@@ -119,7 +120,7 @@ class GradEntry:
     build: Callable[..., GradProgram]  # build(batch): the program of one batch size
     by_batch: Any  # LRU of batch size -> GradProgram (symbolic entries)
     cot_dtypes: dict[int, Any]
-    tensor_pos: list[int]
+    tensor_pos: list[tuple]  # the access path of each tensor argument (``args[i][k]...``)
     n_leaves: int
     passthrough: dict[int, tuple[str, Any]]
     rebuild: Callable[[list], Any]
@@ -133,11 +134,25 @@ class GradEntry:
     n_hits: int = 0
     last_used: int = 0  # recency stamp for the entry LRU
     last_run_ms: float = 0.0
+    # The positions of the tensor arguments when none is inside a container (the common case,
+    # read without walking paths), else None.
+    _flat_pos: list[int] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if all(len(p) == 1 for p in self.tensor_pos):
+            self._flat_pos = [p[0] for p in self.tensor_pos]
+
+    def tensor_args(self, args: tuple) -> list[Tensor]:
+        """The tensor arguments in feed order (``input:0``, ``input:1``, ...)."""
+        flat = self._flat_pos
+        if flat is not None:
+            return [args[i] for i in flat]
+        return [_at(args, p) for p in self.tensor_pos]
 
     def _program_for(self, args: tuple) -> GradProgram:
         if not self.symbolic:
             return self.program
-        batch = args[self.tensor_pos[0]].shape[0]
+        batch = _at(args, self.tensor_pos[0]).shape[0]
         prog = self.by_batch.get(batch)
         if prog is None:
             prog = self.build(batch)
@@ -147,14 +162,14 @@ class GradEntry:
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         t0 = time.perf_counter()
         prog = self._program_for(args) if self.symbolic else self.program
-        tensor_args = [args[i] for i in self.tensor_pos]
+        tensor_args = self.tensor_args(args)
         feeds = []
         rng = rng_before = None
         for kind, ref in prog.fwd_plan:
             if kind == "input":
-                feeds.append(tensor_args[ref]._data)
+                feeds.append(_c_layout(tensor_args[ref]._data))
             elif kind == "kw":
-                feeds.append(kwargs[ref]._data)
+                feeds.append(_c_layout(kwargs[ref]._data))
             elif kind == "rng":
                 rng = _random.get_rng_state()._data
                 feeds.append(rng)
@@ -166,7 +181,7 @@ class GradEntry:
         try:
             res = prog.fwd.run(feeds)
         except (TypeError, ValueError) as e:
-            raise _pipeline.FeedMismatch(name_feeds(str(e), prog.fwd.feed_roles)) from e
+            raise FeedMismatch(name_feeds(str(e), prog.fwd.feed_roles)) from e
         outs: list[Any] = [None] * self.n_leaves
         residuals: list[np.ndarray] = []
         for i, (kind, ref) in enumerate(prog.fwd_results):
@@ -240,7 +255,9 @@ class GradEntry:
                 elif kind == "rng":
                     feeds.append(rng_before)
                 else:
-                    feeds.append(_feed_tensor(kind, ref, tensor_args, kw_tensors)._data)
+                    # An input viewed with other strides (``idx.t()``): the runtime takes
+                    # C-contiguous arrays only (the version check proves the values unchanged).
+                    feeds.append(_c_layout(_feed_tensor(kind, ref, tensor_args, kw_tensors)._data))
             grads = bwd.run(feeds)
             return [Tensor._wrap(g) for g in grads]
 
@@ -258,6 +275,14 @@ class GradEntry:
         node = next((t._node for t in outs if t._node is not None), None)
         if node is not None:
             node.versions = [(t, t._version[0]) for t in saved]
+
+
+def _c_layout(data: np.ndarray) -> np.ndarray:
+    """``data``, or a C-contiguous aligned copy when the runtime would refuse its layout."""
+    flags = data.flags
+    if flags.c_contiguous and flags.aligned:
+        return data
+    return np.array(data, order="C", copy=True)  # 0-d stays 0-d, unlike ascontiguousarray
 
 
 def _feed_tensor(kind: str, ref: Any, tensor_args: list, kwargs: dict) -> Tensor:

@@ -143,6 +143,10 @@ __all__ = [
     "conv_transpose3d",
     "embedding_bag",
     "linear_cross_entropy",
+    "fractional_max_pool2d",
+    "fractional_max_pool2d_with_indices",
+    "fractional_max_pool3d",
+    "fractional_max_pool3d_with_indices",
 ]
 
 
@@ -2502,3 +2506,125 @@ def ctc_loss(
     if reduction == "sum":
         return loss.sum()
     return loss if batched else loss.squeeze(0)
+
+
+# --- fractional max pooling ---------------------------------------------------------------------
+
+# Which of the per-plane random samples drives each spatial dim, in torch's order: 2-d pooling
+# reads (W, H), 3-d pooling (T, H, W).
+_FRACTIONAL_SAMPLE_OF_DIM = {2: (1, 0), 3: (0, 1, 2)}
+
+
+def _fractional_starts(u: Tensor, size: int, out: int, kernel: int) -> Tensor:
+    """torch's pseudo-random window starts along one dim, (..., out) int64 from samples u
+    (...): ``trunc((i + u) * alpha) - trunc(u * alpha)`` with ``alpha = (size - kernel) /
+    (out - 1)``, the last window flush with the end. Lucid ops only, so it traces."""
+    import lucid
+
+    last = lucid.full((*u.shape, 1), size - kernel, dtype=lucid.int64)
+    if out == 1:
+        return last
+    alpha = (size - kernel) / (out - 1)
+    steps = lucid.arange(out - 1, dtype=u.dtype)
+    starts = ((steps + u.unsqueeze(-1)) * alpha).floor() - (u.unsqueeze(-1) * alpha).floor()
+    return lucid.cat([starts.type(lucid.int64), last], -1)
+
+
+def _fractional_max_pool(
+    input: Tensor,  # noqa: A002
+    kernel_size: Any,
+    output_size: Any,
+    output_ratio: Any,
+    _random_samples: Tensor | None,
+    dims: int,
+) -> tuple[Tensor, Tensor]:
+    """Fractional max pooling (Graham, 2015) as torch computes it: ``(values, indices)``, the
+    indices flat in the input's spatial dims. The windows are gathered from the flattened planes
+    and reduced with argmax (the first maximum of a window in row-major order, as torch)."""
+    import lucid
+
+    op = f"fractional_max_pool{dims}d"
+    x, unbatched = _batched(input, dims, op)
+    kernel = _fractional_tuple(kernel_size, "kernel_size", dims, op)
+    spatial = tuple(x.shape[2:])
+    if output_size is None:
+        if output_ratio is None:
+            raise ValueError(f"{op}: give output_size or output_ratio")
+        ratios = _fractional_tuple(output_ratio, "output_ratio", dims, op, kind=float)
+        if not all(0 < r < 1 for r in ratios):
+            raise ValueError(f"{op}: output_ratio must be between 0 and 1, got {output_ratio!r}")
+        output_size = tuple(int(s * r) for s, r in zip(spatial, ratios, strict=True))
+    out = _fractional_tuple(output_size, "output_size", dims, op)
+    for name, o, k, s in zip("THW"[3 - dims :], out, kernel, spatial, strict=True):
+        if o < 1 or k < 1 or o + k - 1 > s:
+            raise ValueError(
+                f"{op}: output size {o} with kernel {k} does not fit input size {s} along {name} "
+                "(needs output + kernel - 1 <= input)"
+            )
+    n, c = x.shape[:2]
+    if _random_samples is None:
+        samples = lucid.rand(n, c, dims, dtype=x.dtype)
+    else:
+        samples = _random_samples
+        if tuple(samples.shape) != (n, c, dims):
+            raise ValueError(
+                f"{op}: _random_samples must have shape {(n, c, dims)}, got {tuple(samples.shape)}"
+            )
+        samples = samples.type(x.dtype)
+    # flat[n, c, o_0.., k_0..] = sum_d (start_d[o_d] + k_d) * stride_d, a window position each.
+    flat = None
+    strides = [math.prod(spatial[d + 1 :]) for d in range(dims)]
+    for d in range(dims):
+        starts = _fractional_starts(
+            samples[..., _FRACTIONAL_SAMPLE_OF_DIM[dims][d]], spatial[d], out[d], kernel[d]
+        )
+        rows = starts.unsqueeze(-1) + lucid.arange(kernel[d])
+        shape = [n, c] + [1] * (2 * dims)
+        shape[2 + d], shape[2 + dims + d] = out[d], kernel[d]
+        term = rows.reshape(*shape) * strides[d]
+        flat = term if flat is None else flat + term
+    windows = flat.expand(n, c, *out, *kernel).reshape(n, c, math.prod(out), math.prod(kernel))
+    planes = x.reshape(n, c, 1, math.prod(spatial)).expand(n, c, math.prod(out), -1)
+    values = planes.gather(3, windows)
+    best = values.argmax(3, keepdim=True)
+    pooled = values.gather(3, best).reshape(n, c, *out)
+    indices = windows.gather(3, best).reshape(n, c, *out)
+    return _unbatch(pooled, unbatched), _unbatch(indices, unbatched)
+
+
+def _fractional_tuple(v: Any, name: str, dims: int, op: str, kind: type = int) -> tuple:
+    t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims
+    if len(t) != dims or any(isinstance(e, bool) or not isinstance(e, (kind, int)) for e in t):
+        raise ValueError(f"{op}: {name} must be a {kind.__name__} or {dims} of them, got {v!r}")
+    return t
+
+
+def _fractional_max_pool_nd(dims: int, with_indices: bool) -> Callable[..., Any]:
+    def pool(
+        input: Tensor,  # noqa: A002
+        kernel_size: Any,
+        output_size: Any = None,
+        output_ratio: Any = None,
+        return_indices: bool = False,
+        _random_samples: Tensor | None = None,
+    ) -> Any:
+        values, indices = _fractional_max_pool(
+            input, kernel_size, output_size, output_ratio, _random_samples, dims
+        )
+        return (values, indices) if with_indices or return_indices else values
+
+    name = f"fractional_max_pool{dims}d" + ("_with_indices" if with_indices else "")
+    pool.__name__ = pool.__qualname__ = name
+    pool.__doc__ = (
+        f"{dims}-d fractional max pooling (torch's pseudo-random windows of size "
+        "``kernel_size``, to ``output_size`` or ``output_ratio`` of the input); "
+        + ("returns ``(values, indices)``." if with_indices else
+           "``return_indices`` also returns each maximum's flat spatial index.")
+    )  # fmt: skip
+    return pool
+
+
+fractional_max_pool2d = _fractional_max_pool_nd(2, False)
+fractional_max_pool2d_with_indices = _fractional_max_pool_nd(2, True)
+fractional_max_pool3d = _fractional_max_pool_nd(3, False)
+fractional_max_pool3d_with_indices = _fractional_max_pool_nd(3, True)

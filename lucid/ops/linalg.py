@@ -874,3 +874,202 @@ register(
         doc="The singular value decomposition U diag(S) Vh, singular values descending.",
     )
 )
+
+
+# --- LU, the matrix exponential and the pseudo-inverse ------------------------------------------
+
+
+def _lu_infer(a, pivot):
+    shape = _check_float_matrix("linalg.lu", a)
+    m, n = shape[-2:]
+    k = None if None in (m, n) else min(m, n)
+    batch = shape[:-2]
+    return (
+        AVal(batch + (m, m), a.dtype),
+        AVal(batch + (m, k), a.dtype),
+        AVal(batch + (k, n), a.dtype),
+        AVal(batch + (k,), _dtype_int32()),
+    )
+
+
+def _dtype_int32():
+    from lucid._dtype import int32
+
+    return int32
+
+
+def _lu_kernel(a, pivot):
+    """Gaussian elimination with partial pivoting (LAPACK getrf's choices: the first largest
+    |entry| of each column; a zero pivot leaves its column unscaled), batched."""
+    batch, (m, n) = a.shape[:-2], a.shape[-2:]
+    k = min(m, n)
+    work = a.reshape((-1, m, n)).astype(a.dtype, copy=True)
+    rows = np.arange(work.shape[0])
+    perm = np.tile(np.arange(m), (work.shape[0], 1))
+    pivots = np.zeros((work.shape[0], k), dtype=np.int32)
+    for j in range(k):
+        p = j + np.argmax(np.abs(work[:, j:, j]), axis=1) if pivot else np.full(len(rows), j)
+        pivots[:, j] = p + 1
+        work[rows, j], work[rows, p] = work[rows, p].copy(), work[rows, j].copy()
+        perm[rows, j], perm[rows, p] = perm[rows, p], perm[rows, j].copy()
+        head = work[:, j, j]
+        if not pivot and np.any(head == 0):
+            raise ValueError("linalg.lu: a zero pivot without pivoting (use pivot=True)")
+        scale = np.where(head == 0, 1.0, head)[:, None]
+        work[:, j + 1 :, j] /= scale
+        work[:, j + 1 :, j + 1 :] -= work[:, j + 1 :, j : j + 1] * work[:, j : j + 1, j + 1 :]
+    low = np.tril(work[:, :, :k], -1) + np.eye(m, k, dtype=a.dtype)
+    up = np.triu(work[:, :k, :])
+    perm_matrix = np.zeros((work.shape[0], m, m), dtype=a.dtype)
+    # P^T A = A[perm]: row i of P^T A is row perm[i] of A, so P[perm[i], i] = 1.
+    perm_matrix[rows[:, None], perm, np.arange(m)[None, :]] = 1
+    return (
+        perm_matrix.reshape(batch + (m, m)),
+        low.reshape(batch + (m, k)),
+        up.reshape(batch + (k, n)),
+        pivots.reshape(batch + (k,)),
+    )
+
+
+def _square_lu_vjp(p, low, up, g_low, g_up):
+    # A = P L U: grad A = P L^-T (tril(L^T gL, -1) + triu(gU U^T)) U^-T.
+    from lucid.ops.shape import tril, triu
+
+    inner = tril(low.mT @ g_low, -1) + triu(g_up @ up.mT)
+    left = apply("linalg_solve", low.mT, inner)  # L^-T inner
+    return p @ apply("linalg_solve", up, left.mT).mT  # (... ) U^-T
+
+
+def _lu_vjp(c, g_p, g_low, g_up, g_pivots):
+    from lucid.ops.creation import zeros_like
+    from lucid.ops.shape import cat
+
+    p, low, up, _ = c.outputs
+    g_low = zeros_like(low) if g_low is None else g_low
+    g_up = zeros_like(up) if g_up is None else g_up
+    m, n = low.shape[-2], up.shape[-1]
+    if m == n:
+        return (_square_lu_vjp(p, low, up, g_low, g_up),)
+    if m < n:
+        # A = P L [U1 | U2]: U2 = L^-1 P^T A2 feeds gL back through L.
+        up1, up2 = up[..., :m], up[..., m:]
+        g_up1, g_up2 = g_up[..., :m], g_up[..., m:]
+        g_low = g_low - apply("linalg_solve", low.mT, g_up2 @ up2.mT)
+        g_a2 = p @ apply("linalg_solve", low.mT, g_up2)
+        return (cat([_square_lu_vjp(p, low, up1, g_low, g_up1), g_a2], -1),)
+    # P^T A = [L1; L2] U: L2 = (P^T A)_2 U^-1 feeds gU back through U.
+    low1, low2 = low[..., :n, :], low[..., n:, :]
+    g_low1, g_low2 = g_low[..., :n, :], g_low[..., n:, :]
+    g_low2_u = apply("linalg_solve", up, g_low2.mT).mT  # gL2 U^-T
+    g_up = g_up - low2.mT @ g_low2_u
+    eye_n = Tensor._wrap(np.eye(n, dtype=low.dtype.numpy))
+    g_top = _square_lu_vjp(eye_n, low1, up, g_low1, g_up)
+    return (p @ cat([g_top, g_low2_u], -2),)
+
+
+register(
+    OpDef(
+        "linalg_lu",
+        ("a",),
+        _lu_infer,
+        _lu_kernel,
+        _lu_vjp,
+        attrs={"pivot": True},
+        n_outputs=4,
+        saves_inputs=False,
+        doc="The LU factorisation A = P L U with partial pivoting, and LAPACK's 1-based pivots.",
+    )
+)
+
+
+def _expm_single(a: np.ndarray) -> np.ndarray:
+    # Scaling and squaring: exp(A) = exp(A / 2^s)^(2^s) with |A / 2^s|_1 <= 1/2, where a
+    # degree-18 Taylor polynomial is exact to double precision (0.5^19 / 19! < 1e-22).
+    norm = np.abs(a).sum(0).max() if a.size else 0.0
+    s = int(max(0, np.ceil(np.log2(norm / 0.5)))) if norm > 0.5 else 0
+    x = a / (2.0**s)
+    term = np.eye(a.shape[0], dtype=a.dtype)
+    out = term.copy()
+    for k in range(1, 19):
+        term = term @ x / k
+        out = out + term
+    for _ in range(s):
+        out = out @ out
+    return out
+
+
+def _matrix_exp_kernel(a):
+    work = a.astype(np.float64).reshape((-1,) + a.shape[-2:])
+    out = np.stack([_expm_single(m) for m in work]) if work.shape[0] else work.copy()
+    return out.reshape(a.shape).astype(a.dtype)
+
+
+def _matrix_exp_vjp(c, g):
+    # d<G, exp(A)> = the upper-right block of exp([[A^T, G], [0, A^T]]) (Mathias, 1996).
+    from lucid.ops.creation import zeros_like
+    from lucid.ops.shape import cat
+
+    (a,) = c.inputs
+    n = a.shape[-1]
+    at = a.mT
+    block = cat([cat([at, g], -1), cat([zeros_like(at), at], -1)], -2)
+    return (apply("linalg_matrix_exp", block)[..., :n, n:],)
+
+
+register(
+    OpDef(
+        "linalg_matrix_exp",
+        ("a",),
+        lambda a: AVal(_square_infer("linalg.matrix_exp")(a), a.dtype),
+        _matrix_exp_kernel,
+        _matrix_exp_vjp,
+        doc="The matrix exponential sum_k A^k / k!.",
+    )
+)
+
+
+def _pinv_infer(a, atol, rtol, hermitian):
+    shape = _check_float_matrix("linalg.pinv", a)
+    return AVal(shape[:-2] + (shape[-1], shape[-2]), a.dtype)
+
+
+def _pinv_kernel(a, atol, rtol, hermitian):
+    """The pseudo-inverse from the SVD (eigendecomposition when ``hermitian``): singular values
+    at most max(atol, rtol * largest) count as zero."""
+    if hermitian:
+        values, vectors = np.linalg.eigh(a)
+        s, u, vh = np.abs(values), vectors, np.swapaxes(vectors * np.sign(values)[..., None, :],
+                                                       -1, -2)  # fmt: skip
+    else:
+        u, s, vh = np.linalg.svd(a, full_matrices=False)
+    largest = s.max(-1, keepdims=True) if s.shape[-1] else np.zeros(s.shape[:-1] + (1,))
+    cutoff = np.maximum(atol, rtol * largest)
+    keep = s > cutoff
+    inv_s = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
+    out = np.swapaxes(vh, -1, -2) @ (inv_s[..., :, None] * np.swapaxes(u, -1, -2))
+    return out.astype(a.dtype)
+
+
+def _pinv_vjp(c, g):
+    # Golub and Pereyra (1973), for a locally constant rank: with X = A^+,
+    # grad A = -X^T G X^T + (I - A X) G^T X X^T + X^T X G^T (I - X A).
+    (a,), (x,) = c.inputs, c.outputs
+    xt = x.mT
+    term_rows = g.mT @ (x @ xt)
+    term_rows = term_rows - a @ (x @ term_rows)
+    term_cols = (xt @ x) @ g.mT
+    term_cols = term_cols - (term_cols @ x) @ a
+    return (-(xt @ g @ xt) + term_rows + term_cols,)
+
+
+register(
+    OpDef(
+        "linalg_pinv",
+        ("a",),
+        _pinv_infer,
+        _pinv_kernel,
+        _pinv_vjp,
+        attrs={"atol": 0.0, "rtol": 0.0, "hermitian": False},
+        doc="The Moore-Penrose pseudo-inverse.",
+    )
+)

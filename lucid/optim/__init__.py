@@ -7,11 +7,13 @@ function computing its Python scalars, so ``lucid.compile`` can trace ``step()``
 
 from lucid.optim import lr_scheduler
 from lucid.optim.adadelta import Adadelta
+from lucid.optim.adafactor import Adafactor
 from lucid.optim.adagrad import Adagrad
 from lucid.optim.adam import Adam, AdamW
 from lucid.optim.adamax import Adamax
 from lucid.optim.asgd import ASGD
 from lucid.optim.lbfgs import LBFGS
+from lucid.optim.muon import Muon
 from lucid.optim.nadam import NAdam
 from lucid.optim.optimizer import Optimizer
 from lucid.optim.radam import RAdam
@@ -22,11 +24,13 @@ from lucid.optim.sgd import SGD
 __all__ = [
     "ASGD",
     "Adadelta",
+    "Adafactor",
     "Adagrad",
     "Adam",
     "AdamW",
     "Adamax",
     "LBFGS",
+    "Muon",
     "NAdam",
     "Optimizer",
     "RAdam",

@@ -30,6 +30,7 @@ _BUILTIN = {
     "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
     "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",
     "shape-specialize": "lucid.passes.shape_specialize:ShapeSpecialize",
+    "partition": "lucid.passes.partition:Partition",
 }
 
 _PASSES: dict[str, Callable[[], type[x.ModulePass]]] = {}

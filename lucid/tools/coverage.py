@@ -7,6 +7,7 @@ the op lowers to prim (``lucid.passes.lower_to_prim``) and whether the CPU backe
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 
@@ -84,42 +85,74 @@ def markdown() -> str:
     ]
     for r in table:
         lines.append("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |")
-    return "\n".join(lines + surface_lines()) + "\n"
+    return "\n".join(lines + list(surface_lines())) + "\n"
 
 
+def compiled_status(kind: str, name: str, owner: object) -> str:
+    """Whether a row compiles: its probe call (``torch_surface.probe``) traced, and every
+    registry op it records lowers to prim; else the graph break or the ops that do not lower."""
+    from lucid.ops import torch_surface
+    from lucid.trace import GraphBreak, trace
+
+    found = torch_surface.probe(kind, name, owner)
+    if found is None:
+        return "not probed"
+    fn, args, model = found
+    try:
+        traced = trace(fn, *args, model=model)
+    except GraphBreak as exc:  # the message ends with a source location: drop it
+        return f"no: graph break ({str(exc).split(' at ')[0].removeprefix('graph break: ')})"
+    except Exception as exc:  # noqa: BLE001
+        return f"no: does not trace ({type(exc).__name__})"
+    refused = sorted({op.name for op in traced.ops if lowering_status(op.name) != "yes"})
+    return "yes" if not refused else "no: " + ", ".join(refused) + " not lowered"
+
+
+@functools.cache  # the probes take seconds; one table per process
 def surface_lines() -> list[str]:
     """The coverage of PyTorch's public names (``lucid.ops.torch_surface``): which exist in
-    Lucid under the same name."""
+    Lucid under the same name, and whether each compiles."""
     import lucid
-    from lucid.ops import torch_surface
+    from lucid.ops import torch_surface as ts
 
     namespaces = [
-        ("torch.nn modules", "lucid.nn", lucid.nn, torch_surface.NN_MODULES),
-        ("torch.nn.functional", "lucid.nn.functional", lucid.nn.functional,
-         torch_surface.NN_FUNCTIONAL),
-        ("torch.optim optimizers", "lucid.optim", lucid.optim, torch_surface.OPTIMIZERS),
-        ("torch.linalg", "lucid.linalg", getattr(lucid, "linalg", None), torch_surface.LINALG),
+        ("torch.nn modules", "modules", "lucid.nn", lucid.nn, ts.NN_MODULES),
+        ("torch.nn.functional", "functional", "lucid.nn.functional", lucid.nn.functional,
+         ts.NN_FUNCTIONAL),
+        ("torch.optim optimizers", "optim", "lucid.optim", lucid.optim, ts.OPTIMIZERS),
+        ("torch.linalg", "linalg", "lucid.linalg", lucid.linalg, ts.LINALG),
+        ("torch tensor functions", "torch", "lucid", lucid, ts.TORCH_FUNCTIONS),
     ]  # fmt: skip
     lines = [
         "",
         "## Coverage of PyTorch's public API",
         "",
         "Which names of PyTorch 2.13 exist in Lucid under the same name (the lists are frozen in "
-        "`lucid/ops/torch_surface.py`). Lucid's modules and functions run the registry ops "
-        "above, so whether one compiles follows from the ops it runs (the `lowers to prim` "
-        "column); `lucid.compile.diagnose(model, x)` tells for a given model.",
+        "`lucid/ops/torch_surface.py`; excluded rows, with the reason, do not count). `compiled`: "
+        "a small call of the row (its probe) traced, `yes` when every registry op it records "
+        "lowers to prim, else the graph break or the ops that do not lower (`lucid.compile` runs "
+        "those eagerly); `lucid.compile.diagnose(model, x)` tells for a given model.",
         "",
     ]
-    for title, where, module, names in namespaces:
-        present = [n for n in names if module is not None and hasattr(module, n)]
-        missing = [n for n in names if n not in present]
-        share = 100 * len(present) // max(len(names), 1)
+    for title, kind, where, module, names in namespaces:
+        excluded = {n: ts.EXCLUDED[(kind, n)] for n in names if (kind, n) in ts.EXCLUDED}
+        counted = [n for n in names if n not in excluded]
+        present = [n for n in counted if hasattr(module, n)]
+        share = 100 * len(present) // max(len(counted), 1)
         lines += [
-            f"### {title}: {len(present)} of {len(names)} ({share}%) in `{where}`",
+            f"### {title}: {len(present)} of {len(counted)} ({share}%) in `{where}`",
             "",
-            "Missing: " + (", ".join(f"`{n}`" for n in missing) if missing else "none") + ".",
-            "",
+            "| name | status | compiled |",
+            "|---|---|---|",
         ]
+        for n in names:
+            if n in excluded:
+                lines.append(f"| `{n}` | excluded: {excluded[n]} | - |")
+            elif n in present:
+                lines.append(f"| `{n}` | supported | {compiled_status(kind, n, module)} |")
+            else:
+                lines.append(f"| `{n}` | missing | - |")
+        lines.append("")
     return lines[:-1]
 
 

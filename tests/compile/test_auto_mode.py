@@ -10,7 +10,7 @@ import pytest
 
 import lucid
 import lucid.nn as nn
-from lucid.compile import api
+from lucid.compile.inference import checked
 
 
 def _mlp():
@@ -28,7 +28,7 @@ def test_auto_decides_after_interleaved_trials_and_reports_both_times():
     model = _mlp()
     cm = lucid.compile(model, mode="auto")
     x = lucid.randn(4, 8)
-    _calls(cm, model, 2 * api.AUTO_TRIALS - 1, x)
+    _calls(cm, model, 2 * checked.AUTO_TRIALS - 1, x)
     (key,) = cm.cache_info()["keys"]
     assert cm.cache_info()["auto"][key]["decision"] is None  # still timing
     _calls(cm, model, 3, x)
@@ -39,7 +39,7 @@ def test_auto_decides_after_interleaved_trials_and_reports_both_times():
     assert auto["decision"] == faster
     (row,) = cm.timing()
     assert row["auto"] == auto
-    assert cm.cache_info()["n_calls"][key] == 2 * api.AUTO_TRIALS + 2
+    assert cm.cache_info()["n_calls"][key] == 2 * checked.AUTO_TRIALS + 2
 
 
 class _Slow:
@@ -60,14 +60,14 @@ class _Slow:
 def test_a_slower_compiled_path_is_left_for_eager(monkeypatch):
     model = _mlp()
     cm = lucid.compile(model, mode="auto")
-    real = api._AutoEntry.__init__
+    real = checked.AutoEntry.__init__
 
     def slow_init(self, owner, key, inner):
         real(self, owner, key, _Slow(inner))
 
-    monkeypatch.setattr(api._AutoEntry, "__init__", slow_init)
+    monkeypatch.setattr(checked.AutoEntry, "__init__", slow_init)
     x = lucid.randn(4, 8)
-    _calls(cm, model, 2 * api.AUTO_TRIALS, x)
+    _calls(cm, model, 2 * checked.AUTO_TRIALS, x)
     (key,) = cm.cache_info()["keys"]
     auto = cm.cache_info()["auto"][key]
     assert auto["decision"] == "eager" and auto["compiled_ms"] > auto["eager_ms"]
@@ -80,10 +80,10 @@ def test_a_slower_compiled_path_is_left_for_eager(monkeypatch):
 def test_a_faster_compiled_path_puts_the_plain_entry_back(monkeypatch):
     model = _mlp()
     cm = lucid.compile(model, mode="auto")
-    monkeypatch.setattr(api._AutoEntry, "_decide", _force_compiled(api._AutoEntry._decide))
-    _calls(cm, model, 2 * api.AUTO_TRIALS, lucid.randn(4, 8))
+    monkeypatch.setattr(checked.AutoEntry, "_decide", _force_compiled(checked.AutoEntry._decide))
+    _calls(cm, model, 2 * checked.AUTO_TRIALS, lucid.randn(4, 8))
     (key,) = cm.cache_info()["keys"]
-    assert not isinstance(cm._entries[key], api._AutoEntry)
+    assert not isinstance(cm._entries[key], checked.AutoEntry)
     assert cm.cache_info()["auto"][key]["decision"] == "compiled"
 
 
@@ -100,6 +100,6 @@ def test_default_mode_is_always_compiled_and_bad_mode_is_an_error():
     cm = lucid.compile(model)
     _calls(cm, model, 3, lucid.randn(4, 8))
     assert cm.cache_info()["auto"] == {}
-    assert not any(isinstance(e, api._AutoEntry) for e in cm._entries.values())
+    assert not any(isinstance(e, checked.AutoEntry) for e in cm._entries.values())
     with pytest.raises(ValueError, match="mode"):
         lucid.compile(model, mode="fastest")

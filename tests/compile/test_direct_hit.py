@@ -11,7 +11,8 @@ import pytest
 import lucid
 import lucid.nn as nn
 import lucid.nn.functional as F
-from lucid.compile import api
+from lucid.compile.inference import checked
+from lucid.compile.inference.module import CompiledModule
 from lucid.compile.signature import cache_key
 
 
@@ -213,13 +214,13 @@ def test_entries_that_return_an_input_or_update_buffers_are_not_direct():
 
 def test_check_always_still_checks_every_hit(tiny, monkeypatch):
     calls = []
-    checked = api.CompiledModule._checked
+    checked = CompiledModule._checked
 
     def counting(self, *a):
         calls.append(1)
         return checked(self, *a)
 
-    monkeypatch.setattr(api.CompiledModule, "_checked", counting)
+    monkeypatch.setattr(CompiledModule, "_checked", counting)
     cm = lucid.compile(tiny, check="always")
     with lucid.no_grad():
         for _ in range(3):
@@ -231,7 +232,7 @@ def test_auto_mode_times_both_paths_then_serves_directly(tiny):
     cm = lucid.compile(tiny, mode="auto")
     x = randn(8, 16)
     with lucid.no_grad():
-        for _ in range(2 * api.AUTO_TRIALS + 3):
+        for _ in range(2 * checked.AUTO_TRIALS + 3):
             np.testing.assert_allclose(cm(x).numpy(), tiny(x).numpy(), rtol=1e-5, atol=1e-6)
     decision = cm.cache_info()["auto"]
     (record,) = decision.values()

@@ -337,7 +337,7 @@ def test_rejects_what_is_not_a_model_or_an_optimizer():
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_unfused_updates_for_large_parameters_match_eager(monkeypatch, opt_name):
     # Large models skip optimizer-fusion (its concat/slice copies cost more than they save).
-    import lucid.compile.training.steps as training
+    import lucid.compile.training.entries as training
 
     monkeypatch.setattr(training, "_FUSE_LIMIT_ELEMENTS", 0)
     ref, got, ref_losses, losses, step, _, _ = train_both("mlp", opt_name, 3)

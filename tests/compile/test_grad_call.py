@@ -268,3 +268,70 @@ def test_inputs_returned_unchanged_in_grad_mode_come_back_as_themselves(strict):
     np.testing.assert_allclose(xs[1].grad.numpy(), xs[0].grad.numpy(), rtol=1e-12)
     for p, q in zip(got.parameters(), ref.parameters(), strict=True):
         np.testing.assert_allclose(p.grad.numpy(), 2 * q.grad.numpy(), rtol=1e-12)
+
+
+def test_a_transposed_index_input_backpropagates_like_eager():
+    # The runtime takes C-contiguous feeds only: the grad path feeds a contiguous copy to the
+    # forward and to the backward (which used to fail with "feed 0 must be C-contiguous").
+    lucid.manual_seed(0)
+    ref = nn.Embedding(10, 4).double()
+    lucid.manual_seed(0)
+    got = nn.Embedding(10, 4).double()
+    idx = lucid.tensor(np.random.default_rng(3).integers(0, 10, (3, 5)))
+    cm = lucid.compile(got, strict=True)
+    w = _weights(ref(idx.t()))
+    for _ in range(2):  # the compile, then a cache hit
+        (cm(idx.t()) * w).sum().backward()
+    (ref(idx.t()) * w).sum().backward()
+    np.testing.assert_allclose(got.weight.grad.numpy(), 2 * ref.weight.grad.numpy(), rtol=1e-12)
+    assert isinstance(next(iter(cm._entries.values())), GradEntry)
+
+
+def test_a_transposed_float_input_gets_its_gradient():
+    lucid.manual_seed(0)
+    ref = nn.Linear(3, 2).double()
+    lucid.manual_seed(0)
+    got = nn.Linear(3, 2).double()
+    data = np.random.default_rng(4).standard_normal((3, 4))
+    x_ref, x_got = (lucid.tensor(data, requires_grad=True) for _ in range(2))
+    out, want = lucid.compile(got, strict=True)(x_got.t()), ref(x_ref.t())
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+    (out**2).sum().backward()
+    (want**2).sum().backward()
+    np.testing.assert_allclose(x_got.grad.numpy(), x_ref.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got.weight.grad.numpy(), ref.weight.grad.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("state_grad", [True, False])
+def test_an_lstm_state_tuple_is_compiled_in_grad_mode(state_grad):
+    lucid.manual_seed(0)
+    ref = nn.LSTM(3, 4, batch_first=True).double()
+    lucid.manual_seed(0)
+    got = nn.LSTM(3, 4, batch_first=True).double()
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s) for s in ((2, 5, 3), (1, 2, 4), (1, 2, 4))]
+
+    def tensors():
+        x, h, c = (lucid.tensor(a) for a in arrays)
+        x.requires_grad = True
+        h.requires_grad = c.requires_grad = state_grad
+        return x, h, c
+
+    (xr, hr, cr), (xg, hg, cg) = tensors(), tensors()
+    cm = lucid.compile(got, strict=True)
+    for _ in range(2):  # the compile, then a cache hit
+        out, (hn, cn) = cm(xg, (hg, cg))
+        (out.sum() + (hn * 2).sum() + cn.sum()).backward()
+    want, (hw, cw) = ref(xr, (hr, cr))
+    (want.sum() + (hw * 2).sum() + cw.sum()).backward()
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+    info = cm.cache_info()
+    assert info["eager_only"] == () and info["entries"] == 1
+    assert isinstance(next(iter(cm._entries.values())), GradEntry)
+    pairs = [(xg, xr), *zip(got.parameters(), ref.parameters(), strict=True)]
+    if state_grad:
+        pairs += [(hg, hr), (cg, cr)]
+    else:
+        assert hg.grad is None and cg.grad is None
+    for a, b in pairs:
+        np.testing.assert_allclose(a.grad.numpy(), 2 * b.grad.numpy(), rtol=1e-10)

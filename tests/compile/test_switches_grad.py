@@ -9,7 +9,8 @@ import pytest
 
 import lucid
 import lucid.nn as nn
-from lucid.compile import _pipeline
+from lucid.compile import options
+from lucid.compile.session import CompileSession
 from lucid.ir import import_trace
 from lucid.trace._tracing import _tracing
 
@@ -30,7 +31,7 @@ def test_print_ir_after_all_prints_every_pipeline_in_grad_mode(monkeypatch, caps
     monkeypatch.setenv("LUCID_COMPILE_PRINT_IR_AFTER_ALL", "1")
     _grad_call(lucid.compile(_model()))
     err = capsys.readouterr().err
-    for name in ("vjp", "canonicalize", "cse", "dce"):
+    for name in ("vjp", "canonicalize", "cse", "dce", "partition"):
         assert f"IR Dump After {name}" in err
     # Two lowering pipelines: the forward and the backward executables.
     assert err.count("IR Dump After lower-to-prim") == 2
@@ -68,7 +69,7 @@ def test_timing_has_the_stages_in_grad_mode():
         "canonicalize",
         "cse",
         "dce",
-        "split",
+        "partition",
         "forward:lower-to-prim",
         "forward:backend-compile",
         "backward:lower-to-prim",
@@ -87,18 +88,25 @@ def test_tree_dir_gives_each_pipeline_its_own_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("LUCID_COMPILE_PRINT_IR_TREE_DIR", str(tmp_path))
     cm = lucid.compile(_model())
     _grad_call(cm)
-    assert _tree(tmp_path) == ["00_graph", "01_forward-lowering", "02_backward-lowering"]
+    assert _tree(tmp_path) == [
+        "00_graph",
+        "01_partition",
+        "02_forward-lowering",
+        "03_backward-lowering",
+    ]
     inputs = [(tmp_path / d / "00_input.mlir").read_text() for d in _tree(tmp_path)]
-    assert len(set(inputs)) == 3  # nothing overwritten: three different modules
-    assert "cot" in inputs[0] and "cot" not in inputs[1] and "residual" in inputs[2]
+    assert len(set(inputs)) == 4  # nothing overwritten: four different modules
+    assert "cot" in inputs[0] and "cot" not in inputs[2] and "residual" in inputs[3]
     assert (tmp_path / "00_graph" / "01_vjp.mlir").exists()
-    assert (tmp_path / "02_backward-lowering" / "01_lower-to-prim.mlir").exists()
+    split = (tmp_path / "01_partition" / "01_partition.mlir").read_text()
+    assert "func.func @forward" in split and "func.func @backward" in split
+    assert (tmp_path / "03_backward-lowering" / "01_lower-to-prim.mlir").exists()
     # A no_grad call of the same wrapper: two more folders, numbered after the others.
     with lucid.no_grad():
         cm(lucid.randn(3, 4))
-    assert _tree(tmp_path)[3:] == ["03_graph", "04_lowering"]
-    graph_out = (tmp_path / "03_graph" / "03_dce.mlir").read_text()
-    assert graph_out == (tmp_path / "04_lowering" / "00_input.mlir").read_text()
+    assert _tree(tmp_path)[4:] == ["04_graph", "05_lowering"]
+    graph_out = (tmp_path / "04_graph" / "03_dce.mlir").read_text()
+    assert graph_out == (tmp_path / "05_lowering" / "00_input.mlir").read_text()
 
 
 def test_tree_dir_option_in_a_fresh_folder_per_process_run(tmp_path):
@@ -118,13 +126,11 @@ def test_compile_session_is_usable_by_other_entry_points(monkeypatch, capsys, ca
     with _tracing(model) as tracer:
         out = model(tracer.input((2, 4), lucid.float32))
         trace = tracer.finish([out])
-    session = _pipeline.CompileSession(
-        {"print_ir_after_all": True, "print_ir_tree_dir": str(tmp_path)}
-    )
+    session = CompileSession({"print_ir_after_all": True, "print_ir_tree_dir": str(tmp_path)})
     with session.timed("import"):
         module = import_trace(trace)
     session.run_passes("canonicalize,cse,dce", module, pipeline="step-graph")
-    backend = _pipeline.backend_of("cpu")
+    backend = options.backend_of("cpu")
     exe = session.compile_module(module, backend, pipeline="step-lowering", prefix="step:")
     with caplog.at_level(logging.INFO, logger="lucid.compile"):
         ms = session.finish("my step", trace=trace, backend="cpu")
@@ -143,9 +149,9 @@ def test_compile_session_is_usable_by_other_entry_points(monkeypatch, capsys, ca
 
 
 def test_parse_options_is_shared_and_names_the_caller():
-    pipeline, switches = _pipeline.parse_options(
+    pipeline, switches = options.parse_options(
         {"pipeline": "cse", "print_ir_after_all": 1, "pass_timing": True}, "fused_step"
     )
     assert pipeline == "cse" and switches == {"print_ir_after_all": True, "timing": True}
     with pytest.raises(ValueError, match="fused_step: unknown option"):
-        _pipeline.parse_options({"bogus": 1}, "fused_step")
+        options.parse_options({"bogus": 1}, "fused_step")

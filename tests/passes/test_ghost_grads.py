@@ -11,7 +11,7 @@ import pytest
 
 import lucid
 from lucid import optim
-from lucid.compile._training import build_training_module
+from lucid.compile.training import build_training_module
 from lucid.ir import feed_roles, forward_func, import_trace, interpret, result_roles
 from lucid.passes import PassFailure, PassManager
 from lucid.testing import assert_close

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import lucid
 from lucid import optim
-from lucid.compile._training import build_training_module
+from lucid.compile.training import build_training_module
 from lucid.ir import feed_roles, forward_func, import_trace, interpret, result_roles
 from lucid.ir.types import dtype_of_type, shape_of_type
 from lucid.passes import PassManager
@@ -196,7 +196,7 @@ def test_fusion_preserves_results_for_any_parameter_shapes(shapes, dtype, which)
 
 @pytest.mark.parametrize("cls, options", OPTIMIZERS, ids=[c.__name__ for c, _ in OPTIMIZERS])
 def test_optimizer_module_steps_like_eager(cls, options):
-    from lucid.compile._training import build_optimizer_module
+    from lucid.compile.training import build_optimizer_module
 
     rng = np.random.default_rng(0)
     shapes = ((3, 2), (2,), (4,))

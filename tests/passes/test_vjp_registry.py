@@ -193,6 +193,12 @@ CASES: dict[str, tuple] = {
         lambda a, b: (*lucid.linalg.svd(a, False), *lucid.linalg.svd(b), lucid.linalg.svdvals(a)),
         [f(2, 4, 3), f(3, 5)],
     ),
+    "linalg_lu": (
+        lambda a, b: (*lucid.linalg.lu(a), *lucid.linalg.lu(b)),
+        [f(2, 3, 3), f(3, 4)],
+    ),
+    "linalg_matrix_exp": (lambda a: lucid.linalg.matrix_exp(a), [f(2, 3, 3)]),
+    "linalg_pinv": (lambda a: lucid.linalg.pinv(a), [f(2, 4, 3)]),
     "linalg_solve": (
         lambda a, b, v: (lucid.linalg.solve(a, b), lucid.linalg.solve(a[0], v)),
         [well_conditioned(2, 3, 3), f(2, 3, 2), f(3)],

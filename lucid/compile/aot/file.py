@@ -1,5 +1,6 @@
 """The ``lucid.compiled`` file: its format constants, writing and reading it with every checksum
-checked, and the helpers both savers (``aot.module``, ``aot.step``) share.
+checked, and the helpers the savers (``aot.module``, ``aot.step``) and loaders (``aot.loaded``,
+``aot.loaded_step``) share.
 
 The file is a Lucid checkpoint (safetensors, written and validated by ``lucid.serialization``)
 holding one object::
@@ -19,7 +20,7 @@ import numpy as np
 
 from lucid import serialization
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline
+from lucid.compile.options import backend_of
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "READABLE_VERSIONS"]
 
@@ -83,7 +84,7 @@ def _write(path: str, manifest: dict, parts: dict, weights: dict) -> None:
 
 
 def _backend_program_format(name: str) -> str | None:
-    return getattr(_pipeline.backend_of(name), "program_format", None)
+    return getattr(backend_of(name), "program_format", None)
 
 
 # --- load ----------------------------------------------------------------------------------------

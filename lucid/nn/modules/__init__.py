@@ -1,6 +1,7 @@
 """The layer modules of ``lucid.nn``, one file per family."""
 
 from lucid.nn.modules.activation import *  # noqa: F403
+from lucid.nn.modules.adaptive import *  # noqa: F403
 from lucid.nn.modules.container import *  # noqa: F403
 from lucid.nn.modules.conv import *  # noqa: F403
 from lucid.nn.modules.conv_transpose import *  # noqa: F403

@@ -10,6 +10,8 @@ from lucid.nn import functional as F
 from lucid.nn.modules.module import Module
 
 __all__ = [
+    "FractionalMaxPool2d",
+    "FractionalMaxPool3d",
     "MaxPool1d",
     "MaxPool2d",
     "AvgPool1d",
@@ -313,3 +315,60 @@ class MaxUnpool3d(_MaxUnpoolNd):
     """The partial inverse of ``MaxPool3d``: maxima back at their indices, zeros elsewhere."""
 
     _unpool = staticmethod(F.max_unpool3d)
+
+
+class _FractionalMaxPoolNd(Module):
+    _pool: Callable[..., Any]
+    _dims: int
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        output_size: Any = None,
+        output_ratio: Any = None,
+        return_indices: bool = False,
+        _random_samples: Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if (output_size is None) == (output_ratio is None):
+            raise ValueError(
+                f"{name} requires specifying either an output size or a pooling ratio (not both)"
+            )
+        if output_ratio is not None:
+            ratios = output_ratio if isinstance(output_ratio, (tuple, list)) else [output_ratio]
+            if not all(0 < r < 1 for r in ratios):
+                raise ValueError(
+                    f"{name}: output_ratio must be between 0 and 1, got {output_ratio}"
+                )
+        self.kernel_size, self.output_size = kernel_size, output_size
+        self.output_ratio, self.return_indices = output_ratio, return_indices
+        self._random_samples = _random_samples
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002
+        return self._pool(
+            input,
+            self.kernel_size,
+            self.output_size,
+            self.output_ratio,
+            self.return_indices,
+            _random_samples=self._random_samples,
+        )
+
+    def extra_repr(self) -> str:
+        size = f"output_size={self.output_size}" if self.output_size is not None else (
+            f"output_ratio={self.output_ratio}")  # fmt: skip
+        return f"kernel_size={self.kernel_size}, {size}"
+
+
+class FractionalMaxPool2d(_FractionalMaxPoolNd):
+    """2-d fractional max pooling over (N, C, H, W) or (C, H, W): windows of ``kernel_size``
+    at pseudo-random positions, a fresh draw per call unless ``_random_samples`` fixes them."""
+
+    _pool = staticmethod(F.fractional_max_pool2d)
+
+
+class FractionalMaxPool3d(_FractionalMaxPoolNd):
+    """3-d fractional max pooling over (N, C, T, H, W) or (C, T, H, W)."""
+
+    _pool = staticmethod(F.fractional_max_pool3d)

@@ -10,7 +10,8 @@ from lucid import _dtype
 from lucid.passes.lowering._core import PV, Builder, rule, unsupported
 
 _FACTORISATION = (
-    "it factorises a matrix (LU, Cholesky, QR, SVD or a symmetric eigensolver) and prim has no "
+    "it factorises a matrix (LU, Cholesky, QR, SVD, a symmetric eigensolver, or the matrix "
+    "exponential's scaling and squaring) and prim has no "
     "such op; "
     "the compiled path runs it eagerly"
 )
@@ -22,6 +23,9 @@ for _name in (
     "linalg_eigh",
     "linalg_qr",
     "linalg_svd",
+    "linalg_lu",
+    "linalg_matrix_exp",
+    "linalg_pinv",
 ):
     unsupported(_name, _FACTORISATION)
 unsupported("bincount", "its output length depends on the input's values (a graph break)")

@@ -3,7 +3,8 @@ runs a compiled backward.
 
 ``compile_grad_call`` traces the model once, adds one cotangent feed ``cot:<j>`` per floating
 output and differentiates ``sum_j (out_j * cot_j).sum()`` with the ``vjp`` pass (so the
-backward of every output is one graph). The differentiated function is then split in two:
+backward of every output is one graph). The ``partition`` pass (``lucid.passes.partition``)
+then splits the differentiated function in two:
 
 - the **forward** executable: every op that does not depend on a cotangent. It returns the
   model's outputs, the buffer/RNG updates (written in place) and the **residuals**: the
@@ -23,95 +24,22 @@ import time
 from typing import Any
 
 from lucid._tensor import Tensor
-from lucid.compile import _pipeline, _pytree
-from lucid.compile._binding import LRU, max_entries
+from lucid.compile._pytree import _at
+from lucid.compile.cache import LRU, max_entries
 from lucid.compile.diagnose import check_vjp_coverage
 from lucid.compile.entry import GradEntry, GradProgram
+from lucid.compile.errors import Unsupported, check_value_sizes
+from lucid.compile.inference.tracing import trace_call
+from lucid.compile.options import GRAPH_PIPELINE, backend_of
+from lucid.compile.session import CompiledGraph, CompileSession
 from lucid.compile.signature import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
-from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
-from lucid.passes import PassFailure, PassManager, parse_pipeline_spec
-from lucid.passes._graph import append_results, block_of, erase_args, keep_results, set_arg_roles
+from lucid.passes import PassFailure, parse_pipeline_spec
+from lucid.passes.partition import split_module
 from lucid.passes.vjp import VJP
-from lucid.trace._tracing import GraphBreak, _tracing
+from lucid.trace._tracing import _tracing
 
-__all__ = ["GradEntry", "compile_grad_call", "split_forward_backward"]
-
-
-def split_forward_backward(module: x.ModuleOp) -> tuple[x.ModuleOp, x.ModuleOp]:
-    """Split a differentiated module (cotangent feeds ``cot:*``, results ``output:*``,
-    ``update:*`` and ``grad:*``) into a forward module (no cotangent; results ``output:*``,
-    ``update:*``, ``residual:<i>``) and a backward module (feeds: what it reads of the original
-    feeds, ``residual:<i>``, ``cot:*``; results ``grad:*``)."""
-    fn = forward_func(module)
-    block = block_of(fn)
-    roles = feed_roles(fn)
-    backward: set[x.SSAValue] = {
-        a for a, r in zip(block.args, roles, strict=True) if r.startswith("cot:")
-    }
-    ops = list(block.ops)
-    ret = ops[-1]
-    body = ops[:-1]
-    for op in body:
-        if any(o in backward for o in op.operands):
-            backward.update(op.results)
-    arg_set = set(block.args)
-    position = {op: i for i, op in enumerate(body)}  # body.index per residual was quadratic
-    residual_pos: list[tuple[int, int]] = []  # (op index, result index) of each residual
-    seen: set[x.SSAValue] = set()
-
-    def need(v: x.SSAValue) -> None:
-        if v in backward or v in arg_set or v in seen:
-            return
-        seen.add(v)
-        residual_pos.append((position[v.owner], v.index))
-
-    for op in body:
-        if any(o in backward for o in op.operands):
-            for o in op.operands:
-                need(o)
-    r_roles = result_roles(fn)
-    for v, role in zip(ret.operands, r_roles, strict=True):
-        if role.startswith("grad:"):
-            need(v)
-
-    def values_at(mod: x.ModuleOp) -> list[x.SSAValue]:
-        ops_ = list(block_of(forward_func(mod)).ops)
-        return [ops_[i].results[j] for i, j in residual_pos]
-
-    # Forward: outputs (but the seeded sum), updates, residuals; the backward ops die.
-    fwd = module.clone()
-    ffn = forward_func(fwd)
-    residuals = values_at(fwd)
-    keep = [
-        i
-        for i, r in enumerate(r_roles)
-        if r.startswith("update:") or (r.startswith("output:") and r != "output:0")
-    ]
-    keep_results(ffn, keep)
-    append_results(ffn, residuals, [f"residual:{i}" for i in range(len(residuals))])
-    PassManager("dce").run(fwd)
-    _erase_unused_args(ffn)
-
-    # Backward: residuals become feeds; only the gradients are returned.
-    bwd = module.clone()
-    bfn = forward_func(bwd)
-    bblock = block_of(bfn)
-    b_roles = feed_roles(bfn)
-    for i, v in enumerate(values_at(bwd)):
-        arg = bblock.insert_arg(v.type, len(bblock.args))
-        v.replace_all_uses_with(arg)
-        b_roles.append(f"residual:{i}")
-    set_arg_roles(bfn, b_roles)
-    bfn.update_function_type()
-    keep_results(bfn, [i for i, r in enumerate(r_roles) if r.startswith("grad:")])
-    PassManager("dce").run(bwd)
-    _erase_unused_args(bfn)
-    return fwd, bwd
-
-
-def _erase_unused_args(fn: x.func.FuncOp) -> None:
-    erase_args(fn, [i for i, a in enumerate(block_of(fn).args) if not a.uses])
+__all__ = ["GradEntry", "compile_grad_call"]
 
 
 def compile_grad_call(
@@ -121,57 +49,24 @@ def compile_grad_call(
     options: Any,
     *,
     symbolic: bool = False,
-    session: _pipeline.CompileSession | None = None,
+    session: CompileSession | None = None,
 ) -> GradEntry:
     """Trace, differentiate, split and compile ``model(*args, **kwargs)`` for grad mode.
     Tensor keyword arguments are fed (role ``input:<name>``) and get gradients like positional
     ones. With ``symbolic`` the positional tensors' shared leading dim is traced as a symbolic
-    batch (``_NotSymbolic`` when the graph cannot take it). Raises ``_pipeline.Unsupported``
+    batch (``_NotSymbolic`` when the graph cannot take it). Raises ``Unsupported``
     for what this path does not handle. ``session`` carries the debugging switches and collects
     the time of each stage (graph passes with ``vjp``; ``forward:``/``backward:`` lowering)."""
-    first_session = session or _pipeline.CompileSession(getattr(options, "switches", None))
-    if any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
-        raise _pipeline.Unsupported("tensors inside a container argument in grad mode")
-    if any(_has_tensor(v) and not isinstance(v, Tensor) for v in kwargs.values()):
-        raise _pipeline.Unsupported("tensors inside a container keyword argument in grad mode")
+    first_session = session or CompileSession(getattr(options, "switches", None))
+    if symbolic and any(_has_tensor(a) and not isinstance(a, Tensor) for a in args):
+        # Their leading dim need not be the batch (an LSTM's (h, c) has it second).
+        raise _NotSymbolic("tensors inside a container argument")
     with _tracing(model) as tracer:
-        tensor_pos: list[int] = []
-        targs = []
-        for i, a in enumerate(args):
-            if isinstance(a, Tensor):
-                tensor_pos.append(i)
-                if symbolic:
-                    t = tracer.input((None, *a.shape[1:]), a.dtype)
-                    t._requires_grad = a.requires_grad
-                else:
-                    t = tracer.input_like(a)
-                targs.append(t)
-            else:
-                targs.append(a)
-        tkwargs = {
-            k: tracer.input_like(v, role=f"input:{k}") if isinstance(v, Tensor) else v
-            for k, v in kwargs.items()
-        }
-        try:
-            out = model(*targs, **tkwargs)
-        except (TypeError, ValueError, IndexError, GraphBreak) as e:
-            if symbolic:
-                raise _NotSymbolic(f"tracing with a symbolic batch failed: {e}") from e
-            raise
-        leaves: list[Tensor] = []
-        rebuild = _pytree.flatten(out, leaves)
+        call = trace_call(tracer, model, args, kwargs, symbolic)
+        tensor_pos, rebuild, passthrough = call.tensor_pos, call.rebuild, call.passthrough
         # An input returned unchanged is handed back as itself (its gradient is the caller's
         # own autograd business); the graph computes and differentiates the other outputs.
-        passthrough: dict[int, tuple[str, Any]] = {}
-        for j, t in enumerate(leaves):
-            k = next((k for k, i in enumerate(tensor_pos) if targs[i] is t), None)
-            if k is not None:
-                passthrough[j] = ("input", k)
-            else:
-                name = next((n for n, v in tkwargs.items() if v is t), None)
-                if name is not None:
-                    passthrough[j] = ("kw", name)
-        computed = [t for j, t in enumerate(leaves) if j not in passthrough]
+        computed = call.computed
         n_model_ops = len(tracer.trace.ops)  # the seeding below reduces over the batch
         seeded = None
         cot_index: dict[int, int] = {}
@@ -183,7 +78,7 @@ def compile_grad_call(
             term = (t * cot).sum()
             seeded = term if seeded is None else seeded + term
         if seeded is None:
-            raise _pipeline.Unsupported("no floating output to differentiate")
+            raise Unsupported("no floating output to differentiate")
         trace = tracer.finish([seeded, *computed])
         captured = tracer.feed_tensors()
     if symbolic:
@@ -200,37 +95,37 @@ def compile_grad_call(
             return captured[role]._requires_grad
         if role.startswith("input:"):
             name = role[6:]
-            t = args[tensor_pos[int(name)]] if name.isdigit() else kwargs[name]
+            t = _at(args, tensor_pos[int(name)]) if name.isdigit() else kwargs[name]
             return t._requires_grad
         return False
 
-    def build(batch: int | None, session: _pipeline.CompileSession | None = None) -> GradProgram:
+    def build(batch: int | None, session: CompileSession | None = None) -> GradProgram:
         # A later batch size of a symbolic entry is a compile of its own (switches apply again).
-        _pipeline.check_value_sizes(trace, batch)
-        session = session or _pipeline.CompileSession(getattr(options, "switches", None))
+        check_value_sizes(trace, batch)
+        session = session or CompileSession(getattr(options, "switches", None))
         with session.timed("import"):
             module = import_trace(trace)
         wrt_roles = [r for r in feed_roles(forward_func(module)) if requires_grad(r)]
         if not wrt_roles:
-            raise _pipeline.Unsupported("nothing the outputs depend on requires grad")
+            raise Unsupported("nothing the outputs depend on requires grad")
         # One graph pipeline: [shape-specialize,] vjp, then the graph passes.
         passes: list = []
         if batch is not None:
             passes += parse_pipeline_spec(f"shape-specialize{{batch={batch}}}")
         passes.append(VJP(wrt=" ".join(wrt_roles)))
-        passes += parse_pipeline_spec(options.pipeline or _pipeline.GRAPH_PIPELINE)
+        passes += parse_pipeline_spec(options.pipeline or GRAPH_PIPELINE)
         try:
             session.run_passes(passes, module, pipeline="graph")
         except PassFailure as e:
             if e.pass_name == "vjp":
-                raise _pipeline.Unsupported(f"vjp: {e.cause}") from e
+                raise Unsupported(f"vjp: {e.cause}") from e
             raise
         program = _compile_split(module, captured, options, session)
         # For parity bisection: the graph pipeline as a spec over the imported trace.
         program.pipeline = ",".join(str(p.spec()) for p in passes)
         return program
 
-    batch = args[tensor_pos[0]].shape[0] if symbolic else None
+    batch = _at(args, tensor_pos[0]).shape[0] if symbolic else None
     program = build(batch, first_session)
     entry = GradEntry(
         program=program,
@@ -256,14 +151,15 @@ def compile_grad_call(
 
 
 def _compile_split(
-    module: x.ModuleOp, captured: dict, options: Any, session: _pipeline.CompileSession
+    module: Any, captured: dict, options: Any, session: CompileSession
 ) -> GradProgram:
     """Split a differentiated module and compile both halves on the backend (each its own
     pipeline of ``session``: ``forward-lowering`` and ``backward-lowering``)."""
-    with session.timed("split"):
-        fwd_mod, bwd_mod = split_forward_backward(module)
+    # The ``partition`` pass, in a pipeline of its own (visible with print-ir-after-all).
+    session.run_passes("partition", module, pipeline="partition")
+    fwd_mod, bwd_mod = split_module(module)
     fwd_fn, bwd_fn = forward_func(fwd_mod), forward_func(bwd_mod)
-    backend = _pipeline.backend_of(options.backend)
+    backend = backend_of(options.backend)
     fwd_exe = session.compile_module(
         fwd_mod, backend, inplace=True, pipeline="forward-lowering", prefix="forward:"
     )
@@ -285,7 +181,7 @@ def _compile_split(
 
     fwd_plan = [plan_for(r) for r in feed_roles(fwd_fn)]
     if any(k in ("residual", "cot") for k, _ in fwd_plan):
-        raise _pipeline.Unsupported("the forward reads a cotangent (split failed)")
+        raise Unsupported("the forward reads a cotangent (split failed)")
     fwd_results: list[tuple[str, Any]] = []
     for role in result_roles(fwd_fn):
         if role.startswith("output:"):
@@ -298,10 +194,10 @@ def _compile_split(
             fwd_results.append(("residual", None))
     bwd_plan = [plan_for(r) for r in feed_roles(bwd_fn)]
     if any(k == "rng" for k, _ in bwd_plan) and not any(k == "rng" for k, _ in fwd_plan):
-        raise _pipeline.Unsupported("the backward reads an RNG state the forward does not")
+        raise Unsupported("the backward reads an RNG state the forward does not")
     grad_roles = [r[len("grad:") :] for r in result_roles(bwd_fn)]
     return GradProgram(
-        fwd=_pipeline.CompiledGraph(fwd_exe, feed_roles(fwd_fn), result_roles(fwd_fn), {}),
+        fwd=CompiledGraph(fwd_exe, feed_roles(fwd_fn), result_roles(fwd_fn), {}),
         bwd=bwd_exe,
         fwd_plan=fwd_plan,
         fwd_results=fwd_results,
