@@ -71,6 +71,8 @@ OP_POLICY: dict[str, tuple[str, str]] = {
     "linalg_lu": (NONE, NONE),  # linalg_lu, linalg_matrix_exp, linalg_pinv: in neither list
     "linalg_matrix_exp": (NONE, NONE),
     "linalg_pinv": (NONE, NONE),
+    # --- collectives reduce in the type they are given (a gradient bucket keeps its dtype)
+    "all_reduce": (NONE, NONE),
     # --- promote to the widest input type
     "cat": (PROMOTE, NONE),
     "index_put": (NONE, PROMOTE),
