@@ -51,6 +51,14 @@ void ints_to_half(const S* in, DType to, uint16_t* out, int64_t n) {
 
 }  // namespace
 
+// The array loops vectorise as they are; on x86-64 Linux with GCC they are also built for AVX2
+// (twice the lanes), picked at load time by the CPU's features.
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define LUCID_HALF_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LUCID_HALF_CLONES
+#endif
+
 uint16_t f32_to_f16(float x) {
   const uint32_t u = bits_of(x);
   const uint32_t sign = (u >> 16) & 0x8000u;
@@ -101,7 +109,7 @@ uint16_t f64_to_half(double value, DType to) {
   return to == DType::F16 ? f32_to_f16(f) : f32_to_bf16(f);
 }
 
-void f32_to_half_n(const float* in, DType to, uint16_t* out, int64_t n) {
+LUCID_HALF_CLONES void f32_to_half_n(const float* in, DType to, uint16_t* out, int64_t n) {
   if (to == DType::F16) {
     for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(in[i]);
   } else {
@@ -109,7 +117,7 @@ void f32_to_half_n(const float* in, DType to, uint16_t* out, int64_t n) {
   }
 }
 
-void half_to_f32_n(const uint16_t* in, DType from, float* out, int64_t n) {
+LUCID_HALF_CLONES void half_to_f32_n(const uint16_t* in, DType from, float* out, int64_t n) {
   if (from == DType::F16) {
     for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(in[i]);
   } else {
