@@ -59,7 +59,9 @@ void ints_to_half(const S* in, DType to, uint16_t* out, int64_t n) {
 #define LUCID_HALF_CLONES
 #endif
 
-uint16_t f32_to_f16(float x) {
+namespace {
+
+__attribute__((always_inline)) inline uint16_t round_to_f16(float x) {
   const uint32_t u = bits_of(x);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;
@@ -75,6 +77,10 @@ uint16_t f32_to_f16(float x) {
   h = a > 0x7f800000u ? nan : h;
   return static_cast<uint16_t>(h | sign);
 }
+
+}  // namespace
+
+uint16_t f32_to_f16(float x) { return round_to_f16(x); }
 
 uint16_t f32_to_bf16(float x) {
   const uint32_t u = bits_of(x);
@@ -111,7 +117,7 @@ uint16_t f64_to_half(double value, DType to) {
 
 LUCID_HALF_CLONES void f32_to_half_n(const float* in, DType to, uint16_t* out, int64_t n) {
   if (to == DType::F16) {
-    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(in[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = round_to_f16(in[i]);
   } else {
     for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
   }
