@@ -78,3 +78,22 @@ def test_half_backward_runs_compiled_and_matches_eager(model_name, dtype_name):
     assert compiled.cache_info()["reasons"] == {}, compiled.cache_info()["reasons"]
     for (name, a), (_, b) in zip(twin.named_parameters(), eager.named_parameters(), strict=True):
         _close(a.grad.numpy(), b.grad.numpy(), dtype_name, f"{model_name} grad {name}")
+
+
+@pytest.mark.parametrize("dtype_name", sorted(CONVERT))
+def test_half_fused_sgd_steps_run_compiled_and_match_eager(dtype_name):
+    eager, twin, x = _twins("mlp", dtype_name)
+
+    def loss_of(out):
+        return (out * out).mean()
+
+    step = lucid.compile.fused_step(twin, loss_of, lucid.optim.SGD(twin.parameters(), lr=0.1))
+    opt = lucid.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(3):
+        step(x)
+        opt.zero_grad()
+        loss_of(eager(x)).backward()
+        opt.step()
+    assert step.cache_info()["reasons"] == {}, step.cache_info()["reasons"]
+    for (name, a), (_, b) in zip(twin.named_parameters(), eager.named_parameters(), strict=True):
+        _close(a.numpy(), b.numpy(), dtype_name, f"parameter {name} after 3 SGD steps")
