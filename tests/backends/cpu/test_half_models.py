@@ -9,7 +9,6 @@ import pytest
 
 import lucid
 import lucid.nn as nn
-import lucid.nn.functional as F
 
 # A few units in the last place of each format, for values computed along different float32
 # paths (fused kernels, gradients summed in another order) before their one rounding.
@@ -17,21 +16,15 @@ ULPS = {"float16": 4 * 2.0**-10, "bfloat16": 4 * 2.0**-7}
 CONVERT = {"float16": "half", "bfloat16": "bfloat16"}
 
 
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(12, 32)
-        self.fc2 = nn.Linear(32, 5)
-
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+def _mlp():
+    return nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 5))
 
 
 def _block():
     return nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
 
 
-MODELS = {"mlp": (MLP, (7, 12)), "transformer_block": (_block, (2, 5, 16))}
+MODELS = {"mlp": (_mlp, (7, 12)), "transformer_block": (_block, (2, 5, 16))}
 
 
 def _twins(model_name, dtype_name):
