@@ -86,6 +86,7 @@ from lucid import (  # noqa: E402,F401  (torch-style lucid.nn / lucid.optim acce
     accelerator,
     amp,
     cuda,
+    distributed,
     linalg,
     nn,
     optim,

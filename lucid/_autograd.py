@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -319,7 +320,10 @@ def run_backward(
         t._grad = (
             g if t._grad is None else (t._grad + g if create_graph else (t._grad + g).detach())
         )
+        if hook_uses is not None and _POST_ACCUMULATE_HOOKS in t.__dict__:
+            _count_down_hooks(t, hook_uses, fired)
 
+    hook_uses = None
     for r, g in zip(roots, grads, strict=True):
         if r._node is None:
             deliver_leaf(r, _reduce_to(g, r))
@@ -328,8 +332,12 @@ def run_backward(
             slot[r._out_idx] = _accumulate(slot[r._out_idx], g)
             root_nodes.append(r._node)
 
+    order = _topo_order(root_nodes)
+    # Post-accumulate-grad hooks fire once per leaf, after its last gradient of this backward.
+    hook_uses = _leaf_hook_uses(order) if _hooked_tensors[0] and capture is None else None
+    fired: dict[int, Any] = {}
     with set_grad_enabled(bool(create_graph)), autocast_suspended():
-        for node in _topo_order(root_nodes):
+        for node in order:
             gouts = pending.pop(id(node), None)
             if gouts is None:
                 continue
@@ -390,9 +398,80 @@ def run_backward(
                     slot[out_idx] = _accumulate(slot[out_idx], g)
             if not retain_graph:
                 node.released = True
+    if hook_uses is not None:
+        _finish_hooks(hook_uses, fired)
     if capture is not None:
         return [captured.get(i) for i in range(len(capture))]
     return None
+
+
+# --- hooks: Tensor.register_post_accumulate_grad_hook and queue_callback (what DDP needs) ---
+
+_POST_ACCUMULATE_HOOKS = "_post_accumulate_grad_hooks"
+_hooked_tensors = [0]  # how many tensors ever got a hook: the engine skips the bookkeeping at 0
+_final_callbacks = threading.local()  # per thread: backward runs on the caller's thread
+
+
+def register_post_accumulate_grad_hook(tensor, hook) -> Any:
+    """``hook(tensor)`` runs once per backward, after ``tensor.grad`` received its last
+    gradient of that backward (a leaf only). Returns a handle with ``remove()``."""
+    if tensor._node is not None:
+        raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+    if not callable(hook):
+        raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+    hooks = tensor.__dict__.setdefault(_POST_ACCUMULATE_HOOKS, {})
+    key = object()
+    hooks[key] = hook
+    _hooked_tensors[0] += 1
+    return _HookHandle(hooks, key)
+
+
+class _HookHandle:
+    def __init__(self, hooks: dict, key: object):
+        self._hooks, self._key = hooks, key
+
+    def remove(self) -> None:
+        self._hooks.pop(self._key, None)
+
+
+def queue_callback(callback) -> None:
+    """Run ``callback()`` when the current backward has delivered every gradient (PyTorch's
+    ``Variable._execution_engine.queue_callback``); only callable from a hook."""
+    _final_callbacks.__dict__.setdefault("queue", []).append(callback)
+
+
+def _leaf_hook_uses(order: list[Node]) -> dict[int, list]:
+    """Per hooked leaf: [tensor, how many gradients this backward will deliver to it]."""
+    uses: dict[int, list] = {}
+    for node in order:
+        for x, (child, _, need) in zip(node.inputs, node.edges, strict=True):
+            if child is None and need and x.__dict__.get(_POST_ACCUMULATE_HOOKS):
+                uses.setdefault(id(x), [x, 0])[1] += 1
+    return uses
+
+
+def _count_down_hooks(t, hook_uses: dict, fired: dict) -> None:
+    entry = hook_uses.get(id(t))
+    if entry is None:
+        return
+    entry[1] -= 1
+    fired.setdefault(id(t), False)
+    if entry[1] <= 0:
+        fired[id(t)] = True
+        for hook in list(t.__dict__[_POST_ACCUMULATE_HOOKS].values()):
+            hook(t)
+
+
+def _finish_hooks(hook_uses: dict, fired: dict) -> None:
+    """Fire the hooks of leaves whose expected gradients did not all arrive (a branch whose
+    output gradient was never produced), then the queued callbacks."""
+    for key, done in list(fired.items()):
+        if not done:
+            t = hook_uses[key][0]
+            for hook in list(t.__dict__[_POST_ACCUMULATE_HOOKS].values()):
+                hook(t)
+    for callback in _final_callbacks.__dict__.pop("queue", []):
+        callback()
 
 
 def _check_no_grad(op, i: int) -> None:

@@ -238,6 +238,12 @@ class Tensor:
     def retains_grad(self) -> bool:
         return self._retains_grad
 
+    def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
+        """``hook(self)`` runs after each backward has accumulated this leaf's gradient."""
+        from lucid._autograd import register_post_accumulate_grad_hook
+
+        return register_post_accumulate_grad_hook(self, hook)
+
     @property
     def _version_count(self) -> int:
         return self._version[0]

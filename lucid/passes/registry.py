@@ -28,6 +28,7 @@ _BUILTIN = {
     "narrow-half": "lucid.passes.prim_simplify:NarrowHalf",
     "vjp": "lucid.passes.vjp:VJP",
     "ghost-grads": "lucid.passes.ghost_grads:GhostGrads",
+    "grad-allreduce": "lucid.passes.grad_allreduce:GradAllReduce",
     "optimizer-fusion": "lucid.passes.optimizer_fusion:OptimizerFusion",
     "shape-specialize": "lucid.passes.shape_specialize:ShapeSpecialize",
     "partition": "lucid.passes.partition:Partition",

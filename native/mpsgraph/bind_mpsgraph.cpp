@@ -254,6 +254,14 @@ py::dtype numpy_dtype(const std::string& mps) {
   for (const auto& [name, np] : table) {
     if (mps == name) return py::dtype(np);
   }
+  if (mps == "MPSDataTypeBFloat16") {
+    // numpy has no bfloat16: ml_dtypes' (a dependency of Lucid) has the same 2-byte layout as
+    // MPSDataTypeBFloat16, so feeds and results pass as they are, copy-free like float32. Built
+    // once and never freed: a static py::object would be destroyed after the interpreter.
+    static py::dtype* bfloat16 = new py::dtype(
+        py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16")));
+    return *bfloat16;
+  }
   throw py::type_error(mps + " has no numpy counterpart for feeds and results");
 }
 

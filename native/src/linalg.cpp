@@ -6,6 +6,7 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "lucid/blas.h"
 #include "lucid/conv.h"
@@ -589,9 +590,13 @@ void max_pool_unpadded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64
   }
 }
 
-// max_pool2d with padding or dilation (a ResNet stem's 3x3/2 pool with padding 1): windows that lie
-// inside the plane take the branch-free loop of the unpadded path, only the border windows
-// max_tap's bounds-checked one, so the result is max_tap's, bit for bit.
+// max_pool2d with padding or dilation (a ResNet stem's 3x3/2 pool with padding 1). Windows inside
+// the plane are separable: each input row's maximum over every interior window's columns is taken
+// once (shared by the output rows that read the row), then an interior output row is the running
+// maximum of its window's rows, a contiguous loop the compiler vectorizes. Rows first, in row
+// order, each row left to right, is max_tap's row-major scan regrouped: max_nan keeps the first of
+// equal values and the last NaN, so the result is max_tap's bit for bit (signed zeros and NaN
+// payloads included). Border windows keep max_tap's bounds-checked loop.
 template <class T>
 void max_pool_bordered(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
   const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
@@ -604,22 +609,37 @@ void max_pool_bordered(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64
   };
   const auto [oh0, oh1] = inside(g.pt, g.sh, (g.KH - 1) * g.dh + 1, g.H, g.HO);
   const auto [ow0, ow1] = inside(g.pl, g.sw, (g.KW - 1) * g.dw + 1, g.W, g.WO);
+  const int64_t cols = ow1 - ow0;
+  const bool interior = cols > 0 && oh1 > oh0;
+  std::vector<T> row_max(interior ? g.H * cols : 0);
   for (int64_t nc = nc0; nc < nc1; ++nc) {
     const T* xp = x + nc * plane;
     T* yp = out + nc * oplane;
+    if (interior)
+      for (int64_t ih = 0; ih < g.H; ++ih) {
+        const T* r = xp + ih * g.W + (ow0 * g.sw - g.pl);
+        T* h = row_max.data() + ih * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          const T* w = r + c * g.sw;
+          T best = w[0];
+          for (int64_t j = 1; j < g.KW; ++j) best = max_nan(best, w[j * g.dw]);
+          h[c] = best;
+        }
+      }
     for (int64_t oh = 0; oh < g.HO; ++oh) {
       T* y = yp + oh * g.WO;
-      const bool row_inside = oh >= oh0 && oh < oh1;
-      for (int64_t ow = 0; ow < g.WO; ++ow) {
-        if (!row_inside || ow < ow0 || ow >= ow1) {
-          max_tap(g, xp, oh, ow, &y[ow]);
-          continue;
-        }
-        const T* w = xp + (oh * g.sh - g.pt) * g.W + (ow * g.sw - g.pl);
-        T best = w[0];
-        for (int64_t i = 0; i < g.KH; ++i)
-          for (int64_t j = 0; j < g.KW; ++j) best = max_nan(best, w[i * g.dh * g.W + j * g.dw]);
-        y[ow] = best;
+      if (!interior || oh < oh0 || oh >= oh1) {
+        for (int64_t ow = 0; ow < g.WO; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
+        continue;
+      }
+      for (int64_t ow = 0; ow < ow0; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
+      for (int64_t ow = ow1; ow < g.WO; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
+      const int64_t ih0 = oh * g.sh - g.pt;
+      T* yi = y + ow0;
+      std::copy_n(row_max.data() + ih0 * cols, cols, yi);
+      for (int64_t i = 1; i < g.KH; ++i) {
+        const T* h = row_max.data() + (ih0 + i * g.dh) * cols;
+        for (int64_t c = 0; c < cols; ++c) yi[c] = max_nan(yi[c], h[c]);
       }
     }
   }

@@ -287,7 +287,7 @@ def test_each_resnet_series_stays_on_one_side_of_the_update_fusion_limit():
     # it would fit one growth exponent over two different training programs.
     import scaling_models
 
-    from lucid.compile.training.steps import _fuse_updates
+    from lucid.compile.training.entries import _fuse_updates
 
     for sizes in (CS.DEFAULT_SIZES["resnet"], CS.QUICK_SIZES["resnet"]):
         sides = {

@@ -456,3 +456,24 @@ def test_13_per_shape_result_types_are_a_bounded_lru(native):
     assert hits == [False, False, True, False, False, False] and size == 2
     _, size = native.lru_trace(64, list(range(1000)))
     assert size == 64
+
+
+@pytest.mark.parametrize("mps, dtype", [("MPSDataTypeFloat16", np.float16),
+                                        ("MPSDataTypeBFloat16", "bfloat16")])  # fmt: skip
+def test_half_feeds_and_results_pass_as_they_are_and_copy_free(native, mps, dtype):
+    import ml_dtypes
+
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    page = os.sysconf("SC_PAGE_SIZE")
+    exe = native.mpsgraph_compile(program([((-1,), mps)]))
+    raw = np.zeros(page, dtype)
+    start = (-raw.ctypes.data % page) // 2
+    feed = raw[start : start + 100]
+    feed[:] = np.linspace(-3, 3, 100).astype(dtype)
+    (out,) = exe.run([feed])
+    # The same bits back in the same type: no conversion through float32 on either side.
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out.view(np.uint16), feed.view(np.uint16))
+    assert exe.last_run_stats["wrapped_inputs"] == 1 and exe.last_run_stats["copied_inputs"] == 0
+    with pytest.raises(TypeError, match=f"has dtype float32, the program expects {dtype}"):
+        exe.run([feed.astype(np.float32)])

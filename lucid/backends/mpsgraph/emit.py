@@ -19,11 +19,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from lucid.backends.mpsgraph import program as A
-from lucid.backends.mpsgraph.selectors import MPS_DTYPES
+from lucid.backends.mpsgraph.selectors import HALF_DTYPES, MPS_DTYPES
 from lucid.ir import prim as P
 from lucid.ir.prim._random import PHILOX_M, PHILOX_W
 
 __all__ = ["HANDLED_OPS", "Builder", "EmitError", "Emitted", "Val", "emit_module", "emit_op"]
+
+
+# The float types (prim's FLOAT, which names float64 too, and the half types), for the rules that
+# depend on NaN.
+_FLOATS = P.FLOAT | HALF_DTYPES
 
 
 class EmitError(ValueError):
@@ -76,7 +81,7 @@ class _Ctx:
         rank 0 is (1,), as every rank-0 value is)."""
         return self.call(
             "constantWithScalar:shape:dataType:",
-            A.double(value),
+            A.double(exact_scalar(value, dtype)),
             A.shape(mps_dims((1,) * rank)),
             A.dtype(dtype),
         )
@@ -110,6 +115,27 @@ class _Ctx:
             A.integer(0),
             A.NIL,
         )
+
+
+def exact_scalar(value: float, dtype: str) -> float:
+    """``value`` rounded to the half type ``dtype`` (once, to nearest even, as prim's constants
+    and eager's conversions), unchanged for other types. Whether MPSGraph turns a double scalar
+    into a half by one rounding or through float (two) is undocumented; an exact one needs
+    neither."""
+    if dtype not in HALF_DTYPES:
+        return value
+    return float(P.to_half(np.asarray(value, np.float64), dtype).astype(np.float64))
+
+
+def _widened(c: _Ctx, vals: list[Val], emit: Callable[[list[int]], int], out_dtype: str) -> int:
+    """``emit`` on ``vals`` with half operands cast to Float32, its result cast back to
+    ``out_dtype`` when that is a half type: for the calls that accumulate long sums, where Apple
+    documents no accumulation type for half tensors (PyTorch's MPS backend widens Float16 to
+    Float32 for its reductions: ReduceOps.mm, reduction_out_mps). Both casts are exact or one
+    rounding; half operands of other calls stay half."""
+    ids = [c.cast(v.id, "f32") if v.dtype in HALF_DTYPES else v.id for v in vals]
+    out = emit(ids)
+    return c.cast(out, out_dtype) if out_dtype in HALF_DTYPES else out
 
 
 def mps_dims(dims: tuple[int, ...] | list[int]) -> list[int]:
@@ -181,7 +207,7 @@ for _op, _name in _BINARY.items():
 def _relu(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     x = ins[0]
     zero = c.const(0.0, x.dtype, x.rank)
-    if x.dtype in P.FLOAT:  # Apple does not say what reLU does with NaN; prim keeps NaN
+    if x.dtype in _FLOATS:  # Apple does not say what reLU does with NaN; prim keeps NaN
         return [c.bin("maximumWithNaNPropagation", x.id, zero)]
     # Integers: the plain maximum, not reLU, whose family has aborted with "kernel not found" on
     # integer types (PyTorch #84995; UnaryOps.mm).
@@ -191,7 +217,7 @@ def _relu(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 @_handles("sign")
 def _sign(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     x = ins[0]
-    if x.dtype in P.FLOAT:
+    if x.dtype in _FLOATS:
         return [c.un("sign", x.id)]
     # PyTorch (UnaryOps.mm, sign_out_mps): "Sign op is not implemented in MPS as of MacOS13.0
     # beta, so simulate it using clamp"; for integers sign is exactly the clamp to [-1, 1].
@@ -230,7 +256,7 @@ def _log1p(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 
 def _make_extremum(word: str) -> _Handler:
     def emit(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
-        nan = "WithNaNPropagation" if ins[0].dtype in P.FLOAT else ""
+        nan = "WithNaNPropagation" if ins[0].dtype in _FLOATS else ""
         return [c.bin(f"{word}{nan}", ins[0].id, ins[1].id)]
 
     return emit
@@ -313,10 +339,11 @@ def _int_floor_division(c: _Ctx, ins: list[Val], out_rank: int) -> tuple[int, in
     return q, r, is_zero, zero
 
 
-# Float32 fmod works in rounds that each take at most 2**23 multiples of y * 2**(22 j) out of the
-# remainder: 13 rounds (j = 12 .. 0) cover every ratio of Float32 magnitudes (below 2**277).
-_FMOD_ROUND_BITS = 22
-_FMOD_ROUNDS = 13
+# Float32 fmod works in rounds that each take at most 2**24 multiples of y * 2**(23 j) out of the
+# remainder: 12 rounds (j = 11 .. 0) cover every ratio of Float32 magnitudes (below 2**277: the
+# first round's ratio is below 2**128 / 2**(253 - 149) = 2**24).
+_FMOD_ROUND_BITS = 23
+_FMOD_ROUNDS = 12
 # Veltkamp's constant 2**12 + 1 splits a Float32 into two halves of at most 12 bits.
 _VELTKAMP = 4097.0
 # Divisors above this are scaled down by it inside a round, so no split or product overflows.
@@ -342,10 +369,11 @@ def _two_product(c: _Ctx, q: int, y: int, veltkamp: int) -> tuple[int, int]:
 
 
 def _fmod_round(c: _Ctx, rem: int, y: int, k: Mapping[float, int]) -> int:
-    """fmod(rem, y) for 0 <= rem < y * 2**23 (y > 0, possibly +inf), exact.
+    """fmod(rem, y) for 0 <= rem < y * 2**24 (y > 0, possibly +inf), exact.
 
     With q = floor(rem / y) from a faithful division, q is t = floor(rem / y) or t + 1 (rem / y
-    >= t is not rounded below the representable t, and stays below t + 2 as q < 2**23), so the
+    >= t is not rounded below the representable t, nor above t + 1 <= 2**24; q has at most 24
+    bits, so Veltkamp splits it into two 12-bit halves), so the
     true rem - q·y lies in [-y, y): a multiple of the operands' common grid no wider than y,
     hence representable. rem - p is exact by Sterbenz's lemma (p/2 <= rem <= 2p when q >= 1),
     so (rem - p) - e rounds the representable rem - q·y to itself, and adding y back once when
@@ -372,7 +400,7 @@ def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
     by more than 1/2; a zero mod takes b's sign, a zero div the sign of a / b; a zero divisor
     gives a / b and NaN. floor(a / b) alone is not that: 1.0 // 0.1 is 9 (fmod is 0.0999...).
 
-    fmod of the magnitudes is reduced modulo y·2**(22 j) for j = 12 .. 0 (a multiple of y, so
+    fmod of the magnitudes is reduced modulo y·2**(23 j) for j = 11 .. 0 (a multiple of y, so
     the final remainder is fmod(|a|, |b|)), each round exact (``_fmod_round``). Exactness rests
     on correctly rounded addition, subtraction and multiplication, a faithful division and
     gradual underflow, as the reference models them; Apple documents no accuracy for these."""
@@ -383,7 +411,7 @@ def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
     }
     zero = k[0.0]
     x, y = c.un("absolute", a), c.un("absolute", b)
-    # y * 2**(22 j) for j = 0 .. 12, exact or +inf (an infinite one leaves its round a no-op;
+    # y * 2**(23 j) for j = 0 .. 11, exact or +inf (an infinite one leaves its round a no-op;
     # the first finite one is above 2**105, so |a| / it stays below 2**23).
     scaled = [y]
     for _ in range(_FMOD_ROUNDS - 1):
@@ -394,7 +422,9 @@ def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
     fmod = c.select(c.bin("lessThan", a, zero), c.un("negative", mag), mag)
     b_is_zero = c.bin("equal", b, zero)
     defined = c.bin("logicalAND", c.un("isFinite", a), c.un("not", c.un("isNaN", b)))
-    fmod = c.select(c.bin("logicalAND", defined, c.un("not", b_is_zero)), fmod, c.const(math.nan, "f32"))
+    fmod = c.select(
+        c.bin("logicalAND", defined, c.un("not", b_is_zero)), fmod, c.const(math.nan, "f32")
+    )
 
     quotient = c.bin("division", a, b)
     div = c.bin("division", c.bin("subtraction", a, fmod), b)
@@ -417,9 +447,19 @@ def _float_floor_division(c: _Ctx, ins: list[Val]) -> tuple[int, int]:
     return c.select(b_is_zero, quotient, floor), mod
 
 
+def _half_floor_division(c: _Ctx, ins: list[Val], part: int) -> int:
+    """Part ``part`` (0: quotient, 1: remainder) of the exact Float32 divmod of half operands,
+    rounded once to their type: eager's numpy and ml_dtypes compute half floor_divide and
+    remainder in float and round the result, so this equals them bit for bit."""
+    wide = [Val(c.cast(v.id, "f32"), v.shape, "f32") for v in ins]
+    return c.cast(_float_floor_division(c, wide)[part], ins[0].dtype)
+
+
 @_handles("floor_divide")
 def _floor_divide(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
-    if ins[0].dtype in P.FLOAT:
+    if ins[0].dtype in HALF_DTYPES:
+        return [_half_floor_division(c, ins, 0)]
+    if ins[0].dtype in _FLOATS:
         return [_float_floor_division(c, ins)[0]]
     q, _, is_zero, zero = _int_floor_division(c, ins, len(outs[0].shape))
     return [c.select(is_zero, zero, q)]
@@ -427,7 +467,9 @@ def _floor_divide(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 
 @_handles("remainder")
 def _remainder(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
-    if ins[0].dtype in P.FLOAT:
+    if ins[0].dtype in HALF_DTYPES:
+        return [_half_floor_division(c, ins, 1)]
+    if ins[0].dtype in _FLOATS:
         return [_float_floor_division(c, ins)[1]]
     _, r, is_zero, zero = _int_floor_division(c, ins, len(outs[0].shape))
     return [c.select(is_zero, zero, r)]
@@ -447,7 +489,11 @@ def _cast(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     x, src, dst, r = ins[0].id, ins[0].dtype, attrs["dtype"], ins[0].rank
     if dst == "bool" and src != "bool":
         return [c.bin("notEqual", x, c.const(0, src, r))]
-    if src in P.FLOAT and dst in P.INT:
+    if src in HALF_DTYPES and dst in P.INT:
+        # The clamp bounds below are Float32 values (2**31 overflows Float16); a half value is
+        # exact in Float32.
+        return _cast(c, [Val(c.cast(x, "f32"), ins[0].shape, "f32")], attrs, outs, syms)
+    if src in _FLOATS and dst in P.INT:
         lo, hi = _INT_RANGE[dst]
         t = c.call(
             "clampWithTensor:minValueTensor:maxValueTensor:name:",
@@ -474,14 +520,18 @@ def _cast(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 
 @_handles("normalize")
 def _normalize(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
-    return [
-        c.call(
+    # Half operands are normalized in Float32: the epsilon is a float (below Float16's normal
+    # range for the usual 1e-5), and norms are among the ops kept in float32 under mixed
+    # precision (PyTorch's autocast float32 list).
+    def emit(ids: list[int]) -> int:
+        return c.call(
             "normalizationWithTensor:meanTensor:varianceTensor:gammaTensor:betaTensor:epsilon:name:",
-            *(A.tensor(v.id) for v in ins),
+            *(A.tensor(i) for i in ids),
             A.double(attrs["epsilon"]),
             A.NIL,
         )
-    ]
+
+    return [_widened(c, ins, emit, outs[0].dtype)]
 
 
 def _matmul_core(c: _Ctx, ins: list[Val], attrs: dict[str, Any]) -> int:
@@ -542,9 +592,15 @@ def _make_reduction(op: str) -> _Handler:
                 return [c.bin("subtraction", x.id, x.id)]
             return [c.un("identity", x.id)]
         selector = _REDUCTIONS[op]
-        if op in ("reduce_max", "reduce_min") and x.dtype in P.FLOAT:
-            selector = selector.replace("imumWith", "imumPropagateNaNWith")
-        r = c.call(selector, A.tensor(x.id), A.ints(sorted(axes)), A.NIL)
+        if op in ("reduce_max", "reduce_min"):  # exact in any type: half stays half
+            if x.dtype in _FLOATS:
+                selector = selector.replace("imumWith", "imumPropagateNaNWith")
+            r = c.call(selector, A.tensor(x.id), A.ints(sorted(axes)), A.NIL)
+        else:  # sums, means, variances and products of halves accumulate in Float32
+            r = _widened(
+                c, [x], lambda ids: c.call(selector, A.tensor(ids[0]), A.ints(sorted(axes)), A.NIL),
+                outs[0].dtype,
+            )  # fmt: skip
         return [_finish_keepdims(c, r, attrs["keepdims"], outs[0], syms[0])]
 
     return emit
@@ -574,7 +630,7 @@ def _make_arg_reduction(word: str) -> _Handler:
         axis = P.normalize_axis("argmax", attrs["axis"], x.rank)
         r = c.call(f"reductionArg{word}WithTensor:axis:name:", A.tensor(x.id), A.integer(axis),
                    A.NIL)  # fmt: skip
-        if x.dtype in P.FLOAT:
+        if x.dtype in _FLOATS:
             # MPSGraph's arg reductions skip NaN (PyTorch #130295: argmax of a row with a
             # NaN gives the largest finite value's index); prim says the first NaN wins.
             has_nan, first_nan = _first_true_along(c, c.un("isNaN", x.id), axis, x.rank)
@@ -666,10 +722,12 @@ def _argsort(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
             _dense_rank(c, low, x, axis),
         )
         rank = _dense_rank(c, pair, x, axis)
-    elif x.dtype in P.FLOAT:
-        nan = c.un("isNaN", x.id)
-        finite = c.select(nan, c.const(math.inf, x.dtype, r), x.id)
-        rank = c.select(nan, c.const(n, "i32", r), _dense_rank(c, finite, x, axis))
+    elif x.dtype in _FLOATS:
+        # Half keys are ranked as Float32 (exact): argSort documents Float16 but not BFloat16.
+        xf = Val(c.cast(x.id, "f32"), x.shape, "f32") if x.dtype in HALF_DTYPES else x
+        nan = c.un("isNaN", xf.id)
+        finite = c.select(nan, c.const(math.inf, xf.dtype, r), xf.id)
+        rank = c.select(nan, c.const(n, "i32", r), _dense_rank(c, finite, xf, axis))
     else:
         rank = _dense_rank(c, c.cast(x.id, "i32") if x.dtype == "bool" else x.id, x, axis)
     if attrs["descending"]:  # larger first; ties still in position order
@@ -685,34 +743,44 @@ def _argsort(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
 @_handles("softmax")
 def _softmax(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     axis = P.normalize_axis("softmax", attrs["axis"], ins[0].rank)
-    return [c.call("softMaxWithTensor:axis:name:", A.tensor(ins[0].id), A.integer(axis), A.NIL)]
+
+    def emit(ids: list[int]) -> int:
+        return c.call("softMaxWithTensor:axis:name:", A.tensor(ids[0]), A.integer(axis), A.NIL)
+
+    return [_widened(c, ins, emit, outs[0].dtype)]
 
 
 @_handles("log_softmax")
 def _log_softmax(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     x = ins[0]
     axes = A.ints([P.normalize_axis("log_softmax", attrs["axis"], x.rank)])
-    m = c.call("reductionMaximumWithTensor:axes:name:", A.tensor(x.id), axes, A.NIL)
-    shifted = c.bin("subtraction", x.id, m)
-    total = c.call(
-        "reductionSumWithTensor:axes:name:", A.tensor(c.un("exponent", shifted)), axes, A.NIL
-    )
-    return [c.bin("subtraction", shifted, c.un("logarithm", total))]
+
+    def emit(ids: list[int]) -> int:
+        m = c.call("reductionMaximumWithTensor:axes:name:", A.tensor(ids[0]), axes, A.NIL)
+        shifted = c.bin("subtraction", ids[0], m)
+        total = c.call(
+            "reductionSumWithTensor:axes:name:", A.tensor(c.un("exponent", shifted)), axes, A.NIL
+        )
+        return c.bin("subtraction", shifted, c.un("logarithm", total))
+
+    return [_widened(c, ins, emit, outs[0].dtype)]
 
 
 @_handles("cumsum")
 def _cumsum(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     axis = P.normalize_axis("cumsum", attrs["axis"], ins[0].rank)
-    return [
-        c.call(
+
+    def emit(ids: list[int]) -> int:
+        return c.call(
             "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
-            A.tensor(ins[0].id),
+            A.tensor(ids[0]),
             A.integer(axis),
             A.boolean(attrs["exclusive"]),
             A.boolean(attrs["reverse"]),
             A.NIL,
         )
-    ]
+
+    return [_widened(c, ins, emit, outs[0].dtype)]
 
 
 @_handles("reshape")
@@ -782,7 +850,7 @@ def _pad(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
             A.enum("MPSGraphPaddingModeConstant"),
             A.shape(attrs["low"]),
             A.shape(attrs["high"]),
-            A.double(attrs["value"]),
+            A.double(exact_scalar(attrs["value"], ins[0].dtype)),
             A.NIL,
         )
     ]
@@ -840,13 +908,15 @@ def _scatter_add(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     upd_shape = (*data.shape[:axis], n, *data.shape[axis + 1 :])
     upd_sym = frozenset(d if d < axis else d - idx.rank + 1 for d in upd.sym)
     u = c.reshape(upd.id, dims_of(upd_shape, upd_sym))
-    return [
-        c.call(
+
+    def emit(ids: list[int]) -> int:
+        return c.call(
             "scatterWithDataTensor:updatesTensor:indicesTensor:axis:mode:name:",
-            A.tensor(data.id), A.tensor(u), A.tensor(i32), A.integer(axis),
+            A.tensor(ids[0]), A.tensor(ids[1]), A.tensor(i32), A.integer(axis),
             A.enum("MPSGraphScatterModeAdd"), A.NIL,
-        )
-    ]  # fmt: skip
+        )  # fmt: skip
+
+    return [_widened(c, [data, Val(u, upd_shape, upd.dtype)], emit, outs[0].dtype)]
 
 
 @_handles("scatter_add_along_axis")
@@ -854,13 +924,15 @@ def _scatter_add_along_axis(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     data, idx, upd = ins
     axis = P.normalize_axis("scatter_add_along_axis", attrs["axis"], data.rank)
     i32 = _checked_indices(c, idx, data.shape[axis])
-    return [
-        c.call(
+
+    def emit(ids: list[int]) -> int:
+        return c.call(
             "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name:",
-            A.integer(axis), A.tensor(data.id), A.tensor(upd.id), A.tensor(i32),
+            A.integer(axis), A.tensor(ids[0]), A.tensor(ids[1]), A.tensor(i32),
             A.enum("MPSGraphScatterModeAdd"), A.NIL,
-        )
-    ]  # fmt: skip
+        )  # fmt: skip
+
+    return [_widened(c, [data, upd], emit, outs[0].dtype)]
 
 
 @_handles("check_index")
@@ -1013,10 +1085,14 @@ def _constant(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     out = outs[0]
     dims = A.shape(dims_of(out.shape, syms[0]))
     if len(attrs["value"]) == 1 or math.prod(out.shape) == 0:
-        value = attrs["value"][0] if attrs["value"] else 0.0
+        value = exact_scalar(attrs["value"][0] if attrs["value"] else 0.0, out.dtype)
         return [c.call("constantWithScalar:shape:dataType:", A.double(value), dims,
                        A.dtype(out.dtype))]  # fmt: skip
-    values = np.asarray(attrs["value"], dtype=np.float64).astype(P.NUMPY_DTYPES[out.dtype])
+    values = np.asarray(attrs["value"], dtype=np.float64)
+    if out.dtype in HALF_DTYPES:
+        values = P.to_half(values, out.dtype)  # one rounding of each value, as prim's constant
+    else:
+        values = values.astype(P.NUMPY_DTYPES[out.dtype])
     return [
         c.call(
             "constantWithData:shape:dataType:",
@@ -1070,45 +1146,68 @@ class _Limbs:
     def xor(self, a: _Word, b: _Word) -> _Word:
         return self.c.bin("bitwiseXOR", a[0], b[0]), self.c.bin("bitwiseXOR", a[1], b[1])
 
-    def normalize(self, limbs: list[int]) -> list[int]:
-        """Carries propagated: each limb back in [0, 2**16) (the top one's carry dropped)."""
+    def normalize(self, limbs: list[int], top_fits: bool = False) -> list[int]:
+        """Carries propagated: each limb back in [0, 2**16) (the top one's carry dropped, or
+        with ``top_fits`` none to drop: the value is below 2**(16 * len(limbs)))."""
         out = []
         carry = None
         for i, limb in enumerate(limbs):
             v = limb if carry is None else self.add(limb, carry)
             if i + 1 < len(limbs):
                 carry = self.shr(v, 16)
-            out.append(self.band(v, _LIMB))
+            out.append(v if top_fits and i + 1 == len(limbs) else self.band(v, _LIMB))
         return out
 
-    def add_const(self, a: _Word, value: int) -> _Word:
-        high, low = self.normalize([self.add(a[1], self.k(value & _LIMB)),
-                                    self.add(a[0], self.k(value >> 16))])  # fmt: skip
-        return low, high
+    def round_keys(self, key: _Word, bump: int, rounds: int) -> list[_Word]:
+        """The key of each round, ``key + r * bump`` mod 2**32 for r < ``rounds``: one addition
+        of the rounds' constants (as data) for all rounds at once, then a slice per round."""
+        steps = [r * bump % 2**32 for r in range(rounds)]
+        shape = [rounds]
+
+        def data(values: list[int]) -> int:
+            array = np.array(values, np.int32)
+            return self.c.call("constantWithData:shape:dataType:", A.constant(array, "i32"),
+                               A.shape(shape), A.dtype("i32"))  # fmt: skip
+
+        low = self.add(key[1], data([v & _LIMB for v in steps]))
+        high = self.add(key[0], data([v >> 16 for v in steps]))
+        low, high = self.normalize([low, high])
+        words = [key]
+        for r in range(1, rounds):
+            words.append((self.c.slice(high, [r], [r + 1], [1]),
+                          self.c.slice(low, [r], [r + 1], [1])))  # fmt: skip
+        return words
 
     def mulhilo(self, m: int, x: _Word) -> tuple[_Word, _Word]:
         """(high word, low word) of the 64-bit product of the constant ``m`` and ``x``: byte
-        times limb partial products (below 2**24) summed into four 16-bit limbs."""
+        times limb partial products (below 2**24) summed into four 16-bit limbs. The products
+        half a limb up (odd bytes) are summed per limb first (two below 2**25) and split once."""
         limbs: list[list[int]] = [[], [], [], []]
+        half_up: list[list[int]] = [[], [], []]
         for j, part in enumerate((x[1], x[0])):  # x's low limb, then its high limb
             for i in range(4):
                 byte = (m >> (8 * i)) & 0xFF
                 if not byte:
                     continue
                 t = self.mul(part, self.k(byte))  # at bit 8 * i + 16 * j
-                at = i // 2 + j
-                if i % 2 == 0:
-                    limbs[at].append(t)
-                else:  # half a limb up: its low byte shifted into this limb, the rest the next
-                    limbs[at].append(self.mul(self.band(t, 0xFF), self.k(256)))
-                    limbs[at + 1].append(self.shr(t, 8))
+                (limbs if i % 2 == 0 else half_up)[i // 2 + j].append(t)
+        for at, terms in enumerate(half_up):
+            if not terms:
+                continue
+            t = terms[0]
+            for more in terms[1:]:
+                t = self.add(t, more)
+            # Half a limb up: its low byte shifted into this limb, the rest into the next.
+            limbs[at].append(self.mul(self.band(t, 0xFF), self.k(256)))
+            limbs[at + 1].append(self.shr(t, 8))
         sums = []
         for terms in limbs:
             total = terms[0] if terms else self.k(0)
             for t in terms[1:]:
                 total = self.add(total, t)
             sums.append(total)
-        p0, p1, p2, p3 = self.normalize(sums)
+        # The product of two 32-bit values is below 2**64: no carry out of the top limb.
+        p0, p1, p2, p3 = self.normalize(sums, top_fits=True)
         return (p3, p2), (p1, p0)
 
 
@@ -1136,12 +1235,11 @@ def _philox_top24(c: _Ctx, state: int, count: int) -> int:
     block = c.call("coordinateAlongAxis:withShape:name:", A.integer(0), A.shape([blocks]), A.NIL)
     zero = z.k(0)
     x = [(z.shr(block, 16), z.band(block, _LIMB)), (zero, zero), counter_lo, counter_hi]
-    k = [key_lo, key_hi]
-    for _ in range(10):
+    keys = [z.round_keys(key_lo, PHILOX_W[0], 10), z.round_keys(key_hi, PHILOX_W[1], 10)]
+    for k in zip(*keys, strict=True):
         hi0, lo0 = z.mulhilo(PHILOX_M[0], x[0])
         hi1, lo1 = z.mulhilo(PHILOX_M[1], x[2])
         x = [z.xor(z.xor(hi1, x[1]), k[0]), lo1, z.xor(z.xor(hi0, x[3]), k[1]), lo0]
-        k = [z.add_const(k[0], PHILOX_W[0]), z.add_const(k[1], PHILOX_W[1])]
     # word >> 8 = high * 2**8 + (low >> 8), below 2**24; lanes on the counter alone are (1,)
     # and broadcast against the blocks when added.
     top = [z.add(z.mul(high, z.k(256)), z.shr(low, 8)) for high, low in x]
@@ -1160,7 +1258,14 @@ def _random_uniform(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     n = math.prod(outs[0].shape)
     u = _uniform01_f32(c, ins[0].id, n)
     scaled = c.bin("multiplication", u, c.const(attrs["high"] - attrs["low"], "f32"))
-    return [c.reshape(c.bin("addition", scaled, c.const(attrs["low"], "f32")), outs[0].shape)]
+    shifted = c.bin("addition", scaled, c.const(attrs["low"], "f32"))
+    return [c.reshape(_drawn_as(c, shifted, outs[0].dtype), outs[0].shape)]
+
+
+def _drawn_as(c: _Ctx, draw: int, dtype: str) -> int:
+    """A Float32 draw in the result's type: a half draw is the Float32 one rounded once, as
+    eager draws in float32 and casts."""
+    return c.cast(draw, dtype) if dtype != "f32" else draw
 
 
 @_handles("random_normal")
@@ -1185,7 +1290,7 @@ def _random_normal(c: _Ctx, ins, attrs, outs, syms) -> list[int]:
     z = c.slice(c.reshape(z, [2 * pairs]), [0], [n], [1])
     z = c.bin("multiplication", z, c.const(attrs["std"], "f32", 1))
     z = c.bin("addition", z, c.const(attrs["mean"], "f32", 1))
-    return [c.reshape(z, outs[0].shape)]
+    return [c.reshape(_drawn_as(c, z, outs[0].dtype), outs[0].shape)]
 
 
 # --- entry points ---------------------------------------------------------------------------------

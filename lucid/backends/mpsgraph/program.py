@@ -69,6 +69,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from lucid.backends.mpsgraph.selectors import (
@@ -87,6 +88,8 @@ ARG_KINDS = (
 )  # fmt: skip
 NUMPY_OF_MPS = {
     "MPSDataTypeFloat32": np.dtype(np.float32),
+    "MPSDataTypeFloat16": np.dtype(np.float16),
+    "MPSDataTypeBFloat16": np.dtype(ml_dtypes.bfloat16),
     "MPSDataTypeInt32": np.dtype(np.int32),
     "MPSDataTypeInt64": np.dtype(np.int64),
     "MPSDataTypeBool": np.dtype(np.bool_),

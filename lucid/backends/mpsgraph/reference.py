@@ -7,6 +7,14 @@ toward zero; convolution and pooling read their descriptors' X (width) / Y (heig
 explicit padding with NCHW data and OIHW weights; ``includeZeroPadToAverage`` defaults to NO;
 argmax returns Int32; ``-1`` dims are resolved from the feeds at run time.
 
+Half precision (Float16, BFloat16) is modelled as Apple's GPUs compute it: every call on half
+tensors rounds its result to the half format once (an elementwise op computes in Float32, exact
+for the inputs, and rounds: for + - * / and sqrt that is the correctly rounded half result), and
+matrix multiplication, convolution and pooling accumulate in Float32 and round once. The calls
+that accumulate a long sum (reductions, softmax, cumulative sums, normalization, scatter-add) are
+refused on half tensors: Apple documents no accumulation type for them, so the emitter widens
+their operands to Float32 itself, and a recording that forgot to is caught here.
+
 Two kinds of failure mirror MPSGraph:
 
 - :class:`MPSGraphAbort`: what makes MPSGraph abort the process (uncatchably): materializing a
@@ -23,12 +31,20 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from lucid.backends.mpsgraph import program as A
 from lucid.ir import prim as P
 
-__all__ = ["MPSGraphAbort", "ReferenceBuilder", "UndefinedBehavior", "run_program"]
+__all__ = [
+    "WIDENED_SELECTORS",
+    "MPSGraphAbort",
+    "ReferenceBuilder",
+    "UndefinedBehavior",
+    "is_float",
+    "run_program",
+]
 
 
 class MPSGraphAbort(RuntimeError):
@@ -135,7 +151,7 @@ def run_program(
             if impl is None:  # a selector added to the table without its semantics here
                 raise A.ProgramError(f"the reference builder does not implement {sel}")
             try:
-                out = impl(*args)
+                out = _run_call(sel, impl, args)
                 if exact_integers and sel in _WRAPPING:
                     _check_no_wrap(sel, args, out)
                 if exact_integers and sel == "castTensor:toType:name:":
@@ -148,6 +164,69 @@ def run_program(
             for r, o in zip(call["results"], outs, strict=True):
                 env[r] = np.asarray(o, order="C")  # (ascontiguousarray would make 0-d 1-d)
     return [env[t] for t in program["targets"]]
+
+
+# --- half precision ------------------------------------------------------------------------------
+_HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_FLOATS = (np.dtype(np.float32), *_HALF)
+
+# The calls that accumulate long sums: Apple documents no accumulation type for half tensors, and
+# PyTorch's MPS backend casts Float16 input to Float32 before reductionSum, reductionProduct and
+# meanOfTensor (ReduceOps.mm, reduction_out_mps), so the emitter widens their operands itself
+# (emit.py, _widened) and the reference refuses them on half tensors.
+WIDENED_SELECTORS = frozenset({
+    "reductionSumWithTensor:axes:name:", "reductionProductWithTensor:axes:name:",
+    "meanOfTensor:axes:name:", "varianceOfTensor:axes:name:", "softMaxWithTensor:axis:name:",
+    "cumulativeSumWithTensor:axis:exclusive:reverse:name:",
+    "normalizationWithTensor:meanTensor:varianceTensor:gammaTensor:betaTensor:epsilon:name:",
+    "scatterWithDataTensor:updatesTensor:indicesTensor:axis:mode:name:",
+    "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name:",
+})  # fmt: skip
+# Calls whose result type is an argument (the cast and the constants): they handle halves
+# themselves instead of through the Float32 model.
+_OWN_HALF_RULE = frozenset({"castTensor:toType:name:", "constantWithData:shape:dataType:"})
+
+
+def is_float(dt: np.dtype) -> bool:
+    """Whether ``dt`` is one of MPSGraph's float types (BFloat16 is not numpy kind "f")."""
+    return dt in _FLOATS
+
+
+def _half_of(args: list) -> np.dtype | None:
+    for a in args:
+        for x in a if isinstance(a, list) else [a]:
+            if isinstance(x, np.ndarray) and x.dtype in _HALF:
+                return x.dtype
+    return None
+
+
+def _widen(a: Any) -> Any:
+    if isinstance(a, list):
+        return [_widen(x) for x in a]
+    if isinstance(a, np.ndarray) and a.dtype in _HALF:
+        return a.astype(np.float32)
+    return a
+
+
+def _run_call(sel: str, impl: Callable[..., Any], args: list) -> Any:
+    """One call; on half tensors, computed in Float32 (exact for the inputs) and rounded once to
+    the half format: per op for elementwise calls, after a Float32 accumulation for matrix
+    multiplication, convolution and pooling."""
+    half = _half_of(args)
+    if half is None or sel in _OWN_HALF_RULE:
+        return impl(*args)
+    if sel in WIDENED_SELECTORS:
+        raise UndefinedBehavior(
+            f"{sel} on {half}: Apple documents no accumulation type for half tensors (the "
+            "emitter widens its operands to Float32)"
+        )
+    out = impl(*_widen(args))
+
+    def narrow(o: Any) -> Any:
+        o = np.asarray(o)
+        return o.astype(half) if o.dtype == np.float32 else o
+
+    return [narrow(o) for o in out] if isinstance(out, list) else narrow(out)
 
 
 # --- the semantics of each selector ------------------------------------------------------------
@@ -187,6 +266,10 @@ def _constant_scalar(value: float, dims: list[int], dt: np.dtype) -> np.ndarray:
 def _scalar_as(value: float, dt: np.dtype) -> Any:
     if dt == np.bool_:
         return value != 0
+    if dt in _HALF and not math.isnan(value) and float(np.asarray(value).astype(dt)) != value:
+        # Whether MPSGraph rounds the double once or through float is undocumented: the emitter
+        # writes half constants already rounded (emit.py, _Ctx.const).
+        raise UndefinedBehavior(f"scalar {value!r} is not exactly a {dt}")
     if dt.kind == "i":
         info = np.iinfo(dt)
         if math.isnan(value) or not info.min <= value <= info.max:
@@ -249,7 +332,7 @@ _FLOAT_ONLY_UNARY = {"sign"}
 
 def _make_unary(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
     def run(x: np.ndarray, _name: None) -> np.ndarray:
-        if name in _FLOAT_ONLY_UNARY and x.dtype.kind != "f":
+        if name in _FLOAT_ONLY_UNARY and not is_float(x.dtype):
             raise MPSGraphAbort(f"{name}WithTensor on {x.dtype}: no integer kernel")
         out = np.asarray(fn(x))
         return out if out.dtype == np.bool_ else out.astype(x.dtype, copy=False)
@@ -287,8 +370,8 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "atan2": np.arctan2,
     # Apple does not say what the plain variants do with NaN; the reference ignores NaN (fmax), so
     # an emission that needed propagation is caught by the tests.
-    "maximum": lambda a, b: np.fmax(a, b) if a.dtype.kind == "f" else np.maximum(a, b),
-    "minimum": lambda a, b: np.fmin(a, b) if a.dtype.kind == "f" else np.minimum(a, b),
+    "maximum": lambda a, b: np.fmax(a, b) if is_float(a.dtype) else np.maximum(a, b),
+    "minimum": lambda a, b: np.fmin(a, b) if is_float(a.dtype) else np.minimum(a, b),
     "maximumWithNaNPropagation": np.maximum,
     "minimumWithNaNPropagation": np.minimum,
     "equal": np.equal,
@@ -341,9 +424,16 @@ def _clamp(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, _name: None) -> np.nda
 
 @_impl("castTensor:toType:name:")
 def _cast(x: np.ndarray, dt: np.dtype, _name: None) -> np.ndarray:
+    # Float -> float casts round to nearest even (numpy's and ml_dtypes' conversions; a Float16
+    # or BFloat16 value is exact in Float32, so the result is the one rounding of the value).
+    # Integers reach a half type through Float32 (a GPU converts through float; Apple documents
+    # no direct conversion): for BFloat16 and |x| > 2**24 that may round twice, one unit apart.
+    x = _widen(x)
+    if dt in _HALF and x.dtype.kind in "iub":
+        x = x.astype(np.float32)
     if dt == np.bool_:
         return x != 0
-    if x.dtype.kind == "f" and dt.kind == "i":
+    if is_float(x.dtype) and dt.kind == "i":
         info = np.iinfo(dt)
         bad = np.isnan(x) | (x < info.min) | (x >= float(info.max) + 1)
         if np.any(bad):
@@ -404,14 +494,14 @@ for _sel, _fn in {
 # skips NaN likewise (an all-NaN row gives 0), so an emission relying on NaN winning fails here.
 @_impl("reductionArgMaximumWithTensor:axis:name:")
 def _argmax(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
-    if x.dtype.kind == "f":
+    if is_float(x.dtype):
         x = np.where(np.isnan(x), -np.inf, x)
     return np.argmax(x, axis=axis, keepdims=True).astype(np.int32)
 
 
 @_impl("reductionArgMinimumWithTensor:axis:name:")
 def _argmin(x: np.ndarray, axis: int, _name: None) -> np.ndarray:
-    if x.dtype.kind == "f":
+    if is_float(x.dtype):
         x = np.where(np.isnan(x), np.inf, x)
     return np.argmin(x, axis=axis, keepdims=True).astype(np.int32)
 
@@ -425,7 +515,7 @@ def _argsort(x: np.ndarray, axis: int, descending: bool, _name: None) -> np.ndar
     # first (a legal unstable order), so an emission relying on any of it fails here.
     if x.dtype not in (np.int32, np.float32):
         raise UndefinedBehavior(f"argSortWithTensor on {x.dtype} (documented: Int32, Float32)")
-    if x.dtype.kind == "f" and np.isnan(x).any():
+    if is_float(x.dtype) and np.isnan(x).any():
         raise UndefinedBehavior("argSortWithTensor: where NaN sorts is undocumented")
     flipped = np.flip(x, axis)
     order = np.argsort(-flipped if descending else flipped, axis=axis, kind="stable")

@@ -291,11 +291,28 @@ ENUMS: dict[str, tuple[str, int]] = {
 # prim dtype -> MPSDataType name (and value). MPSGraph has no float64: mpsgraph-legalize refuses it.
 MPS_DTYPES: dict[str, tuple[str, int]] = {
     "f32": ("MPSDataTypeFloat32", 0x10000020),
+    "f16": ("MPSDataTypeFloat16", 0x10000010),
+    "bf16": ("MPSDataTypeBFloat16", 0x90000010),  # AlternateEncoding | Float16
     "i32": ("MPSDataTypeInt32", 0x20000020),
     "i64": ("MPSDataTypeInt64", 0x20000040),
     "bool": ("MPSDataTypeBool", 0x80000008),
 }
 MPS_DTYPE_VALUES: dict[str, int] = dict(MPS_DTYPES.values())
+# The macOS release that introduced each data type, where later than MPSGraph itself (11.0):
+# MPSDataTypeBFloat16 is API_AVAILABLE(macos(14.0)) (Apple's MPSCoreTypes.h; PyTorch's
+# MPSGraphSonomaOps.h defines the constant itself for older SDKs). mpsgraph-legalize refuses a
+# type the running macOS lacks, with this version in the reason.
+MPS_DTYPE_INTRODUCED: dict[str, str] = {"MPSDataTypeBFloat16": "14.0"}
+# The half-precision types: stored and computed in 16 bits; the emitter widens them to Float32
+# only where accumulation needs it (see emit.py, "Half precision").
+HALF_DTYPES = frozenset({"f16", "bf16"})
+
+
+def dtype_introduced(prim_dtype: str) -> str:
+    """The macOS version that introduced the MPSDataType of ``prim_dtype``."""
+    return MPS_DTYPE_INTRODUCED.get(MPS_DTYPES[prim_dtype][0], "11.0")
+
+
 PRIM_OF_MPS_DTYPE: dict[str, str] = {name: prim for prim, (name, _) in MPS_DTYPES.items()}
 
 
@@ -307,8 +324,10 @@ def macos_key(version: str) -> tuple[int, ...]:
 __all__ = [
     "DESCRIPTORS",
     "ENUMS",
+    "HALF_DTYPES",
     "MACOS_FLOOR",
     "MPS_DTYPES",
+    "MPS_DTYPE_INTRODUCED",
     "MPS_DTYPE_VALUES",
     "PRIM_OF_MPS_DTYPE",
     "SELECTORS",
@@ -316,6 +335,7 @@ __all__ = [
     "DescriptorSpec",
     "FieldSpec",
     "SelectorSpec",
+    "dtype_introduced",
     "macos_key",
 ]
 
@@ -332,6 +352,9 @@ _INDEX_CHECK = (
     "truePredicateTensor:falsePredicateTensor:name:", "castTensor:toType:name:",
 )  # fmt: skip
 _SELECT = "selectWithPredicateTensor:truePredicateTensor:falsePredicateTensor:name:"
+# Half operands of the ops that accumulate are cast to Float32 and the result back (emit.py,
+# _widened).
+_WIDEN = "castTensor:toType:name:"
 _INT_DIVISION = (
     f"division{_BIN}", f"multiplication{_BIN}", f"subtraction{_BIN}", f"minimum{_BIN}",
     f"maximum{_BIN}", f"equal{_BIN}", f"notEqual{_BIN}", f"lessThan{_BIN}", f"logicalAND{_BIN}",
@@ -346,6 +369,7 @@ _FLOAT_DIVISION = (
 _PHILOX = (
     f"bitwiseXOR{_BIN}",
     "coordinateAlongAxis:withShape:name:", "castTensor:toType:name:", _C,
+    "constantWithData:shape:dataType:",
     "sliceTensor:starts:ends:strides:startMask:endMask:squeezeMask:name:",
     "reshapeTensor:withShape:name:",
     f"bitwiseAND{_BIN}", f"bitwiseRightShift{_BIN}",
@@ -455,6 +479,7 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "normalize": (
         "normalizationWithTensor:meanTensor:varianceTensor:gammaTensor:betaTensor:epsilon:name:",
+        _WIDEN,
     ),
     "matmul": (
         "matrixMultiplicationWithPrimaryTensor:secondaryTensor:name:",
@@ -468,11 +493,13 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "reduce_sum": (
         "reductionSumWithTensor:axes:name:",
+        _WIDEN,
         "reshapeTensor:withShape:name:",
         "identityWithTensor:name:",
     ),  # fmt: skip
     "reduce_mean": (
         "meanOfTensor:axes:name:",
+        _WIDEN,
         "reshapeTensor:withShape:name:",
         "identityWithTensor:name:",
     ),  # fmt: skip
@@ -490,11 +517,13 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "reduce_prod": (
         "reductionProductWithTensor:axes:name:",
+        _WIDEN,
         "reshapeTensor:withShape:name:",
         "identityWithTensor:name:",
     ),  # fmt: skip
     "variance": (
         "varianceOfTensor:axes:name:",
+        _WIDEN,
         "reshapeTensor:withShape:name:",
         f"subtraction{_BIN}",
     ),  # fmt: skip
@@ -520,15 +549,16 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         _SELECT,
         _C,
     ),  # fmt: skip
-    "softmax": ("softMaxWithTensor:axis:name:",),
+    "softmax": ("softMaxWithTensor:axis:name:", _WIDEN),
     "log_softmax": (
         "reductionMaximumWithTensor:axes:name:",
+        _WIDEN,
         f"subtraction{_BIN}",
         "exponentWithTensor:name:",
         "reductionSumWithTensor:axes:name:",
         "logarithmWithTensor:name:",
     ),  # fmt: skip
-    "cumsum": ("cumulativeSumWithTensor:axis:exclusive:reverse:name:",),
+    "cumsum": ("cumulativeSumWithTensor:axis:exclusive:reverse:name:", _WIDEN),
     "reshape": ("reshapeTensor:withShape:name:",),
     "transpose": ("transposeTensor:permutation:name:", "identityWithTensor:name:"),
     "broadcast_to": ("broadcastTensor:toShape:name:",),
@@ -551,10 +581,12 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
         "scatterWithDataTensor:updatesTensor:indicesTensor:axis:mode:name:",
         "reshapeTensor:withShape:name:",
         *_INDEX_CHECK,
+        _WIDEN,
     ),  # fmt: skip
     "scatter_add_along_axis": (
         "scatterAlongAxis:withDataTensor:updatesTensor:indicesTensor:mode:name:",
         *_INDEX_CHECK,
+        _WIDEN,
     ),
     "one_hot": (
         "oneHotWithIndicesTensor:depth:axis:dataType:onValue:offValue:name:",
@@ -591,7 +623,7 @@ EMISSIONS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "constant": ("constantWithScalar:shape:dataType:", "constantWithData:shape:dataType:"),
     "fill": ("broadcastTensor:toShape:name:", "identityWithTensor:name:"),
-    "random_uniform": _PHILOX,
+    "random_uniform": _PHILOX,  # a half result: the Float32 draw cast once
     "random_normal": (
         *_PHILOX,
         "logarithmWithTensor:name:",
@@ -616,30 +648,39 @@ EMISSION_NOTES: dict[str, str] = {
     "log1p": "u = 1 + x; log(u)·x/(u − 1), x where u = 1, u where u = +inf (Goldberg's trick)",
     "maximum": "NaN-propagating variant for floats, plain for integers",
     "minimum": "NaN-propagating variant for floats, plain for integers",
-    "floor_divide": "floats: eager's (numpy's) divmod from an exact fmod (13 rounds of "
-    "Dekker products on Veltkamp splits), so 1.0 // 0.1 is 9; integers: exact over the whole range, in the "
-    "operand type with no wrapping step: Float32 quotient estimates (2 rounds for int32, 4 for "
-    "int64) on −|a| and −|b|, one exact step, signs; INT_MIN // −1 gives INT_MIN, a zero "
-    "divisor 0",
+    "floor_divide": "floats: eager's (numpy's) divmod from an exact fmod (12 rounds of "
+    "Dekker products on Veltkamp splits), so 1.0 // 0.1 is 9; integers: exact over the whole "
+    "range, in the operand type with no wrapping step: Float32 quotient estimates (2 rounds "
+    "for int32, 4 for int64) on −|a| and −|b|, one exact step, signs; INT_MIN // −1 gives "
+    "INT_MIN, a zero divisor 0; halves: the Float32 divmod rounded once (as eager)",
     "remainder": "floats: floor_divide's divmod (b's sign, NaN for a zero divisor); integers: "
-    "the remainder of floor_divide's exact steps, a zero divisor gives 0",
-    "cast": "float → int: truncate, clamp, NaN → 0, ≥ 2^(bits−1) → the integer maximum; "
-    "→ bool: x ≠ 0",
+    "the remainder of floor_divide's exact steps, a zero divisor gives 0; halves: the Float32 "
+    "divmod rounded once (as eager)",
+    "cast": "float → int: truncate, clamp, NaN → 0, ≥ 2^(bits−1) → the integer maximum "
+    "(halves through Float32); → bool: x ≠ 0",
     "matmul": "transposeTensor on the last two axes for transpose_a/transpose_b",
     "matmul_accumulate": "matmul, × alpha, + c (mpsgraph-legalize rewrites it first)",
-    "reduce_sum": "MPSGraph keeps reduced axes: reshape when keepdims is false",
+    "reduce_sum": "MPSGraph keeps reduced axes: reshape when keepdims is false; half "
+    "operands summed in Float32",
+    "reduce_mean": "half operands averaged in Float32",
+    "reduce_prod": "half operands multiplied in Float32",
+    "variance": "half operands in Float32",
+    "softmax": "half operands in Float32",
+    "cumsum": "half operands in Float32",
+    "normalize": "half operands in Float32",
     "reduce_max": "NaN-propagating variant for floats",
     "reduce_min": "NaN-propagating variant for floats",
     "argmax": "floats: the first NaN's index where a row has one (MPSGraph skips NaN); Int32 "
     "result cast to Int64, reshape when keepdims is false",
     "argmin": "floats: the first NaN's index where a row has one (MPSGraph skips NaN); Int32 "
     "result cast to Int64, reshape when keepdims is false",
-    "log_softmax": "x − max − log Σ exp(x − max)",
+    "log_softmax": "x − max − log Σ exp(x − max); half operands in Float32",
     "gather": "negative indices wrapped, indices cast to Int32, an all-in-range check target "
     "(IndexError after the run)",
     "gather_along_axis": "as gather",
-    "scatter_add": "indices flattened to 1-D (updates reshaped to match), checked as gather",
-    "scatter_add_along_axis": "as gather",
+    "scatter_add": "indices flattened to 1-D (updates reshaped to match), checked as gather; "
+    "half operands added in Float32",
+    "scatter_add_along_axis": "as gather; half operands added in Float32",
     "one_hot": "indices outside [0, depth) mapped to −1 before the Int32 cast (all-zero row)",
     "check_index": "the low <= i < high mask and the values as targets: IndexError with the "
     "user op's message naming the first bad value, after the run and before any write-back; "

@@ -1,4 +1,5 @@
-"""``lucid.nn.parallel``: ``DataParallel`` as a pass-through on Lucid's one device.
+"""``lucid.nn.parallel``: ``DataParallel`` as a pass-through on Lucid's one device, and
+``DistributedDataParallel`` over MPI processes (see ``lucid.distributed``).
 
 PyTorch programs wrap models in ``nn.DataParallel`` when several GPUs are visible; Lucid has one
 device, so the wrapper runs the module as it is, keeping PyTorch's ``module.`` prefix in state
@@ -11,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from lucid.nn.modules.module import Module
+from lucid.nn.parallel.distributed import DistributedDataParallel
 
-__all__ = ["DataParallel", "data_parallel"]
+__all__ = ["DataParallel", "DistributedDataParallel", "data_parallel"]
 
 
 def _check_device_ids(device_ids: Sequence[Any] | None) -> None:

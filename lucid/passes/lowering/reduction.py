@@ -7,7 +7,7 @@ import math
 
 from lucid import _dtype
 from lucid.ops._registry import normalize_dim, normalize_dims
-from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, rule
+from lucid.passes.lowering._core import PV, Builder, LoweringUnsupported, rule, unsupported
 
 
 def _axes(v: PV, dim) -> tuple[int, ...]:
@@ -200,3 +200,10 @@ def _norm(b: Builder, v, p, dim, keepdim):
         powered = b.binary("pow", a, float(p), dt)
         r = b.binary("pow", b.reduce("reduce_sum", powered, axes, keepdim), 1.0 / p, dt)
     return _finish(b, r)
+
+
+unsupported(
+    "all_reduce",
+    "a collective between processes (inserted by grad-allreduce): the interpreter and eager "
+    "dispatch run it through the process group; the compiled backends do not yet",
+)

@@ -15,6 +15,7 @@ from lucid.utils.data.dataset import (
     TensorDataset,
     random_split,
 )
+from lucid.utils.data.distributed import DistributedSampler
 from lucid.utils.data.sampler import (
     BatchSampler,
     RandomSampler,
@@ -28,6 +29,7 @@ __all__ = [
     "ConcatDataset",
     "DataLoader",
     "Dataset",
+    "DistributedSampler",
     "IterableDataset",
     "RandomSampler",
     "Sampler",

@@ -83,3 +83,38 @@ def test_bordered_max_pool_matches_reference_with_nans_and_infinities(
     x[rng.random(shape) < 0.1] = -np.inf
     attrs = {"kernel": kernel, "strides": strides, "padding": padding, "dilation": dilation}
     check("max_pool2d", [x], attrs)
+
+
+def _first_max_scan(x, kernel, strides, padding, dilation):
+    """max_pool2d by a row-major scan of each window that keeps the first of equal values and
+    takes every NaN (padding taps are -inf): the kernel's documented tie rule, signed zeros
+    included (numpy's reference gives the value, not which zero)."""
+    (kh, kw), (sh, sw), (pt, _, pl, _), (dh, dw) = kernel, strides, padding, dilation
+    n, c, h, w = x.shape
+    ho = (h + padding[0] + padding[1] - (kh - 1) * dh - 1) // sh + 1
+    wo = (w + padding[2] + padding[3] - (kw - 1) * dw - 1) // sw + 1
+    out = np.empty((n, c, ho, wo), x.dtype)
+    for idx in np.ndindex(n, c, ho, wo):
+        best = None
+        for i in range(kh):
+            for j in range(kw):
+                ih, iw = idx[2] * sh - pt + i * dh, idx[3] * sw - pl + j * dw
+                v = x[idx[0], idx[1], ih, iw] if 0 <= ih < h and 0 <= iw < w else -np.inf
+                if best is None or v > best or v != v:
+                    best = v
+        out[idx] = best
+    return out
+
+
+@pytest.mark.parametrize("padding", [(1, 1, 1, 1), (0, 0, 0, 0)])
+def test_bordered_max_pool_keeps_the_first_of_equal_values_signed_zeros_included(padding):
+    # Rows then columns regroup max_tap's row-major scan: among equal maxima (here +0.0 and
+    # -0.0) the first in row-major order wins, so the sign bits equal the reference's.
+    rng = np.random.default_rng(4)
+    x = np.where(rng.random((2, 3, 9, 11)) < 0.5, np.float32(0.0), np.float32(-0.0))
+    x[rng.random(x.shape) < 0.3] = -1.0
+    attrs = {"kernel": (3, 3), "strides": (2, 2), "padding": padding, "dilation": (1, 2)}
+    native, ref = run_both("max_pool2d", [x], attrs)
+    np.testing.assert_array_equal(native, ref)
+    want = _first_max_scan(x, **attrs)
+    np.testing.assert_array_equal(np.signbit(native), np.signbit(want))

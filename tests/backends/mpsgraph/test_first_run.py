@@ -108,6 +108,14 @@ def test_9b_float_division_is_eager_divmod_at_the_edges(name):
     tenths = np.float32(np.arange(-40, 41)) * np.float32(0.1)
     for divisor in (0.1, -0.1, 0.3, -0.7):
         _float_division(name, tenths, np.full_like(tenths, divisor))
+    # The widest ratios (the largest values over subnormals of every width) take all 12 rounds
+    # of 23 bits, the first with a ratio up to 2**24.
+    rng = np.random.default_rng(9)
+    tiny = rng.integers(1, 2**23, 256, dtype=np.uint32).view(np.float32)
+    huge = np.float32([3.4028235e38, -3.4028235e38, 2.0**127, 1.7e38, -2.5e38])
+    a, b = np.meshgrid(huge, np.concatenate([tiny, -tiny]))
+    _float_division(name, a.ravel(), b.ravel())
+    assert len(_division_program(name, "f32", 4)["calls"]) <= 445  # 474 with 13 rounds of 22
 
 
 _f32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
@@ -320,6 +328,10 @@ def test_7_philox_never_wraps_and_equals_eagers_stream_bit_for_bit(name, state):
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # The program size: 20 multiply-highs of byte x limb products (the products half a limb up
+    # summed before they are split, no mask on the top limb), the ten round keys in one addition
+    # (1,050 calls when each product was split on its own and each key bumped separately).
+    assert len(prog["calls"]) <= (880 if name == "random_uniform" else 900), len(prog["calls"])
 
 
 # --- 9. exact integer floor_divide and remainder ------------------------------------------------

@@ -8,6 +8,8 @@ import importlib.util
 import pathlib
 import re
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location(
     "mpsgraph_run_macos_tests", pathlib.Path(__file__).with_name("run_macos_tests.py")
 )
@@ -18,7 +20,20 @@ _spec.loader.exec_module(runner)
 def test_every_device_item_has_a_test():
     source = runner.MODULE.read_text()
     items = {int(n) for n in re.findall(r"^def test_(\d+)_", source, re.MULTILINE)}
-    assert set(range(1, 15)) <= items, sorted(items)
+    assert set(range(1, 16)) <= items, sorted(items)  # 15: half precision
+
+
+@pytest.mark.slow  # a pytest collection in a child process (about 15 s here)
+def test_the_device_module_collects_here_with_a_half_test_per_op_and_type():
+    # The one-command run starts from pytest's collection: it must work off the Mac too.
+    ids = runner.collect("test_15")
+    ops = {
+        re.sub(r"\d+$", "", i.split("[")[1].rstrip("]").split("-")[1])
+        for i in ids
+        if "half_op_on_the_device" in i
+    }
+    assert {"add", "matmul", "softmax", "conv2d", "reduce_sum", "cast"} <= ops, sorted(ops)
+    assert any("copy_free" in i and "bf16" in i for i in ids)
 
 
 def test_a_crashing_test_is_reported(tmp_path):
