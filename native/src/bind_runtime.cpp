@@ -181,6 +181,8 @@ py::dtype numpy_dtype(DType d) {
     case DType::I32: return py::dtype::of<int32_t>();
     case DType::I64: return py::dtype::of<int64_t>();
     case DType::Bool: return py::dtype::of<bool>();
+    case DType::F16: return py::dtype("float16");
+    case DType::BF16: return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
   }
   return py::dtype::of<float>();
 }

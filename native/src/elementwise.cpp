@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "lucid/fastmath.h"
+#include "lucid/half.h"
 #include "lucid/kernels.h"
 #include "lucid/optim.h"
 #include "lucid/parallel.h"
@@ -238,6 +239,37 @@ void cast_from(const S* a, DType to, void* out, int64_t n) {
   });
 }
 
+// A cast from or to half: through float32 in blocks (widening half is exact; rounding to half
+// reads the source's exact value).
+void cast_half(DType from, const void* a, DType to, void* out, int64_t n) {
+  if (is_half(to)) return cast_to_half(a, from, to, static_cast<uint16_t*>(out), n);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  if (to == DType::F32) return half_to_f32_n(x, from, static_cast<float*>(out), n);
+  if (to == DType::F64 && from == DType::F16) {
+    // Bit by bit, as numpy widens float16: the hardware float32 -> float64 conversion would
+    // quiet a signaling NaN (which ml_dtypes does for bfloat16, so that one goes through it).
+    double* o = static_cast<double*>(out);
+    for (int64_t i = 0; i < n; ++i) {
+      const float f = from == DType::F16 ? f16_to_f32(x[i]) : bf16_to_f32(x[i]);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      const uint64_t nan = (uint64_t(u >> 31) << 63) | (uint64_t(0x7ff) << 52) |
+                           (uint64_t(u & 0x7fffffu) << 29);
+      double d = f;
+      if (std::isnan(f)) std::memcpy(&d, &nan, 8);
+      o[i] = d;
+    }
+    return;
+  }
+  constexpr int64_t kBlock = 256;
+  float wide[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    half_to_f32_n(x + i, from, wide, m);
+    cast_from<float>(wide, to, static_cast<uint8_t*>(out) + i * dtype_size(to), m);
+  }
+}
+
 template <class T>
 void select_bytes(const uint8_t* c, const void* a, const void* b, void* out, int64_t n) {
   const T* x = static_cast<const T*>(a);
@@ -271,6 +303,10 @@ void eval_node(const ExprNode& node, const DType* arg_dtypes, const void* const*
     if (f32_elementwise_scalar(node.op, static_cast<const float*>(args[v]), s, v == 1,
                                static_cast<float*>(out), n))
       return;
+  }
+  if (node.op == Op::cast && (is_half(d) || is_half(node.dtype))) {
+    cast_half(d, args[0], node.dtype, out, n);
+    return;
   }
   if (node.op == Op::cast) {
     dispatch_dtype(d, [&](auto t) {
@@ -348,6 +384,7 @@ struct InputView {
 void fill_elements(uint8_t* dst, const uint8_t* src, int64_t count, size_t esize) {
   switch (esize) {
     case 1: std::memset(dst, *src, static_cast<size_t>(count)); break;
+    case 2: { uint16_t v; std::memcpy(&v, src, 2); std::fill_n(reinterpret_cast<uint16_t*>(dst), count, v); break; }
     case 4: { uint32_t v; std::memcpy(&v, src, 4); std::fill_n(reinterpret_cast<uint32_t*>(dst), count, v); break; }
     default: { uint64_t v; std::memcpy(&v, src, 8); std::fill_n(reinterpret_cast<uint64_t*>(dst), count, v); break; }
   }

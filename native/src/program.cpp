@@ -37,6 +37,7 @@ size_t dtype_size(DType d) {
     case DType::F32: case DType::I32: return 4;
     case DType::F64: case DType::I64: return 8;
     case DType::Bool: return 1;
+    case DType::F16: case DType::BF16: return 2;
   }
   return 0;
 }
@@ -48,6 +49,8 @@ const char* dtype_name(DType d) {
     case DType::I32: return "i32";
     case DType::I64: return "i64";
     case DType::Bool: return "bool";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
   }
   return "?";
 }
@@ -55,7 +58,8 @@ const char* dtype_name(DType d) {
 bool parse_dtype(const std::string& name, DType* out) {
   static const std::pair<const char*, DType> table[] = {
       {"f32", DType::F32}, {"f64", DType::F64}, {"i32", DType::I32},
-      {"i64", DType::I64}, {"bool", DType::Bool}};
+      {"i64", DType::I64}, {"bool", DType::Bool},
+      {"f16", DType::F16}, {"bf16", DType::BF16}};
   for (auto& [n, d] : table)
     if (name == n) { *out = d; return true; }
   return false;
@@ -198,6 +202,10 @@ DType elementwise_dtype(Op op, const std::vector<DType>& args, DType cast_target
     return true;
   };
   if (op == Op::cast) return cast_target;
+  for (DType d : args)
+    if (d == DType::F16 || d == DType::BF16)
+      fail(std::string(op_name(op)) + " does not take " + dtype_name(d) +
+           " operands (half values are storage only: cast them to f32)");
   if (op == Op::select) {
     need(args[0] == DType::Bool && args[1] == args[2], "(bool, T, T)");
     return args[1];
@@ -693,7 +701,9 @@ Slot infer(const Program& p, const Instr& in) {
       if (axis < 0) axis += r + 1;
       Shape s = x.shape;
       s.insert(s.begin() + axis, depth);
-      return Slot{s, attr_dtype(in, "dtype")};
+      DType d = attr_dtype(in, "dtype");
+      if (d == DType::F16 || d == DType::BF16) fail("dtype must not be half (storage only)");
+      return Slot{s, d};
     }
     case Op::check_index: {
       if (!is_int(x.dtype)) fail("indices must be i32 or i64");
@@ -982,6 +992,12 @@ void validate(const Program& p) {
     for (int o : in.out) {
       check_slot(o, where + " output");
       if (defined[o]) fail(where + ": output slot " + std::to_string(o) + " is already defined");
+    }
+    if (in.op != Op::fused && in.op != Op::cast && in.op != Op::constant) {
+      for (int s : in.in)
+        if (p.slots[s].dtype == DType::F16 || p.slots[s].dtype == DType::BF16)
+          fail(where + ": does not take " + dtype_name(p.slots[s].dtype) +
+               " values (half values are storage only: cast them to f32)");
     }
     std::vector<Slot> expect;
     try {

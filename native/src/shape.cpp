@@ -6,6 +6,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "lucid/half.h"
 #include "lucid/kernels.h"
 
 namespace lucid {
@@ -55,6 +56,10 @@ void copy_strided(const Shape& shape, const uint8_t* src, const std::vector<int6
 }
 
 void fill_value(uint8_t* dst, int64_t n, DType d, double value) {
+  if (is_half(d)) {
+    std::fill_n(reinterpret_cast<uint16_t*>(dst), n, f64_to_half(value, d));
+    return;
+  }
   dispatch_dtype(d, [&](auto t) {
     using T = decltype(t);
     T v = std::is_same_v<T, uint8_t> ? T(value != 0.0) : static_cast<T>(value);

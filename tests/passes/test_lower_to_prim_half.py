@@ -122,19 +122,6 @@ def test_op_in_half_lowers_and_matches_eager(name, i, half, seed):
         assert_close_half(g, want, half, f"{name} output {k}: prim interpreter vs eager {half}")
 
 
-@pytest.mark.parametrize("backend", ["cpu"])  # mpsgraph runs it: tests/backends/mpsgraph
-def test_compiled_half_model_falls_back_with_the_backends_reason(backend):
-    # The IR takes float16 now: what refuses it is the backend without half storage.
-    model = lucid.nn.Sequential(lucid.nn.Linear(4, 8), lucid.nn.ReLU()).half()
-    x = lucid.tensor(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float16))
-    compiled = lucid.compile(model, backend=backend)
-    np.testing.assert_array_equal(compiled(x).detach().numpy(), model(x).detach().numpy())
-    (reason,) = compiled.cache_info()["reasons"].values()
-    assert "float16 storage not supported yet" in reason, reason
-    assert f"{backend.split('-')[0]} backend" in reason, reason
-    assert "no prim type" not in reason
-
-
 def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(f"u{a.itemsize}") if a.dtype.kind in "fV" else a
 

@@ -75,11 +75,6 @@ class CPUBackend(Backend):
         # The composite ops with a native kernel (gelu, gelu_grad) run it; others are expanded.
         return (frozenset(PRIM_OPS) | frozenset(COMPOSITE_OPS)) & frozenset(_native.op_names())
 
-    def refusal(self, module: Any) -> str | None:
-        from lucid.backends.cpu.emit import storage_refusal
-
-        return storage_refusal(module) or super().refusal(module)
-
     def program(self, module: Any, *, inplace_updates: bool = True) -> Program:
         """The (fused, unless ``fuse=False``) native program of a prim module; with
         ``inplace_updates``, ``update:<role>`` results are written into their feeds by the

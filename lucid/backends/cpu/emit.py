@@ -16,7 +16,7 @@ from typing import Any
 
 from lucid._native_loader import _native
 from lucid.backends.cpu.fuse_elementwise import fuse_elementwise
-from lucid.backends.cpu.program import Program, storage_problem
+from lucid.backends.cpu.program import Program
 from lucid.backends.cpu.rewrites import fuse_kernels
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
@@ -30,7 +30,6 @@ __all__ = [
     "compile_program",
     "emit_program",
     "run_program",
-    "storage_refusal",
 ]
 
 
@@ -100,19 +99,6 @@ def emit_program(
             if target in by_role:
                 program.inplace_result(j, by_role[target])
     return NativeProgram(program, f_roles, r_roles)
-
-
-def storage_refusal(module: x.ModuleOp) -> str | None:
-    """Why the native runtime cannot hold a value of the prim ``module`` (a half-precision
-    one), or None."""
-    for fn in module.ops:
-        for block in fn.regions[0].blocks:
-            types = {v.type for v in (*block.args, *(r for op in block.ops for r in op.results))}
-            for t in types:
-                problem = isinstance(t, x.TensorType) and storage_problem(aval_of_type(t).dtype)
-                if problem:
-                    return problem
-    return None
 
 
 def compile_program(program: NativeProgram, *, cache: bool = True, fuse: bool = True) -> Any:

@@ -51,14 +51,23 @@ class Instr:
         return self.out_nodes if self.out_nodes is not None else (len(self.nodes) - 1,)
 
 
-# The prim dtypes the native runtime cannot hold yet, by their Lucid names.
-_NO_STORAGE = {"f16": "float16", "bf16": "bfloat16"}
+# Half precision is storage only in the native runtime: lowering computes every op on half
+# values in float32 between casts, so ``cast`` (and ``constant``) are the only instructions that
+# read or write f16/bf16 slots.
+HALF_STORAGE = frozenset({"f16", "bf16"})
+COMPUTE_DTYPES = tuple(d for d in prim_ops.DTYPES if d not in HALF_STORAGE)
+_HALF_OPS = frozenset({"cast", "constant"})
 
 
-def storage_problem(dtype: str) -> str | None:
-    """Why the native runtime cannot hold values of prim ``dtype``, or None."""
-    name = _NO_STORAGE.get(dtype)
-    return f"cpu backend: {name} storage not supported yet" if name else None
+def half_operand_problem(op: str, dtypes: Sequence[str]) -> str | None:
+    """Why the native runtime cannot run prim ``op`` on operands of ``dtypes``, or None."""
+    half = [d for d in dtypes if d in HALF_STORAGE]
+    if half and op not in _HALF_OPS:
+        return (
+            f"cpu backend: {op} does not take {half[0]} operands (half precision is storage "
+            "only: cast them to f32)"
+        )
+    return None
 
 
 class Program:
@@ -74,9 +83,6 @@ class Program:
     def new_slot(self, shape: Sequence[int], dtype: str) -> int:
         if dtype not in NUMPY_DTYPES:
             raise PrimError(f"unknown dtype {dtype!r}; expected one of {prim_ops.DTYPES}")
-        problem = storage_problem(dtype)
-        if problem:
-            raise PrimError(problem)
         self.slots.append(Aval(tuple(int(d) for d in shape), dtype))
         return len(self.slots) - 1
 
@@ -90,6 +96,9 @@ class Program:
         """Append prim op ``name`` on ``inputs``; returns its output slot."""
         op = prim_ops.lookup(name)
         full = prim_ops.check_attrs(op, attrs)
+        problem = half_operand_problem(name, [self._aval(s).dtype for s in inputs])
+        if problem:
+            raise PrimError(problem)
         (out,) = prim_ops.infer(name, [self._aval(s) for s in inputs], full)
         slot = self.new_slot(out.shape, out.dtype)
         self.instrs.append(Instr(name, tuple(inputs), (slot,), full))
@@ -112,6 +121,9 @@ class Program:
                 raise PrimError(f"fused node {k}: {node.op!r} is not an elementwise prim op")
             if any(not 0 <= a < len(values) for a in node.args):
                 raise PrimError(f"fused node {k}: arguments {node.args} out of range")
+            problem = half_operand_problem(node.op, [values[a].dtype for a in node.args])
+            if problem:
+                raise PrimError(f"fused node {k}: {problem}")
             (out,) = prim_ops.infer(node.op, [values[a] for a in node.args], node.attrs)
             if out.dtype != node.dtype:
                 raise PrimError(
@@ -234,4 +246,4 @@ def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, An
     return (FUSED, list(ins.inputs), list(ins.outputs), attrs)
 
 
-__all__ = ["FUSED", "FusedNode", "Instr", "Program"]
+__all__ = ["COMPUTE_DTYPES", "FUSED", "HALF_STORAGE", "FusedNode", "Instr", "Program"]

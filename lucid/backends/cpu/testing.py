@@ -8,9 +8,17 @@ import numpy as np
 
 from lucid.backends.cpu import CPUBackend, Program
 from lucid.ir import prim
-from lucid.ir.prim import dtype_of
+from lucid.ir.prim import HALF, NUMPY_DTYPES, dtype_of, to_half, widen_half
 
-TOLERANCE = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
+FLOAT_NUMPY = {d: NUMPY_DTYPES[d] for d in ("f32", "f64", *sorted(HALF))}
+
+TOLERANCE = {
+    "f32": (2e-5, 2e-6),
+    "f64": (1e-12, 1e-13),
+    # one rounding of a float32 result: half a unit in the last place
+    "f16": (2**-11, 2**-24),
+    "bf16": (2**-8, 2**-133),
+}
 
 
 def run_both(
@@ -38,10 +46,14 @@ def decomposed(program: Program, feeds: list[np.ndarray]) -> list[np.ndarray]:
 def assert_match(native: np.ndarray, ref: np.ndarray, scale: float = 1.0) -> None:
     assert native.dtype == ref.dtype, (native.dtype, ref.dtype)
     assert native.shape == ref.shape, (native.shape, ref.shape)
-    if native.dtype.kind == "f":
+    if dtype_of(native) in TOLERANCE:
         rtol, atol = TOLERANCE[dtype_of(native)]
         np.testing.assert_allclose(
-            native, ref, rtol=rtol * scale, atol=atol * scale, equal_nan=True
+            widen_half(native),
+            widen_half(ref),
+            rtol=rtol * scale,
+            atol=atol * scale,
+            equal_nan=True,
         )
     else:
         np.testing.assert_array_equal(native, ref)
@@ -65,7 +77,11 @@ def random_array(
         return np.asarray(
             rng.integers(low, 21, size=shape), np.int32 if dtype == "i32" else np.int64
         )
+    if dtype not in FLOAT_NUMPY:
+        raise ValueError(f"random_array: unknown dtype {dtype!r}")
     values = rng.standard_normal(shape) * 3
     if positive:
         values = np.abs(values) + 0.1
-    return np.asarray(values, np.float32 if dtype == "f32" else np.float64)
+    if dtype in HALF:
+        return np.asarray(to_half(values, dtype))
+    return np.asarray(values, FLOAT_NUMPY[dtype])

@@ -10,14 +10,15 @@
 
 namespace lucid {
 
-enum class DType : uint8_t { F32, F64, I32, I64, Bool };
+// F16 and BF16 are storage only: the one op that reads or writes them is cast (see lucid/half.h).
+enum class DType : uint8_t { F32, F64, I32, I64, Bool, F16, BF16 };
 
 size_t dtype_size(DType d);
 const char* dtype_name(DType d);
 bool parse_dtype(const std::string& name, DType* out);
 inline bool is_float(DType d) { return d == DType::F32 || d == DType::F64; }
 inline bool is_int(DType d) { return d == DType::I32 || d == DType::I64; }
-inline bool is_numeric(DType d) { return d != DType::Bool; }
+inline bool is_numeric(DType d) { return d != DType::Bool && d != DType::F16 && d != DType::BF16; }
 
 using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& s);

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lucid.backends.cpu import CPUBackend, Program
-from lucid.backends.cpu.program import storage_problem
+from lucid.backends.cpu.program import COMPUTE_DTYPES
 from lucid.backends.cpu.testing import check, random_array, run_both
 from lucid.ir import prim as prim_ops
 
-# The dtypes the native runtime holds (half precision is not stored natively yet).
-NATIVE_DTYPES = tuple(d for d in prim_ops.DTYPES if storage_problem(d) is None)
+# The dtypes the native kernels compute in (half precision is storage only: casts).
+NATIVE_DTYPES = COMPUTE_DTYPES
 
 SEEDS = st.integers(0, 2**32 - 1)
 SHAPES = hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=5)
