@@ -62,6 +62,7 @@ REWRITES = (
     gemm.fold_gemm_addend,
     attention.fold_padded_sums,
     attention.fold_attention_grad,  # after fold_padded_sums, whose concat it absorbs
+    attention.fold_attention_weights,  # after fold_attention_grad, which matches the softmax
     attention.fold_attention,
     gemm.fold_gemm_activation,  # last of the gemm folds: the attention folds match plain gemms
     conv.fold_conv_bias_relu,
