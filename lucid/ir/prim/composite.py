@@ -153,4 +153,57 @@ _register_composite(
     {"epsilon": Attr("float")},
 )
 
-__all__ = ["COMPOSITE_OPS", "INV_SQRT_2PI", "SQRT_HALF", "CompositeOp"]
+# --- scaled dot-product attention over [B, H, L, D] heads: softmax(alpha * Q Kᵀ) V
+
+
+def attention_scores(emit: Emit, const: Const, q: Any, k: Any, alpha: float) -> Any:
+    """``alpha * Q Kᵀ``: the scores, where lowering adds a mask before the softmax (a case the
+    composite does not take)."""
+    return emit("mul", emit("matmul", q, k, transpose_b=True), const(alpha, q))
+
+
+def attention_output(emit: Emit, scores: Any, v: Any) -> Any:
+    """``softmax(scores) V`` over the last axis of the scores."""
+    return emit("matmul", emit("softmax", scores, axis=-1), v)
+
+
+def _attention(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
+    q, k, v = operands
+    return [attention_output(emit, attention_scores(emit, const, q, k, attrs["alpha"]), v)]
+
+
+def _attention_rule(avals: list[Aval], attrs: dict) -> list[Aval]:
+    q, k, v = avals
+    _need("attention", q, FLOAT)
+    if len(q.shape) != 4 or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise _fail("attention", f"needs [B, H, L, D] operands of one dtype, got {q}, {k}, {v}")
+    batch, heads, length, dim = q.shape
+    if (
+        len(k.shape) != 4
+        or len(v.shape) != 4
+        or k.shape[:2] != (batch, heads)
+        or v.shape[:3] != k.shape[:3]
+        or k.shape[3] != dim
+    ):
+        raise _fail("attention", f"Q {q}, K {k} and V {v} are not [B, H, Lq, D], [B, H, Lk, D], "
+                    "[B, H, Lk, Dv]")  # fmt: skip
+    return [Aval((batch, heads, length, v.shape[3]), q.dtype)]
+
+
+_register_composite(
+    "attention",
+    ("q", "k", "v"),
+    _attention_rule,
+    _attention,
+    "attention.cpp",
+    {"alpha": Attr("float")},
+)
+
+__all__ = [
+    "COMPOSITE_OPS",
+    "INV_SQRT_2PI",
+    "SQRT_HALF",
+    "CompositeOp",
+    "attention_output",
+    "attention_scores",
+]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from lucid import _dtype
+from lucid.ir.prim.composite import attention_output, attention_scores
 from lucid.ops._registry import normalize_dim
 from lucid.ops.pool import _adaptive_matrix, _avg_divisor, _geometry
 from lucid.passes.lowering._core import (
@@ -493,6 +494,16 @@ def _need_gelu_form(approximate: str) -> None:
         raise LoweringUnsupported(f"gelu approximate={approximate!r}")
 
 
+def _emit(b: Builder):
+    """A composite decomposition's ``emit`` that appends to lowering's builder."""
+    return lambda name, *operands, **attrs: b.op(name, *operands, **attrs)
+
+
+def _const(b: Builder):
+    """A composite decomposition's ``const``: a 0-d constant of ``like``'s dtype."""
+    return lambda value, like: b.const(value, like.dtype, ())
+
+
 def _composite(b: Builder, name: str, *operands: PV, **attrs: Any) -> PV:
     """Composite prim op ``name`` (``lucid.ir.prim.composite``) on ``operands``: emitted whole
     when its rule takes them (a backend then runs its kernel or expands it), else decomposed
@@ -502,12 +513,7 @@ def _composite(b: Builder, name: str, *operands: PV, **attrs: Any) -> PV:
     try:
         op.infer([P.Aval(o.shape, lower_dtype(o.dtype)) for o in operands], full)
     except P.PrimError:
-        (out,) = op.decompose(
-            lambda n, *a, **k: b.op(n, *a, **k),
-            lambda c, like: b.const(c, like.dtype, ()),
-            operands,
-            full,
-        )
+        (out,) = op.decompose(_emit(b), _const(b), operands, full)
         return out
     return b.op(name, *operands, **attrs)
 
@@ -607,10 +613,14 @@ rule("log_softmax")(_softmax("log_softmax", 0.0))
 # --- attention
 
 
-def _attention_weights(b: Builder, q: PV, k: PV, mask, is_causal, scale) -> tuple[PV, float]:
+def _attention_scale(q: PV, scale) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _masked_scores(b: Builder, q: PV, k: PV, mask, is_causal, scale: float) -> PV:
+    """The composite's scores (``composite.attention_scores``) with the mask applied."""
     dt = q.dtype
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    s = b.binary("mul", b.op("matmul", q, k, transpose_b=True), scale, dt)
+    s = attention_scores(_emit(b), _const(b), q, k, scale)
     if isinstance(mask, PV):
         if mask.dtype is _dtype.bool_:
             s = b.select(mask, s, -math.inf, dt)
@@ -621,18 +631,25 @@ def _attention_weights(b: Builder, q: PV, k: PV, mask, is_causal, scale) -> tupl
     if is_causal:
         length, size = s.shape[-2:]
         s = b.select(tri_mask(b, length, size, 0, True), s, -math.inf, dt)
-    return b.op("softmax", s, axis=-1), scale
+    return s
 
 
 @rule("scaled_dot_product_attention")
 def _sdpa(b: Builder, q, k, v, attn_mask, is_causal, scale):
-    p, _ = _attention_weights(b, q, k, attn_mask, is_causal, scale)
-    return b.reshape(b.op("matmul", p, v), b.outs[0].shape)
+    scale = _attention_scale(q, scale)
+    if is_scalar(attn_mask) and not is_causal and q.ndim == 4:
+        # Unmasked [B, H, L, D] heads: the composite op (its rule refuses other shapes, which
+        # are then decomposed by _composite).
+        out = _composite(b, "attention", q, k, v, alpha=scale)
+    else:
+        out = attention_output(_emit(b), _masked_scores(b, q, k, attn_mask, is_causal, scale), v)
+    return b.reshape(out, b.outs[0].shape)
 
 
 @rule("scaled_dot_product_attention_backward")
 def _sdpa_backward(b: Builder, grad, q, k, v, attn_mask, is_causal, scale):
-    p, scale = _attention_weights(b, q, k, attn_mask, is_causal, scale)
+    scale = _attention_scale(q, scale)
+    p = b.op("softmax", _masked_scores(b, q, k, attn_mask, is_causal, scale), axis=-1)
     dt = q.dtype
     dv = b.op("matmul", p, grad, transpose_a=True)
     dp = b.op("matmul", grad, v, transpose_b=True)

@@ -194,3 +194,143 @@ def test_mpsgraph_recording_expands_layer_norm_and_equals_eager():
         eager = model(x).numpy()
         got = lucid.compile(model, backend="mpsgraph-reference")(x).numpy()
     np.testing.assert_allclose(got, eager, rtol=1e-5, atol=1e-5)
+
+
+# --- scaled dot-product attention: the composite ``attention(q, k, v){alpha}`` when unmasked
+
+
+def _attention_arrays(shape, lk, dtype, seed, mask):
+    """q, k, v, dO of [B, H, L, D] heads and the mask (0.0, an additive or a bool tensor)."""
+    rng = np.random.default_rng(seed)
+    b, h, lq, d = shape
+    q = rng.standard_normal(shape).astype(dtype)
+    k, v = (rng.standard_normal((b, h, lk, d)).astype(dtype) for _ in range(2))
+    d_out = rng.standard_normal(shape).astype(dtype)
+    if mask == "additive":
+        return q, k, v, d_out, rng.standard_normal((lq, lk)).astype(dtype)
+    if mask == "bool":
+        keep = rng.random((lq, lk)) < 0.7
+        keep[:, 0] = True  # every query attends to one key at least
+        return q, k, v, d_out, keep
+    return q, k, v, d_out, None
+
+
+def _sdpa_and_grad(mask_kind: str | None, scale: float | None):
+    causal = mask_kind == "causal"
+
+    def fn(q, k, v, g, *mask):
+        attn_mask = mask[0] if mask else 0.0
+        attrs = {"is_causal": causal, "scale": scale}
+        return (
+            apply("scaled_dot_product_attention", q, k, v, attn_mask, **attrs),
+            *apply("scaled_dot_product_attention_backward", g, q, k, v, attn_mask, **attrs),
+        )
+
+    return fn
+
+
+def test_lowering_emits_unmasked_attention_whole_and_decomposes_masked_attention():
+    q, k, v, _, extra = _attention_arrays((2, 3, 5, 4), 6, "float32", 0, "additive")
+    plain = _prim_names(_lowered(lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v))
+    assert "prim.attention" in plain and "prim.softmax" not in plain
+    for fn, arrays in (
+        (lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), (q, k, v, extra)),
+        (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v)),
+        # Heads of rank 3: the composite's rule refuses them, the same decomposition is used.
+        (lambda a, b, c: F.scaled_dot_product_attention(a, b, c), (q[0], k[0], v[0])),
+    ):
+        names = _prim_names(_lowered(fn, *arrays))
+        assert "prim.attention" not in names and "prim.softmax" in names
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    shape=st.sampled_from([(1, 1, 1, 1), (2, 3, 5, 4), (1, 2, 9, 8)]),
+    lk=st.sampled_from([1, 6]),
+    dtype=st.sampled_from(["float32", "float64"]),
+    mask=st.sampled_from([None, "additive", "bool", "causal"]),
+    scale=st.sampled_from([None, 0.3]),
+    seed=st.integers(0, 2**16),
+)
+def test_compiled_and_interpreted_attention_equal_eager_forward_and_backward(
+    shape, lk, dtype, mask, scale, seed
+):
+    if mask == "causal":
+        lk = shape[2]  # every query attends to one key at least
+    q, k, v, d_out, extra = _attention_arrays(shape, lk, dtype, seed, mask)
+    arrays = [q, k, v, d_out] + ([] if extra is None else [extra])
+    fn = _sdpa_and_grad(mask, scale)
+    eager = [t.numpy() for t in fn(*map(lucid.tensor, arrays))]
+    module = _lowered(fn, *arrays)
+    assert ("prim.attention" in _prim_names(module)) == (mask is None)
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    for got in (
+        [t.numpy() for t in lucid.compile(fn)(*map(lucid.tensor, arrays))],
+        interpret_prim(module, arrays),  # the decomposition
+        CPUBackend(cache=False).compile(module).run(arrays),  # the kernel
+    ):
+        for g, want in zip(got, eager, strict=True):
+            np.testing.assert_allclose(g, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_the_attention_kernel_equals_the_composite_decomposition(dtype):
+    from lucid.backends.cpu import Program
+    from lucid.backends.cpu.testing import assert_match, decomposed, random_array
+
+    rng = np.random.default_rng(11)
+    arrays = [random_array(rng, s, dtype) for s in ((2, 3, 7, 4), (2, 3, 5, 4), (2, 3, 5, 6))]
+    program = Program()
+    slots = [program.feed(a.shape, dtype) for a in arrays]
+    program.result(program.op("attention", *slots, alpha=0.25))
+    (native,) = CPUBackend(cache=False).compile(program).run(arrays)
+    assert_match(native, decomposed(program, arrays)[0], scale=10.0)
+    assert_match(native, program.interpret(arrays)[0], scale=10.0)  # the kernel's own reference
+
+
+def test_expansion_of_attention_keeps_the_values():
+    q, k, v, _, _ = _attention_arrays((2, 2, 4, 3), 5, "float64", 12, None)
+    module = _lowered(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.7), q, k, v)
+    before = interpret_prim(module, [q, k, v])
+    assert expand_composites(module) == 1
+    module.verify()
+    names = _prim_names(module)
+    assert "prim.attention" not in names and "prim.softmax" in names
+    np.testing.assert_array_equal(interpret_prim(module, [q, k, v])[0], before[0])
+
+
+def test_attention_rule_refuses_what_the_kernel_does_not_take():
+    with pytest.raises(P.PrimError, match="B, H, L, D"):
+        P.infer("attention", [P.Aval((3, 4, 5), "f32")] * 3, {"alpha": 1.0})
+    with pytest.raises(P.PrimError, match="not"):
+        four = P.Aval((1, 2, 3, 4), "f32")
+        P.infer("attention", [four, P.Aval((1, 2, 3, 5), "f32"), four], {"alpha": 1.0})
+    with pytest.raises(P.PrimError, match="attention"):
+        P.infer("attention", [P.Aval((1, 2, 3, 4), "i32")] * 3, {"alpha": 1.0})
+
+
+def test_mpsgraph_recording_expands_attention_and_equals_eager():
+    model = lucid.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = lucid.tensor(np.random.default_rng(13).standard_normal((2, 5, 8)).astype(np.float32))
+
+    def fn(t):
+        return model(t, t, t, need_weights=False)[0]
+
+    with lucid.no_grad():
+        eager = fn(x).numpy()
+        assert "prim.attention" in _prim_names(_lowered(fn, x.numpy()))
+        got = lucid.compile(fn, backend="mpsgraph-reference")(x).numpy()
+    np.testing.assert_allclose(got, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_the_training_forward_returns_the_weights_its_gradient_reads():
+    # The backward recomputes the weights; the CPU backend takes them from the forward kernel.
+    layer = lucid.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    x = lucid.tensor(np.random.default_rng(14).standard_normal((2, 5, 8)).astype(np.float32))
+    step = lucid.compile.fused_step(
+        layer, lambda out, t: ((out - t) ** 2).mean(), lucid.optim.SGD(layer.parameters(), lr=0.1)
+    )
+    instrs = [r["instr"] for r in step.profile(x, x, repeats=1)]
+    (forward,) = [i for i in instrs if "= attention{" in i]
+    assert forward.count("f32[") == 2  # the output and the weights
+    assert not any("softmax" in i for i in instrs)

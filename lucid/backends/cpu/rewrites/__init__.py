@@ -18,10 +18,13 @@ instructions by one CPU-only instruction that computes the same values in fewer 
   each, are gone;
 - a sum of zero pads that tile one axis (plus zero constants) becomes a ``concat`` of the
   padded values (the gradient of a fused QKV projection);
-- ``gemm(softmax(gemm{alpha}(q, k, transpose_b)), v)`` over [B, H, L, D] operands (head views
-  or dense) becomes ``attention(q, k, v)``: per (batch, head) and block of query rows the scores
-  stay in cache between the two products and the softmax; weights P read after the product (by
-  the gradient) are its second output;
+- ``attention(q, k, v)`` (a composite prim op that lowering emits whole) gets the same head
+  views (``q_view``, ``k_view``, ``v_view``, ``out_view``): per (batch, head) and block of query
+  rows the scores stay in cache between the two products and the softmax. The weights its
+  gradient recomputes (``softmax(gemm{alpha}(q, k, transpose_b))`` of the same operands) become
+  its second output; attention written out by hand, ``gemm(softmax(gemm{alpha}(q, k,
+  transpose_b)), v)``, becomes that instruction too (weights read after the product as its
+  second output);
 - attention's gradient as lowered (dP = dO Vᵀ, dS = P (dP - rowsum(dP P)), dQ = alpha dS K,
   dK = alpha dSᵀ Q, dV = Pᵀ dO, concatenated into the fused QKV projection's gradient) becomes
   ``attention_grad(qkv, dO, P)`` (P: the forward's weights, kept), which writes dQ, dK and dV
@@ -43,7 +46,8 @@ The rewrites come in families, one module each over the shared matcher (``match`
 (epilogues), ``attention`` (head views, padded sums, attention and its gradient), ``rows``
 (layer norm's gradient, GELU's gradient's column sums) and ``conv``; their numpy semantics are
 in ``lucid.backends.cpu.reference``. GELU and layer norm's forward need no rewrite: they are
-composite prim ops (``lucid.ir.prim.composite``), emitted whole by lowering.
+composite prim ops (``lucid.ir.prim.composite``), emitted whole by lowering; so is attention's
+forward, whose rewrites only add head views and the weights as a second output.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ REWRITES = (
     gemm.fold_gemm_addend,
     attention.fold_padded_sums,
     attention.fold_attention_grad,  # after fold_padded_sums, whose concat it absorbs
+    attention.fold_attention_weights,  # after fold_attention_grad, which matches the softmax
     attention.fold_attention,
     gemm.fold_gemm_activation,  # last of the gemm folds: the attention folds match plain gemms
     conv.fold_conv_bias_relu,

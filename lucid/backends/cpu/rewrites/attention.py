@@ -12,6 +12,7 @@ from lucid.backends.cpu.rewrites.match import (
     STAGE,
     Graph,
     gemm_of,
+    is_close,
     single_use,
     zero_constant,
 )
@@ -48,48 +49,63 @@ def _head_source(g: Graph, slot: int) -> tuple[int, list[int]] | None:
     return src, [heads, dim, col0]
 
 
+def _merged_output(g: Graph, out: int) -> tuple[int, int, list[int]] | None:
+    """(transpose index, new [B, L, H*D] slot, [H, D]) when the [B, H, L, D] value ``out`` is
+    read by one ``transpose{0,2,1,3}`` (not a result) whose readers are all reshapes: the
+    transposed value is dense, so it is byte for byte the [B, L, H*D] value a kernel writes in
+    that order; the reshapes read the new slot instead."""
+    if len(g.aval(out).shape) != 4:
+        return None
+    t = g.only_reader(out, "transpose")
+    if t is None or tuple(t[1].attrs["perm"]) != (0, 2, 1, 3):
+        return None
+    readers = g.readers(t[1].outputs[0])
+    if t[1].outputs[0] in g.program.results or not all(
+        g.instrs[j].op == "reshape" for j in readers
+    ):
+        return None
+    b, heads, length, dim = g.aval(out).shape
+    new = g.program.new_slot((b, length, heads * dim), g.aval(out).dtype)
+    for j in readers:
+        r = g.instrs[j]
+        g.set(j, Instr("reshape", (new,), r.outputs, dict(r.attrs)))
+    return t[0], new, [heads, dim]
+
+
+def _with_head_views(g: Graph, k: int, ins: Instr, names: tuple[str, ...], out_name: str) -> None:
+    """Instruction ``ins`` at ``k`` with its rank-4 operands read as head views (attributes
+    ``names``) and its one output written in [B, L, H*D] order (attribute ``out_name``)."""
+    inputs, attrs, outputs = list(ins.inputs), dict(ins.attrs), ins.outputs
+    for i, name in enumerate(names):
+        if name in attrs or len(g.aval(inputs[i]).shape) != 4:
+            continue
+        found = _head_source(g, inputs[i])
+        if found is not None:
+            inputs[i], attrs[name] = found[0], found[1]
+    merged = _merged_output(g, outputs[0]) if out_name not in attrs else None
+    if merged is not None:
+        # Where the transpose was: every reader of its value comes after it.
+        g.set(k, None)
+        k, new, attrs[out_name] = merged
+        outputs = (new,)
+    if attrs == ins.attrs and outputs == ins.outputs:
+        return
+    g.set(k, Instr(ins.op, tuple(inputs), outputs, attrs))
+    # The slices, reshapes and transposes whose values nothing reads any more go.
+    g.erase_unread(lambda _, ins: ins.op in ("slice", "reshape", "transpose"))
+
+
 def fold_head_views(g: Graph) -> None:
-    """Attention's per-head operands read straight from the projection, and its per-head result
-    written straight in [B, L, H*D] order: the slices and transposes around it (copies of the
-    whole activation each) are gone."""
-    program, instrs = g.program, g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
+    """The per-head operands of attention (the composite op) and of its products read straight
+    from the projection, and per-head results written straight in [B, L, H*D] order: the
+    slices and transposes around them (copies of the whole activation each) are gone."""
+    for k, ins in enumerate(g.instrs):
+        if ins is None or g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
             continue
-        if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
-            continue
-        gemm = gemm_of(ins)
-        inputs, attrs, outputs = list(gemm.inputs), dict(gemm.attrs), gemm.outputs
-        for i, name in ((0, "a_view"), (1, "b_view")):
-            if name in attrs or len(g.aval(inputs[i]).shape) != 4:
-                continue
-            found = _head_source(g, inputs[i])
-            if found is not None:
-                inputs[i], attrs[name] = found[0], found[1]
-        out = outputs[0]
-        t = g.only_reader(out, "transpose") if len(g.aval(out).shape) == 4 else None
-        if t is not None and tuple(t[1].attrs["perm"]) == (0, 2, 1, 3) and "c_view" not in attrs:
-            # The transposed value [B, L, H, D] is dense, so it is byte for byte the [B, L, H*D]
-            # value the gemm writes through c_view; readers that reshape it read that instead.
-            b, heads, length, dim = g.aval(out).shape
-            merged = (b, length, heads * dim)
-            readers = g.readers(t[1].outputs[0])
-            if t[1].outputs[0] not in program.results and all(
-                instrs[j].op == "reshape" for j in readers
-            ):
-                new = program.new_slot(merged, g.aval(out).dtype)
-                for j in readers:
-                    r = instrs[j]
-                    g.set(j, Instr("reshape", (new,), r.outputs, dict(r.attrs)))
-                outputs, attrs["c_view"] = (new,), [heads, dim]
-                # Where the transpose was: every reader of its value comes after it.
-                g.set(k, None)
-                k = t[0]
-        if attrs == gemm.attrs and outputs == gemm.outputs:
-            continue
-        g.set(k, Instr("gemm", tuple(inputs), outputs, attrs))
-        # The slices, reshapes and transposes whose values nothing reads any more go.
-        g.erase_unread(lambda _, ins: ins.op in ("slice", "reshape", "transpose"))
+        if ins.op == "attention" and len(ins.outputs) == 1:
+            _with_head_views(g, k, ins, ("q_view", "k_view", "v_view"), "out_view")
+        elif ins.op in ("matmul", "gemm") and len(ins.inputs) == 2:
+            _with_head_views(g, k, gemm_of(ins), ("a_view", "b_view"), "c_view")
 
 
 def _padded_sum(g: Graph, k: int, shape: tuple):
@@ -264,6 +280,42 @@ def fold_attention(g: Graph) -> None:
         g.set(j_qk, None)
         outputs = (*ins.outputs, probs) if keep_probs else ins.outputs
         g.set(k, Instr("attention", (q[0], kk[0], v[0]), outputs, attrs))
+
+
+def fold_attention_weights(g: Graph) -> None:
+    """The weights ``softmax(gemm{alpha}(q, k, transpose_b))`` that attention's gradient
+    recomputes from the operands of an ``attention`` before it become that attention's second
+    output (the kernel has them in cache): the training forward computes them once."""
+    instrs = g.instrs
+    forward: dict[tuple, int] = {}
+    for k, ins in enumerate(instrs):
+        if ins is not None and ins.op == "attention" and len(ins.outputs) == 1:
+            forward[_scores_key(ins.inputs, ins.attrs.get("q_view"), ins.attrs.get("k_view"))] = k
+    if not forward:
+        return
+    for j, ins in enumerate(instrs):
+        if ins is None or _last_axis_softmax(g, ins.outputs[0]) is None:
+            continue
+        qk = _plain_gemm(g, ins.inputs[0], ta=False, tb=True)
+        if qk is None:
+            continue
+        key = _scores_key(qk[1].inputs, qk[1].attrs.get("a_view"), qk[1].attrs.get("b_view"))
+        k = forward.get(key)
+        probs = ins.outputs[0]
+        if k is None or min(g.readers(probs), default=k + 1) < k:
+            continue
+        att = instrs[k]
+        if not is_close(qk[1].attrs["alpha"], att.attrs["alpha"]):
+            continue
+        g.set(qk[0], None)
+        g.set(j, None)
+        g.set(k, Instr("attention", att.inputs, (*att.outputs, probs), att.attrs))
+        del forward[key]
+
+
+def _scores_key(inputs: tuple[int, ...], q_view, k_view) -> tuple:
+    """What the scores Q Kᵀ are computed from: the Q and K slots and their head views."""
+    return (inputs[0], inputs[1], *(None if v is None else tuple(v) for v in (q_view, k_view)))
 
 
 def _concat_piece(g: Graph, slot: int) -> tuple[list[int], Instr] | None:
