@@ -353,6 +353,8 @@ def fused_step(
     loss_fn: Callable[..., Tensor],
     optimizer: Any,
     *,
+    process_group: Any = None,
+    bucket_cap_mb: float | None = None,
     check_finite: bool = False,
     backend: str = "auto",
     options: dict[str, Any] | None = None,
@@ -361,7 +363,7 @@ def fused_step(
     max_grad_norm: float | None = None,
     norm_type: float | str = 2.0,
     clip_grad_value: float | None = None,
-) -> FusedStep:
+) -> Any:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
     ``step(x, *extra)`` computes ``loss_fn(model(x), *extra)``, updates the parameters and the
@@ -374,11 +376,34 @@ def fused_step(
     updated parameters, optimizer state and buffers); on a mismatch the eager step's values
     stay and the signature runs eagerly from then on.
 
+    ``process_group`` (a ``lucid.distributed`` group; a ``DistributedDataParallel`` model
+    brings its own, and its module is what is compiled): data-parallel training. The gradients
+    are averaged over the ranks in buckets of at most ``bucket_cap_mb`` (default 25, or the DDP
+    model's) by the ``grad-allreduce`` pass; the step runs as a forward + backward executable,
+    one MPI all-reduce per bucket, then ``compile_optimizer``'s update executable, which clips
+    the averaged gradients (``p.grad`` holds them afterwards). ``check_finite`` and ``check``
+    are not taken there.
+
     ``max_grad_norm`` clips the gradients inside the step as ``clip_grad_norm_(params,
     max_grad_norm, norm_type)`` before ``opt.step()`` would (``step.grad_norm`` is then the total
     norm before clipping, a 0-d tensor; a non-finite one raises ``FloatingPointError`` under
     ``check_finite``); ``clip_grad_value`` clamps them first, as ``clip_grad_value_``.
     """
+    distributed = _distributed_step(
+        model,
+        loss_fn,
+        optimizer,
+        process_group,
+        bucket_cap_mb,
+        backend=backend,
+        options=options,
+        max_grad_norm=max_grad_norm,
+        norm_type=norm_type,
+        clip_grad_value=clip_grad_value,
+        refused={"check_finite": check_finite, "check": check},
+    )
+    if distributed is not None:
+        return distributed
     return FusedStep(
         model,
         loss_fn,
@@ -391,4 +416,44 @@ def fused_step(
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
         clip_grad_value=clip_grad_value,
+    )
+
+
+def _distributed_step(
+    model: Any,
+    loss_fn: Callable[..., Tensor],
+    optimizer: Any,
+    process_group: Any,
+    bucket_cap_mb: float | None,
+    *,
+    refused: dict[str, Any],
+    **kw: Any,
+) -> Any:
+    """``fused_step``'s data-parallel step, or None when it trains on one process alone."""
+    from lucid.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        if process_group is None:
+            process_group = model.process_group
+        if bucket_cap_mb is None:
+            bucket_cap_mb = model.bucket_cap_mb
+        model = model.module
+    if process_group is None:
+        if bucket_cap_mb is not None:
+            raise ValueError("fused_step: bucket_cap_mb needs a process_group")
+        return None
+    for name, value in refused.items():
+        if value:
+            raise ValueError(
+                process_group.error(f"fused_step: {name}= is not taken with a process_group")
+            )
+    from lucid.compile.training.distributed import DistributedFusedStep
+
+    return DistributedFusedStep(
+        model,
+        loss_fn,
+        optimizer,
+        process_group,
+        bucket_cap_mb=25.0 if bucket_cap_mb is None else bucket_cap_mb,
+        **kw,
     )

@@ -67,6 +67,7 @@ class TrainStep(_StepIntrospection):
     """
 
     _what = "make_step"
+    _build_options: dict[str, Any] = {}  # more build_training_module keywords (subclasses)
 
     def __init__(
         self,
@@ -116,7 +117,12 @@ class TrainStep(_StepIntrospection):
                 opts.switches,
                 self.backend,
                 lambda inst: build_training_module(
-                    self.model, self.loss_fn, inputs, pipeline=opts.pipeline, instrumentation=inst
+                    self.model,
+                    self.loss_fn,
+                    inputs,
+                    pipeline=opts.pipeline,
+                    instrumentation=inst,
+                    **self._build_options,
                 ),
                 inplace=True,
                 describe=_describe(inputs),
