@@ -360,6 +360,8 @@ def _compiled_ddp_matches(opt_cls, opt_kwargs, dtype, rtol: float, **step_kw) ->
         ddp_opt.zero_grad()
         eager_loss = _mse(ddp(lucid.tensor(x[shard])), lucid.tensor(y[shard]))
         eager_loss.backward()
+        if "max_grad_norm" in step_kw:
+            lucid.nn.utils.clip_grad_norm_(list(ddp.parameters()), step_kw["max_grad_norm"])
         ddp_opt.step()
         assert_close(loss.numpy(), eager_loss.detach().numpy(), rtol=rtol, atol=rtol)
         ref_opt.zero_grad()
