@@ -1,8 +1,17 @@
+import gc
 import os
+import sys
 
 from hypothesis import HealthCheck, settings
 
-import lucid._dispatch
+# Cache compiled bytecode (Python's default), in this process and the ones the tests start, even
+# where PYTHONDONTWRITEBYTECODE is set: without it every test module is assertion-rewritten again
+# and every child process compiles Lucid anew, a sizeable share of the run's time. The caches go
+# to the __pycache__ folders git ignores.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+import lucid._dispatch  # noqa: E402
 
 # Every kernel's output is checked against its op's shape/dtype inference during the tests.
 lucid._dispatch.CHECK_INFERENCE = True
@@ -10,7 +19,17 @@ lucid._dispatch.CHECK_INFERENCE = True
 settings.register_profile(
     "lucid",
     deadline=None,
-    max_examples=int(os.environ.get("LUCID_HYPOTHESIS_EXAMPLES", "25")),
+    # Few examples in the README's run; .ci/run's second step runs the hypothesis tests with
+    # LUCID_HYPOTHESIS_EXAMPLES=100 (a test's own @settings(max_examples=...) takes precedence).
+    max_examples=int(os.environ.get("LUCID_HYPOTHESIS_EXAMPLES", "10")),
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("lucid")
+
+
+def pytest_collection_finish(session):
+    """What collecting loaded (test modules, Lucid, xDSL, hypothesis) lives for the whole run:
+    frozen out of the cyclic collector's sight, the full collections during the tests stop
+    rescanning it."""
+    gc.collect()
+    gc.freeze()

@@ -5,7 +5,9 @@ blocks may read, then serves requests, one JSON line each on stdin: a chain of b
 and its continuations) to run in a scratch folder. Each chain runs in a forked child, so blocks
 of different chains share no state (registered ops and passes, the RNG, the environment, the
 working folder) while costing no interpreter start-up; a chain past its timeout is killed with
-its subprocesses. The answer is one JSON line: one result per block run.
+its subprocesses. The answer is one JSON line: one result per block run. A request with
+``"fresh_process": true`` runs its chain in a fresh interpreter, as every chain does where
+forking is unsafe.
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ def run_chain_to_file(request: dict, samples: str, result_path: str) -> int:
 
 
 def serve_one(request: dict, samples: str) -> dict:
-    if not USE_FORK:
+    if not USE_FORK or request.get("fresh_process"):
         return serve_spawned(request, samples)
     fd, result_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)

@@ -201,7 +201,10 @@ class Runner:
         self.results: dict[Block, dict] = {}
         self.scratch = tempfile.TemporaryDirectory(prefix="lucid-docs-")
 
-    def run(self, chain: list[Block], timeout: float = CHAIN_TIMEOUT_S) -> dict:
+    def run(
+        self, chain: list[Block], timeout: float = CHAIN_TIMEOUT_S, fresh_process: bool = False
+    ) -> dict:
+        """Run one chain; ``fresh_process`` runs it in a fresh interpreter instead of a fork."""
         folder = tempfile.mkdtemp(dir=self.scratch.name)
         request = {
             "blocks": [
@@ -215,6 +218,7 @@ class Runner:
             ],
             "cwd": folder,
             "timeout": timeout,
+            "fresh_process": fresh_process,
         }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
@@ -366,11 +370,33 @@ def test_a_block_past_its_timeout_is_stopped(runner, tmp_path):
     doc = tmp_path / "slow.md"
     doc.write_text("```python\nimport time\ntime.sleep(60)\n```\n")
     (block,) = parse_blocks(doc, root=tmp_path)
-    assert runner.run([block], timeout=1.0) == {"timeout": True}
+    assert runner.run([block], timeout=0.5) == {"timeout": True}
 
 
-def test_chains_also_run_in_fresh_processes(tmp_path):
-    """Where forking is unsafe (macOS), each chain runs in a fresh interpreter; same answers."""
+def test_chains_also_run_in_fresh_processes(runner, tmp_path):
+    """Where forking is unsafe (macOS), each chain runs in a fresh interpreter; same answers.
+    The shared runner starts them (``fresh_process``); the slow test below runs a whole runner
+    that never forks, shell blocks included."""
+    doc = tmp_path / "guide.md"
+    doc.write_text(
+        "```python\nimport sys\nimport lucid\n"
+        "assert sys.argv[1:2] == ['--chain'], 'a forked child, not a fresh interpreter'\n"
+        "x = lucid.ones(2)\n```\n\n"
+        "```python continued\nassert x.sum().item() == 3, 'two ones'\n```\n\n"
+        "```python\nimport time\ntime.sleep(60)\n```\n"
+    )
+    blocks = parse_blocks(doc, root=tmp_path)
+    first, second = runner.run(blocks[:2], fresh_process=True)["results"]
+    assert first["ok"], first["error"]
+    assert not second["ok"]
+    assert f'File "{doc}", line 9' in second["error"] and "two ones" in second["error"]
+    assert runner.run(blocks[2:], timeout=1.0, fresh_process=True) == {"timeout": True}
+
+
+@pytest.mark.slow
+def test_a_runner_that_never_forks_gives_the_same_answers(tmp_path):
+    """``LUCID_DOCS_NO_FORK=1``: every chain of the runner, shell blocks with the sample files
+    included, runs in a fresh interpreter."""
     doc = tmp_path / "guide.md"
     doc.write_text(
         "```python\nimport lucid\nx = lucid.ones(2)\n```\n\n"

@@ -443,6 +443,7 @@ _SAVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 2 processes; in the default run: test_a_reader_during_writes_sees_a_whole_file
 def test_two_processes_saving_to_one_path_leave_one_whole_file(tmp_path):
     script = tmp_path / "saver.py"
     script.write_text(_SAVER)

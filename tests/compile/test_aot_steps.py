@@ -159,7 +159,11 @@ def _assert_same(got, want):
 
 @pytest.mark.parametrize(
     ("kind", "opt_kind", "with_scheduler"),
-    [("fused_step", "sgd", False), ("fused_step", "adam", True), ("make_step", None, False)],
+    [
+        pytest.param("fused_step", "sgd", False, marks=pytest.mark.slow),  # adam covers it
+        ("fused_step", "adam", True),
+        ("make_step", None, False),
+    ],
 )
 def test_a_resumed_step_continues_bit_identically_in_a_fresh_process(
     tmp_path, kind, opt_kind, with_scheduler

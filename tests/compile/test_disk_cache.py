@@ -150,6 +150,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # three processes; the default run has the in-process disk round trip
 def test_processes_compiling_concurrently_share_the_cache(cache_dir, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)

@@ -26,6 +26,7 @@ def _inspect(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # six tool processes; test_compiled_module checks graph_dump in the default run
 def test_graph_dump_without_key_is_accepted_by_lucid_inspect_trace(tmp_path):
     cm = lucid.compile(nn.Sequential(nn.Linear(4, 3), nn.ReLU()))
     with lucid.no_grad():

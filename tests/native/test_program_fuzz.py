@@ -59,7 +59,7 @@ def test_many_more_mutated_programs_never_crash_hang_or_disagree(seeds_file, see
 
 def test_the_fuzzer_reports_a_hang(seeds_file):
     # A child that cannot finish in time is reported as a hang (with its case once one started).
-    report = run_batch_in_subprocess(seeds_file, 0, 0, 10**9, timeout=4)
+    report = run_batch_in_subprocess(seeds_file, 0, 0, 10**9, timeout=1.5)
     assert report.failure is not None and report.failure.startswith("hang (timeout)")
 
 
