@@ -4,8 +4,8 @@ model, and refused arguments. The N-process runs are in ``test_mpi.py``."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,17 +17,8 @@ from lucid.ir import interpret
 from lucid.nn.parallel import DistributedDataParallel as DDP
 from lucid.testing import assert_close
 
-
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(os.path.dirname(__file__), path)
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ThreadGroup = _load("thread_group", "_thread_group.py").ThreadGroup
+# The in-process group of test_grad_allreduce.py (tests are imported without packages here).
+ThreadGroup = runpy.run_path(str(Path(__file__).with_name("_thread_group.py")))["ThreadGroup"]
 
 
 def _mlp(seed: int, dtype=lucid.float64) -> nn.Module:
@@ -127,3 +118,18 @@ def test_refused_arguments_name_the_problem():
         group.run(finite)
     with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
         lucid.compile.fused_step(model, _mse, opt, process_group=group, bucket_cap_mb=0)
+
+
+def test_a_step_that_cannot_compile_names_the_rank():
+    group = ThreadGroup(1)
+    model = _mlp(7)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+
+    def reads_a_value(out, target):  # a Python float of a traced value: a graph break
+        return _mse(out, target) * float(out.sum().item() > 0)
+
+    step = lucid.compile.fused_step(model, reads_a_value, opt, process_group=group)
+    x, y = _data(8)
+    with pytest.raises(lucid.compile.CompileError, match=r"^rank 0 of 1: fused_step: cannot"):
+        group.run(lambda _rank: step(x, y))
+    assert all(p.grad is None for p in model.parameters())  # nothing was updated

@@ -113,7 +113,7 @@ class TrainStep(_StepIntrospection):
         opts = self._opts
         try:
             compiled = _compile_step(
-                "make_step",
+                self._what,
                 opts.switches,
                 self.backend,
                 lambda inst: build_training_module(
@@ -129,7 +129,7 @@ class TrainStep(_StepIntrospection):
             )
         except _COMPILER_ERRORS as e:
             raise CompileError(
-                f"make_step: cannot compile the training step for inputs {_describe(inputs)}: "
+                f"{self._what}: cannot compile the training step for inputs {_describe(inputs)}: "
                 f"{type(e).__name__}: {e}"
             ) from e
         entry = _entry_of(compiled, inplace=True)
