@@ -95,7 +95,12 @@ def test_every_check(n):
 def test_compiled_data_parallel_step_two_processes():
     """fused_step(..., process_group=...) on 2 shards == 1 process on the whole batch == eager
     DDP, and --print-ir-after-all shows the all_reduce ops of the grad-allreduce pass."""
-    checks = ["compiled_ddp_sgd_float64", "compiled_ddp_adamw_float64", "compiled_ddp_print_ir"]
+    checks = [
+        "compiled_ddp_sgd_float64",
+        "compiled_ddp_adamw_float64",
+        "compiled_ddp_batchnorm",
+        "compiled_ddp_print_ir",
+    ]
     done, _ = _mpirun(2, checks)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
@@ -116,6 +121,7 @@ def test_compiled_data_parallel_step_every_check(n):
             "compiled_ddp_adamw_float64",
             "compiled_ddp_float32_and_clipping",
             "compiled_ddp_wrapped_model",
+            "compiled_ddp_batchnorm",
         ],
     )
 

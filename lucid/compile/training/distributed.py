@@ -10,6 +10,9 @@ program cut at its collectives into what a backend can run:
    deadline) and the division by the world size;
 3. the optimizer's update as ``compile_optimizer``'s executable, reading the averaged gradients
    (``p.grad`` becomes a view of its bucket), so clipping sees averaged gradients, as in PyTorch.
+
+Before 1, the model's buffers (BatchNorm statistics) are broadcast from rank 0, as eager DDP's
+forward does (``broadcast_buffers``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from lucid.compile.training.entries import _run_checked
 from lucid.compile.training.make_step import TrainStep
 from lucid.compile.training.optimizer import CompiledOptimizerStep
 from lucid.distributed._group import ReduceOp
+from lucid.nn.parallel.distributed import _broadcast_coalesced
 from lucid.passes.grad_allreduce import BUCKET, GRAD
 
 __all__ = ["DistributedFusedStep"]
@@ -90,6 +94,7 @@ class DistributedFusedStep:
         process_group: Any,
         *,
         bucket_cap_mb: float = 25.0,
+        broadcast_buffers: bool = True,
         backend: str = "auto",
         options: dict[str, Any] | None = None,
         max_grad_norm: float | None = None,
@@ -100,6 +105,7 @@ class DistributedFusedStep:
             raise ValueError(f"fused_step: bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self.process_group = process_group
         self.model = model
+        self.broadcast_buffers = broadcast_buffers
         self.optimizer = optimizer
         self._gradients = _BucketGradients(
             model,
@@ -129,6 +135,11 @@ class DistributedFusedStep:
     @_one_call_at_a_time
     def __call__(self, x: Any, *extra: Any) -> Tensor:
         group = self.process_group
+        if self.broadcast_buffers and group.size > 1:
+            # As eager DDP's forward: every rank starts from rank 0's BatchNorm statistics.
+            buffers = list(self.model.buffers())
+            if buffers:
+                _broadcast_coalesced(group, buffers)
         try:
             loss, buckets = self._gradients.buckets((x, *extra))
         except CompileError as e:

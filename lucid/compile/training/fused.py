@@ -433,6 +433,7 @@ def _distributed_step(
     from lucid.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
+        kw["broadcast_buffers"] = model.broadcast_buffers
         if process_group is None:
             process_group = model.process_group
         if bucket_cap_mb is None:
