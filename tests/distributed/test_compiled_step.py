@@ -133,3 +133,27 @@ def test_a_step_that_cannot_compile_names_the_rank():
     with pytest.raises(lucid.compile.CompileError, match=r"^rank 0 of 1: fused_step: cannot"):
         group.run(lambda _rank: step(x, y))
     assert all(p.grad is None for p in model.parameters())  # nothing was updated
+
+
+class _WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(5, 3).double()
+        self.unused = nn.Linear(5, 3).double()
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_a_parameter_the_loss_does_not_reach_is_not_updated_from_a_stale_grad():
+    group = ThreadGroup(1)
+    lucid.manual_seed(9)
+    model = _WithUnused()
+    before = model.unused.weight.numpy().copy()
+    model.unused.weight.grad = lucid.ones_like(model.unused.weight)  # left from elsewhere
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    step = lucid.compile.fused_step(model, _mse, opt, process_group=group)
+    x, y = _data(12)
+    group.run(lambda _rank: step(x, y))
+    assert_close(model.unused.weight.numpy(), before, rtol=0, atol=0)
+    assert model.unused.weight.grad is None and model.used.weight.grad is not None

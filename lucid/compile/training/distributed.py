@@ -147,6 +147,11 @@ class DistributedFusedStep:
         if group.size > 1:
             requests = [group.start_all_reduce(buffer, ReduceOp.SUM) for buffer, _ in buckets]
             group.wait(requests, f"gradient all-reduce of {len(buckets)} buckets")
+        # A parameter without a gradient in this step keeps none (as fused_step ignores it),
+        # not a stale one the update would apply.
+        for param_group in self.optimizer.param_groups:
+            for param in param_group["params"]:
+                param._grad = None
         for buffer, layout in buckets:
             if group.size > 1:
                 np.divide(buffer, group.size, out=buffer, casting="unsafe")
