@@ -83,7 +83,10 @@ def _sig_diffs(where: str, old: Any, new: Any) -> list[Difference]:
 
 def diff(old: tuple, new: tuple) -> list[Difference]:
     """Every difference between two cache keys."""
-    (oargs, okw, otrain, ograd, oparams), (nargs, nkw, ntrain, ngrad, nparams) = old, new
+    (oargs, okw, otrain, ograd, oparams, oregion), (nargs, nkw, ntrain, ngrad, nparams, nregion) = (
+        old,
+        new,
+    )
     out: list[Difference] = []
     if len(oargs) != len(nargs):
         out.append(Difference("arguments", "count", len(oargs), len(nargs)))
@@ -108,13 +111,16 @@ def diff(old: tuple, new: tuple) -> list[Difference]:
             if a != b
         ]
         out.append(Difference("parameters", "dtypes", len(oparams), ", ".join(names) or "count"))
+    if oregion != nregion:
+        out.append(Difference("call", "autocast region", oregion, nregion))
     return out
 
 
 def diff_step(old: tuple, new: tuple) -> list[Difference]:
-    """Every difference between two training-step keys: ``(input signatures, training, ...)``
-    (``make_step``: parameters' ``(requires_grad, dtype)``; ``fused_step``: the optimizer's
-    baked-in settings, then parameters' ``requires_grad``)."""
+    """Every difference between two training-step keys: ``(input signatures, training, ...,
+    autocast region)`` (``make_step``: parameters' ``(requires_grad, dtype)``; ``fused_step``:
+    the optimizer's baked-in settings, parameters' ``requires_grad``, and after the region the
+    loss scaling's)."""
     out: list[Difference] = []
     oin, nin = old[0], new[0]
     if len(oin) != len(nin):
@@ -123,8 +129,14 @@ def diff_step(old: tuple, new: tuple) -> list[Difference]:
         out += _sig_diffs(f"input {i}", a, b)
     if old[1] != new[1]:
         out.append(Difference("model", "training flag", mode_repr(old[1]), mode_repr(new[1])))
-    rest = ("optimizer settings", "parameters") if len(new) == 4 else ("parameters",)
-    for name, a, b in zip(rest, old[2:], new[2:], strict=False):
+    fused = len(new) == 6
+    if fused and old[5] != new[5]:
+        out.append(Difference("scaler", "options", old[5], new[5]))
+    region = 4 if fused else 3
+    if old[region] != new[region]:
+        out.append(Difference("call", "autocast region", old[region], new[region]))
+    rest = ("optimizer settings", "parameters") if fused else ("parameters",)
+    for name, a, b in zip(rest, old[2:region], new[2:region], strict=False):
         if a != b:
             changed = [i for i, (u, v) in enumerate(zip(a, b, strict=False)) if u != v]
             what = "requires_grad/dtype" if name == "parameters" else "values"

@@ -5,6 +5,8 @@ A tensor's signature is ``(shape, numpy dtype, requires_grad)``; any other argum
 ``(type, value)``; a tuple, list or dict holding tensors is ``(type, _TreeSig)`` over its
 elements' signatures. With a symbolic batch the tensors' shared leading dim is None.
 A training step keys its inputs with ``step_input_sig``: ``(shape, numpy dtype)`` per tensor.
+Every key also holds ``autocast_state()``: the same function traces to a different graph inside
+an autocast region.
 """
 
 from __future__ import annotations
@@ -16,24 +18,31 @@ import numpy as np
 
 from lucid._state import state
 from lucid._tensor import Tensor
+from lucid.amp import autocast_key
 from lucid.compile._binding import mode_repr
 
-__all__ = ["CacheKey", "cache_key", "step_input_sig"]
+__all__ = ["CacheKey", "autocast_state", "cache_key", "step_input_sig"]
+
+
+def autocast_state() -> tuple[str, str] | None:
+    """The active autocast region as part of a cache key (None outside one)."""
+    return None if state.autocast is None else autocast_key()
 
 
 class CacheKey(tuple):
     """What a compiled executable is specialised on: the tensor arguments' shapes, dtypes and
     ``requires_grad``, the values of the other arguments, keyword names, the training modes
     (the model's flag, or ``(flag, names of submodules in the other mode)`` when they differ),
-    whether gradients are needed, and the parameters' dtypes."""
+    whether gradients are needed, the parameters' dtypes and the autocast region."""
 
     __slots__ = ()
 
     def __repr__(self) -> str:
-        args, kwargs, training, grad, params = self
+        args, kwargs, training, grad, params, autocast = self
         parts = [_sig_repr(a) for a in args] + [f"{k}={_sig_repr(v)}" for k, v in kwargs]
         mode = mode_repr(training)
-        return f"CacheKey(({', '.join(parts)}), {mode}{', grad' if grad else ''})"
+        region = f", autocast({autocast[0]}, {autocast[1]})" if autocast is not None else ""
+        return f"CacheKey(({', '.join(parts)}), {mode}{', grad' if grad else ''}{region})"
 
 
 def _sig_repr(sig: tuple) -> str:
@@ -149,8 +158,9 @@ def cache_key(
 ) -> tuple:
     """The cache key of a call as a plain tuple (hashes and compares like the ``CacheKey``
     stored): ``params`` are the wrapper's parameters, ``training`` its training modes,
-    ``fingerprint`` its parameters' dtypes. With ``symbolic``, the tensor arguments' shared
-    leading dim is None. Raises ``_Unhashable`` for an argument that cannot be part of a key.
+    ``fingerprint`` its parameters' dtypes; the active autocast region is read here. With
+    ``symbolic``, the tensor arguments' shared leading dim is None. Raises ``_Unhashable`` for an
+    argument that cannot be part of a key.
 
     This runs on every call, the cache hits included: the common case (concrete tensors of the
     exact Tensor class) is written out here rather than called."""
@@ -174,7 +184,8 @@ def cache_key(
         kw = tuple(sorted([(k, _arg_sig(v)) for k, v in kwargs.items()]))
         any_rg = any_rg or any([_sig_requires_grad(s) for _, s in kw])
     grad = state.grad_enabled and (any_rg or any([p._requires_grad for p in params]))
-    return (sig, kw, training, grad, fingerprint)
+    region = None if state.autocast is None else autocast_key()
+    return (sig, kw, training, grad, fingerprint, region)
 
 
 def step_input_sig(inputs: tuple) -> tuple:

@@ -356,11 +356,6 @@ def test_compare_with_torch_autocast_when_available():
             assert theirs == f"torch.{ours}", (name, ours, theirs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the compiled-call cache key does not include lucid.amp.autocast_key() yet (a "
-    "lucid/compile change): a signature compiled outside autocast is reused inside it",
-)
 def test_a_signature_compiled_outside_autocast_is_not_reused_inside():
     model = nn.Linear(3, 2)
     cm = lucid.compile(model)

@@ -116,6 +116,14 @@ def test_refused_arguments_name_the_problem():
 
     with pytest.raises(ValueError, match="rank 0 of 1: fused_step: check_finite="):
         group.run(finite)
+
+    def scaled(_rank: int) -> None:
+        lucid.compile.fused_step(
+            model, _mse, opt, process_group=group, scaler=lucid.amp.GradScaler()
+        )
+
+    with pytest.raises(ValueError, match="rank 0 of 1: fused_step: scaler="):
+        group.run(scaled)
     with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
         lucid.compile.fused_step(model, _mse, opt, process_group=group, bucket_cap_mb=0)
 

@@ -153,7 +153,9 @@ def _decode_output(node: Any, outs: list, args: tuple, kwargs: dict) -> Any:
 
 # --- save ----------------------------------------------------------------------------------------
 def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) -> dict:
-    args_sig, kwargs_sig, training, grad, _ = key
+    args_sig, kwargs_sig, training, grad, _, autocast = key
+    if autocast is not None:  # a loaded module matches calls without the autocast region
+        raise _NotSaveable("it was compiled inside an autocast region")
     if isinstance(training, tuple):  # a loaded module knows one flag, not per-submodule modes
         raise _NotSaveable("its submodules were in mixed train/eval modes")
     if grad:

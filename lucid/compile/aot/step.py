@@ -152,13 +152,22 @@ def save_step(step: Any, scheduler: Any = None) -> tuple[dict, dict[str, str], d
     Raises ``NotSaveable`` when the step has no compiled entry or holds what is not data."""
 
     kind = "fused_step" if isinstance(step, FusedStep) else "make_step"
+    if getattr(step, "_scaler", None) is not None:
+        # A loaded step could not write its scale back to the user's GradScaler.
+        raise NotSaveable("it was built with a GradScaler (scaler=)")
     entries = list(step._entries.items())
     if not entries:
         raise NotSaveable("the step has no compiled entry (call it once first)")
     # A loaded step knows one training flag, not per-submodule modes: mixed-mode entries stay.
-    entries = [(key, entry) for key, entry in entries if not isinstance(key[1], tuple)]
+    # A loaded step matches calls without an autocast region: entries traced inside one stay.
+    entries = [
+        (key, entry) for key, entry in entries if not isinstance(key[1], tuple) and key[-1] is None
+    ]
     if not entries:
-        raise NotSaveable("every compiled entry has submodules in mixed train/eval modes")
+        raise NotSaveable(
+            "every compiled entry has submodules in mixed train/eval modes or was traced "
+            "inside an autocast region"
+        )
     tensors: dict[str, Tensor] = {}  # role -> tensor; one role per object (the first seen)
     role_of: dict[int, str] = {}
 

@@ -81,24 +81,51 @@ def eager_optimizer_step(
     optimizer: Any,
     inputs: tuple,
     before_update: Callable[[list[Tensor]], None] | None = None,
+    scaler: Any = None,
+    masters: dict[int, Tensor] | None = None,
 ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """One eager training step (forward, backward, ``optimizer``'s own ``step``, even when
     ``compile_optimizer`` replaced it): the loss and each parameter's gradient (by ``id``).
     ``.grad`` of every parameter is left as it was (a fused step never fills it);
-    ``before_update(params)`` runs between backward and the update (gradient clipping)."""
+    ``before_update(params)`` runs between backward and the update (gradient clipping).
+    With ``scaler`` (a ``GradScaler``) the scaled loss is differentiated (the gradients returned
+    are scaled), unscaled before ``before_update``, the update skipped on inf/NaN and the scale
+    updated, as ``scaler.step(optimizer); scaler.update()``. ``masters`` (``{id(float32
+    master the optimizer holds): half-precision model parameter}``): each master's gradient is
+    its parameter's widened, and after the update the parameter is set to its master rounded."""
+    masters = masters or {}
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    params += list(masters.values())
     saved = [p._grad for p in params]
     for p in params:
         p._grad = None
     try:
         with lucid.enable_grad():
             loss = loss_fn(model(inputs[0]), *inputs[1:])
-            if loss._requires_grad:
-                loss.backward()
+            differentiated = scaler.scale(loss) if scaler is not None else loss
+            if differentiated._requires_grad:
+                differentiated.backward()
+        for p in params:
+            model_param = masters.get(id(p))
+            if model_param is not None and model_param._grad is not None:
+                p._grad = Tensor._wrap(model_param._grad._data.astype(p._data.dtype))
         grads = {id(p): np.array(p._grad._data, copy=True) for p in params if p._grad is not None}
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         if before_update is not None:
             before_update(params)
-        type(optimizer).step(optimizer)
+        if scaler is None:
+            type(optimizer).step(optimizer)
+        else:
+            # scaler.step, but with the optimizer's own step (compile_optimizer may replace it)
+            if not scaler._per_optimizer_states[id(optimizer)]["found_inf"]:
+                type(optimizer).step(optimizer)
+            scaler.update()
+        for p in params:
+            model_param = masters.get(id(p))
+            if model_param is not None:
+                model_param._data[...] = p._data.astype(model_param._data.dtype)
+                model_param._version[0] += 1
     finally:
         for p, g in zip(params, saved, strict=True):
             p._grad = g

@@ -50,7 +50,13 @@ from lucid.passes.optimizer_fusion import OptimizerFusion
 from lucid.passes.vjp import VJP
 from lucid.trace._tracing import _tracing
 
-__all__ = ["GradClip", "TrainingModule", "build_optimizer_module", "build_training_module"]
+__all__ = [
+    "GradClip",
+    "LossScaling",
+    "TrainingModule",
+    "build_optimizer_module",
+    "build_training_module",
+]
 
 
 @dataclass
@@ -104,6 +110,56 @@ class GradClip:
                 c = by_dtype[g.dtype] = coef.to(g.dtype)
             clipped.append(g * c)
         return clipped, total
+
+
+@dataclass(frozen=True)
+class LossScaling:
+    """``GradScaler``'s work traced into a training step, as ``torch.amp.GradScaler`` does it
+    eagerly: the loss times ``scale`` is differentiated; the gradients are divided by it
+    (``unscale_``) before clipping; the optimizer's update of parameters and state is kept only
+    when every gradient is finite; then ``scale`` and ``growth_tracker`` (0-d float32 tensors,
+    updated in place) back off after an overflow or grow after ``growth_interval`` clean steps."""
+
+    scale: Tensor
+    growth_tracker: Tensor
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+
+    def name_feeds(self, tracer: Any) -> None:
+        """The roles of the scaler's tensors in the trace (updated in place, written back)."""
+        tracer._names[id(self.scale)] = "scaler:scale"
+        tracer._names[id(self.growth_tracker)] = "scaler:growth_tracker"
+
+    def unscale(self, grads: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """The gradients divided by the scale (in float32, rounded once to their dtype) and
+        whether all of them are finite (a 0-d bool tensor)."""
+        inv_scale = lucid.reciprocal(self.scale)
+        # g * 0 is NaN exactly where g is inf or NaN: one sum tells whether any gradient was.
+        overflow = None
+        unscaled = []
+        for g in grads:
+            wide = g if g.dtype in (lucid.float32, lucid.float64) else g.to(lucid.float32)
+            probe = (wide * 0.0).sum().to(lucid.float32)
+            overflow = probe if overflow is None else overflow + probe
+            unscaled.append((wide * inv_scale).to(g.dtype))
+        finite = lucid.isfinite(overflow if overflow is not None else self.scale * 0.0)
+        return unscaled, finite
+
+    def update_scale(self, finite: Tensor) -> None:
+        """``GradScaler.update``: back off after an overflow; after ``growth_interval`` clean
+        steps in a row grow the scale (unless that overflows float32) and restart the count."""
+        scale, tracker = self.scale, self.growth_tracker
+        counted = tracker + 1.0
+        due = lucid.ge(counted, float(self.growth_interval))
+        grown = scale * self.growth_factor
+        grown = lucid.where(lucid.logical_and(due, lucid.isfinite(grown)), grown, scale)
+        new_scale = lucid.where(finite, grown, scale * self.backoff_factor)
+        new_tracker = lucid.where(
+            lucid.logical_and(finite, lucid.logical_not(due)), counted, counted * 0.0
+        )
+        scale.copy_(new_scale)
+        tracker.copy_(new_tracker)
 
 
 def _nonnegative(value: Any, name: str, what: str) -> float:
@@ -238,6 +294,8 @@ def build_training_module(
     pipeline: str = "canonicalize,cse,dce",
     instrumentation: Instrumentation | None = None,
     grad_clip: GradClip | None = None,
+    loss_scaling: LossScaling | None = None,
+    masters: dict[int, Tensor] | None = None,
     grad_allreduce_mb: float | None = None,
 ) -> TrainingModule:
     """Trace and differentiate one training step of ``model``.
@@ -248,6 +306,11 @@ def build_training_module(
     ``ghost-grads``) and returns the parameters' and state's new values as ``update:`` results
     (``keep_grads=True`` keeps the gradients too). ``grad_clip`` clips the gradients the update
     sees; with a ``max_norm`` the total norm before clipping is result ``output:1``.
+    ``loss_scaling`` (with an optimizer) differentiates the scaled loss (the last ``output:``)
+    and makes the update conditional on finite gradients (see ``LossScaling``). ``masters``
+    maps ``id(master)`` to the model's parameter for each float32 master weight the optimizer
+    holds in place of a half-precision parameter: the gradient is widened to float32, the
+    master updated (``master:<name>``) and the parameter set to it rounded to its dtype.
     ``pipeline`` runs last. ``instrumentation`` (the pass manager's printing and timing
     switches) covers every pass, as one pipeline.
 
@@ -259,6 +322,8 @@ def build_training_module(
         raise ValueError("build_training_module: grad_allreduce_mb takes no optimizer")
     if grad_clip is not None and optimizer is None:
         raise ValueError("build_training_module: grad_clip needs an optimizer (it clips its input)")
+    if loss_scaling is not None and optimizer is None:
+        raise ValueError("build_training_module: loss_scaling needs an optimizer")
     example_inputs = tuple(example_inputs)
     if not example_inputs:
         raise TypeError("build_training_module needs at least one example input (the model's)")
@@ -276,16 +341,34 @@ def build_training_module(
         scalar_dtypes: dict[str, np.dtype] = {}
         sources: list[_ScalarSource] = []
         grad_norm = None
+        outputs = [loss]
+        scaled_loss = None
+        if loss_scaling is not None:  # with the scale before the update changes it
+            loss_scaling.name_feeds(tracer)
+            scaled_loss = loss * loss_scaling.scale  # what backward differentiates
         if optimizer is not None:
             sources, grad_norm = _trace_update(
-                tracer, optimizer, trained, names, scalars, scalar_dtypes, grad_clip=grad_clip
+                tracer,
+                optimizer,
+                trained,
+                names,
+                scalars,
+                scalar_dtypes,
+                grad_clip=grad_clip,
+                loss_scaling=loss_scaling,
+                masters=masters,
             )
-        trace = tracer.finish([loss] if grad_norm is None else [loss, grad_norm])
+        if grad_norm is not None:
+            outputs.append(grad_norm)
+        if scaled_loss is not None:
+            outputs.append(scaled_loss)
+        trace = tracer.finish(outputs)
     check_vjp_coverage(trace)
     module = import_trace(trace)
     fn = forward_func(module)
     wrt = " ".join(f"param:{names[id(p)]}" for p in trained)
-    passes: list[x.ModulePass] = [VJP(wrt=wrt)] if trained else []
+    differentiated = f"output:{len(outputs) - 1}" if loss_scaling is not None else "output:0"
+    passes: list[x.ModulePass] = [VJP(wrt=wrt, loss=differentiated)] if trained else []
     allreduce = None
     if grad_allreduce_mb is not None and trained:
         allreduce = GradAllReduce(bucket_cap_mb=grad_allreduce_mb)
@@ -398,6 +481,8 @@ def _trace_update(
     grad_role: str = "ghost:param:",
     grad_clip: GradClip | None = None,
     write_back_clipped: bool = False,
+    loss_scaling: LossScaling | None = None,
+    masters: dict[int, Tensor] | None = None,
 ) -> tuple[list[_ScalarSource], Tensor | None]:
     """Record the optimizer's update of ``trained`` against ghost gradient feeds (clipped by
     ``grad_clip`` first, and with ``write_back_clipped`` the clipped gradients written back to
@@ -408,11 +493,17 @@ def _trace_update(
     share their options and step count) is one feed ``scalar:<group>:<key>``; otherwise each
     parameter gets its own, ``scalar:<group>.<k>:<key>``. The feed has the dtype eager
     arithmetic gives the Python float (``_FedScalar``); a dtype other than float32 is appended
-    to the role (``scalar:0:lr:float64``), so a group mixing dtypes gets one feed per dtype."""
+    to the role (``scalar:0:lr:float64``), so a group mixing dtypes gets one feed per dtype.
+    ``loss_scaling`` unscales the gradients before clipping and keeps each update only when
+    they are all finite, then updates the scale. ``masters``: as for ``build_training_module``."""
+    masters = masters or {}
     trained_ids = {id(p) for p in trained}
+    trained_ids |= {mid for mid, p in masters.items() if id(p) in trained_ids}
     saved = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
+            if id(p) in masters:  # named before the placeholders below capture it
+                tracer._names[id(p)] = f"master:{names[id(masters[id(p)])]}"
             saved[id(p)] = (p, p._grad)
             # Placeholders so _param_updates yields exactly the parameters that get a gradient.
             p._grad = lucid.zeros_like(p) if id(p) in trained_ids else None
@@ -449,20 +540,29 @@ def _trace_update(
     with lucid.no_grad():
         grads = []
         for param, _placeholder, st, _ in items:
-            if id(param) not in names:
+            model_param = masters.get(id(param), param)
+            if id(model_param) not in names:
                 raise ValueError("the optimizer holds a parameter that is not the model's")
-            pname = names[id(param)]
+            pname = names[id(model_param)]
             for key, t in st.items():
                 if isinstance(t, Tensor):
                     tracer._names[id(t)] = f"state:{pname}.{key}"
-            grads.append(tracer.input(tuple(param.shape), param.dtype, role=f"{grad_role}{pname}"))
+            grad = tracer.input(
+                tuple(model_param.shape), model_param.dtype, role=f"{grad_role}{pname}"
+            )
+            if model_param is not param:
+                grad = grad.to(param.dtype)
+            grads.append(grad)
         grad_norm = None
+        finite = None
+        fed_grads = grads
+        if loss_scaling is not None:
+            grads, finite = loss_scaling.unscale(grads)
         if grad_clip is not None:
-            fed_grads = grads
             grads, grad_norm = grad_clip.apply(grads)
-            if write_back_clipped:
-                for fed_grad, clipped in zip(fed_grads, grads, strict=True):
-                    fed_grad.copy_(clipped)
+        if write_back_clipped and grads is not fed_grads:
+            for fed_grad, changed in zip(fed_grads, grads, strict=True):
+                fed_grad.copy_(changed)
         for k, ((param, _placeholder, st, step_scalars), grad) in enumerate(
             zip(items, grads, strict=True)
         ):
@@ -475,6 +575,9 @@ def _trace_update(
                 shared = len(values_by_key[(gi, key)]) == 1
                 base = f"scalar:{gi}:{key}" if shared else f"scalar:{gi}.{k}:{key}"
                 fed[key] = _FedScalar(key, feeder(base, gi, param, key, float(value)))
+            # A skipped step leaves the parameter and its state as they were.
+            written = [param, *(t for t in st.values() if isinstance(t, Tensor))]
+            before = [lucid.clone(t) for t in written] if finite is not None else []
             try:
                 optimizer._update(param, grad, st, **fed)
             except TypeError as e:
@@ -485,6 +588,14 @@ def _trace_update(
                     "method; a traced update may only combine step scalars with tensors through "
                     f"+, -, *, / and ** ({e})"
                 ) from None
+            if finite is not None:
+                for t, old in zip(written, before, strict=True):
+                    t.copy_(lucid.where(finite, t, old))
+            model_param = masters.get(id(param))
+            if model_param is not None:
+                model_param.copy_(param)  # rounded to the parameter's dtype
+        if loss_scaling is not None:
+            loss_scaling.update_scale(finite)
     return sources, grad_norm
 
 
@@ -494,6 +605,7 @@ def build_optimizer_module(
     fuse_optimizer: bool = True,
     instrumentation: Instrumentation | None = None,
     grad_clip: GradClip | None = None,
+    loss_scaling: LossScaling | None = None,
 ) -> TrainingModule:
     """The optimizer's step alone as a module (what ``compile_optimizer`` runs): it takes
     ``param:<g>.<i>`` (parameter ``i`` of group ``g``), ``grad:param:<g>.<i>`` (its ``.grad``),
@@ -501,7 +613,9 @@ def build_optimizer_module(
     parameters that have a gradient now (as ``step()`` skips the others). Identical update
     chains are fused unless ``fuse_optimizer=False``. ``grad_clip`` clips the gradients first
     (written back as ``update:grad:param:*``, as eager clipping changes ``p.grad``); with a
-    ``max_norm`` the total norm before clipping is result ``output:0``."""
+    ``max_norm`` the total norm before clipping is result ``output:0``. ``loss_scaling``
+    unscales the gradients first (written back too, as ``GradScaler.unscale_``), keeps the
+    update only when they are all finite and updates the scale."""
     names = {
         id(p): f"{gi}.{i}"
         for gi, g in enumerate(optimizer.param_groups)
@@ -515,6 +629,8 @@ def build_optimizer_module(
     with _tracing() as tracer:
         for p in trained:
             tracer._names[id(p)] = f"param:{names[id(p)]}"
+        if loss_scaling is not None:
+            loss_scaling.name_feeds(tracer)
         sources, grad_norm = _trace_update(
             tracer,
             optimizer,
@@ -525,6 +641,7 @@ def build_optimizer_module(
             grad_role="grad:param:",
             grad_clip=grad_clip,
             write_back_clipped=True,
+            loss_scaling=loss_scaling,
         )
         trace = tracer.finish([] if grad_norm is None else [grad_norm])
     module = import_trace(trace)

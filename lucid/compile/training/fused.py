@@ -21,7 +21,7 @@ from lucid.compile.options import (
     check_settings,
     resolve_backend,
 )
-from lucid.compile.signature import step_input_sig
+from lucid.compile.signature import autocast_state, step_input_sig
 from lucid.compile.training.base import (
     _feed_values,
     _one_call_at_a_time,
@@ -36,6 +36,7 @@ from lucid.compile.training.base import (
 )
 from lucid.compile.training.builder import (
     GradClip,
+    LossScaling,
     build_training_module,
 )
 from lucid.compile.training.entries import (
@@ -47,6 +48,7 @@ from lucid.compile.training.entries import (
     _OptimizerView,
     _run_checked,
 )
+from lucid.compile.training.scaling import BoundScaler
 
 logger = logging.getLogger("lucid.compile")
 
@@ -74,6 +76,8 @@ class FusedStep(_StepIntrospection):
         max_grad_norm: float | None = None,
         norm_type: float | str = 2.0,
         clip_grad_value: float | None = None,
+        scaler: Any = None,
+        master_weights: bool = False,
     ):
         if not hasattr(model, "named_parameters"):
             raise TypeError(f"fused_step needs an nn.Module, got {type(model).__name__}")
@@ -95,6 +99,12 @@ class FusedStep(_StepIntrospection):
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self._bound = Bound([model])
         self._opts = _StepOptions("fused_step", options, check, check_tolerance)
+        # Checked before master weights change the optimizer (whose half parameters they
+        # replace: the scaler then sees float32 masters only).
+        held = [] if master_weights else [p for g in optimizer.param_groups for p in g["params"]]
+        self._scaler = BoundScaler.of(scaler, "fused_step", held)
+        # id(float32 master) -> the half-precision parameter it stands in for
+        self._masters: dict[int, Tensor] = _master_weights(optimizer) if master_weights else {}
 
     def _check_structure(self) -> None:
         """A parameter, buffer or submodule was replaced: drop the entries (they bind the old
@@ -107,6 +117,7 @@ class FusedStep(_StepIntrospection):
         self._entries.clear()
         self._params = list(self.model.parameters())
         held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        held |= {id(p) for p in self._masters.values()}
         stale = [n for n, t in bound.replaced(old) if id(t) in held]
         if stale:
             # Checked again on every call until the optimizer no longer holds them.
@@ -125,7 +136,23 @@ class FusedStep(_StepIntrospection):
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             self._view.statics(scalars),
             tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
+            autocast_state(),
+            self._scaling_key(),
         )
+
+    def _scaling_key(self) -> tuple | None:
+        return None if self._scaler is None else self._scaler.key()
+
+    def _loss_scaling(self) -> LossScaling | None:
+        return None if self._scaler is None else self._scaler.loss_scaling()
+
+    def _scaler_in(self) -> None:
+        if self._scaler is not None:
+            self._scaler.load()
+
+    def _scaler_out(self) -> None:
+        if self._scaler is not None:
+            self._scaler.store()
 
     def _build(self, inputs: tuple) -> tuple[tuple, StepEntry]:
         check_settings(self.backend)
@@ -143,6 +170,8 @@ class FusedStep(_StepIntrospection):
                     fuse_optimizer=_fuse_updates(p for p in self._params if p._requires_grad),
                     pipeline=self._opts.pipeline,
                     grad_clip=self.grad_clip,
+                    loss_scaling=self._loss_scaling(),
+                    masters=self._masters,
                     instrumentation=inst,
                 ),
                 inplace=not self.check_finite,
@@ -181,6 +210,7 @@ class FusedStep(_StepIntrospection):
         inputs = (x, *extra)
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
+        self._scaler_in()
         view = self._view
         if view.changed():  # load_state_dict: the bound state tensors are gone
             view.reset()
@@ -195,7 +225,14 @@ class FusedStep(_StepIntrospection):
             if key in cache.eager_only:
                 return self._eager_step(inputs)
             cache.note_compile(key)
-            key, entry = self._build(inputs)
+            try:
+                key, entry = self._build(inputs)
+            except CompileError as e:
+                if not self._masters or not _half_storage_refused(e):
+                    raise
+                # Until the backend stores half types: the same step, eagerly.
+                cache.mark_eager(key, f"master weights: {e}")
+                return self._eager_step(inputs)
             if key in cache.eager_only:  # known once the optimizer state exists
                 cache.pop(key)
                 return self._eager_step(inputs)
@@ -209,6 +246,7 @@ class FusedStep(_StepIntrospection):
         """Run ``entry`` (rebuilt once if a feed changed dtype or layout): (key, entry, loss)."""
         view = self._view
         view.prepare(entry, scalars)
+        scale_before = None if self._scaler is None else self._scaler.scale_value()
         tensors = [a for a in inputs if isinstance(a, Tensor)]
         first = entry
 
@@ -246,6 +284,11 @@ class FusedStep(_StepIntrospection):
                 "and optimizer state were left unchanged"
             )
         entry.after_success(res)
+        self._scaler_out()
+        if scale_before is not None and self._scaler.skipped(scale_before):
+            # Eager GradScaler skips opt.step(): state this entry's build created must not exist
+            # (SGD's first momentum step differs from later ones).
+            self._first_run_failed(key, entry)
         if norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[norm_index]))
         entry.first_scalars = None
@@ -271,9 +314,17 @@ class FusedStep(_StepIntrospection):
         return clip_eagerly
 
     def _eager_step(self, inputs: tuple) -> Tensor:
-        """An eager-only signature (its parity check failed): an eager training step."""
+        """An eager-only signature (its parity check failed, or master weights of half types the
+        backend cannot store yet): an eager training step."""
+        scaler = self._grad_scaler()
         loss, _ = parity.eager_optimizer_step(
-            self.model, self.loss_fn, self.optimizer, inputs, self._clip()
+            self.model,
+            self.loss_fn,
+            self.optimizer,
+            inputs,
+            self._clip(),
+            scaler=scaler,
+            masters=self._masters,
         )
         self._view.find_reps()
         return Tensor._wrap(loss)
@@ -294,6 +345,7 @@ class FusedStep(_StepIntrospection):
                 *self.model.parameters(),
                 *self.model.buffers(),
                 *(v for st in bound_state.values() for v in st.values() if isinstance(v, Tensor)),
+                *self._scaler_tensors(),
             ]
         )
         saved = _save(tracked)
@@ -313,11 +365,18 @@ class FusedStep(_StepIntrospection):
             self._view.restore(pre_build)
         try:
             loss_e, grads_e = parity.eager_optimizer_step(
-                self.model, self.loss_fn, opt, inputs, self._clip()
+                self.model,
+                self.loss_fn,
+                opt,
+                inputs,
+                self._clip(),
+                scaler=self._grad_scaler(),
+                masters=self._masters,
             )
         finally:
             _rebind_state(opt, bound_state)
             self._view.find_reps()
+            self._scaler_in()  # the eager step's scaler state, as the step binds it
         want = _result_values(entry, loss_e)
         bad = parity.compare_roles(got, want, self._opts.tol)
         if bad is None:
@@ -331,9 +390,22 @@ class FusedStep(_StepIntrospection):
         self._opts.mismatch(self, key, entry, bad, feeds, reference)
         return Tensor._wrap(loss_e)
 
+    def master_weights(self) -> dict[Tensor, Tensor]:
+        """Each half-precision parameter's float32 master weight (empty without
+        ``master_weights=True``)."""
+        by_id = {id(m): m for g in self.optimizer.param_groups for m in g["params"]}
+        return {p: by_id[mid] for mid, p in self._masters.items()}
+
+    def _grad_scaler(self) -> Any:
+        return None if self._scaler is None else self._scaler.scaler
+
+    def _scaler_tensors(self) -> list[Tensor]:
+        return [] if self._scaler is None else self._scaler.tensors()
+
     def _profile_entry(self, inputs: tuple) -> StepEntry:
         if self._bound.version != STRUCTURE_VERSION[0]:
             self._check_structure()
+        self._scaler_in()
         view = self._view
         if view.changed():
             view.reset()
@@ -363,6 +435,8 @@ def fused_step(
     max_grad_norm: float | None = None,
     norm_type: float | str = 2.0,
     clip_grad_value: float | None = None,
+    scaler: Any = None,
+    master_weights: bool = False,
 ) -> Any:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
@@ -381,13 +455,26 @@ def fused_step(
     are averaged over the ranks in buckets of at most ``bucket_cap_mb`` (default 25, or the DDP
     model's) by the ``grad-allreduce`` pass; the step runs as a forward + backward executable,
     one MPI all-reduce per bucket, then ``compile_optimizer``'s update executable, which clips
-    the averaged gradients (``p.grad`` holds them afterwards). ``check_finite`` and ``check``
-    are not taken there.
+    the averaged gradients (``p.grad`` holds them afterwards). ``check_finite``, ``check``,
+    ``scaler`` and ``master_weights`` are not taken there yet.
 
     ``max_grad_norm`` clips the gradients inside the step as ``clip_grad_norm_(params,
     max_grad_norm, norm_type)`` before ``opt.step()`` would (``step.grad_norm`` is then the total
     norm before clipping, a 0-d tensor; a non-finite one raises ``FloatingPointError`` under
     ``check_finite``); ``clip_grad_value`` clamps them first, as ``clip_grad_value_``.
+
+    ``scaler`` (a ``lucid.amp.GradScaler``) does inside the step what ``scaler.scale(loss)
+    .backward(); scaler.unscale_(opt); <clipping>; scaler.step(opt); scaler.update()`` does
+    eagerly: a step whose gradients are not all finite leaves the parameters and the optimizer
+    state untouched, and the scaler's scale and growth tracker are updated (``get_scale()`` and
+    ``state_dict()`` see them). The returned loss is the unscaled one.
+
+    ``master_weights=True`` (for float16/bfloat16 models) replaces each half-precision parameter
+    in ``optimizer`` by a float32 master copy (``step.master_weights()`` maps them): the
+    optimizer and its state work in float32 on the half gradients widened, and each parameter is
+    set to its master rounded to its dtype. The optimizer must not have taken a step yet. Where
+    the backend cannot store half types yet, the step runs eagerly (``cache_info()["reasons"]``
+    says so).
     """
     distributed = _distributed_step(
         model,
@@ -400,7 +487,12 @@ def fused_step(
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
         clip_grad_value=clip_grad_value,
-        refused={"check_finite": check_finite, "check": check},
+        refused={
+            "check_finite": check_finite,
+            "check": check,
+            "scaler": scaler,
+            "master_weights": master_weights,
+        },
     )
     if distributed is not None:
         return distributed
@@ -416,7 +508,37 @@ def fused_step(
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
         clip_grad_value=clip_grad_value,
+        scaler=scaler,
+        master_weights=master_weights,
     )
+
+
+def _master_weights(optimizer: Any) -> dict[int, Tensor]:
+    """Put a float32 copy of each half-precision parameter in ``optimizer`` in its place;
+    ``{id(master): parameter}``."""
+    from lucid import _dtype
+
+    if optimizer.state:
+        raise ValueError(
+            "fused_step: master_weights=True needs an optimizer that has not taken a step yet "
+            "(its state would belong to the half-precision parameters)"
+        )
+    masters: dict[int, Tensor] = {}
+    for group in optimizer.param_groups:
+        params = group["params"]
+        for i, p in enumerate(params):
+            if p.dtype in (_dtype.float16, _dtype.bfloat16):
+                master = Tensor._wrap(p._data.astype(np.float32))
+                master._requires_grad = p._requires_grad
+                params[i] = master
+                masters[id(master)] = p
+    return masters
+
+
+def _half_storage_refused(error: CompileError) -> bool:
+    """Whether compiling failed only because the backend stores no half types yet."""
+    text = str(error)
+    return "storage not supported" in text and ("float16" in text or "bfloat16" in text)
 
 
 def _distributed_step(

@@ -25,7 +25,7 @@ from lucid.compile.options import (
     check_settings,
     resolve_backend,
 )
-from lucid.compile.signature import step_input_sig
+from lucid.compile.signature import autocast_state, step_input_sig
 from lucid.compile.training.base import (
     _feed_values,
     _grad_roles,
@@ -105,6 +105,7 @@ class TrainStep(_StepIntrospection):
             step_input_sig(inputs),
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
+            autocast_state(),
         )
 
     def _build(self, key: tuple, inputs: tuple) -> StepEntry:

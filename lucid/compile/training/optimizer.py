@@ -22,6 +22,7 @@ from lucid.compile.options import (
     check_settings,
     resolve_backend,
 )
+from lucid.compile.signature import autocast_state
 from lucid.compile.training.base import (
     _feed_values,
     _one_call_at_a_time,
@@ -35,6 +36,7 @@ from lucid.compile.training.base import (
 )
 from lucid.compile.training.builder import (
     GradClip,
+    LossScaling,
     TrainingModule,
     build_optimizer_module,
 )
@@ -46,6 +48,7 @@ from lucid.compile.training.entries import (
     _GradRef,
     _OptimizerView,
 )
+from lucid.compile.training.scaling import BoundScaler
 
 logger = logging.getLogger("lucid.compile")
 
@@ -70,6 +73,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         max_grad_norm: float | None = None,
         norm_type: float | str = 2.0,
         clip_grad_value: float | None = None,
+        scaler: Any = None,
     ):
         if options and "pipeline" in options:
             raise ValueError(
@@ -87,6 +91,9 @@ class CompiledOptimizerStep(_StepIntrospection):
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
         self._new_cache(recompiles=False)
+        self._scaler = BoundScaler.of(
+            scaler, "compile_optimizer", (p for g in optimizer.param_groups for p in g["params"])
+        )
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         # The parameter objects the entries bind. As in PyTorch, the optimizer updates the
         # objects in its param_groups (a parameter replaced in the model afterwards is not its
@@ -94,7 +101,12 @@ class CompiledOptimizerStep(_StepIntrospection):
         self._bound_params: list[Tensor] = []
 
     def _key(self, scalars: list, params: list) -> tuple:
-        return (self._view.statics(scalars), tuple([p._grad is not None for p in params]))
+        return (
+            self._view.statics(scalars),
+            tuple([p._grad is not None for p in params]),
+            autocast_state(),
+            None if self._scaler is None else self._scaler.key(),
+        )
 
     def _build(self) -> tuple[tuple, StepEntry]:
         check_settings(self.backend)
@@ -102,8 +114,10 @@ class CompiledOptimizerStep(_StepIntrospection):
         snap = self._view.snapshot()
         refs: dict[str, Any] = {}
 
+        scaling = None if self._scaler is None else self._scaler.loss_scaling()
+
         def build(inst: Any) -> TrainingModule:
-            tm, grad_refs = _build_optimizer_module(opt, self.grad_clip, inst)
+            tm, grad_refs = _build_optimizer_module(opt, self.grad_clip, inst, scaling)
             refs.update(grad_refs)
             return tm
 
@@ -142,6 +156,8 @@ class CompiledOptimizerStep(_StepIntrospection):
                 loss = closure()
         view = self._view
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self._scaler is not None:
+            self._scaler.load()
         bound = self._bound_params
         if view.changed() or (
             bound and (len(bound) != len(params) or not all(map(operator.is_, params, bound)))
@@ -177,6 +193,7 @@ class CompiledOptimizerStep(_StepIntrospection):
     def _run_step(self, key: tuple, entry: StepEntry, scalars: list) -> tuple[tuple, StepEntry]:
         view = self._view
         view.prepare(entry, scalars)
+        scale_before = None if self._scaler is None else self._scaler.scale_value()
         last = [entry]  # the entry whose feeds a second failure names
 
         def run(_: tuple, e: StepEntry) -> list:
@@ -207,6 +224,18 @@ class CompiledOptimizerStep(_StepIntrospection):
                 + name_feeds(str(e), last[0].feed_roles)
             ) from e
         entry.after_success(res)
+        if self._scaler is not None:
+            self._scaler.store()
+            if (
+                self._scaler.skipped(scale_before)
+                and entry.n_runs <= 1
+                and entry.created_state is not None
+            ):
+                # Eager GradScaler skips opt.step(): state this entry's build created must not
+                # exist (SGD's first momentum step differs from later ones).
+                self._entries.pop(key, None)
+                view.restore(entry.created_state)
+                view.find_reps()
         entry.first_scalars = None
         if entry.tm.grad_norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[entry.tm.grad_norm_index]))
@@ -215,8 +244,12 @@ class CompiledOptimizerStep(_StepIntrospection):
 
     def _eager_step(self) -> None:
         """The optimizer's own eager ``step``, after clipping the gradients eagerly as the
-        compiled step clips them (``grad_norm`` is then eager's)."""
+        compiled step clips them (``grad_norm`` is then eager's); with a scaler, unscaled first,
+        skipped on inf/NaN and the scale updated, as ``scaler.step(opt); scaler.update()``."""
         opt = self.optimizer
+        scaler = None if self._scaler is None else self._scaler.scaler
+        if scaler is not None:
+            scaler.unscale_(opt)
         clip = self.grad_clip
         if clip is not None:
             from lucid.nn.utils import clip_grad_norm_, clip_grad_value_
@@ -226,7 +259,13 @@ class CompiledOptimizerStep(_StepIntrospection):
                 clip_grad_value_(with_grad, clip.clip_value)
             if clip.max_norm is not None:
                 self.grad_norm = clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type)
-        type(opt).step(opt)
+        if scaler is None:
+            type(opt).step(opt)
+            return
+        if not scaler._per_optimizer_states[id(opt)]["found_inf"]:
+            type(opt).step(opt)
+        scaler.update()
+        self._scaler.load()  # the eager step's scaler state, as the compiled step binds it
 
     def _checked_step(self, key: tuple, entry: StepEntry, scalars: list) -> None:
         """The compiled update, then the optimizer's own eager ``step`` from the same
@@ -241,6 +280,7 @@ class CompiledOptimizerStep(_StepIntrospection):
                 *params,
                 *(p._grad for p in params if p._grad is not None),  # clipping writes them
                 *(v for st in bound_state.values() for v in st.values() if isinstance(v, Tensor)),
+                *([] if self._scaler is None else self._scaler.tensors()),
             ]
         )
         saved = _save(tracked)
@@ -290,7 +330,10 @@ class CompiledOptimizerStep(_StepIntrospection):
 
 
 def _build_optimizer_module(
-    opt: Any, grad_clip: GradClip | None = None, instrumentation: Any = None
+    opt: Any,
+    grad_clip: GradClip | None = None,
+    instrumentation: Any = None,
+    loss_scaling: LossScaling | None = None,
 ) -> tuple[TrainingModule, dict[str, Any]]:
     """The optimizer step alone (``build_optimizer_module``) and its gradient feeds' readers."""
     for gi, g in enumerate(opt.param_groups):
@@ -306,6 +349,7 @@ def _build_optimizer_module(
         fuse_optimizer=_fuse_updates(with_grad),
         grad_clip=grad_clip,
         instrumentation=instrumentation,
+        loss_scaling=loss_scaling,
     )
     refs = {role: _GradRef(p, role[len("grad:param:") :]) for role, p in tm.grad_feeds.items()}
     return tm, refs
@@ -321,6 +365,7 @@ def compile_optimizer(
     max_grad_norm: float | None = None,
     norm_type: float | str = 2.0,
     clip_grad_value: float | None = None,
+    scaler: Any = None,
 ) -> Any:
     """Make ``optimizer.step()`` one cached native executable (in-place parameter and state
     writes) and return the optimizer. Hyperparameters and per-step scalars are fed each step,
@@ -332,7 +377,12 @@ def compile_optimizer(
 
     ``max_grad_norm``/``norm_type``/``clip_grad_value`` clip the gradients of the optimizer's
     parameters inside the step as ``fused_step``'s do (``p.grad`` is left clipped, as eager
-    clipping leaves it; ``optimizer.step.grad_norm`` is the total norm before clipping)."""
+    clipping leaves it; ``optimizer.step.grad_norm`` is the total norm before clipping).
+
+    ``scaler`` (a ``lucid.amp.GradScaler`` whose ``scale(loss)`` was differentiated): the step
+    then does what ``scaler.step(optimizer); scaler.update()`` does, inside the executable:
+    unscale ``p.grad`` (before clipping), skip the update when a gradient is inf/NaN, and grow
+    or back off the scale."""
     if not hasattr(optimizer, "_update") or not hasattr(optimizer, "_static_keys"):
         raise TypeError(
             f"compile_optimizer needs a lucid.optim optimizer, got {type(optimizer).__name__}"
@@ -345,6 +395,12 @@ def compile_optimizer(
                 f"compile_optimizer: the optimizer is already compiled with gradient clipping "
                 f"{compiled.grad_clip}; asked for {clip}"
             )
+        bound = compiled._scaler.scaler if compiled._scaler is not None else None
+        if scaler is not bound and (scaler is not None or bound is not None):
+            raise ValueError(
+                "compile_optimizer: the optimizer is already compiled with another scaler "
+                f"({bound!r}); asked for {scaler!r}"
+            )
         return optimizer
     optimizer.step = CompiledOptimizerStep(
         optimizer,
@@ -355,5 +411,6 @@ def compile_optimizer(
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
         clip_grad_value=clip_grad_value,
+        scaler=scaler,
     )
     return optimizer
