@@ -26,13 +26,21 @@ from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.importer import forward_func, result_roles
 from lucid.ir.types import dtype_of_type, shape_of_type
-from lucid.passes._graph import Emitter, _set_results, block_of, return_op
+from lucid.passes._blocks import erase_dead
+from lucid.passes._graph import Emitter, _set_results, block_of, erase_args, return_op
 
 STAGE = "grad-allreduce"
 
-__all__ = ["GradAllReduce", "GradAllReduceError", "insert_grad_allreduce"]
+__all__ = [
+    "BUCKET",
+    "GradAllReduce",
+    "GradAllReduceError",
+    "cut_at_allreduce",
+    "insert_grad_allreduce",
+]
 
 GRAD = "grad:"
+BUCKET = "bucket:"  # the results cut_at_allreduce leaves: one flat buffer per bucket
 
 
 class GradAllReduceError(ValueError):
@@ -154,4 +162,37 @@ class GradAllReduce(x.ModulePass):
     func: str = "forward"
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
-        insert_grad_allreduce(forward_func(op, self.func), self.bucket_cap_mb, self.reduce_op)
+        buckets = insert_grad_allreduce(
+            forward_func(op, self.func), self.bucket_cap_mb, self.reduce_op
+        )
+        # Kept for the caller that cuts the function at the collectives (not an option).
+        object.__setattr__(self, "buckets", buckets)
+
+
+def cut_at_allreduce(fn: x.func.FuncOp, buckets: list[list[str]]) -> None:
+    """Cut ``fn`` (after ``grad-allreduce``, whose ``buckets`` these are) just before its
+    collectives, for a backend that cannot run them: the ``grad:`` results are replaced by
+    ``bucket:<i>``, the flat buffer bucket ``i`` would reduce (its gradients flattened and
+    concatenated in the order of ``buckets[i]``); what reads the reduced values dies. The host
+    reduces each buffer and slices the gradients back out."""
+    block = block_of(fn)
+    collectives = []
+    for op in block.ops:
+        visits.count(STAGE)
+        if op.name == "lucid.all_reduce":
+            collectives.append(op)
+    if len(collectives) != len(buckets):
+        raise GradAllReduceError(
+            f"grad-allreduce: {len(buckets)} buckets but {len(collectives)} all_reduce ops left "
+            "to cut at"
+        )
+    roles = result_roles(fn)
+    operands = list(return_op(fn).operands)
+    kept = [(v, r) for v, r in zip(operands, roles, strict=True) if not r.startswith(GRAD)]
+    kept += [(op.operands[0], f"{BUCKET}{i}") for i, op in enumerate(collectives)]
+    _set_results(fn, [v for v, _ in kept], [r for _, r in kept])
+    erase_dead(block, STAGE)
+    for op in collectives:  # a collective is not pure: dead-code elimination keeps it
+        if op.parent is not None and not any(r.uses for r in op.results):
+            block.erase_op(op)
+    erase_args(fn, [i for i, a in enumerate(block.args) if not a.uses])

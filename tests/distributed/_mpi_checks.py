@@ -334,6 +334,151 @@ def grad_allreduce_pass() -> None:
         assert_close(results[f"grad:param:{name}"], p.grad.numpy(), rtol=1e-12, atol=1e-14)
 
 
+# --- fused_step(..., process_group=...): the compiled data-parallel step ----------------------
+
+
+def _mse(out, target):
+    return ((out - target) ** 2).mean()
+
+
+def _compiled_ddp_matches(opt_cls, opt_kwargs, dtype, rtol: float, **step_kw) -> None:
+    """Compiled on N shards == one eager process on the whole batch == eager DDP on N shards."""
+    r, n = rank_size()
+    steps, per_rank = 3, 4
+    model = _mlp(dtype, seed=40)
+    ref, eager = _mlp(dtype, seed=40), _mlp(dtype, seed=40)
+    ddp = DDP(eager, bucket_cap_mb=0.0005)
+    opt = opt_cls(model.parameters(), **opt_kwargs)
+    ref_opt = opt_cls(ref.parameters(), **opt_kwargs)
+    ddp_opt = opt_cls(ddp.parameters(), **opt_kwargs)
+    step = lucid.compile.fused_step(
+        model, _mse, opt, process_group=dist.default_group(), bucket_cap_mb=0.0005, **step_kw
+    )
+    for x, y in _batches(n, steps, per_rank, dtype, seed=11):
+        shard = slice(r * per_rank, (r + 1) * per_rank)
+        loss = step(lucid.tensor(x[shard]), lucid.tensor(y[shard]))
+        ddp_opt.zero_grad()
+        eager_loss = _mse(ddp(lucid.tensor(x[shard])), lucid.tensor(y[shard]))
+        eager_loss.backward()
+        if "max_grad_norm" in step_kw:
+            lucid.nn.utils.clip_grad_norm_(list(ddp.parameters()), step_kw["max_grad_norm"])
+        ddp_opt.step()
+        assert_close(loss.numpy(), eager_loss.detach().numpy(), rtol=rtol, atol=rtol)
+        ref_opt.zero_grad()
+        _mse(ref(lucid.tensor(x)), lucid.tensor(y)).backward()
+        if "max_grad_norm" in step_kw:
+            lucid.nn.utils.clip_grad_norm_(list(ref.parameters()), step_kw["max_grad_norm"])
+        ref_opt.step()
+    # One forward+backward executable: more buckets than one, all in it.
+    assert len(step._gradients._entries) == 1
+    (entry,) = step._gradients._entries.values()
+    assert len(entry.tm.buckets) > 1, entry.tm.buckets
+    for (name, p), q, e in zip(
+        model.named_parameters(), ref.parameters(), eager.parameters(), strict=True
+    ):
+        np.testing.assert_allclose(
+            p.numpy(), q.numpy(), rtol=rtol, atol=rtol, err_msg=f"rank {r}: {name} vs one process"
+        )
+        np.testing.assert_allclose(
+            p.numpy(), e.numpy(), rtol=rtol, atol=rtol, err_msg=f"rank {r}: {name} vs eager DDP"
+        )
+
+
+@check
+def compiled_ddp_sgd_float64() -> None:
+    _compiled_ddp_matches(optim.SGD, dict(lr=0.1, momentum=0.9), lucid.float64, 1e-10)
+
+
+@check
+def compiled_ddp_adamw_float64() -> None:
+    _compiled_ddp_matches(optim.AdamW, dict(lr=0.01, weight_decay=0.1), lucid.float64, 1e-10)
+
+
+@check
+def compiled_ddp_float32_and_clipping() -> None:
+    _compiled_ddp_matches(optim.SGD, dict(lr=0.1), lucid.float32, 2e-5)
+    _compiled_ddp_matches(optim.AdamW, dict(lr=0.01), lucid.float32, 2e-5)
+    # Clipping sees the averaged gradients: the whole-batch reference clips its own.
+    _compiled_ddp_matches(optim.SGD, dict(lr=0.1), lucid.float64, 1e-10, max_grad_norm=0.05)
+
+
+@check
+def compiled_ddp_wrapped_model() -> None:
+    """fused_step(ddp_model, ...) compiles the wrapped module with DDP's group and buckets."""
+    r, n = rank_size()
+    per_rank = 4
+    local, ref = _mlp(lucid.float64, seed=50 + r), _mlp(lucid.float64, seed=50)
+    ddp = DDP(local)  # the wrap-time broadcast gives every rank rank 0's parameters
+    opt = optim.SGD(ddp.parameters(), lr=0.1)
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1)
+    step = lucid.compile.fused_step(ddp, _mse, opt)
+    for x, y in _batches(n, 2, per_rank, lucid.float64, seed=13):
+        shard = slice(r * per_rank, (r + 1) * per_rank)
+        step(lucid.tensor(x[shard]), lucid.tensor(y[shard]))
+        ref_opt.zero_grad()
+        _mse(ref(lucid.tensor(x)), lucid.tensor(y)).backward()
+        ref_opt.step()
+    for (name, p), q in zip(local.named_parameters(), ref.parameters(), strict=True):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@check
+def compiled_ddp_batchnorm() -> None:
+    """With BatchNorm (buffers broadcast from rank 0 before each step, per-shard statistics):
+    the compiled step equals eager DDP, parameters and running statistics."""
+    r, n = rank_size()
+    per_rank = 4
+
+    def make(seed):
+        lucid.manual_seed(seed)
+        return nn.Sequential(
+            nn.Linear(5, 6, bias=False), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)
+        ).double()
+
+    compiled, eager = DDP(make(70 + r)), DDP(make(80 + r))  # the wrap broadcasts rank 0's
+    _copy_params(eager.module, compiled.module)
+    opt = optim.AdamW(compiled.parameters(), lr=0.01)
+    eager_opt = optim.AdamW(eager.parameters(), lr=0.01)
+    step = lucid.compile.fused_step(compiled, _mse, opt)
+    if r == 1:  # diverged statistics: the broadcast before the step must undo this
+        compiled.module[1].running_mean._data[...] = 5.0
+    for x, y in _batches(n, 3, per_rank, lucid.float64, seed=17):
+        shard = slice(r * per_rank, (r + 1) * per_rank)
+        step(lucid.tensor(x[shard]), lucid.tensor(y[shard]))
+        eager_opt.zero_grad()
+        _mse(eager(lucid.tensor(x[shard])), lucid.tensor(y[shard])).backward()
+        eager_opt.step()
+    want = eager.module.state_dict()
+    for name, a in compiled.module.state_dict().items():
+        b = want[name]
+        if np.issubdtype(a.numpy().dtype, np.floating):
+            np.testing.assert_allclose(
+                a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12, err_msg=f"rank {r}: {name}"
+            )
+
+
+@check
+def compiled_ddp_print_ir() -> None:
+    """--print-ir-after-all shows the grad-allreduce pass's collectives (to stderr; the test
+    reads the job's output)."""
+    r, n = rank_size()
+    model = _mlp(lucid.float64, seed=60)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    step = lucid.compile.fused_step(
+        model,
+        _mse,
+        opt,
+        process_group=dist.default_group(),
+        bucket_cap_mb=0.0005,
+        options={"print_ir_after_all": True},
+    )
+    x, y = next(_batches(n, 1, 4, lucid.float64))
+    step(lucid.tensor(x[:4]), lucid.tensor(y[:4]))
+    (entry,) = step._gradients._entries.values()
+    cut = str(entry.tm.module)
+    assert "all_reduce" not in cut and '"bucket:0"' in cut, "the program is cut before them"
+
+
 # --- failure: a rank that never joins, a rank that dies ----------------------------------------
 
 

@@ -157,9 +157,12 @@ def test_compiling_ddp_falls_back_to_eager_or_refuses_never_skips_the_all_reduce
     assert_close(cm(x).detach().numpy(), model(x).detach().numpy(), rtol=0, atol=0)
     (reason,) = cm.cache_info()["reasons"].values()
     assert "DistributedDataParallel" in reason
-    opt = lucid.optim.SGD(ddp.parameters(), lr=0.1)
     with pytest.raises(lucid.compile.CompileError, match="DistributedDataParallel"):
-        lucid.compile.fused_step(ddp, lambda out: (out**2).mean(), opt)(x)
+        lucid.compile.make_step(ddp, lambda out: (out**2).mean())(x)
+    # fused_step averages through the DDP model's group itself (test_compiled_step.py).
+    opt = lucid.optim.SGD(ddp.parameters(), lr=0.1)
+    step = lucid.compile.fused_step(ddp, lambda out: (out**2).mean(), opt)
+    assert step.model is model and step.process_group is ddp.process_group
 
 
 def test_ddp_without_a_process_group_names_init_process_group():

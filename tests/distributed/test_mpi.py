@@ -92,6 +92,40 @@ def test_every_check(n):
     )
 
 
+def test_compiled_data_parallel_step_two_processes():
+    """fused_step(..., process_group=...) on 2 shards == 1 process on the whole batch == eager
+    DDP, and --print-ir-after-all shows the all_reduce ops of the grad-allreduce pass."""
+    checks = [
+        "compiled_ddp_sgd_float64",
+        "compiled_ddp_adamw_float64",
+        "compiled_ddp_batchnorm",
+        "compiled_ddp_print_ir",
+    ]
+    done, _ = _mpirun(2, checks)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    for name in checks:
+        assert set(re.findall(rf"PASS {name} (\d+)", done.stdout)) == {"0", "1"}, output[-4000:]
+    assert "IR Dump After grad-allreduce" in output, output[-4000:]
+    after_pass = output.split("IR Dump After grad-allreduce", 1)[1]
+    assert '"lucid.all_reduce"' in after_pass or "lucid.all_reduce" in after_pass, output[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_compiled_data_parallel_step_every_check(n):
+    _assert_passed(
+        n,
+        [
+            "compiled_ddp_sgd_float64",
+            "compiled_ddp_adamw_float64",
+            "compiled_ddp_float32_and_clipping",
+            "compiled_ddp_wrapped_model",
+            "compiled_ddp_batchnorm",
+        ],
+    )
+
+
 @pytest.mark.slow
 def test_a_rank_that_never_joins_makes_the_others_raise_not_hang():
     done, elapsed = _mpirun(2, ["peer_never_joins"], timeout=90, LUCID_TEST_COLLECTIVE_TIMEOUT="3")

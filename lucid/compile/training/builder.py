@@ -45,6 +45,7 @@ from lucid.nn.utils.clip_grad import clip_coefficient, parse_norm_type, total_no
 from lucid.ops._registry import GRAD_SINK, REGISTRY
 from lucid.passes import Instrumentation, PassFailure, PassManager, parse_pipeline_spec
 from lucid.passes.ghost_grads import GhostGrads
+from lucid.passes.grad_allreduce import GradAllReduce, cut_at_allreduce
 from lucid.passes.optimizer_fusion import OptimizerFusion
 from lucid.passes.vjp import VJP
 from lucid.trace._tracing import _tracing
@@ -195,6 +196,9 @@ class TrainingModule:
     trace: Any = None
     pipeline: str = ""
     passes_ms: dict[str, float] = field(default_factory=dict)
+    # With ``grad_allreduce_mb``: the gradient roles of each ``bucket:<i>`` result, in the
+    # order they are concatenated in it.
+    buckets: list[list[str]] = field(default_factory=list)
     # numpy dtype of every scalar: feed (float32 unless the role names another)
     scalar_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     # index in result_roles of the total gradient norm (``grad_clip`` with a max_norm)
@@ -292,6 +296,7 @@ def build_training_module(
     grad_clip: GradClip | None = None,
     loss_scaling: LossScaling | None = None,
     masters: dict[int, Tensor] | None = None,
+    grad_allreduce_mb: float | None = None,
 ) -> TrainingModule:
     """Trace and differentiate one training step of ``model``.
 
@@ -308,7 +313,13 @@ def build_training_module(
     master updated (``master:<name>``) and the parameter set to it rounded to its dtype.
     ``pipeline`` runs last. ``instrumentation`` (the pass manager's printing and timing
     switches) covers every pass, as one pipeline.
+
+    ``grad_allreduce_mb`` (no optimizer): run ``grad-allreduce`` with that bucket cap after
+    ``vjp``, then cut the function just before the collectives: the ``grad:`` results become
+    ``bucket:<i>`` results (flat buffers the host reduces; ``buckets`` lists their gradients).
     """
+    if grad_allreduce_mb is not None and optimizer is not None:
+        raise ValueError("build_training_module: grad_allreduce_mb takes no optimizer")
     if grad_clip is not None and optimizer is None:
         raise ValueError("build_training_module: grad_clip needs an optimizer (it clips its input)")
     if loss_scaling is not None and optimizer is None:
@@ -358,6 +369,10 @@ def build_training_module(
     wrt = " ".join(f"param:{names[id(p)]}" for p in trained)
     differentiated = f"output:{len(outputs) - 1}" if loss_scaling is not None else "output:0"
     passes: list[x.ModulePass] = [VJP(wrt=wrt, loss=differentiated)] if trained else []
+    allreduce = None
+    if grad_allreduce_mb is not None and trained:
+        allreduce = GradAllReduce(bucket_cap_mb=grad_allreduce_mb)
+        passes.append(allreduce)
     if optimizer is not None and trained:
         if fuse_optimizer:
             # Before ghost-grads, the gradients are still feeds: each update chain starts at
@@ -373,6 +388,10 @@ def build_training_module(
             raise e.cause from None
         raise
     fn = forward_func(module)
+    buckets: list[list[str]] = []
+    if allreduce is not None:
+        buckets = allreduce.buckets
+        cut_at_allreduce(fn, buckets)
     roles = feed_roles(fn)
     kept = set(roles)  # once: a lookup per feed, not a walk of the roles (quadratic)
     feeds = {r: t for r, t in tracer.feed_tensors().items() if r in kept}
@@ -392,6 +411,7 @@ def build_training_module(
         trace=trace,
         pipeline=",".join(str(p.spec()) for p in passes),
         passes_ms=report.passes_ms(),
+        buckets=buckets,
     )
 
 

@@ -425,6 +425,8 @@ def fused_step(
     loss_fn: Callable[..., Tensor],
     optimizer: Any,
     *,
+    process_group: Any = None,
+    bucket_cap_mb: float | None = None,
     check_finite: bool = False,
     backend: str = "auto",
     options: dict[str, Any] | None = None,
@@ -435,7 +437,7 @@ def fused_step(
     clip_grad_value: float | None = None,
     scaler: Any = None,
     master_weights: bool = False,
-) -> FusedStep:
+) -> Any:
     """Forward + loss + backward + ``optimizer`` update as one cached executable.
 
     ``step(x, *extra)`` computes ``loss_fn(model(x), *extra)``, updates the parameters and the
@@ -447,6 +449,14 @@ def fused_step(
     ``check="first"`` compares the first step of each signature with an eager step (loss,
     updated parameters, optimizer state and buffers); on a mismatch the eager step's values
     stay and the signature runs eagerly from then on.
+
+    ``process_group`` (a ``lucid.distributed`` group; a ``DistributedDataParallel`` model
+    brings its own, and its module is what is compiled): data-parallel training. The gradients
+    are averaged over the ranks in buckets of at most ``bucket_cap_mb`` (default 25, or the DDP
+    model's) by the ``grad-allreduce`` pass; the step runs as a forward + backward executable,
+    one MPI all-reduce per bucket, then ``compile_optimizer``'s update executable, which clips
+    the averaged gradients (``p.grad`` holds them afterwards). ``check_finite``, ``check``,
+    ``scaler`` and ``master_weights`` are not taken there yet.
 
     ``max_grad_norm`` clips the gradients inside the step as ``clip_grad_norm_(params,
     max_grad_norm, norm_type)`` before ``opt.step()`` would (``step.grad_norm`` is then the total
@@ -466,6 +476,26 @@ def fused_step(
     the backend cannot store half types yet, the step runs eagerly (``cache_info()["reasons"]``
     says so).
     """
+    distributed = _distributed_step(
+        model,
+        loss_fn,
+        optimizer,
+        process_group,
+        bucket_cap_mb,
+        backend=backend,
+        options=options,
+        max_grad_norm=max_grad_norm,
+        norm_type=norm_type,
+        clip_grad_value=clip_grad_value,
+        refused={
+            "check_finite": check_finite,
+            "check": check,
+            "scaler": scaler,
+            "master_weights": master_weights,
+        },
+    )
+    if distributed is not None:
+        return distributed
     return FusedStep(
         model,
         loss_fn,
@@ -509,3 +539,44 @@ def _half_storage_refused(error: CompileError) -> bool:
     """Whether compiling failed only because the backend stores no half types yet."""
     text = str(error)
     return "storage not supported" in text and ("float16" in text or "bfloat16" in text)
+
+
+def _distributed_step(
+    model: Any,
+    loss_fn: Callable[..., Tensor],
+    optimizer: Any,
+    process_group: Any,
+    bucket_cap_mb: float | None,
+    *,
+    refused: dict[str, Any],
+    **kw: Any,
+) -> Any:
+    """``fused_step``'s data-parallel step, or None when it trains on one process alone."""
+    from lucid.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        kw["broadcast_buffers"] = model.broadcast_buffers
+        if process_group is None:
+            process_group = model.process_group
+        if bucket_cap_mb is None:
+            bucket_cap_mb = model.bucket_cap_mb
+        model = model.module
+    if process_group is None:
+        if bucket_cap_mb is not None:
+            raise ValueError("fused_step: bucket_cap_mb needs a process_group")
+        return None
+    for name, value in refused.items():
+        if value:
+            raise ValueError(
+                process_group.error(f"fused_step: {name}= is not taken with a process_group")
+            )
+    from lucid.compile.training.distributed import DistributedFusedStep
+
+    return DistributedFusedStep(
+        model,
+        loss_fn,
+        optimizer,
+        process_group,
+        bucket_cap_mb=25.0 if bucket_cap_mb is None else bucket_cap_mb,
+        **kw,
+    )

@@ -67,6 +67,7 @@ class TrainStep(_StepIntrospection):
     """
 
     _what = "make_step"
+    _build_options: dict[str, Any] = {}  # more build_training_module keywords (subclasses)
 
     def __init__(
         self,
@@ -113,18 +114,23 @@ class TrainStep(_StepIntrospection):
         opts = self._opts
         try:
             compiled = _compile_step(
-                "make_step",
+                self._what,
                 opts.switches,
                 self.backend,
                 lambda inst: build_training_module(
-                    self.model, self.loss_fn, inputs, pipeline=opts.pipeline, instrumentation=inst
+                    self.model,
+                    self.loss_fn,
+                    inputs,
+                    pipeline=opts.pipeline,
+                    instrumentation=inst,
+                    **self._build_options,
                 ),
                 inplace=True,
                 describe=_describe(inputs),
             )
         except _COMPILER_ERRORS as e:
             raise CompileError(
-                f"make_step: cannot compile the training step for inputs {_describe(inputs)}: "
+                f"{self._what}: cannot compile the training step for inputs {_describe(inputs)}: "
                 f"{type(e).__name__}: {e}"
             ) from e
         entry = _entry_of(compiled, inplace=True)
