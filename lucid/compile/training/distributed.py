@@ -1,6 +1,6 @@
 """``fused_step(..., process_group=...)``: a data-parallel training step.
 
-The CPU runtime has no instruction that runs a collective, so the step is the ``grad-allreduce``
+No backend runtime has an instruction that runs a collective, so the step is the ``grad-allreduce``
 program cut at its collectives into what a backend can run:
 
 1. one executable: forward, loss and backward, with the ``grad-allreduce`` pass's buckets
