@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import lucid
 import lucid.nn as nn
 import lucid.nn.functional as F
-from lucid.compile._pipeline import specialize_batch
+from lucid.compile.session import specialize_batch
 from lucid.ir import import_trace, interpret, print_ir
 from lucid.ir.prim.interpreter import interpret_prim
 from lucid.passes import PassFailure, PassManager, PipelineError, get_pass
@@ -120,7 +120,7 @@ def _eager(model, x: np.ndarray) -> np.ndarray:
 
 
 def test_symbolic_traces_have_symbolic_dims_and_safe_models_are_safe(symbolic):
-    from lucid.compile.api import _SYMBOLIC_SAFE_OPS
+    from lucid.compile.signature import _SYMBOLIC_SAFE_OPS
 
     for name, (_, _, _, tr) in symbolic.items():
         assert "tensor<?x" in print_ir(import_trace(tr))
