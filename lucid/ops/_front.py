@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from lucid._tensor import Tensor
 
 
@@ -27,3 +29,12 @@ def inplace_method(name: str, fn: Callable) -> None:
     method.__name__ = name
     method.__doc__ = f"In-place form of ``{fn.__name__}``."
     setattr(Tensor, name, method)
+
+
+def alias_version(out: Tensor, x: Tensor) -> Tensor:
+    """A result that aliases ``x``'s memory shares its version counter, so an in-place write
+    through either is seen by the autograd nodes that saved the other (torch's view rule)."""
+    a, b = out._data, x._data
+    if a is not None and b is not None and a.base is not None and np.may_share_memory(a, b):
+        out._version = x._version
+    return out

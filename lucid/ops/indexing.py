@@ -32,6 +32,7 @@ import numpy as np
 from lucid import _dtype
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
+from lucid.ops._front import alias_version as _alias_version
 from lucid.ops._front import inplace_method, tensor_method
 from lucid.ops._registry import (
     DATA_DEPENDENT,
@@ -43,7 +44,6 @@ from lucid.ops._registry import (
     normalize_dim,
     register,
 )
-from lucid.ops.shape import _alias_version
 
 __all__ = [
     "gather",

@@ -20,6 +20,7 @@ import numpy as np
 from lucid._dispatch import apply
 from lucid._dtype import result_type
 from lucid._tensor import Tensor
+from lucid.ops._front import alias_version as _alias_version
 from lucid.ops._front import tensor_method
 from lucid.ops._registry import (
     PROMOTE,
@@ -30,6 +31,7 @@ from lucid.ops._registry import (
     normalize_dims,
     register,
 )
+from lucid.ops.indexing import index_select
 
 __all__ = [
     "reshape",
@@ -161,15 +163,6 @@ register(
         saves_outputs=False,
     )
 )
-
-
-def _alias_version(out: Tensor, x: Tensor) -> Tensor:
-    """A result that aliases ``x``'s memory shares its version counter, so an in-place write
-    through either is seen by the autograd nodes that saved the other (torch's view rule)."""
-    a, b = out._data, x._data
-    if a is not None and b is not None and a.base is not None and np.may_share_memory(a, b):
-        out._version = x._version
-    return out
 
 
 @tensor_method("reshape", "view")
@@ -733,8 +726,6 @@ def pad(
     if value not in (None, 0):
         raise ValueError(f"pad: value is only used by mode 'constant', not {mode!r}")
     pairs = _pad_pairs(pad, x.ndim)
-    from lucid.ops.indexing import index_select
-
     for d, (lo, hi) in enumerate(pairs):
         if lo == hi == 0:
             continue
@@ -775,8 +766,6 @@ def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor
     first = -offset * cols if offset < 0 else offset
     # A gather with a constant index: compiles as it is, and its gradient is a scatter-add.
     index = Tensor._wrap(first + np.arange(n, dtype=np.int64) * (cols + 1))
-    from lucid.ops.indexing import index_select
-
     flat = flatten(movedim(x, (d1, d2), (-2, -1)), -2)
     return index_select(flat, flat.ndim - 1, index)
 
@@ -1005,8 +994,6 @@ def repeat_interleave(
 ) -> Tensor:
     """Each element (along ``dim``; of the flattened tensor when None) repeated ``repeats``
     times (an int or one count per element); ``repeat_interleave(counts)`` gives the indices."""
-    from lucid.ops.indexing import index_select
-
     if repeats is None:  # torch.repeat_interleave(repeats): indices repeated by their counts
         counts = np.asarray(x.tolist(), dtype=np.int64).reshape(-1)
         return Tensor._wrap(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
