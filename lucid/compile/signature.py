@@ -5,8 +5,8 @@ A tensor's signature is ``(shape, numpy dtype, requires_grad)``; any other argum
 ``(type, value)``; a tuple, list or dict holding tensors is ``(type, _TreeSig)`` over its
 elements' signatures. With a symbolic batch the tensors' shared leading dim is None.
 A training step keys its inputs with ``step_input_sig``: ``(shape, numpy dtype)`` per tensor.
-Every key also holds ``autocast_state()``: the same function traces to a different graph inside
-an autocast region.
+Every key also holds ``lucid.amp.autocast_key()``: the same function traces to a different
+graph inside an autocast region.
 """
 
 from __future__ import annotations
@@ -21,12 +21,7 @@ from lucid._tensor import Tensor
 from lucid.amp import autocast_key
 from lucid.compile._binding import mode_repr
 
-__all__ = ["CacheKey", "autocast_state", "cache_key", "step_input_sig"]
-
-
-def autocast_state() -> tuple[str, str] | None:
-    """The active autocast region as part of a cache key (None outside one)."""
-    return None if state.autocast is None else autocast_key()
+__all__ = ["CacheKey", "cache_key", "step_input_sig"]
 
 
 class CacheKey(tuple):

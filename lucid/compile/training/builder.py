@@ -393,8 +393,7 @@ def build_training_module(
         buckets = allreduce.buckets
         cut_at_allreduce(fn, buckets)
     roles = feed_roles(fn)
-    kept = set(roles)  # once: a lookup per feed, not a walk of the roles (quadratic)
-    feeds = {r: t for r, t in tracer.feed_tensors().items() if r in kept}
+    feeds = _kept_feeds(tracer, roles)
     results = result_roles(fn)
     return TrainingModule(
         module=module,
@@ -649,7 +648,7 @@ def build_optimizer_module(
     report = PassManager(passes, instrumentation).run(module)
     fn = forward_func(module)
     roles = feed_roles(fn)
-    feeds = {r: t for r, t in tracer.feed_tensors().items() if r in roles}
+    feeds = _kept_feeds(tracer, roles)
     results = result_roles(fn)
     return TrainingModule(
         module=module,
@@ -672,3 +671,9 @@ def build_optimizer_module(
         pipeline=passes,
         passes_ms=report.passes_ms(),
     )
+
+
+def _kept_feeds(tracer: Any, roles: list[str]) -> dict[str, Any]:
+    """The traced feed tensors the optimized function still reads."""
+    kept = set(roles)  # once: a lookup per feed, not a walk of the roles (quadratic)
+    return {r: t for r, t in tracer.feed_tensors().items() if r in kept}

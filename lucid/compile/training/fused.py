@@ -13,6 +13,7 @@ import numpy as np
 
 from lucid import _random
 from lucid._tensor import Tensor
+from lucid.amp import autocast_key
 from lucid.compile import parity
 from lucid.compile._binding import STRUCTURE_VERSION, Bound
 from lucid.compile.entry import StepEntry
@@ -21,7 +22,7 @@ from lucid.compile.options import (
     check_settings,
     resolve_backend,
 )
-from lucid.compile.signature import autocast_state, step_input_sig
+from lucid.compile.signature import step_input_sig
 from lucid.compile.training.base import (
     _feed_values,
     _one_call_at_a_time,
@@ -136,7 +137,7 @@ class FusedStep(_StepIntrospection):
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             self._view.statics(scalars),
             tuple([p._requires_grad for p in self._params]),  # dtype changes: FeedMismatch
-            autocast_state(),
+            autocast_key(),
             self._scaling_key(),
         )
 

@@ -16,6 +16,7 @@ from lucid import _random
 from lucid._autograd import Node
 from lucid._state import state as _state
 from lucid._tensor import Tensor
+from lucid.amp import autocast_key
 from lucid.compile import parity
 from lucid.compile._binding import STRUCTURE_VERSION, Bound
 from lucid.compile.cache import LRU, max_entries
@@ -25,7 +26,7 @@ from lucid.compile.options import (
     check_settings,
     resolve_backend,
 )
-from lucid.compile.signature import autocast_state, step_input_sig
+from lucid.compile.signature import step_input_sig
 from lucid.compile.training.base import (
     _feed_values,
     _grad_roles,
@@ -105,7 +106,7 @@ class TrainStep(_StepIntrospection):
             step_input_sig(inputs),
             self._bound.modes(),  # every submodule's mode (model.bn.eval() while training)
             tuple([(p._requires_grad, p._data.dtype) for p in self._params]),
-            autocast_state(),
+            autocast_key(),
         )
 
     def _build(self, key: tuple, inputs: tuple) -> StepEntry:

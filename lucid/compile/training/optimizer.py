@@ -14,6 +14,7 @@ import numpy as np
 
 import lucid
 from lucid._tensor import Tensor
+from lucid.amp import autocast_key
 from lucid.compile import parity
 from lucid.compile._binding import ensure_c_layout, name_feeds
 from lucid.compile.entry import StepEntry
@@ -22,7 +23,6 @@ from lucid.compile.options import (
     check_settings,
     resolve_backend,
 )
-from lucid.compile.signature import autocast_state
 from lucid.compile.training.base import (
     _feed_values,
     _one_call_at_a_time,
@@ -104,7 +104,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         return (
             self._view.statics(scalars),
             tuple([p._grad is not None for p in params]),
-            autocast_state(),
+            autocast_key(),
             None if self._scaler is None else self._scaler.key(),
         )
 
