@@ -30,6 +30,22 @@ settings.load_profile("lucid")
 def pytest_collection_finish(session):
     """What collecting loaded (test modules, Lucid, xDSL, hypothesis) lives for the whole run:
     frozen out of the cyclic collector's sight, the full collections during the tests stop
-    rescanning it."""
+    rescanning it. Then the selected tests' background work starts."""
     gc.collect()
     gc.freeze()
+    if not session.config.option.collectonly:
+        _start_background_work(session)
+
+
+def _start_background_work(session) -> None:
+    """A test module whose tests wait on other processes (the docs' runner, clang) may define
+    ``start_background_work(items, config)``, called here with its selected tests: it starts
+    that work on a thread, so the processes run on the machine's other core while this one runs
+    the tests collected before them (the run itself uses one core)."""
+    by_module: dict = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if hasattr(module, "start_background_work"):
+            by_module.setdefault(module, []).append(item)
+    for module, items in by_module.items():
+        module.start_background_work(items, session.config)
