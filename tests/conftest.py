@@ -1,6 +1,7 @@
 import gc
 import os
 import sys
+import threading
 
 from hypothesis import HealthCheck, settings
 
@@ -39,13 +40,24 @@ def pytest_collection_finish(session):
 
 def _start_background_work(session) -> None:
     """A test module whose tests wait on other processes (the docs' runner, clang) may define
-    ``start_background_work(items, config)``, called here with its selected tests: it starts
-    that work on a thread, so the processes run on the machine's other core while this one runs
-    the tests collected before them (the run itself uses one core)."""
+    ``background_work(items, config)``, called here with its selected tests: it returns a
+    function doing that work (or None), which runs on one background thread, one module's after
+    another in the run's order. Their processes then use the machine's second core (the run
+    itself uses one) while this one runs the tests collected before them."""
     by_module: dict = {}
     for item in session.items:
         module = getattr(item, "module", None)
-        if hasattr(module, "start_background_work"):
+        if hasattr(module, "background_work"):
             by_module.setdefault(module, []).append(item)
-    for module, items in by_module.items():
-        module.start_background_work(items, session.config)
+    jobs = [module.background_work(items, session.config) for module, items in by_module.items()]
+    jobs = [job for job in jobs if job is not None]
+
+    def run_jobs() -> None:
+        for job in jobs:
+            try:
+                job()
+            except BaseException:  # noqa: BLE001, S112 - a job reports its errors to its tests
+                continue
+
+    if jobs:
+        threading.Thread(target=run_jobs, name="tests-background-work", daemon=True).start()

@@ -29,7 +29,7 @@ whose frames point at the doc's own lines. The blocks run in a helper process
 (tests/docs_runner.py) that imports Lucid once and forks a child per chain of blocks (a fresh
 interpreter per chain where forking is unsafe, or with ``LUCID_DOCS_NO_FORK=1``). The chains
 of the selected blocks start running in the background as soon as the run's tests are known
-(``start_background_work``), so they use the machine's other core while the tests before this
+(``background_work``), so they use the machine's other core while the tests before this
 module run.
 """
 
@@ -285,14 +285,14 @@ def _slow_selected(config: pytest.Config) -> bool:
     return "not slow" not in (config.getoption("-m") or "")
 
 
-# The runner started by start_background_work, once it is ready (None: none started).
+# The runner started by background_work's job, once it is ready (None: no job).
 _background_runner: Future | None = None
 
 
-def start_background_work(items: list[pytest.Item], config: pytest.Config) -> None:
-    """Called by tests/conftest.py with this module's selected tests: start the runner and run
-    the chains of the selected blocks, in the tests' order, on a background thread (the tests
-    then find their results ready, or wait for them)."""
+def background_work(items: list[pytest.Item], config: pytest.Config):
+    """Called by tests/conftest.py with this module's selected tests: the job it runs in the
+    background, which starts the runner and runs the chains of the selected blocks in the tests'
+    order (the tests then find their results ready, or wait for them)."""
     global _background_runner
     blocks = [
         item.callspec.params["block"]
@@ -300,7 +300,7 @@ def start_background_work(items: list[pytest.Item], config: pytest.Config) -> No
         if getattr(item, "originalname", None) == "test_code_block_runs"
     ]
     if not blocks:
-        return
+        return None
     slow_selected = _slow_selected(config)
     started: Future = Future()
 
@@ -323,7 +323,7 @@ def start_background_work(items: list[pytest.Item], config: pytest.Config) -> No
 
     config.add_cleanup(close)
     _background_runner = started
-    threading.Thread(target=work, name="docs-runner-background", daemon=True).start()
+    return work
 
 
 @pytest.fixture(scope="module")

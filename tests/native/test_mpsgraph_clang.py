@@ -2,8 +2,8 @@
 
 Runs in the default test run: `.ci/run` installs clang (Debian `clang-19 libc++-19-dev
 libc6-dev-arm64-cross`). Without it the tests skip locally and fail when `CI` is set. The clang
-pass starts in the background as soon as the run's tests are known (`start_background_work`),
-one compiler at a time, on the core the test run leaves free.
+pass runs in the background from the start of the run (`background_work`), one compiler at a
+time, on the core the test run leaves free.
 """
 
 import importlib.util
@@ -11,7 +11,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -94,16 +93,16 @@ def check_sources_and_snippets(folder: Path, parallel: bool = True) -> dict:
     }
 
 
-# The background clang pass started by start_background_work (None: none started).
+# The background clang pass of background_work's job (None: no job).
 _background_results: Future | None = None
 
 
-def start_background_work(items: list[pytest.Item], config: pytest.Config) -> None:
+def background_work(items: list[pytest.Item], config: pytest.Config):
     """Called by tests/conftest.py with this module's selected tests: when one needs the clang
-    pass, run it on a background thread, one compiler at a time (the test run uses one core)."""
+    pass, the job it runs in the background, one compiler at a time (the run uses one core)."""
     global _background_results
     if not any("results" in item.fixturenames for item in items):
-        return
+        return None
     folder = Path(tempfile.mkdtemp(prefix="lucid-mpsgraph-snippets-"))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     future: Future = Future()
@@ -115,7 +114,7 @@ def start_background_work(items: list[pytest.Item], config: pytest.Config) -> No
             future.set_exception(e)
 
     _background_results = future
-    threading.Thread(target=work, name="clang-check-background", daemon=True).start()
+    return work
 
 
 @pytest.fixture(scope="module")
