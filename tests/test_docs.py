@@ -35,6 +35,7 @@ module run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -273,12 +274,27 @@ class Runner:
                     }
 
     def close(self) -> None:
-        with self._lock:
+        """Stop the helper once its current chain is done; at once when the run ends early
+        (``-x``, Ctrl-C) while the background thread still has a chain running."""
+        if not self._lock.acquire(blocking=False):
+            self.proc.kill()  # the thread's answer never comes: it stops with an error
+            self.proc.wait(timeout=60)
+            with contextlib.suppress(OSError):  # the chain's process may still write there
+                self.scratch.cleanup()
+            return
+        try:
             if self.proc.stdin.closed:
                 return
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
+            self.proc.stdout.close()
             self.scratch.cleanup()
+        finally:
+            self._lock.release()
+
+
+def _unsafe_blocks_of(chain: list[Block]) -> list[Block]:
+    return [b for b in chain if b.kind == "sh" and _UNSAFE_SHELL.search(b.code)]
 
 
 def _slow_selected(config: pytest.Config) -> bool:
@@ -299,6 +315,8 @@ def background_work(items: list[pytest.Item], config: pytest.Config):
         for item in items
         if getattr(item, "originalname", None) == "test_code_block_runs"
     ]
+    # As test_code_block_runs: a chain with an unsafe shell block is refused, never run.
+    blocks = [b for b in blocks if not _unsafe_blocks_of(CHAINS[b])]
     if not blocks:
         return None
     slow_selected = _slow_selected(config)
@@ -340,7 +358,7 @@ def _param(b: Block):
 
 @pytest.mark.parametrize("block", [_param(b) for b in ALL_BLOCKS if b.runs])
 def test_code_block_runs(block, runner, request):
-    unsafe = [b for b in CHAINS[block] if b.kind == "sh" and _UNSAFE_SHELL.search(b.code)]
+    unsafe = _unsafe_blocks_of(CHAINS[block])
     if unsafe:
         pytest.fail(f"{unsafe[0].where}: not run: mark this shell block 'manual'", pytrace=False)
     result = runner.result_of(block, _slow_selected(request.config))
