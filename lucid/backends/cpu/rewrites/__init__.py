@@ -60,7 +60,7 @@ from lucid.backends.cpu.rewrites.match import Graph
 REWRITES = (
     gemm.fold_gemm_scale,  # first: a scaled product is then one gemm for the head views
     attention.fold_head_views,
-    rows.fold_layer_norm_grad,
+    rows.layer_norm_grad_column_sums,
     rows.gelu_grad_column_sums,
     gemm.fold_gemm_bias,
     gemm.fold_gemm_addend,
