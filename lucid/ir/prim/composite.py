@@ -9,8 +9,9 @@ the table's references, so the prim interpreter needs nothing of its own.
 A decomposition is written once against two callables and is used for every target:
 ``emit(name, *operands, **attrs)`` appends a prim op and returns its value, ``const(value, like)``
 is a 0-d constant of ``like``'s dtype. Numpy arrays (the reference), IR values (the expansion)
-and lowering's values (a case the composite does not take) all fit. Like every table module,
-this one is pure Python: no xDSL.
+and lowering's values (a case the composite does not take) all fit. A composite may have several
+results (``layer_norm_grad``, ``attention_grad``). Like every table module, this one is pure
+Python: no xDSL.
 """
 
 from __future__ import annotations

@@ -14,31 +14,17 @@ from hypothesis import strategies as st
 import lucid
 import lucid.nn as nn
 from lucid._dispatch import apply
-from lucid._tensor import Tensor
 from lucid.backends.cpu import CPUBackend, Program
 from lucid.backends.cpu.testing import decomposed
 from lucid.backends.mpsgraph.backend import MPSGraphReferenceBackend
-from lucid.ir import import_trace, parse_ir, print_ir
+from lucid.ir import parse_ir, print_ir
 from lucid.ir import prim as P
-from lucid.ir.importer import forward_func
 from lucid.ir.prim.dialect import make_prim_context
 from lucid.ir.prim.expand import expand_composites
 from lucid.ir.prim.interpreter import interpret_prim
-from lucid.passes import PassManager
-from lucid.trace import trace
+from tests.passes.test_lower_to_prim import _lowered, _prim_names
 
 pytestmark = pytest.mark.usefixtures("fixed_threads")
-
-
-def _lowered(fn, *arrays):
-    module = import_trace(trace(fn, *(Tensor._wrap(a) for a in arrays)))
-    PassManager("lower-to-prim").run(module)
-    module.verify()
-    return module
-
-
-def _prim_names(module) -> list[str]:
-    return [op.name for op in forward_func(module).body.blocks.first.ops]
 
 
 def _layer_norm_backward(shape):
