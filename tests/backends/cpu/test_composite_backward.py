@@ -283,3 +283,22 @@ def test_expansion_leaves_no_ops_for_results_nothing_reads():
     assert expand_composites(module) == 1
     assert "prim.reduce_sum" not in _prim_names(module)
     np.testing.assert_array_equal(interpret_prim(module, [dy, x])[0], want[0])
+
+
+def test_malformed_attention_grad_instructions_raise_clear_errors():
+    from lucid.backends.cpu.program import Instr
+
+    def compile_with(outputs, attrs):
+        p = _attention_grad_program(1, 2, 3, 4, 8, 8, "f32")
+        (grad,) = [i for i in p.instrs if i.op == "attention_grad"]
+        p.instrs[p.instrs.index(grad)] = Instr(
+            "attention_grad", grad.inputs, outputs(p, grad), {"alpha": 0.4, **attrs}
+        )
+        p.results = list(p.instrs[-1].outputs)
+        return CPUBackend(cache=False).compile(p)
+
+    with pytest.raises(ValueError, match="3 outputs"):
+        compile_with(lambda p, g: g.outputs[:1], {})
+    fused = {"grad_cols": [0, 16, 32], "grad_width": [48]}
+    with pytest.raises(ValueError, match="equal query and key lengths"):
+        compile_with(lambda p, g: (p.new_slot((1, 3, 48), "f32"),), fused)
