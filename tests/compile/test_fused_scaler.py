@@ -296,3 +296,57 @@ def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
     np.testing.assert_allclose(
         model.weight.detach().numpy(), want_model.weight.detach().numpy(), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
+def test_a_run_of_skipped_first_steps_compiles_once(compiled, monkeypatch):
+    """A scale far too large skips the first steps one after another (PyTorch's GradScaler
+    starts at 2**16 for this reason); each leaves no optimizer state, as eager, and the entry is
+    kept for the next step instead of compiled again."""
+    from lucid.compile import compile_optimizer
+    from lucid.compile.training.fused import FusedStep
+    from lucid.compile.training.optimizer import CompiledOptimizerStep
+
+    owner = FusedStep if compiled == "fused_step" else CompiledOptimizerStep
+    builds = []
+    build = owner._build
+    monkeypatch.setattr(owner, "_build", lambda self, *a: builds.append(1) or build(self, *a))
+
+    def run(mode):
+        lucid.manual_seed(0)
+        model = nn.Linear(3, 2)
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+        scaler = GradScaler(init_scale=2.0**127)  # halves per skip: several skips in a row
+        step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
+        if mode == "compile_optimizer":
+            compile_optimizer(opt, scaler=scaler)
+        rng = np.random.default_rng(0)
+        skipped_with_state = []
+        for _ in range(8):
+            x = lucid.tensor(rng.standard_normal((4, 3)).astype(np.float32))
+            y = lucid.tensor(100 * rng.standard_normal((4, 2)).astype(np.float32))
+            scale = scaler.get_scale()
+            if mode == "fused_step":
+                step(x, y)
+            else:
+                opt.zero_grad()
+                scaler.scale(F.mse_loss(model(x), y)).backward()
+                if mode == "compile_optimizer":
+                    opt.step()
+                else:
+                    scaler.step(opt)
+                    scaler.update()
+            if scaler.get_scale() < scale:
+                skipped_with_state.append(bool(opt.state))
+        return model, opt, scaler, skipped_with_state
+
+    want_model, want_opt, want_scaler, want_skips = run("eager")
+    model, opt, scaler, skips = run(compiled)
+    assert len(want_skips) >= 3 and not any(want_skips)
+    assert skips == want_skips
+    assert scaler.state_dict() == want_scaler.state_dict()
+    assert len(builds) == 1
+    for p, w in zip(model.parameters(), want_model.parameters(), strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6)
+        buf, want_buf = opt.state[p]["momentum_buffer"], want_opt.state[w]["momentum_buffer"]
+        np.testing.assert_allclose(buf.numpy(), want_buf.numpy(), rtol=1e-5, atol=1e-6)
