@@ -260,27 +260,27 @@ def test_a_step_with_a_scaler_is_not_saved(tmp_path, caplog):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
-def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
-    """Eager GradScaler skips opt.step() entirely: SGD's momentum buffer does not exist after a
-    skipped first step, so the next step is the first (buf = grad, not dampened)."""
+def _dampened_sgd_run(mode: str, scaler: GradScaler, steps: int):
+    """SGD with dampened momentum (its first step differs from later ones) on large targets,
+    trained eagerly with the scaler, by ``fused_step`` or by ``compile_optimizer``: (model,
+    optimizer, for each skipped step whether optimizer state existed after it)."""
     from lucid.compile import compile_optimizer
 
-    def run(mode):
-        lucid.manual_seed(0)
-        model = nn.Linear(3, 2)
-        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
-        scaler = GradScaler(init_scale=2.0**127, backoff_factor=2.0**-20)
-        step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
-        if mode == "compile_optimizer":
-            compile_optimizer(opt, scaler=scaler)
-        rng = np.random.default_rng(0)
-        for _ in range(5):
-            x = lucid.tensor(rng.standard_normal((4, 3)).astype(np.float32))
-            y = lucid.tensor(100 * rng.standard_normal((4, 2)).astype(np.float32))
-            if mode == "fused_step":
-                step(x, y)
-                continue
+    lucid.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+    step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
+    if mode == "compile_optimizer":
+        compile_optimizer(opt, scaler=scaler)
+    rng = np.random.default_rng(0)
+    skipped_with_state = []
+    for _ in range(steps):
+        x = lucid.tensor(rng.standard_normal((4, 3)).astype(np.float32))
+        y = lucid.tensor(100 * rng.standard_normal((4, 2)).astype(np.float32))
+        scale = scaler.get_scale()
+        if mode == "fused_step":
+            step(x, y)
+        else:
             opt.zero_grad()
             scaler.scale(F.mse_loss(model(x), y)).backward()
             if mode == "compile_optimizer":
@@ -288,7 +288,19 @@ def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
             else:
                 scaler.step(opt)
                 scaler.update()
-        return model, scaler
+        if scaler.get_scale() < scale:
+            skipped_with_state.append(bool(opt.state))
+    return model, opt, skipped_with_state
+
+
+@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
+def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
+    """Eager GradScaler skips opt.step() entirely: SGD's momentum buffer does not exist after a
+    skipped first step, so the next step is the first (buf = grad, not dampened)."""
+
+    def run(mode):
+        scaler = GradScaler(init_scale=2.0**127, backoff_factor=2.0**-20)
+        return _dampened_sgd_run(mode, scaler, steps=5)[0], scaler
 
     want_model, want_scaler = run("eager")
     model, scaler = run(compiled)
@@ -303,7 +315,6 @@ def test_a_run_of_skipped_first_steps_compiles_once(compiled, monkeypatch):
     """A scale far too large skips the first steps one after another (PyTorch's GradScaler
     starts at 2**16 for this reason); each leaves no optimizer state, as eager, and the entry is
     kept for the next step instead of compiled again."""
-    from lucid.compile import compile_optimizer
     from lucid.compile.training.fused import FusedStep
     from lucid.compile.training.optimizer import CompiledOptimizerStep
 
@@ -311,37 +322,10 @@ def test_a_run_of_skipped_first_steps_compiles_once(compiled, monkeypatch):
     builds = []
     build = owner._build
     monkeypatch.setattr(owner, "_build", lambda self, *a: builds.append(1) or build(self, *a))
-
-    def run(mode):
-        lucid.manual_seed(0)
-        model = nn.Linear(3, 2)
-        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
-        scaler = GradScaler(init_scale=2.0**127)  # halves per skip: several skips in a row
-        step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
-        if mode == "compile_optimizer":
-            compile_optimizer(opt, scaler=scaler)
-        rng = np.random.default_rng(0)
-        skipped_with_state = []
-        for _ in range(8):
-            x = lucid.tensor(rng.standard_normal((4, 3)).astype(np.float32))
-            y = lucid.tensor(100 * rng.standard_normal((4, 2)).astype(np.float32))
-            scale = scaler.get_scale()
-            if mode == "fused_step":
-                step(x, y)
-            else:
-                opt.zero_grad()
-                scaler.scale(F.mse_loss(model(x), y)).backward()
-                if mode == "compile_optimizer":
-                    opt.step()
-                else:
-                    scaler.step(opt)
-                    scaler.update()
-            if scaler.get_scale() < scale:
-                skipped_with_state.append(bool(opt.state))
-        return model, opt, scaler, skipped_with_state
-
-    want_model, want_opt, want_scaler, want_skips = run("eager")
-    model, opt, scaler, skips = run(compiled)
+    # Halved per skip: several skips in a row.
+    want_scaler, scaler = GradScaler(init_scale=2.0**127), GradScaler(init_scale=2.0**127)
+    want_model, want_opt, want_skips = _dampened_sgd_run("eager", want_scaler, steps=8)
+    model, opt, skips = _dampened_sgd_run(compiled, scaler, steps=8)
     assert len(want_skips) >= 3 and not any(want_skips)
     assert skips == want_skips
     assert scaler.state_dict() == want_scaler.state_dict()
