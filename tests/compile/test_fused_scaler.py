@@ -260,15 +260,22 @@ def test_a_step_with_a_scaler_is_not_saved(tmp_path, caplog):
     assert not list(tmp_path.iterdir())
 
 
-def _dampened_sgd_run(mode: str, scaler: GradScaler, steps: int):
-    """SGD with dampened momentum (its first step differs from later ones) on large targets,
-    trained eagerly with the scaler, by ``fused_step`` or by ``compile_optimizer``: (model,
-    optimizer, for each skipped step whether optimizer state existed after it)."""
+def _dampened_sgd_run(
+    mode: str, scaler: GradScaler, steps: int, kind: str = "sgd", lr_decay: float | None = None
+):
+    """SGD with dampened momentum (its first step differs from later ones; or Adam) on large
+    targets, trained eagerly with the scaler, by ``fused_step`` or by ``compile_optimizer``, the
+    learning rate decayed after every step when asked: (model, optimizer, for each skipped step
+    whether optimizer state existed after it)."""
     from lucid.compile import compile_optimizer
 
     lucid.manual_seed(0)
     model = nn.Linear(3, 2)
-    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+    if kind == "sgd":
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+    else:
+        opt = optim.Adam(model.parameters(), lr=0.1)
+    schedule = None if lr_decay is None else optim.lr_scheduler.ExponentialLR(opt, lr_decay)
     step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
     if mode == "compile_optimizer":
         compile_optimizer(opt, scaler=scaler)
@@ -290,6 +297,8 @@ def _dampened_sgd_run(mode: str, scaler: GradScaler, steps: int):
                 scaler.update()
         if scaler.get_scale() < scale:
             skipped_with_state.append(bool(opt.state))
+        if schedule is not None:
+            schedule.step()
     return model, opt, skipped_with_state
 
 
@@ -334,3 +343,22 @@ def test_a_run_of_skipped_first_steps_compiles_once(compiled, monkeypatch):
         np.testing.assert_allclose(p.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6)
         buf, want_buf = opt.state[p]["momentum_buffer"], want_opt.state[w]["momentum_buffer"]
         np.testing.assert_allclose(buf.numpy(), want_buf.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_a_learning_rate_changed_during_skipped_first_steps_is_used(compiled, kind):
+    """A scheduler steps every iteration, skipped or not: the first step taken after a run of
+    skipped ones uses the learning rate of its own iteration (as eager), not the one the entry
+    was built with."""
+
+    def run(mode):
+        scaler = GradScaler(init_scale=2.0**127)
+        model, opt, _ = _dampened_sgd_run(mode, scaler, steps=8, kind=kind, lr_decay=0.5)
+        return model, scaler
+
+    want_model, want_scaler = run("eager")
+    model, scaler = run(compiled)
+    assert scaler.state_dict() == want_scaler.state_dict()
+    for p, w in zip(model.parameters(), want_model.parameters(), strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6)

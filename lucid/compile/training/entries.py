@@ -415,9 +415,23 @@ class SkippedFirstRuns:
         built_key, entry, taken, first_scalars, created_state = parked
         if not self.view.put_back(taken):
             return None
-        entry.n_runs, entry.first_scalars, entry.created_state = 0, first_scalars, created_state
+        entry.n_runs, entry.created_state = 0, created_state
+        entry.first_scalars = self._first_scalars(entry, taken, first_scalars)
         cache.put(built_key, entry)
         return built_key, entry
+
+    def _first_scalars(self, entry: StepEntry, taken: dict, built: dict) -> dict:
+        """The step scalars of a first step now: ``built`` (the build's) with each optimizer
+        scalar read again, as a scheduler may have changed the learning rate since."""
+        opt, reps = self.view.opt, self.view.reps
+        role_of = {id(slot._data): role for role, slot in entry.scalar_slots.items()}
+        values = dict(built)
+        for arr, gi, param, key in entry.scalar_plan:
+            p = reps[gi] if param is None else param
+            state = opt.state[p] if p is not None and p in opt.state else {}
+            fresh = p is not None and p in taken  # its state is the build's: a first step
+            values[role_of[id(arr)]] = opt._step_scalars(opt.param_groups[gi], state, fresh)[key]
+        return values
 
     def clear(self) -> None:
         self.parked.clear()
