@@ -46,6 +46,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -451,6 +452,35 @@ def test_a_block_past_its_timeout_is_stopped(runner, tmp_path):
     doc.write_text("```python\nimport time\ntime.sleep(60)\n```\n")
     (block,) = parse_blocks(doc, root=tmp_path)
     assert runner.run([block], timeout=0.5) == {"timeout": True}
+
+
+def test_background_work_runs_what_the_tests_would_and_no_refused_chain(monkeypatch, tmp_path):
+    """background_work's job asks the runner for the selected blocks, in order, with the run's
+    slow selection, and leaves out a chain the test refuses (an unsafe shell block)."""
+    doc = tmp_path / "guide.md"
+    doc.write_text("```python\nx = 1\n```\n\n```sh\nrm -r somewhere\n```\n\n```sh\necho hi\n```\n")
+    blocks = parse_blocks(doc, root=tmp_path)
+    asked = []
+
+    class FakeRunner:
+        def result_of(self, block, slow_selected):
+            asked.append((block.line, slow_selected))
+
+    monkeypatch.setitem(globals(), "CHAINS", chains_of(blocks))
+    monkeypatch.setitem(globals(), "Runner", FakeRunner)
+    monkeypatch.setitem(globals(), "_background_runner", None)
+    items = [
+        SimpleNamespace(
+            originalname="test_code_block_runs", callspec=SimpleNamespace(params={"block": b})
+        )
+        for b in blocks
+    ] + [SimpleNamespace(originalname="test_docs_stand_alone")]
+    cleanups = []
+    config = SimpleNamespace(getoption=lambda name: "not slow", add_cleanup=cleanups.append)
+    job = background_work(items, config)
+    job()
+    assert asked == [(1, False), (9, False)]
+    assert isinstance(_background_runner.result(), FakeRunner) and len(cleanups) == 1
 
 
 def test_chains_also_run_in_fresh_processes(runner, tmp_path):
