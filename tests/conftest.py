@@ -53,6 +53,10 @@ def _start_background_work(session) -> None:
     jobs = [job for job in jobs if job is not None]
 
     def run_jobs() -> None:
+        if sys.platform.startswith("linux"):
+            # Nice 10 for this thread (on Linux a thread's own) and the processes it starts: the
+            # work takes what the run leaves free, and never slows the run on a busy machine.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         for job in jobs:
             try:
                 job()
