@@ -94,15 +94,21 @@ class Program:
 
     def op(self, name: str, *inputs: int, **attrs: Any) -> int:
         """Append prim op ``name`` on ``inputs``; returns its output slot."""
+        (slot,) = self.op_outputs(name, *inputs, **attrs)
+        return slot
+
+    def op_outputs(self, name: str, *inputs: int, **attrs: Any) -> tuple[int, ...]:
+        """Append prim op ``name`` on ``inputs``; returns its output slots (the LSTM
+        composites have several)."""
         op = prim_ops.lookup(name)
         full = prim_ops.check_attrs(op, attrs)
         problem = half_operand_problem(name, [self._aval(s).dtype for s in inputs])
         if problem:
             raise PrimError(problem)
-        (out,) = prim_ops.infer(name, [self._aval(s) for s in inputs], full)
-        slot = self.new_slot(out.shape, out.dtype)
-        self.instrs.append(Instr(name, tuple(inputs), (slot,), full))
-        return slot
+        outs = prim_ops.infer(name, [self._aval(s) for s in inputs], full)
+        slots = tuple(self.new_slot(out.shape, out.dtype) for out in outs)
+        self.instrs.append(Instr(name, tuple(inputs), slots, full))
+        return slots
 
     def fused(self, inputs: Sequence[int], nodes: Sequence[FusedNode]) -> int:
         """Append a fused elementwise instruction (its value is the last node's)."""
@@ -223,7 +229,10 @@ class Program:
                         env[o] = np.array(value, order="C")
                     continue
             else:
-                (out,) = prim_ops.evaluate(ins.op, args, ins.attrs)
+                outs = prim_ops.evaluate(ins.op, args, ins.attrs)
+                for o, value in zip(ins.outputs, outs, strict=True):  # several: the LSTM ops
+                    env[o] = np.array(value, order="C")
+                continue
             env[ins.outputs[0]] = np.array(out, order="C")
         results = [env[s].copy() for s in self.results]
         for r, f in self.inplace.items():
