@@ -19,6 +19,7 @@ from lucid._dispatch import apply
 from lucid._dtype import result_type
 from lucid._tensor import Tensor
 from lucid.ops._registry import AVal, OpDef, register
+from lucid.ops.elementwise import _sigmoid_kernel
 
 __all__: list[str] = []
 
@@ -119,11 +120,6 @@ def _recurrence_infer(projected, h0, c0, w_hh, b_hh, reverse):
     return sequence, state, state, sequence, AVal(tuple(projected.shape), dt)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))  # never overflows (the sigmoid op's kernel)
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
-
-
 def _time_steps(length: int, reverse: bool) -> range:
     return range(length - 1, -1, -1) if reverse else range(length)
 
@@ -142,9 +138,9 @@ def _recurrence_kernel(projected, h0, c0, w_hh, b_hh, reverse):
             recurrent += b_hh
         pre = projected[t] + recurrent
         act = gates[t]
-        act[:, : 2 * hidden] = _sigmoid(pre[:, : 2 * hidden])
+        act[:, : 2 * hidden] = _sigmoid_kernel(pre[:, : 2 * hidden])
         act[:, 2 * hidden : 3 * hidden] = np.tanh(pre[:, 2 * hidden : 3 * hidden])
-        act[:, 3 * hidden :] = _sigmoid(pre[:, 3 * hidden :])
+        act[:, 3 * hidden :] = _sigmoid_kernel(pre[:, 3 * hidden :])
         i, f, g, o = np.split(act, 4, axis=-1)
         c = cells[t] = i * g + f * c
         h = outputs[t] = o * np.tanh(c)

@@ -282,6 +282,12 @@ void run_backward(const LstmPlan& a, void* const* slots) {
   }
 }
 
+template <class T>
+void run(const LstmPlan& a, void* const* slots) {
+  if (a.grad) run_backward<T>(a, slots);
+  else run_forward<T>(a, slots);
+}
+
 }  // namespace
 
 std::vector<Slot> infer_lstm(const Program& p, const Instr& in) {
@@ -310,15 +316,8 @@ int64_t lstm_work(const Program& p, const Instr& in) {
 
 Step make_lstm_step(const Program& p, const Instr& in) {
   auto a = std::make_shared<LstmPlan>(plan(p, in));
-  return [a](void* const* slots) {
-    if (a->dtype == DType::F32) {
-      if (a->grad) run_backward<float>(*a, slots);
-      else run_forward<float>(*a, slots);
-    } else {
-      if (a->grad) run_backward<double>(*a, slots);
-      else run_forward<double>(*a, slots);
-    }
-  };
+  if (a->dtype == DType::F32) return [a](void* const* slots) { run<float>(*a, slots); };
+  return [a](void* const* slots) { run<double>(*a, slots); };
 }
 
 }  // namespace lucid
