@@ -78,7 +78,7 @@ def emit_program(
         visits.count("emit")
         if isinstance(op, PrimIROp):
             try:
-                outs = program.op_outputs(
+                outs = program.op_results(
                     op.PRIM.name, *(slot_of[v] for v in op.operands), **op.given_attrs()
                 )
             except PrimError as e:

@@ -94,12 +94,11 @@ class Program:
 
     def op(self, name: str, *inputs: int, **attrs: Any) -> int:
         """Append prim op ``name`` on ``inputs``; returns its output slot."""
-        (slot,) = self.op_outputs(name, *inputs, **attrs)
+        (slot,) = self.op_results(name, *inputs, **attrs)
         return slot
 
-    def op_outputs(self, name: str, *inputs: int, **attrs: Any) -> tuple[int, ...]:
-        """Append prim op ``name`` on ``inputs``; returns its output slots (the LSTM
-        composites have several)."""
+    def op_results(self, name: str, *inputs: int, **attrs: Any) -> tuple[int, ...]:
+        """Append prim op ``name`` (composites with several results too); its output slots."""
         op = prim_ops.lookup(name)
         full = prim_ops.check_attrs(op, attrs)
         problem = half_operand_problem(name, [self._aval(s).dtype for s in inputs])
@@ -230,7 +229,7 @@ class Program:
                     continue
             else:
                 outs = prim_ops.evaluate(ins.op, args, ins.attrs)
-                for o, value in zip(ins.outputs, outs, strict=True):  # several: the LSTM ops
+                for o, value in zip(ins.outputs, outs, strict=True):  # composites: several
                     env[o] = np.array(value, order="C")
                 continue
             env[ins.outputs[0]] = np.array(out, order="C")

@@ -131,13 +131,18 @@ def test_inference_saves_nothing_and_tanh_saturates_cleanly():
         np.testing.assert_allclose(g, want, rtol=3e-5, atol=3e-6)
 
 
-def test_native_validator_rejects_malformed_lstm_instructions():
+def test_native_program_equals_its_interpretation_and_rejects_malformed_instructions():
     p = Program()
     x, h, c = p.feed((2, 1, 8)), p.feed((1, 2)), p.feed((1, 2))
     w, b = p.feed((8, 2)), p.feed(())
-    p.result(*p.op_outputs("lstm", x, h, c, w, b))
+    p.result(*p.op_results("lstm", x, h, c, w, b))
     desc = p.describe()
     _native.validate(desc)
+    feeds, _ = _operands(2, 1, 2, "float32", 3, False)
+    feeds.append(np.zeros((), np.float32))
+    for got, want in zip(CPUBackend(cache=False).compile(p).run(feeds), p.interpret(feeds),
+                         strict=True):  # fmt: skip
+        np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-6)
     bad = p.describe()
     bad["instrs"][0][1].pop()  # no bias operand
     with pytest.raises(ValueError, match="lstm takes 5 operands"):
