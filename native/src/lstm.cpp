@@ -247,8 +247,11 @@ void run_backward(const LstmPlan& a, void* const* slots) {
   }
   // W_hhᵀ [H, 4H], once: the left operand of every step's dhᵀ = W_hhᵀ dpreᵀ.
   auto wt = scratch<T>(G * H);
-  for (int64_t r = 0; r < G; ++r)
-    for (int64_t c = 0; c < H; ++c) wt[c * G + r] = w[r * H + c];
+  constexpr int64_t kTile = 32;  // tiles of both layouts stay in L1 while they are copied
+  for (int64_t r0 = 0; r0 < G; r0 += kTile)
+    for (int64_t c0 = 0; c0 < H; c0 += kTile)
+      for (int64_t r = r0; r < std::min(G, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(H, c0 + kTile); ++c) wt[c * G + r] = w[r * H + c];
   auto dht = scratch<T>(H * N);  // a step's dhᵀ [H, N]
   const T cs = a.d_cells ? T(0) : d_cells[0];
   const T gs = a.d_gates ? T(0) : d_gates[0];
