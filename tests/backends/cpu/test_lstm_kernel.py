@@ -229,3 +229,18 @@ def test_compiled_inference_and_gradients_equal_eager():
     got = grads(lucid.compile(lstm, strict=True))  # the compiled forward and its VJP
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reverse", [False, True])
+def test_native_kernels_at_workload_h_sizes(reverse):
+    """N = 16, H = 512 (workload H's layer): the GEMMs split across the pool in full tiles."""
+    arrays, grads = _operands(6, 16, 512, "float32", 0, True)
+    arrays[0] *= 0.1
+    arrays[3] *= 0.05
+    fn = _forward_and_backward(reverse, True, True)
+    feeds = arrays + grads
+    eager = [v.numpy() for v in fn(*(lucid.tensor(a) for a in feeds))]
+    native = CPUBackend(cache=False).compile(_lowered(fn, *feeds)).run(feeds)
+    for got, want in zip(native, eager, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
