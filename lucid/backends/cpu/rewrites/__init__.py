@@ -53,7 +53,7 @@ forward, whose rewrites only add head views and the weights as a second output.
 from __future__ import annotations
 
 from lucid.backends.cpu.program import Instr, Program
-from lucid.backends.cpu.rewrites import attention, conv, gemm, rows
+from lucid.backends.cpu.rewrites import attention, conv, gemm, half, rows
 from lucid.backends.cpu.rewrites.match import Graph
 
 # In order: each entry's comment says why it runs where it does.
@@ -69,6 +69,9 @@ REWRITES = (
     attention.fold_attention_weights,  # after fold_attention_grad, which matches the softmax
     attention.fold_attention,
     gemm.fold_gemm_activation,  # last of the gemm folds: the attention folds match plain gemms
+    half.fold_half_activation,  # the half folds match the float32 epilogues' gemms
+    half.fold_half_output,
+    half.fold_half_operands,  # after the output folds: the next layer reads their half values
     conv.fold_conv_bias_relu,
     conv.fold_max_pool_relu_grad,
 )
