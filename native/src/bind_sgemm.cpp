@@ -170,6 +170,13 @@ void init_sgemm(py::module_& m) {
         "c = round(act(r(alpha * op(a) @ op(b) + bias + addend))) in place: a, b, c and bias "
         "float32, float16 or bfloat16 (widened while packing), addend float32, r the rounding "
         "to round_product ('f16'/'bf16') and back, round the rounding to c's dtype.");
+  m.def("shared_pack_stats", []() {
+    const SharedPackStats s = shared_pack_stats();
+    py::dict d;
+    d["packed"] = s.packed;
+    d["reused"] = s.reused;
+    return d;
+  }, "On this thread: how many runs' GEMMs packed a shared B whole, and how many reused one.");
   m.def("gemm_mixed_native", &gemm_mixed_native,
         "Whether gemm_mixed converts while packing here (AVX2, FMA, F16C).");
   m.def("sgemm", &call_sgemm, py::arg("a"), py::arg("b"), py::arg("c"), py::kw_only(),

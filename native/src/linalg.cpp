@@ -78,6 +78,7 @@ struct MatmulPlan {
   std::vector<int64_t> a_off, b_off, c_off;  // matrix offsets per batch entry (elements)
   bool fold_batch_into_m = false;
   GemmTypes types;  // a gemm reading or writing half values (types.has_half): gemm_mixed
+  const void* shared_b = nullptr;  // gemm{share_b}: B's packing reused within a run (sgemm.h)
 };
 
 // A gemm with half operands or output: gemm_mixed per batch entry (or once, batch folded into M).
@@ -96,6 +97,7 @@ void run_mixed_matmul(const MatmulPlan& p, void* const* slots) {
   g.bias_type = p.types.bias;
   g.act = p.act;
   g.round_product = p.types.round_product;
+  g.shared_b = p.shared_b;
   const int64_t entries = p.fold_batch_into_m ? 1 : p.batch;
   for (int64_t i = 0; i < entries; ++i) {
     g.A = at(p.a, g.a_type, p.a_off[i]);
@@ -127,7 +129,7 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
       ep.act = p.act;
       const int64_t lda_ = p.fold_batch_into_m ? p.K : lda;
       return sgemm(p.ta, p.tb, M, p.N, p.K, alpha, A + p.a_off[0], lda_, B + p.b_off[0], ldb,
-                   0.0f, C, p.N, ep);
+                   0.0f, C, p.N, ep, p.shared_b);
     }
   }
   // A bias and an addend (a residual) are written into C first and accumulated onto with
@@ -193,6 +195,10 @@ Step make_matmul(const Program& prog, const Instr& in) {
     for (size_t i = 2; i < in.in.size(); ++i)
       (prog.slots[in.in[i]].shape.size() == 1 && i == 2 ? p->bias : p->addend) = in.in[i];
     p->types = gemm_types(prog, in);
+    // The key names B's slot (and layout) in this program, which lives as long as the step.
+    if (in.attrs.count("share_b") && attr_bool(in, "share_b"))
+      p->shared_b = reinterpret_cast<const char*>(&prog.slots[in.in[1]]) +
+                    (attr_bool(in, "transpose_b") ? 1 : 0);
   }
   p->dtype = o.dtype;
   p->ta = attr_bool(in, "transpose_a");

@@ -29,6 +29,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "lucid/blas.h"
@@ -50,7 +51,16 @@ int mode_from_env() {
 
 std::atomic<int> g_mode{mode_from_env()};
 
+// The run a GemmRunScope opened on this thread (0: none), and the next run's number.
+std::atomic<uint64_t> g_next_run{1};
+thread_local uint64_t t_run = 0;
+thread_local SharedPackStats t_shared_stats;
+
 }  // namespace
+
+GemmRunScope::GemmRunScope() : outer_(t_run) { t_run = g_next_run.fetch_add(1); }
+GemmRunScope::~GemmRunScope() { t_run = outer_; }
+SharedPackStats shared_pack_stats() { return t_shared_stats; }
 
 void set_sgemm_mode(int mode) { g_mode.store(mode < 0 || mode > 2 ? 0 : mode); }
 int sgemm_mode() { return g_mode.load(); }
@@ -125,6 +135,9 @@ constexpr int64_t kColChunk = 64;
 // A grow-only 64-byte-aligned buffer per thread for the packed panels.
 class Scratch {
  public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   ~Scratch() { std::free(data_); }
   float* get(int64_t floats) {
     const size_t need = static_cast<size_t>(floats + 16) * sizeof(float);
@@ -457,6 +470,9 @@ struct Problem {
   GemmType c_type = GemmType::f32;
   // Half output: the product is rounded to this (when half) before the activation.
   GemmType round_product = GemmType::f32;
+  const void* shared_b = nullptr;  // GemmRunScope's key
+  // All of op(B) packed (pack_b_slivers's layout), or null: each block packs its own panel.
+  const float* packed_b = nullptr;
 };
 
 // A finished rows x cols tile of float32 sums (`src`, rows lds apart) into the half output:
@@ -493,6 +509,23 @@ int64_t block_kc(int64_t K) {
   return (K + blocks - 1) / blocks;
 }
 
+// Slivers [s0, s1) of op(B) for every contraction block, in the layout compute_range's panels
+// have: block q (kc steps) at q * kcb * npad, its sliver s (16 columns) at s * kc * 16 in it.
+template <GemmType TB>
+LUCID_GEMM_ISA void pack_b_slivers(const Problem& p, float* dst, int64_t s0, int64_t s1) {
+  const Elem<TB>* B = static_cast<const Elem<TB>*>(p.B);
+  const int64_t kcb = block_kc(p.K), npad = (p.N + kNR - 1) / kNR * kNR;
+  for (int64_t pc = 0; pc < p.K; pc += kcb) {
+    const int64_t kc = std::min(kcb, p.K - pc);
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t j = s * kNR, cols = std::min(kNR, p.N - j);
+      float* d = dst + pc * npad + s * kc * kNR;
+      if (p.tb) pack_rows<kNR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, d);
+      else pack_cols<kNR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, d);
+    }
+  }
+}
+
 // Output rows [m0, m1) x columns [n0, n1) on the calling thread.
 template <GemmType TA, GemmType TB>
 LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t n0,
@@ -502,7 +535,8 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
   const int64_t kcb = block_kc(p.K);
   const int64_t nc_max = std::min(kNC, ((n1 - n0 + kNR - 1) / kNR) * kNR);
   const int64_t mc_max = std::min(kMC, ((m1 - m0 + kMR - 1) / kMR) * kMR);
-  float* bp = t_pack_b.get(kcb * nc_max);
+  float* bp = p.packed_b != nullptr ? nullptr : t_pack_b.get(kcb * nc_max);
+  const int64_t npad = (p.N + kNR - 1) / kNR * kNR;
   // A float32 A is read in place when its rows run along the contraction (not transposed):
   // only a bottom sliver of fewer than 6 rows is packed (zero-padded). A transposed or half A
   // is packed whole.
@@ -518,11 +552,16 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
     const int64_t nc = std::min(kNC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kcb) {
       const int64_t kc = std::min(kcb, p.K - pc);
-      for (int64_t jr = 0; jr < nc; jr += kNR) {
-        const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
-        float* dst = bp + jr * kc;
-        if (p.tb) pack_rows<kNR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, dst);
-        else pack_cols<kNR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+      const float* panel = bp;
+      if (p.packed_b != nullptr) {
+        panel = p.packed_b + pc * npad + jc * kc;  // jc is a whole number of slivers
+      } else {
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
+          float* dst = bp + jr * kc;
+          if (p.tb) pack_rows<kNR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, dst);
+          else pack_cols<kNR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+        }
       }
       const bool first = pc == 0, last = pc + kc == p.K;
       const bool extras = p.ep.bias != nullptr || p.ep.addend != nullptr ||
@@ -568,7 +607,7 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
             else if (partial == nullptr) c = finished, ldc = kNR;
             else c = partial + (i - m0) * nc_max + jr, ldc = nc_max;
             const bool full = rows == kMR && cols == kNR;
-            if (!kernel_6x16(kc, a, rs, cs, bp + jr * kc, c, ldc, full, e, tile))
+            if (!kernel_6x16(kc, a, rs, cs, panel + jr * kc, c, ldc, full, e, tile))
               (cols == kNR ? finish_full : finish_edge)(tile, rows, cols, c, ldc, bias, addend,
                                                         p.ep.ld_addend, e);
             if (half_out && last)
@@ -619,7 +658,7 @@ bool sgemm_chosen(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-           const GemmEpilogue& epilogue) {
+           const GemmEpilogue& epilogue, const void* shared_b) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     // No products: the epilogue over beta * C (C not read when beta == 0).
@@ -633,8 +672,9 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
     if (epilogue.act != GemmActivation::none) sgemm_activation(epilogue.act, M, N, C, ldc);
     return;
   }
-  run_problem<GemmType::f32, GemmType::f32>(
-      Problem{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue});
+  Problem p{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+  p.shared_b = shared_b;
+  run_problem<GemmType::f32, GemmType::f32>(p);
 }
 
 bool gemm_mixed_native() {
@@ -658,6 +698,7 @@ void gemm_mixed(const MixedGemm& g) {
   ep.act = g.act;
   Problem p{g.ta, g.tb, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb, 0.0f, g.C, g.ldc, ep};
   p.c_type = g.c_type;
+  p.shared_b = g.shared_b;
   p.round_product = g.c_type == GemmType::f32 ? GemmType::f32 : g.round_product;
   if (g.c_type == GemmType::f32 && g.round_product != GemmType::f32)
     throw std::invalid_argument("gemm_mixed: round_product needs a half output");
@@ -679,8 +720,50 @@ void gemm_mixed(const MixedGemm& g) {
 
 namespace {
 
+// A whole op(B) packed once per run for GEMMs that share it (GemmRunScope), per thread.
+struct SharedPack {
+  uint64_t run = 0;
+  const void* src = nullptr;
+  bool tb = false;
+  int64_t K = 0, N = 0, ldb = 0;
+  GemmType type = GemmType::f32;
+  const float* packed = nullptr;
+  Scratch data;
+};
+thread_local std::unordered_map<const void*, SharedPack> t_shared;
+
+// The packed op(B) of this run for p.shared_b: made by the first GEMM of the run that asks for
+// it, reused while B's address and layout match.
+template <GemmType TB>
+const float* shared_packed_b(const Problem& p) {
+  if (t_shared.size() > 64) {  // keys of finished runs and of executables gone
+    for (auto it = t_shared.begin(); it != t_shared.end();)
+      it = it->second.run != t_run ? t_shared.erase(it) : std::next(it);
+  }
+  SharedPack& e = t_shared[p.shared_b];
+  if (e.run == t_run && e.src == p.B && e.tb == p.tb && e.K == p.K && e.N == p.N &&
+      e.ldb == p.ldb && e.type == TB) {
+    ++t_shared_stats.reused;
+    return e.packed;
+  }
+  const int64_t slivers = (p.N + kNR - 1) / kNR;
+  float* dst = e.data.get(slivers * kNR * p.K);
+  e.run = 0;  // not valid until packed (pack_b_slivers does not throw; the guard costs nothing)
+  if (p.N * p.K >= kMinMacsPerPart) {
+    parallel_for(slivers, 4, [&](int64_t s0, int64_t s1) { pack_b_slivers<TB>(p, dst, s0, s1); });
+  } else {
+    pack_b_slivers<TB>(p, dst, 0, slivers);
+  }
+  e.run = t_run, e.src = p.B, e.tb = p.tb, e.K = p.K, e.N = p.N, e.ldb = p.ldb, e.type = TB;
+  e.packed = dst;
+  ++t_shared_stats.packed;
+  return dst;
+}
+
 template <GemmType TA, GemmType TB>
-void run_problem(const Problem& p) {
+void run_problem(const Problem& given) {
+  Problem p = given;
+  if (p.shared_b != nullptr && t_run != 0) p.packed_b = shared_packed_b<TB>(p);
   const int64_t M = p.M, N = p.N, K = p.K;
   // Chunks of output rows (when M >= N: each packs all of B, about 1% of its work) or of
   // output columns (each packs only its own columns of B; A is read in place), handed out
@@ -730,7 +813,7 @@ void gemm_mixed(const MixedGemm& g) {
 }
 bool sgemm_chosen(bool, bool, int64_t, int64_t, int64_t) { return false; }
 void sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-           int64_t, float, float*, int64_t, const GemmEpilogue&) {
+           int64_t, float, float*, int64_t, const GemmEpilogue&, const void*) {
   throw std::logic_error("Lucid's sgemm needs x86-64 with AVX2 and FMA");
 }
 void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {

@@ -39,10 +39,34 @@ int sgemm_mode();
 
 // C[M, N] (rows ldc apart) = epilogue(alpha * op(A) @ op(B) + beta * C), row-major; op(A) is
 // [M, K] (A stored [K, M] when ta), op(B) is [K, N] (B stored [N, K] when tb). With beta == 0
-// C is not read. Needs sgemm_supported().
+// C is not read. Needs sgemm_supported(). `shared_b`: see GemmRunScope (null: B packed anew).
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-           const GemmEpilogue& epilogue = {});
+           const GemmEpilogue& epilogue = {}, const void* shared_b = nullptr);
+
+// Packed B reused across the GEMMs of one program run. While a GemmRunScope lives on a thread
+// (Executable::run holds one), a GEMM given a non-null `shared_b` key keeps the packed form of
+// its whole B (a thread-local copy, tagged with the run, B's address and layout) and a later
+// GEMM of the same run with the same key, address and layout reads it instead of packing B
+// again: an LSTM's recurrent weight is packed once per run, not once per time step. The key
+// names one value of the program (linalg.cpp passes the address of its slot), which
+// stays unchanged while it is read; a nested run gets a scope of its own, and nothing is
+// reused across runs (weights change between them).
+class GemmRunScope {
+ public:
+  GemmRunScope();
+  ~GemmRunScope();
+  GemmRunScope(const GemmRunScope&) = delete;
+  GemmRunScope& operator=(const GemmRunScope&) = delete;
+
+ private:
+  uint64_t outer_;
+};
+// How many times this thread packed a whole shared B, and how many GEMMs reused one (tests).
+struct SharedPackStats {
+  int64_t packed = 0, reused = 0;
+};
+SharedPackStats shared_pack_stats();
 
 // The activation alone over C (the epilogue's last step), for products the BLAS computed.
 void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc);
@@ -76,6 +100,7 @@ struct MixedGemm {
   int64_t ld_addend = 0;
   GemmActivation act = GemmActivation::none;
   GemmType round_product = GemmType::f32;
+  const void* shared_b = nullptr;  // see GemmRunScope
 };
 
 // The storage types of a gemm instruction that reads or writes half values: operands a and b,

@@ -252,3 +252,41 @@ def test_a_compiled_half_mlp_is_gemms_only_and_equals_eager(dtype_name):
     np.testing.assert_allclose(
         got.astype(np.float32), want.astype(np.float32), rtol=2**-6, atol=2**-6
     )
+
+
+def _recurrent_program(dtype: str, steps: int = 3) -> Program:
+    """h_{t+1} = tanh(x_t @ W + h_t @ U), as an unrolled RNN: U is read once per step."""
+    p = Program()
+    n, d = 16, 64
+    u = p.feed((d, d), dtype)
+    xs = [p.feed((n, d), "f32") for _ in range(steps)]
+    w = p.feed((d, d), "f32")
+    wide_u = p.op("cast", u, dtype="f32") if dtype != "f32" else u
+    h = p.op("tanh", p.op("matmul", xs[0], w))
+    for x in xs[1:]:
+        h = p.op("tanh", p.op("add", p.op("matmul", x, w), p.op("matmul", h, wide_u)))
+    p.result(h)
+    return p
+
+
+@native_kernel
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_a_weight_read_every_step_is_packed_once_per_run_and_never_reused_across_runs(dtype):
+    p = _recurrent_program(dtype)
+    shared = [i for i in fuse_kernels(p).instrs if i.attrs.get("share_b")]
+    assert len(shared) == 2 * 3 - 1  # W's three products and U's two
+    rng = np.random.default_rng(5)
+    with _lucid_sgemm():
+        ex = CPUBackend(cache=False).compile(p)
+        unfused = CPUBackend(fuse=False, cache=False).compile(p)
+        for _ in range(2):  # new weights each run: the second run must not read the first's packing
+            feeds = [_random(rng, p.slots[s].shape, p.slots[s].dtype) for s in p.feeds]
+            before = _native.shared_pack_stats()
+            (got,) = ex.run([f.copy() for f in feeds])
+            after = _native.shared_pack_stats()
+            assert after["packed"] - before["packed"] == 2  # W and U, once each
+            assert after["reused"] - before["reused"] == 3
+            (want,) = unfused.run([f.copy() for f in feeds])
+            np.testing.assert_array_equal(got, want)
+            (reference,) = p.interpret([f.copy() for f in feeds])
+            np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)

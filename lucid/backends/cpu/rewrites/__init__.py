@@ -72,6 +72,7 @@ REWRITES = (
     half.fold_half_activation,  # the half folds match the float32 epilogues' gemms
     half.fold_half_output,
     half.fold_half_operands,  # after the output folds: the next layer reads their half values
+    gemm.mark_shared_operands,  # after every fold that changes a product's operands
     conv.fold_conv_bias_relu,
     conv.fold_max_pool_relu_grad,
 )
