@@ -526,8 +526,9 @@ LUCID_GEMM_ISA void pack_b_slivers(const Problem& p, float* dst, int64_t s0, int
   }
 }
 
-// Output rows [m0, m1) x columns [n0, n1) on the calling thread.
-template <GemmType TA, GemmType TB>
+// Output rows [m0, m1) x columns [n0, n1) on the calling thread. kHalfOut: p.c_type is half
+// (a template parameter, so the float32 product's loop carries none of its code).
+template <GemmType TA, GemmType TB, bool kHalfOut>
 LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t n0,
                                   int64_t n1) {
   const Elem<TA>* A = static_cast<const Elem<TA>*>(p.A);
@@ -544,10 +545,10 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
   float* ap = t_pack_a.get(kcb * (pack_a_whole ? mc_max : kMR));
   // A half output holds its partial sums in float32 (rows m0.., nc_max apart) until the last
   // contraction block, whose finished tiles are rounded into C.
-  const bool half_out = p.c_type != GemmType::f32;
+  constexpr bool half_out = kHalfOut;
   float* partial = half_out && kcb < p.K ? t_partial.get((m1 - m0) * nc_max) : nullptr;
   alignas(32) float tile[kMR * kNR];
-  alignas(32) float finished[kMR * kNR];
+  alignas(32) float finished[half_out ? kMR * kNR : 1];
   for (int64_t jc = n0; jc < n1; jc += kNC) {
     const int64_t nc = std::min(kNC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kcb) {
@@ -603,16 +604,21 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
             // (or, when one block is all, the `finished` tile) before their rounding into C.
             float* c;
             int64_t ldc;
-            if (!half_out) c = static_cast<float*>(p.C) + i * p.ldc + j, ldc = p.ldc;
-            else if (partial == nullptr) c = finished, ldc = kNR;
-            else c = partial + (i - m0) * nc_max + jr, ldc = nc_max;
+            if constexpr (half_out) {
+              if (partial == nullptr) c = finished, ldc = kNR;
+              else c = partial + (i - m0) * nc_max + jr, ldc = nc_max;
+            } else {
+              c = static_cast<float*>(p.C) + i * p.ldc + j, ldc = p.ldc;
+            }
             const bool full = rows == kMR && cols == kNR;
             if (!kernel_6x16(kc, a, rs, cs, panel + jr * kc, c, ldc, full, e, tile))
               (cols == kNR ? finish_full : finish_edge)(tile, rows, cols, c, ldc, bias, addend,
                                                         p.ep.ld_addend, e);
-            if (half_out && last)
-              store_half_tile(c, ldc, rows, cols, static_cast<uint16_t*>(p.C) + i * p.ldc + j,
-                              p.ldc, p.c_type, p.ep.act, p.round_product);
+            if constexpr (half_out) {
+              if (last)
+                store_half_tile(c, ldc, rows, cols, static_cast<uint16_t*>(p.C) + i * p.ldc + j,
+                                p.ldc, p.c_type, p.ep.act, p.round_product);
+            }
           }
         }
       }
@@ -778,16 +784,18 @@ void run_problem(const Problem& given) {
   const int64_t chunks = (dim + chunk - 1) / chunk;
   const double macs = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int threads = parallel_threads();
+  const auto range = p.c_type == GemmType::f32 ? &compute_range<TA, TB, false>
+                                               : &compute_range<TA, TB, true>;
   if (threads < 2 || chunks < 2 || macs < 2.0 * kMinMacsPerPart) {
-    compute_range<TA, TB>(p, 0, M, 0, N);
+    range(p, 0, M, 0, N);
     return;
   }
   std::atomic<int64_t> next{0};
   parallel_for(std::min<int64_t>(threads, chunks), 1, [&](int64_t, int64_t) {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
       const int64_t lo = c * chunk, hi = std::min(dim, lo + chunk);
-      if (by_rows) compute_range<TA, TB>(p, lo, hi, 0, N);
-      else compute_range<TA, TB>(p, 0, M, lo, hi);
+      if (by_rows) range(p, lo, hi, 0, N);
+      else range(p, 0, M, lo, hi);
     }
   });
 }
