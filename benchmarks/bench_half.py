@@ -8,7 +8,7 @@ the half/float32 time ratio (median and range over the passes), and the bytes of
 of activations: the input, the output and the compiled program's scratch arena (its
 intermediates).
 
-    python benchmarks/bench_half.py --passes 5 --repeats 10
+    python benchmarks/bench_half.py --passes 5 --repeats 10 [--threads 1]
 
 The machine may be shared: read the ranges, not only the medians.
 """
@@ -60,7 +60,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=10, help="calls per dtype per pass")
+    parser.add_argument("--threads", type=int, default=None, help="CPU backend threads")
     args = parser.parse_args()
+    if args.threads is not None:
+        from lucid.backends.cpu import set_num_threads
+
+        set_num_threads(args.threads)
     lucid.manual_seed(0)
     base = model(args.width).eval()
     x32 = lucid.randn(args.batch, args.width)
@@ -90,9 +95,10 @@ def main() -> None:
                 times = timed(calls[name], args.repeats)
                 per_pass[name].append(statistics.median(times))
                 every[name].extend(times)
+    threads = f", {args.threads} thread(s)" if args.threads else ""
     print(
         f"MLP {args.width}x{args.width} x3, batch {args.batch}: {args.passes} interleaved passes "
-        f"of {args.repeats} calls per dtype"
+        f"of {args.repeats} calls per dtype{threads}"
     )
     print(
         f"{'dtype':9} {'median ms':>10} {'pass range':>15} {'vs f32':>7} {'ratio range':>12} "
