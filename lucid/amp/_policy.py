@@ -51,6 +51,7 @@ OP_POLICY: dict[str, tuple[str, str]] = {
     "logsumexp": (NONE, FP32),
     "norm": (NONE, FP32),  # PyTorch: linalg_vector_norm
     "layer_norm": (NONE, FP32),
+    "layer_norm_backward": (NONE, NONE),
     "batch_norm": (NONE, FP32),
     "rms_norm": (NONE, FP32),  # PyTorch composes it of pow and rsqrt, both float32 on MPS
     "exp": (NONE, FP32),

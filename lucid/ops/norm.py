@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lucid._dispatch import apply
 from lucid.ops._registry import SYMBOLIC_BATCH_SAFE, AVal, OpDef, register
 
 __all__: list[str] = []
@@ -71,22 +72,23 @@ def _normalize_grad(g, xhat, rstd, dims, n):
     return rstd * (g - _mean(g, dims, n) - xhat * _mean(g * xhat, dims, n))
 
 
-def _layer_norm_vjp(c, g):
-    x, weight, bias = c.inputs
-    dims = tuple(range(x.ndim - len(c.attrs["normalized_shape"]), x.ndim))
-    n = _numel(c.attrs["normalized_shape"])
-    # statistics are recomputed with Lucid ops, so the rule differentiates again
+def _row_stats(x, dims, n, eps):
+    """(xhat, rstd) over ``dims``, recomputed with Lucid ops so the rules differentiate again."""
     centered = x - _mean(x, dims, n)
-    rstd = (_mean(centered * centered, dims, n) + c.attrs["eps"]) ** -0.5
-    xhat = centered * rstd
-    gx = gw = gb = None
-    if c.needs_input_grad[0]:
-        gx = _normalize_grad(g * weight if _is_tensor(weight) else g, xhat, rstd, dims, n)
-    if c.needs_input_grad[1] and _is_tensor(weight):
-        gw = g * xhat  # autograd sums the broadcast dims away
-    if c.needs_input_grad[2] and _is_tensor(bias):
-        gb = g
-    return gx, gw, gb
+    rstd = (_mean(centered * centered, dims, n) + eps) ** -0.5
+    return centered * rstd, rstd
+
+
+def _layer_norm_vjp(c, g):
+    x, weight, _ = c.inputs
+    gx, gw, gb = apply(
+        "layer_norm_backward", g, x, weight, **c.attrs
+    )  # one op, so lowering emits it whole (a composite prim op) and backends run one kernel
+    wanted = (True, _is_tensor(weight), _is_tensor(c.inputs[2]))
+    return tuple(
+        grad if need and keep else None
+        for grad, need, keep in zip((gx, gw, gb), c.needs_input_grad, wanted, strict=True)
+    )
 
 
 register(
@@ -104,6 +106,80 @@ register(
     )
 )
 
+
+# --- layer_norm_backward: (dx, dweight, dbias) of layer_norm, one op (see _layer_norm_vjp)
+
+
+def _layer_norm_backward_infer(grad, x, weight, normalized_shape, eps):
+    _normalized_dims("layer_norm_backward", x, normalized_shape)
+    _check_affine("layer_norm_backward", normalized_shape, weight)
+    if tuple(grad.shape) != tuple(x.shape):
+        raise ValueError(
+            f"layer_norm_backward: grad of shape {tuple(grad.shape)} does not match the input "
+            f"shape {tuple(x.shape)}"
+        )
+    row = AVal(tuple(normalized_shape), x.dtype)
+    return AVal(tuple(x.shape), x.dtype), row, row
+
+
+def _layer_norm_backward_kernel(grad, x, weight, normalized_shape, eps):
+    dims = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    lead = tuple(range(x.ndim - len(normalized_shape)))
+    # float64 inside: the row means of the gradient cancel, which float32 loses.
+    dy, x64 = grad.astype(np.float64), x.astype(np.float64)
+    centered = x64 - x64.mean(axis=dims, keepdims=True)
+    rstd = 1.0 / np.sqrt((centered * centered).mean(axis=dims, keepdims=True) + eps)
+    xhat = centered * rstd
+    g = dy * weight if weight.ndim else dy
+    dx = rstd * (
+        g - g.mean(axis=dims, keepdims=True) - xhat * (g * xhat).mean(axis=dims, keepdims=True)
+    )
+    dweight, dbias = (dy * xhat).sum(axis=lead), dy.sum(axis=lead)
+    return tuple(np.asarray(a, dtype=x.dtype) for a in (dx, dweight, dbias))
+
+
+def _layer_norm_backward_vjp(c, a, b_weight, b_bias):
+    """Second derivatives of layer norm. With g = dy * w, P(u) = u - mean(u) - xhat mean(u xhat)
+    (symmetric) and dx = rstd P(g): d/d(dy) is w rstd P(a) + b_w xhat + b_b; d/dw is dy rstd P(a)
+    (summed by autograd); d/dx is rstd P(G) - rstd^2 xhat [mean(a g) - mean(a) mean(g)
+    - mean(a xhat) mean(g xhat)] with G = b_w dy - rstd (g mean(a xhat) + a mean(g xhat)), the
+    last term from rstd's own dependence on x (d rstd / dx = -rstd^2 xhat / n)."""
+    dy, x, weight = c.inputs
+    shape = c.attrs["normalized_shape"]
+    dims = tuple(range(x.ndim - len(shape), x.ndim))
+    n = _numel(shape)
+    xhat, rstd = _row_stats(x, dims, n, c.attrs["eps"])
+    affine = _is_tensor(weight)
+    g = dy * weight if affine else dy
+    pa = _normalize_grad(a, xhat, rstd, dims, n)
+    gdy = gx = gw = None
+    if c.needs_input_grad[0]:
+        gdy = (pa * weight if affine else pa) + b_weight * xhat + b_bias
+    if c.needs_input_grad[1]:
+        a_xhat, g_xhat = _mean(a * xhat, dims, n), _mean(g * xhat, dims, n)
+        big_g = b_weight * dy - rstd * (g * a_xhat + a * g_xhat)
+        r = _mean(a * g, dims, n) - _mean(a, dims, n) * _mean(g, dims, n) - a_xhat * g_xhat
+        gx = _normalize_grad(big_g, xhat, rstd, dims, n) - rstd * rstd * xhat * r
+    if c.needs_input_grad[2] and affine:
+        gw = dy * pa
+    return gdy, gx, gw
+
+
+register(
+    OpDef(
+        "layer_norm_backward",
+        ("grad", "x", "weight"),
+        _layer_norm_backward_infer,
+        _layer_norm_backward_kernel,
+        _layer_norm_backward_vjp,
+        attrs={"normalized_shape": None, "eps": 1e-5},
+        props=frozenset({SYMBOLIC_BATCH_SAFE}),
+        n_outputs=3,
+        saves_outputs=False,
+        doc="Gradients of layer_norm for the input, the weight and the bias (the last two "
+        "summed over the leading dims), given the output's gradient.",
+    )
+)
 
 # --- batch_norm with batch statistics: outputs (y, mean, biased var), statistics of shape (C,)
 

@@ -2,9 +2,10 @@
 
 Each lucid op is lowered by the one rule registered for its name in ``lucid.passes.lowering``
 (a table per op family). Promotion becomes explicit ``prim.cast``; Python scalar constants become
-``prim.constant`` of the dtype they are used in; composite ops (linear, layer_norm, gelu,
-cross_entropy, attention, ...) decompose into primitives. After the pass the function holds only
-``prim`` ops and ``func.return``; its signature is unchanged.
+``prim.constant`` of the dtype they are used in; composite lucid ops (linear, cross_entropy,
+...) decompose into primitives, while gelu, layer norm, attention and their gradients become
+composite prim ops (``lucid.ir.prim.composite``) that backends run or expand. After the pass the
+function holds only ``prim`` ops and ``func.return``; its signature is unchanged.
 
 An op that cannot lower makes the pass raise ``LoweringError`` naming the op and the reason
 (``lucid.compile`` turns it into an eager fallback carrying that reason). ``lowering_status(name)``

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from lucid.backends.mpsgraph.selectors import EMISSION_NOTES, EMISSIONS, emission_macos
-from lucid.ir.prim import PRIM_OPS, REQUIRED, PrimOp
+from lucid.ir.prim import COMPOSITE_OPS, PRIM_OPS, REQUIRED, PrimOp
 
 _FAMILY_ORDER = (
     "unary", "binary", "select", "cast", "normalization", "linalg", "reduction", "softmax",
@@ -35,7 +35,8 @@ def _attributes(op: PrimOp) -> str:
 
 
 def markdown_table() -> str:
-    """Every prim op, by family: operands, attributes, MPSGraph method, min macOS, CPU kernel."""
+    """Every prim op, by family: operands, attributes, MPSGraph method, min macOS, CPU kernel;
+    then the composite ops."""
     lines = [
         "| prim op | operands | attributes | MPSGraph method | min macOS | CPU kernel |",
         "|---|---|---|---|---|---|",
@@ -46,6 +47,18 @@ def markdown_table() -> str:
         lines.append(
             f"| `{op.name}` | {operands} | {_attributes(op)} | {_mpsgraph_method(op)} "
             f"| {emission_macos(op.name)} | {op.cpu_kernel} |"
+        )
+    lines += [
+        "",
+        "Composite ops (`lucid/ir/prim/composite.py`): a backend with the kernel runs it, any",
+        "other expands the op's decomposition into the ops above (MPSGraph expands them all).",
+        "",
+        "| composite op | operands | attributes | CPU kernel |",
+        "|---|---|---|---|",
+    ]
+    for op in COMPOSITE_OPS.values():
+        lines.append(
+            f"| `{op.name}` | {', '.join(op.operands)} | {_attributes(op)} | {op.cpu_kernel} |"
         )
     return "\n".join(lines) + "\n"
 

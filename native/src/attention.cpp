@@ -9,12 +9,14 @@
 // forward takes each group of six query rows through scores, softmax and P V while they are in
 // L1); in float64 and without AVX2 they are BLAS calls.
 //
-// The backward reads the weights P the training forward saved (its softmax) rather than
-// recomputing them from Q and K: at workload D's sizes the recomputation (a product and an exp
-// per score) cost more than reading P back (measured: the fused step's attention 10% slower
-// with recomputation). Per (batch, head) it runs dP = dO Vᵀ, dS = P (dP - rowsum(dP P)) while the
-// rows are in cache, and the products for dV, dQ and dK, written into one [B, L, W] slot at the
-// columns the fused QKV projection's gradient has them, which replaces that gradient's concat.
+// The backward, attention_grad(dO, Q, K, V, P) -> (dQ, dK, dV) (the composite prim op of that
+// name), reads the weights P the training forward saved (its softmax) rather than recomputing
+// them from Q and K: at workload D's sizes the recomputation (a product and an exp per score)
+// cost more than reading P back (measured: the fused step's attention 10% slower with
+// recomputation). Per (batch, head) it runs dP = dO Vᵀ, dS = P (dP - rowsum(dP P)) while the
+// rows are in cache, and the products for dV, dQ and dK, written as three dense results or, with
+// grad_cols, into one [B, L, W] slot at the columns the fused QKV projection's gradient has them,
+// which replaces that gradient's concat.
 //
 // Each (batch, head) is computed by one thread in a fixed order, so the results do not depend
 // on the thread count.
@@ -95,7 +97,7 @@ struct AttentionPlan {
   DType dtype = DType::F32;
   double alpha = 1.0;
   Operand q, k, v, d_out;  // d_out: the output's gradient (attention_grad only)
-  Operand out, dq, dk, dv;  // out: attention's result; dq, dk, dv: attention_grad's (one slot)
+  Operand out, dq, dk, dv;  // out: attention's result; dq, dk, dv: attention_grad's
   int probs = -1;  // attention_grad's input, attention's optional output: the weights [B, H, Lq, Lk]
 };
 
@@ -103,10 +105,11 @@ void check_blas(int64_t d, const char* what) {
   if (d > kMaxBlasDim) fail(std::string(what) + " " + std::to_string(d) + " exceeds 2^31-1");
 }
 
+// attention(q, k, v); attention_grad(d_out, q, k, v, probs).
 AttentionPlan plan(const Program& p, const Instr& in) {
   AttentionPlan a;
   a.grad = in.op == Op::attention_grad;
-  const size_t n_in = 3;
+  const size_t n_in = a.grad ? 5 : 3;
   if (in.in.size() != n_in)
     fail("takes " + std::to_string(n_in) + " operands, got " + std::to_string(in.in.size()));
   const DType d = p.slots[in.in[0]].dtype;
@@ -115,10 +118,10 @@ AttentionPlan plan(const Program& p, const Instr& in) {
   if (!is_float(d)) fail(std::string("operand dtype ") + dtype_name(d) + " not supported; needs a float dtype");
   a.dtype = d;
   a.alpha = attr_float(in, "alpha");
-  const int qkv = in.in[0];
-  a.q = operand(p, qkv, optional_ints(in, "q_view"), "q");
-  a.k = operand(p, a.grad ? qkv : in.in[1], optional_ints(in, "k_view"), "k");
-  a.v = operand(p, a.grad ? qkv : in.in[2], optional_ints(in, "v_view"), "v");
+  const size_t first = a.grad ? 1 : 0;
+  a.q = operand(p, in.in[first], optional_ints(in, "q_view"), "q");
+  a.k = operand(p, in.in[first + 1], optional_ints(in, "k_view"), "k");
+  a.v = operand(p, in.in[first + 2], optional_ints(in, "v_view"), "v");
   if (a.q.B != a.k.B || a.q.B != a.v.B || a.q.H != a.k.H || a.q.H != a.v.H)
     fail("q, k and v need the same batch and heads");
   if (a.q.D != a.k.D) fail("q and k need the same head dim");
@@ -136,26 +139,40 @@ AttentionPlan plan(const Program& p, const Instr& in) {
     }
     return a;
   }
-  a.d_out = operand(p, in.in[1], optional_ints(in, "d_out_view"), "d_out");
+  a.d_out = operand(p, in.in[0], optional_ints(in, "d_out_view"), "d_out");
   if (a.d_out.B != a.q.B || a.d_out.H != a.q.H || a.d_out.L != a.q.L || a.d_out.D != a.v.D)
     fail("d_out needs the output's logical shape [B, H, Lq, Dv]");
-  if (a.q.L != a.k.L) fail("attention_grad needs equal query and key lengths");
   check_blas(a.d_out.ld, "row stride");
   const Shape want{a.q.B, a.q.H, a.q.L, a.k.L};
-  if (p.slots[in.in[2]].shape != want)
-    fail("weights need shape " + shape_str(want) + ", got " + shape_str(p.slots[in.in[2]].shape));
-  a.probs = in.in[2];
+  if (p.slots[in.in[4]].shape != want)
+    fail("weights need shape " + shape_str(want) + ", got " + shape_str(p.slots[in.in[4]].shape));
+  a.probs = in.in[4];
   return a;
 }
 
-// The output slot's shape, and the places of the results in it.
-Slot output_slot(const Program& p, const Instr& in, AttentionPlan* a) {
-  const int64_t B = a->q.B, H = a->q.H, Lq = a->q.L, Dv = a->v.D;
+// The output slots' shapes, and the places of the results in them.
+std::vector<Slot> output_slots(const Program& p, const Instr& in, AttentionPlan* a) {
+  const int64_t B = a->q.B, H = a->q.H, Lq = a->q.L, Lk = a->k.L, Dv = a->v.D;
   if (!a->grad) {
     if (in.attrs.count("out_view"))
-      return Slot{{B, Lq, checked_mul(H, Dv, "output width")}, a->dtype};
-    return Slot{{B, H, Lq, Dv}, a->dtype};
+      return {Slot{{B, Lq, checked_mul(H, Dv, "output width")}, a->dtype}};
+    return {Slot{{B, H, Lq, Dv}, a->dtype}};
   }
+  Operand* outs[3] = {&a->dq, &a->dk, &a->dv};
+  const int64_t dims[3] = {a->q.D, a->k.D, a->v.D};
+  const int64_t lengths[3] = {Lq, Lk, Lk};
+  if (!in.attrs.count("grad_cols") && !in.attrs.count("grad_width")) {  // dense dq, dk, dv
+    std::vector<Slot> slots;
+    for (int i = 0; i < 3; ++i) {
+      Operand& o = *outs[i];
+      o.slot = in.out.size() == 3 ? in.out[i] : -1;
+      o.B = B; o.H = H; o.L = lengths[i]; o.D = dims[i];
+      o.ld = dims[i]; o.h_stride = lengths[i] * dims[i]; o.b_stride = H * o.h_stride;
+      slots.push_back(Slot{{B, H, lengths[i], dims[i]}, a->dtype});
+    }
+    return slots;
+  }
+  if (Lq != Lk) fail("attention_grad with grad_cols needs equal query and key lengths");
   const auto& cols = attr_ints(in, "grad_cols");
   const auto& width_attr = attr_ints(in, "grad_width");
   if (cols.size() != 3 || width_attr.size() != 1)
@@ -174,16 +191,34 @@ Slot output_slot(const Program& p, const Instr& in, AttentionPlan* a) {
     edge = checked_add(edge, w, "gradient width");
   }
   if (edge != width) fail("grad_cols cover " + std::to_string(edge) + " columns of " + std::to_string(width));
-  Operand* outs[3] = {&a->dq, &a->dk, &a->dv};
-  const int64_t dims[3] = {a->q.D, a->k.D, a->v.D};
   for (int i = 0; i < 3; ++i) {
     Operand& o = *outs[i];
     o.slot = in.out.empty() ? -1 : in.out[0];
     o.B = B; o.H = H; o.L = Lq; o.D = dims[i];
     o.ld = width; o.h_stride = dims[i]; o.b_stride = Lq * width; o.base = cols[i];
   }
-  return Slot{{B, Lq, width}, a->dtype};
+  return {Slot{{B, Lq, width}, a->dtype}};
 }
+
+// Zeros into the [rows, cols] matrix at dst (rows ld apart): a gradient no product writes
+// (dK and dV without queries, dQ without keys).
+template <class T>
+void zero_rows(T* dst, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(dst + r * ld, dst + r * ld + cols, T(0));
+}
+
+// The pointers of one attention_grad's operands and results (dQ, dK, dV may share one slot).
+template <class T>
+struct GradSlots {
+  const T *q, *k, *v, *d_out, *probs;
+  T *dq, *dk, *dv;
+  GradSlots(const AttentionPlan& a, void* const* slots)
+      : q(static_cast<const T*>(slots[a.q.slot])), k(static_cast<const T*>(slots[a.k.slot])),
+        v(static_cast<const T*>(slots[a.v.slot])),
+        d_out(static_cast<const T*>(slots[a.d_out.slot])),
+        probs(static_cast<const T*>(slots[a.probs])), dq(static_cast<T*>(slots[a.dq.slot])),
+        dk(static_cast<T*>(slots[a.dk.slot])), dv(static_cast<T*>(slots[a.dv.slot])) {}
+};
 
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
@@ -529,33 +564,37 @@ const float* whole_vectors(const float* src, int64_t rows, int64_t cols, int64_t
 
 // attention_grad for (batch, head) bh: the BLAS path's steps (run_backward) with the products as
 // register tiles; Pᵀ and dSᵀ are read in place through the tiles' strided broadcasts.
-LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const float* qkv, const float* d_out,
-                                   const float* probs, float* grad, int64_t bh) {
-  const int64_t L = a.q.L, D = a.q.D, Dv = a.v.D;
-  if (L == 0) return;
+LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const GradSlots<float>& s, int64_t bh) {
+  const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
   const int64_t b = bh / a.q.H, h = bh % a.q.H;
+  float* dQ = s.dq + a.dq.at(b, h);
+  float* dK = s.dk + a.dk.at(b, h);
+  float* dV = s.dv + a.dv.at(b, h);
+  if (Lq == 0 || Lk == 0) {
+    zero_rows(dK, Lq == 0 ? Lk : 0, D, a.dk.ld);
+    zero_rows(dV, Lq == 0 ? Lk : 0, Dv, a.dv.ld);
+    zero_rows(dQ, Lk == 0 ? Lq : 0, D, a.dq.ld);
+    return;
+  }
   const float alpha = static_cast<float>(a.alpha);
-  const float* P = probs + bh * L * L;
-  float* dQ = grad + a.dq.at(b, h);
-  float* dK = grad + a.dk.at(b, h);
-  float* dV = grad + a.dv.at(b, h);
-  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(L), 1)), 0);
-  const int64_t ldvt = pack_transposed(qkv + a.v.at(b, h), L, Dv, a.v.ld, vt);
+  const float* P = s.probs + bh * Lq * Lk;
+  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(Lk), 1)), 0);
+  const int64_t ldvt = pack_transposed(s.v + a.v.at(b, h), Lk, Dv, a.v.ld, vt);
   int64_t ldk, ldq, ldo;
-  const float* K = whole_vectors(qkv + a.k.at(b, h), L, D, a.k.ld, 1, &ldk);
-  const float* Q = whole_vectors(qkv + a.q.at(b, h), L, D, a.q.ld, 2, &ldq);
-  const float* dO = whole_vectors(d_out + a.d_out.at(b, h), L, Dv, a.d_out.ld, 3, &ldo);
-  const int64_t block = rows_per_block(L, L), lds = round8(L);
+  const float* K = whole_vectors(s.k + a.k.at(b, h), Lk, D, a.k.ld, 1, &ldk);
+  const float* Q = whole_vectors(s.q + a.q.at(b, h), Lq, D, a.q.ld, 2, &ldq);
+  const float* dO = whole_vectors(s.d_out + a.d_out.at(b, h), Lq, Dv, a.d_out.ld, 3, &ldo);
+  const int64_t block = rows_per_block(Lq, Lk), lds = round8(Lk);
   float* dp = scratch<float>(static_cast<size_t>(block * lds), 4);
-  const int64_t full = L / 8 * 8;
-  for (int64_t r0 = 0; r0 < L; r0 += block) {
-    const int64_t rows = std::min(block, L - r0);
+  const int64_t full = Lk / 8 * 8;
+  for (int64_t r0 = 0; r0 < Lq; r0 += block) {
+    const int64_t rows = std::min(block, Lq - r0);
     const bool more = r0 > 0;  // dK and dV sum over the query blocks
-    const float* p = P + r0 * L;
-    product(rows, L, Dv, dO + r0 * ldo, ldo, 1, vt, ldvt, 1.0f, nullptr, false, dp, lds);
-    product(L, Dv, rows, p, 1, L, dO + r0 * ldo, ldo, 1.0f, nullptr, more, dV, a.dv.ld);
+    const float* p = P + r0 * Lk;
+    product(rows, Lk, Dv, dO + r0 * ldo, ldo, 1, vt, ldvt, 1.0f, nullptr, false, dp, lds);
+    product(Lk, Dv, rows, p, 1, Lk, dO + r0 * ldo, ldo, 1.0f, nullptr, more, dV, a.dv.ld);
     for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - rowsum(dP P)), in place of dP
-      const float* pr = p + r * L;
+      const float* pr = p + r * Lk;
       float* dr = dp + r * lds;
       __m256 acc = _mm256_setzero_ps();
       for (int64_t j = 0; j < full; j += 8)
@@ -564,15 +603,15 @@ LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const float* qkv, con
       _mm256_store_ps(lanes, acc);
       float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
                   ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-      for (int64_t j = full; j < L; ++j) dot += pr[j] * dr[j];
+      for (int64_t j = full; j < Lk; ++j) dot += pr[j] * dr[j];
       const __m256 d = _mm256_set1_ps(dot);
       for (int64_t j = 0; j < full; j += 8)
         _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
                                                _mm256_sub_ps(_mm256_loadu_ps(dr + j), d)));
-      for (int64_t j = full; j < L; ++j) dr[j] = pr[j] * (dr[j] - dot);
+      for (int64_t j = full; j < Lk; ++j) dr[j] = pr[j] * (dr[j] - dot);
     }
-    product(rows, D, L, dp, lds, 1, K, ldk, alpha, nullptr, false, dQ + r0 * a.dq.ld, a.dq.ld);
-    product(L, D, rows, dp, 1, lds, Q + r0 * ldq, ldq, alpha, nullptr, more, dK, a.dk.ld);
+    product(rows, D, Lk, dp, lds, 1, K, ldk, alpha, nullptr, false, dQ + r0 * a.dq.ld, a.dq.ld);
+    product(Lk, D, rows, dp, 1, lds, Q + r0 * ldq, ldq, alpha, nullptr, more, dK, a.dk.ld);
   }
 }
 #endif
@@ -635,55 +674,55 @@ T dot_run(const T* p, const T* d, int64_t n) {
 
 template <class T>
 void run_backward(const AttentionPlan& a, void* const* slots) {
-  const T* qkv = static_cast<const T*>(slots[a.q.slot]);
-  const T* d_out = static_cast<const T*>(slots[a.d_out.slot]);
-  const T* probs = static_cast<const T*>(slots[a.probs]);
-  T* grad = static_cast<T*>(slots[a.dq.slot]);
-  const int64_t L = a.q.L, D = a.q.D, Dv = a.v.D;
-  const int64_t block = rows_per_block(L, L);
+  const GradSlots<T> s(a, slots);
+  const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
+  const int64_t block = rows_per_block(Lq, Lk);
   const T alpha = static_cast<T>(a.alpha);
-  const double macs = static_cast<double>(L) * static_cast<double>(L) *
+  const double macs = static_cast<double>(Lq) * static_cast<double>(Lk) *
                       static_cast<double>(2 * D + 2 * Dv);
-  const double largest = static_cast<double>(block) * static_cast<double>(L) *
+  const double largest = static_cast<double>(block) * static_cast<double>(Lk) *
                          static_cast<double>(std::max(D, Dv));
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<T, float>) {
     if (use_avx2()) {
-      for_tasks(a.q.B * a.q.H, macs, 0.0, [&](int64_t bh) {
-        backward_head_avx2(a, qkv, d_out, probs, grad, bh);
-      });
+      for_tasks(a.q.B * a.q.H, macs, 0.0, [&](int64_t bh) { backward_head_avx2(a, s, bh); });
       return;
     }
   }
 #endif
   for_tasks(a.q.B * a.q.H, macs, largest, [&](int64_t bh) {
     const int64_t b = bh / a.q.H, h = bh % a.q.H;
-    const T* Q = qkv + a.q.at(b, h);
-    const T* K = qkv + a.k.at(b, h);
-    const T* V = qkv + a.v.at(b, h);
-    const T* dO = d_out + a.d_out.at(b, h);
-    const T* P = probs + bh * L * L;
-    T* dQ = grad + a.dq.at(b, h);
-    T* dK = grad + a.dk.at(b, h);
-    T* dV = grad + a.dv.at(b, h);
-    if (L == 0) return;
-    for (int64_t r0 = 0; r0 < L; r0 += block) {
-      const int64_t rows = std::min(block, L - r0);
+    const T* Q = s.q + a.q.at(b, h);
+    const T* K = s.k + a.k.at(b, h);
+    const T* V = s.v + a.v.at(b, h);
+    const T* dO = s.d_out + a.d_out.at(b, h);
+    const T* P = s.probs + bh * Lq * Lk;
+    T* dQ = s.dq + a.dq.at(b, h);
+    T* dK = s.dk + a.dk.at(b, h);
+    T* dV = s.dv + a.dv.at(b, h);
+    if (Lq == 0) {  // no query block runs: dK and dV are empty sums
+      zero_rows(dK, Lk, D, a.dk.ld);
+      zero_rows(dV, Lk, Dv, a.dv.ld);
+      return;
+    }
+    for (int64_t r0 = 0; r0 < Lq; r0 += block) {
+      const int64_t rows = std::min(block, Lq - r0);
       const T beta = r0 == 0 ? T(0) : T(1);  // dK and dV sum over the query blocks
-      const T* p = P + r0 * L;
-      T* dp = scratch<T>(static_cast<size_t>(rows * L), 0);
+      const T* p = P + r0 * Lk;
+      T* dp = scratch<T>(static_cast<size_t>(std::max<int64_t>(rows * Lk, 1)), 0);
       const T* Qb = Q + r0 * a.q.ld;
       const T* dOb = dO + r0 * a.d_out.ld;
-      gemm<T>(false, true, rows, L, Dv, T(1), dOb, a.d_out.ld, V, a.v.ld, T(0), dp, L);
-      gemm<T>(true, false, L, Dv, rows, T(1), p, L, dOb, a.d_out.ld, beta, dV, a.dv.ld);
+      gemm<T>(false, true, rows, Lk, Dv, T(1), dOb, a.d_out.ld, V, a.v.ld, T(0), dp, Lk);
+      gemm<T>(true, false, Lk, Dv, rows, T(1), p, Lk, dOb, a.d_out.ld, beta, dV, a.dv.ld);
       for (int64_t r = 0; r < rows; ++r) {
-        const T* pr = p + r * L;
-        T* dr = dp + r * L;
-        const T dot = dot_run(pr, dr, L);
-        for (int64_t j = 0; j < L; ++j) dr[j] = pr[j] * (dr[j] - dot);
+        const T* pr = p + r * Lk;
+        T* dr = dp + r * Lk;
+        const T dot = dot_run(pr, dr, Lk);
+        for (int64_t j = 0; j < Lk; ++j) dr[j] = pr[j] * (dr[j] - dot);
       }
-      gemm<T>(false, false, rows, D, L, alpha, dp, L, K, a.k.ld, T(0), dQ + r0 * a.dq.ld, a.dq.ld);
-      gemm<T>(true, false, L, D, rows, alpha, dp, L, Qb, a.q.ld, beta, dK, a.dk.ld);
+      gemm<T>(false, false, rows, D, Lk, alpha, dp, Lk, K, a.k.ld, T(0), dQ + r0 * a.dq.ld,
+              a.dq.ld);
+      gemm<T>(true, false, Lk, D, rows, alpha, dp, Lk, Qb, a.q.ld, beta, dK, a.dk.ld);
     }
   });
 }
@@ -692,13 +731,19 @@ void run_backward(const AttentionPlan& a, void* const* slots) {
 
 std::vector<Slot> infer_attention(const Program& p, const Instr& in) {
   AttentionPlan a = plan(p, in);
-  std::vector<Slot> out{output_slot(p, in, &a)};
+  std::vector<Slot> out = output_slots(p, in, &a);
+  if (a.grad) {
+    if (in.out.size() != out.size())
+      fail(std::string(out.size() == 1 ? "attention_grad with grad_cols has 1 output"
+                                       : "attention_grad has 3 outputs (dq, dk, dv)") +
+           ", got " + std::to_string(in.out.size()));
+    return out;
+  }
   // attention's second output, when asked for: the weights P (the training forward saves them
   // for attention_grad, which reads P instead of recomputing it).
-  if (in.out.size() > (a.grad ? 1u : 2u))
-    fail(std::string(a.grad ? "attention_grad has 1 output"
-                            : "attention has 1 or 2 outputs (the result, the weights)") +
-         ", got " + std::to_string(in.out.size()));
+  if (in.out.size() > 2)
+    fail("attention has 1 or 2 outputs (the result, the weights), got " +
+         std::to_string(in.out.size()));
   if (in.out.size() == 2) out.push_back(Slot{{a.q.B, a.q.H, a.q.L, a.k.L}, a.dtype});
   return out;
 }
@@ -718,7 +763,7 @@ int64_t attention_work(const Program& p, const Instr& in) {
 
 Step make_attention_step(const Program& p, const Instr& in) {
   auto a = std::make_shared<AttentionPlan>(plan(p, in));
-  output_slot(p, in, a.get());
+  output_slots(p, in, a.get());
   if (!a->grad) {
     if (in.out.size() == 2) a->probs = in.out[1];
     Operand& o = a->out;

@@ -430,7 +430,8 @@ size_t expected_operands(Op op) {
     case Op::conv2d_bias: return 3;
     case Op::scatter_add: case Op::scatter_add_along_axis: return 3;
     case Op::matmul_accumulate: return 4;
-    case Op::layer_norm: case Op::attention: case Op::attention_grad: return 3;
+    case Op::layer_norm: case Op::attention: return 3;
+    case Op::attention_grad: return 5;
     case Op::constant: return 0;
     default: return 1;
   }
@@ -1025,7 +1026,8 @@ void validate(const Program& p) {
       check_slot(s, where + " input");
       if (!defined[s]) fail(where + ": input slot " + std::to_string(s) + " is used before it is defined");
     }
-    const bool multi = in.op == Op::fused || is_row_kernel(in.op) || in.op == Op::attention;
+    const bool attention = in.op == Op::attention || in.op == Op::attention_grad;
+    const bool multi = in.op == Op::fused || is_row_kernel(in.op) || attention;
     if (in.out.empty() || (!multi && in.out.size() != 1))
       fail(where + ": needs exactly 1 output slot, got " + std::to_string(in.out.size()));
     for (int o : in.out) {
@@ -1042,7 +1044,7 @@ void validate(const Program& p) {
     try {
       if (in.op == Op::fused) expect = infer_fused(p, in);
       else if (is_row_kernel(in.op)) expect = infer_row_kernel(p, in);
-      else if (in.op == Op::attention) expect = infer_attention(p, in);
+      else if (attention) expect = infer_attention(p, in);
       else expect = {infer(p, in)};
     } catch (const std::invalid_argument& e) {
       fail(where + ": " + e.what());

@@ -13,7 +13,7 @@ import lucid.nn as nn
 import lucid.nn.functional as F
 from lucid import optim
 from lucid.amp import GradScaler
-from lucid.compile import CompileError, fused_step
+from lucid.compile import fused_step
 
 STEPS = 32
 # 2**127 overflows the first step's scaled gradients; the backoff then puts the scale far below
@@ -202,35 +202,39 @@ def test_float16_parameters_are_refused_as_eager_unscale_refuses_them():
         fused_step(model, F.mse_loss, opt, scaler=GradScaler())
 
 
-def test_a_bfloat16_model_with_a_scaler_is_refused_cleanly_until_the_backend_stores_it():
-    """The CPU backend has no bfloat16 storage yet: the step raises CompileError naming it and
-    changes nothing (parameters, optimizer state, scaler); eager training still works."""
+def test_a_bfloat16_model_with_a_scaler_compiles_and_equals_eager():
+    """torch.amp.GradScaler refuses float16 gradients only: a bfloat16 model trains with a scaler
+    (the first step overflowing at 2**127), and the compiled step (bfloat16 storage on the CPU
+    backend) skips the same steps, keeps the same scale and equals eager within bfloat16's
+    precision."""
+    batches = [(x.bfloat16(), y.bfloat16()) for x, y in _batches()[:4]]
+    options = {"init_scale": 2.0**127, "backoff_factor": 2.0**-100}
+    eager = _model().bfloat16()
+    eager_opt = optim.Adam(eager.parameters(), lr=1e-2)
+    eager_scaler = GradScaler(**options)
     model = _model().bfloat16()
-    opt = optim.Adam(model.parameters(), lr=1e-2)
-    scaler = GradScaler(init_scale=2.0**10)
-    step = fused_step(model, F.mse_loss, opt, scaler=scaler)
-    x, y = _batches()[0]
-    before = _params(model)
-    try:
-        step(x.bfloat16(), y.bfloat16())
-    except CompileError as e:
-        assert "bfloat16" in str(e)
-        assert _unchanged(before, _params(model))
-        assert not opt.state
-        assert scaler.get_scale() == 2.0**10
-        assert scaler.state_dict()["_growth_tracker"] == 0
-    else:  # the backend stores bfloat16 now: compiled equals eager
-        eager = _model().bfloat16()
-        eager_opt = optim.Adam(eager.parameters(), lr=1e-2)
-        eager_scaler = GradScaler(init_scale=2.0**10)
-        eager_scaler.scale(F.mse_loss(eager(x.bfloat16()), y.bfloat16())).backward()
+    scaler = GradScaler(**options)
+    step = fused_step(model, F.mse_loss, optim.Adam(model.parameters(), lr=1e-2), scaler=scaler)
+    for x, y in batches:
+        eager_opt.zero_grad()
+        eager_loss = F.mse_loss(eager(x), y)
+        eager_scaler.scale(eager_loss).backward()
         eager_scaler.step(eager_opt)
         eager_scaler.update()
+        loss = step(x, y)
+        assert loss.dtype is lucid.bfloat16
+        np.testing.assert_allclose(float(loss.float()), float(eager_loss.float()), rtol=2**-7)
         assert scaler.state_dict() == eager_scaler.state_dict()
-        for a, b in zip(model.parameters(), eager.parameters(), strict=True):
-            np.testing.assert_allclose(
-                a.detach().float().numpy(), b.detach().float().numpy(), atol=1e-2
-            )
+    assert scaler.get_scale() == 2.0**27  # the first step overflowed and backed off
+    info = step.cache_info()
+    assert info["entries"] == 1 and not info["eager_only"], info
+    for a, b in zip(model.parameters(), eager.parameters(), strict=True):
+        assert a.dtype is lucid.bfloat16
+        # Each step rounds a weight once to bfloat16 on both sides: where their float32 updates
+        # straddle a rounding boundary, one ulp (up to 2**-7 relative) apart; twice for margin.
+        np.testing.assert_allclose(
+            a.detach().float().numpy(), b.detach().float().numpy(), rtol=2**-6, atol=1e-4
+        )
 
 
 def test_parity_compare_is_not_blinded_by_an_inf_in_the_reference():
@@ -256,27 +260,34 @@ def test_a_step_with_a_scaler_is_not_saved(tmp_path, caplog):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
-def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
-    """Eager GradScaler skips opt.step() entirely: SGD's momentum buffer does not exist after a
-    skipped first step, so the next step is the first (buf = grad, not dampened)."""
+def _dampened_sgd_run(
+    mode: str, scaler: GradScaler, steps: int, kind: str = "sgd", lr_decay: float | None = None
+):
+    """SGD with dampened momentum (its first step differs from later ones; or Adam) on large
+    targets, trained eagerly with the scaler, by ``fused_step`` or by ``compile_optimizer``, the
+    learning rate decayed after every step when asked: (model, optimizer, for each skipped step
+    whether optimizer state existed after it)."""
     from lucid.compile import compile_optimizer
 
-    def run(mode):
-        lucid.manual_seed(0)
-        model = nn.Linear(3, 2)
+    lucid.manual_seed(0)
+    model = nn.Linear(3, 2)
+    if kind == "sgd":
         opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
-        scaler = GradScaler(init_scale=2.0**127, backoff_factor=2.0**-20)
-        step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
-        if mode == "compile_optimizer":
-            compile_optimizer(opt, scaler=scaler)
-        rng = np.random.default_rng(0)
-        for _ in range(5):
-            x = lucid.tensor(rng.standard_normal((4, 3)).astype(np.float32))
-            y = lucid.tensor(100 * rng.standard_normal((4, 2)).astype(np.float32))
-            if mode == "fused_step":
-                step(x, y)
-                continue
+    else:
+        opt = optim.Adam(model.parameters(), lr=0.1)
+    schedule = None if lr_decay is None else optim.lr_scheduler.ExponentialLR(opt, lr_decay)
+    step = fused_step(model, F.mse_loss, opt, scaler=scaler) if mode == "fused_step" else None
+    if mode == "compile_optimizer":
+        compile_optimizer(opt, scaler=scaler)
+    rng = np.random.default_rng(0)
+    skipped_with_state = []
+    for _ in range(steps):
+        x = lucid.tensor(rng.standard_normal((4, 3)).astype(np.float32))
+        y = lucid.tensor(100 * rng.standard_normal((4, 2)).astype(np.float32))
+        scale = scaler.get_scale()
+        if mode == "fused_step":
+            step(x, y)
+        else:
             opt.zero_grad()
             scaler.scale(F.mse_loss(model(x), y)).backward()
             if mode == "compile_optimizer":
@@ -284,7 +295,21 @@ def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
             else:
                 scaler.step(opt)
                 scaler.update()
-        return model, scaler
+        if scaler.get_scale() < scale:
+            skipped_with_state.append(bool(opt.state))
+        if schedule is not None:
+            schedule.step()
+    return model, opt, skipped_with_state
+
+
+@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
+def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
+    """Eager GradScaler skips opt.step() entirely: SGD's momentum buffer does not exist after a
+    skipped first step, so the next step is the first (buf = grad, not dampened)."""
+
+    def run(mode):
+        scaler = GradScaler(init_scale=2.0**127, backoff_factor=2.0**-20)
+        return _dampened_sgd_run(mode, scaler, steps=5)[0], scaler
 
     want_model, want_scaler = run("eager")
     model, scaler = run(compiled)
@@ -292,3 +317,48 @@ def test_a_skipped_first_step_creates_no_optimizer_state(compiled):
     np.testing.assert_allclose(
         model.weight.detach().numpy(), want_model.weight.detach().numpy(), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
+def test_a_run_of_skipped_first_steps_compiles_once(compiled, monkeypatch):
+    """A scale far too large skips the first steps one after another (PyTorch's GradScaler
+    starts at 2**16 for this reason); each leaves no optimizer state, as eager, and the entry is
+    kept for the next step instead of compiled again."""
+    from lucid.compile.training.fused import FusedStep
+    from lucid.compile.training.optimizer import CompiledOptimizerStep
+
+    owner = FusedStep if compiled == "fused_step" else CompiledOptimizerStep
+    builds = []
+    build = owner._build
+    monkeypatch.setattr(owner, "_build", lambda self, *a: builds.append(1) or build(self, *a))
+    # Halved per skip: several skips in a row.
+    want_scaler, scaler = GradScaler(init_scale=2.0**127), GradScaler(init_scale=2.0**127)
+    want_model, want_opt, want_skips = _dampened_sgd_run("eager", want_scaler, steps=8)
+    model, opt, skips = _dampened_sgd_run(compiled, scaler, steps=8)
+    assert len(want_skips) >= 3 and not any(want_skips)
+    assert skips == want_skips
+    assert scaler.state_dict() == want_scaler.state_dict()
+    assert len(builds) == 1
+    for p, w in zip(model.parameters(), want_model.parameters(), strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6)
+        buf, want_buf = opt.state[p]["momentum_buffer"], want_opt.state[w]["momentum_buffer"]
+        np.testing.assert_allclose(buf.numpy(), want_buf.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("compiled", ["fused_step", "compile_optimizer"])
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_a_learning_rate_changed_during_skipped_first_steps_is_used(compiled, kind):
+    """A scheduler steps every iteration, skipped or not: the first step taken after a run of
+    skipped ones uses the learning rate of its own iteration (as eager), not the one the entry
+    was built with."""
+
+    def run(mode):
+        scaler = GradScaler(init_scale=2.0**127)
+        model, opt, _ = _dampened_sgd_run(mode, scaler, steps=8, kind=kind, lr_decay=0.5)
+        return model, scaler
+
+    want_model, want_scaler = run("eager")
+    model, scaler = run(compiled)
+    assert scaler.state_dict() == want_scaler.state_dict()
+    for p, w in zip(model.parameters(), want_model.parameters(), strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -371,6 +371,11 @@ sample(
     lambda r: ([f(r, 2, 3, 4), 1.0, 0.0], {"normalized_shape": (3, 4)}),
 )
 sample(
+    "layer_norm_backward",
+    lambda r: ([f(r, 2, 3, 4), f(r, 2, 3, 4), f(r, 4)], {"normalized_shape": (4,), "eps": 1e-5}),
+    lambda r: ([f(r, 2, 3, 4), f(r, 2, 3, 4), 1.0], {"normalized_shape": (3, 4)}),
+)
+sample(
     "batch_norm",
     lambda r: ([f(r, 4, 3, 2, 2), f(r, 3), f(r, 3)], {"eps": 1e-5}),
     lambda r: ([f(r, 5, 3), 1.0, 0.0], {}),

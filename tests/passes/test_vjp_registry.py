@@ -170,6 +170,10 @@ CASES: dict[str, tuple] = {
     ),
     "l1_loss": (lambda x, t: F.l1_loss(x, t, reduction="sum"), [f(3, 4), f(3, 4)]),
     "layer_norm": (lambda x, w, b: F.layer_norm(x, (4,), w, b), [f(2, 3, 4), f(4), f(4)]),
+    "layer_norm_backward": (
+        lambda g, x, w: apply("layer_norm_backward", g, x, w, normalized_shape=(4,), eps=1e-5),
+        [f(2, 3, 4), f(2, 3, 4), f(4)],
+    ),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), [distinct(3, 4) - 2.0]),
     "leaky_relu_backward": (
         lambda g, x: apply("leaky_relu_backward", g, x, negative_slope=0.1),

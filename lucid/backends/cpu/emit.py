@@ -78,12 +78,12 @@ def emit_program(
         visits.count("emit")
         if isinstance(op, PrimIROp):
             try:
-                out = program.op(
+                outs = program.op_results(
                     op.PRIM.name, *(slot_of[v] for v in op.operands), **op.given_attrs()
                 )
             except PrimError as e:
                 raise EmitError(f"{op.name}: {e}") from None
-            slot_of[op.results[0]] = out
+            slot_of.update(zip(op.results, outs, strict=True))
         elif isinstance(op, x.func.ReturnOp):
             program.result(*(slot_of[v] for v in op.operands))
             returned = True

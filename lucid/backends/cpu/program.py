@@ -94,15 +94,20 @@ class Program:
 
     def op(self, name: str, *inputs: int, **attrs: Any) -> int:
         """Append prim op ``name`` on ``inputs``; returns its output slot."""
+        (slot,) = self.op_results(name, *inputs, **attrs)
+        return slot
+
+    def op_results(self, name: str, *inputs: int, **attrs: Any) -> tuple[int, ...]:
+        """Append prim op ``name`` (composites with several results too); its output slots."""
         op = prim_ops.lookup(name)
         full = prim_ops.check_attrs(op, attrs)
         problem = half_operand_problem(name, [self._aval(s).dtype for s in inputs])
         if problem:
             raise PrimError(problem)
-        (out,) = prim_ops.infer(name, [self._aval(s) for s in inputs], full)
-        slot = self.new_slot(out.shape, out.dtype)
-        self.instrs.append(Instr(name, tuple(inputs), (slot,), full))
-        return slot
+        outs = prim_ops.infer(name, [self._aval(s) for s in inputs], full)
+        slots = tuple(self.new_slot(out.shape, out.dtype) for out in outs)
+        self.instrs.append(Instr(name, tuple(inputs), slots, full))
+        return slots
 
     def fused(self, inputs: Sequence[int], nodes: Sequence[FusedNode]) -> int:
         """Append a fused elementwise instruction (its value is the last node's)."""

@@ -85,19 +85,22 @@ def _attention_reference(args: list[np.ndarray], attrs: dict) -> tuple[np.ndarra
     return out, probs
 
 
-def _attention_grad_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
-    qkv, d_out, p = args
-    q, k, v = (_heads(qkv, attrs[n]) for n in ("q_view", "k_view", "v_view"))
+def _attention_grad_reference(args: list[np.ndarray], attrs: dict) -> tuple[np.ndarray, ...]:
+    """(dq, dk, dv); with ``grad_cols`` one [B, L, W] array holding them side by side."""
+    d_out, q, k, v, p = args
     d_o = _heads(d_out, attrs.get("d_out_view"))
+    q, k, v = (_heads(a, attrs.get(f"{n}_view")) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     alpha = q.dtype.type(attrs["alpha"])
     dp = d_o @ np.swapaxes(v, -1, -2)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     grads = (ds @ k * alpha, np.swapaxes(ds, -1, -2) @ q * alpha, np.swapaxes(p, -1, -2) @ d_o)
-    out = np.empty((*qkv.shape[:2], attrs["grad_width"][0]), dtype=qkv.dtype)
+    if "grad_cols" not in attrs:
+        return grads
+    out = np.empty((*grads[0].shape[:1], grads[0].shape[2], attrs["grad_width"][0]), q.dtype)
     for col0, grad in zip(attrs["grad_cols"], grads, strict=True):
         merged = grad.transpose(0, 2, 1, 3).reshape(*out.shape[:2], -1)
         out[..., col0 : col0 + merged.shape[2]] = merged
-    return out
+    return (out,)
 
 
 def gelu_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:

@@ -350,10 +350,88 @@ class _OptimizerView:
 
     def restore(self, snap: dict) -> None:
         """Undo state a failed build created (so a later eager step still sees a first step)."""
+        self.take_created(snap)
+
+    def take_created(self, snap: dict) -> dict:
+        """Take the state created since ``snap`` out of the optimizer; returns it for
+        ``put_back`` (parameter -> the entries taken)."""
         st = self.opt.state
+        taken: dict = {}
         for p in list(st.keys()):
             if p not in snap:
-                del st[p]
+                taken[p] = st.pop(p)
             else:
-                for k in set(st[p]) - snap[p]:
-                    del st[p][k]
+                created = {k: st[p].pop(k) for k in set(st[p]) - snap[p]}
+                if created:
+                    taken[p] = created
+        return taken
+
+    def put_back(self, taken: dict) -> bool:
+        """Put state ``take_created`` took back, unless the optimizer holds any of it anew
+        (then nothing changes); whether it did."""
+        st = self.opt.state
+        if any(p in st and not st[p].keys().isdisjoint(entries) for p, entries in taken.items()):
+            return False
+        for p, entries in taken.items():
+            if p in st:
+                st[p].update(entries)
+            else:
+                st[p] = entries
+        self.find_reps()
+        return True
+
+
+class SkippedFirstRuns:
+    """Entries whose first run a ``GradScaler`` skipped, kept for the next call of their
+    signature instead of compiled again (a run of skipped first steps, a scale far too large,
+    then compiles once).
+
+    Eager ``scaler.step`` skips ``optimizer.step()``, so the state the entry's build created must
+    not exist after the skip (SGD's first momentum step differs from later ones): it is taken out
+    of the optimizer, untouched by the skipped run, and put back when the entry is resumed, with
+    the entry's first-step scalars. Keyed by the signature's key without that state; the owner
+    clears them whenever it drops its entries (they bind the model's and optimizer's objects)."""
+
+    def __init__(self, view: _OptimizerView):
+        self.view = view
+        self.parked: dict[tuple, tuple] = {}
+
+    def park(self, cache: Any, key: tuple, entry: StepEntry, key_now: Callable[[], tuple]) -> None:
+        """After ``entry``'s skipped run: drop it from ``cache`` and take its created state out
+        of the optimizer (only on a first run: later skips keep both)."""
+        if entry.n_runs > 1 or entry.first_scalars is None or entry.created_state is None:
+            return
+        cache.entries.pop(key, None)
+        taken = self.view.take_created(entry.created_state)
+        self.view.find_reps()
+        self.parked[key_now()] = (key, entry, taken, entry.first_scalars, entry.created_state)
+
+    def resume(self, cache: Any, key: tuple) -> tuple[tuple, StepEntry] | None:
+        """The entry parked for ``key`` back in ``cache`` with its state, ready for a first run
+        again: (its key, the entry); None when none is parked (or its state is back anew)."""
+        parked = self.parked.pop(key, None)
+        if parked is None:
+            return None
+        built_key, entry, taken, first_scalars, created_state = parked
+        if not self.view.put_back(taken):
+            return None
+        entry.n_runs, entry.created_state = 0, created_state
+        entry.first_scalars = self._first_scalars(entry, taken, first_scalars)
+        cache.put(built_key, entry)
+        return built_key, entry
+
+    def _first_scalars(self, entry: StepEntry, taken: dict, built: dict) -> dict:
+        """The step scalars of a first step now: ``built`` (the build's) with each optimizer
+        scalar read again, as a scheduler may have changed the learning rate since."""
+        opt, reps = self.view.opt, self.view.reps
+        role_of = {id(slot._data): role for role, slot in entry.scalar_slots.items()}
+        values = dict(built)
+        for arr, gi, param, key in entry.scalar_plan:
+            p = reps[gi] if param is None else param
+            state = opt.state[p] if p is not None and p in opt.state else {}
+            fresh = p is not None and p in taken  # its state is the build's: a first step
+            values[role_of[id(arr)]] = opt._step_scalars(opt.param_groups[gi], state, fresh)[key]
+        return values
+
+    def clear(self) -> None:
+        self.parked.clear()

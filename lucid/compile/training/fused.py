@@ -42,6 +42,7 @@ from lucid.compile.training.builder import (
 )
 from lucid.compile.training.entries import (
     _COMPILER_ERRORS,
+    SkippedFirstRuns,
     _compile_step,
     _describe,
     _entry_of,
@@ -95,6 +96,7 @@ class FusedStep(_StepIntrospection):
         self.check_finite = bool(check_finite)
         self.backend = resolve_backend(backend)
         self._view = _OptimizerView(optimizer)
+        self._skipped_first = SkippedFirstRuns(self._view)
         self._params = list(model.parameters())
         self._new_cache()
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
@@ -115,7 +117,7 @@ class FusedStep(_StepIntrospection):
         old, old_version = bound.tensors, bound.version
         if not bound.changed():
             return
-        self._entries.clear()
+        self._drop_entries()
         self._params = list(self.model.parameters())
         held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
         held |= {id(p) for p in self._masters.values()}
@@ -194,6 +196,11 @@ class FusedStep(_StepIntrospection):
         self._cache.put(key, entry)
         return key, entry
 
+    def _drop_entries(self) -> None:
+        """Forget every compiled entry (they bind objects the model or optimizer replaced)."""
+        self._entries.clear()
+        self._skipped_first.clear()
+
     def _first_run_failed(self, key: tuple, entry: StepEntry) -> None:
         """A new entry whose first step failed: forget it and the optimizer state its build
         created, so the optimizer looks exactly as before the call (eager or compiled)."""
@@ -215,7 +222,7 @@ class FusedStep(_StepIntrospection):
         view = self._view
         if view.changed():  # load_state_dict: the bound state tensors are gone
             view.reset()
-            self._entries.clear()
+            self._drop_entries()
         scalars = view.group_scalars()
         key = self._key(inputs, scalars)
         opts = self._opts
@@ -225,15 +232,19 @@ class FusedStep(_StepIntrospection):
             # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
             if key in cache.eager_only:
                 return self._eager_step(inputs)
-            cache.note_compile(key)
-            try:
-                key, entry = self._build(inputs)
-            except CompileError as e:
-                if not self._masters or not _half_storage_refused(e):
-                    raise
-                # Until the backend stores half types: the same step, eagerly.
-                cache.mark_eager(key, f"master weights: {e}")
-                return self._eager_step(inputs)
+            resumed = self._skipped_first.resume(cache, key)
+            if resumed is not None:
+                key, entry = resumed
+            else:
+                cache.note_compile(key)
+                try:
+                    key, entry = self._build(inputs)
+                except CompileError as e:
+                    if not self._masters or not _half_storage_refused(e):
+                        raise
+                    # Until the backend stores half types: the same step, eagerly.
+                    cache.mark_eager(key, f"master weights: {e}")
+                    return self._eager_step(inputs)
             if key in cache.eager_only:  # known once the optimizer state exists
                 cache.pop(key)
                 return self._eager_step(inputs)
@@ -287,9 +298,9 @@ class FusedStep(_StepIntrospection):
         entry.after_success(res)
         self._scaler_out()
         if scale_before is not None and self._scaler.skipped(scale_before):
-            # Eager GradScaler skips opt.step(): state this entry's build created must not exist
-            # (SGD's first momentum step differs from later ones).
-            self._first_run_failed(key, entry)
+            self._skipped_first.park(
+                self._cache, key, entry, lambda: self._key(inputs, self._view.group_scalars())
+            )
         if norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[norm_index]))
         entry.first_scalars = None
@@ -410,7 +421,7 @@ class FusedStep(_StepIntrospection):
         view = self._view
         if view.changed():
             view.reset()
-            self._entries.clear()
+            self._drop_entries()
         scalars = view.group_scalars()
         key = self._key(inputs, scalars)
         _refuse_eager_profile(self._cache, key)

@@ -42,6 +42,7 @@ from lucid.compile.training.builder import (
 )
 from lucid.compile.training.entries import (
     _COMPILER_ERRORS,
+    SkippedFirstRuns,
     _compile_step,
     _entry_of,
     _fuse_updates,
@@ -90,6 +91,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         self._opts = _StepOptions("compile_optimizer", options, check, check_tolerance)
         self.eager = optimizer.step
         self._view = _OptimizerView(optimizer)
+        self._skipped_first = SkippedFirstRuns(self._view)
         self._new_cache(recompiles=False)
         self._scaler = BoundScaler.of(
             scaler, "compile_optimizer", (p for g in optimizer.param_groups for p in g["params"])
@@ -164,6 +166,7 @@ class CompiledOptimizerStep(_StepIntrospection):
         ):
             view.reset()
             self._entries.clear()
+            self._skipped_first.clear()
             self._bound_params = []
         scalars = view.group_scalars()
         key = self._key(scalars, params)
@@ -179,7 +182,8 @@ class CompiledOptimizerStep(_StepIntrospection):
             if key in cache.eager_only:
                 self._eager_step()
                 return loss
-            key, entry = self._build()
+            resumed = self._skipped_first.resume(cache, key)
+            key, entry = resumed if resumed is not None else self._build()
             if key in cache.eager_only:  # known once the optimizer state exists
                 cache.pop(key)
                 self._eager_step()
@@ -226,16 +230,11 @@ class CompiledOptimizerStep(_StepIntrospection):
         entry.after_success(res)
         if self._scaler is not None:
             self._scaler.store()
-            if (
-                self._scaler.skipped(scale_before)
-                and entry.n_runs <= 1
-                and entry.created_state is not None
-            ):
-                # Eager GradScaler skips opt.step(): state this entry's build created must not
-                # exist (SGD's first momentum step differs from later ones).
-                self._entries.pop(key, None)
-                view.restore(entry.created_state)
-                view.find_reps()
+            if self._scaler.skipped(scale_before):
+                params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                self._skipped_first.park(
+                    self._cache, key, entry, lambda: self._key(view.group_scalars(), params)
+                )
         entry.first_scalars = None
         if entry.tm.grad_norm_index is not None:
             self.grad_norm = Tensor._wrap(np.array(res[entry.tm.grad_norm_index]))

@@ -9,8 +9,9 @@ the table's references, so the prim interpreter needs nothing of its own.
 A decomposition is written once against two callables and is used for every target:
 ``emit(name, *operands, **attrs)`` appends a prim op and returns its value, ``const(value, like)``
 is a 0-d constant of ``like``'s dtype. Numpy arrays (the reference), IR values (the expansion)
-and lowering's values (a case the composite does not take) all fit. Like every table module,
-this one is pure Python: no xDSL.
+and lowering's values (a case the composite does not take) all fit. A composite may have several
+results (``layer_norm_grad``, ``attention_grad``). Like every table module, this one is pure
+Python: no xDSL.
 """
 
 from __future__ import annotations
@@ -153,6 +154,62 @@ _register_composite(
     {"epsilon": Attr("float")},
 )
 
+# --- layer norm's backward over the last axis, statistics recomputed: with xhat = (x - mean) * rstd
+# and g = dy * gamma, dx = rstd (g - mean(g) - xhat mean(g xhat)), dgamma and dbeta the column
+# sums of dy * xhat and dy
+
+
+def _rank(value: Any) -> int:
+    """The rank of a decomposition's operand: a numpy array or lowering's value (``.shape``), or
+    an IR value (its tensor type's shape)."""
+    shape = value.shape if hasattr(value, "shape") else value.type.get_shape()
+    return len(shape)
+
+
+def _column_sum(emit: Emit, value: Any, rank: int) -> Any:
+    if rank == 1:
+        return value
+    return emit("reduce_sum", value, axes=tuple(range(rank - 1)), keepdims=False)
+
+
+def _layer_norm_grad(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
+    dy, x, gamma = operands
+    mean = emit("reduce_mean", x, axes=(-1,), keepdims=True)
+    centered = emit("sub", x, mean)
+    var = emit("reduce_mean", emit("mul", centered, centered), axes=(-1,), keepdims=True)
+    rstd = emit("rsqrt", emit("add", var, const(attrs["epsilon"], x)))
+    xhat = emit("mul", centered, rstd)
+    g = emit("mul", dy, gamma)
+    g_mean = emit("reduce_mean", g, axes=(-1,), keepdims=True)
+    gx_mean = emit("reduce_mean", emit("mul", g, xhat), axes=(-1,), keepdims=True)
+    dx = emit("mul", rstd, emit("sub", emit("sub", g, g_mean), emit("mul", xhat, gx_mean)))
+    rank = _rank(x)
+    dgamma = _column_sum(emit, emit("mul", dy, xhat), rank)
+    return [dx, dgamma, _column_sum(emit, dy, rank)]
+
+
+def _layer_norm_grad_rule(avals: list[Aval], attrs: dict) -> list[Aval]:
+    dy, x, gamma = avals
+    _need("layer_norm_grad", x, FLOAT)
+    if not x.shape:
+        raise _fail("layer_norm_grad", "needs an input of rank >= 1")
+    if dy != x:
+        raise _fail("layer_norm_grad", f"the gradient {dy} and the input {x} differ")
+    row = Aval(x.shape[-1:], x.dtype)
+    if gamma != row:
+        raise _fail("layer_norm_grad", f"weight must be {row}, got {gamma}")
+    return [x, row, row]
+
+
+_register_composite(
+    "layer_norm_grad",
+    ("dy", "x", "weight"),
+    _layer_norm_grad_rule,
+    _layer_norm_grad,
+    "norm_gelu.cpp",
+    {"epsilon": Attr("float")},
+)
+
 # --- scaled dot-product attention over [B, H, L, D] heads: softmax(alpha * Q Kᵀ) V
 
 
@@ -198,6 +255,47 @@ _register_composite(
     "attention.cpp",
     {"alpha": Attr("float")},
 )
+
+
+# --- attention's gradient given its weights P = softmax(scores) (the mask, if any, is in P):
+# dV = Pᵀ dO, dS = P (dO Vᵀ - rowsum(dO Vᵀ P)), dQ = alpha dS K, dK = alpha dSᵀ Q
+
+
+def _attention_grad(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
+    d_out, q, k, v, probs = operands
+    dv = emit("matmul", probs, d_out, transpose_a=True)
+    dp = emit("matmul", d_out, v, transpose_b=True)
+    row = emit("reduce_sum", emit("mul", dp, probs), axes=(-1,), keepdims=True)
+    ds = emit("mul", probs, emit("sub", dp, row))
+    alpha = const(attrs["alpha"], q)
+    dq = emit("mul", emit("matmul", ds, k), alpha)
+    dk = emit("mul", emit("matmul", ds, q, transpose_a=True), alpha)
+    return [dq, dk, dv]
+
+
+def _attention_grad_rule(avals: list[Aval], attrs: dict) -> list[Aval]:
+    d_out, q, k, v, probs = avals
+    _attention_rule([q, k, v], attrs)
+    batch, heads, length, _ = q.shape
+    want = {
+        "the output's gradient": (d_out, Aval((batch, heads, length, v.shape[3]), q.dtype)),
+        "the weights": (probs, Aval((batch, heads, length, k.shape[2]), q.dtype)),
+    }
+    for what, (got, aval) in want.items():
+        if got != aval:
+            raise _fail("attention_grad", f"{what} must be {aval}, got {got}")
+    return [q, k, v]
+
+
+_register_composite(
+    "attention_grad",
+    ("d_out", "q", "k", "v", "probs"),
+    _attention_grad_rule,
+    _attention_grad,
+    "attention.cpp",
+    {"alpha": Attr("float")},
+)
+
 
 __all__ = [
     "COMPOSITE_OPS",

@@ -216,8 +216,9 @@ def create_prim(name: str, operands: Sequence[x.SSAValue], attrs: dict[str, Any]
 
 
 def prim_dialect() -> x.Dialect:
-    """The ``prim`` dialect: one op per table entry."""
-    return x.Dialect("prim", [get_prim_class(n) for n in P.PRIM_OPS])
+    """The ``prim`` dialect: one op per table entry, composite ops included (so printed IR
+    holding ``prim.gelu`` parses back)."""
+    return x.Dialect("prim", [get_prim_class(n) for n in (*P.PRIM_OPS, *P.COMPOSITE_OPS)])
 
 
 def make_prim_context() -> x.Context:

@@ -46,8 +46,15 @@ def expand_composites(module: x.ModuleOp, keep: Iterable[str] = ()) -> int:
             result.replace_all_uses_with(value)
         block.erase_op(op)
         count += 1
+        # A result nothing read (a layer norm's dgamma without a weight) leaves its ops unread.
+        live: list[PrimIROp] = []
+        for m in reversed(made):
+            if any(r.uses for r in m.results):
+                live.append(m)
+            else:
+                block.erase_op(m)
         pending.extend(
-            m for m in made if m.PRIM.name in P.COMPOSITE_OPS and m.PRIM.name not in kept
+            m for m in live if m.PRIM.name in P.COMPOSITE_OPS and m.PRIM.name not in kept
         )
     return count
 

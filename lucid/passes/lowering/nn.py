@@ -428,6 +428,24 @@ def _layer_norm(b: Builder, v, weight, bias, normalized_shape, eps):
     return b.op("normalize", v, mean, var, gamma, beta, epsilon=float(eps))
 
 
+@rule("layer_norm_backward")
+def _layer_norm_backward(b: Builder, grad, v, weight, normalized_shape, eps):
+    # Over several trailing axes it is layer norm over their flattening: one composite op.
+    n = math.prod(normalized_shape)
+    rows = (*v.shape[: v.ndim - len(normalized_shape)], n)
+    gamma = b.cast(weight, v.dtype) if isinstance(weight, PV) else b.const(1.0, v.dtype, (n,))
+    dx, dgamma, dbeta = _composite_results(
+        b,
+        "layer_norm_grad",
+        b.reshape(b.cast(grad, v.dtype), rows),
+        b.reshape(v, rows),
+        b.reshape(gamma, (n,)),
+        epsilon=float(eps),
+    )
+    shape = tuple(normalized_shape)
+    return b.reshape(dx, v.shape), b.reshape(dgamma, shape), b.reshape(dbeta, shape)
+
+
 @rule("batch_norm")
 def _batch_norm(b: Builder, v, weight, bias, eps):
     axes = (0, *range(2, v.ndim))
@@ -504,7 +522,7 @@ def _const(b: Builder):
     return lambda value, like: b.const(value, like.dtype, ())
 
 
-def _composite(b: Builder, name: str, *operands: PV, **attrs: Any) -> PV:
+def _composite_results(b: Builder, name: str, *operands: PV, **attrs: Any) -> list[PV]:
     """Composite prim op ``name`` (``lucid.ir.prim.composite``) on ``operands``: emitted whole
     when its rule takes them (a backend then runs its kernel or expands it), else decomposed
     here through the same definition."""
@@ -513,9 +531,14 @@ def _composite(b: Builder, name: str, *operands: PV, **attrs: Any) -> PV:
     try:
         op.infer([P.Aval(o.shape, lower_dtype(o.dtype)) for o in operands], full)
     except P.PrimError:
-        (out,) = op.decompose(_emit(b), _const(b), operands, full)
-        return out
-    return b.op(name, *operands, **attrs)
+        return list(op.decompose(_emit(b), _const(b), operands, full))
+    return list(b.emit(name, operands, **attrs))
+
+
+def _composite(b: Builder, name: str, *operands: PV, **attrs: Any) -> PV:
+    """The one result of composite ``name`` (see ``_composite_results``)."""
+    (out,) = _composite_results(b, name, *operands, **attrs)
+    return out
 
 
 @rule("gelu")
@@ -649,12 +672,8 @@ def _sdpa(b: Builder, q, k, v, attn_mask, is_causal, scale):
 @rule("scaled_dot_product_attention_backward")
 def _sdpa_backward(b: Builder, grad, q, k, v, attn_mask, is_causal, scale):
     scale = _attention_scale(q, scale)
+    # The weights are recomputed (a backend may take them from the forward's kernel instead);
+    # given them, the gradient is the composite op, masked or not.
     p = b.op("softmax", _masked_scores(b, q, k, attn_mask, is_causal, scale), axis=-1)
-    dt = q.dtype
-    dv = b.op("matmul", p, grad, transpose_a=True)
-    dp = b.op("matmul", grad, v, transpose_b=True)
-    row = b.reduce("reduce_sum", b.op("mul", dp, p), (-1 % dp.ndim,), True)
-    ds = b.op("mul", p, b.op("sub", dp, row))
-    dq = b.binary("mul", b.op("matmul", ds, k), scale, dt)
-    dk = b.binary("mul", b.op("matmul", ds, q, transpose_a=True), scale, dt)
-    return tuple(b.broadcast_to(t, o.shape) for t, o in zip((dq, dk, dv), b.outs, strict=True))
+    grads = _composite_results(b, "attention_grad", grad, q, k, v, p, alpha=scale)
+    return tuple(b.broadcast_to(t, o.shape) for t, o in zip(grads, b.outs, strict=True))

@@ -25,21 +25,29 @@ def _float_dtype(dt: _dtype.dtype) -> _dtype.dtype:
     return _dtype.float64 if dt is _dtype.float64 else _dtype.float32
 
 
+# Half draws are float32 draws rounded once (as eager's kernels): backends compute in float32.
 @rule("uniform")
 def _uniform(b: Builder, rng, shape, dtype, low, high):
     dt = b.outs[0].dtype
-    u = b.op("random_uniform", rng, shape=tuple(shape), dtype=lower_dtype(dt), low=low, high=high)
+    drawn = _float_dtype(dt)
+    u = b.op(
+        "random_uniform", rng, shape=tuple(shape), dtype=lower_dtype(drawn), low=low, high=high
+    )
     if high > low:  # rounding must not reach the open upper bound (as eager)
+        # Clamping to a value of ``dt`` before the rounding equals eager's clamp after it.
         typed = numpy_dtype(dt).type
         top = float(np.nextafter(typed(high), typed(low)))
-        u = b.binary("minimum", u, top, dt)
-    return u
+        u = b.binary("minimum", u, top, drawn)
+    return b.cast(u, dt)
 
 
 @rule("normal")
 def _normal(b: Builder, rng, shape, dtype, mean, std):
     dt = b.outs[0].dtype
-    return b.op("random_normal", rng, shape=tuple(shape), dtype=lower_dtype(dt), mean=mean, std=std)
+    drawn = lower_dtype(_float_dtype(dt))
+    return b.cast(
+        b.op("random_normal", rng, shape=tuple(shape), dtype=drawn, mean=mean, std=std), dt
+    )
 
 
 @rule("randint")

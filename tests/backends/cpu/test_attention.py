@@ -428,9 +428,9 @@ def _grad_program(b, h, length, d, dtype="f32", order=(0, 1, 2)):
         "grad_cols": cols,
         "grad_width": [3 * e],
     }
-    # A CPU-only instruction (fuse-kernels emits it), so not built through Program.op.
+    # The fused form fuse-kernels writes (one output), so not built through Program.op.
     grad = p.new_slot((b, length, 3 * e), dtype)
-    p.instrs.append(Instr("attention_grad", (qkv, d_out, probs), (grad,), attrs))
+    p.instrs.append(Instr("attention_grad", (d_out, qkv, qkv, qkv, probs), (grad,), attrs))
     p.result(grad)
     return p
 

@@ -25,29 +25,29 @@ instructions by one CPU-only instruction that computes the same values in fewer 
   its second output; attention written out by hand, ``gemm(softmax(gemm{alpha}(q, k,
   transpose_b)), v)``, becomes that instruction too (weights read after the product as its
   second output);
-- attention's gradient as lowered (dP = dO Vᵀ, dS = P (dP - rowsum(dP P)), dQ = alpha dS K,
-  dK = alpha dSᵀ Q, dV = Pᵀ dO, concatenated into the fused QKV projection's gradient) becomes
-  ``attention_grad(qkv, dO, P)`` (P: the forward's weights, kept), which writes dQ, dK and dV
-  into that gradient's columns;
+- ``attention_grad(dO, q, k, v, P)`` (a composite prim op too) gets head views of its operands,
+  and when its three results, merged back to [B, L, H*D], are concatenated as the fused QKV
+  projection's gradient, it writes them into that concatenation's columns (``grad_cols``);
 - ``relu`` or ``gelu`` of a gemm's (or float matmul's) product that nothing else reads becomes
   that gemm with ``activation``: Lucid's sgemm applies it to each output tile in registers after
   the bias and addend (OpenBLAS products get it as a pass after the call);
-- a ``gelu_grad(dy, x)`` (GELU and its gradient are composite prim ops that lowering emits
-  whole) takes the column sums of its result, the bias gradient of the layer before, as a
-  second output; layer norm's backward (statistics recomputed, as autodiff writes it) becomes
-  ``layer_norm_grad(dy, x, gamma)`` with gamma's, beta's and the previous bias's gradients as
-  further outputs: one pass per row instead of about fourteen instructions.
+- a ``gelu_grad(dy, x)`` or ``layer_norm_grad(dy, x, gamma)`` (composite prim ops that lowering
+  emits whole) takes the column sums of its ``dx``, the bias gradient of the layer before, as a
+  further output, in the same pass over the rows.
 
 A rewrite applies only when the values it removes are used nowhere else (not read by another
 instruction, not a program result), so the program computes the same values (up to float
-rounding: the layer norm multiplies by one reciprocal square root per row).
+rounding).
 
-The rewrites come in families, one module each over the shared matcher (``match``): ``gemm``
-(epilogues), ``attention`` (head views, padded sums, attention and its gradient), ``rows``
-(layer norm's gradient, GELU's gradient's column sums) and ``conv``; their numpy semantics are
-in ``lucid.backends.cpu.reference``. GELU and layer norm's forward need no rewrite: they are
-composite prim ops (``lucid.ir.prim.composite``), emitted whole by lowering; so is attention's
-forward, whose rewrites only add head views and the weights as a second output.
+The rewrites come in families, one module each over the shared queries (``match``): ``gemm``
+(epilogues), ``attention`` (head views, padded sums, attention written by hand, the forward's
+weights, the gradient's fused write), ``rows`` (the column sums of GELU's and layer norm's
+gradients) and ``conv``; their numpy semantics are in ``lucid.backends.cpu.reference``. GELU,
+layer norm, attention and their gradients need no matcher: they are composite prim ops
+(``lucid.ir.prim.composite``), emitted whole by lowering and run by their kernels.
+``half`` folds a half model's casts (and a ReLU/GELU between its roundings) into the gemm, which
+reads and writes f16/bf16 itself; ``gemm.mark_shared_operands`` lets products reading one
+operand B share its packing within a run.
 """
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ from lucid.backends.cpu.rewrites.match import Graph
 REWRITES = (
     gemm.fold_gemm_scale,  # first: a scaled product is then one gemm for the head views
     attention.fold_head_views,
-    rows.fold_layer_norm_grad,
+    rows.layer_norm_grad_column_sums,
     rows.gelu_grad_column_sums,
     gemm.fold_gemm_bias,
     gemm.fold_gemm_addend,
     attention.fold_padded_sums,
     attention.fold_attention_grad,  # after fold_padded_sums, whose concat it absorbs
-    attention.fold_attention_weights,  # after fold_attention_grad, which matches the softmax
+    attention.fold_attention_weights,
     attention.fold_attention,
     gemm.fold_gemm_activation,  # last of the gemm folds: the attention folds match plain gemms
     half.fold_half_activation,  # the half folds match the float32 epilogues' gemms

@@ -1,6 +1,7 @@
 """Attention: per-head operands read in place from the projection (head views), sums of zero
-pads as one ``concat``, ``attention(q, k, v)`` for the softmax of scaled scores times V, and
-``attention_grad`` for its gradient written into the fused QKV projection's gradient."""
+pads as one ``concat``, ``attention(q, k, v)`` for the softmax of scaled scores times V written
+out by hand, the weights the gradient reads taken from the forward kernel, and the results of
+``attention_grad`` (a composite prim op) written into the fused QKV projection's gradient."""
 
 from __future__ import annotations
 
@@ -72,17 +73,22 @@ def _merged_output(g: Graph, out: int) -> tuple[int, int, list[int]] | None:
     return t[0], new, [heads, dim]
 
 
-def _with_head_views(g: Graph, k: int, ins: Instr, names: tuple[str, ...], out_name: str) -> None:
+def _with_head_views(
+    g: Graph, k: int, ins: Instr, names: tuple[str | None, ...], out_name: str | None
+) -> None:
     """Instruction ``ins`` at ``k`` with its rank-4 operands read as head views (attributes
-    ``names``) and its one output written in [B, L, H*D] order (attribute ``out_name``)."""
+    ``names``; None: that operand stays dense) and its one output written in [B, L, H*D] order
+    (attribute ``out_name``; None: the outputs stay dense)."""
     inputs, attrs, outputs = list(ins.inputs), dict(ins.attrs), ins.outputs
     for i, name in enumerate(names):
-        if name in attrs or len(g.aval(inputs[i]).shape) != 4:
+        if name is None or name in attrs or len(g.aval(inputs[i]).shape) != 4:
             continue
         found = _head_source(g, inputs[i])
         if found is not None:
             inputs[i], attrs[name] = found[0], found[1]
-    merged = _merged_output(g, outputs[0]) if out_name not in attrs else None
+    merged = None
+    if out_name is not None and out_name not in attrs:
+        merged = _merged_output(g, outputs[0])
     if merged is not None:
         # Where the transpose was: every reader of its value comes after it.
         g.set(k, None)
@@ -96,14 +102,18 @@ def _with_head_views(g: Graph, k: int, ins: Instr, names: tuple[str, ...], out_n
 
 
 def fold_head_views(g: Graph) -> None:
-    """The per-head operands of attention (the composite op) and of its products read straight
-    from the projection, and per-head results written straight in [B, L, H*D] order: the
-    slices and transposes around them (copies of the whole activation each) are gone."""
+    """The per-head operands of attention and its gradient (composite ops) and of products
+    read straight from the projection, and per-head results written straight in [B, L, H*D]
+    order: the slices and transposes around them (copies of the whole activation each) are
+    gone."""
     for k, ins in enumerate(g.instrs):
         if ins is None or g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
             continue
         if ins.op == "attention" and len(ins.outputs) == 1:
             _with_head_views(g, k, ins, ("q_view", "k_view", "v_view"), "out_view")
+        elif ins.op == "attention_grad" and len(ins.outputs) == 3:
+            views = ("d_out_view", "q_view", "k_view", "v_view", None)
+            _with_head_views(g, k, ins, views, None)
         elif ins.op in ("matmul", "gemm") and len(ins.inputs) == 2:
             _with_head_views(g, k, gemm_of(ins), ("a_view", "b_view"), "c_view")
 
@@ -318,32 +328,27 @@ def _scores_key(inputs: tuple[int, ...], q_view, k_view) -> tuple:
     return (inputs[0], inputs[1], *(None if v is None else tuple(v) for v in (q_view, k_view)))
 
 
-def _concat_piece(g: Graph, slot: int) -> tuple[list[int], Instr] | None:
-    """(instruction indices, gemm) when ``slot`` is a single-use gemm written through a
-    ``c_view``, possibly behind a same-shape reshape."""
-    chain = []
+def _merged_result(g: Graph, slot: int) -> tuple[list[int], int] | None:
+    """(instruction indices, [B, H, L, D] slot) when ``slot`` is ``reshape(transpose{0,2,1,3}
+    (x))`` to [B, L, H*D], each value read once: ``x`` in the order a concatenation of heads
+    has it."""
     r = single_use(g, slot, "reshape")
-    if r is not None and g.aval(r[1].inputs[0]) == g.aval(slot):
-        chain.append(r[0])
-        slot = r[1].inputs[0]
-    found = single_use(g, slot, "gemm")
-    if found is None or "c_view" not in found[1].attrs or len(found[1].inputs) != 2:
+    if r is None:
         return None
-    return [*chain, found[0]], found[1]
-
-
-def _mul_of(g: Graph, slot: int, factor: int) -> tuple[int, int] | None:
-    """(index, other factor) when ``slot`` is ``mul(factor, other)`` (either order)."""
-    found = g.made_by(slot, "mul")
-    if found is None or factor not in found[1].inputs:
+    t = single_use(g, r[1].inputs[0], "transpose")
+    if t is None or tuple(t[1].attrs["perm"]) != (0, 2, 1, 3):
         return None
-    a, b = found[1].inputs
-    return found[0], (b if a == factor else a)
+    b, heads, length, dim = g.aval(t[1].inputs[0]).shape
+    if g.aval(slot).shape != (b, length, heads * dim):
+        return None
+    return [r[0], t[0]], t[1].inputs[0]
 
 
 def fold_attention_grad(g: Graph) -> None:
-    """Attention's gradient, concatenated as the fused QKV projection's gradient, becomes one
-    ``attention_grad(qkv, dO, P)`` writing dQ, dK and dV into that concatenation's columns."""
+    """An ``attention_grad`` (a composite prim op: dQ, dK, dV) whose three results, merged
+    into [B, L, H*D] order, are concatenated as the fused QKV projection's gradient writes
+    them into that concatenation's columns (``grad_cols``): the transposes and the concat
+    go."""
     instrs = g.instrs
     for k, ins in enumerate(instrs):
         if ins is None or ins.op != "concat" or len(ins.inputs) != 3:
@@ -351,84 +356,20 @@ def fold_attention_grad(g: Graph) -> None:
         out = g.aval(ins.outputs[0])
         if len(out.shape) != 3 or ins.attrs["axis"] % 3 != 2 or out.dtype not in FLOAT_DTYPES:
             continue
-        pieces = [_concat_piece(g, s) for s in ins.inputs]
+        pieces = [_merged_result(g, s) for s in ins.inputs]
         if any(p is None for p in pieces):
             continue
-        found = _attention_grad_parts(g, [p[1] for p in pieces])
-        if found is None:
+        grads = [p[1] for p in pieces]
+        found = g.made_by(grads[0], "attention_grad")
+        if found is None or sorted(found[1].outputs) != sorted(grads):
             continue
-        roles, removed, qkv, d_out, probs, attrs = found
+        j, grad = found
+        if any(not g.used_only_by(s, 1) for s in grad.outputs):
+            continue
         cols = list(np.cumsum([0] + [g.aval(s).shape[2] for s in ins.inputs])[:3])
-        attrs["grad_cols"] = [int(cols[roles.index(r)]) for r in ("dq", "dk", "dv")]
+        attrs = dict(grad.attrs)
+        attrs["grad_cols"] = [int(cols[grads.index(s)]) for s in grad.outputs]
         attrs["grad_width"] = [out.shape[2]]
-        for j in removed + [j for p in pieces for j in p[0]]:
-            g.set(j, None)
-        g.set(k, Instr("attention_grad", (qkv, d_out, probs), ins.outputs, attrs))
-
-
-def _attention_grad_parts(g: Graph, gemms: list[Instr]):
-    """Matches the three gemms of a concatenation against attention's gradient: (roles in
-    concat order, indices of the other removed instructions, qkv slot, dO slot, weights slot,
-    attrs)."""
-    roles: list[str] = []
-    probs = None
-    by_role: dict[str, Instr] = {}
-    for gemm in gemms:
-        if gemm.attrs["transpose_b"] or "a_view" in gemm.attrs or "b_view" not in gemm.attrs:
-            return None
-        if gemm.attrs["transpose_a"] and g.made_by(gemm.inputs[0], "softmax"):
-            role = "dv"
-            probs = gemm.inputs[0]
-        elif gemm.attrs["transpose_a"]:
-            role = "dk"
-        else:
-            role = "dq"
-        if role in by_role:
-            return None
-        by_role[role] = gemm
-        roles.append(role)
-    dq, dk, dv = by_role["dq"], by_role["dk"], by_role["dv"]
-    ds = dq.inputs[0]
-    if dk.inputs[0] != ds or dq.inputs[1] != dk.inputs[1] or dv.attrs["alpha"] != 1.0:
-        return None
-    if dq.attrs["alpha"] != dk.attrs["alpha"] or not g.used_only_by(ds, 2):
-        return None
-    qkv, d_out = dq.inputs[1], dv.inputs[1]
-    # dS = mul(P, sub(dP, reduce_sum(mul(dP, P), last axis)))
-    m = _mul_of(g, ds, probs)
-    sub = single_use(g, m[1], "sub") if m is not None else None
-    if sub is None:
-        return None
-    dp, row = sub[1].inputs
-    red = single_use(g, row, "reduce_sum")
-    if red is None or not red[1].attrs["keepdims"] or [a % 4 for a in red[1].attrs["axes"]] != [3]:
-        return None
-    m2 = _mul_of(g, red[1].inputs[0], probs)
-    if m2 is None or m2[1] != dp or not g.used_only_by(red[1].inputs[0], 1):
-        return None
-    dp_found = g.made_by(dp, "gemm")
-    if dp_found is None or not g.used_only_by(dp, 2):
-        return None
-    dpg = dp_found[1]
-    if dpg.attrs["transpose_a"] or not dpg.attrs["transpose_b"] or len(dpg.inputs) != 2:
-        return None
-    if dpg.inputs != (d_out, qkv) or dpg.attrs["alpha"] != 1.0:
-        return None
-    if dpg.attrs.get("a_view") != dv.attrs["b_view"] or "a_view" not in dpg.attrs:
-        return None
-    # P: any last-axis softmax (masked scores too: the gradient's formula does not read them);
-    # Q, K and V: heads of qkv as the dK, dQ and dP products read them.
-    if _last_axis_softmax(g, probs) is None:
-        return None
-    q_view, k_view, v_view = dk.attrs["b_view"], dq.attrs["b_view"], dpg.attrs.get("b_view")
-    if v_view is None:
-        return None
-    removed = [dp_found[0], m2[0], red[0], sub[0], m[0]]
-    attrs = {
-        "alpha": float(dq.attrs["alpha"]),
-        "q_view": list(q_view),
-        "k_view": list(k_view),
-        "v_view": list(v_view),
-        "d_out_view": list(dv.attrs["b_view"]),
-    }
-    return roles, removed, qkv, d_out, probs, attrs
+        for i in [j, *(i for p in pieces for i in p[0])]:
+            g.set(i, None)
+        g.set(k, Instr("attention_grad", grad.inputs, ins.outputs, attrs))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from lucid.backends.cpu.program import HALF_STORAGE, Instr
 from lucid.backends.cpu.rewrites.gemm import GEMM_ACTIVATIONS
-from lucid.backends.cpu.rewrites.match import Graph, erase_dead, gemm_of, single_use
+from lucid.backends.cpu.rewrites.match import Graph, gemm_of, single_use
 
 
 def _half_cast(g: Graph, slot: int, to: str) -> tuple[int, Instr] | None:
@@ -102,7 +102,7 @@ def fold_half_operands(g: Graph) -> None:
         if tuple(inputs) != ins.inputs:
             gemm = gemm_of(ins)
             g.set(k, Instr("gemm", tuple(inputs), gemm.outputs, dict(gemm.attrs)))
-    erase_dead(g, casts)
+    g.erase_unread(lambda k, _: k in casts)
 
 
 __all__ = ["fold_half_activation", "fold_half_operands", "fold_half_output"]

@@ -1,12 +1,11 @@
-"""The matcher every ``fuse-kernels`` rewrite is written with: :class:`Graph` (producers, uses
-and readers of the instruction list, kept current through ``Graph.set``), :class:`Match`
-(expression patterns over the instruction tree producing a slot) and the small queries the
+"""What every ``fuse-kernels`` rewrite is written with: :class:`Graph` (producers, uses and
+readers of the instruction list, kept current through ``Graph.set``) and the small queries the
 rewrite families share."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from math import prod
 
 import numpy as np
@@ -132,20 +131,6 @@ def single_use(g: Graph, slot: int, op: str) -> tuple[int, Instr] | None:
     return found if found is not None and g.used_only_by(slot, 1) else None
 
 
-def last_axis_mean(g: Graph, slot: int, of: int) -> int | None:
-    """The index of ``slot``'s producer when it is ``reduce_mean(of)`` over the last axis with
-    kept dims."""
-    found = g.made_by(slot, "reduce_mean")
-    if found is None:
-        return None
-    k, ins = found
-    rank = len(g.aval(of).shape)
-    axes = [a % rank for a in ins.attrs["axes"]] if rank else []
-    if ins.inputs != (of,) or axes != [rank - 1] or not ins.attrs["keepdims"]:
-        return None
-    return k
-
-
 def zero_constant(g: Graph, slot: int) -> bool:
     found = g.made_by(slot, "constant")
     return found is not None and not any(found[1].attrs["value"])
@@ -153,96 +138,6 @@ def zero_constant(g: Graph, slot: int) -> bool:
 
 def is_close(value: float, want: float) -> bool:
     return abs(value - want) <= 1e-6 * max(1.0, abs(want))
-
-
-class Match:
-    """Matches an expression pattern against the instruction tree producing a slot.
-
-    A pattern is a variable name (binds a slot; a bound name must see the same slot again), a
-    ``("const", value)``, a ``("bind_const", name)`` (binds a 0-d float constant's value), a
-    ``("mean_last", p)`` (``reduce_mean`` over the last axis with kept dims, or that axis's
-    ``reduce_sum`` times ``1/n``), or ``(op, *operand_patterns)``, trying both operand orders of
-    ``add`` and ``mul``. ``instrs`` collects the matched instructions (constants excluded)."""
-
-    def __init__(self, g: Graph) -> None:
-        self.g = g
-        self.env: dict[str, int | float] = {}
-        self.instrs: set[int] = set()
-
-    def match(self, slot: int, pat) -> bool:
-        saved = (dict(self.env), set(self.instrs))
-        if self._match(slot, pat):
-            return True
-        self.env, self.instrs = saved
-        return False
-
-    def _match(self, slot: int, pat) -> bool:
-        g = self.g
-        visits.count(STAGE)
-        if isinstance(pat, str):
-            if pat in self.env:
-                return self.env[pat] == slot
-            self.env[pat] = slot
-            return True
-        kind = pat[0]
-        if kind == "const":
-            value = constant_scalar(g, slot)
-            return value is not None and is_close(value, pat[1])
-        if kind == "bind_const":
-            value = constant_scalar(g, slot)
-            if value is None:
-                return False
-            self.env[pat[1]] = value
-            return True
-        if kind == "mean_last":
-            return self._mean_last(slot, pat[1])
-        found = g.made_by(slot, kind)
-        if found is None or len(found[1].inputs) != len(pat) - 1:
-            return False
-        k, ins = found
-        orders = [ins.inputs]
-        if kind in ("add", "mul"):
-            orders.append(ins.inputs[::-1])
-        for operands in orders:
-            saved = (dict(self.env), set(self.instrs))
-            if all(self.match(s, p) for s, p in zip(operands, pat[1:], strict=True)):
-                self.instrs.add(k)
-                return True
-            self.env, self.instrs = saved
-        return False
-
-    def _mean_last(self, slot: int, pat) -> bool:
-        g = self.g
-        found = g.made_by(slot, "reduce_mean")
-        if found is not None and last_axis_mean(g, slot, found[1].inputs[0]) is not None:
-            if self.match(found[1].inputs[0], pat):
-                self.instrs.add(found[0])
-                return True
-            return False
-        mul = g.made_by(slot, "mul")
-        if mul is None:
-            return False
-        for total, scale in (mul[1].inputs, mul[1].inputs[::-1]):
-            summed = g.made_by(total, "reduce_sum")
-            value = constant_scalar(g, scale)
-            if summed is None or value is None:
-                continue
-            (x,) = summed[1].inputs
-            shape = g.aval(x).shape
-            axes = [a % len(shape) for a in summed[1].attrs["axes"]] if shape else []
-            if axes != [len(shape) - 1] or not summed[1].attrs["keepdims"]:
-                continue
-            if not is_close(value, 1.0 / shape[-1]) or not self.match(x, pat):
-                continue
-            self.instrs.update((mul[0], summed[0]))
-            return True
-        return False
-
-
-def erase_dead(g: Graph, candidates: set[int]) -> None:
-    """Drop the ``candidates`` whose values nothing reads any more (after a rewrite stopped
-    reading them), and constants left unread; values other instructions still read stay."""
-    g.erase_unread(lambda k, ins: k in candidates or ins.op == "constant")
 
 
 def column_sum(g: Graph, slot: int, after: int) -> tuple[int, Instr] | None:
@@ -280,18 +175,3 @@ def take_column_sum(g: Graph, slot: int, after: int) -> int:
         shape = g.aval(r.outputs[0]).shape
         g.set(j, Instr("reshape", (new,), r.outputs, {"shape": tuple(shape)}))
     return new
-
-
-def row_kernel_candidates(g: Graph, pattern, op: str) -> Iterator[tuple[int, Match]]:
-    """Yields (index, match) for each float ``op`` instruction whose value matches ``pattern``;
-    the caller rewrites through ``g`` before the next candidate."""
-    instrs = g.instrs
-    for k in range(len(instrs)):
-        ins = instrs[k]
-        if ins is None or ins.op != op or len(ins.outputs) != 1:
-            continue
-        if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES or not g.aval(ins.outputs[0]).shape:
-            continue
-        m = Match(g)
-        if m.match(ins.outputs[0], pattern):
-            yield k, m
