@@ -97,8 +97,8 @@ void run_mixed_matmul(const MatmulPlan& p, void* const* slots) {
   g.bias_type = p.types.bias;
   g.act = p.act;
   g.round_product = p.types.round_product;
-  g.shared_b = p.shared_b;
   const int64_t entries = p.fold_batch_into_m ? 1 : p.batch;
+  g.shared_b = entries == 1 ? p.shared_b : nullptr;  // one B per entry: nothing to share
   for (int64_t i = 0; i < entries; ++i) {
     g.A = at(p.a, g.a_type, p.a_off[i]);
     g.B = at(p.b, g.b_type, p.b_off[i]);
