@@ -1,6 +1,5 @@
 // The program model's helpers and its validator: every malformed program raises, none crashes.
 #include "lucid/program.h"
-#include "lucid/half.h"
 #include "lucid/sgemm.h"
 
 #include <algorithm>
@@ -375,36 +374,6 @@ GemmActivation gemm_activation(const Instr& in) {
   fail("activation needs \"relu\" or \"gelu\"");
 }
 
-GemmTypes gemm_types(const Program& p, const Instr& in) {
-  GemmTypes t;
-  auto has = [&](const char* name) { return in.attrs.find(name) != in.attrs.end(); };
-  auto half_or_f32 = [&](DType d, const char* what) {
-    if (d == DType::F16) return GemmType::f16;
-    if (d == DType::BF16) return GemmType::bf16;
-    if (d != DType::F32)
-      fail(std::string("a gemm with half values takes f32, f16 or bf16 ") + what + ", got " +
-           dtype_name(d));
-    return GemmType::f32;
-  };
-  for (int s : in.in) t.has_half = t.has_half || is_half(p.slots[s].dtype);
-  if (in.op != Op::gemm || !(t.has_half || has("dtype") || has("round_product"))) return {};
-  t.has_half = true;
-  t.a = half_or_f32(p.slots[in.in[0]].dtype, "operands");
-  t.b = half_or_f32(p.slots[in.in[1]].dtype, "operands");
-  for (size_t i = 2; i < in.in.size(); ++i) {
-    const Slot& e = p.slots[in.in[i]];
-    if (i == 2 && e.shape.size() == 1) t.bias = half_or_f32(e.dtype, "bias rows");
-    else if (e.dtype != DType::F32) fail("a gemm's addend must be f32, got " + slot_str(e));
-  }
-  if (has("dtype")) t.out = half_or_f32(attr_dtype(in, "dtype"), "outputs");
-  if (has("round_product")) {
-    t.round_product = half_or_f32(attr_dtype(in, "round_product"), "round_product");
-    if (t.out == GemmType::f32 || t.round_product == GemmType::f32)
-      fail("round_product needs f16 or bf16 and a half output");
-  }
-  return t;
-}
-
 Shape gemm_logical_shape(const Program& p, const Instr& in, int i) {
   const Slot& s = p.slots[i < 0 ? in.out[0] : in.in[i]];
   const HeadView v = head_view(in, i);
@@ -538,10 +507,7 @@ Slot infer(const Program& p, const Instr& in) {
     case Op::matmul: case Op::gemm: {
       // A gemm may read and write half values (gemm_types); every other product one dtype.
       const GemmTypes types = gemm_types(p, in);
-      const DType out_dtype = !types.has_half               ? x.dtype
-                              : types.out == GemmType::f16 ? DType::F16
-                              : types.out == GemmType::bf16 ? DType::BF16
-                                                            : DType::F32;
+      const DType out_dtype = types.has_half ? types.out_dtype : x.dtype;
       if (!types.has_half) {
         same_dtype(c);
         need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -61,6 +62,39 @@ thread_local SharedPackStats t_shared_stats;
 GemmRunScope::GemmRunScope() : outer_(t_run) { t_run = g_next_run.fetch_add(1); }
 GemmRunScope::~GemmRunScope() { t_run = outer_; }
 SharedPackStats shared_pack_stats() { return t_shared_stats; }
+
+GemmTypes gemm_types(const Program& p, const Instr& in) {
+  GemmTypes t;
+  auto has = [&](const char* name) { return in.attrs.find(name) != in.attrs.end(); };
+  auto half_or_f32 = [&](DType d, const char* what) {
+    if (d == DType::F16) return GemmType::f16;
+    if (d == DType::BF16) return GemmType::bf16;
+    if (d != DType::F32)
+      throw std::invalid_argument(std::string("a gemm with half values takes f32, f16 or bf16 ") +
+                                  what + ", got " + dtype_name(d));
+    return GemmType::f32;
+  };
+  for (int s : in.in) t.has_half = t.has_half || is_half(p.slots[s].dtype);
+  if (in.op != Op::gemm || !(t.has_half || has("dtype") || has("round_product"))) return {};
+  t.has_half = true;
+  t.a = half_or_f32(p.slots[in.in[0]].dtype, "operands");
+  t.b = half_or_f32(p.slots[in.in[1]].dtype, "operands");
+  for (size_t i = 2; i < in.in.size(); ++i) {
+    const Slot& e = p.slots[in.in[i]];
+    if (i == 2 && e.shape.size() == 1) t.bias = half_or_f32(e.dtype, "bias rows");
+    else if (e.dtype != DType::F32)
+      throw std::invalid_argument(std::string("a gemm's addend must be f32, got ") +
+                                  dtype_name(e.dtype) + shape_str(e.shape));
+  }
+  if (has("dtype")) t.out = half_or_f32(attr_dtype(in, "dtype"), "outputs");
+  t.out_dtype = t.out == GemmType::f16 ? DType::F16 : t.out == GemmType::bf16 ? DType::BF16 : DType::F32;
+  if (has("round_product")) {
+    t.round_product = half_or_f32(attr_dtype(in, "round_product"), "round_product");
+    if (t.out == GemmType::f32 || t.round_product == GemmType::f32)
+      throw std::invalid_argument("round_product needs f16 or bf16 and a half output");
+  }
+  return t;
+}
 
 void set_sgemm_mode(int mode) { g_mode.store(mode < 0 || mode > 2 ? 0 : mode); }
 int sgemm_mode() { return g_mode.load(); }

@@ -6,12 +6,12 @@
 
 #include <cstdint>
 
+#include "lucid/program.h"
+
 namespace lucid {
 
 enum class GemmActivation : int8_t { none = 0, relu = 1, gelu = 2 };
 
-struct Instr;
-struct Program;
 // A gemm instruction's `activation` attribute ("relu" or "gelu"; none when absent); throws
 // std::invalid_argument on another value (program.cpp).
 GemmActivation gemm_activation(const Instr& in);
@@ -107,11 +107,12 @@ struct MixedGemm {
 // its bias row (f32 when it has none), its output (attribute `dtype`, default f32) and the
 // product's rounding before the activation (attribute `round_product`, needs a half output).
 // Its addend stays f32. has_half is false for an all-f32/f64 gemm (the other fields unset).
-// Throws std::invalid_argument on types the kernel does not take (program.cpp).
+// Throws std::invalid_argument on types the kernel does not take (the validator's message).
 struct GemmTypes {
   bool has_half = false;
   GemmType a = GemmType::f32, b = GemmType::f32, bias = GemmType::f32, out = GemmType::f32;
   GemmType round_product = GemmType::f32;
+  DType out_dtype = DType::F32;  // `out` as the output slot's dtype
 };
 GemmTypes gemm_types(const Program& p, const Instr& in);
 
