@@ -105,6 +105,19 @@ def test_mixed_kernel_rounds_nan_inf_and_overflow_as_a_cast(half):
     assert np.isnan(widen_half(got)).any() and np.isinf(widen_half(got)).any()
 
 
+@pytest.mark.parametrize("half", sorted(HALF))
+def test_an_empty_contraction_gives_the_epilogue_of_the_bias_alone(half):
+    bias = to_half(np.array([-1.5, 0.25, 3.0, -0.0, 70000.0]), half)
+    got = np.full((3, 5), np.nan, NUMPY_DTYPES[half])
+    _native.gemm_mixed(
+        np.zeros((3, 0), NUMPY_DTYPES[half]), np.zeros((0, 5), np.float32), got, bias=bias,
+        activation="relu",
+    )  # fmt: skip
+    wide = widen_half(bias)
+    want = to_half(np.where(wide <= 0, np.float32(0), wide), half)  # relu: -0 becomes +0
+    np.testing.assert_array_equal(_bits(got), _bits(np.broadcast_to(want, (3, 5))))
+
+
 def test_mixed_kernel_rejects_other_dtypes_and_a_rounding_without_a_half_output():
     a, b = np.zeros((2, 3), np.float64), np.zeros((3, 4), np.float16)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
