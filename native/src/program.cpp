@@ -505,9 +505,14 @@ Slot infer(const Program& p, const Instr& in) {
   const Slot& x = in.in.empty() ? p.slots[0] : c.arg(0);
   switch (op) {
     case Op::matmul: case Op::gemm: {
-      same_dtype(c);
-      need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,
-                 op == Op::gemm ? "a float dtype" : "a numeric dtype");
+      // A gemm may read and write half values (gemm_types); every other product one dtype.
+      const GemmTypes types = gemm_types(p, in);
+      const DType out_dtype = types.has_half ? types.out_dtype : x.dtype;
+      if (!types.has_half) {
+        same_dtype(c);
+        need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,
+                   op == Op::gemm ? "a float dtype" : "a numeric dtype");
+      }
       if (op == Op::gemm) {
         attr_float(in, "alpha");
         gemm_activation(in);
@@ -537,12 +542,12 @@ Slot infer(const Program& p, const Instr& in) {
                shape_str(batch));
       }
       const HeadView cv = head_view(in, -1);
-      if (cv.heads == 0) return Slot{batch, x.dtype};
+      if (cv.heads == 0) return Slot{batch, out_dtype};
       if (in.in.size() > 2) fail("an output head view takes no bias or addend");
       if (batch.size() != 4 || batch[1] != cv.heads || batch[3] != cv.dim)
         fail("c_view [" + std::to_string(cv.heads) + ", " + std::to_string(cv.dim) +
              "] does not match the product " + shape_str(batch));
-      return Slot{{batch[0], batch[2], checked_mul(batch[1], batch[3], "c_view width")}, x.dtype};
+      return Slot{{batch[0], batch[2], checked_mul(batch[1], batch[3], "c_view width")}, out_dtype};
     }
     case Op::attention: case Op::attention_grad:
       return infer_attention(p, in)[0];
@@ -998,7 +1003,7 @@ void validate(const Program& p) {
       check_slot(o, where + " output");
       if (defined[o]) fail(where + ": output slot " + std::to_string(o) + " is already defined");
     }
-    if (in.op != Op::fused && in.op != Op::cast && in.op != Op::constant) {
+    if (in.op != Op::fused && in.op != Op::cast && in.op != Op::constant && in.op != Op::gemm) {
       for (int s : in.in)
         if (p.slots[s].dtype == DType::F16 || p.slots[s].dtype == DType::BF16)
           fail(where + ": does not take " + dtype_name(p.slots[s].dtype) +

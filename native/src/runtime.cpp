@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "lucid/parallel.h"
+#include "lucid/sgemm.h"
 
 namespace lucid {
 
@@ -531,6 +532,7 @@ void Executable::release(Arena* a) const {
 void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results,
                      std::vector<double>* step_seconds, const InterruptCheck* interrupt) const {
   RunGate gate;
+  GemmRunScope gemm_run;  // GEMMs of this run may share a packed weight (sgemm.h)
   adapt_threads_to_load();
   if (work_ >= kBlasPrimeWork && parallel_threads() == 1) prime_single_thread_blas();
   Arena* a = acquire();
