@@ -527,6 +527,68 @@ bool winograd_forward(const ConvShape& s, const float* x, const float* w, const 
   return true;
 }
 
+// ---- im2col over the batch -----------------------------------------------------------------
+// The shapes left (strided, 1x1 projections, the 7x7 stem, 3x3 ones on planes too small for
+// Winograd): one im2col matrix [C*KH*KW][N*HO*WO] for the whole batch, its rows filled in
+// parallel; one GEMM; the [O][N*HO*WO] product scattered into NCHW through the bias and ReLU,
+// (image, channel) planes in parallel. linalg.cpp's fallback does the same on one thread, with
+// the bias in a pass of its own.
+constexpr int64_t kMaxColumnElements = int64_t(1) << 26;  // 256 MB of float32 scratch
+
+// im2col rows [k0, k1) (k = (c*KH + i)*KW + j) for all images.
+void im2col_rows(const ConvShape& s, const float* x, float* col, int64_t k0, int64_t k1) {
+  const int64_t HW = s.HO * s.WO, cols = s.N * HW, image = s.C * s.H * s.W;
+  for (int64_t k = k0; k < k1; ++k) {
+    const int64_t c = k / (s.KH * s.KW), i = k / s.KW % s.KH, j = k % s.KW;
+    const int64_t rshift = i * s.dh - s.pt, cshift = j * s.dw - s.pl;
+    float* row = col + k * cols;
+    for (int64_t n = 0; n < s.N; ++n) {
+      const float* plane = x + n * image + c * s.H * s.W;
+      float* dst = row + n * HW;
+      for (int64_t oh = 0; oh < s.HO; ++oh, dst += s.WO) {
+        const int64_t h = oh * s.sh + rshift;
+        if (h < 0 || h >= s.H) {
+          std::fill_n(dst, s.WO, 0.0f);
+          continue;
+        }
+        const float* src = plane + h * s.W + cshift;
+        for (int64_t ow = 0; ow < s.WO; ++ow) {
+          const int64_t wc = ow * s.sw + cshift;
+          dst[ow] = wc >= 0 && wc < s.W ? src[ow * s.sw] : 0.0f;
+        }
+      }
+    }
+  }
+}
+
+bool im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                    bool relu, float* y) {
+  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
+  if (!sgemm_supported() || s.G != 1 || K == 0 || cols == 0 || s.O == 0 ||
+      (K + s.O) * cols > kMaxColumnElements)
+    return false;
+  thread_local std::vector<float> work;
+  if (work.size() < static_cast<size_t>((K + s.O) * cols)) work.resize((K + s.O) * cols);
+  float *col = work.data(), *product = col + K * cols;
+  parallel_for(K, std::max<int64_t>(1, 8192 / cols),
+               [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
+  // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
+  sgemm(false, false, s.O, cols, K, 1.0f, w, K, col, cols, 0.0f, product, cols);
+  parallel_for(s.N * s.O, std::max<int64_t>(1, 8192 / HW), [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t n = job / s.O, o = job % s.O;
+      const float* src = product + o * cols + n * HW;
+      float* dst = y + job * HW;
+      const float b = bias ? bias[o] : 0.0f;
+      for (int64_t p = 0; p < HW; ++p) {
+        const float v = src[p] + b;
+        dst[p] = relu && v <= 0 ? 0.0f : v;  // as lucid::relu: NaN stays NaN, -0 becomes +0
+      }
+    }
+  });
+  return true;
+}
+
 // The plan of the forward convolution over `s` (the weight gradient walks the same windows):
 // the bottom and right padding are what the stride-1 output extent needs.
 Plan forward_plan(const ConvShape& s, int64_t lanes) {
@@ -542,9 +604,11 @@ template <class T>
 bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
   if constexpr (std::is_same_v<T, float>)
     if (winograd_forward(s, x, w, bias, relu, y)) return true;
-  if (s.sh != 1 || s.sw != 1) return false;
   Plan q = forward_plan(s, Simd<T>::L);
-  if (!fits(q, sizeof(T))) return false;
+  if (s.sh != 1 || s.sw != 1 || !fits(q, sizeof(T))) {
+    if constexpr (std::is_same_v<T, float>) return im2col_forward(s, x, w, bias, relu, y);
+    return false;
+  }
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));  // [G][K][ldw]: a tap's weights side by side
   for (int64_t gr = 0; gr < q.G; ++gr)
     for (int64_t o = 0; o < q.cout; ++o)
