@@ -148,3 +148,35 @@ def test_random_winograd_sized_convolutions_match_reference(n, c, o, h, w, pads,
     rng = np.random.default_rng(seed)
     x, wt = normal(rng, (n, c, h, w)), normal(rng, (o, c, 3, 3))
     check_paths(x, wt, {**STRIDE_ONE, "padding": pads}, threads=(1, 2))
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        # stride 2 with one-sided padding and odd planes
+        ((3, 40, 9, 11), (48, 40, 3, 3), {"strides": (2, 2), "padding": (0, 1, 1, 0)}),
+        # mixed strides, a dilated kernel
+        ((2, 24, 10, 9), (16, 24, 3, 2), {"strides": (1, 3), "dilation": (2, 1)}),
+        # stride 1 but weights too large for the shifted-view kernel and not 3x3
+        ((2, 128, 6, 6), (128, 128, 5, 5), {"padding": (2, 2, 2, 2)}),
+        # a 1x1 stride-2 projection on an odd plane
+        ((4, 64, 7, 7), (96, 64, 1, 1), {"strides": (2, 2)}),
+    ],
+)
+def test_batched_im2col_path_matches_reference(x_shape, w_shape, attrs):
+    rng = np.random.default_rng(sum(x_shape) + sum(w_shape))
+    full = {"strides": (1, 1), "dilation": (1, 1), "padding": (0, 0, 0, 0), "groups": 1, **attrs}
+    x, wt = normal(rng, x_shape), normal(rng, w_shape)
+    check_paths(x, wt, full)
+    check_paths(x, wt, full, bias=normal(rng, (w_shape[0], 1, 1)))
+
+
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+def test_batched_im2col_path_with_non_finite_values_matches_reference(value):
+    rng = np.random.default_rng(5)
+    x, wt = normal(rng, (4, 64, 8, 8)), normal(rng, (64, 64, 3, 3))
+    x[2, 10, 3, 3] = value
+    attrs = {**STRIDE_ONE, "strides": (2, 2)}
+    out, ref = check_paths(x, wt, attrs)
+    assert np.array_equal(np.isfinite(out), np.isfinite(ref))
+    assert not np.isfinite(out).all()
