@@ -478,8 +478,8 @@ void run_forward(const Plan& q, const T* x, const T* wp, const T* bias, bool rel
 }
 
 // Winograd is worth its transforms once the GEMMs are large: at least this many channels on
-// each side (workload C's 16-channel layers keep the direct kernel) and this many tiles in all
-// (the weight transform costs about as much as the multiply-adds saved on 16 tiles).
+// each side and this many tiles in all (the weight transform costs about as much as the
+// multiply-adds saved on 16 tiles). forward() tries the shifted-view kernel first.
 constexpr int64_t kWinoMinChannels = 32;
 constexpr int64_t kWinoMinTiles = 64;
 
@@ -602,11 +602,13 @@ Plan forward_plan(const ConvShape& s, int64_t lanes) {
 
 template <class T>
 bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
-  if constexpr (std::is_same_v<T, float>)
-    if (winograd_forward(s, x, w, bias, relu, y)) return true;
   Plan q = forward_plan(s, Simd<T>::L);
+  // The shifted-view kernel where its weights and image fit in L2: it runs near the machine's
+  // FMA rate there, and Winograd's transform passes cost about what its GEMMs save (measured on
+  // workload G's 64-channel 16x16 stage). Beyond it, Winograd, then im2col over the batch.
   if (s.sh != 1 || s.sw != 1 || !fits(q, sizeof(T))) {
-    if constexpr (std::is_same_v<T, float>) return im2col_forward(s, x, w, bias, relu, y);
+    if constexpr (std::is_same_v<T, float>)
+      return winograd_forward(s, x, w, bias, relu, y) || im2col_forward(s, x, w, bias, relu, y);
     return false;
   }
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));  // [G][K][ldw]: a tap's weights side by side
