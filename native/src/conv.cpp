@@ -477,6 +477,14 @@ void run_forward(const Plan& q, const T* x, const T* wp, const T* bias, bool rel
   });
 }
 
+// The calling thread's scratch of the Winograd and im2col forward paths: one buffer for both,
+// kept across calls (no page faults per call), as large as the largest call needed.
+float* forward_scratch(size_t n) {
+  thread_local std::vector<float> work;
+  if (work.size() < n) work.resize(n);
+  return work.data();
+}
+
 // Winograd is worth its transforms once the GEMMs are large: at least this many channels on
 // each side and this many tiles in all (the weight transform costs about as much as the
 // multiply-adds saved on 16 tiles). forward() tries the shifted-view kernel first.
@@ -499,10 +507,9 @@ bool winograd_forward(const ConvShape& s, const float* x, const float* w, const 
   if (!all_finite(x, s.N * s.C * s.H * s.W) || !all_finite(w, s.O * s.C * 9)) return false;
   Wino q{s.N, s.C, s.H, s.W, s.O, s.HO, s.WO, s.pt, s.pl, (s.HO + 1) / 2, (s.WO + 1) / 2, 0};
   q.P = q.N * q.TH * q.TW;
-  thread_local std::vector<T> work;  // U, V and M; kept across calls (no page faults per call)
   const size_t u_size = 16 * q.O * q.C, v_size = 16 * q.C * q.P, m_size = 16 * q.O * q.P;
-  if (work.size() < u_size + v_size + m_size) work.resize(u_size + v_size + m_size);
-  T *U = work.data(), *V = U + u_size, *M = V + v_size;
+  T* U = forward_scratch(u_size + v_size + m_size);
+  T *V = U + u_size, *M = V + v_size;
   const bool avx2 = has_avx2();
   parallel_for(q.O, std::max<int64_t>(1, 4096 / q.C), [&](int64_t o0, int64_t o1) {
     if (avx2) wino_weights_avx2(q, w, U, o0, o1);
@@ -567,9 +574,8 @@ bool im2col_forward(const ConvShape& s, const float* x, const float* w, const fl
   if (!sgemm_supported() || s.G != 1 || K == 0 || cols == 0 || s.O == 0 ||
       (K + s.O) * cols > kMaxColumnElements)
     return false;
-  thread_local std::vector<float> work;
-  if (work.size() < static_cast<size_t>((K + s.O) * cols)) work.resize((K + s.O) * cols);
-  float *col = work.data(), *product = col + K * cols;
+  float* col = forward_scratch((K + s.O) * cols);
+  float* product = col + K * cols;
   parallel_for(K, std::max<int64_t>(1, 8192 / cols),
                [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
   // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
