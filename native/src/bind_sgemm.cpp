@@ -89,9 +89,96 @@ void call_sgemm(const py::array& a, const py::array& b, py::array& c, bool ta, b
   sgemm_activation(ep.act, M, N, C, mc.ld);
 }
 
+// The storage type of a float32, float16 or bfloat16 (ml_dtypes) array.
+GemmType gemm_type_of(const py::array& a, const char* name) {
+  const std::string dtype = py::str(a.dtype().attr("name"));
+  if (dtype == "float32") return GemmType::f32;
+  if (dtype == "float16") return GemmType::f16;
+  if (dtype == "bfloat16") return GemmType::bf16;
+  throw std::invalid_argument(std::string(name) + " must be float32, float16 or bfloat16, got " +
+                              dtype);
+}
+
+GemmType round_type_of(const std::string& s) {
+  if (s == "none") return GemmType::f32;
+  if (s == "f16") return GemmType::f16;
+  if (s == "bf16") return GemmType::bf16;
+  throw std::invalid_argument("round_product must be 'none', 'f16' or 'bf16', got '" + s + "'");
+}
+
+// A 2-D array of any element size whose rows are contiguous.
+Matrix typed_matrix_of(const py::array& a, const char* name) {
+  const py::ssize_t item = a.itemsize();
+  if (a.ndim() != 2) throw std::invalid_argument(std::string(name) + " must be 2-D");
+  if (a.shape(0) == 0 || a.shape(1) == 0)
+    return {a.shape(0), a.shape(1), std::max<int64_t>(1, a.shape(1))};
+  if (a.strides(1) != item || a.strides(0) % item != 0 || a.strides(0) < a.shape(1) * item)
+    throw std::invalid_argument(std::string(name) + " must have contiguous rows (any row stride)");
+  return {a.shape(0), a.shape(1), a.strides(0) / item};
+}
+
+void call_gemm_mixed(const py::array& a, const py::array& b, py::array& c, bool ta, bool tb,
+                     float alpha, const py::object& bias, const py::object& addend,
+                     const std::string& activation, const std::string& round_product) {
+  MixedGemm g;
+  g.a_type = gemm_type_of(a, "a");
+  g.b_type = gemm_type_of(b, "b");
+  g.c_type = gemm_type_of(c, "c");
+  const Matrix ma = typed_matrix_of(a, "a"), mb = typed_matrix_of(b, "b");
+  const Matrix mc = typed_matrix_of(c, "c");
+  if (!c.writeable()) throw std::invalid_argument("c must be writeable");
+  g.ta = ta, g.tb = tb;
+  g.M = ta ? ma.cols : ma.rows, g.K = ta ? ma.rows : ma.cols;
+  const int64_t Kb = tb ? mb.cols : mb.rows;
+  g.N = tb ? mb.rows : mb.cols;
+  if (g.K != Kb) throw std::invalid_argument("contraction sizes differ");
+  if (mc.rows != g.M || mc.cols != g.N) throw std::invalid_argument("c has the wrong shape");
+  g.alpha = alpha;
+  g.act = activation_of(activation);
+  g.round_product = round_type_of(round_product);
+  if (g.round_product != GemmType::f32 && g.c_type == GemmType::f32)
+    throw std::invalid_argument("round_product needs a float16 or bfloat16 c");
+  py::array bias_a, addend_a;
+  if (!bias.is_none()) {
+    bias_a = py::array::ensure(bias);
+    g.bias_type = gemm_type_of(bias_a, "bias");
+    if (bias_a.ndim() != 1 || bias_a.shape(0) != g.N || bias_a.strides(0) != bias_a.itemsize())
+      throw std::invalid_argument("bias must be a contiguous array of shape [N]");
+    g.bias = bias_a.data();
+  }
+  if (!addend.is_none()) {
+    addend_a = py::array::ensure(addend);
+    const Matrix md = matrix_of(addend_a, "addend");
+    if (md.rows != g.M || md.cols != g.N) throw std::invalid_argument("addend must have c's shape");
+    g.addend = static_cast<const float*>(addend_a.data());
+    g.ld_addend = md.ld;
+  }
+  g.A = a.data(), g.lda = ma.ld;
+  g.B = b.data(), g.ldb = mb.ld;
+  g.C = c.mutable_data(), g.ldc = mc.ld;
+  py::gil_scoped_release release;
+  gemm_mixed(g);
+}
+
 }  // namespace
 
 void init_sgemm(py::module_& m) {
+  m.def("gemm_mixed", &call_gemm_mixed, py::arg("a"), py::arg("b"), py::arg("c"), py::kw_only(),
+        py::arg("transpose_a") = false, py::arg("transpose_b") = false, py::arg("alpha") = 1.0f,
+        py::arg("bias") = py::none(), py::arg("addend") = py::none(),
+        py::arg("activation") = "none", py::arg("round_product") = "none",
+        "c = round(act(r(alpha * op(a) @ op(b) + bias + addend))) in place: a, b, c and bias "
+        "float32, float16 or bfloat16 (widened while packing), addend float32, r the rounding "
+        "to round_product ('f16'/'bf16') and back, round the rounding to c's dtype.");
+  m.def("shared_pack_stats", []() {
+    const SharedPackStats s = shared_pack_stats();
+    py::dict d;
+    d["packed"] = s.packed;
+    d["reused"] = s.reused;
+    return d;
+  }, "On this thread: how many runs' GEMMs packed a shared B whole, and how many reused one.");
+  m.def("gemm_mixed_native", &gemm_mixed_native,
+        "Whether gemm_mixed converts while packing here (AVX2, FMA, F16C).");
   m.def("sgemm", &call_sgemm, py::arg("a"), py::arg("b"), py::arg("c"), py::kw_only(),
         py::arg("transpose_a") = false, py::arg("transpose_b") = false, py::arg("alpha") = 1.0f,
         py::arg("beta") = 0.0f, py::arg("bias") = py::none(), py::arg("addend") = py::none(),

@@ -77,7 +77,37 @@ struct MatmulPlan {
   int64_t lda, ldb, ldc;               // row strides of the stored matrices
   std::vector<int64_t> a_off, b_off, c_off;  // matrix offsets per batch entry (elements)
   bool fold_batch_into_m = false;
+  GemmTypes types;  // a gemm reading or writing half values (types.has_half): gemm_mixed
+  const void* shared_b = nullptr;  // gemm{share_b}: B's packing reused within a run (sgemm.h)
 };
+
+// A gemm with half operands or output: gemm_mixed per batch entry (or once, batch folded into M).
+void run_mixed_matmul(const MatmulPlan& p, void* const* slots) {
+  auto at = [&](int slot, GemmType t, int64_t offset) {
+    return static_cast<char*>(slots[slot]) + offset * (t == GemmType::f32 ? 4 : 2);
+  };
+  MixedGemm g;
+  g.ta = p.ta, g.tb = p.tb;
+  g.M = p.fold_batch_into_m ? p.M * p.batch : p.M;
+  g.N = p.N, g.K = p.K;
+  g.alpha = static_cast<float>(p.alpha);
+  g.a_type = p.types.a, g.b_type = p.types.b, g.c_type = p.types.out;
+  g.lda = p.fold_batch_into_m ? p.K : p.lda, g.ldb = p.ldb, g.ldc = p.ldc;
+  g.bias = p.bias >= 0 ? slots[p.bias] : nullptr;
+  g.bias_type = p.types.bias;
+  g.act = p.act;
+  g.round_product = p.types.round_product;
+  const int64_t entries = p.fold_batch_into_m ? 1 : p.batch;
+  g.shared_b = entries == 1 ? p.shared_b : nullptr;  // one B per entry: nothing to share
+  for (int64_t i = 0; i < entries; ++i) {
+    g.A = at(p.a, g.a_type, p.a_off[i]);
+    g.B = at(p.b, g.b_type, p.b_off[i]);
+    g.C = at(p.out, g.c_type, p.c_off[i]);
+    g.addend = p.addend >= 0 ? static_cast<const float*>(slots[p.addend]) + i * p.M * p.N : nullptr;
+    g.ld_addend = p.N;
+    gemm_mixed(g);
+  }
+}
 
 template <class T>
 void run_matmul(const MatmulPlan& p, void* const* slots) {
@@ -99,7 +129,7 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
       ep.act = p.act;
       const int64_t lda_ = p.fold_batch_into_m ? p.K : lda;
       return sgemm(p.ta, p.tb, M, p.N, p.K, alpha, A + p.a_off[0], lda_, B + p.b_off[0], ldb,
-                   0.0f, C, p.N, ep);
+                   0.0f, C, p.N, ep, p.shared_b);
     }
   }
   // A bias and an addend (a residual) are written into C first and accumulated onto with
@@ -164,6 +194,11 @@ Step make_matmul(const Program& prog, const Instr& in) {
     p->act = gemm_activation(in);
     for (size_t i = 2; i < in.in.size(); ++i)
       (prog.slots[in.in[i]].shape.size() == 1 && i == 2 ? p->bias : p->addend) = in.in[i];
+    p->types = gemm_types(prog, in);
+    // The key names B's slot (and layout) in this program, which lives as long as the step.
+    if (in.attrs.count("share_b") && attr_bool(in, "share_b"))
+      p->shared_b = reinterpret_cast<const char*>(&prog.slots[in.in[1]]) +
+                    (attr_bool(in, "transpose_b") ? 1 : 0);
   }
   p->dtype = o.dtype;
   p->ta = attr_bool(in, "transpose_a");
@@ -207,6 +242,7 @@ Step make_matmul(const Program& prog, const Instr& in) {
                          numel(Shape(a.shape.begin(), a.shape.end() - 2)) == p->batch &&
                          views[0].heads == 0 && views[1].heads == 0 && views[2].heads == 0;
   return [p](void* const* slots) {
+    if (p->types.has_half) return run_mixed_matmul(*p, slots);
     dispatch_dtype(p->dtype, [&](auto t) {
       using T = decltype(t);
       if constexpr (!std::is_same_v<T, uint8_t>) run_matmul<T>(*p, slots);

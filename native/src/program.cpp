@@ -505,9 +505,14 @@ Slot infer(const Program& p, const Instr& in) {
   const Slot& x = in.in.empty() ? p.slots[0] : c.arg(0);
   switch (op) {
     case Op::matmul: case Op::gemm: {
-      same_dtype(c);
-      need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,
-                 op == Op::gemm ? "a float dtype" : "a numeric dtype");
+      // A gemm may read and write half values (gemm_types); every other product one dtype.
+      const GemmTypes types = gemm_types(p, in);
+      const DType out_dtype = types.has_half ? types.out_dtype : x.dtype;
+      if (!types.has_half) {
+        same_dtype(c);
+        need_dtype(op == Op::gemm ? is_float(x.dtype) : is_numeric(x.dtype), x,
+                   op == Op::gemm ? "a float dtype" : "a numeric dtype");
+      }
       if (op == Op::gemm) {
         attr_float(in, "alpha");
         gemm_activation(in);
@@ -537,12 +542,12 @@ Slot infer(const Program& p, const Instr& in) {
                shape_str(batch));
       }
       const HeadView cv = head_view(in, -1);
-      if (cv.heads == 0) return Slot{batch, x.dtype};
+      if (cv.heads == 0) return Slot{batch, out_dtype};
       if (in.in.size() > 2) fail("an output head view takes no bias or addend");
       if (batch.size() != 4 || batch[1] != cv.heads || batch[3] != cv.dim)
         fail("c_view [" + std::to_string(cv.heads) + ", " + std::to_string(cv.dim) +
              "] does not match the product " + shape_str(batch));
-      return Slot{{batch[0], batch[2], checked_mul(batch[1], batch[3], "c_view width")}, x.dtype};
+      return Slot{{batch[0], batch[2], checked_mul(batch[1], batch[3], "c_view width")}, out_dtype};
     }
     case Op::attention: case Op::attention_grad:
       return infer_attention(p, in)[0];
@@ -948,6 +953,8 @@ int64_t instr_work(const Program& p, const Instr& in) {
     }
     case Op::attention: case Op::attention_grad:
       return sat_add(base, attention_work(p, in));
+    case Op::lstm: case Op::lstm_grad:
+      return sat_add(base, lstm_work(p, in));
     case Op::max_pool2d: case Op::avg_pool2d: case Op::max_pool2d_grad:
     case Op::max_pool2d_relu_grad: case Op::avg_pool2d_grad: {
       const auto& k = attr_ints(in, "kernel");
@@ -988,14 +995,15 @@ void validate(const Program& p) {
       if (!defined[s]) fail(where + ": input slot " + std::to_string(s) + " is used before it is defined");
     }
     const bool attention = in.op == Op::attention || in.op == Op::attention_grad;
-    const bool multi = in.op == Op::fused || is_row_kernel(in.op) || attention;
+    const bool lstm = in.op == Op::lstm || in.op == Op::lstm_grad;
+    const bool multi = in.op == Op::fused || is_row_kernel(in.op) || attention || lstm;
     if (in.out.empty() || (!multi && in.out.size() != 1))
       fail(where + ": needs exactly 1 output slot, got " + std::to_string(in.out.size()));
     for (int o : in.out) {
       check_slot(o, where + " output");
       if (defined[o]) fail(where + ": output slot " + std::to_string(o) + " is already defined");
     }
-    if (in.op != Op::fused && in.op != Op::cast && in.op != Op::constant) {
+    if (in.op != Op::fused && in.op != Op::cast && in.op != Op::constant && in.op != Op::gemm) {
       for (int s : in.in)
         if (p.slots[s].dtype == DType::F16 || p.slots[s].dtype == DType::BF16)
           fail(where + ": does not take " + dtype_name(p.slots[s].dtype) +
@@ -1006,6 +1014,7 @@ void validate(const Program& p) {
       if (in.op == Op::fused) expect = infer_fused(p, in);
       else if (is_row_kernel(in.op)) expect = infer_row_kernel(p, in);
       else if (attention) expect = infer_attention(p, in);
+      else if (lstm) expect = infer_lstm(p, in);
       else expect = {infer(p, in)};
     } catch (const std::invalid_argument& e) {
       fail(where + ": " + e.what());

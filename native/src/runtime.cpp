@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "lucid/parallel.h"
+#include "lucid/sgemm.h"
 
 namespace lucid {
 
@@ -133,6 +134,8 @@ Step make_step(const Program& p, const Instr& in) {
       return make_reduce_step(p, in);
     case Op::attention: case Op::attention_grad:
       return make_attention_step(p, in);
+    case Op::lstm: case Op::lstm_grad:
+      return make_lstm_step(p, in);
     default:
       return make_shape_step(p, in);
   }
@@ -529,6 +532,7 @@ void Executable::release(Arena* a) const {
 void Executable::run(const std::vector<void*>& feeds, const std::vector<void*>& results,
                      std::vector<double>* step_seconds, const InterruptCheck* interrupt) const {
   RunGate gate;
+  GemmRunScope gemm_run;  // GEMMs of this run may share a packed weight (sgemm.h)
   adapt_threads_to_load();
   if (work_ >= kBlasPrimeWork && parallel_threads() == 1) prime_single_thread_blas();
   Arena* a = acquire();

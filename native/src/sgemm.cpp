@@ -27,10 +27,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
 
+#include "lucid/blas.h"
 #include "lucid/fastmath.h"
 #include "lucid/gelu_avx2.h"
+#include "lucid/half.h"
 #include "lucid/parallel.h"
 
 namespace lucid {
@@ -46,10 +52,102 @@ int mode_from_env() {
 
 std::atomic<int> g_mode{mode_from_env()};
 
+// The run a GemmRunScope opened on this thread (0: none), and the next run's number.
+std::atomic<uint64_t> g_next_run{1};
+thread_local uint64_t t_run = 0;
+thread_local SharedPackStats t_shared_stats;
+
 }  // namespace
+
+GemmRunScope::GemmRunScope() : outer_(t_run) { t_run = g_next_run.fetch_add(1); }
+GemmRunScope::~GemmRunScope() { t_run = outer_; }
+SharedPackStats shared_pack_stats() { return t_shared_stats; }
+
+GemmTypes gemm_types(const Program& p, const Instr& in) {
+  GemmTypes t;
+  auto has = [&](const char* name) { return in.attrs.find(name) != in.attrs.end(); };
+  auto half_or_f32 = [&](DType d, const char* what) {
+    if (d == DType::F16) return GemmType::f16;
+    if (d == DType::BF16) return GemmType::bf16;
+    if (d != DType::F32)
+      throw std::invalid_argument(std::string("a gemm with half values takes f32, f16 or bf16 ") +
+                                  what + ", got " + dtype_name(d));
+    return GemmType::f32;
+  };
+  for (int s : in.in) t.has_half = t.has_half || is_half(p.slots[s].dtype);
+  if (in.op != Op::gemm || !(t.has_half || has("dtype") || has("round_product"))) return {};
+  t.has_half = true;
+  t.a = half_or_f32(p.slots[in.in[0]].dtype, "operands");
+  t.b = half_or_f32(p.slots[in.in[1]].dtype, "operands");
+  for (size_t i = 2; i < in.in.size(); ++i) {
+    const Slot& e = p.slots[in.in[i]];
+    if (i == 2 && e.shape.size() == 1) t.bias = half_or_f32(e.dtype, "bias rows");
+    else if (e.dtype != DType::F32)
+      throw std::invalid_argument(std::string("a gemm's addend must be f32, got ") +
+                                  dtype_name(e.dtype) + shape_str(e.shape));
+  }
+  if (has("dtype")) t.out = half_or_f32(attr_dtype(in, "dtype"), "outputs");
+  t.out_dtype = t.out == GemmType::f16 ? DType::F16 : t.out == GemmType::bf16 ? DType::BF16 : DType::F32;
+  if (has("round_product")) {
+    t.round_product = half_or_f32(attr_dtype(in, "round_product"), "round_product");
+    if (t.out == GemmType::f32 || t.round_product == GemmType::f32)
+      throw std::invalid_argument("round_product needs f16 or bf16 and a half output");
+  }
+  return t;
+}
 
 void set_sgemm_mode(int mode) { g_mode.store(mode < 0 || mode > 2 ? 0 : mode); }
 int sgemm_mode() { return g_mode.load(); }
+
+namespace {
+
+// gemm_mixed on any CPU: the operands widened into float32 copies, the BLAS, the epilogue and
+// the rounding as separate passes (lucid/half.h's scalar conversions: the same values as the
+// converting kernel).
+void widen_into(const void* src, GemmType type, int64_t rows, int64_t cols, int64_t ld,
+                std::vector<float>& dst) {
+  dst.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (type == GemmType::f32) {
+      std::memcpy(dst.data() + r * cols, static_cast<const float*>(src) + r * ld,
+                  sizeof(float) * static_cast<size_t>(cols));
+    } else {
+      half_to_f32_n(static_cast<const uint16_t*>(src) + r * ld,
+                    type == GemmType::f16 ? DType::F16 : DType::BF16, dst.data() + r * cols, cols);
+    }
+  }
+}
+
+float rounded_to(float x, GemmType type) {
+  if (type == GemmType::f16) return f16_to_f32(f32_to_f16(x));
+  if (type == GemmType::bf16) return bf16_to_f32(f32_to_bf16(x));
+  return x;
+}
+
+void gemm_mixed_portable(const MixedGemm& g) {
+  std::vector<float> a, b, c(static_cast<size_t>(g.M * g.N)), bias;
+  widen_into(g.A, g.a_type, g.ta ? g.K : g.M, g.ta ? g.M : g.K, g.lda, a);
+  widen_into(g.B, g.b_type, g.tb ? g.N : g.K, g.tb ? g.K : g.N, g.ldb, b);
+  if (g.bias != nullptr) widen_into(g.bias, g.bias_type, 1, g.N, g.N, bias);
+  if (g.K > 0)
+    blas_gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, a.data(), g.ta ? g.M : g.K, b.data(),
+              g.tb ? g.K : g.N, 0.0f, c.data(), g.N);
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = 0; j < g.N; ++j) {
+      float x = c[i * g.N + j];
+      if (g.bias != nullptr) x += bias[j];
+      if (g.addend != nullptr) x += g.addend[i * g.ld_addend + j];
+      x = rounded_to(x, g.round_product);
+      if (g.act == GemmActivation::relu) x = relu(x);
+      else if (g.act == GemmActivation::gelu) x = gelu(x);
+      if (g.c_type == GemmType::f32) static_cast<float*>(g.C)[i * g.ldc + j] = x;
+      else
+        static_cast<uint16_t*>(g.C)[i * g.ldc + j] =
+            g.c_type == GemmType::f16 ? f32_to_f16(x) : f32_to_bf16(x);
+    }
+}
+
+}  // namespace
 
 #if defined(__x86_64__) && defined(__GNUC__)
 
@@ -71,6 +169,9 @@ constexpr int64_t kColChunk = 64;
 // A grow-only 64-byte-aligned buffer per thread for the packed panels.
 class Scratch {
  public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   ~Scratch() { std::free(data_); }
   float* get(int64_t floats) {
     const size_t need = static_cast<size_t>(floats + 16) * sizeof(float);
@@ -91,7 +192,56 @@ class Scratch {
   size_t bytes_ = 0;
 };
 
-thread_local Scratch t_pack_a, t_pack_b;
+// A half output's partial sums over the contraction blocks before the last (float32).
+thread_local Scratch t_pack_a, t_pack_b, t_partial;
+
+// The packing and driver code also reads half operands: F16C converts float16 (every x86-64
+// CPU with AVX2 has it; gemm_mixed_native checks), bfloat16 is a 16-bit shift.
+#define LUCID_GEMM_ISA __attribute__((target("avx2,fma,f16c")))
+
+template <GemmType T>
+using Elem = std::conditional_t<T == GemmType::f32, float, uint16_t>;
+
+// 8 consecutive elements of type T widened to float32.
+template <GemmType T>
+LUCID_GEMM_ISA inline __m256 load8_wide(const Elem<T>* p) {
+  if constexpr (T == GemmType::f32) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (T == GemmType::f16) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <GemmType T>
+LUCID_GEMM_ISA inline float load1_wide(const Elem<T>* p) {
+  if constexpr (T == GemmType::f32) return *p;
+  else if constexpr (T == GemmType::f16) return _cvtsh_ss(*p);
+  else return bf16_to_f32(*p);
+}
+
+// 8 float32 lanes rounded to nearest even as lucid/half.h rounds (F16C's conversion for
+// float16: the same bits, NaN payloads included, for the quiet NaNs arithmetic produces).
+LUCID_GEMM_ISA inline __m128i round8_half(__m256 x, GemmType to) {
+  if (to == GemmType::f16) return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i magnitude = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16),
+                                                         _mm256_set1_epi32(0x8000)),
+                                        _mm256_set1_epi32(0x7fc0));
+  r = _mm256_blendv_epi8(r, quiet, nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+LUCID_GEMM_ISA inline __m256 widen8_half(__m128i h, GemmType from) {
+  if (from == GemmType::f16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
 
 // The epilogue of one contraction block's store.
 struct TileStore {
@@ -291,16 +441,18 @@ LUCID_AVX2 inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3
 }
 
 // Packs `rows` (<= W) source rows, each contiguous along the contraction (row r at src + r * ld),
-// kc steps, into dst[k * W + r] with rows >= `rows` zero. W is 6 or 16. The 8x8 transposes write
-// 8 floats per step; for W = 6 the 2 extra land where the next step's write goes (dst has slack).
-template <int W>
-LUCID_AVX2 void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t kc, float* dst) {
+// kc steps, into dst[k * W + r] (widened to float32) with rows >= `rows` zero. W is 6 or 16.
+// The 8x8 transposes write 8 floats per step; for W = 6 the 2 extra land where the next step's
+// write goes (dst has slack).
+template <int W, GemmType T = GemmType::f32>
+LUCID_GEMM_ISA void pack_rows(const Elem<T>* src, int64_t ld, int64_t rows, int64_t kc,
+                              float* dst) {
   int64_t k = 0;
   for (; k + 8 <= kc; k += 8) {
     for (int g = 0; g < W; g += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i)
-        r[i] = g + i < rows ? _mm256_loadu_ps(src + (g + i) * ld + k) : _mm256_setzero_ps();
+        r[i] = g + i < rows ? load8_wide<T>(src + (g + i) * ld + k) : _mm256_setzero_ps();
       transpose8(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
       if (W == 16) {
         for (int t = 0; t < 8; ++t) _mm256_store_ps(dst + (k + t) * W + g, r[t]);
@@ -310,19 +462,21 @@ LUCID_AVX2 void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t kc
     }
   }
   for (; k < kc; ++k)
-    for (int r = 0; r < W; ++r) dst[k * W + r] = r < rows ? src[r * ld + k] : 0.0f;
+    for (int r = 0; r < W; ++r) dst[k * W + r] = r < rows ? load1_wide<T>(src + r * ld + k) : 0.0f;
 }
 
 // Packs `cols` (<= W) contiguous values per contraction step (step k at src + k * ld) into
-// dst[k * W + c], zero beyond `cols`.
-template <int W>
-LUCID_AVX2 void pack_cols(const float* src, int64_t ld, int64_t cols, int64_t kc, float* dst) {
-  if (cols == W) {
+// dst[k * W + c] (widened to float32), zero beyond `cols`.
+template <int W, GemmType T = GemmType::f32>
+LUCID_GEMM_ISA void pack_cols(const Elem<T>* src, int64_t ld, int64_t cols, int64_t kc,
+                              float* dst) {
+  if (cols == W && (W == 16 || T == GemmType::f32)) {
     for (int64_t k = 0; k < kc; ++k) {
       if (W == 16) {
-        _mm256_store_ps(dst + k * W, _mm256_loadu_ps(src + k * ld));
-        _mm256_store_ps(dst + k * W + 8, _mm256_loadu_ps(src + k * ld + 8));
-      } else {  // 6 floats as 4 + 2: nothing read or written beyond them
+        _mm256_store_ps(dst + k * W, load8_wide<T>(src + k * ld));
+        _mm256_store_ps(dst + k * W + 8, load8_wide<T>(src + k * ld + 8));
+      } else if constexpr (T == GemmType::f32) {
+        // 6 floats as 4 + 2: nothing read or written beyond them.
         const float* from = src + k * ld;
         _mm_storeu_ps(dst + k * W, _mm_loadu_ps(from));
         _mm_storel_pi(reinterpret_cast<__m64*>(dst + k * W + 4),
@@ -332,22 +486,56 @@ LUCID_AVX2 void pack_cols(const float* src, int64_t ld, int64_t cols, int64_t kc
     return;
   }
   for (int64_t k = 0; k < kc; ++k)
-    for (int c = 0; c < W; ++c) dst[k * W + c] = c < cols ? src[k * ld + c] : 0.0f;
+    for (int c = 0; c < W; ++c) dst[k * W + c] = c < cols ? load1_wide<T>(src + k * ld + c) : 0.0f;
 }
 
 struct Problem {
   bool ta, tb;
   int64_t M, N, K;
   float alpha;
-  const float* A;
+  const void* A;  // Elem<a_type>
   int64_t lda;
-  const float* B;
+  const void* B;  // Elem<b_type>
   int64_t ldb;
   float beta;
-  float* C;
+  void* C;  // float, or uint16_t when c_type is half (then beta is 0)
   int64_t ldc;
   GemmEpilogue ep;
+  GemmType c_type = GemmType::f32;
+  // Half output: the product is rounded to this (when half) before the activation.
+  GemmType round_product = GemmType::f32;
+  const void* shared_b = nullptr;  // GemmRunScope's key
+  // All of op(B) packed (pack_b_slivers's layout), or null: each block packs its own panel.
+  const float* packed_b = nullptr;
 };
+
+// A finished rows x cols tile of float32 sums (`src`, rows lds apart) into the half output:
+// rounded to the product's format and widened (when asked), the activation, rounded to the
+// output's format.
+LUCID_GEMM_ISA void store_half_tile(const float* src, int64_t lds, int64_t rows, int64_t cols,
+                                    uint16_t* dst, int64_t ldd, GemmType to, GemmActivation act,
+                                    GemmType round_product) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; j += 8) {
+      const int64_t n = std::min<int64_t>(8, cols - j);
+      const float* from = src + i * lds + j;
+      __m256 x = n == 8 ? _mm256_loadu_ps(from) : _mm256_maskload_ps(from, lane_mask(n));
+      if (round_product != GemmType::f32)
+        x = widen8_half(round8_half(x, round_product), round_product);
+      if (act == GemmActivation::relu) x = relu8(x);
+      else if (act == GemmActivation::gelu) x = gelu8(x);
+      const __m128i h = round8_half(x, to);
+      uint16_t* out = dst + i * ldd + j;
+      if (n == 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), h);
+      } else {
+        alignas(16) uint16_t lanes[8];
+        _mm_store_si128(reinterpret_cast<__m128i*>(lanes), h);
+        std::memcpy(out, lanes, sizeof(uint16_t) * static_cast<size_t>(n));
+      }
+    }
+  }
+}
 
 // kc for a contraction of K: the fewest blocks of at most kMaxKC, evened out (from K alone).
 int64_t block_kc(int64_t K) {
@@ -355,42 +543,83 @@ int64_t block_kc(int64_t K) {
   return (K + blocks - 1) / blocks;
 }
 
-// Output rows [m0, m1) x columns [n0, n1) on the calling thread.
-LUCID_AVX2 void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+// Slivers [s0, s1) of op(B) for every contraction block, in the layout compute_range's panels
+// have: block q (kc steps) at q * kcb * npad, its sliver s (16 columns) at s * kc * 16 in it.
+template <GemmType TB>
+LUCID_GEMM_ISA void pack_b_slivers(const Problem& p, float* dst, int64_t s0, int64_t s1) {
+  const Elem<TB>* B = static_cast<const Elem<TB>*>(p.B);
+  const int64_t kcb = block_kc(p.K), npad = (p.N + kNR - 1) / kNR * kNR;
+  for (int64_t pc = 0; pc < p.K; pc += kcb) {
+    const int64_t kc = std::min(kcb, p.K - pc);
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t j = s * kNR, cols = std::min(kNR, p.N - j);
+      float* d = dst + pc * npad + s * kc * kNR;
+      if (p.tb) pack_rows<kNR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, d);
+      else pack_cols<kNR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, d);
+    }
+  }
+}
+
+// Output rows [m0, m1) x columns [n0, n1) on the calling thread. kHalfOut: p.c_type is half
+// (a template parameter, so the float32 product's loop carries none of its code).
+template <GemmType TA, GemmType TB, bool kHalfOut>
+LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t n0,
+                                  int64_t n1) {
+  const Elem<TA>* A = static_cast<const Elem<TA>*>(p.A);
+  const Elem<TB>* B = static_cast<const Elem<TB>*>(p.B);
   const int64_t kcb = block_kc(p.K);
   const int64_t nc_max = std::min(kNC, ((n1 - n0 + kNR - 1) / kNR) * kNR);
   const int64_t mc_max = std::min(kMC, ((m1 - m0 + kMR - 1) / kMR) * kMR);
-  float* bp = t_pack_b.get(kcb * nc_max);
-  // A is read in place when its rows run along the contraction (not transposed): only a
-  // bottom sliver of fewer than 6 rows is packed (zero-padded). A transposed is packed whole.
-  float* ap = t_pack_a.get(kcb * (p.ta ? mc_max : kMR));
+  float* bp = p.packed_b != nullptr ? nullptr : t_pack_b.get(kcb * nc_max);
+  const int64_t npad = (p.N + kNR - 1) / kNR * kNR;
+  // A float32 A is read in place when its rows run along the contraction (not transposed):
+  // only a bottom sliver of fewer than 6 rows is packed (zero-padded). A transposed or half A
+  // is packed whole.
+  const bool pack_a_whole = p.ta || TA != GemmType::f32;
+  float* ap = t_pack_a.get(kcb * (pack_a_whole ? mc_max : kMR));
+  // A half output holds its partial sums in float32 (rows m0.., nc_max apart) until the last
+  // contraction block, whose finished tiles are rounded into C.
+  constexpr bool half_out = kHalfOut;
+  float* partial = half_out && kcb < p.K ? t_partial.get((m1 - m0) * nc_max) : nullptr;
   alignas(32) float tile[kMR * kNR];
+  alignas(32) float finished[half_out ? kMR * kNR : 1];
   for (int64_t jc = n0; jc < n1; jc += kNC) {
     const int64_t nc = std::min(kNC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kcb) {
       const int64_t kc = std::min(kcb, p.K - pc);
-      for (int64_t jr = 0; jr < nc; jr += kNR) {
-        const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
-        float* dst = bp + jr * kc;
-        if (p.tb) pack_rows<kNR>(p.B + j * p.ldb + pc, p.ldb, cols, kc, dst);
-        else pack_cols<kNR>(p.B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+      const float* panel = bp;
+      if (p.packed_b != nullptr) {
+        panel = p.packed_b + pc * npad + jc * kc;  // jc is a whole number of slivers
+      } else {
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
+          float* dst = bp + jr * kc;
+          if (p.tb) pack_rows<kNR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, dst);
+          else pack_cols<kNR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+        }
       }
       const bool first = pc == 0, last = pc + kc == p.K;
       const bool extras = p.ep.bias != nullptr || p.ep.addend != nullptr ||
-                          p.ep.act != GemmActivation::none;
+                          p.ep.act != GemmActivation::none || half_out;
       const bool plain = !(first && p.beta != 0.0f) && !(last && extras);
-      const TileStore e{p.alpha,     p.beta,         first,    last,  p.ep.bias,
-                        p.ep.addend, p.ep.ld_addend, p.ep.act, plain};
+      // A half output gets its activation after the rounding (store_half_tile).
+      const GemmActivation act = half_out ? GemmActivation::none : p.ep.act;
+      const TileStore e{p.alpha,     p.beta,         first, last, p.ep.bias,
+                        p.ep.addend, p.ep.ld_addend, act,   plain};
       const FinishFn finish_full = pick_finish(false, e), finish_edge = pick_finish(true, e);
       for (int64_t ic = m0; ic < m1; ic += kMC) {
         const int64_t mc = std::min(kMC, m1 - ic);
         if (p.ta) {
           for (int64_t ir = 0; ir < mc; ir += kMR)
-            pack_cols<kMR>(p.A + pc * p.lda + ic + ir, p.lda, std::min(kMR, mc - ir), kc,
-                           ap + ir * kc);
+            pack_cols<kMR, TA>(A + pc * p.lda + ic + ir, p.lda, std::min(kMR, mc - ir), kc,
+                               ap + ir * kc);
+        } else if (pack_a_whole) {
+          for (int64_t ir = 0; ir < mc; ir += kMR)
+            pack_rows<kMR, TA>(A + (ic + ir) * p.lda + pc, p.lda, std::min(kMR, mc - ir), kc,
+                               ap + ir * kc);
         } else if (mc % kMR != 0) {
           const int64_t ir = mc - mc % kMR;
-          pack_rows<kMR>(p.A + (ic + ir) * p.lda + pc, p.lda, mc - ir, kc, ap);
+          pack_rows<kMR, TA>(A + (ic + ir) * p.lda + pc, p.lda, mc - ir, kc, ap);
         }
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
@@ -402,14 +631,28 @@ LUCID_AVX2 void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t 
                                       : nullptr;
             const float* a;
             int64_t rs, cs;
-            if (p.ta) a = ap + ir * kc, rs = 1, cs = kMR;
+            if (pack_a_whole) a = ap + ir * kc, rs = 1, cs = kMR;
             else if (rows < kMR) a = ap, rs = 1, cs = kMR;
-            else a = p.A + i * p.lda + pc, rs = p.lda, cs = 1;
-            float* c = p.C + i * p.ldc + j;
+            else a = reinterpret_cast<const float*>(A) + i * p.lda + pc, rs = p.lda, cs = 1;
+            // Where the tile's float32 values go: C, or for a half output its partial sums
+            // (or, when one block is all, the `finished` tile) before their rounding into C.
+            float* c;
+            int64_t ldc;
+            if constexpr (half_out) {
+              if (partial == nullptr) c = finished, ldc = kNR;
+              else c = partial + (i - m0) * nc_max + jr, ldc = nc_max;
+            } else {
+              c = static_cast<float*>(p.C) + i * p.ldc + j, ldc = p.ldc;
+            }
             const bool full = rows == kMR && cols == kNR;
-            if (kernel_6x16(kc, a, rs, cs, bp + jr * kc, c, p.ldc, full, e, tile)) continue;
-            (cols == kNR ? finish_full : finish_edge)(tile, rows, cols, c, p.ldc, bias, addend,
-                                                      p.ep.ld_addend, e);
+            if (!kernel_6x16(kc, a, rs, cs, panel + jr * kc, c, ldc, full, e, tile))
+              (cols == kNR ? finish_full : finish_edge)(tile, rows, cols, c, ldc, bias, addend,
+                                                        p.ep.ld_addend, e);
+            if constexpr (half_out) {
+              if (last)
+                store_half_tile(c, ldc, rows, cols, static_cast<uint16_t*>(p.C) + i * p.ldc + j,
+                                p.ldc, p.c_type, p.ep.act, p.round_product);
+            }
           }
         }
       }
@@ -428,6 +671,10 @@ LUCID_AVX2 void activation_avx2(GemmActivation act, int64_t M, int64_t N, float*
     for (; j < N; ++j) c[j] = act == GemmActivation::relu ? relu(c[j]) : gelu(c[j]);
   }
 }
+
+// The threaded driver of compute_range<TA, TB> (below, after the entry points).
+template <GemmType TA, GemmType TB>
+void run_problem(const Problem& p);
 
 }  // namespace
 
@@ -451,7 +698,7 @@ bool sgemm_chosen(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-           const GemmEpilogue& epilogue) {
+           const GemmEpilogue& epilogue, const void* shared_b) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     // No products: the epilogue over beta * C (C not read when beta == 0).
@@ -465,7 +712,99 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
     if (epilogue.act != GemmActivation::none) sgemm_activation(epilogue.act, M, N, C, ldc);
     return;
   }
-  const Problem p{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+  Problem p{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+  p.shared_b = shared_b;
+  run_problem<GemmType::f32, GemmType::f32>(p);
+}
+
+bool gemm_mixed_native() {
+  static const bool yes = sgemm_supported() && __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+void gemm_mixed(const MixedGemm& g) {
+  if (g.M <= 0 || g.N <= 0) return;
+  if (g.K <= 0 || !gemm_mixed_native()) return gemm_mixed_portable(g);
+  thread_local std::vector<float> bias;
+  GemmEpilogue ep;
+  if (g.bias != nullptr && g.bias_type != GemmType::f32) {
+    widen_into(g.bias, g.bias_type, 1, g.N, g.N, bias);
+    ep.bias = bias.data();
+  } else {
+    ep.bias = static_cast<const float*>(g.bias);
+  }
+  ep.addend = g.addend;
+  ep.ld_addend = g.ld_addend;
+  ep.act = g.act;
+  Problem p{g.ta, g.tb, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb, 0.0f, g.C, g.ldc, ep};
+  p.c_type = g.c_type;
+  p.shared_b = g.shared_b;
+  p.round_product = g.c_type == GemmType::f32 ? GemmType::f32 : g.round_product;
+  if (g.c_type == GemmType::f32 && g.round_product != GemmType::f32)
+    throw std::invalid_argument("gemm_mixed: round_product needs a half output");
+  constexpr GemmType f32 = GemmType::f32, f16 = GemmType::f16, bf16 = GemmType::bf16;
+  auto with_b = [&](auto a_tag) {
+    constexpr GemmType TA = decltype(a_tag)::value;
+    switch (g.b_type) {
+      case f16: return run_problem<TA, f16>(p);
+      case bf16: return run_problem<TA, bf16>(p);
+      default: return run_problem<TA, f32>(p);
+    }
+  };
+  switch (g.a_type) {
+    case f16: return with_b(std::integral_constant<GemmType, f16>{});
+    case bf16: return with_b(std::integral_constant<GemmType, bf16>{});
+    default: return with_b(std::integral_constant<GemmType, f32>{});
+  }
+}
+
+namespace {
+
+// A whole op(B) packed once per run for GEMMs that share it (GemmRunScope), per thread.
+struct SharedPack {
+  uint64_t run = 0;
+  const void* src = nullptr;
+  bool tb = false;
+  int64_t K = 0, N = 0, ldb = 0;
+  GemmType type = GemmType::f32;
+  const float* packed = nullptr;
+  Scratch data;
+};
+thread_local std::unordered_map<const void*, SharedPack> t_shared;
+
+// The packed op(B) of this run for p.shared_b: made by the first GEMM of the run that asks for
+// it, reused while B's address and layout match.
+template <GemmType TB>
+const float* shared_packed_b(const Problem& p) {
+  if (t_shared.size() > 64) {  // keys of finished runs and of executables gone
+    for (auto it = t_shared.begin(); it != t_shared.end();)
+      it = it->second.run != t_run ? t_shared.erase(it) : std::next(it);
+  }
+  SharedPack& e = t_shared[p.shared_b];
+  if (e.run == t_run && e.src == p.B && e.tb == p.tb && e.K == p.K && e.N == p.N &&
+      e.ldb == p.ldb && e.type == TB) {
+    ++t_shared_stats.reused;
+    return e.packed;
+  }
+  const int64_t slivers = (p.N + kNR - 1) / kNR;
+  float* dst = e.data.get(slivers * kNR * p.K);
+  e.run = 0;  // not valid until packed (pack_b_slivers does not throw; the guard costs nothing)
+  if (p.N * p.K >= kMinMacsPerPart) {
+    parallel_for(slivers, 4, [&](int64_t s0, int64_t s1) { pack_b_slivers<TB>(p, dst, s0, s1); });
+  } else {
+    pack_b_slivers<TB>(p, dst, 0, slivers);
+  }
+  e.run = t_run, e.src = p.B, e.tb = p.tb, e.K = p.K, e.N = p.N, e.ldb = p.ldb, e.type = TB;
+  e.packed = dst;
+  ++t_shared_stats.packed;
+  return dst;
+}
+
+template <GemmType TA, GemmType TB>
+void run_problem(const Problem& given) {
+  Problem p = given;
+  if (p.shared_b != nullptr && t_run != 0) p.packed_b = shared_packed_b<TB>(p);
+  const int64_t M = p.M, N = p.N, K = p.K;
   // Chunks of output rows (when M >= N: each packs all of B, about 1% of its work) or of
   // output columns (each packs only its own columns of B; A is read in place), handed out
   // one at a time: a worker that wakes late finds the chunks already taken instead of holding
@@ -479,19 +818,23 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
   const int64_t chunks = (dim + chunk - 1) / chunk;
   const double macs = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int threads = parallel_threads();
+  const auto range = p.c_type == GemmType::f32 ? &compute_range<TA, TB, false>
+                                               : &compute_range<TA, TB, true>;
   if (threads < 2 || chunks < 2 || macs < 2.0 * kMinMacsPerPart) {
-    compute_range(p, 0, M, 0, N);
+    range(p, 0, M, 0, N);
     return;
   }
   std::atomic<int64_t> next{0};
   parallel_for(std::min<int64_t>(threads, chunks), 1, [&](int64_t, int64_t) {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
       const int64_t lo = c * chunk, hi = std::min(dim, lo + chunk);
-      if (by_rows) compute_range(p, lo, hi, 0, N);
-      else compute_range(p, 0, M, lo, hi);
+      if (by_rows) range(p, lo, hi, 0, N);
+      else range(p, 0, M, lo, hi);
     }
   });
 }
+
+}  // namespace
 
 void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {
   if (act == GemmActivation::none) return;
@@ -506,9 +849,13 @@ void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_
 #else  // no x86-64 AVX2 build: the BLAS does every product
 
 bool sgemm_supported() { return false; }
+bool gemm_mixed_native() { return false; }
+void gemm_mixed(const MixedGemm& g) {
+  if (g.M > 0 && g.N > 0) gemm_mixed_portable(g);
+}
 bool sgemm_chosen(bool, bool, int64_t, int64_t, int64_t) { return false; }
 void sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-           int64_t, float, float*, int64_t, const GemmEpilogue&) {
+           int64_t, float, float*, int64_t, const GemmEpilogue&, const void*) {
   throw std::logic_error("Lucid's sgemm needs x86-64 with AVX2 and FMA");
 }
 void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {

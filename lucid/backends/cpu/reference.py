@@ -16,6 +16,13 @@ INV_SQRT_2PI = 0.3989422804014327
 
 
 def _gemm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
+    # A gemm reading or writing half values computes in float32 and rounds its output once
+    # (after rounding the product to ``round_product``, when given, before the activation).
+    out_dtype = attrs.get("dtype")
+    if out_dtype is not None or any(prim_ops.dtype_of(x) in prim_ops.HALF for x in args):
+        args = [prim_ops.widen_half(x) for x in args]
+        out = _gemm_reference(args, {k: v for k, v in attrs.items() if k != "dtype"})
+        return out if out_dtype in (None, "f32") else prim_ops.to_half(out, out_dtype)
     a, b = args[0], args[1]
     for i, name in ((0, "a_view"), (1, "b_view")):
         if name in attrs:  # [B, L, W] -> [B, H, L, D]
@@ -30,6 +37,8 @@ def _gemm_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
     out = np.matmul(a, b) * a.dtype.type(attrs["alpha"])
     for extra in args[2:]:  # a bias row, an addend of the output's shape
         out = out + extra
+    if "round_product" in attrs:
+        out = prim_ops.widen_half(prim_ops.to_half(out, attrs["round_product"]))
     if attrs.get("activation") == "relu":
         out = np.maximum(out, out.dtype.type(0))
     elif attrs.get("activation") == "gelu":

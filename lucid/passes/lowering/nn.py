@@ -437,9 +437,10 @@ def _layer_norm_backward(b: Builder, grad, v, weight, normalized_shape, eps):
     dx, dgamma, dbeta = _composite_results(
         b,
         "layer_norm_grad",
-        b.reshape(b.cast(grad, v.dtype), rows),
+        # A 0-d gradient seed or weight (InstanceNorm passes 1.0) is broadcast before flattening.
+        b.reshape(b.broadcast_to(b.cast(grad, v.dtype), v.shape), rows),
         b.reshape(v, rows),
-        b.reshape(gamma, (n,)),
+        b.reshape(b.broadcast_to(gamma, tuple(normalized_shape)), (n,)),
         epsilon=float(eps),
     )
     shape = tuple(normalized_shape)

@@ -45,12 +45,15 @@ weights, the gradient's fused write), ``rows`` (the column sums of GELU's and la
 gradients) and ``conv``; their numpy semantics are in ``lucid.backends.cpu.reference``. GELU,
 layer norm, attention and their gradients need no matcher: they are composite prim ops
 (``lucid.ir.prim.composite``), emitted whole by lowering and run by their kernels.
+``half`` folds a half model's casts (and a ReLU/GELU between its roundings) into the gemm, which
+reads and writes f16/bf16 itself; ``gemm.mark_shared_operands`` lets products reading one
+operand B share its packing within a run.
 """
 
 from __future__ import annotations
 
 from lucid.backends.cpu.program import Instr, Program
-from lucid.backends.cpu.rewrites import attention, conv, gemm, rows
+from lucid.backends.cpu.rewrites import attention, conv, gemm, half, rows
 from lucid.backends.cpu.rewrites.match import Graph
 
 # In order: each entry's comment says why it runs where it does.
@@ -66,6 +69,10 @@ REWRITES = (
     attention.fold_attention_weights,
     attention.fold_attention,
     gemm.fold_gemm_activation,  # last of the gemm folds: the attention folds match plain gemms
+    half.fold_half_activation,  # the half folds match the float32 epilogues' gemms
+    half.fold_half_output,
+    half.fold_half_operands,  # after the output folds: the next layer reads their half values
+    gemm.mark_shared_operands,  # after every fold that changes a product's operands
     conv.fold_conv_bias_relu,
     conv.fold_max_pool_relu_grad,
 )

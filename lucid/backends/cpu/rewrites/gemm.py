@@ -110,3 +110,23 @@ def fold_gemm_activation(g: Graph) -> None:
             continue
         g.set(j, None)
         g.set(k, Instr("gemm", gemm.inputs, ins.outputs, {**gemm.attrs, "activation": ins.op}))
+
+
+def mark_shared_operands(g: Graph) -> None:
+    """Float products that read one value as operand ``b`` with the same layout, two or more of
+    them, become gemms with ``share_b``: within a run the native GEMM packs that operand once
+    and the others read the packed copy (an LSTM's recurrent weight, read once per time step).
+    Head views (``b_view``) and products of other dtypes are left alone."""
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for k, ins in enumerate(g.instrs):
+        if ins is None or ins.op not in ("matmul", "gemm") or "b_view" in ins.attrs:
+            continue
+        if g.aval(ins.outputs[0]).dtype not in ("f32", "f16", "bf16"):
+            continue
+        groups.setdefault((ins.inputs[1], ins.attrs["transpose_b"]), []).append(k)
+    for positions in groups.values():
+        if len(positions) < 2:
+            continue
+        for k in positions:
+            gemm = gemm_of(g.instrs[k])
+            g.set(k, Instr("gemm", gemm.inputs, gemm.outputs, {**gemm.attrs, "share_b": True}))
