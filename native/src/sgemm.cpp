@@ -461,16 +461,17 @@ FinishFn pick_finish(bool masked, const TileStore& e) {
   return masked ? pick_extras<NR, true>(e) : pick_extras<NR, false>(e);
 }
 
-// The two register tiles: the AVX2 6x16 and the AVX-512 kMR512 x 32 (sgemm_isa picks one per
-// call). MC rows of A per block (a multiple of MR), NC columns of B packed at once (of NR).
+// The two register tiles: the AVX2 6x16 and the AVX-512 6x64 (sgemm_isa picks one per call).
+// MC rows of A per block (a multiple of MR), NC columns of B packed at once (of NR). On the
+// 2-core Zen 4 EPYC, 6x64 ran at or above 12x32, 14x32 and 8x48 on workload F/H shapes and
+// wastes no rows of a 16-row product (docs/performance.md).
 struct Avx2Tile {
   static constexpr int64_t MR = kMR, NR = kNR, MC = 96, NC = 4096;
   static constexpr auto kernel = &kernel_6x16;
 };
-constexpr int kMR512 = 12;
 struct Avx512Tile {
-  static constexpr int64_t MR = kMR512, NR = 32, MC = 96, NC = 4096;
-  static constexpr auto kernel = &kernel_avx512<kMR512, 2>;
+  static constexpr int64_t MR = 6, NR = 64, MC = 96, NC = 4096;
+  static constexpr auto kernel = &kernel_avx512<6, 4>;
 };
 
 // 8x8 transpose of r0..r7 in place.
