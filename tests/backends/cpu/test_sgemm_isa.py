@@ -54,6 +54,13 @@ def _on_each_isa(call):
     return best, avx2
 
 
+def _product(a, b, c0, **kw) -> np.ndarray:
+    """Lucid's sgemm into a copy of c0."""
+    c = c0.copy()
+    _native.sgemm(a, b, c, kernel="lucid", **kw)
+    return c
+
+
 def test_the_cpu_features_pick_the_kernel_and_avx2_can_be_forced():
     assert _native.sgemm_isa() == ("avx512" if _cpu_has_avx512() else "avx2")
     with _isa("avx2"):
@@ -84,24 +91,8 @@ def test_both_kernels_give_the_same_bits(
     rng = np.random.default_rng(seed)
     a, b, c0, bias, addend = _problem(rng, m, n, k, ta, tb, pad, with_bias, with_addend)
 
-    def call():
-        c = c0.copy()
-        _native.sgemm(
-            a,
-            b,
-            c,
-            transpose_a=ta,
-            transpose_b=tb,
-            alpha=alpha,
-            beta=beta,
-            bias=bias,
-            addend=addend,
-            activation=activation,
-            kernel="lucid",
-        )
-        return c
-
-    best, avx2 = _on_each_isa(call)
+    kw = dict(transpose_a=ta, transpose_b=tb, alpha=alpha, beta=beta, bias=bias, addend=addend)
+    best, avx2 = _on_each_isa(lambda: _product(a, b, c0, activation=activation, **kw))
     np.testing.assert_array_equal(_bits(best), _bits(avx2))
 
 
@@ -117,20 +108,8 @@ def test_both_kernels_give_the_same_bits_at_one_and_two_threads(m, n, k, ta, tb)
         set_num_threads(threads)
         for isa in ("auto", "avx2"):
             with _isa(isa):
-                c = c0.copy()
-                _native.sgemm(
-                    a,
-                    b,
-                    c,
-                    transpose_a=ta,
-                    transpose_b=tb,
-                    beta=0.5,
-                    bias=bias,
-                    addend=addend,
-                    activation="gelu",
-                    kernel="lucid",
-                )
-            outs.append(c)
+                kw = dict(transpose_a=ta, transpose_b=tb, beta=0.5, bias=bias, addend=addend)
+                outs.append(_product(a, b, c0, activation="gelu", **kw))
     for c in outs[1:]:
         np.testing.assert_array_equal(_bits(c), _bits(outs[0]))
 
