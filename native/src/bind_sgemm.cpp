@@ -199,7 +199,7 @@ void init_sgemm(py::module_& m) {
     if (isa != "auto" && isa != "avx2" && isa != "avx512")
       throw std::invalid_argument("isa must be 'auto', 'avx2' or 'avx512', got '" + isa + "'");
     set_sgemm_isa(isa == "auto" ? 0 : isa == "avx2" ? 1 : 2);
-  }, py::arg("isa"), "Which micro-kernel Lucid's GEMM runs: the CPU's best, or AVX2 forced.");
+  }, py::arg("isa"), "Lucid's GEMM tile: the CPU's best, AVX2 forced, or AVX-512 at every width.");
   m.def("sgemm_isa", []() {
     const int isa = sgemm_isa();
     return std::string(isa == 2 ? "avx512" : isa == 1 ? "avx2" : "none");

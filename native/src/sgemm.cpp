@@ -920,9 +920,16 @@ void run_problem_on(const Problem& given) {
   });
 }
 
+// The AVX-512 tile where it runs, unless the product is so narrow that padding its columns to
+// 64 costs more than the wider tile gains (about 2x per column: N <= 32 stays on the 6x16 one).
+// Either tile gives the same bits, so the choice is free per call.
 template <GemmType TA, GemmType TB>
 void run_problem(const Problem& p) {
-  if (sgemm_isa() == 2) run_problem_on<TA, TB, Avx512Tile>(p);
+  const int isa = sgemm_isa();
+  const auto padded = [&](int64_t nr) { return (p.N + nr - 1) / nr * nr; };
+  const bool forced = g_isa.load(std::memory_order_relaxed) == 2;
+  if (isa == 2 && (forced || padded(Avx512Tile::NR) < 2 * padded(Avx2Tile::NR)))
+    run_problem_on<TA, TB, Avx512Tile>(p);
   else run_problem_on<TA, TB, Avx2Tile>(p);
 }
 

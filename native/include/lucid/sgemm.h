@@ -29,11 +29,13 @@ struct GemmEpilogue {
 bool sgemm_supported();
 
 // Which micro-kernel sgemm and gemm_mixed run: 2 the AVX-512 6x64 tile (where the CPU has
-// AVX-512 F/VL/DQ), 1 the AVX2 6x16 tile, 0 neither (no x86-64 build). Both give the same
-// bits: the same contraction blocks, each element's products in order with one FMA each.
+// AVX-512 F/VL/DQ; products at most 32 columns wide still take the 6x16 one), 1 the AVX2 6x16
+// tile, 0 neither (no x86-64 build). Both give the same bits: the same contraction blocks,
+// each element's products in order with one FMA each.
 int sgemm_isa();
 // 0: the CPU's best (default), 1: the AVX2 tile even where AVX-512 runs (tests, benchmarks),
-// 2: AVX-512 where the CPU has it. Also LUCID_SGEMM_ISA=auto|avx2|avx512 at start.
+// 2: the AVX-512 tile for every width where the CPU has it (tests). Also
+// LUCID_SGEMM_ISA=auto|avx2|avx512 at start.
 void set_sgemm_isa(int isa);
 
 // Whether gemm() runs this f32 product on Lucid's kernel: the measured shape rule (linalg.cpp's
