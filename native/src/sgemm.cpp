@@ -2,16 +2,19 @@
 //
 //   for each block of kNC output columns
 //     for each block of kc contraction steps (kc from K alone, at most kMaxKC)
-//       pack B's kc x nc panel into 16-column slivers (zero-padded)       -> L2
+//       pack B's kc x nc panel into 16- (or 64-) column slivers (zero-padded)   -> L2
 //       for each block of kMC output rows
 //         A transposed: pack its mc x kc block into 6-row slivers; otherwise read A in place
 //         (rows lda apart) and pack only a bottom sliver of fewer than 6 rows (zero-padded)
-//         for each 16-column sliver, for each 6-row sliver: the 6x16 kernel (a kc x 16 sliver
-//         of B stays in L1 while the A slivers stream past it)
+//         for each column sliver, for each 6-row sliver: the 6x16 (or 6x64) kernel (a sliver
+//         of B stays in L1 or L2 while the A slivers stream past it)
 //
-// The kernel keeps its 6x16 tile in 12 AVX registers. A full tile whose block needs nothing
-// beyond alpha (no beta term, no epilogue yet) is stored straight from them; otherwise the sums
-// go through a 6x16 scratch in L1 to a finisher compiled for the epilogue (alpha, beta, bias
+// Two register tiles, picked per call (run_problem): 6x64 in 24 AVX-512 registers where the CPU
+// has AVX-512 (B packed in 64-column slivers), else 6x16 in 12 AVX registers; both sum each
+// element over the same contraction blocks in the same order, so they give the same bits.
+// A full tile whose block needs nothing beyond alpha (no beta term, no epilogue yet) is stored
+// straight from the registers; otherwise the sums go through a tile-sized scratch in L1 to a
+// finisher compiled for the epilogue (alpha, beta, bias
 // row, addend, ReLU/GELU), masked at the right edge. A tile at the bottom or right edge is
 // computed whole on the zero-padded slivers, so an element gets the same arithmetic whichever
 // tile holds it.
