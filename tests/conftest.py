@@ -1,6 +1,7 @@
 import gc
 import os
 import sys
+import threading
 
 from hypothesis import HealthCheck, settings
 
@@ -30,6 +31,37 @@ settings.load_profile("lucid")
 def pytest_collection_finish(session):
     """What collecting loaded (test modules, Lucid, xDSL, hypothesis) lives for the whole run:
     frozen out of the cyclic collector's sight, the full collections during the tests stop
-    rescanning it."""
+    rescanning it. Then the selected tests' background work starts."""
     gc.collect()
     gc.freeze()
+    if not session.config.option.collectonly:
+        _start_background_work(session)
+
+
+def _start_background_work(session) -> None:
+    """A test module whose tests wait on other processes (the docs' runner, clang) may define
+    ``background_work(items, config)``, called here with its selected tests: it returns a
+    function doing that work (or None), which runs on one background thread, one module's after
+    another in the run's order. Their processes then use the machine's second core (the run
+    itself uses one) while this one runs the tests collected before them."""
+    by_module: dict = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if hasattr(module, "background_work"):
+            by_module.setdefault(module, []).append(item)
+    jobs = [module.background_work(items, session.config) for module, items in by_module.items()]
+    jobs = [job for job in jobs if job is not None]
+
+    def run_jobs() -> None:
+        if sys.platform.startswith("linux"):
+            # Nice 10 for this thread (on Linux a thread's own) and the processes it starts: the
+            # work takes what the run leaves free, and never slows the run on a busy machine.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        for job in jobs:
+            try:
+                job()
+            except BaseException:  # noqa: BLE001 - a job reports its errors to its tests
+                continue
+
+    if jobs:
+        threading.Thread(target=run_jobs, name="tests-background-work", daemon=True).start()

@@ -27,19 +27,26 @@ docs/passes.md's first example), ``trace.json`` (its trace) and ``symbolic.mlir`
 A failure names the block as ``file:line`` (the line of its opening fence) with the traceback,
 whose frames point at the doc's own lines. The blocks run in a helper process
 (tests/docs_runner.py) that imports Lucid once and forks a child per chain of blocks (a fresh
-interpreter per chain where forking is unsafe, or with ``LUCID_DOCS_NO_FORK=1``).
+interpreter per chain where forking is unsafe, or with ``LUCID_DOCS_NO_FORK=1``). The chains
+of the selected blocks start running in the background as soon as the run's tests are known
+(``background_work``), so they use the machine's other core while the tests before this
+module run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -184,9 +191,11 @@ def test_json_block_parses(block):
 
 
 class Runner:
-    """The helper process (tests/docs_runner.py) and the results of the chains it ran."""
+    """The helper process (tests/docs_runner.py) and the results of the chains it ran. Its
+    methods may be called from two threads (the background one and the tests')."""
 
     def __init__(self, env: dict | None = None) -> None:
+        self._lock = threading.RLock()  # one request at a time on the helper's pipes
         self.proc = subprocess.Popen(
             [sys.executable, str(RUNNER)],
             stdin=subprocess.PIPE,
@@ -205,6 +214,10 @@ class Runner:
         self, chain: list[Block], timeout: float = CHAIN_TIMEOUT_S, fresh_process: bool = False
     ) -> dict:
         """Run one chain; ``fresh_process`` runs it in a fresh interpreter instead of a fork."""
+        with self._lock:
+            return self._run(chain, timeout, fresh_process)
+
+    def _run(self, chain: list[Block], timeout: float, fresh_process: bool) -> dict:
         folder = tempfile.mkdtemp(dir=self.scratch.name)
         request = {
             "blocks": [
@@ -228,44 +241,113 @@ class Runner:
         return json.loads(answer)
 
     def result_of(self, block: Block, slow_selected: bool) -> dict:
-        if block not in self.results:
-            chain = CHAINS[block]
-            # Run the chain up to this block, and on through the continuations after it that
-            # this run selects, so each chain usually runs once.
-            upto = chain.index(block)
-            while (
-                upto + 1 < len(chain)
-                and chain[upto + 1] not in self.results
-                and (slow_selected or "slow" not in chain[upto + 1].markers)
-            ):
-                upto += 1
-            answer = self.run(chain[: upto + 1])
-            if answer.get("timeout"):
-                for b in chain[: upto + 1]:
-                    self.results[b] = {"ok": False, "error": f"timed out after {CHAIN_TIMEOUT_S} s"}
-            else:
-                by_line = {r["line"]: r for r in answer["results"]}
-                failed = next((r for r in answer["results"] if not r["ok"]), None)
-                for b in chain[: upto + 1]:
-                    if b.line in by_line:
-                        self.results[b] = by_line[b.line]
-                    else:
-                        first = next(c for c in chain if c.line == failed["line"]) if failed else b
-                        self.results[b] = {
-                            "ok": False,
-                            "error": f"not run: {first.where}, earlier in its chain, failed",
-                        }
-        return self.results[block]
+        with self._lock:
+            if block not in self.results:
+                self._run_chain_of(block, slow_selected)
+            return self.results[block]
+
+    def _run_chain_of(self, block: Block, slow_selected: bool) -> None:
+        chain = CHAINS[block]
+        # Run the chain up to this block, and on through the continuations after it that
+        # this run selects, so each chain usually runs once.
+        upto = chain.index(block)
+        while (
+            upto + 1 < len(chain)
+            and chain[upto + 1] not in self.results
+            and (slow_selected or "slow" not in chain[upto + 1].markers)
+        ):
+            upto += 1
+        answer = self.run(chain[: upto + 1])
+        if answer.get("timeout"):
+            for b in chain[: upto + 1]:
+                self.results[b] = {"ok": False, "error": f"timed out after {CHAIN_TIMEOUT_S} s"}
+        else:
+            by_line = {r["line"]: r for r in answer["results"]}
+            failed = next((r for r in answer["results"] if not r["ok"]), None)
+            for b in chain[: upto + 1]:
+                if b.line in by_line:
+                    self.results[b] = by_line[b.line]
+                else:
+                    first = next(c for c in chain if c.line == failed["line"]) if failed else b
+                    self.results[b] = {
+                        "ok": False,
+                        "error": f"not run: {first.where}, earlier in its chain, failed",
+                    }
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-        self.scratch.cleanup()
+        """Stop the helper once its current chain is done; at once when the run ends early
+        (``-x``, Ctrl-C) while the background thread still has a chain running."""
+        if not self._lock.acquire(blocking=False):
+            self.proc.kill()  # the thread's answer never comes: it stops with an error
+            self.proc.wait(timeout=60)
+            with contextlib.suppress(OSError):  # the chain's process may still write there
+                self.scratch.cleanup()
+            return
+        try:
+            if self.proc.stdin.closed:
+                return
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            self.proc.stdout.close()
+            self.scratch.cleanup()
+        finally:
+            self._lock.release()
+
+
+def _unsafe_blocks_of(chain: list[Block]) -> list[Block]:
+    return [b for b in chain if b.kind == "sh" and _UNSAFE_SHELL.search(b.code)]
+
+
+def _slow_selected(config: pytest.Config) -> bool:
+    return "not slow" not in (config.getoption("-m") or "")
+
+
+# The runner started by background_work's job, once it is ready (None: no job).
+_background_runner: Future | None = None
+
+
+def background_work(items: list[pytest.Item], config: pytest.Config):
+    """Called by tests/conftest.py with this module's selected tests: the job it runs in the
+    background, which starts the runner and runs the chains of the selected blocks in the tests'
+    order (the tests then find their results ready, or wait for them)."""
+    global _background_runner
+    blocks = [
+        item.callspec.params["block"]
+        for item in items
+        if getattr(item, "originalname", None) == "test_code_block_runs"
+    ]
+    # As test_code_block_runs: a chain with an unsafe shell block is refused, never run.
+    blocks = [b for b in blocks if not _unsafe_blocks_of(CHAINS[b])]
+    if not blocks:
+        return None
+    slow_selected = _slow_selected(config)
+    started: Future = Future()
+
+    def work() -> None:
+        try:
+            runner = Runner()
+        except BaseException as e:  # noqa: BLE001 - the runner fixture raises it again
+            started.set_exception(e)
+            return
+        started.set_result(runner)
+        for block in blocks:
+            try:
+                runner.result_of(block, slow_selected)
+            except (OSError, ValueError, RuntimeError):
+                return  # closed or died: the test asking for this block raises it again
+
+    def close() -> None:
+        if started.done() and started.exception() is None:
+            started.result().close()
+
+    config.add_cleanup(close)
+    _background_runner = started
+    return work
 
 
 @pytest.fixture(scope="module")
 def runner():
-    r = Runner()
+    r = _background_runner.result() if _background_runner is not None else Runner()
     yield r
     r.close()
 
@@ -277,11 +359,10 @@ def _param(b: Block):
 
 @pytest.mark.parametrize("block", [_param(b) for b in ALL_BLOCKS if b.runs])
 def test_code_block_runs(block, runner, request):
-    unsafe = [b for b in CHAINS[block] if b.kind == "sh" and _UNSAFE_SHELL.search(b.code)]
+    unsafe = _unsafe_blocks_of(CHAINS[block])
     if unsafe:
         pytest.fail(f"{unsafe[0].where}: not run: mark this shell block 'manual'", pytrace=False)
-    slow_selected = "not slow" not in (request.config.getoption("-m") or "")
-    result = runner.result_of(block, slow_selected)
+    result = runner.result_of(block, _slow_selected(request.config))
     if not result["ok"]:
         printed = result.get("printed")
         extra = f"\n--- printed before the failure ---\n{printed}" if printed else ""
@@ -371,6 +452,35 @@ def test_a_block_past_its_timeout_is_stopped(runner, tmp_path):
     doc.write_text("```python\nimport time\ntime.sleep(60)\n```\n")
     (block,) = parse_blocks(doc, root=tmp_path)
     assert runner.run([block], timeout=0.5) == {"timeout": True}
+
+
+def test_background_work_runs_what_the_tests_would_and_no_refused_chain(monkeypatch, tmp_path):
+    """background_work's job asks the runner for the selected blocks, in order, with the run's
+    slow selection, and leaves out a chain the test refuses (an unsafe shell block)."""
+    doc = tmp_path / "guide.md"
+    doc.write_text("```python\nx = 1\n```\n\n```sh\nrm -r somewhere\n```\n\n```sh\necho hi\n```\n")
+    blocks = parse_blocks(doc, root=tmp_path)
+    asked = []
+
+    class FakeRunner:
+        def result_of(self, block, slow_selected):
+            asked.append((block.line, slow_selected))
+
+    monkeypatch.setitem(globals(), "CHAINS", chains_of(blocks))
+    monkeypatch.setitem(globals(), "Runner", FakeRunner)
+    monkeypatch.setitem(globals(), "_background_runner", None)
+    items = [
+        SimpleNamespace(
+            originalname="test_code_block_runs", callspec=SimpleNamespace(params={"block": b})
+        )
+        for b in blocks
+    ] + [SimpleNamespace(originalname="test_docs_stand_alone")]
+    cleanups = []
+    config = SimpleNamespace(getoption=lambda name: "not slow", add_cleanup=cleanups.append)
+    job = background_work(items, config)
+    job()
+    assert asked == [(1, False), (9, False)]
+    assert isinstance(_background_runner.result(), FakeRunner) and len(cleanups) == 1
 
 
 def test_chains_also_run_in_fresh_processes(runner, tmp_path):

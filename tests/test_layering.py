@@ -6,6 +6,7 @@ eager core -> trace -> ir -> passes -> backends -> compile."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 LUCID = Path(__file__).resolve().parents[1] / "lucid"
@@ -52,17 +53,18 @@ def _layer_of_file(path: Path) -> str:
     return "core"
 
 
-def _statements(path: Path) -> list[tuple[int, list[str]]]:
+@functools.cache  # each file parsed once per run, whichever test asks first
+def _statements(path: Path) -> tuple[tuple[int, tuple[str, ...]], ...]:
     """Per import statement of ``path``: its line and the absolute modules it may load (``from
     a import b`` gives ``a.b``, since ``b`` may be a submodule, else ``a``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out.extend((node.lineno, [a.name]) for a in node.names)
+            out.extend((node.lineno, (a.name,)) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, [f"{node.module}.{a.name}" for a in node.names]))
-    return out
+            out.append((node.lineno, tuple(f"{node.module}.{a.name}" for a in node.names)))
+    return tuple(out)
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:

@@ -143,6 +143,8 @@ OP_POLICY: dict[str, tuple[str, str]] = {
     "logical_not": (NONE, NONE),
     "logical_or": (NONE, NONE),
     "logical_xor": (NONE, NONE),
+    "lstm_recurrence": (NONE, NONE),  # its operands promoted to one dtype by lstm()
+    "lstm_recurrence_backward": (NONE, NONE),
     "lt": (NONE, NONE),
     "masked_fill": (NONE, NONE),
     "max_dim": (NONE, NONE),

@@ -1,4 +1,5 @@
-// Stride-1 convolutions as GEMMs over shifted views of a zero-padded image (see conv.h).
+// Stride-1 convolutions as GEMMs over shifted views of a zero-padded image (see conv.h), and
+// Winograd F(2x2, 3x3) for float32 3x3 ones with many channels (further down: why and when).
 //
 // With the image padded to Hp x Wp, output pixel (h, w) of tap (c, i, j) reads the padded plane of
 // channel c at (h + i*dh)*Wp + w + j*dw: for a run of pixels along a row (or along the HO x Wp
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "lucid/parallel.h"
+#include "lucid/sgemm.h"
 
 // The kernels pass 256-bit vectors only between always-inlined functions: no ABI is involved.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -259,6 +261,148 @@ LUCID_ALWAYS_INLINE bool grad_chunk(const Plan& q, const T* x, const T* dy, int6
   return true;
 }
 
+// ---- Winograd F(2x2, 3x3) -------------------------------------------------------------------
+// A 3x3 stride-1 convolution with many channels as 16 GEMMs over transformed 4x4 input tiles
+// (Lavin & Gray): each 2x2 output tile costs 16 multiply-adds per (input, output) channel pair
+// instead of 36. The images' tiles sit side by side in the GEMMs' columns, so the later stages'
+// tiny planes (8x8, 4x4) still make GEMMs wide enough for the BLAS.
+//   V[xi][c][p] = (B^T d B)[xi] of input tile p (4x4, stride 2), channel c
+//   U[xi][o][c] = (G g G^T)[xi] of weight g[o, c]
+//   M[xi] = U[xi] @ V[xi]; output tile p of channel o = A^T M[.][o][p] A, then bias and ReLU.
+// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
+// A^T = [1 1 1 0; 0 1 -1 -1]. The transforms mix a tile's values, so an inf or NaN would spread
+// to outputs the direct sum keeps finite: inputs and weights with one take another path.
+struct Wino {
+  int64_t N, C, H, W, O, HO, WO, pt, pl, TH, TW, P;
+};
+
+// Tiles of images: each (image, channel) plane read once into its even and odd padded columns,
+// then the 4x4 tiles of one tile row transformed together, a vector over the tiles of the row.
+template <class T>
+LUCID_ALWAYS_INLINE void wino_input(const Wino& q, const T* x, T* V, int64_t j0, int64_t j1) {
+  const int64_t rows = 2 * q.TH + 2, half = q.TW + 1, tiles = q.TH * q.TW;
+  T* even = thread_buffer<T>(1, 2 * rows * half + 16 * q.TW);
+  T* odd = even + rows * half;
+  T* t = odd + rows * half;  // [16][TW]
+  for (int64_t job = j0; job < j1; ++job) {
+    const int64_t n = job / q.C, c = job % q.C;
+    const T* plane = x + (n * q.C + c) * q.H * q.W;
+    std::fill_n(even, 2 * rows * half, T(0));
+    for (int64_t h = std::max<int64_t>(0, -q.pt); h < q.H && h + q.pt < rows; ++h) {
+      const T* src = plane + h * q.W;
+      T *e = even + (h + q.pt) * half, *o = odd + (h + q.pt) * half;
+      // Padded column pc = w + pl lands in e[pc / 2] (even pc) or o[pc / 2] (odd pc).
+      for (int64_t wc = 0; wc < q.W && wc + q.pl < 2 * half; ++wc) {
+        const int64_t pc = wc + q.pl;
+        (pc & 1 ? o : e)[pc >> 1] = src[wc];
+      }
+    }
+    for (int64_t ty = 0; ty < q.TH; ++ty) {
+      // Columns first: per padded row, the row's B^T-combination of each tile's 4 columns.
+      T col[4][4][64];  // [row][combination][tile], tiles of the row in blocks of 64
+      for (int64_t x0 = 0; x0 < q.TW; x0 += 64) {
+        const int64_t nx = std::min<int64_t>(64, q.TW - x0);
+        for (int r = 0; r < 4; ++r) {
+          const T* e = even + (2 * ty + r) * half + x0;
+          const T* o = odd + (2 * ty + r) * half + x0;
+          for (int64_t i = 0; i < nx; ++i) {
+            col[r][0][i] = e[i] - e[i + 1];
+            col[r][1][i] = o[i] + e[i + 1];
+            col[r][2][i] = e[i + 1] - o[i];
+            col[r][3][i] = o[i] - o[i + 1];
+          }
+        }
+        for (int j = 0; j < 4; ++j)
+          for (int64_t i = 0; i < nx; ++i) {
+            t[(0 * 4 + j) * q.TW + x0 + i] = col[0][j][i] - col[2][j][i];
+            t[(1 * 4 + j) * q.TW + x0 + i] = col[1][j][i] + col[2][j][i];
+            t[(2 * 4 + j) * q.TW + x0 + i] = col[2][j][i] - col[1][j][i];
+            t[(3 * 4 + j) * q.TW + x0 + i] = col[1][j][i] - col[3][j][i];
+          }
+      }
+      const int64_t p0 = n * tiles + ty * q.TW;
+      for (int xi = 0; xi < 16; ++xi)
+        std::memcpy(V + (xi * q.C + c) * q.P + p0, t + xi * q.TW, sizeof(T) * q.TW);
+    }
+  }
+}
+
+// U for output channels [o0, o1): w is OIHW [O, C, 3, 3]. Each output channel's taps are first
+// gathered tap-major, so the transform runs as vectors over the input channels and writes each
+// U row [xi][o][.] front to back.
+template <class T>
+LUCID_ALWAYS_INLINE void wino_weights(const Wino& q, const T* w, T* U, int64_t o0, int64_t o1) {
+  const int64_t C = q.C, OC = q.O * q.C;
+  T* g = thread_buffer<T>(1, 9 * C + 12 * C);  // [9][C] taps, then G g as [4][3][C]
+  T* gg = g + 9 * C;
+  for (int64_t o = o0; o < o1; ++o) {
+    const T* src = w + o * C * 9;
+    for (int64_t c = 0; c < C; ++c)
+      for (int k = 0; k < 9; ++k) g[k * C + c] = src[c * 9 + k];
+    for (int j = 0; j < 3; ++j) {
+      const T *g0 = g + j * C, *g1 = g + (3 + j) * C, *g2 = g + (6 + j) * C;
+      T *r0 = gg + (0 * 3 + j) * C, *r1 = gg + (1 * 3 + j) * C;
+      T *r2 = gg + (2 * 3 + j) * C, *r3 = gg + (3 * 3 + j) * C;
+      for (int64_t c = 0; c < C; ++c) {
+        r0[c] = g0[c];
+        r1[c] = T(0.5) * (g0[c] + g1[c] + g2[c]);
+        r2[c] = T(0.5) * (g0[c] - g1[c] + g2[c]);
+        r3[c] = g2[c];
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      const T *a0 = gg + (i * 3 + 0) * C, *a1 = gg + (i * 3 + 1) * C, *a2 = gg + (i * 3 + 2) * C;
+      T* u = U + i * 4 * OC + o * C;
+      for (int64_t c = 0; c < C; ++c) {
+        u[c] = a0[c];
+        u[OC + c] = T(0.5) * (a0[c] + a1[c] + a2[c]);
+        u[2 * OC + c] = T(0.5) * (a0[c] - a1[c] + a2[c]);
+        u[3 * OC + c] = a2[c];
+      }
+    }
+  }
+}
+
+// Output planes (image, channel) [j0, j1) from M [16][O][P], through the bias and ReLU epilogue.
+template <class T>
+LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, bool relu, T* y,
+                                     int64_t j0, int64_t j1) {
+  const int64_t tiles = q.TH * q.TW, OP = q.O * q.P;
+  T* out = thread_buffer<T>(2, 4 * q.TW);  // [a][b][tile] of one tile row
+  for (int64_t job = j0; job < j1; ++job) {
+    const int64_t n = job / q.O, o = job % q.O;
+    const T b = bias ? bias[o] : T(0);
+    T* plane = y + (n * q.O + o) * q.HO * q.WO;
+    for (int64_t ty = 0; ty < q.TH; ++ty) {
+      const T* m = M + o * q.P + n * tiles + ty * q.TW;
+      for (int64_t i = 0; i < q.TW; ++i) {
+        T s[2][4];  // A^T m, per column
+        for (int j = 0; j < 4; ++j) {
+          const T m0 = m[(0 * 4 + j) * OP + i], m1 = m[(1 * 4 + j) * OP + i];
+          const T m2 = m[(2 * 4 + j) * OP + i], m3 = m[(3 * 4 + j) * OP + i];
+          s[0][j] = m0 + m1 + m2;
+          s[1][j] = m1 - m2 - m3;
+        }
+        for (int a = 0; a < 2; ++a) {
+          T v0 = s[a][0] + s[a][1] + s[a][2] + b;
+          T v1 = s[a][1] - s[a][2] - s[a][3] + b;
+          if (relu) {  // as lucid::relu: v <= 0 ? +0 : v
+            v0 = v0 <= 0 ? T(0) : v0;
+            v1 = v1 <= 0 ? T(0) : v1;
+          }
+          out[(a * 2 + 0) * q.TW + i] = v0;
+          out[(a * 2 + 1) * q.TW + i] = v1;
+        }
+      }
+      for (int a = 0; a < 2 && 2 * ty + a < q.HO; ++a) {
+        T* row = plane + (2 * ty + a) * q.WO;
+        for (int64_t wcol = 0; wcol < q.WO; ++wcol)
+          row[wcol] = out[(a * 2 + (wcol & 1)) * q.TW + (wcol >> 1)];
+      }
+    }
+  }
+}
+
 // The kernels compiled for the baseline ISA and for AVX2 + FMA, picked at run time.
 #define LUCID_CONV_KERNELS(suffix, attr)                                                          \
   template <class T>                                                                            \
@@ -270,6 +414,19 @@ LUCID_ALWAYS_INLINE bool grad_chunk(const Plan& q, const T* x, const T* dy, int6
   attr bool grad_##suffix(const Plan& q, const T* x, const T* dy, int64_t n0, int64_t images,   \
                           T* part) {                                                            \
     return grad_chunk(q, x, dy, n0, images, part);                                              \
+  }                                                                                             \
+  template <class T>                                                                            \
+  attr void wino_input_##suffix(const Wino& q, const T* x, T* V, int64_t j0, int64_t j1) {      \
+    wino_input(q, x, V, j0, j1);                                                                \
+  }                                                                                             \
+  template <class T>                                                                            \
+  attr void wino_weights_##suffix(const Wino& q, const T* w, T* U, int64_t o0, int64_t o1) {    \
+    wino_weights(q, w, U, o0, o1);                                                              \
+  }                                                                                             \
+  template <class T>                                                                            \
+  attr void wino_output_##suffix(const Wino& q, const T* M, const T* bias, bool relu, T* y,     \
+                                 int64_t j0, int64_t j1) {                                      \
+    wino_output(q, M, bias, relu, y, j0, j1);                                                   \
   }
 
 LUCID_CONV_KERNELS(base, )
@@ -290,6 +447,19 @@ template <class T>
 bool grad_avx2(const Plan& q, const T* x, const T* dy, int64_t n0, int64_t images, T* part) {
   return grad_base(q, x, dy, n0, images, part);
 }
+template <class T>
+void wino_input_avx2(const Wino& q, const T* x, T* V, int64_t j0, int64_t j1) {
+  wino_input_base(q, x, V, j0, j1);
+}
+template <class T>
+void wino_weights_avx2(const Wino& q, const T* w, T* U, int64_t o0, int64_t o1) {
+  wino_weights_base(q, w, U, o0, o1);
+}
+template <class T>
+void wino_output_avx2(const Wino& q, const T* M, const T* bias, bool relu, T* y, int64_t j0,
+                      int64_t j1) {
+  wino_output_base(q, M, bias, relu, y, j0, j1);
+}
 #endif
 
 bool fits(const Plan& q, size_t elem) {
@@ -307,6 +477,124 @@ void run_forward(const Plan& q, const T* x, const T* wp, const T* bias, bool rel
   });
 }
 
+// The calling thread's scratch of the Winograd and im2col forward paths: one buffer for both,
+// kept across calls (no page faults per call), as large as the largest call needed.
+float* forward_scratch(size_t n) {
+  thread_local std::vector<float> work;
+  if (work.size() < n) work.resize(n);
+  return work.data();
+}
+
+// Winograd is worth its transforms once the GEMMs are large: at least this many channels on
+// each side and this many tiles in all (the weight transform costs about as much as the
+// multiply-adds saved on 16 tiles). forward() tries the shifted-view kernel first.
+constexpr int64_t kWinoMinChannels = 32;
+constexpr int64_t kWinoMinTiles = 64;
+
+bool winograd_applies(const ConvShape& s) {
+  return sgemm_supported() && s.KH == 3 && s.KW == 3 && s.sh == 1 && s.sw == 1 &&
+         s.dh == 1 && s.dw == 1 && s.G == 1 && s.C >= kWinoMinChannels &&
+         s.O >= kWinoMinChannels && s.HO > 0 && s.WO > 0 &&
+         s.N * ((s.HO + 1) / 2) * ((s.WO + 1) / 2) >= kWinoMinTiles;
+}
+
+// float32 only: the float64 kernels serve the finite-difference checks, where the direct sum's
+// rounding is wanted.
+bool winograd_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                      bool relu, float* y) {
+  using T = float;
+  if (!winograd_applies(s)) return false;
+  if (!all_finite(x, s.N * s.C * s.H * s.W) || !all_finite(w, s.O * s.C * 9)) return false;
+  Wino q{s.N, s.C, s.H, s.W, s.O, s.HO, s.WO, s.pt, s.pl, (s.HO + 1) / 2, (s.WO + 1) / 2, 0};
+  q.P = q.N * q.TH * q.TW;
+  const size_t u_size = 16 * q.O * q.C, v_size = 16 * q.C * q.P, m_size = 16 * q.O * q.P;
+  T* U = forward_scratch(u_size + v_size + m_size);
+  T *V = U + u_size, *M = V + v_size;
+  const bool avx2 = has_avx2();
+  parallel_for(q.O, std::max<int64_t>(1, 4096 / q.C), [&](int64_t o0, int64_t o1) {
+    if (avx2) wino_weights_avx2(q, w, U, o0, o1);
+    else wino_weights_base(q, w, U, o0, o1);
+  });
+  const int64_t plane = std::max<int64_t>(1, q.H * q.W);
+  parallel_for(q.N * q.C, std::max<int64_t>(1, 4096 / plane), [&](int64_t j0, int64_t j1) {
+    if (avx2) wino_input_avx2(q, x, V, j0, j1);
+    else wino_input_base(q, x, V, j0, j1);
+  });
+  // Lucid's sgemm splits each product over blocks of rows or columns, never the contraction, so
+  // the sums do not depend on the thread count (OpenBLAS's threaded kernels differ in the last
+  // bits between 1 and 2 threads).
+  for (int64_t xi = 0; xi < 16; ++xi)
+    sgemm(false, false, q.O, q.P, q.C, 1.0f, U + xi * q.O * q.C, q.C, V + xi * q.C * q.P, q.P,
+          0.0f, M + xi * q.O * q.P, q.P);
+  const int64_t out_plane = std::max<int64_t>(1, q.HO * q.WO);
+  parallel_for(q.N * q.O, std::max<int64_t>(1, 4096 / out_plane), [&](int64_t j0, int64_t j1) {
+    if (avx2) wino_output_avx2(q, M, bias, relu, y, j0, j1);
+    else wino_output_base(q, M, bias, relu, y, j0, j1);
+  });
+  return true;
+}
+
+// ---- im2col over the batch -----------------------------------------------------------------
+// The shapes left (strided, 1x1 projections, the 7x7 stem, 3x3 ones on planes too small for
+// Winograd): one im2col matrix [C*KH*KW][N*HO*WO] for the whole batch, its rows filled in
+// parallel; one GEMM; the [O][N*HO*WO] product scattered into NCHW through the bias and ReLU,
+// (image, channel) planes in parallel. linalg.cpp's fallback does the same on one thread, with
+// the bias in a pass of its own.
+constexpr int64_t kMaxColumnElements = int64_t(1) << 26;  // 256 MB of float32 scratch
+
+// im2col rows [k0, k1) (k = (c*KH + i)*KW + j) for all images.
+void im2col_rows(const ConvShape& s, const float* x, float* col, int64_t k0, int64_t k1) {
+  const int64_t HW = s.HO * s.WO, cols = s.N * HW, image = s.C * s.H * s.W;
+  for (int64_t k = k0; k < k1; ++k) {
+    const int64_t c = k / (s.KH * s.KW), i = k / s.KW % s.KH, j = k % s.KW;
+    const int64_t rshift = i * s.dh - s.pt, cshift = j * s.dw - s.pl;
+    float* row = col + k * cols;
+    for (int64_t n = 0; n < s.N; ++n) {
+      const float* plane = x + n * image + c * s.H * s.W;
+      float* dst = row + n * HW;
+      for (int64_t oh = 0; oh < s.HO; ++oh, dst += s.WO) {
+        const int64_t h = oh * s.sh + rshift;
+        if (h < 0 || h >= s.H) {
+          std::fill_n(dst, s.WO, 0.0f);
+          continue;
+        }
+        const float* src = plane + h * s.W + cshift;
+        for (int64_t ow = 0; ow < s.WO; ++ow) {
+          const int64_t wc = ow * s.sw + cshift;
+          dst[ow] = wc >= 0 && wc < s.W ? src[ow * s.sw] : 0.0f;
+        }
+      }
+    }
+  }
+}
+
+bool im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                    bool relu, float* y) {
+  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
+  if (!sgemm_supported() || s.G != 1 || K == 0 || cols == 0 || s.O == 0 ||
+      (K + s.O) * cols > kMaxColumnElements)
+    return false;
+  float* col = forward_scratch((K + s.O) * cols);
+  float* product = col + K * cols;
+  parallel_for(K, std::max<int64_t>(1, 8192 / cols),
+               [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
+  // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
+  sgemm(false, false, s.O, cols, K, 1.0f, w, K, col, cols, 0.0f, product, cols);
+  parallel_for(s.N * s.O, std::max<int64_t>(1, 8192 / HW), [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t n = job / s.O, o = job % s.O;
+      const float* src = product + o * cols + n * HW;
+      float* dst = y + job * HW;
+      const float b = bias ? bias[o] : 0.0f;
+      for (int64_t p = 0; p < HW; ++p) {
+        const float v = src[p] + b;
+        dst[p] = relu && v <= 0 ? 0.0f : v;  // as lucid::relu: NaN stays NaN, -0 becomes +0
+      }
+    }
+  });
+  return true;
+}
+
 // The plan of the forward convolution over `s` (the weight gradient walks the same windows):
 // the bottom and right padding are what the stride-1 output extent needs.
 Plan forward_plan(const ConvShape& s, int64_t lanes) {
@@ -320,9 +608,15 @@ Plan forward_plan(const ConvShape& s, int64_t lanes) {
 
 template <class T>
 bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
-  if (s.sh != 1 || s.sw != 1) return false;
   Plan q = forward_plan(s, Simd<T>::L);
-  if (!fits(q, sizeof(T))) return false;
+  // The shifted-view kernel where its weights and image fit in L2: it runs near the machine's
+  // FMA rate there, and Winograd's transform passes cost about what its GEMMs save (measured on
+  // workload G's 64-channel 16x16 stage). Beyond it, Winograd, then im2col over the batch.
+  if (s.sh != 1 || s.sw != 1 || !fits(q, sizeof(T))) {
+    if constexpr (std::is_same_v<T, float>)
+      return winograd_forward(s, x, w, bias, relu, y) || im2col_forward(s, x, w, bias, relu, y);
+    return false;
+  }
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));  // [G][K][ldw]: a tap's weights side by side
   for (int64_t gr = 0; gr < q.G; ++gr)
     for (int64_t o = 0; o < q.cout; ++o)

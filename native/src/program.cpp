@@ -953,6 +953,8 @@ int64_t instr_work(const Program& p, const Instr& in) {
     }
     case Op::attention: case Op::attention_grad:
       return sat_add(base, attention_work(p, in));
+    case Op::lstm: case Op::lstm_grad:
+      return sat_add(base, lstm_work(p, in));
     case Op::max_pool2d: case Op::avg_pool2d: case Op::max_pool2d_grad:
     case Op::max_pool2d_relu_grad: case Op::avg_pool2d_grad: {
       const auto& k = attr_ints(in, "kernel");
@@ -993,7 +995,8 @@ void validate(const Program& p) {
       if (!defined[s]) fail(where + ": input slot " + std::to_string(s) + " is used before it is defined");
     }
     const bool attention = in.op == Op::attention || in.op == Op::attention_grad;
-    const bool multi = in.op == Op::fused || is_row_kernel(in.op) || attention;
+    const bool lstm = in.op == Op::lstm || in.op == Op::lstm_grad;
+    const bool multi = in.op == Op::fused || is_row_kernel(in.op) || attention || lstm;
     if (in.out.empty() || (!multi && in.out.size() != 1))
       fail(where + ": needs exactly 1 output slot, got " + std::to_string(in.out.size()));
     for (int o : in.out) {
@@ -1011,6 +1014,7 @@ void validate(const Program& p) {
       if (in.op == Op::fused) expect = infer_fused(p, in);
       else if (is_row_kernel(in.op)) expect = infer_row_kernel(p, in);
       else if (attention) expect = infer_attention(p, in);
+      else if (lstm) expect = infer_lstm(p, in);
       else expect = {infer(p, in)};
     } catch (const std::invalid_argument& e) {
       fail(where + ": " + e.what());

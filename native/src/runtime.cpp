@@ -134,6 +134,8 @@ Step make_step(const Program& p, const Instr& in) {
       return make_reduce_step(p, in);
     case Op::attention: case Op::attention_grad:
       return make_attention_step(p, in);
+    case Op::lstm: case Op::lstm_grad:
+      return make_lstm_step(p, in);
     default:
       return make_shape_step(p, in);
   }

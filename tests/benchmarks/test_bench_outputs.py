@@ -35,13 +35,19 @@ def test_write_refuses_a_narrowed_run(narrowing, capsys):
 
 @pytest.fixture
 def lucid_only_run(monkeypatch, tmp_path):
-    """bench_per_process with no peer installed, children faked, and the reference paths in
-    tmp_path: returns those paths."""
+    """bench_per_process with no peer installed, children (the cases' and the sgemm
+    measurement's) faked, and the reference paths in tmp_path: returns those paths."""
 
     def fake_spawn(spec, args):
         return {"ms": 1.0, "first_call_s": 0.1, "blas": {}, "threads": {}, "versions": {}}
 
+    def fake_sgemm(args):
+        rates = [50.0, 52.0]
+        shape = list(BP.SGEMM_SHAPE)
+        return {"shape": shape, "threads": args.threads, "round_gflops": rates, "gflops": 51.0}
+
     monkeypatch.setattr(BP, "spawn", fake_spawn)
+    monkeypatch.setattr(BP, "measure_sgemm", fake_sgemm)
     monkeypatch.setattr(BP, "installed", lambda framework, *_: framework == "lucid")
     reference = tmp_path / "workloads.json", tmp_path / "performance.png"
     monkeypatch.setattr(BP, "REFERENCE_JSON", str(reference[0]))
@@ -68,6 +74,14 @@ def test_per_process_write_stores_the_full_run_without_ratios(lucid_only_run, ca
     assert len(saved["rows"]) == 11
     assert not any("ratio" in row or "vs" in row for row in saved["rows"])
     assert all(row["peer_source"] == "no peer installed" for row in saved["rows"])
+
+
+@pytest.mark.slow
+def test_the_sgemm_rate_is_measured_in_a_fresh_process():
+    result = BP.measure_sgemm(BP.parse_args(["--threads", "1"]))
+    assert "error" not in result, result
+    assert result["shape"] == list(BP.SGEMM_SHAPE) and result["threads"] == 1
+    assert result["gflops"] > 0 and all(r > 0 for r in result["round_gflops"])
 
 
 def test_in_process_benchmark_has_no_ratio_without_peers(monkeypatch, capsys):

@@ -1,7 +1,8 @@
 """Real multi-process runs: ``mpirun -n 2`` and ``-n 4`` jobs of ``_mpi_checks.py``.
 
-The default run starts one 2-process and one 4-process job, each running several checks; the
-rest are marked slow. Each job has a timeout, so a hang fails the test instead of blocking it.
+The default run starts one 2-process job running the default checks (each job pays for its
+processes' start-up, so they share one); the rest, the 4-process jobs included, are marked
+slow. Each job has a timeout, so a hang fails the test instead of blocking it.
 Skipped (with the reason) where mpirun or mpi4py is missing; ``.ci/run`` installs both.
 """
 
@@ -64,14 +65,6 @@ def _assert_passed(n: int, checks: list[str]) -> None:
         assert ranks == {str(r) for r in range(n)}, (name, ranks, output[-4000:])
 
 
-def test_two_processes():
-    _assert_passed(2, ["collectives", "ddp_sgd_float64", "ddp_batchnorm", "ddp_compiled_optimizer"])
-
-
-def test_four_processes():
-    _assert_passed(4, ["collectives", "ddp_adamw_float64", "ddp_no_sync", "sampler"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_check(n):
@@ -92,10 +85,19 @@ def test_every_check(n):
     )
 
 
-def test_compiled_data_parallel_step_two_processes():
-    """fused_step(..., process_group=...) on 2 shards == 1 process on the whole batch == eager
-    DDP, and --print-ir-after-all shows the all_reduce ops of the grad-allreduce pass."""
+def test_two_processes_eager_and_compiled_data_parallel():
+    """One 2-process job: the collectives, eager DDP, the sampler; fused_step(...,
+    process_group=...) on 2 shards == 1 process on the whole batch == eager DDP, and
+    --print-ir-after-all shows the all_reduce ops of the grad-allreduce pass. (test_every_check
+    runs these and more on 4 processes too.)"""
     checks = [
+        "collectives",
+        "ddp_sgd_float64",
+        "ddp_adamw_float64",
+        "ddp_batchnorm",
+        "ddp_compiled_optimizer",
+        "ddp_no_sync",
+        "sampler",
         "compiled_ddp_sgd_float64",
         "compiled_ddp_adamw_float64",
         "compiled_ddp_batchnorm",

@@ -162,3 +162,16 @@ def test_interpreter_refuses_ops_outside_prim():
     module = import_trace(trace(lambda t: t * 2, Tensor._wrap(np.ones(2, np.float32))))
     with pytest.raises(ValueError, match="not in the prim dialect; run lower-to-prim first"):
         interpret_prim(module, [np.ones(2, np.float32)])
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_reference_over_an_empty_axis_is_empty(name):
+    """The native kernels return an empty result; the reference must agree, not raise (numpy's
+    max over a zero-size axis has no identity). Found by the native program fuzzer."""
+    from lucid.ir.prim._core import evaluate
+
+    (out,) = evaluate(name, [np.zeros((2, 0, 4), np.float32)], {"axis": 1})
+    assert out.shape == (2, 0, 4)
+    (row,) = evaluate(name, [np.array([[1.0, 2.0]], np.float32)], {"axis": 1})
+    want = np.exp([1.0, 2.0]) / np.exp([1.0, 2.0]).sum()
+    np.testing.assert_allclose(row[0], want if name == "softmax" else np.log(want), rtol=1e-6)

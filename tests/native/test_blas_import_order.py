@@ -4,6 +4,9 @@ Each scenario is a fresh process. What the BLAS libraries run with is read throu
 getters (``openblas_get_num_threads`` and ``openblas_thread_timeout`` under each library's symbol
 names, via ctypes), and the thread timeout is also checked by what it is for: after a threaded
 numpy matmul, numpy's idle workers must not keep spinning on the CPU.
+
+The default run starts two of these processes (numpy alone, then numpy imported before Lucid);
+the other scenarios are marked slow.
 """
 
 from __future__ import annotations
@@ -103,7 +106,9 @@ def numpy_alone() -> dict:
     return _probe("numpy-only")
 
 
-@pytest.mark.parametrize("order", ["numpy-first", "lucid-first"])
+@pytest.mark.parametrize(
+    "order", ["numpy-first", pytest.param("lucid-first", marks=pytest.mark.slow)]
+)
 def test_settings_hold_in_either_import_order(order, numpy_alone):
     result = _probe(order, LUCID_NUM_THREADS="1")
     # Lucid's own BLAS: LUCID_NUM_THREADS.
@@ -119,11 +124,13 @@ def test_settings_hold_in_either_import_order(order, numpy_alone):
         assert result["spin_s"] < numpy_alone["spin_s"] / 4, (result, numpy_alone)
 
 
+@pytest.mark.slow
 def test_a_timeout_the_user_set_is_left_alone():
     result = _probe("numpy-first", OPENBLAS_THREAD_TIMEOUT="3")
     assert _numpy_lib(result)["timeout"] == 3
 
 
+@pytest.mark.slow
 def test_another_running_thread_gets_a_warning_not_a_restart():
     result = _probe("numpy-first", thread=True)
     assert _numpy_lib(result)["timeout"] == 0  # not restarted under a possibly busy thread

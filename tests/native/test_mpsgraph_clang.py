@@ -1,12 +1,17 @@
 """clang type-checks native/mpsgraph's Objective-C++ against the stub SDK, as Xcode would.
 
 Runs in the default test run: `.ci/run` installs clang (Debian `clang-19 libc++-19-dev
-libc6-dev-arm64-cross`). Without it the tests skip locally and fail when `CI` is set.
+libc6-dev-arm64-cross`). Without it the tests skip locally and fail when `CI` is set. The clang
+pass runs in the background from the start of the run (`background_work`), one compiler at a
+time, on the core the test run leaves free.
 """
 
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -65,24 +70,60 @@ def toolchain_or_skip():
         pytest.skip(f"MPSGraph clang check needs clang: {missing} (.ci/run installs it)")
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """One parallel clang pass over the project's sources and the snippets."""
+def check_sources_and_snippets(folder: Path, parallel: bool = True) -> dict:
+    """One clang pass over the project's sources and the snippets (written to ``folder``); two
+    compilers at a time, or one after the other."""
     toolchain = toolchain_or_skip()
-    folder = tmp_path_factory.mktemp("mpsgraph_snippets")
     snippets = {}
     for name, (body, _) in SNIPPETS.items():
         path = folder / f"{name}.mm"
         path.write_text(PRELUDE + body + "\n}\n")
         snippets[name] = path
     sources = clang_check.project_sources(binding=clang_check.binding_checkable() is None)
-    outcome = clang_check.check_files(toolchain, sources + list(snippets.values()))
+    files = sources + list(snippets.values())
+    if parallel:
+        outcome = clang_check.check_files(toolchain, files)
+    else:
+        outcome = [clang_check.check_file(toolchain, path) for path in files]
     by_path = {result.source: result for result in outcome}
     return {
         "sources": [by_path[s] for s in sources if not s.name.startswith("bind_")],
         "binding": [by_path[s] for s in sources if s.name.startswith("bind_")],
         "snippets": {name: by_path[path] for name, path in snippets.items()},
     }
+
+
+# The background clang pass of background_work's job (None: no job).
+_background_results: Future | None = None
+
+
+def background_work(items: list[pytest.Item], config: pytest.Config):
+    """Called by tests/conftest.py with this module's selected tests: when one needs the clang
+    pass, the job it runs in the background, one compiler at a time (the run uses one core)."""
+    global _background_results
+    if not any("results" in item.fixturenames for item in items):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="lucid-mpsgraph-snippets-"))
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    future: Future = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(check_sources_and_snippets(folder, parallel=False))
+        except BaseException as e:  # noqa: BLE001 - a skip or failure, raised again by `results`
+            future.set_exception(e)
+
+    _background_results = future
+    return work
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """The clang pass over the project's sources and the snippets: the background one, else one
+    run now, two compilers at a time."""
+    if _background_results is not None:
+        return _background_results.result()
+    return check_sources_and_snippets(tmp_path_factory.mktemp("mpsgraph_snippets"))
 
 
 def test_the_project_has_objective_cpp_sources():

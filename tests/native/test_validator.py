@@ -216,7 +216,7 @@ CRASH_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # more under slow
 def test_randomly_corrupted_programs_never_crash_the_process(seed):
     proc = subprocess.run(
         [sys.executable, "-c", CRASH_SCRIPT, str(seed)],

@@ -1,7 +1,7 @@
 """Every registry op in float16 and bfloat16 through ``lower-to-prim``: the samples of
 ``test_lower_to_prim_ops.py`` with their float32 operands (and float32 dtype attributes) in half
 precision, the prim interpreter after lowering vs eager. Seeds (so shapes and values) come from
-hypothesis."""
+hypothesis. The default run takes each op's first sample; the others are marked slow."""
 
 from __future__ import annotations
 
@@ -104,8 +104,23 @@ def _has_float32(name: str, i: int) -> bool:
 HALF_CASES = [(n, i) for n, i in samples.CASES if _has_float32(n, i)]
 
 
+def one_sample_per_op_by_default(cases: list[tuple[str, int]]) -> list:
+    """``cases`` as ``name,i`` parameters: each op's first sample in the default run, its
+    other samples marked slow (``.ci/run`` runs them after the main suite)."""
+    seen: set[str] = set()
+    params = []
+    for name, i in cases:
+        marks = [pytest.mark.slow] if name in seen else []
+        seen.add(name)
+        params.append(pytest.param(name, i, id=f"{name}-{i}", marks=marks))
+    return params
+
+
+HALF_CASE_PARAMS = one_sample_per_op_by_default(HALF_CASES)
+
+
 @pytest.mark.parametrize("half", HALF_DTYPES)
-@pytest.mark.parametrize("name,i", HALF_CASES, ids=[f"{n}-{i}" for n, i in HALF_CASES])
+@pytest.mark.parametrize("name,i", HALF_CASE_PARAMS)
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_op_in_half_lowers_and_matches_eager(name, i, half, seed):
@@ -126,7 +141,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(f"u{a.itemsize}") if a.dtype.kind in "fV" else a
 
 
-@pytest.mark.parametrize("name,i", HALF_CASES, ids=[f"{n}-{i}" for n, i in HALF_CASES])
+@pytest.mark.parametrize("name,i", HALF_CASE_PARAMS)
 def test_narrow_half_keeps_every_bit(name, i):
     # A half prim op is its float32 op plus one rounding: running ops on the half values
     # instead of their float32 casts changes no result bit.

@@ -376,6 +376,27 @@ sample(
     lambda r: ([f(r, 2, 3, 4), f(r, 2, 3, 4), 1.0], {"normalized_shape": (3, 4)}),
 )
 sample(
+    "lstm_recurrence",
+    # (projected (L, N, 4H), h0, c0 (N, H), w_hh (4H, H), b_hh): L=3, N=2, H=3.
+    lambda r: ([f(r, 3, 2, 12), f(r, 2, 3), f(r, 2, 3), f(r, 12, 3), f(r, 12)], {}),
+    lambda r: ([f(r, 3, 2, 12), f(r, 2, 3), f(r, 2, 3), f(r, 12, 3), 0.0], {"reverse": True}),
+)
+sample(
+    "lstm_recurrence_backward",
+    # (d_out, d_h_n, d_c_n, d_cells, d_gates, h0, c0, w_hh, outputs, cells, gates); the saved
+    # values need not come from a forward for the lowering to equal eager.
+    lambda r: (
+        [f(r, 3, 2, 3), f(r, 2, 3), f(r, 2, 3), 0.0, 0.0, f(r, 2, 3), f(r, 2, 3), f(r, 12, 3)]
+        + [f(r, 3, 2, 3), f(r, 3, 2, 3), unit(r, 3, 2, 12)],
+        {},
+    ),
+    lambda r: (
+        [f(r, 3, 2, 3), f(r, 2, 3), f(r, 2, 3), f(r, 3, 2, 3), f(r, 3, 2, 12), f(r, 2, 3)]
+        + [f(r, 2, 3), f(r, 12, 3), f(r, 3, 2, 3), f(r, 3, 2, 3), unit(r, 3, 2, 12)],
+        {"reverse": True},
+    ),
+)
+sample(
     "batch_norm",
     lambda r: ([f(r, 4, 3, 2, 2), f(r, 3), f(r, 3)], {"eps": 1e-5}),
     lambda r: ([f(r, 5, 3), 1.0, 0.0], {}),

@@ -175,6 +175,10 @@ CASES: dict[str, tuple] = {
         [f(2, 3, 4), f(2, 3, 4), f(4)],
     ),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), [distinct(3, 4) - 2.0]),
+    "lstm_recurrence": (
+        lambda p, h, c, w, b: apply("lstm_recurrence", p, h, c, w, b)[:3],
+        [f(3, 2, 12), f(2, 3), f(2, 3), f(12, 3), f(12)],
+    ),
     "leaky_relu_backward": (
         lambda g, x: apply("leaky_relu_backward", g, x, negative_slope=0.1),
         [f(3, 4), distinct(3, 4) - 2.0],

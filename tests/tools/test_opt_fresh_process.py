@@ -1,6 +1,7 @@
 """``lucid-opt`` in a fresh process loads every registered pass (issue 12, item 4: ghost-grads used
 to fail with a circular import because ``lucid/passes`` imported the tracer from
-``lucid/compile``). Each pass runs first thing in its own new interpreter, as a user would."""
+``lucid/compile``). Each pass runs first thing in its own new interpreter, as a user would.
+The default run lists (so loads) every pass in one new interpreter; the rest are marked slow."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def test_list_passes_loads_every_pass():
         assert f"  {name}  " in out.stdout or f"  {name}\n" in out.stdout, name
 
 
+@pytest.mark.slow
 def test_vjp_then_ghost_grads_on_a_sample_file(tmp_path):
     sample = tmp_path / "loss.mlir"
     sample.write_text(SAMPLE)

@@ -1,7 +1,10 @@
 """DataLoader with worker processes (num_workers > 0), against torch.utils.data's documented
 semantics: order, seeding, worker_init_fn, get_worker_info, iterable sharding, prefetching,
 persistent workers, timeout, errors naming the worker and the indices, dead workers, and no
-process left behind."""
+process left behind.
+
+Each test starts worker processes: the default run keeps one (three workers' batches in order),
+the rest are marked slow (``.ci/run`` runs them after the main suite)."""
 
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def _no_leaked_workers():
     assert not multiprocessing.active_children(), "a DataLoader left worker processes behind"
 
 
-@pytest.mark.parametrize("num_workers", [1, 3])
+@pytest.mark.parametrize("num_workers", [pytest.param(1, marks=pytest.mark.slow), 3])
 def test_batches_equal_the_single_process_loader_in_order(num_workers):
     ds = _tensor_dataset()
     want = list(DataLoader(ds, batch_size=3))
@@ -70,6 +73,7 @@ def test_batches_equal_the_single_process_loader_in_order(num_workers):
     assert [int(y) for _, y in unbatched] == list(range(10))
 
 
+@pytest.mark.slow
 def test_workers_run_in_other_processes_with_torch_seeding():
     gen = lucid.Generator().manual_seed(5)
     batches = list(DataLoader(Probe(), batch_size=2, num_workers=2, generator=gen))
@@ -110,6 +114,7 @@ def _tag_worker(worker_id):
     os.environ["LUCID_TEST_WORKER_TAG"] = f"worker-{worker_id}-{get_worker_info().id}"
 
 
+@pytest.mark.slow
 def test_worker_init_fn_runs_in_each_worker_before_loading():
     loader = DataLoader(InitProbe(), batch_size=2, num_workers=2, worker_init_fn=_tag_worker)
     assert list(loader) == [["worker-0-0"] * 2, ["worker-1-1"] * 2]
@@ -125,6 +130,7 @@ class ShardedStream(IterableDataset):
         return iter(range(info.id, self.n, info.num_workers))
 
 
+@pytest.mark.slow
 def test_iterable_dataset_shards_by_worker_info_and_interleaves_like_torch():
     batches = [b.tolist() for b in DataLoader(ShardedStream(10), batch_size=2, num_workers=2)]
     assert batches == [[0, 2], [1, 3], [4, 6], [5, 7], [8], [9]]
@@ -142,6 +148,7 @@ class Failing(Dataset):
         return i
 
 
+@pytest.mark.slow
 def test_worker_errors_are_reraised_naming_worker_and_indices():
     loader = DataLoader(Failing(), batch_size=2, num_workers=2)
     it = iter(loader)
@@ -157,6 +164,7 @@ def _fail_init(worker_id):
     raise OSError(f"no dataset shard for worker {worker_id}")
 
 
+@pytest.mark.slow
 def test_worker_init_fn_errors_are_reraised():
     with pytest.raises(OSError, match="in worker_init_fn"):
         list(DataLoader(Failing(), batch_size=2, num_workers=1, worker_init_fn=_fail_init))
@@ -171,6 +179,7 @@ class Slow(Dataset):
         return i
 
 
+@pytest.mark.slow
 def test_timeout_raises_and_stops_the_workers():
     loader = DataLoader(Slow(), batch_size=2, num_workers=1, timeout=0.3)
     it = iter(loader)
@@ -190,6 +199,7 @@ class Dying(Dataset):
         return i
 
 
+@pytest.mark.slow
 def test_a_dead_worker_is_an_error_not_a_hang():
     with pytest.raises(
         RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
@@ -197,6 +207,7 @@ def test_a_dead_worker_is_an_error_not_a_hang():
         list(DataLoader(Dying(), batch_size=2, num_workers=1))
 
 
+@pytest.mark.slow
 def test_persistent_workers_serve_every_epoch_with_the_same_processes():
     loader = DataLoader(
         _tensor_dataset(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
@@ -216,11 +227,13 @@ def test_persistent_workers_serve_every_epoch_with_the_same_processes():
     del it, loader
 
 
+@pytest.mark.slow
 def test_in_order_false_still_delivers_every_batch_once():
     loader = DataLoader(_tensor_dataset(), batch_size=2, num_workers=2, in_order=False)
     assert sorted(i for _, y in loader for i in y.tolist()) == list(range(10))
 
 
+@pytest.mark.slow
 def test_abandoned_iterator_shuts_its_workers_down():
     it = iter(DataLoader(_tensor_dataset(), batch_size=2, num_workers=2))
     next(it)
@@ -230,6 +243,7 @@ def test_abandoned_iterator_shuts_its_workers_down():
     assert not any(w.is_alive() for w in workers)
 
 
+@pytest.mark.slow
 def test_explicit_context_and_len():
     loader = DataLoader(_tensor_dataset(), batch_size=3, num_workers=2,
                         multiprocessing_context="fork")  # fmt: skip

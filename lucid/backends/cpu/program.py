@@ -228,7 +228,10 @@ class Program:
                         env[o] = np.array(value, order="C")
                     continue
             else:
-                (out,) = prim_ops.evaluate(ins.op, args, ins.attrs)
+                outs = prim_ops.evaluate(ins.op, args, ins.attrs)
+                for o, value in zip(ins.outputs, outs, strict=True):  # composites: several
+                    env[o] = np.array(value, order="C")
+                continue
             env[ins.outputs[0]] = np.array(out, order="C")
         results = [env[s].copy() for s in self.results]
         for r, f in self.inplace.items():

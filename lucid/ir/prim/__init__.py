@@ -19,7 +19,16 @@ Conventions shared by every op:
 """
 
 # Importing a family module registers its ops in PRIM_OPS (composite: in COMPOSITE_OPS).
-from lucid.ir.prim import _conv, _elementwise, _linalg, _random, _reduction, _shape, composite
+from lucid.ir.prim import (
+    _conv,
+    _elementwise,
+    _linalg,
+    _random,
+    _reduction,
+    _rnn,  # noqa: F401  (the LSTM composites)
+    _shape,
+    composite,
+)
 from lucid.ir.prim._conv import conv_output_shape, pool_output_shape
 from lucid.ir.prim._core import (
     ANY,

@@ -151,16 +151,22 @@ def _axis_rows_infer(name: str, allowed: frozenset[str]) -> Callable[..., list[A
     return rule
 
 
+def _row_max(x: np.ndarray, axis: int) -> np.ndarray:
+    # initial=-inf: a softmax over an empty axis is empty, not an error (numpy's max has no
+    # identity); it changes nothing for a non-empty row.
+    return x.max(axis=axis, keepdims=True, initial=-np.inf)
+
+
 def _softmax_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     x = xs[0].astype(np.float64)
-    z = x - x.max(axis=attrs["axis"], keepdims=True)
+    z = x - _row_max(x, attrs["axis"])
     e = np.exp(z)
     return [e / e.sum(axis=attrs["axis"], keepdims=True)]
 
 
 def _log_softmax_ref(xs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     x = xs[0].astype(np.float64)
-    z = x - x.max(axis=attrs["axis"], keepdims=True)
+    z = x - _row_max(x, attrs["axis"])
     return [z - np.log(np.exp(z).sum(axis=attrs["axis"], keepdims=True))]
 
 

@@ -1,9 +1,9 @@
 """``LSTM``, ``GRU`` and ``RNN`` (multi-layer, optionally bidirectional) and their one-step
 cells, with torch's parameter names and layout.
 
-The LSTM maths is the functional ``lucid.nn.functional.lstm`` (unrolled Lucid ops); only LSTMs
-with projections (``proj_size > 0``), which it does not cover, are unrolled here. The GRU is
-unrolled here from torch's equations.
+The LSTM maths is the functional ``lucid.nn.functional.lstm`` (one ``lstm_recurrence`` op per
+layer and direction); only LSTMs with projections (``proj_size > 0``), which it does not cover,
+are unrolled here. The GRU is unrolled here from torch's equations.
 """
 
 from __future__ import annotations

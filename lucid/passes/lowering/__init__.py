@@ -13,6 +13,7 @@ from lucid.passes.lowering import (  # noqa: F401  (registers rules)
     nn,
     random,
     reduction,
+    rnn,
     shape,
     sorting,
 )

@@ -434,10 +434,13 @@ def _layer_norm_backward(b: Builder, grad, v, weight, normalized_shape, eps):
     n = math.prod(normalized_shape)
     rows = (*v.shape[: v.ndim - len(normalized_shape)], n)
     gamma = b.cast(weight, v.dtype) if isinstance(weight, PV) else b.const(1.0, v.dtype, (n,))
+    if math.prod(gamma.shape) != n:  # a 0-d weight (InstanceNorm passes 1.0)
+        gamma = b.broadcast_to(gamma, tuple(normalized_shape))
     dx, dgamma, dbeta = _composite_results(
         b,
         "layer_norm_grad",
-        b.reshape(b.cast(grad, v.dtype), rows),
+        # The seed of a sum's gradient may arrive 0-d: broadcast it before flattening.
+        b.reshape(b.broadcast_to(b.cast(grad, v.dtype), v.shape), rows),
         b.reshape(v, rows),
         b.reshape(gamma, (n,)),
         epsilon=float(eps),

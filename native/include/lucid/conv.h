@@ -1,7 +1,11 @@
 // Stride-1 convolutions without im2col (conv.cpp): each image is copied once into a zero-padded
 // plane, and the convolution is a GEMM whose right operand rows are shifted views of that plane,
 // computed by small register-tiled kernels while the image stays in cache, images split across
-// the worker pool. The callers (linalg.cpp) fall back to im2col + BLAS when these return false.
+// the worker pool. float32 3x3 stride-1 convolutions whose weights are too large for that, with
+// enough 2x2 output tiles, run as Winograd F(2x2, 3x3): 16 GEMMs over the batch's tiles;
+// other float32 forward convolutions without groups (strided, 1x1, large weights) as one
+// im2col GEMM over the batch with parallel copies and the epilogue in the scatter to NCHW.
+// The callers (linalg.cpp) fall back to im2col + BLAS when these return false.
 #pragma once
 
 #include <cstdint>

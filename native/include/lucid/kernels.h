@@ -16,6 +16,7 @@ Step make_reduce_step(const Program& p, const Instr& in);       // reduce.cpp: r
 Step make_shape_step(const Program& p, const Instr& in);        // shape.cpp: layout, gather, random
 Step make_attention_step(const Program& p, const Instr& in);    // attention.cpp: fused attention
 Step make_row_kernel_step(const Program& p, const Instr& in);   // norm_gelu.cpp: gelu, layer norm grad
+Step make_lstm_step(const Program& p, const Instr& in);         // lstm.cpp: LSTM recurrence
 
 // float32 loops of common elementwise ops (SIMD-dispatched); false when `op` is not one of them.
 // Unary ops read `a`; binary ops `a`, `b`; select reads `a` where `mask` is set, else `b`.

@@ -64,7 +64,8 @@ using Attrs = std::map<std::string, AttrValue>;
   X(conv2d)                                                                                      \
   X(conv2d_data_grad) X(conv2d_weights_grad) X(max_pool2d) X(max_pool2d_grad) X(avg_pool2d)      \
   X(avg_pool2d_grad) X(constant) X(fill) X(random_uniform) X(random_normal) X(fused) X(gemm)    \
-  X(layer_norm) X(attention) X(attention_grad) X(conv2d_bias) X(max_pool2d_relu_grad)
+  X(layer_norm) X(attention) X(attention_grad) X(conv2d_bias) X(max_pool2d_relu_grad)           \
+  X(lstm) X(lstm_grad)
 // CPU-only row kernels with several outputs (norm_gelu.cpp): GELU, its gradient, layer norm's
 // backward.
 #define LUCID_ROW_KERNEL_OPS(X) X(gelu) X(gelu_grad) X(layer_norm_grad)
@@ -154,6 +155,10 @@ const std::vector<int64_t>& attr_ints(const Instr& in, const char* name);
 // attributes or output count), and its work estimate.
 std::vector<Slot> infer_attention(const Program& p, const Instr& in);
 int64_t attention_work(const Program& p, const Instr& in);
+// lstm / lstm_grad (lstm.cpp): the LSTM recurrence of one layer and direction, and its
+// gradient; their output slots (throws std::invalid_argument on bad operands) and work estimate.
+std::vector<Slot> infer_lstm(const Program& p, const Instr& in);
+int64_t lstm_work(const Program& p, const Instr& in);
 const std::vector<double>& attr_floats(const Instr& in, const char* name);
 const std::vector<std::string>& attr_strs(const Instr& in, const char* name);
 

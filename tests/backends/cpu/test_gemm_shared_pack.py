@@ -53,12 +53,26 @@ def test_a_weight_read_every_step_is_packed_once_per_run_and_never_reused_across
             np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
 
 
+class _UnrolledLSTM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.LSTMCell(16, 32)
+
+    def forward(self, x):
+        state, outs = None, []
+        for t in range(x.shape[1]):
+            state = self.cell(x[:, t], state)
+            outs.append(state[0])
+        return (lucid.stack(outs, 1),)
+
+
 @native_kernel
 def test_an_lstm_trained_with_shared_packed_weights_matches_eager():
     # Weights change every step: a packing reused from an earlier run would show here.
     lucid.manual_seed(3)
-    eager = nn.LSTM(16, 32, batch_first=True)
-    twin = nn.LSTM(16, 32, batch_first=True)
+    # An LSTM cell unrolled over the steps (nn.LSTM runs its recurrence as one op, whose kernel
+    # reads W_hh in place): every step's product reads the same recurrent weight.
+    eager, twin = _UnrolledLSTM(), _UnrolledLSTM()
     twin.load_state_dict(eager.state_dict())
     x = lucid.randn(8, 5, 16)
 

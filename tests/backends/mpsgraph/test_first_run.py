@@ -125,7 +125,7 @@ _float_operand = st.one_of(_f32, _f32_bits, _tenths, st.sampled_from(_FLOAT_EDGE
 
 
 @pytest.mark.parametrize("name", ["floor_divide", "remainder"])
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)  # the profile's examples: a few by default, more in .ci/run
 @given(data=st.data())
 def test_9b_float_division_is_eager_divmod_everywhere(name, data):
     pairs = data.draw(st.lists(st.tuples(_float_operand, _float_operand), min_size=_N,
@@ -397,7 +397,7 @@ def _operand(dtype: str) -> st.SearchStrategy[int]:
 
 @pytest.mark.parametrize("dtype", ["i32", "i64"])
 @pytest.mark.parametrize("name", ["floor_divide", "remainder"])
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)  # the profile's examples: a few by default, more in .ci/run
 @given(data=st.data())
 def test_9_integer_division_is_exact_over_the_whole_range(name, dtype, data):
     pairs = data.draw(st.lists(st.tuples(_operand(dtype), _operand(dtype)), min_size=_N,

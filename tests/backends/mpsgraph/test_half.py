@@ -432,6 +432,7 @@ def test_narrowing_keeps_float32_where_a_region_needs_it():
 
 
 # --- every registry op in float16 through lower-to-prim and the MPSGraph emission, vs eager -----
+# (each op's first sample in the default run, the others under slow)
 from hypothesis import HealthCheck  # noqa: E402
 
 from lucid.passes.lower_to_prim import lower_module  # noqa: E402
@@ -441,7 +442,7 @@ REGISTRY_CASES = half_samples.HALF_CASES
 
 
 @pytest.mark.parametrize("half", half_samples.HALF_DTYPES)
-@pytest.mark.parametrize("name,i", REGISTRY_CASES, ids=[f"{n}-{i}" for n, i in REGISTRY_CASES])
+@pytest.mark.parametrize("name,i", half_samples.one_sample_per_op_by_default(REGISTRY_CASES))
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_registry_op_in_half_through_mpsgraph_matches_eager(name, i, half, seed):
