@@ -195,6 +195,15 @@ void init_sgemm(py::module_& m) {
     const int mode = sgemm_mode();
     return std::string(mode == 1 ? "lucid" : mode == 2 ? "blas" : "auto");
   });
+  m.def("set_sgemm_isa", [](const std::string& isa) {
+    if (isa != "auto" && isa != "avx2" && isa != "avx512")
+      throw std::invalid_argument("isa must be 'auto', 'avx2' or 'avx512', got '" + isa + "'");
+    set_sgemm_isa(isa == "auto" ? 0 : isa == "avx2" ? 1 : 2);
+  }, py::arg("isa"), "Lucid's GEMM tile: the CPU's best, AVX2 forced, or AVX-512 at every width.");
+  m.def("sgemm_isa", []() {
+    const int isa = sgemm_isa();
+    return std::string(isa == 2 ? "avx512" : isa == 1 ? "avx2" : "none");
+  }, "The micro-kernel Lucid's GEMM runs now: 'avx512', 'avx2' or 'none'.");
   m.def("sgemm_chosen", &sgemm_chosen, py::arg("transpose_a"), py::arg("transpose_b"), py::arg("m"),
         py::arg("n"), py::arg("k"), "Whether gemm() runs this float32 shape on Lucid's kernel.");
 }

@@ -2,16 +2,19 @@
 //
 //   for each block of kNC output columns
 //     for each block of kc contraction steps (kc from K alone, at most kMaxKC)
-//       pack B's kc x nc panel into 16-column slivers (zero-padded)       -> L2
+//       pack B's kc x nc panel into 16- (or 64-) column slivers (zero-padded)   -> L2
 //       for each block of kMC output rows
 //         A transposed: pack its mc x kc block into 6-row slivers; otherwise read A in place
 //         (rows lda apart) and pack only a bottom sliver of fewer than 6 rows (zero-padded)
-//         for each 16-column sliver, for each 6-row sliver: the 6x16 kernel (a kc x 16 sliver
-//         of B stays in L1 while the A slivers stream past it)
+//         for each column sliver, for each 6-row sliver: the 6x16 (or 6x64) kernel (a sliver
+//         of B stays in L1 or L2 while the A slivers stream past it)
 //
-// The kernel keeps its 6x16 tile in 12 AVX registers. A full tile whose block needs nothing
-// beyond alpha (no beta term, no epilogue yet) is stored straight from them; otherwise the sums
-// go through a 6x16 scratch in L1 to a finisher compiled for the epilogue (alpha, beta, bias
+// Two register tiles, picked per call (run_problem): 6x64 in 24 AVX-512 registers where the CPU
+// has AVX-512 (B packed in 64-column slivers), else 6x16 in 12 AVX registers; both sum each
+// element over the same contraction blocks in the same order, so they give the same bits.
+// A full tile whose block needs nothing beyond alpha (no beta term, no epilogue yet) is stored
+// straight from the registers; otherwise the sums go through a tile-sized scratch in L1 to a
+// finisher compiled for the epilogue (alpha, beta, bias
 // row, addend, ReLU/GELU), masked at the right edge. A tile at the bottom or right edge is
 // computed whole on the zero-padded slivers, so an element gets the same arithmetic whichever
 // tile holds it.
@@ -153,12 +156,12 @@ void gemm_mixed_portable(const MixedGemm& g) {
 
 namespace {
 
+// The AVX2 tile (also the shape rule's smallest product, sgemm_chosen).
 constexpr int64_t kMR = 6, kNR = 16;
 // Block sizes (measured on a 2-core Zen 1 EPYC: kc 256, 384 and 512 and A packed or read in
-// place were within noise of each other; docs/backend-cpu.md).
+// place were within noise of each other; docs/backend-cpu.md). kc is the same for both tiles
+// (from K alone): each element then sums the same products in the same order on either path.
 constexpr int64_t kMaxKC = 256;  // contraction block: a 16-column sliver of B is kc * 64 bytes
-constexpr int64_t kMC = 96;      // rows per block of A (multiple of kMR): 96 KiB at kc 256
-constexpr int64_t kNC = 4096;    // columns of B packed at once (multiple of kNR)
 // Waking a worker costs a few microseconds: a product is split only with at least this many
 // multiply-adds per thread.
 constexpr int64_t kMinMacsPerPart = int64_t(1) << 18;
@@ -337,59 +340,100 @@ LUCID_AVX2 bool kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, i
   return false;
 }
 
+// The AVX-512 kernel: an MR x (16 * NV) tile in MR * NV zmm accumulators, on the same
+// operands as kernel_6x16 (B packed 16 * NV per step). Each accumulator lane runs the same FMA
+// chain over k as kernel_6x16's, so both kernels give the same bits.
+#define LUCID_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c")))
+
+template <int MR, int NV>
+LUCID_AVX512 bool kernel_avx512(int64_t kc, const float* __restrict a, int64_t rs, int64_t cs,
+                                const float* __restrict b, float* c, int64_t ldc, bool full,
+                                const TileStore& e, float* scratch) {
+  constexpr int NR = 16 * NV;
+  if (full) {
+    for (int i = 0; i < MR; ++i)
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16 * v), _MM_HINT_T0);
+  }
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(a[i * rs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+    }
+    a += cs;
+    b += NR;
+  }
+  if (full && e.plain) {  // C = alpha * sums, or C += alpha * sums (as kernel_6x16)
+    const __m512 al = _mm512_set1_ps(e.alpha);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        __m512 x = e.alpha != 1.0f ? _mm512_mul_ps(acc[i][v], al) : acc[i][v];
+        float* ci = c + i * ldc + 16 * v;
+        if (!e.first) x = _mm512_add_ps(_mm512_loadu_ps(ci), x);
+        _mm512_storeu_ps(ci, x);
+      }
+    return true;
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(scratch + i * NR + 16 * v, acc[i][v]);
+  return false;
+}
+
 LUCID_AVX2 inline __m256i lane_mask(int64_t valid) {
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), lanes);
 }
 
-// The `rows` x `cols` corner of a 6x16 tile of sums (kernel_6x16's scratch) into C with the
-// epilogue, compiled per (narrower than 16 columns, bias, addend, activation) so the loop over
+// The `rows` x `cols` corner of a tile of sums (NR wide, the kernel's scratch) into C with the
+// epilogue, compiled per (narrower than NR columns, bias, addend, activation) so the loop over
 // the tile has no per-vector tests of them: at K = 128 (one contraction block) a tile's sums
-// take ~1500 cycles, and a generic epilogue cost 7-12% of that.
-template <bool kMasked, bool kBias, bool kAddend, GemmActivation kAct>
+// take ~1500 cycles, and a generic epilogue cost 7-12% of that. Both kernels' tiles go through
+// these 8-lane steps, so the epilogue (GELU included) gives the same bits on either path.
+template <int NR, bool kMasked, bool kBias, bool kAddend, GemmActivation kAct>
 LUCID_AVX2 void finish_tile(const float* tile, int64_t rows, int64_t cols, float* c,
                             int64_t ldc, const float* bias, const float* addend,
                             int64_t ld_addend, const TileStore& e) {
-  const __m256i m0 = kMasked ? lane_mask(cols) : _mm256_set1_epi32(-1);
-  const __m256i m1 = kMasked ? lane_mask(cols - 8) : m0;
+  constexpr int kVecs = NR / 8;
+  __m256i m[kVecs];
+  for (int v = 0; v < kVecs; ++v) m[v] = kMasked ? lane_mask(cols - 8 * v) : _mm256_set1_epi32(-1);
   const __m256 alpha = _mm256_set1_ps(e.alpha), beta = _mm256_set1_ps(e.beta);
   // How C enters: added (a later contraction block), scaled by beta (first block), or not read.
   const int c_term = !e.first ? 1 : e.beta != 0.0f ? 2 : 0;
   const bool last = e.last;
-  __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-  if (kBias && last) b0 = load8(bias, m0, kMasked), b1 = load8(bias + 8, m1, kMasked);
+  __m256 b[kVecs];
+  for (int v = 0; v < kVecs; ++v)
+    b[v] = kBias && last ? load8(bias + 8 * v, m[v], kMasked) : _mm256_setzero_ps();
   for (int64_t i = 0; i < rows; ++i) {
     float* ci = c + i * ldc;
-    __m256 x0 = _mm256_mul_ps(_mm256_load_ps(tile + i * kNR), alpha);
-    __m256 x1 = _mm256_mul_ps(_mm256_load_ps(tile + i * kNR + 8), alpha);
-    if (c_term == 1) {
-      x0 = _mm256_add_ps(x0, load8(ci, m0, kMasked));
-      x1 = _mm256_add_ps(x1, load8(ci + 8, m1, kMasked));
-    } else if (c_term == 2) {
-      x0 = _mm256_fmadd_ps(beta, load8(ci, m0, kMasked), x0);
-      x1 = _mm256_fmadd_ps(beta, load8(ci + 8, m1, kMasked), x1);
-    }
-    if (last) {
-      if (kBias) x0 = _mm256_add_ps(x0, b0), x1 = _mm256_add_ps(x1, b1);
-      if (kAddend) {
-        const float* ai = addend + i * ld_addend;
-        x0 = _mm256_add_ps(x0, load8(ai, m0, kMasked));
-        x1 = _mm256_add_ps(x1, load8(ai + 8, m1, kMasked));
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      if (kMasked && 8 * v >= cols) break;
+      __m256 x = _mm256_mul_ps(_mm256_load_ps(tile + i * NR + 8 * v), alpha);
+      if (c_term == 1) x = _mm256_add_ps(x, load8(ci + 8 * v, m[v], kMasked));
+      else if (c_term == 2) x = _mm256_fmadd_ps(beta, load8(ci + 8 * v, m[v], kMasked), x);
+      if (last) {
+        if (kBias) x = _mm256_add_ps(x, b[v]);
+        if (kAddend) x = _mm256_add_ps(x, load8(addend + i * ld_addend + 8 * v, m[v], kMasked));
+        if (kAct == GemmActivation::relu) x = relu8(x);
+        else if (kAct == GemmActivation::gelu) x = gelu8(x);
       }
-      if (kAct == GemmActivation::relu) {
-        x0 = relu8(x0);
-        x1 = relu8(x1);
-      } else if (kAct == GemmActivation::gelu) {
-        x0 = gelu8(x0);
-        x1 = gelu8(x1);
-      }
-    }
-    if (kMasked) {
-      _mm256_maskstore_ps(ci, m0, x0);
-      _mm256_maskstore_ps(ci + 8, m1, x1);
-    } else {
-      _mm256_storeu_ps(ci, x0);
-      _mm256_storeu_ps(ci + 8, x1);
+      if (kMasked) _mm256_maskstore_ps(ci + 8 * v, m[v], x);
+      else _mm256_storeu_ps(ci + 8 * v, x);
     }
   }
 }
@@ -397,27 +441,41 @@ LUCID_AVX2 void finish_tile(const float* tile, int64_t rows, int64_t cols, float
 using FinishFn = void (*)(const float*, int64_t, int64_t, float*, int64_t, const float*,
                           const float*, int64_t, const TileStore&);
 
-template <bool kMasked, bool kBias, bool kAddend>
+template <int NR, bool kMasked, bool kBias, bool kAddend>
 FinishFn pick_act(GemmActivation act) {
   switch (act) {
-    case GemmActivation::relu: return &finish_tile<kMasked, kBias, kAddend, GemmActivation::relu>;
-    case GemmActivation::gelu: return &finish_tile<kMasked, kBias, kAddend, GemmActivation::gelu>;
-    default: return &finish_tile<kMasked, kBias, kAddend, GemmActivation::none>;
+    case GemmActivation::relu: return &finish_tile<NR, kMasked, kBias, kAddend, GemmActivation::relu>;
+    case GemmActivation::gelu: return &finish_tile<NR, kMasked, kBias, kAddend, GemmActivation::gelu>;
+    default: return &finish_tile<NR, kMasked, kBias, kAddend, GemmActivation::none>;
   }
 }
 
-template <bool kMasked>
+template <int NR, bool kMasked>
 FinishFn pick_extras(const TileStore& e) {
   const bool bias = e.bias != nullptr, addend = e.addend != nullptr;
-  if (bias && addend) return pick_act<kMasked, true, true>(e.act);
-  if (bias) return pick_act<kMasked, true, false>(e.act);
-  if (addend) return pick_act<kMasked, false, true>(e.act);
-  return pick_act<kMasked, false, false>(e.act);
+  if (bias && addend) return pick_act<NR, kMasked, true, true>(e.act);
+  if (bias) return pick_act<NR, kMasked, true, false>(e.act);
+  if (addend) return pick_act<NR, kMasked, false, true>(e.act);
+  return pick_act<NR, kMasked, false, false>(e.act);
 }
 
+template <int NR>
 FinishFn pick_finish(bool masked, const TileStore& e) {
-  return masked ? pick_extras<true>(e) : pick_extras<false>(e);
+  return masked ? pick_extras<NR, true>(e) : pick_extras<NR, false>(e);
 }
+
+// The two register tiles: the AVX2 6x16 and the AVX-512 6x64 (sgemm_isa picks one per call).
+// MC rows of A per block (a multiple of MR), NC columns of B packed at once (of NR). On the
+// 2-core Zen 4 EPYC, 6x64 ran at or above 12x32, 14x32 and 8x48 on workload F/H shapes and
+// wastes no rows of a 16-row product (docs/performance.md).
+struct Avx2Tile {
+  static constexpr int64_t MR = kMR, NR = kNR, MC = 96, NC = 4096;
+  static constexpr auto kernel = &kernel_6x16;
+};
+struct Avx512Tile {
+  static constexpr int64_t MR = 6, NR = 64, MC = 96, NC = 4096;
+  static constexpr auto kernel = &kernel_avx512<6, 4>;
+};
 
 // 8x8 transpose of r0..r7 in place.
 LUCID_AVX2 inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256& r4,
@@ -441,23 +499,25 @@ LUCID_AVX2 inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3
 }
 
 // Packs `rows` (<= W) source rows, each contiguous along the contraction (row r at src + r * ld),
-// kc steps, into dst[k * W + r] (widened to float32) with rows >= `rows` zero. W is 6 or 16.
-// The 8x8 transposes write 8 floats per step; for W = 6 the 2 extra land where the next step's
-// write goes (dst has slack).
+// kc steps, into dst[k * W + r] (widened to float32) with rows >= `rows` zero. W is 6, 12, 16
+// or 32. The 8x8 transposes write 8 floats per step; when W is not a multiple of 8 the last
+// group's extra lanes land where the next step's first group goes, which is written after them
+// (groups run last to first; dst has slack for the final step's).
 template <int W, GemmType T = GemmType::f32>
 LUCID_GEMM_ISA void pack_rows(const Elem<T>* src, int64_t ld, int64_t rows, int64_t kc,
                               float* dst) {
+  constexpr int kGroups = (W + 7) / 8;
   int64_t k = 0;
   for (; k + 8 <= kc; k += 8) {
-    for (int g = 0; g < W; g += 8) {
+    for (int g = 8 * (kGroups - 1); g >= 0; g -= 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i)
         r[i] = g + i < rows ? load8_wide<T>(src + (g + i) * ld + k) : _mm256_setzero_ps();
       transpose8(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
-      if (W == 16) {
+      if (W % 16 == 0) {
         for (int t = 0; t < 8; ++t) _mm256_store_ps(dst + (k + t) * W + g, r[t]);
       } else {
-        for (int t = 0; t < 8; ++t) _mm256_storeu_ps(dst + (k + t) * W, r[t]);
+        for (int t = 0; t < 8; ++t) _mm256_storeu_ps(dst + (k + t) * W + g, r[t]);
       }
     }
   }
@@ -470,17 +530,18 @@ LUCID_GEMM_ISA void pack_rows(const Elem<T>* src, int64_t ld, int64_t rows, int6
 template <int W, GemmType T = GemmType::f32>
 LUCID_GEMM_ISA void pack_cols(const Elem<T>* src, int64_t ld, int64_t cols, int64_t kc,
                               float* dst) {
-  if (cols == W && (W == 16 || T == GemmType::f32)) {
+  if (cols == W && (W % 8 == 0 || T == GemmType::f32)) {
     for (int64_t k = 0; k < kc; ++k) {
-      if (W == 16) {
-        _mm256_store_ps(dst + k * W, load8_wide<T>(src + k * ld));
-        _mm256_store_ps(dst + k * W + 8, load8_wide<T>(src + k * ld + 8));
-      } else if constexpr (T == GemmType::f32) {
-        // 6 floats as 4 + 2: nothing read or written beyond them.
-        const float* from = src + k * ld;
-        _mm_storeu_ps(dst + k * W, _mm_loadu_ps(from));
-        _mm_storel_pi(reinterpret_cast<__m64*>(dst + k * W + 4),
-                      _mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(from + 4)));
+      const Elem<T>* from = src + k * ld;
+      float* to = dst + k * W;
+      int c = 0;
+      for (; c + 8 <= W; c += 8) _mm256_storeu_ps(to + c, load8_wide<T>(from + c));
+      if constexpr (T == GemmType::f32) {
+        // The rest as 4 + 2: nothing read or written beyond them.
+        if (W % 8 >= 4) _mm_storeu_ps(to + c, _mm_loadu_ps(from + c)), c += 4;
+        if (W % 4 >= 2)
+          _mm_storel_pi(reinterpret_cast<__m64*>(to + c),
+                        _mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(from + c)));
       }
     }
     return;
@@ -544,58 +605,58 @@ int64_t block_kc(int64_t K) {
 }
 
 // Slivers [s0, s1) of op(B) for every contraction block, in the layout compute_range's panels
-// have: block q (kc steps) at q * kcb * npad, its sliver s (16 columns) at s * kc * 16 in it.
-template <GemmType TB>
+// have: block q (kc steps) at q * kcb * npad, its sliver s (NR columns) at s * kc * NR in it.
+template <GemmType TB, class Tile>
 LUCID_GEMM_ISA void pack_b_slivers(const Problem& p, float* dst, int64_t s0, int64_t s1) {
   const Elem<TB>* B = static_cast<const Elem<TB>*>(p.B);
-  const int64_t kcb = block_kc(p.K), npad = (p.N + kNR - 1) / kNR * kNR;
+  const int64_t kcb = block_kc(p.K), npad = (p.N + Tile::NR - 1) / Tile::NR * Tile::NR;
   for (int64_t pc = 0; pc < p.K; pc += kcb) {
     const int64_t kc = std::min(kcb, p.K - pc);
     for (int64_t s = s0; s < s1; ++s) {
-      const int64_t j = s * kNR, cols = std::min(kNR, p.N - j);
-      float* d = dst + pc * npad + s * kc * kNR;
-      if (p.tb) pack_rows<kNR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, d);
-      else pack_cols<kNR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, d);
+      const int64_t j = s * Tile::NR, cols = std::min(Tile::NR, p.N - j);
+      float* d = dst + pc * npad + s * kc * Tile::NR;
+      if (p.tb) pack_rows<Tile::NR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, d);
+      else pack_cols<Tile::NR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, d);
     }
   }
 }
 
 // Output rows [m0, m1) x columns [n0, n1) on the calling thread. kHalfOut: p.c_type is half
 // (a template parameter, so the float32 product's loop carries none of its code).
-template <GemmType TA, GemmType TB, bool kHalfOut>
+template <GemmType TA, GemmType TB, bool kHalfOut, class Tile>
 LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int64_t n0,
                                   int64_t n1) {
   const Elem<TA>* A = static_cast<const Elem<TA>*>(p.A);
   const Elem<TB>* B = static_cast<const Elem<TB>*>(p.B);
   const int64_t kcb = block_kc(p.K);
-  const int64_t nc_max = std::min(kNC, ((n1 - n0 + kNR - 1) / kNR) * kNR);
-  const int64_t mc_max = std::min(kMC, ((m1 - m0 + kMR - 1) / kMR) * kMR);
+  const int64_t nc_max = std::min(Tile::NC, ((n1 - n0 + Tile::NR - 1) / Tile::NR) * Tile::NR);
+  const int64_t mc_max = std::min(Tile::MC, ((m1 - m0 + Tile::MR - 1) / Tile::MR) * Tile::MR);
   float* bp = p.packed_b != nullptr ? nullptr : t_pack_b.get(kcb * nc_max);
-  const int64_t npad = (p.N + kNR - 1) / kNR * kNR;
+  const int64_t npad = (p.N + Tile::NR - 1) / Tile::NR * Tile::NR;
   // A float32 A is read in place when its rows run along the contraction (not transposed):
-  // only a bottom sliver of fewer than 6 rows is packed (zero-padded). A transposed or half A
+  // only a bottom sliver of fewer than MR rows is packed (zero-padded). A transposed or half A
   // is packed whole.
   const bool pack_a_whole = p.ta || TA != GemmType::f32;
-  float* ap = t_pack_a.get(kcb * (pack_a_whole ? mc_max : kMR));
+  float* ap = t_pack_a.get(kcb * (pack_a_whole ? mc_max : Tile::MR));
   // A half output holds its partial sums in float32 (rows m0.., nc_max apart) until the last
   // contraction block, whose finished tiles are rounded into C.
   constexpr bool half_out = kHalfOut;
   float* partial = half_out && kcb < p.K ? t_partial.get((m1 - m0) * nc_max) : nullptr;
-  alignas(32) float tile[kMR * kNR];
-  alignas(32) float finished[half_out ? kMR * kNR : 1];
-  for (int64_t jc = n0; jc < n1; jc += kNC) {
-    const int64_t nc = std::min(kNC, n1 - jc);
+  alignas(64) float tile[Tile::MR * Tile::NR];
+  alignas(32) float finished[half_out ? Tile::MR * Tile::NR : 1];
+  for (int64_t jc = n0; jc < n1; jc += Tile::NC) {
+    const int64_t nc = std::min(Tile::NC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kcb) {
       const int64_t kc = std::min(kcb, p.K - pc);
       const float* panel = bp;
       if (p.packed_b != nullptr) {
         panel = p.packed_b + pc * npad + jc * kc;  // jc is a whole number of slivers
       } else {
-        for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
+        for (int64_t jr = 0; jr < nc; jr += Tile::NR) {
+          const int64_t cols = std::min(Tile::NR, nc - jr), j = jc + jr;
           float* dst = bp + jr * kc;
-          if (p.tb) pack_rows<kNR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, dst);
-          else pack_cols<kNR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+          if (p.tb) pack_rows<Tile::NR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, dst);
+          else pack_cols<Tile::NR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, dst);
         }
       }
       const bool first = pc == 0, last = pc + kc == p.K;
@@ -606,47 +667,48 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
       const GemmActivation act = half_out ? GemmActivation::none : p.ep.act;
       const TileStore e{p.alpha,     p.beta,         first, last, p.ep.bias,
                         p.ep.addend, p.ep.ld_addend, act,   plain};
-      const FinishFn finish_full = pick_finish(false, e), finish_edge = pick_finish(true, e);
-      for (int64_t ic = m0; ic < m1; ic += kMC) {
-        const int64_t mc = std::min(kMC, m1 - ic);
+      const FinishFn finish_full = pick_finish<Tile::NR>(false, e),
+                     finish_edge = pick_finish<Tile::NR>(true, e);
+      for (int64_t ic = m0; ic < m1; ic += Tile::MC) {
+        const int64_t mc = std::min(Tile::MC, m1 - ic);
         if (p.ta) {
-          for (int64_t ir = 0; ir < mc; ir += kMR)
-            pack_cols<kMR, TA>(A + pc * p.lda + ic + ir, p.lda, std::min(kMR, mc - ir), kc,
+          for (int64_t ir = 0; ir < mc; ir += Tile::MR)
+            pack_cols<Tile::MR, TA>(A + pc * p.lda + ic + ir, p.lda, std::min(Tile::MR, mc - ir), kc,
                                ap + ir * kc);
         } else if (pack_a_whole) {
-          for (int64_t ir = 0; ir < mc; ir += kMR)
-            pack_rows<kMR, TA>(A + (ic + ir) * p.lda + pc, p.lda, std::min(kMR, mc - ir), kc,
+          for (int64_t ir = 0; ir < mc; ir += Tile::MR)
+            pack_rows<Tile::MR, TA>(A + (ic + ir) * p.lda + pc, p.lda, std::min(Tile::MR, mc - ir), kc,
                                ap + ir * kc);
-        } else if (mc % kMR != 0) {
-          const int64_t ir = mc - mc % kMR;
-          pack_rows<kMR, TA>(A + (ic + ir) * p.lda + pc, p.lda, mc - ir, kc, ap);
+        } else if (mc % Tile::MR != 0) {
+          const int64_t ir = mc - mc % Tile::MR;
+          pack_rows<Tile::MR, TA>(A + (ic + ir) * p.lda + pc, p.lda, mc - ir, kc, ap);
         }
-        for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const int64_t cols = std::min(kNR, nc - jr), j = jc + jr;
+        for (int64_t jr = 0; jr < nc; jr += Tile::NR) {
+          const int64_t cols = std::min(Tile::NR, nc - jr), j = jc + jr;
           const float* bias = e.last && p.ep.bias != nullptr ? p.ep.bias + j : nullptr;
-          for (int64_t ir = 0; ir < mc; ir += kMR) {
-            const int64_t rows = std::min(kMR, mc - ir), i = ic + ir;
+          for (int64_t ir = 0; ir < mc; ir += Tile::MR) {
+            const int64_t rows = std::min(Tile::MR, mc - ir), i = ic + ir;
             const float* addend = e.last && p.ep.addend != nullptr
                                       ? p.ep.addend + i * p.ep.ld_addend + j
                                       : nullptr;
             const float* a;
             int64_t rs, cs;
-            if (pack_a_whole) a = ap + ir * kc, rs = 1, cs = kMR;
-            else if (rows < kMR) a = ap, rs = 1, cs = kMR;
+            if (pack_a_whole) a = ap + ir * kc, rs = 1, cs = Tile::MR;
+            else if (rows < Tile::MR) a = ap, rs = 1, cs = Tile::MR;
             else a = reinterpret_cast<const float*>(A) + i * p.lda + pc, rs = p.lda, cs = 1;
             // Where the tile's float32 values go: C, or for a half output its partial sums
             // (or, when one block is all, the `finished` tile) before their rounding into C.
             float* c;
             int64_t ldc;
             if constexpr (half_out) {
-              if (partial == nullptr) c = finished, ldc = kNR;
+              if (partial == nullptr) c = finished, ldc = Tile::NR;
               else c = partial + (i - m0) * nc_max + jr, ldc = nc_max;
             } else {
               c = static_cast<float*>(p.C) + i * p.ldc + j, ldc = p.ldc;
             }
-            const bool full = rows == kMR && cols == kNR;
-            if (!kernel_6x16(kc, a, rs, cs, panel + jr * kc, c, ldc, full, e, tile))
-              (cols == kNR ? finish_full : finish_edge)(tile, rows, cols, c, ldc, bias, addend,
+            const bool full = rows == Tile::MR && cols == Tile::NR;
+            if (!Tile::kernel(kc, a, rs, cs, panel + jr * kc, c, ldc, full, e, tile))
+              (cols == Tile::NR ? finish_full : finish_edge)(tile, rows, cols, c, ldc, bias, addend,
                                                         p.ep.ld_addend, e);
             if constexpr (half_out) {
               if (last)
@@ -672,11 +734,36 @@ LUCID_AVX2 void activation_avx2(GemmActivation act, int64_t M, int64_t N, float*
   }
 }
 
-// The threaded driver of compute_range<TA, TB> (below, after the entry points).
+// The threaded driver of compute_range<TA, TB> on the tile sgemm_isa picks (below, after the
+// entry points).
 template <GemmType TA, GemmType TB>
 void run_problem(const Problem& p);
 
+bool avx512_supported() {
+  static const bool yes = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+int isa_from_env() {
+  const char* v = std::getenv("LUCID_SGEMM_ISA");
+  if (v == nullptr) return 0;
+  const std::string s(v);
+  return s == "avx2" ? 1 : s == "avx512" ? 2 : 0;
+}
+
+std::atomic<int> g_isa{isa_from_env()};
+
 }  // namespace
+
+void set_sgemm_isa(int isa) { g_isa.store(isa < 0 || isa > 2 ? 0 : isa); }
+
+int sgemm_isa() {
+  const int asked = g_isa.load(std::memory_order_relaxed);
+  return avx512_supported() && asked != 1 ? 2 : 1;
+}
 
 bool sgemm_supported() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -767,6 +854,7 @@ struct SharedPack {
   bool tb = false;
   int64_t K = 0, N = 0, ldb = 0;
   GemmType type = GemmType::f32;
+  int64_t nr = 0;  // the sliver width of the layout (the tile's)
   const float* packed = nullptr;
   Scratch data;
 };
@@ -774,7 +862,7 @@ thread_local std::unordered_map<const void*, SharedPack> t_shared;
 
 // The packed op(B) of this run for p.shared_b: made by the first GEMM of the run that asks for
 // it, reused while B's address and layout match.
-template <GemmType TB>
+template <GemmType TB, class Tile>
 const float* shared_packed_b(const Problem& p) {
   if (t_shared.size() > 64) {  // keys of finished runs and of executables gone
     for (auto it = t_shared.begin(); it != t_shared.end();)
@@ -782,35 +870,36 @@ const float* shared_packed_b(const Problem& p) {
   }
   SharedPack& e = t_shared[p.shared_b];
   if (e.run == t_run && e.src == p.B && e.tb == p.tb && e.K == p.K && e.N == p.N &&
-      e.ldb == p.ldb && e.type == TB) {
+      e.ldb == p.ldb && e.type == TB && e.nr == Tile::NR) {
     ++t_shared_stats.reused;
     return e.packed;
   }
-  const int64_t slivers = (p.N + kNR - 1) / kNR;
-  float* dst = e.data.get(slivers * kNR * p.K);
+  const int64_t slivers = (p.N + Tile::NR - 1) / Tile::NR;
+  float* dst = e.data.get(slivers * Tile::NR * p.K);
   e.run = 0;  // not valid until packed (pack_b_slivers does not throw; the guard costs nothing)
   if (p.N * p.K >= kMinMacsPerPart) {
-    parallel_for(slivers, 4, [&](int64_t s0, int64_t s1) { pack_b_slivers<TB>(p, dst, s0, s1); });
+    parallel_for(slivers, 4, [&](int64_t s0, int64_t s1) { pack_b_slivers<TB, Tile>(p, dst, s0, s1); });
   } else {
-    pack_b_slivers<TB>(p, dst, 0, slivers);
+    pack_b_slivers<TB, Tile>(p, dst, 0, slivers);
   }
   e.run = t_run, e.src = p.B, e.tb = p.tb, e.K = p.K, e.N = p.N, e.ldb = p.ldb, e.type = TB;
+  e.nr = Tile::NR;
   e.packed = dst;
   ++t_shared_stats.packed;
   return dst;
 }
 
-template <GemmType TA, GemmType TB>
-void run_problem(const Problem& given) {
+template <GemmType TA, GemmType TB, class Tile>
+void run_problem_on(const Problem& given) {
   Problem p = given;
-  if (p.shared_b != nullptr && t_run != 0) p.packed_b = shared_packed_b<TB>(p);
+  if (p.shared_b != nullptr && t_run != 0) p.packed_b = shared_packed_b<TB, Tile>(p);
   const int64_t M = p.M, N = p.N, K = p.K;
   // Chunks of output rows (when M >= N: each packs all of B, about 1% of its work) or of
   // output columns (each packs only its own columns of B; A is read in place), handed out
   // one at a time: a worker that wakes late finds the chunks already taken instead of holding
   // up the call with a fixed half.
   const bool by_rows = M >= N;
-  const int64_t dim = by_rows ? M : N, unit = by_rows ? kMR : kNR;
+  const int64_t dim = by_rows ? M : N, unit = by_rows ? Tile::MR : Tile::NR;
   // About kRowChunk / kColChunk each, evened out (M = 128 is two chunks of 66 and 62 rows, not
   // 96 and 32), in whole slivers.
   const int64_t even = (dim + (by_rows ? kRowChunk : kColChunk) - 1) / (by_rows ? kRowChunk : kColChunk);
@@ -818,8 +907,8 @@ void run_problem(const Problem& given) {
   const int64_t chunks = (dim + chunk - 1) / chunk;
   const double macs = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int threads = parallel_threads();
-  const auto range = p.c_type == GemmType::f32 ? &compute_range<TA, TB, false>
-                                               : &compute_range<TA, TB, true>;
+  const auto range = p.c_type == GemmType::f32 ? &compute_range<TA, TB, false, Tile>
+                                               : &compute_range<TA, TB, true, Tile>;
   if (threads < 2 || chunks < 2 || macs < 2.0 * kMinMacsPerPart) {
     range(p, 0, M, 0, N);
     return;
@@ -832,6 +921,19 @@ void run_problem(const Problem& given) {
       else range(p, 0, M, lo, hi);
     }
   });
+}
+
+// The AVX-512 tile where it runs, unless the product is so narrow that padding its columns to
+// 64 costs more than the wider tile gains (about 2x per column: N <= 32 stays on the 6x16 one).
+// Either tile gives the same bits, so the choice is free per call.
+template <GemmType TA, GemmType TB>
+void run_problem(const Problem& p) {
+  const int isa = sgemm_isa();
+  const auto padded = [&](int64_t nr) { return (p.N + nr - 1) / nr * nr; };
+  const bool forced = g_isa.load(std::memory_order_relaxed) == 2;
+  if (isa == 2 && (forced || padded(Avx512Tile::NR) < 2 * padded(Avx2Tile::NR)))
+    run_problem_on<TA, TB, Avx512Tile>(p);
+  else run_problem_on<TA, TB, Avx2Tile>(p);
 }
 
 }  // namespace
@@ -847,6 +949,9 @@ void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_
 }
 
 #else  // no x86-64 AVX2 build: the BLAS does every product
+
+void set_sgemm_isa(int) {}
+int sgemm_isa() { return 0; }
 
 bool sgemm_supported() { return false; }
 bool gemm_mixed_native() { return false; }

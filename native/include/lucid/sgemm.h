@@ -1,5 +1,5 @@
 // Lucid's own float32 GEMM (sgemm.cpp): BLIS-style packing and an AVX2 + FMA 6x16 register
-// tile, split across the worker pool over blocks of output rows or columns (never over the
+// tile (an AVX-512 6x64 one where the CPU has it: sgemm_isa), split across the worker pool over blocks of output rows or columns (never over the
 // contraction, so the result does not depend on the thread count), with an epilogue (bias row,
 // residual addend, ReLU or GELU) applied to each output tile while it is still in registers.
 #pragma once
@@ -27,6 +27,16 @@ struct GemmEpilogue {
 
 // True when the CPU has AVX2 and FMA (the kernel's only ISA).
 bool sgemm_supported();
+
+// Which micro-kernel sgemm and gemm_mixed run: 2 the AVX-512 6x64 tile (where the CPU has
+// AVX-512 F/VL/DQ; products at most 32 columns wide still take the 6x16 one), 1 the AVX2 6x16
+// tile, 0 neither (no x86-64 build). Both give the same bits: the same contraction blocks,
+// each element's products in order with one FMA each.
+int sgemm_isa();
+// 0: the CPU's best (default), 1: the AVX2 tile even where AVX-512 runs (tests, benchmarks),
+// 2: the AVX-512 tile for every width where the CPU has it (tests). Also
+// LUCID_SGEMM_ISA=auto|avx2|avx512 at start.
+void set_sgemm_isa(int isa);
 
 // Whether gemm() runs this f32 product on Lucid's kernel: the measured shape rule (linalg.cpp's
 // caller passes the shape), overridden by set_sgemm_mode.
