@@ -35,7 +35,7 @@ class FusedNode:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Instr:
     """One instruction: an opcode, input and output slots, attributes (defaults filled in)."""
 
