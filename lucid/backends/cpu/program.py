@@ -25,7 +25,7 @@ from lucid.ir.prim import NUMPY_DTYPES, Aval, PrimError
 FUSED = "fused"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FusedNode:
     """One sub-op of a fused instruction; args index the instruction's inputs, then its nodes."""
 
