@@ -3,7 +3,7 @@
     python benchmarks/bench_compile_scaling.py [--models transformer,chain,lstm,resnet]
         [--modes infer,train] [--frameworks lucid,jax,torch.compile] [--quick]
         [--sizes transformer=1,2,4 --sizes chain:train=250,500] [--peer-sizes chain=250]
-        [--budget-s 600] [--threads 2]
+        [--budget-s 600] [--threads 2] [--repeats 1]
         [--json PATH] [--chart PATH] [--write]
 
 Every (model, mode, size, framework) case runs in a fresh process that imports only its
@@ -49,6 +49,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -291,6 +292,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="fresh processes per case; the fits take each stage's median (a stage of tens of "
+        "milliseconds moves by 20%% from one process to the next, which bends one-shot fits)",
+    )
+    ap.add_argument(
         "--lucid-python",
         default=None,
         help="interpreter for Lucid's cases (default: the one running this script)",
@@ -326,6 +334,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"{flag}: unknown or empty {bad or given}; choose from {list(allowed)}")
     if args.budget_s <= 0 or args.threads < 1:
         ap.error("--budget-s must be positive and --threads at least 1")
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     if args.lucid_python is not None and not os.access(args.lucid_python, os.X_OK):
         ap.error(f"--lucid-python {args.lucid_python!r} is not an executable")
     try:
@@ -611,7 +621,10 @@ def run_plan(args, spawn_case=spawn, on_case=None) -> list[dict]:
         if series in ended:
             results.append(_case(model, mode, n, fw, skipped=ended[series]))
             continue
-        result = spawn_case((model, mode, n, fw), args)
+        runs = [spawn_case((model, mode, n, fw), args)]
+        while "error" not in runs[-1] and len(runs) < getattr(args, "repeats", 1):
+            runs.append(spawn_case((model, mode, n, fw), args))
+        result = median_run(runs)
         results.append(_case(model, mode, n, fw, **result))
         if on_case is not None:
             on_case(results[-1])
@@ -620,6 +633,23 @@ def run_plan(args, spawn_case=spawn, on_case=None) -> list[dict]:
         if "error" in result:
             ended[series] = f"after {SIZE_NAMES[model]} {n}: {result['error']}"
     return results
+
+
+def median_run(runs: list[dict]) -> dict:
+    """One case from its repeated runs: the first failure if any ran out, else every number's
+    median (each stage's in ``stages_ms``/``passes_ms``), with the first call's range."""
+    failed = [r for r in runs if "error" in r]
+    if failed or len(runs) == 1:
+        return failed[0] if failed else runs[0]
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in runs)
+        elif isinstance(value, dict):
+            out[key] = {k: statistics.median(r[key].get(k, 0.0) for r in runs) for k in value}
+    firsts = [r["first_call_s"] for r in runs]
+    out.update(repeats=len(runs), first_call_range_s=[min(firsts), max(firsts)])
+    return out
 
 
 def _case(model: str, mode: str, n: int, framework: str, **fields) -> dict:

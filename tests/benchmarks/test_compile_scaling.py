@@ -294,3 +294,32 @@ def test_each_resnet_series_stays_on_one_side_of_the_update_fusion_limit():
             _fuse_updates(list(scaling_models.lucid_model("resnet", n).parameters())) for n in sizes
         }
         assert len(sides) == 1, sizes
+
+
+def test_repeats_take_each_stages_median_and_stop_at_a_failure(monkeypatch):
+    monkeypatch.setattr(CS, "installed", lambda fw, args: fw == "lucid")
+    calls: dict[int, int] = {}
+
+    def fake_spawn(c, args):
+        size = c[2]
+        k = calls[size] = calls.get(size, 0) + 1
+        if size == 2 and k == 2:
+            return {"error": "exit 1: boom"}
+        first = {1: 0.3, 2: 0.1, 3: 0.2}[k]
+        return {"first_call_s": first * size, "n_ops": 10, "stages_ms": {"cse": 10.0 * k}}
+
+    args = SimpleNamespace(
+        models=["chain"],
+        modes=["infer"],
+        frameworks=["lucid"],
+        size_plan={("chain", "infer"): (1, 2)},
+        repeats=3,
+    )
+    got = {r["size"]: r for r in CS.run_plan(args, spawn_case=fake_spawn)}
+    assert calls == {1: 3, 2: 2}  # the failed repeat ends that case's runs
+    one = got[1]
+    assert one["first_call_s"] == pytest.approx(0.2) and one["stages_ms"] == {"cse": 20.0}
+    assert one["repeats"] == 3 and one["first_call_range_s"] == pytest.approx([0.1, 0.3])
+    assert got[2]["error"] == "exit 1: boom"
+    with pytest.raises(SystemExit):
+        CS.parse_args(["--repeats", "0"])
