@@ -27,7 +27,6 @@ parameters and optimizer state; different step objects run concurrently.
 """
 
 from lucid.compile.training.builder import (
-    GradClip,
     TrainingModule,
     build_optimizer_module,
     build_training_module,
@@ -35,6 +34,7 @@ from lucid.compile.training.builder import (
 from lucid.compile.training.fused import FusedStep, fused_step
 from lucid.compile.training.make_step import TrainStep, compiled_step, make_step
 from lucid.compile.training.optimizer import CompiledOptimizerStep, compile_optimizer
+from lucid.compile.training.update_terms import GradClip
 
 __all__ = [
     "CompiledOptimizerStep",

@@ -36,8 +36,6 @@ from lucid.compile.training.base import (
     _unique,
 )
 from lucid.compile.training.builder import (
-    GradClip,
-    LossScaling,
     build_training_module,
 )
 from lucid.compile.training.entries import (
@@ -51,6 +49,7 @@ from lucid.compile.training.entries import (
     _run_checked,
 )
 from lucid.compile.training.scaling import BoundScaler
+from lucid.compile.training.update_terms import GradClip, LossScaling
 
 logger = logging.getLogger("lucid.compile")
 

@@ -35,8 +35,6 @@ from lucid.compile.training.base import (
     _unique,
 )
 from lucid.compile.training.builder import (
-    GradClip,
-    LossScaling,
     TrainingModule,
     build_optimizer_module,
 )
@@ -50,6 +48,7 @@ from lucid.compile.training.entries import (
     _OptimizerView,
 )
 from lucid.compile.training.scaling import BoundScaler
+from lucid.compile.training.update_terms import GradClip, LossScaling
 
 logger = logging.getLogger("lucid.compile")
 

@@ -11,7 +11,7 @@ import numpy as np
 
 import lucid
 from lucid._tensor import Tensor
-from lucid.compile.training.builder import LossScaling
+from lucid.compile.training.update_terms import LossScaling
 
 __all__ = ["BoundScaler"]
 
