@@ -182,6 +182,7 @@ def _fake_distribution(root: Path, name: str, entry_points: str, module: str | N
         (root / f"{name}.py").write_text(module)
 
 
+@pytest.mark.slow  # a fresh lucid-opt process with a package on its path (2.5 s)
 def test_third_party_pass_from_an_entry_point_runs_in_lucid_opt(model_mlir, tmp_path):
     _fake_distribution(
         tmp_path,
