@@ -24,24 +24,18 @@ from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ops._registry import RANDOM, REGISTRY
 
-_spec = importlib.util.spec_from_file_location(
-    "lowering_samples",
-    os.path.join(os.path.dirname(__file__), "..", "passes", "test_lower_to_prim_ops.py"),
-)
-_samples = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_samples)
-SAMPLES = _samples.SAMPLES
-
+# The lowering tests' half module: its sample table (SAMPLES) and how the default run picks
+# samples (each op's first; the others under slow).
 _half_spec = importlib.util.spec_from_file_location(
     "lowering_half",
     os.path.join(os.path.dirname(__file__), "..", "passes", "test_lower_to_prim_half.py"),
 )
 _half = importlib.util.module_from_spec(_half_spec)
 _half_spec.loader.exec_module(_half)
+SAMPLES = _half.samples.SAMPLES
 
 HALF = {"float16": lucid.float16, "bfloat16": lucid.bfloat16}
 CASES = [(n, i) for n in sorted(SAMPLES) for i in range(len(SAMPLES[n]))]
-# Each op's first sample in the default run, the others under slow (CI runs them after it).
 CASE_PARAMS = _half.one_sample_per_op_by_default(CASES)
 
 

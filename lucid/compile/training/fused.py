@@ -236,14 +236,7 @@ class FusedStep(_StepIntrospection):
                 key, entry = resumed
             else:
                 cache.note_compile(key)
-                try:
-                    key, entry = self._build(inputs)
-                except CompileError as e:
-                    if not self._masters or not _half_storage_refused(e):
-                        raise
-                    # Until the backend stores half types: the same step, eagerly.
-                    cache.mark_eager(key, f"master weights: {e}")
-                    return self._eager_step(inputs)
+                key, entry = self._build(inputs)
             if key in cache.eager_only:  # known once the optimizer state exists
                 cache.pop(key)
                 return self._eager_step(inputs)
@@ -325,8 +318,7 @@ class FusedStep(_StepIntrospection):
         return clip_eagerly
 
     def _eager_step(self, inputs: tuple) -> Tensor:
-        """An eager-only signature (its parity check failed, or master weights of half types the
-        backend cannot store yet): an eager training step."""
+        """An eager-only signature (its parity check failed): an eager training step."""
         scaler = self._grad_scaler()
         loss, _ = parity.eager_optimizer_step(
             self.model,
@@ -483,9 +475,7 @@ def fused_step(
     ``master_weights=True`` (for float16/bfloat16 models) replaces each half-precision parameter
     in ``optimizer`` by a float32 master copy (``step.master_weights()`` maps them): the
     optimizer and its state work in float32 on the half gradients widened, and each parameter is
-    set to its master rounded to its dtype. The optimizer must not have taken a step yet. Where
-    the backend cannot store half types yet, the step runs eagerly (``cache_info()["reasons"]``
-    says so).
+    set to its master rounded to its dtype. The optimizer must not have taken a step yet.
     """
     distributed = _distributed_step(
         model,
@@ -544,12 +534,6 @@ def _master_weights(optimizer: Any) -> dict[int, Tensor]:
                 params[i] = master
                 masters[id(master)] = p
     return masters
-
-
-def _half_storage_refused(error: CompileError) -> bool:
-    """Whether compiling failed only because the backend stores no half types yet."""
-    text = str(error)
-    return "storage not supported" in text and ("float16" in text or "bfloat16" in text)
 
 
 def _distributed_step(
