@@ -788,32 +788,36 @@ bool im2col_weights_grad(const ConvShape& s, const float* x, const float* dy, fl
   return true;
 }
 
-// dx = col2im(w [O][K]^T @ dy [O][N*HW]): each (image, channel) plane sums its taps' rows in
-// tap order on one thread.
+// dx = col2im(w [O][K]^T @ dy [O][N*HW]): channels across the pool, each channel's tap rows
+// read front to back (the planes of all images take each row's sums in tap order).
 bool im2col_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
   if (!im2col_fits(s)) return false;
-  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
+  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW, plane = s.H * s.W;
   float* col = forward_scratch((K + s.O) * cols);
   float* dy_all = col + K * cols;
   gather_channels(s, dy, dy_all);
   sgemm(true, false, K, cols, s.O, 1.0f, w, K, dy_all, cols, 0.0f, col, cols);
-  parallel_for(s.N * s.C, std::max<int64_t>(1, 8192 / (s.H * s.W)), [&](int64_t j0, int64_t j1) {
-    for (int64_t job = j0; job < j1; ++job) {
-      const int64_t n = job / s.C, c = job % s.C;
-      float* plane = dx + job * s.H * s.W;
-      std::fill_n(plane, s.H * s.W, 0.0f);
+  parallel_for(s.C, std::max<int64_t>(1, 8192 / (s.N * plane)), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int64_t n = 0; n < s.N; ++n) std::fill_n(dx + (n * s.C + c) * plane, plane, 0.0f);
       for (int64_t i = 0; i < s.KH; ++i)
         for (int64_t j = 0; j < s.KW; ++j) {
-          const float* row = col + ((c * s.KH + i) * s.KW + j) * cols + n * HW;
           const int64_t cshift = j * s.dw - s.pl;
           int64_t lo, hi;
           inside_columns(s, cshift, lo, hi);
-          for (int64_t oh = 0; oh < s.HO; ++oh) {
-            const int64_t h = oh * s.sh + i * s.dh - s.pt;
-            if (h < 0 || h >= s.H) continue;
-            float* dst = plane + h * s.W + cshift;
-            const float* src = row + oh * s.WO;
-            for (int64_t ow = lo; ow < hi; ++ow) dst[ow * s.sw] += src[ow];
+          for (int64_t n = 0; n < s.N; ++n) {
+            const float* row = col + ((c * s.KH + i) * s.KW + j) * cols + n * HW;
+            float* out = dx + (n * s.C + c) * plane;
+            for (int64_t oh = 0; oh < s.HO; ++oh) {
+              const int64_t h = oh * s.sh + i * s.dh - s.pt;
+              if (h < 0 || h >= s.H) continue;
+              float* dst = out + h * s.W + cshift;
+              const float* src = row + oh * s.WO;
+              if (s.sw == 1)
+                for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += src[ow];
+              else
+                for (int64_t ow = lo; ow < hi; ++ow) dst[ow * s.sw] += src[ow];
+            }
           }
         }
     }
