@@ -368,9 +368,11 @@ LUCID_ALWAYS_INLINE bool grad_chunk(const Plan& q, const T* x, const T* dy, int6
       T* out = part + (gr * q.ldw + o0) * q.K;
       int64_t k = 0;
       for (; k + kQB <= q.K; k += kQB)
-        grad_tile<T, kQB, Bytes>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P, out + k, q.K);
+        grad_tile<T, kQB, Bytes>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P,
+                                 out + k, q.K);
       for (; k < q.K; ++k)
-        grad_tile<T, 1, Bytes>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P, out + k, q.K);
+        grad_tile<T, 1, Bytes>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P,
+                               out + k, q.K);
     }
   return true;
 }
@@ -527,7 +529,7 @@ LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, b
   template <class T>                                                                            \
   attr bool grad_##suffix(const Plan& q, const T* x, const T* dy, int64_t n0, int64_t images,   \
                           T* part) {                                                            \
-    return grad_chunk<T, 32>(q, x, dy, n0, images, part);                                              \
+    return grad_chunk<T, 32>(q, x, dy, n0, images, part);                                       \
   }                                                                                             \
   template <class T>                                                                            \
   attr void wino_input_##suffix(const Wino& q, const T* x, T* V, int64_t j0, int64_t j1) {      \
