@@ -160,31 +160,6 @@ LUCID_ALWAYS_INLINE void forward_tile(const T* src, const int64_t* off, int64_t 
   }
 }
 
-// Images [n0, n1) of a direct convolution; wp holds the weights packed [G][K][ldw]. Output rows
-// are computed in segments of two vectors of pixels that leave registers through the epilogue
-// straight into y.
-template <class T>
-LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, const T* bias,
-                                        bool relu, T* y, int64_t n0, int64_t n1) {
-  constexpr int64_t NR = 2 * Simd<T>::L;
-  T* xpad = thread_buffer<T>(0, q.image);
-  const int64_t out_plane = q.HO * q.WO;
-  for (int64_t n = n0; n < n1; ++n) {
-    pad_image(q, x + n * q.Cin * q.Hin * q.Win, xpad);
-    for (int64_t gr = 0; gr < q.G; ++gr) {
-      const T* src = xpad + gr * q.cin * q.plane;
-      const T* wg = wp + gr * q.K * q.ldw;
-      T* yg = y + (n * q.G + gr) * q.cout * out_plane;
-      for (int64_t h = 0; h < q.HO; ++h)
-        for (int64_t w0 = 0; w0 < q.WO; w0 += NR)
-          for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
-            forward_tile(src + h * q.Wp + w0, q.off.data(), q.K, wg + o0, q.ldw,
-                         bias ? bias + gr * q.cout + o0 : nullptr, relu, q.cout - o0,
-                         std::min(NR, q.WO - w0), yg + o0 * out_plane + h * q.WO + w0, out_plane);
-    }
-  }
-}
-
 // ---- AVX-512 forward ------------------------------------------------------------------------
 // One 16-lane register covers a whole 16-pixel output row segment (two AVX2 registers did), so
 // a tile takes kSegments segments (consecutive rows, usually) of kMR channels: 16 accumulators,
@@ -193,12 +168,14 @@ LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, 
 constexpr int kSegments = 4;
 
 // Where segment i of the output starts in the padded plane (src) and in the output plane (dst),
-// and how many of its lanes are real (0 for the copies that fill a last partial tile).
+// and how many of its lanes are real (0 for the copies that fill a last partial tile); none
+// unless `used`.
 struct Segments {
   std::vector<int64_t> src, dst;
   std::vector<int> count;
 
-  Segments(const Plan& q, int lanes) {
+  Segments(const Plan& q, int lanes, bool used) {
+    if (!used) return;
     for (int64_t h = 0; h < q.HO; ++h)
       for (int64_t w0 = 0; w0 < q.WO; w0 += lanes) {
         src.push_back(h * q.Wp + w0);
@@ -248,12 +225,14 @@ LUCID_ALWAYS_INLINE void forward_tile_wide(const T* src, const int64_t* seg_src,
     }
 }
 
-// forward_images on AVX-512 registers.
-template <class T>
-LUCID_ALWAYS_INLINE void forward_images_wide(const Plan& q, const T* x, const T* wp,
-                                             const T* bias, bool relu, T* y, int64_t n0,
-                                             int64_t n1) {
-  const Segments seg(q, Simd<T, kWide>::L);
+// Images [n0, n1) of a direct convolution; wp holds the weights packed [G][K][ldw]. Output rows
+// are computed in segments of two AVX2 vectors of pixels (or, Wide, in tiles of kSegments
+// AVX-512 vectors) that leave registers through the epilogue straight into y.
+template <class T, bool Wide>
+LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, const T* bias,
+                                        bool relu, T* y, int64_t n0, int64_t n1) {
+  constexpr int64_t NR = 2 * Simd<T>::L;
+  const Segments seg(q, Simd<T, kWide>::L, Wide);
   const int64_t segments = static_cast<int64_t>(seg.src.size());
   T* xpad = thread_buffer<T>(0, q.image);
   const int64_t out_plane = q.HO * q.WO;
@@ -262,18 +241,26 @@ LUCID_ALWAYS_INLINE void forward_images_wide(const Plan& q, const T* x, const T*
     for (int64_t gr = 0; gr < q.G; ++gr) {
       const T* src = xpad + gr * q.cin * q.plane;
       const T* wg = wp + gr * q.K * q.ldw;
+      const T* bg = bias ? bias + gr * q.cout : nullptr;
       T* yg = y + (n * q.G + gr) * q.cout * out_plane;
-      for (int64_t i = 0; i < segments; i += kSegments)
-        for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
-          forward_tile_wide(src, seg.src.data() + i, seg.dst.data() + i, seg.count.data() + i,
-                            q.off.data(), q.K, wg + o0, q.ldw,
-                            bias ? bias + gr * q.cout + o0 : nullptr, relu, q.cout - o0,
-                            yg + o0 * out_plane, out_plane);
+      if constexpr (Wide) {
+        for (int64_t i = 0; i < segments; i += kSegments)
+          for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
+            forward_tile_wide(src, seg.src.data() + i, seg.dst.data() + i, seg.count.data() + i,
+                              q.off.data(), q.K, wg + o0, q.ldw, bg ? bg + o0 : nullptr, relu,
+                              q.cout - o0, yg + o0 * out_plane, out_plane);
+      } else {
+        for (int64_t h = 0; h < q.HO; ++h)
+          for (int64_t w0 = 0; w0 < q.WO; w0 += NR)
+            for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
+              forward_tile(src + h * q.Wp + w0, q.off.data(), q.K, wg + o0, q.ldw,
+                           bg ? bg + o0 : nullptr, relu, q.cout - o0, std::min(NR, q.WO - w0),
+                           yg + o0 * out_plane + h * q.WO + w0, out_plane);
+      }
     }
   }
 }
 
-// out[r*ldo + t] = sum over images and p < P of dy[r][p] * x[off[t] + p], r < kMR, t < QB.
 // The sum of an AVX-512 register's lanes by halves: a few vector adds in registers (a lane loop
 // over 16 lanes went through memory, and its stalls made the weight gradient slower than AVX2).
 template <class T>
@@ -524,7 +511,7 @@ LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, b
   template <class T>                                                                            \
   attr void forward_##suffix(const Plan& q, const T* x, const T* wp, const T* bias, bool relu,  \
                              T* y, int64_t n0, int64_t n1) {                                    \
-    forward_images(q, x, wp, bias, relu, y, n0, n1);                                            \
+    forward_images<T, false>(q, x, wp, bias, relu, y, n0, n1);                                  \
   }                                                                                             \
   template <class T>                                                                            \
   attr bool grad_##suffix(const Plan& q, const T* x, const T* dy, int64_t n0, int64_t images,   \
@@ -589,7 +576,7 @@ void wino_output_avx2(const Wino& q, const T* M, const T* bias, bool relu, T* y,
 template <class T>
 LUCID_AVX512 void forward_avx512(const Plan& q, const T* x, const T* wp, const T* bias,
                                  bool relu, T* y, int64_t n0, int64_t n1) {
-  forward_images_wide(q, x, wp, bias, relu, y, n0, n1);
+  forward_images<T, true>(q, x, wp, bias, relu, y, n0, n1);
 }
 template <class T>
 LUCID_AVX512 bool grad_avx512(const Plan& q, const T* x, const T* dy, int64_t n0,

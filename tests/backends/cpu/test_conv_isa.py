@@ -8,8 +8,6 @@ in order, one FMA each) and every path the same bits at one and two threads."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,21 +15,13 @@ from hypothesis import strategies as st
 
 from lucid import _native
 from lucid.backends.cpu import CPUBackend, Program, set_num_threads
+from tests.backends.cpu.test_conv_direct import output_shape
+from tests.backends.cpu.test_sgemm_isa import _isa
 
 pytestmark = [
     pytest.mark.usefixtures("fixed_threads"),
     pytest.mark.skipif(not _native.sgemm_supported(), reason="needs AVX2 + FMA"),
 ]
-
-
-@contextlib.contextmanager
-def _isa(name: str):
-    """The GEMM's and the convolutions' kernels on `name` ("auto" or "avx2") inside the block."""
-    _native.set_sgemm_isa(name)
-    try:
-        yield
-    finally:
-        _native.set_sgemm_isa("auto")
 
 
 def _padded(x, pads):
@@ -130,20 +120,13 @@ def cases(draw, stride_one: bool):
     )
 
 
-def out_shape(x_shape, w_shape, attrs):
-    (sh, sw), (dh, dw), (pt, pb, pl, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
-    ho = (x_shape[2] + pt + pb - dh * (w_shape[2] - 1) - 1) // sh + 1
-    wo = (x_shape[3] + pl + pr - dw * (w_shape[3] - 1) - 1) // sw + 1
-    return (x_shape[0], w_shape[0], ho, wo)
-
-
 def check_case(case):
     """All three ops on both instruction sets and at one and two threads against the reference."""
     x_shape, w_shape, attrs, dtype, seed = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape).astype(dtype)
     w = rng.standard_normal(w_shape).astype(dtype)
-    y_shape = out_shape(x_shape, w_shape, attrs)
+    y_shape = output_shape(x_shape, w_shape, attrs)
     dy = rng.standard_normal(y_shape).astype(dtype)
     taps = w_shape[1] * w_shape[2] * w_shape[3]
     checks = [
