@@ -825,18 +825,13 @@ Plan forward_plan(const ConvShape& s, int64_t lanes) {
   return q;
 }
 
+// The shifted-view kernel, for stride-1 convolutions whose weights and image fit in L2.
 template <class T>
-bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
+bool direct_forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
+  if (s.sh != 1 || s.sw != 1) return false;
   const Isa isa = conv_isa();
   Plan q = forward_plan(s, lanes<T>(isa));
-  // The shifted-view kernel where its weights and image fit in L2: it runs near the machine's
-  // FMA rate there, and Winograd's transform passes cost about what its GEMMs save (measured on
-  // workload G's 64-channel 16x16 stage). Beyond it, Winograd, then im2col over the batch.
-  if (s.sh != 1 || s.sw != 1 || !fits(q, sizeof(T))) {
-    if constexpr (std::is_same_v<T, float>)
-      return winograd_forward(s, x, w, bias, relu, y) || im2col_forward(s, x, w, bias, relu, y);
-    return false;
-  }
+  if (!fits(q, sizeof(T))) return false;
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));  // [G][K][ldw]: a tap's weights side by side
   for (int64_t gr = 0; gr < q.G; ++gr)
     for (int64_t o = 0; o < q.cout; ++o)
@@ -908,6 +903,110 @@ bool direct_weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
   return true;
 }
 
+// ---- strided convolutions over the input's phases -------------------------------------------
+// A stride-(sh, sw) convolution reads padded row sh*ho + i; with i = sh*a + p that is row ho + a
+// of phase p (padded rows p, p + sh, ...). So it is the stride-1 convolution of the sh*sw phases
+// of the padded image (C*sh*sw channels, no padding) with kernel taps a < ceil(KH / sh), the taps
+// past the kernel zero. Workload G's stem (3 -> 64 channels, 7x7 stride 2 on 64x64) runs on the
+// shifted-view kernels this way, images across the pool, with 1.3x the multiply-adds (the zero
+// taps) but no 10 MB im2col matrix: at two threads that matrix made the stem slower than at one.
+// Only where the zero taps cost little (first layers with few channels and large planes).
+constexpr int64_t kMinPhasePixels = 256;
+
+ConvShape phase_shape(const ConvShape& s) {
+  ConvShape q = s;
+  q.C = s.C * s.sh * s.sw;
+  q.KH = (s.KH + s.sh - 1) / s.sh;
+  q.KW = (s.KW + s.sw - 1) / s.sw;
+  q.H = s.HO + q.KH - 1;
+  q.W = s.WO + q.KW - 1;
+  q.sh = q.sw = 1;
+  q.pt = q.pl = 0;
+  return q;
+}
+
+bool phases_apply(const ConvShape& s) {
+  const ConvShape q = phase_shape(s);
+  return (s.sh > 1 || s.sw > 1) && s.dh == 1 && s.dw == 1 && s.G == 1 && s.N > 0 &&
+         s.HO * s.WO >= kMinPhasePixels && 2 * q.C * q.KH * q.KW <= 3 * s.C * s.KH * s.KW;
+}
+
+// The phases of x [N][C][H][W] as [N][C*sh*sw][HO + KH' - 1][WO + KW' - 1], in the calling
+// thread's scratch; channel c's phase (p, r) is channel (c*sh + p)*sw + r.
+float* make_phases(const ConvShape& s, const ConvShape& q, const float* x) {
+  float* ph = forward_scratch(q.N * q.C * q.H * q.W);
+  parallel_for(q.N * q.C, std::max<int64_t>(1, 4096 / (q.H * q.W)), [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t n = job / q.C, cp = job % q.C, c = cp / (s.sh * s.sw);
+      const int64_t p = cp / s.sw % s.sh, r = cp % s.sw;
+      const float* plane = x + (n * s.C + c) * s.H * s.W;
+      float* out = ph + job * q.H * q.W;
+      for (int64_t m = 0; m < q.H; ++m) {
+        const int64_t h = s.sh * m + p - s.pt;
+        for (int64_t l = 0; l < q.W; ++l) {
+          const int64_t wc = s.sw * l + r - s.pl;
+          const bool inside = h >= 0 && h < s.H && wc >= 0 && wc < s.W;
+          out[m * q.W + l] = inside ? plane[h * s.W + wc] : 0.0f;
+        }
+      }
+    }
+  });
+  return ph;
+}
+
+// The index in w of phase tap (o, channel cp, a, b), or -1 for a zero tap.
+int64_t phase_tap(const ConvShape& s, int64_t o, int64_t cp, int64_t a, int64_t b) {
+  const int64_t c = cp / (s.sh * s.sw), i = a * s.sh + cp / s.sw % s.sh, j = b * s.sw + cp % s.sw;
+  return i < s.KH && j < s.KW ? ((o * s.C + c) * s.KH + i) * s.KW + j : -1;
+}
+
+bool phase_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                   bool relu, float* y) {
+  // A zero tap times an inf or NaN (or a tap times a phase's zero fill) would be NaN where the
+  // reference has none: such calls take im2col.
+  if (!phases_apply(s) || !all_finite(x, s.N * s.C * s.H * s.W) ||
+      !all_finite(w, s.O * s.C * s.KH * s.KW))
+    return false;
+  const ConvShape q = phase_shape(s);
+  std::vector<float> wq(q.O * q.C * q.KH * q.KW);
+  for (int64_t o = 0; o < q.O; ++o)
+    for (int64_t cp = 0; cp < q.C; ++cp)
+      for (int64_t a = 0; a < q.KH; ++a)
+        for (int64_t b = 0; b < q.KW; ++b) {
+          const int64_t t = phase_tap(s, o, cp, a, b);
+          wq[((o * q.C + cp) * q.KH + a) * q.KW + b] = t < 0 ? 0.0f : w[t];
+        }
+  return direct_forward(q, make_phases(s, q, x), wq.data(), bias, relu, y);
+}
+
+bool phase_weights_grad(const ConvShape& s, const float* x, const float* dy, float* dw) {
+  if (!phases_apply(s)) return false;
+  const ConvShape q = phase_shape(s);
+  std::vector<float> dwq(q.O * q.C * q.KH * q.KW);
+  if (!direct_weights_grad(q, make_phases(s, q, x), dy, dwq.data())) return false;
+  for (int64_t o = 0; o < q.O; ++o)
+    for (int64_t cp = 0; cp < q.C; ++cp)
+      for (int64_t a = 0; a < q.KH; ++a)
+        for (int64_t b = 0; b < q.KW; ++b) {
+          const int64_t t = phase_tap(s, o, cp, a, b);
+          if (t >= 0) dw[t] = dwq[((o * q.C + cp) * q.KH + a) * q.KW + b];
+        }
+  return true;
+}
+
+// The shifted-view kernel where its weights and image fit in L2: it runs near the machine's FMA
+// rate there, and Winograd's transform passes cost about what its GEMMs save (measured on
+// workload G's 64-channel 16x16 stage). Beyond it, float32 strided first layers over their
+// phases, Winograd, then im2col over the batch.
+template <class T>
+bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
+  if (direct_forward(s, x, w, bias, relu, y)) return true;
+  if constexpr (std::is_same_v<T, float>)
+    return phase_forward(s, x, w, bias, relu, y) || winograd_forward(s, x, w, bias, relu, y) ||
+           im2col_forward(s, x, w, bias, relu, y);
+  return false;
+}
+
 // float32 shapes the direct kernels leave (strides, weights too large for them, non-finite
 // values) take the batched im2col GEMM; float64 ones return to linalg.cpp's fallback.
 template <class T>
@@ -920,7 +1019,8 @@ bool data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
 template <class T>
 bool weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
   if (direct_weights_grad(s, x, dy, dw)) return true;
-  if constexpr (std::is_same_v<T, float>) return im2col_weights_grad(s, x, dy, dw);
+  if constexpr (std::is_same_v<T, float>)
+    return phase_weights_grad(s, x, dy, dw) || im2col_weights_grad(s, x, dy, dw);
   return false;
 }
 

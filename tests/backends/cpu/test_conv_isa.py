@@ -179,3 +179,51 @@ def test_strided_convolutions_match_the_reference_on_both_isas(case):
 def test_workload_shapes_match_the_reference_on_both_isas(x_shape, w_shape, stride, pads):
     attrs = {"strides": (stride, stride), "dilation": (1, 1), "padding": pads, "groups": 1}
     check_case((x_shape, w_shape, attrs, np.float32, sum(x_shape) + sum(w_shape)))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    c=st.integers(1, 4),
+    o=st.integers(1, 20),
+    kernel=st.sampled_from([(7, 7), (5, 5), (4, 6), (3, 3), (7, 4)]),
+    stride=st.sampled_from([(2, 2), (3, 3), (2, 3)]),
+    pads=st.tuples(*[st.integers(0, 3)] * 4),
+    h=st.integers(32, 44),
+    w=st.integers(32, 44),
+    seed=st.integers(0, 2**31),
+)
+def test_strided_first_layers_over_phases_match_the_reference(
+    c, o, kernel, stride, pads, h, w, seed
+):
+    """Few channels, large planes: the shapes that run as stride-1 convolutions over the
+    input's phases (where their zero taps cost little; the others take im2col)."""
+    attrs = {"strides": stride, "dilation": (1, 1), "padding": pads, "groups": 1}
+    check_case(((2, c, h, w), (o, c, *kernel), attrs, np.float32, seed))
+
+
+@pytest.mark.parametrize("where", ["input", "weight"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_strided_first_layer_with_non_finite_values_matches_the_reference(where, value):
+    """A zero phase tap times an inf would be NaN where the reference has none: such calls take
+    the im2col path, whose infinities and NaNs are the reference's."""
+    rng = np.random.default_rng(3)
+    attrs = {"strides": (2, 2), "dilation": (1, 1), "padding": (3, 3, 3, 3), "groups": 1}
+    x, wt = rng.standard_normal((2, 3, 32, 32)), rng.standard_normal((8, 3, 7, 7))
+    x, wt = x.astype(np.float32), wt.astype(np.float32)
+    if where == "input":
+        x[1, 2, 9, 14] = value
+    else:
+        wt[5, 1, 3, 2] = value
+    y_shape = output_shape(x.shape, wt.shape, attrs)
+    dy = rng.standard_normal(y_shape).astype(np.float32)
+    for op, arrays, extra, shape in [
+        ("conv2d", [x, wt], {}, y_shape),
+        ("conv2d_weights_grad", [x, dy], {"weight_shape": wt.shape}, wt.shape),
+    ]:
+        with np.errstate(invalid="ignore"):
+            ref = reference(op, *arrays, attrs, shape)
+        out = run(op, arrays, attrs, extra, "auto", 2)
+        assert np.array_equal(np.isfinite(out), np.isfinite(ref)), op
+        assert np.array_equal(np.isnan(out), np.isnan(ref)), op
+        finite = np.isfinite(ref)
+        np.testing.assert_allclose(out[finite], ref[finite], rtol=1e-4, atol=1e-4)
