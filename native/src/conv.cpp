@@ -266,6 +266,7 @@ LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, 
 // over 16 lanes went through memory, and its stalls made the weight gradient slower than AVX2).
 template <class T>
 LUCID_ALWAYS_INLINE T lane_sum_wide(typename Simd<T, kWide>::V v) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
   typedef T Half __attribute__((vector_size(kWide / 2)));
   typedef T Quarter __attribute__((vector_size(kWide / 4)));
   Half h;
@@ -280,6 +281,12 @@ LUCID_ALWAYS_INLINE T lane_sum_wide(typename Simd<T, kWide>::V v) {
     q = __builtin_shufflevector(h, h, 0, 1) + __builtin_shufflevector(h, h, 2, 3);
     return q[0] + q[1];
   }
+#else  // GCC before 12 has no __builtin_shufflevector: lane by lane, unrolled
+  T sum = 0;
+#pragma GCC unroll 16
+  for (int l = 0; l < Simd<T, kWide>::L; ++l) sum += v[l];
+  return sum;
+#endif
 }
 
 // Bytes: the register width (32 or 64); P is a multiple of its lanes.
