@@ -16,7 +16,7 @@ gradient, the moments and the parameter once and writes all three (7 array passe
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 
 from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
 from lucid.ir import visits
@@ -27,30 +27,33 @@ STAGE = "fuse-elementwise"  # the visit counters' name for this step
 
 def fuse_elementwise(program: Program, max_nodes: int = 64) -> Program:
     """A new program with elementwise chains fused; the input program is left unchanged."""
-    instrs = program.instrs
+    instrs, slots = program.instrs, program.slots
     visits.count(STAGE, 2 * len(instrs))  # the grouping and rebuilding sweeps
     uses = Counter(s for ins in instrs for s in ins.inputs)
     uses.update(program.results)
-    producer = {ins.outputs[0]: k for k, ins in enumerate(instrs)}
+    # Only elementwise producers can join a group.
+    producer = {ins.outputs[0]: k for k, ins in enumerate(instrs) if ins.op in ELEMENTWISE_OPS}
     absorbed: set[int] = set()
     groups: dict[int, list[int]] = {}
     for k in reversed(range(len(instrs))):
         root = instrs[k]
-        if k in absorbed or root.op not in ELEMENTWISE_OPS:
+        if root.op not in ELEMENTWISE_OPS or k in absorbed:
             continue
-        shape = program.slots[root.outputs[0]].shape
+        shape = slots[root.outputs[0]].shape
         members, pending = [k], list(root.inputs)
+        visited = 0
         while pending:
             s = pending.pop()
-            visits.count(STAGE)
+            visited += 1
             j = producer.get(s)
-            if j is None or j in absorbed or instrs[j].op not in ELEMENTWISE_OPS:
+            if j is None or j in absorbed:
                 continue
-            if uses[s] != 1 or program.slots[s].shape != shape or len(members) >= max_nodes:
+            if uses[s] != 1 or slots[s].shape != shape or len(members) >= max_nodes:
                 continue
             members.append(j)
             absorbed.add(j)
             pending.extend(instrs[j].inputs)
+        visits.count(STAGE, visited)
         if len(members) > 1:
             groups[k] = sorted(members)
 
@@ -107,36 +110,37 @@ def _merge(program: Program, producer: Instr, consumer: Instr, keep: set[int]) -
 
 def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
     instrs: list[Instr | None] = list(program.instrs)
-    results = set(program.results)
+    slots, results = program.slots, set(program.results)
+    elementwise = [ins.op == FUSED or ins.op in ELEMENTWISE_OPS for ins in instrs]
     # Kept up to date as instructions merge, so each lookup is O(1) (a big graph has thousands
-    # of instructions; rescanning them per candidate made this sweep quadratic).
-    producer_of = {s: j for j, ins in enumerate(instrs) for s in ins.outputs}
-    readers: dict[int, set[int]] = defaultdict(set)
+    # of instructions; rescanning them per candidate made this sweep quadratic). Only the values
+    # of elementwise instructions can merge, so only theirs are tracked: fewer tables to build
+    # and hold (a set of readers per value).
+    producer_of = {s: j for j, ins in enumerate(instrs) if elementwise[j] for s in ins.outputs}
+    readers: dict[int, set[int]] = {s: set() for s in producer_of}
     for i, ins in enumerate(instrs):
         for s in ins.inputs:
-            readers[s].add(i)
-
-    def elementwise(ins: Instr | None) -> bool:
-        return ins is not None and (ins.op == FUSED or ins.op in ELEMENTWISE_OPS)
+            if s in readers:
+                readers[s].add(i)
 
     def size(ins: Instr) -> int:
         return len(ins.nodes) if ins.op == FUSED else 1
 
     visits.count(STAGE, len(instrs))
     for k in range(len(instrs)):
-        consumer = instrs[k]
-        if not elementwise(consumer):
+        if not elementwise[k]:
             continue
-        shape = program.slots[consumer.outputs[0]].shape
+        consumer = instrs[k]
+        shape = slots[consumer.outputs[0]].shape
         merged = True
         while merged:
             merged = False
             for s in dict.fromkeys(consumer.inputs):
                 j = producer_of.get(s)
-                if j is None or not elementwise(instrs[j]):
+                if j is None:
                     continue
                 producer = instrs[j]
-                if program.slots[s].shape != shape or size(producer) + size(consumer) > max_nodes:
+                if slots[s].shape != shape or size(producer) + size(consumer) > max_nodes:
                     continue
                 outs = producer.outputs
                 if any(j < i < k for t in outs for i in readers[t]):
@@ -153,8 +157,9 @@ def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
                     else:
                         del producer_of[t]
                 for t in producer.inputs:
-                    readers[t].discard(j)
-                    readers[t].add(k)
+                    if t in readers:
+                        readers[t].discard(j)
+                        readers[t].add(k)
                 merged = True
                 break
     return [ins for ins in instrs if ins is not None]
@@ -172,7 +177,8 @@ def _fuse_group(program: Program, members: list[int]) -> Instr:
         ins = program.instrs[j]
         args = tuple(len(inputs) + inner[s] if s in inner else inputs.index(s) for s in ins.inputs)
         out = ins.outputs[0]
-        nodes.append(FusedNode(ins.op, args, program.slots[out].dtype, dict(ins.attrs)))
+        # The instruction's attribute dict itself: nothing edits a node's attributes.
+        nodes.append(FusedNode(ins.op, args, program.slots[out].dtype, ins.attrs))
     root = program.instrs[members[-1]]
     return Instr(FUSED, tuple(inputs), root.outputs, {}, tuple(nodes))
 

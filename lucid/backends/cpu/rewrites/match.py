@@ -4,8 +4,9 @@ rewrite families share."""
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from math import prod
 
 import numpy as np
@@ -18,16 +19,23 @@ STAGE = "fuse-kernels"  # the visit counters' name for this step
 
 
 class Graph:
-    """Producers, use counts and readers of the instruction list, built once and kept current
-    by ``set``, through which every rewrite edits the list: a fold costs the instructions it
-    looks at, not a rebuild of the whole program per rewrite (which made fusion quadratic)."""
+    """Producers, use counts, readers and positions by opcode of the instruction list, built
+    once and kept current by ``set``, through which every rewrite edits the list: a fold costs
+    the instructions it looks at, not a rebuild of the whole program per rewrite (which made
+    fusion quadratic), and a rewrite walks only the instructions of its opcodes (``each``), not
+    the whole program."""
 
     def __init__(self, program: Program, instrs: list[Instr | None]) -> None:
         self.program = program
         self.instrs = instrs
+        # A set: ``used_only_by`` asks once per candidate, and a step's results (every updated
+        # parameter and optimizer state) are thousands.
+        self.results = frozenset(program.results)
         self.producer: dict[int, int] = {}
         self.uses: Counter[int] = Counter(program.results)
         self._readers: dict[int, dict[int, None]] = {}
+        self._by_op: dict[str, dict[int, None]] = {}
+        self._walks: list[_Walk] = []
         # Slots whose last reader went away since the last ``erase_unread``.
         self.unread: set[int] = set()
         for k, ins in enumerate(instrs):
@@ -38,9 +46,13 @@ class Graph:
     def _link(self, k: int, ins: Instr) -> None:
         for s in ins.outputs:
             self.producer[s] = k
+        uses, readers = self.uses, self._readers
         for s in ins.inputs:
-            self.uses[s] += 1
-            self._readers.setdefault(s, {})[k] = None
+            uses[s] = uses.get(s, 0) + 1
+            readers.setdefault(s, {})[k] = None
+        self._by_op.setdefault(ins.op, {})[k] = None
+        for walk in self._walks:
+            walk.placed(k, ins.op)
 
     def _unlink(self, k: int, ins: Instr) -> None:
         for s in ins.outputs:
@@ -51,6 +63,7 @@ class Graph:
             self._readers[s].pop(k, None)
             if not self.uses[s]:
                 self.unread.add(s)
+        del self._by_op[ins.op][k]
 
     def set(self, k: int, ins: Instr | None) -> None:
         """Put ``ins`` (None: nothing) at position ``k``, updating producers, uses, readers."""
@@ -61,6 +74,24 @@ class Graph:
         self.instrs[k] = ins
         if ins is not None:
             self._link(k, ins)
+
+    def each(self, *ops: str, reverse: bool = False) -> Iterator[tuple[int, Instr]]:
+        """(position, instruction) of every instruction whose opcode is one of ``ops``, in
+        program order (``reverse``: backwards), met as a walk over the whole list would meet
+        them while the caller edits it: an instruction ``set`` ahead of the walk is met, one
+        removed or replaced before the walk gets there is not. Costs the instructions of those
+        opcodes, not the program's."""
+        positions = sorted((k for op in ops for k in self._by_op.get(op, ())), reverse=reverse)
+        visits.count(STAGE, len(positions))
+        walk = _Walk(frozenset(ops), reverse)
+        self._walks.append(walk)
+        try:
+            for k in walk.merged(positions):
+                ins = self.instrs[k]
+                if ins is not None and ins.op in walk.ops:
+                    yield k, ins
+        finally:
+            self._walks.remove(walk)
 
     def readers(self, slot: int) -> list[int]:
         """Positions of the instructions reading ``slot``, in program order."""
@@ -97,10 +128,42 @@ class Graph:
         return (k, ins) if ins is not None and ins.op == op else None
 
     def used_only_by(self, slot: int, count: int) -> bool:
-        return self.uses[slot] == count and slot not in self.program.results
+        return self.uses[slot] == count and slot not in self.results
 
     def aval(self, slot: int):
         return self.program.slots[slot]
+
+
+class _Walk:
+    """One ``Graph.each`` in progress: where it is, and the positions of its opcodes that edits
+    placed ahead of it since it began (a heap; keys negated when walking backwards)."""
+
+    def __init__(self, ops: frozenset[str], reverse: bool) -> None:
+        self.ops = ops
+        self.sign = -1 if reverse else 1
+        self.at: int | None = None
+        self.ahead: list[int] = []
+
+    def placed(self, k: int, op: str) -> None:
+        if op in self.ops and (self.at is None or self.sign * k > self.sign * self.at):
+            visits.count(STAGE)
+            heapq.heappush(self.ahead, self.sign * k)
+
+    def merged(self, positions: list[int]) -> Iterator[int]:
+        """``positions`` (in walk order) merged with those placed ahead meanwhile, each once."""
+        sign, ahead = self.sign, self.ahead
+        i, n = 0, len(positions)
+        while True:
+            if ahead and (i == n or ahead[0] <= sign * positions[i]):
+                k = sign * heapq.heappop(ahead)
+            elif i < n:
+                k = positions[i]
+                i += 1
+            else:
+                return
+            if k != self.at:
+                self.at = k
+                yield k
 
 
 def float_matmul(g: Graph, slot: int) -> tuple[int, Instr] | None:
