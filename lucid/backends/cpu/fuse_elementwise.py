@@ -74,12 +74,25 @@ def _as_fused(program: Program, ins: Instr) -> Instr:
     """An elementwise instruction in `fused` form (inputs without repeats)."""
     if ins.op == FUSED:
         return ins
-    inputs = tuple(dict.fromkeys(ins.inputs))
-    out = ins.outputs[0]
+    position: dict[int, int] = {}  # the inputs without repeats
+    for s in ins.inputs:
+        position.setdefault(s, len(position))
     node = FusedNode(
-        ins.op, tuple(inputs.index(s) for s in ins.inputs), program.slots[out].dtype, ins.attrs
+        ins.op,
+        tuple([position[s] for s in ins.inputs]),
+        program.slots[ins.outputs[0]].dtype,
+        ins.attrs,
     )
-    return Instr(FUSED, inputs, ins.outputs, {}, (node,))
+    return Instr(FUSED, tuple(position), ins.outputs, {}, (node,))
+
+
+def _first_positions(slots: tuple[int, ...] | list[int]) -> dict[int, int]:
+    """Each slot's first position in ``slots`` (in order of first appearance): what
+    ``list.index`` answers, in O(1) per lookup (a merged instruction has dozens of inputs)."""
+    position: dict[int, int] = {}
+    for i, s in enumerate(slots):
+        position.setdefault(s, i)
+    return position
 
 
 def _merge(program: Program, producer: Instr, consumer: Instr, keep: set[int]) -> Instr:
@@ -87,20 +100,19 @@ def _merge(program: Program, producer: Instr, consumer: Instr, keep: set[int]) -
     p, c = _as_fused(program, producer), _as_fused(program, consumer)
     p_value = dict(zip(p.outputs, p.output_nodes(), strict=True))
     inputs = list(p.inputs)
-    inputs += [s for s in dict.fromkeys(c.inputs) if s not in p_value and s not in inputs]
+    position = _first_positions(inputs)
+    for s in c.inputs:
+        if s not in p_value and s not in position:
+            position[s] = len(inputs)
+            inputs.append(s)
     n_in, n_p = len(inputs), len(p.nodes)
-
-    def p_arg(a: int) -> int:
-        return inputs.index(p.inputs[a]) if a < len(p.inputs) else n_in + a - len(p.inputs)
-
-    def c_arg(a: int) -> int:
-        if a >= len(c.inputs):
-            return n_in + n_p + a - len(c.inputs)
-        s = c.inputs[a]
-        return n_in + p_value[s] if s in p_value else inputs.index(s)
-
-    nodes = [FusedNode(n.op, tuple(map(p_arg, n.args)), n.dtype, n.attrs) for n in p.nodes]
-    nodes += [FusedNode(n.op, tuple(map(c_arg, n.args)), n.dtype, n.attrs) for n in c.nodes]
+    # Node arguments index the inputs, then the nodes: what each argument of the producer's
+    # and the consumer's nodes becomes in the merged instruction, by old index.
+    p_arg = [position[s] for s in p.inputs] + list(range(n_in, n_in + n_p))
+    c_arg = [n_in + p_value[s] if s in p_value else position[s] for s in c.inputs]
+    c_arg += range(n_in + n_p, n_in + n_p + len(c.nodes))
+    nodes = [FusedNode(n.op, tuple([p_arg[a] for a in n.args]), n.dtype, n.attrs) for n in p.nodes]
+    nodes += [FusedNode(n.op, tuple([c_arg[a] for a in n.args]), n.dtype, n.attrs) for n in c.nodes]
     kept = [(s, k) for s, k in p_value.items() if s in keep]
     outputs = tuple(s for s, _ in kept) + c.outputs
     out_nodes = tuple(k for _, k in kept) + tuple(n_p + k for k in c.output_nodes())
@@ -166,21 +178,25 @@ def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
 
 
 def _fuse_group(program: Program, members: list[int]) -> Instr:
-    inner = {program.instrs[j].outputs[0]: n for n, j in enumerate(members)}
-    inputs: list[int] = []
+    instrs, slots = program.instrs, program.slots
+    inner = {instrs[j].outputs[0]: n for n, j in enumerate(members)}
+    position: dict[int, int] = {}  # the group's inputs, in order of first use
     for j in members:
-        for s in program.instrs[j].inputs:
-            if s not in inner and s not in inputs:
-                inputs.append(s)
+        for s in instrs[j].inputs:
+            if s not in inner and s not in position:
+                position[s] = len(position)
+    # A node argument indexes the inputs, then the nodes.
+    arg = {s: len(position) + n for s, n in inner.items()}
+    arg.update(position)
     nodes = []
     for j in members:
-        ins = program.instrs[j]
-        args = tuple(len(inputs) + inner[s] if s in inner else inputs.index(s) for s in ins.inputs)
-        out = ins.outputs[0]
+        ins = instrs[j]
         # The instruction's attribute dict itself: nothing edits a node's attributes.
-        nodes.append(FusedNode(ins.op, args, program.slots[out].dtype, ins.attrs))
-    root = program.instrs[members[-1]]
-    return Instr(FUSED, tuple(inputs), root.outputs, {}, tuple(nodes))
+        node = FusedNode(
+            ins.op, tuple([arg[s] for s in ins.inputs]), slots[ins.outputs[0]].dtype, ins.attrs
+        )
+        nodes.append(node)
+    return Instr(FUSED, tuple(position), instrs[members[-1]].outputs, {}, tuple(nodes))
 
 
 __all__ = ["fuse_elementwise"]

@@ -33,7 +33,9 @@ class Graph:
         self.results = frozenset(program.results)
         self.producer: dict[int, int] = {}
         self.uses: Counter[int] = Counter(program.results)
-        self._readers: dict[int, dict[int, None]] = {}
+        # A slot's one reader, or a dict of its readers when several: most values are read
+        # once, and a dict per value was most of this table's memory.
+        self._readers: dict[int, int | dict[int, None]] = {}
         self._by_op: dict[str, dict[int, None]] = {}
         self._walks: list[_Walk] = []
         # Slots whose last reader went away since the last ``erase_unread``.
@@ -49,7 +51,14 @@ class Graph:
         uses, readers = self.uses, self._readers
         for s in ins.inputs:
             uses[s] = uses.get(s, 0) + 1
-            readers.setdefault(s, {})[k] = None
+            r = readers.get(s)
+            if r is None:
+                readers[s] = k
+            elif type(r) is int:
+                if r != k:
+                    readers[s] = {r: None, k: None}
+            else:
+                r[k] = None
         self._by_op.setdefault(ins.op, {})[k] = None
         for walk in self._walks:
             walk.placed(k, ins.op)
@@ -58,9 +67,15 @@ class Graph:
         for s in ins.outputs:
             if self.producer.get(s) == k:
                 del self.producer[s]
+        readers = self._readers
         for s in ins.inputs:
             self.uses[s] -= 1
-            self._readers[s].pop(k, None)
+            r = readers.get(s)
+            if type(r) is int:
+                if r == k:
+                    del readers[s]
+            elif r is not None:
+                r.pop(k, None)
             if not self.uses[s]:
                 self.unread.add(s)
         del self._by_op[ins.op][k]
@@ -95,7 +110,8 @@ class Graph:
 
     def readers(self, slot: int) -> list[int]:
         """Positions of the instructions reading ``slot``, in program order."""
-        return sorted(self._readers.get(slot, ()))
+        r = self._readers.get(slot)
+        return [] if r is None else [r] if type(r) is int else sorted(r)
 
     def erase_unread(self, erasable: Callable[[int, Instr], bool]) -> None:
         """Drop the instructions ``erasable`` accepts whose values nothing reads any more, among
