@@ -95,29 +95,69 @@ def _first_positions(slots: tuple[int, ...] | list[int]) -> dict[int, int]:
     return position
 
 
-def _merge(program: Program, producer: Instr, consumer: Instr, keep: set[int]) -> Instr:
-    """``consumer`` with ``producer``'s nodes first; producer outputs in ``keep`` stay outputs."""
-    p, c = _as_fused(program, producer), _as_fused(program, consumer)
-    p_value = dict(zip(p.outputs, p.output_nodes(), strict=True))
-    inputs = list(p.inputs)
-    position = _first_positions(inputs)
-    for s in c.inputs:
-        if s not in p_value and s not in position:
-            position[s] = len(inputs)
-            inputs.append(s)
-    n_in, n_p = len(inputs), len(p.nodes)
-    # Node arguments index the inputs, then the nodes: what each argument of the producer's
-    # and the consumer's nodes becomes in the merged instruction, by old index.
-    p_arg = [position[s] for s in p.inputs] + list(range(n_in, n_in + n_p))
-    c_arg = [n_in + p_value[s] if s in p_value else position[s] for s in c.inputs]
-    c_arg += range(n_in + n_p, n_in + n_p + len(c.nodes))
-    nodes = [FusedNode(n.op, tuple([p_arg[a] for a in n.args]), n.dtype, n.attrs) for n in p.nodes]
-    nodes += [FusedNode(n.op, tuple([c_arg[a] for a in n.args]), n.dtype, n.attrs) for n in c.nodes]
-    kept = [(s, k) for s, k in p_value.items() if s in keep]
-    outputs = tuple(s for s, _ in kept) + c.outputs
-    out_nodes = tuple(k for _, k in kept) + tuple(n_p + k for k in c.output_nodes())
-    default = len(outputs) == 1 and out_nodes == (len(nodes) - 1,)
-    return Instr(FUSED, tuple(inputs), outputs, {}, tuple(nodes), None if default else out_nodes)
+class _Merged:
+    """A consumer with producers merged into it, built into one instruction once its last
+    producer is in (rebuilding every node at each merge made a consumer that takes in ``m``
+    producers cost ``m`` times its size). Merging ``p`` puts its nodes first and its inputs
+    first; a node's operand that a merged producer computes becomes that producer's node, and
+    the producer outputs in ``keep`` stay outputs (before the consumer's)."""
+
+    __slots__ = ("blocks", "inputs", "outputs", "produced", "size")
+
+    def __init__(self, consumer: Instr) -> None:
+        self.blocks = [consumer]  # in reverse order of their nodes in the built instruction
+        self.inputs = list(consumer.inputs)
+        # (slot, block index, node index in that block) of each output, in order.
+        outs = zip(consumer.outputs, consumer.output_nodes(), strict=True)
+        self.outputs = [(s, 0, n) for s, n in outs]
+        self.produced: dict[int, tuple[int, int]] = {}  # slot -> (block index, node index)
+        self.size = len(consumer.nodes)
+
+    def merge(self, producer: Instr, keep: set[int]) -> None:
+        """Merge ``producer`` (in fused form) in."""
+        b = len(self.blocks)
+        values = list(zip(producer.outputs, producer.output_nodes(), strict=True))
+        for s, n in values:
+            self.produced[s] = (b, n)
+        inputs = list(producer.inputs)
+        seen = set(inputs)
+        for s in self.inputs:
+            if s not in seen and s not in self.produced:
+                seen.add(s)
+                inputs.append(s)
+        self.inputs = inputs
+        self.outputs[:0] = [(s, b, n) for s, n in values if s in keep]
+        self.blocks.append(producer)
+        self.size += len(producer.nodes)
+
+    def build(self) -> Instr:
+        inputs = self.inputs
+        position = _first_positions(inputs)
+        n_in, blocks, produced = len(inputs), self.blocks, self.produced
+        first = [0] * len(blocks)  # each block's first node in the built instruction
+        at = 0
+        for b in reversed(range(len(blocks))):
+            first[b] = at
+            at += len(blocks[b].nodes)
+        nodes: list[FusedNode] = []
+        for b in reversed(range(len(blocks))):
+            block = blocks[b]
+            # What each argument index of the block's nodes becomes: inputs, then nodes.
+            arg = []
+            for s in block.inputs:
+                found = produced.get(s)
+                arg.append(position[s] if found is None else n_in + first[found[0]] + found[1])
+            arg += range(n_in + first[b], n_in + first[b] + len(block.nodes))
+            nodes += [
+                FusedNode(n.op, tuple([arg[a] for a in n.args]), n.dtype, n.attrs)
+                for n in block.nodes
+            ]
+        outputs = tuple(s for s, _, _ in self.outputs)
+        out_nodes = tuple(first[b] + n for _, b, n in self.outputs)
+        default = len(outputs) == 1 and out_nodes == (len(nodes) - 1,)
+        return Instr(
+            FUSED, tuple(inputs), outputs, {}, tuple(nodes), None if default else out_nodes
+        )
 
 
 def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
@@ -144,24 +184,28 @@ def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
             continue
         consumer = instrs[k]
         shape = slots[consumer.outputs[0]].shape
+        merging: _Merged | None = None
         merged = True
         while merged:
             merged = False
-            for s in dict.fromkeys(consumer.inputs):
+            inputs = consumer.inputs if merging is None else merging.inputs
+            consumer_size = size(consumer) if merging is None else merging.size
+            for s in dict.fromkeys(inputs):
                 j = producer_of.get(s)
                 if j is None:
                     continue
                 producer = instrs[j]
-                if slots[s].shape != shape or size(producer) + size(consumer) > max_nodes:
+                if slots[s].shape != shape or size(producer) + consumer_size > max_nodes:
                     continue
                 outs = producer.outputs
                 if any(j < i < k for t in outs for i in readers[t]):
                     continue  # read in between: it must be computed where it is
                 keep = {t for t in outs if t in results or any(i > k for i in readers[t])}
-                # A merge copies both node lists: at most max_nodes each.
-                visits.count(STAGE, size(producer) + size(consumer))
-                consumer = _merge(program, producer, consumer, keep)
-                instrs[j], instrs[k] = None, consumer
+                visits.count(STAGE, size(producer))
+                if merging is None:
+                    merging = _Merged(_as_fused(program, consumer))
+                merging.merge(_as_fused(program, producer), keep)
+                instrs[j] = None
                 for t in outs:
                     readers[t].discard(k)
                     if t in keep:
@@ -174,6 +218,9 @@ def _merge_shared_producers(program: Program, max_nodes: int) -> list[Instr]:
                         readers[t].add(k)
                 merged = True
                 break
+        if merging is not None:
+            visits.count(STAGE, merging.size)  # the build: each node once
+            instrs[k] = merging.build()
     return [ins for ins in instrs if ins is not None]
 
 
