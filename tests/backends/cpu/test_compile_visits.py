@@ -1,25 +1,31 @@
 """The CPU backend's compile stages stay linear in the program, guarded without a clock: the
 visits each stage counts (``lucid.ir.visits``) per instruction must not grow with the program
 (tests/passes/test_compile_complexity.py does the same for the transformer, the chain and the
-MLP; here the LSTM unrolled in ``forward``, whose recurrent weight is read once per step, and a
-ResNet's convolutions). And ``Graph.each``, through which every fuse-kernels rewrite walks the
-program, meets the instructions a whole-list walk would meet while the rewrite edits the list."""
+MLP; here the compile-scaling benchmark's LSTM unrolled in ``forward``, whose recurrent weight
+is read once per step, and its ResNet). And ``Graph.each``, through which every fuse-kernels
+rewrite walks the program, meets the instructions a whole-list walk would meet while the
+rewrite edits the list."""
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 from contextlib import nullcontext
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lucid
-import lucid.nn as nn
 from lucid.backends.cpu.program import Instr, Program
 from lucid.backends.cpu.rewrites.match import Graph
 from lucid.ir import visits
+
+BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks"))
+sys.path.insert(0, BENCH)
+
+import scaling_models as SM  # noqa: E402
 
 BACKEND_STAGES = ("emit", "fuse-kernels", "fuse-elementwise")
 GROWTH = 8
@@ -31,50 +37,13 @@ def _compile_every_time(monkeypatch):
     monkeypatch.delenv("LUCID_COMPILE_DISK_CACHE", raising=False)
 
 
-class _UnrolledLSTM(nn.Module):
-    def __init__(self, hidden: int = 4):
-        super().__init__()
-        self.hidden = hidden
-        self.ih = nn.Linear(3, 4 * hidden)
-        self.hh = nn.Linear(hidden, 4 * hidden, bias=False)
-
-    def forward(self, x):
-        h = c = None
-        n = self.hidden
-        for t in range(x.shape[0]):
-            g = self.ih(x[t]) if h is None else self.ih(x[t]) + self.hh(h)
-            i, f, gg, o = (g[:, k * n : (k + 1) * n] for k in range(4))
-            i, f, gg, o = i.sigmoid(), f.sigmoid(), gg.tanh(), o.sigmoid()
-            c = i * gg if c is None else f * c + i * gg
-            h = o * c.tanh()
-        return h
+def _scaling_model(name: str, size: int):
+    """The compile-scaling benchmark's ``name`` model of ``size`` and its input."""
+    return SM.lucid_model(name, size), lucid.tensor(SM.input_array(name, size))
 
 
-class _Block(nn.Module):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(ch)
-        self.conv2 = nn.Conv2d(ch, ch, 3, padding=1)
-
-    def forward(self, x):
-        return (x + self.conv2(self.bn1(self.conv1(x)).relu())).relu()
-
-
-def _lstm(steps: int):
-    lucid.manual_seed(0)
-    x = np.random.default_rng(0).standard_normal((steps, 2, 3)).astype(np.float32)
-    return _UnrolledLSTM(), lucid.tensor(x)
-
-
-def _resnet(blocks: int):
-    lucid.manual_seed(0)
-    x = np.random.default_rng(0).standard_normal((2, 4, 6, 6)).astype(np.float32)
-    return nn.Sequential(*[_Block(4) for _ in range(blocks)]), lucid.tensor(x)
-
-
-def _backend_visits(build, size: int, train: bool):
-    model, x = build(size)
+def _backend_visits(name: str, size: int, train: bool):
+    model, x = _scaling_model(name, size)
     if train:
         opt = lucid.optim.Adam(model.parameters(), lr=1e-3)
         run = lucid.compile.fused_step(model, lambda y: (y * y).mean(), opt, backend="cpu")
@@ -87,13 +56,13 @@ def _backend_visits(build, size: int, train: bool):
 
 
 @pytest.mark.parametrize(
-    ("build", "size", "train"),
-    [(_lstm, 3, True), (_lstm, 3, False), (_resnet, 1, True)],
+    ("name", "size", "train"),
+    [("lstm", 3, True), ("lstm", 3, False), ("resnet", 1, True)],
     ids=["lstm-train", "lstm-infer", "resnet-train"],
 )
-def test_backend_visits_per_instruction_stay_bounded_as_the_program_grows(build, size, train):
-    small = _backend_visits(build, size, train)
-    big = _backend_visits(build, GROWTH * size, train)
+def test_backend_visits_per_instruction_stay_bounded_as_the_program_grows(name, size, train):
+    small = _backend_visits(name, size, train)
+    big = _backend_visits(name, GROWTH * size, train)
     assert all(small.values()), f"a backend stage counted nothing: {small}"
     grown = {s: round(big[s] / small[s], 1) for s in BACKEND_STAGES}
     assert all(r <= GROWTH * SLACK for r in grown.values()), f"grew faster than 8x: {grown}"
