@@ -31,34 +31,31 @@ class Graph:
         # A set: ``used_only_by`` asks once per candidate, and a step's results (every updated
         # parameter and optimizer state) are thousands.
         self.results = frozenset(program.results)
-        self.producer: dict[int, int] = {}
         self.uses: Counter[int] = Counter(program.results)
-        # A slot's one reader, or a dict of its readers when several: most values are read
-        # once, and a dict per value was most of this table's memory.
-        self._readers: dict[int, int | dict[int, None]] = {}
+        self.uses.update(s for ins in instrs if ins is not None for s in ins.inputs)
+        self.producer: dict[int, int] = {}
         self._by_op: dict[str, dict[int, None]] = {}
+        for k, ins in enumerate(instrs):
+            if ins is not None:
+                for s in ins.outputs:
+                    self.producer[s] = k
+                self._by_op.setdefault(ins.op, {})[k] = None
+        # Built when first asked (``readers``), then kept current: most programs have no
+        # instruction whose rewrite asks, and it was the largest table.
+        self._readers: _Readers | None = None
         self._walks: list[_Walk] = []
         # Slots whose last reader went away since the last ``erase_unread``.
         self.unread: set[int] = set()
-        for k, ins in enumerate(instrs):
-            if ins is not None:
-                self._link(k, ins)
         visits.count(STAGE, len(instrs))
 
     def _link(self, k: int, ins: Instr) -> None:
         for s in ins.outputs:
             self.producer[s] = k
-        uses, readers = self.uses, self._readers
+        uses = self.uses
         for s in ins.inputs:
             uses[s] = uses.get(s, 0) + 1
-            r = readers.get(s)
-            if r is None:
-                readers[s] = k
-            elif type(r) is int:
-                if r != k:
-                    readers[s] = {r: None, k: None}
-            else:
-                r[k] = None
+        if self._readers is not None:
+            self._readers.add(k, ins)
         self._by_op.setdefault(ins.op, {})[k] = None
         for walk in self._walks:
             walk.placed(k, ins.op)
@@ -67,17 +64,12 @@ class Graph:
         for s in ins.outputs:
             if self.producer.get(s) == k:
                 del self.producer[s]
-        readers = self._readers
         for s in ins.inputs:
             self.uses[s] -= 1
-            r = readers.get(s)
-            if type(r) is int:
-                if r == k:
-                    del readers[s]
-            elif r is not None:
-                r.pop(k, None)
             if not self.uses[s]:
                 self.unread.add(s)
+        if self._readers is not None:
+            self._readers.remove(k, ins)
         del self._by_op[ins.op][k]
 
     def set(self, k: int, ins: Instr | None) -> None:
@@ -110,8 +102,13 @@ class Graph:
 
     def readers(self, slot: int) -> list[int]:
         """Positions of the instructions reading ``slot``, in program order."""
-        r = self._readers.get(slot)
-        return [] if r is None else [r] if type(r) is int else sorted(r)
+        if self._readers is None:
+            self._readers = _Readers()
+            visits.count(STAGE, len(self.instrs))
+            for k, ins in enumerate(self.instrs):
+                if ins is not None:
+                    self._readers.add(k, ins)
+        return self._readers.of(slot)
 
     def erase_unread(self, erasable: Callable[[int, Instr], bool]) -> None:
         """Drop the instructions ``erasable`` accepts whose values nothing reads any more, among
@@ -148,6 +145,42 @@ class Graph:
 
     def aval(self, slot: int):
         return self.program.slots[slot]
+
+
+class _Readers:
+    """The positions reading each slot: its one reader, or a dict of its readers when several
+    (most values are read once, and a dict per value was most of this table's memory)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self) -> None:
+        self.table: dict[int, int | dict[int, None]] = {}
+
+    def add(self, k: int, ins: Instr) -> None:
+        table = self.table
+        for s in ins.inputs:
+            r = table.get(s)
+            if r is None:
+                table[s] = k
+            elif type(r) is int:
+                if r != k:
+                    table[s] = {r: None, k: None}
+            else:
+                r[k] = None
+
+    def remove(self, k: int, ins: Instr) -> None:
+        table = self.table
+        for s in ins.inputs:
+            r = table.get(s)
+            if type(r) is int:
+                if r == k:
+                    del table[s]
+            elif r is not None:
+                r.pop(k, None)
+
+    def of(self, slot: int) -> list[int]:
+        r = self.table.get(slot)
+        return [] if r is None else [r] if type(r) is int else sorted(r)
 
 
 class _Walk:
