@@ -147,6 +147,8 @@ def fold_padded_sums(g: Graph) -> None:
     the gradient of a fused QKV projection was three pads of [.., 3E] and an add of four arrays
     (one of them a zero constant), where one concat reads each piece once."""
     for k, ins in g.each("add", reverse=True):
+        if any(g.op_of(s) not in ("add", "pad", "constant") for s in ins.inputs):
+            continue  # a leaf that is neither a pad nor a zero: most adds
         shape = g.aval(ins.outputs[0]).shape
         found = _padded_sum(g, k, shape)
         if found is None:

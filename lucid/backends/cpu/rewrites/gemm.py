@@ -16,9 +16,13 @@ from lucid.backends.cpu.rewrites.match import (
 )
 from lucid.ir.prim import Aval
 
+PRODUCTS = ("matmul", "gemm")
+
 
 def fold_gemm_scale(g: Graph) -> None:
     for k, ins in g.each("mul"):
+        if g.op_of(ins.inputs[0]) != "matmul" and g.op_of(ins.inputs[1]) != "matmul":
+            continue  # most muls: neither operand is a product
         for i in (0, 1):
             product, scale = ins.inputs[i], ins.inputs[1 - i]
             mm = float_matmul(g, product)
@@ -49,6 +53,8 @@ def _fold_add_into_gemm(
     ``takes(g, gemm, operand, out_aval)`` accepts becomes that gemm with the operand as its
     accumulator, at the add's position (every operand is defined by then)."""
     for k, ins in g.each("add"):
+        if g.op_of(ins.inputs[0]) not in PRODUCTS and g.op_of(ins.inputs[1]) not in PRODUCTS:
+            continue  # most adds: neither operand is a product
         out = g.aval(ins.outputs[0])
         for i in (0, 1):
             product, operand = ins.inputs[i], ins.inputs[1 - i]

@@ -134,6 +134,13 @@ class Graph:
         ins = self.instrs[readers[0]]
         return (readers[0], ins) if ins is not None and ins.op == op else None
 
+    def op_of(self, slot: int) -> str | None:
+        """The opcode of the instruction computing ``slot`` (None for a feed): a cheap first
+        test before a rewrite's full match."""
+        k = self.producer.get(slot)
+        ins = self.instrs[k] if k is not None else None
+        return ins.op if ins is not None else None
+
     def made_by(self, slot: int, op: str) -> tuple[int, Instr] | None:
         """(index, instruction) when ``slot`` is the output of an ``op`` instruction."""
         k = self.producer.get(slot)
