@@ -17,6 +17,7 @@
 // weight's gradient is one GEMM over all steps at the end. The gate nonlinearities and the state
 // update of a step run fused, one pass per batch row, split across the worker pool.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -306,20 +307,40 @@ struct StepIO {
   float* gates;     // saved activated gates [N, 4H] or null
 };
 
-// Rows [n0, n0 + R) of hidden-unit block u: the gate sums over the H contraction steps in
-// registers, then the cell on them (units past H masked off).
+// Contraction steps per pass over a block's rows: 96 steps of 64 weights (24 KB) stay in L1
+// while every row tile of the batch reads them (a whole block, 128 KB at H = 512, does not).
+constexpr int64_t kStepsPerPass = 96;
+
+// Rows [n0, n0 + R) of hidden-unit block u over contraction steps [k0, k1) (`wb` at step k0):
+// the gate sums in registers, resumed from and parked in `partial` (R x 64, in L1) between
+// passes; after the last pass the cell on them (units past H masked off).
 template <int R>
 LUCID_LSTM_AVX512 void step_tile(const StepIO& s, const float* __restrict wb, int64_t n0,
-                                 int64_t u) {
+                                 int64_t u, int64_t k0, int64_t k1, float* __restrict partial) {
   const int64_t H = s.H, j0 = u * kUnits;
+  const bool first = k0 == 0, last = k1 == H;
   __m512 acc[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_setzero_ps();
+    for (int q = 0; q < 4; ++q)
+      acc[r][q] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial + r * kBlockCols + 16 * q);
+  if (first || last) {
+    // The rows' input projections and cells, which the cell reads after the last pass: this
+    // step's x (N x 4H) comes from memory, and the loads stalled the cell (a quarter of the
+    // kernel's time at H = 512) before they were fetched during the passes.
+    const int hint = last ? _MM_HINT_T0 : _MM_HINT_T1;
+    for (int r = 0; r < R; ++r) {
+      const float* xr = s.x + (n0 + r) * s.G + j0;
+      for (int q = 0; q < 4; ++q)
+        hint == _MM_HINT_T0 ? _mm_prefetch(reinterpret_cast<const char*>(xr + q * H), _MM_HINT_T0)
+                            : _mm_prefetch(reinterpret_cast<const char*>(xr + q * H), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(s.c + (n0 + r) * H + j0), _MM_HINT_T0);
+    }
+  }
   const float* __restrict h = s.h + n0 * H;
 #pragma GCC unroll 2
-  for (int64_t k = 0; k < H; ++k) {
+  for (int64_t k = k0; k < k1; ++k) {
     const __m512 w0 = _mm512_load_ps(wb), w1 = _mm512_load_ps(wb + 16);
     const __m512 w2 = _mm512_load_ps(wb + 32), w3 = _mm512_load_ps(wb + 48);
 #pragma GCC unroll 8
@@ -331,6 +352,13 @@ LUCID_LSTM_AVX512 void step_tile(const StepIO& s, const float* __restrict wb, in
       acc[r][3] = _mm512_fmadd_ps(hv, w3, acc[r][3]);
     }
     wb += kBlockCols;
+  }
+  if (!last) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) _mm512_store_ps(partial + r * kBlockCols + 16 * q, acc[r][q]);
+    return;
   }
   const int64_t units = std::min<int64_t>(kUnits, H - j0);
   const __mmask16 m = units >= kUnits ? __mmask16(0xFFFF) : __mmask16((1u << units) - 1);
@@ -359,22 +387,27 @@ LUCID_LSTM_AVX512 void step_tile(const StepIO& s, const float* __restrict wb, in
   }
 }
 
-template <int R>
-LUCID_LSTM_AVX512 void step_rows(const StepIO& s, const float* wb, int64_t n0, int64_t u) {
-  step_tile<R>(s, wb, n0, u);
-}
-
-// Blocks [u0, u1) of one step over all N rows, kTileRows at a time (the last tile narrower).
+// Blocks [u0, u1) of one step over all N rows, kTileRows at a time (the last tile narrower),
+// kStepsPerPass contraction steps per pass over the rows.
 LUCID_LSTM_AVX512 void step_blocks(const StepIO& s, const float* packed, int64_t N, int64_t u0,
                                    int64_t u1) {
-  using TileFn = void (*)(const StepIO&, const float*, int64_t, int64_t);
-  static constexpr TileFn tiles[kTileRows + 1] = {nullptr,       &step_rows<1>, &step_rows<2>,
-                                                  &step_rows<3>, &step_rows<4>, &step_rows<5>,
-                                                  &step_rows<6>};
+  using TileFn = void (*)(const StepIO&, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+  static constexpr TileFn tiles[kTileRows + 1] = {nullptr,       &step_tile<1>, &step_tile<2>,
+                                                  &step_tile<3>, &step_tile<4>, &step_tile<5>,
+                                                  &step_tile<6>};
+  thread_local AlignedScratch partials;
+  const int64_t tiles_n = (N + kTileRows - 1) / kTileRows;
+  float* partial = partials.get(static_cast<size_t>(tiles_n * kTileRows * kBlockCols));
+  const int64_t passes = (s.H + kStepsPerPass - 1) / kStepsPerPass;
+  const int64_t per_pass = (s.H + passes - 1) / passes;
   for (int64_t u = u0; u < u1; ++u) {
     const float* wb = packed + u * s.H * kBlockCols;
-    for (int64_t n0 = 0; n0 < N; n0 += kTileRows)
-      tiles[std::min<int64_t>(kTileRows, N - n0)](s, wb, n0, u);
+    for (int64_t k0 = 0; k0 < s.H; k0 += per_pass) {
+      const int64_t k1 = std::min(s.H, k0 + per_pass);
+      for (int64_t n0 = 0, tile = 0; n0 < N; n0 += kTileRows, ++tile)
+        tiles[std::min<int64_t>(kTileRows, N - n0)](s, wb + k0 * kBlockCols, n0, u, k0, k1,
+                                                    partial + tile * kTileRows * kBlockCols);
+    }
   }
 }
 
@@ -402,14 +435,21 @@ void run_forward_fused(const LstmPlan& a, void* const* slots) {
   const int64_t blocks = (H + kUnits - 1) / kUnits;
   float* packed = t_packed_w.get(static_cast<size_t>(blocks * H * kBlockCols));
   pack_gate_blocks(w, H, packed);
-  // A block is about 2 * rows * 64 * H flops: split a step only when each part has ~256k.
-  const int64_t per_part = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, N * H * 64));
+  // A block is N * 64 * H multiply-adds: a step is split only when each thread gets ~256k.
+  const int64_t threads = std::min<int64_t>(
+      {parallel_threads(), blocks, std::max<int64_t>(1, blocks * N * H * 64 / (int64_t(1) << 18))});
   const float* h = h0;
   for (int64_t k = 0; k < L; ++k) {
     const int64_t t = a.reverse ? L - 1 - k : k;
     const StepIO s{H,          G,           h, x + t * N * G, b, c_n, y + t * N * H,
                    cells ? cells + t * N * H : nullptr, gates ? gates + t * N * G : nullptr};
-    parallel_for(blocks, per_part, [&](int64_t u0, int64_t u1) { step_blocks(s, packed, N, u0, u1); });
+    // Blocks claimed one at a time: a worker that wakes late (its core busy) takes what is left
+    // instead of holding the step up with a fixed half.
+    std::atomic<int64_t> next{0};
+    parallel_for(threads, 1, [&](int64_t, int64_t) {
+      for (int64_t u = next.fetch_add(1); u < blocks; u = next.fetch_add(1))
+        step_blocks(s, packed, N, u, u + 1);
+    });
     h = s.y;
   }
   std::memcpy(h_n, h, sizeof(float) * static_cast<size_t>(N * H));

@@ -915,7 +915,7 @@ void run_problem_on(const Problem& given) {
     range(p, 0, M, 0, N);
     return;
   }
-  if (by_rows && p.packed_b == nullptr) {
+  if (by_rows && p.packed_b == nullptr && chunks > threads) {
     // Every chunk of rows would pack all of B again: at M = 512, N = 512, K = 2048 (workload F's
     // second feed-forward product) the six chunks' packing cost a third of the product. B is
     // packed once instead, its slivers split across the pool.
