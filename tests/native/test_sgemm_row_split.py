@@ -1,8 +1,11 @@
 """Lucid's sgemm split across threads by rows (M >= N, more chunks than threads) packs op(B)
 once for all chunks: results equal a float64 numpy reference and the single-thread bits, on both
-register tiles (the AVX2 one forced with ``set_sgemm_isa("avx2")``)."""
+register tiles (the AVX2 one forced with ``set_sgemm_isa("avx2")``); and the worker pool hands
+back-to-back runs to a worker still watching for them as to one that went to sleep."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -51,3 +54,19 @@ def test_row_split_products_match_reference_and_one_thread(m, n, k, tb, isa, see
     one, _ = _product(m, n, k, tb, isa, 1, seed)
     np.testing.assert_array_equal(two, one)
     np.testing.assert_allclose(two, want, rtol=1e-4, atol=1e-3 * np.sqrt(k))
+
+
+def test_back_to_back_runs_reach_a_watching_and_a_sleeping_worker():
+    """Runs handed to the worker while it still watches for the next one (straight after a run)
+    and after it went to sleep (a pause of milliseconds) give the single-thread bits."""
+    one, _ = _product(300, 120, 257, True, "auto", 1, 5)
+    set_num_threads(2)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((300, 257), dtype=np.float32)
+    b = rng.standard_normal((120, 257), dtype=np.float32)
+    bias = rng.standard_normal(120, dtype=np.float32)
+    for pause in [0.0] * 20 + [0.002] * 5:
+        c = np.empty((300, 120), np.float32)
+        _native.sgemm(a, b, c, transpose_b=True, bias=bias, activation="relu")
+        np.testing.assert_array_equal(c, one)
+        time.sleep(pause)
