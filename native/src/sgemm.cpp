@@ -197,6 +197,8 @@ class Scratch {
 
 // A half output's partial sums over the contraction blocks before the last (float32).
 thread_local Scratch t_pack_a, t_pack_b, t_partial;
+// All of op(B) packed once for a product split by rows (run_problem_on).
+thread_local Scratch t_whole_b;
 
 // The packing and driver code also reads half operands: F16C converts float16 (every x86-64
 // CPU with AVX2 has it; gemm_mixed_native checks), bfloat16 is a 16-bit shift.
@@ -912,6 +914,15 @@ void run_problem_on(const Problem& given) {
   if (threads < 2 || chunks < 2 || macs < 2.0 * kMinMacsPerPart) {
     range(p, 0, M, 0, N);
     return;
+  }
+  if (by_rows && p.packed_b == nullptr && chunks > threads) {
+    // Every chunk of rows would pack all of B again: at M = 512, N = 512, K = 2048 (workload F's
+    // second feed-forward product) the six chunks' packing cost a third of the product. B is
+    // packed once instead, its slivers split across the pool.
+    const int64_t slivers = (N + Tile::NR - 1) / Tile::NR;
+    float* dst = t_whole_b.get(slivers * Tile::NR * K);
+    parallel_for(slivers, 1, [&](int64_t s0, int64_t s1) { pack_b_slivers<TB, Tile>(p, dst, s0, s1); });
+    p.packed_b = dst;
   }
   std::atomic<int64_t> next{0};
   parallel_for(std::min<int64_t>(threads, chunks), 1, [&](int64_t, int64_t) {
