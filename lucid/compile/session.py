@@ -30,6 +30,7 @@ from lucid.compile.errors import FeedMismatch, Unsupported, check_value_sizes
 from lucid.compile.options import GRAPH_PIPELINE, backend_of, env_flag
 from lucid.ir import feed_roles as _feed_roles
 from lucid.ir import forward_func, import_trace, print_ir, result_roles
+from lucid.ir._gc import collect_young, paused_gc
 from lucid.passes import Instrumentation, PassFailure, PassManager
 
 __all__ = [
@@ -163,9 +164,18 @@ class CompileSession:
         self.lower(module, backend, pipeline=pipeline, prefix=prefix)
         with self.timed(prefix + "backend-compile"):
             try:
-                return backend.compile(module, inplace_updates=inplace)
+                executable = backend.compile(module, inplace_updates=inplace)
             except (BackendUnsupported, *backend.refusals) as e:
                 raise Unsupported(str(e)) from e
+        self.collect_garbage(prefix)
+        return executable
+
+    def collect_garbage(self, prefix: str = "") -> None:
+        """At the end of a compile run under ``paused_gc``: collect what it allocated in one
+        scan (``collect_young``, see ``lucid.ir._gc``), timed as the stage ``gc``."""
+        t0 = time.perf_counter()
+        if collect_young():
+            self.record(prefix + "gc", (time.perf_counter() - t0) * 1e3)
 
     def finish(self, what: str, *, trace: Any = None, backend: str = "", n_ops: int | None = None):
         """End of the compile: the milliseconds since the session began. With
@@ -207,7 +217,8 @@ def compile_module(
     stage). With ``inplace`` the ``update:`` results are written into their feeds by the run.
     Without ``session`` no debugging switch applies (a session: see ``CompileSession``)."""
     session = session or CompileSession(env=False)
-    executable = session.compile_module(module, backend, inplace=inplace)
+    with paused_gc():  # the whole compile: see lucid.ir._gc
+        executable = session.compile_module(module, backend, inplace=inplace)
     return executable, dict(session.passes_ms)
 
 
@@ -259,6 +270,7 @@ def _graph_module(
     return module, session, dict(session.passes_ms)
 
 
+@paused_gc()  # the whole compile (see lucid.ir._gc)
 def compile_trace(
     trace: Any,
     *,
@@ -341,6 +353,7 @@ def _from_disk(
     return graph
 
 
+@paused_gc()  # the whole compile (see lucid.ir._gc)
 def compile_symbolic_trace(
     trace: Any,
     batch: int,
@@ -370,6 +383,7 @@ def compile_symbolic_trace(
             executable = target.compile_symbolic(module, probe, inplace_updates=True)
         except (BackendUnsupported, *target.refusals) as e:
             raise Unsupported(str(e)) from e
+    session.collect_garbage()
     return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
 
 
