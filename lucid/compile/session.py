@@ -164,24 +164,20 @@ class CompileSession:
         self.lower(module, backend, pipeline=pipeline, prefix=prefix)
         with self.timed(prefix + "backend-compile"):
             try:
-                executable = backend.compile(module, inplace_updates=inplace)
+                return backend.compile(module, inplace_updates=inplace)
             except (BackendUnsupported, *backend.refusals) as e:
                 raise Unsupported(str(e)) from e
-        self.collect_garbage(prefix)
-        return executable
-
-    def collect_garbage(self, prefix: str = "") -> None:
-        """At the end of a compile run under ``paused_gc``: collect what it allocated in one
-        scan (``collect_young``, see ``lucid.ir._gc``), timed as the stage ``gc``."""
-        t0 = time.perf_counter()
-        if collect_young():
-            self.record(prefix + "gc", (time.perf_counter() - t0) * 1e3)
 
     def finish(self, what: str, *, trace: Any = None, backend: str = "", n_ops: int | None = None):
         """End of the compile: the milliseconds since the session began. With
         ``LUCID_COMPILE_VERBOSE`` one line on the ``lucid.compile`` logger (what, ops, time per
         stage, backend); with ``LUCID_COMPILE_DEBUG`` the trace JSON is written
-        (``LUCID_COMPILE_DEBUG_DIR``)."""
+        (``LUCID_COMPILE_DEBUG_DIR``). A compile run under ``paused_gc`` (the whole of it,
+        tracing included) collects what it allocated here, in one scan of the young
+        generations (``collect_young``, see ``lucid.ir._gc``), timed as the stage ``gc``."""
+        t0 = time.perf_counter()
+        if collect_young():
+            self.record("gc", (time.perf_counter() - t0) * 1e3)
         compile_ms = (time.perf_counter() - self.t0) * 1e3
         if env_flag("LUCID_COMPILE_VERBOSE"):
             if n_ops is None:
@@ -383,7 +379,6 @@ def compile_symbolic_trace(
             executable = target.compile_symbolic(module, probe, inplace_updates=True)
         except (BackendUnsupported, *target.refusals) as e:
             raise Unsupported(str(e)) from e
-    session.collect_garbage()
     return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
 
 

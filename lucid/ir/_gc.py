@@ -8,11 +8,13 @@ finding almost nothing to free. Reference counting still frees acyclic garbage a
 cycles a stage drops (erased operations) wait for the first collection after it.
 
 A whole compile (tracing to the executable) runs inside one pause, and ends with
-``collect_young()``: one collection of the young generations, which hold everything the compile
-allocated. Left to the collector, the first automatic collection after the pause would scan all
-of it, the next older generation's collection would scan the survivors again, and stages outside
-a pause (tracing, import, binding) would pay full collections whenever the heap grew by a
-quarter: collections whose cost grows with the whole heap, not with the compile.
+``collect_young()``: one collection of the young generations, which then hold everything the
+compile allocated, so each object is scanned once. Left to the collector, the first automatic
+collection after a pause scans all of it, the next generation's collection scans the survivors
+again, and stages outside a pause (tracing, import, binding) pay full collections whenever the
+heap grew by a quarter: collections whose cost grows with the whole heap, not with the compile.
+Collecting after each pipeline instead would promote the ops of the ``lucid`` module to the old
+generation before lowering erases them all: only a full collection would then free them.
 """
 
 from __future__ import annotations
@@ -49,12 +51,13 @@ def paused_gc() -> Iterator[None]:
 
 
 def collect_young() -> bool:
-    """Inside ``paused_gc`` (entered with the collector on): collect the two young generations
-    now, freeing the cycles the paused stages dropped and moving what they keep to the oldest
-    generation in one scan. Anywhere else (or with the collector turned off by the user) it
-    does nothing. True when it collected."""
+    """At the end of the only running ``paused_gc`` block (entered with the collector on):
+    collect the two young generations now, freeing the cycles the paused stages dropped and
+    moving what they keep to the oldest generation in one scan. Anywhere else (no block, a
+    nested or concurrent one still running, or a collector the user turned off) it does
+    nothing. True when it collected."""
     with _lock:
-        if _depth == 0 or not _was_enabled:
+        if _depth != 1 or not _was_enabled:
             return False
     gc.collect(1)
     return True

@@ -1,6 +1,7 @@
 """A whole compile, tracing included, runs with the cyclic collector paused and ends with one
 collection of the young generations, timed as the stage ``gc`` (``lucid.ir._gc``): no
-collection in the middle of a compile, whose cost would grow with the whole heap."""
+automatic collection falls in the middle of a compile, where a full one would cost time growing
+with the whole heap."""
 
 from __future__ import annotations
 
@@ -77,11 +78,9 @@ def test_a_compile_traces_with_the_collector_paused_and_collects_once_at_its_end
         gc.callbacks.remove(note)
     assert gc.isenabled()
     assert model.seen == [False]  # traced once, inside the pause
-    # Collections while paused are the compile's own: of the young generations, at its end
-    # (one per compiled program: the grad call compiles a forward and a backward).
-    ours = [generation for generation, enabled in collections if not enabled]
-    stages = [s for s in compiled.timing()[0]["passes_ms"] if s.endswith("gc")]
-    assert ours and set(ours) == {1} and len(ours) == len(stages)
+    # A collection while paused is the compile's own: one, of the young generations only.
+    assert [generation for generation, enabled in collections if not enabled] == [1]
+    assert compiled.timing()[0]["passes_ms"]["gc"] >= 0
 
 
 def test_a_collector_the_user_turned_off_is_never_run_by_a_compile():
