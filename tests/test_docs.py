@@ -483,6 +483,7 @@ def test_background_work_runs_what_the_tests_would_and_no_refused_chain(monkeypa
     assert isinstance(_background_runner.result(), FakeRunner) and len(cleanups) == 1
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_chains_also_run_in_fresh_processes(runner, tmp_path):
     """Where forking is unsafe (macOS), each chain runs in a fresh interpreter; same answers.
     The shared runner starts them (``fresh_process``); the slow test below runs a whole runner

@@ -15,6 +15,7 @@
 // results are the same at any thread count (the weight gradient sums fixed chunks of images in
 // chunk order).
 #include "lucid/conv.h"
+#include "lucid/conv_im2col.h"
 
 #include <algorithm>
 #include <cmath>
@@ -35,22 +36,16 @@ namespace lucid {
 
 namespace {
 
-template <class T>
-struct Simd;
-// V: a register of L lanes; U: the same at any element alignment, for loads and stores (a
-// memcpy into a V array made GCC bounce every load through the stack).
-template <>
-struct Simd<float> {
-  typedef float V __attribute__((vector_size(32)));
-  typedef float U __attribute__((vector_size(32), aligned(4), may_alias));
-  static constexpr int L = 8;
+// V: a register of L lanes (Bytes wide: 32 for AVX2, 64 for AVX-512); U: the same at any
+// element alignment, for loads and stores (a memcpy into a V array made GCC bounce every load
+// through the stack).
+template <class T, int Bytes = 32>
+struct Simd {
+  typedef T V __attribute__((vector_size(Bytes)));
+  typedef T U __attribute__((vector_size(Bytes), aligned(sizeof(T)), may_alias));
+  static constexpr int L = Bytes / sizeof(T);
 };
-template <>
-struct Simd<double> {
-  typedef double V __attribute__((vector_size(32)));
-  typedef double U __attribute__((vector_size(32), aligned(8), may_alias));
-  static constexpr int L = 4;
-};
+constexpr int kWide = 64;  // the AVX-512 kernels' register width in bytes
 
 constexpr int64_t kMR = 4;  // output channels per register tile
 constexpr int kQB = 3;      // taps per weight-gradient tile (a 3-wide kernel row)
@@ -60,16 +55,15 @@ constexpr int64_t kGradChunk = 4;
 constexpr int64_t kMaxWeightBytes = 512 << 10;
 constexpr int64_t kMaxImageBytes = 2 << 20;
 
-template <class T>
-LUCID_ALWAYS_INLINE typename Simd<T>::V load(const T* p) {
-  return *reinterpret_cast<const typename Simd<T>::U*>(p);
+template <class T, int Bytes = 32>
+LUCID_ALWAYS_INLINE typename Simd<T, Bytes>::V load(const T* p) {
+  return *reinterpret_cast<const typename Simd<T, Bytes>::U*>(p);
 }
 
-template <class T>
-LUCID_ALWAYS_INLINE void store(T* p, typename Simd<T>::V v) {
-  *reinterpret_cast<typename Simd<T>::U*>(p) = v;
+template <class T, int Bytes = 32>
+LUCID_ALWAYS_INLINE void store(T* p, typename Simd<T, Bytes>::V v) {
+  *reinterpret_cast<typename Simd<T, Bytes>::U*>(p) = v;
 }
-
 
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
@@ -167,13 +161,80 @@ LUCID_ALWAYS_INLINE void forward_tile(const T* src, const int64_t* off, int64_t 
   }
 }
 
-// Images [n0, n1) of a direct convolution; wp holds the weights packed [G][K][ldw]. Output rows
-// are computed in segments of two vectors of pixels that leave registers through the epilogue
-// straight into y.
+// ---- AVX-512 forward ------------------------------------------------------------------------
+// One 16-lane register covers a whole 16-pixel output row segment (two AVX2 registers did), so
+// a tile takes kSegments segments (consecutive rows, usually) of kMR channels: 16 accumulators,
+// each tap's kSegments loads and kMR broadcasts feed 16 FMAs. Each output pixel is still the
+// sum over the taps in order, one FMA each: the same bits as the AVX2 tile.
+constexpr int kSegments = 4;
+
+// Where segment i of the output starts in the padded plane (src) and in the output plane (dst),
+// and how many of its lanes are real (0 for the copies that fill a last partial tile); none
+// unless `used`.
+struct Segments {
+  std::vector<int64_t> src, dst;
+  std::vector<int> count;
+
+  Segments(const Plan& q, int lanes, bool used) {
+    if (!used) return;
+    for (int64_t h = 0; h < q.HO; ++h)
+      for (int64_t w0 = 0; w0 < q.WO; w0 += lanes) {
+        src.push_back(h * q.Wp + w0);
+        dst.push_back(h * q.WO + w0);
+        count.push_back(static_cast<int>(std::min<int64_t>(lanes, q.WO - w0)));
+      }
+    while (src.size() % kSegments) {
+      src.push_back(src.back());
+      dst.push_back(dst.back());
+      count.push_back(0);
+    }
+  }
+};
+
 template <class T>
+LUCID_ALWAYS_INLINE void forward_tile_wide(const T* src, const int64_t* seg_src,
+                                           const int64_t* seg_dst, const int* seg_count,
+                                           const int64_t* off, int64_t K, const T* w, int64_t ldw,
+                                           const T* bias, bool relu, int64_t rows, T* out,
+                                           int64_t ldo) {
+  using V = typename Simd<T, kWide>::V;
+  constexpr int L = Simd<T, kWide>::L;
+  V acc[kMR][kSegments];
+  for (int r = 0; r < kMR; ++r)
+    for (int i = 0; i < kSegments; ++i) acc[r][i] = V{};
+  for (int64_t k = 0; k < K; ++k) {
+    const T* b = src + off[k];
+    V bv[kSegments];
+    for (int i = 0; i < kSegments; ++i) bv[i] = load<T, kWide>(b + seg_src[i]);
+    const T* a = w + k * ldw;
+    for (int r = 0; r < kMR; ++r)
+      for (int i = 0; i < kSegments; ++i) acc[r][i] += a[r] * bv[i];
+  }
+  for (int r = 0; r < kMR && r < rows; ++r)
+    for (int i = 0; i < kSegments; ++i) {
+      V v = acc[r][i];
+      if (bias) v += bias[r];
+      if (relu) v = v <= 0 ? V{} : v;  // as lucid::relu (see forward_tile)
+      T* o = out + r * ldo + seg_dst[i];
+      if (seg_count[i] == L) {
+        store<T, kWide>(o, v);
+      } else {
+        T tmp[L];
+        store<T, kWide>(tmp, v);
+        for (int l = 0; l < seg_count[i]; ++l) o[l] = tmp[l];
+      }
+    }
+}
+
+// Images [n0, n1) of a direct convolution; wp holds the weights packed [G][K][ldw]. Output rows
+// are computed in segments of two AVX2 vectors of pixels (or, Wide, in tiles of kSegments
+// AVX-512 vectors) that leave registers through the epilogue straight into y.
+template <class T, bool Wide>
 LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, const T* bias,
                                         bool relu, T* y, int64_t n0, int64_t n1) {
   constexpr int64_t NR = 2 * Simd<T>::L;
+  const Segments seg(q, Simd<T, kWide>::L, Wide);
+  const int64_t segments = static_cast<int64_t>(seg.src.size());
   T* xpad = thread_buffer<T>(0, q.image);
   const int64_t out_plane = q.HO * q.WO;
   for (int64_t n = n0; n < n1; ++n) {
@@ -181,24 +242,60 @@ LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, 
     for (int64_t gr = 0; gr < q.G; ++gr) {
       const T* src = xpad + gr * q.cin * q.plane;
       const T* wg = wp + gr * q.K * q.ldw;
+      const T* bg = bias ? bias + gr * q.cout : nullptr;
       T* yg = y + (n * q.G + gr) * q.cout * out_plane;
-      for (int64_t h = 0; h < q.HO; ++h)
-        for (int64_t w0 = 0; w0 < q.WO; w0 += NR)
+      if constexpr (Wide) {
+        for (int64_t i = 0; i < segments; i += kSegments)
           for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
-            forward_tile(src + h * q.Wp + w0, q.off.data(), q.K, wg + o0, q.ldw,
-                         bias ? bias + gr * q.cout + o0 : nullptr, relu, q.cout - o0,
-                         std::min(NR, q.WO - w0), yg + o0 * out_plane + h * q.WO + w0, out_plane);
+            forward_tile_wide(src, seg.src.data() + i, seg.dst.data() + i, seg.count.data() + i,
+                              q.off.data(), q.K, wg + o0, q.ldw, bg ? bg + o0 : nullptr, relu,
+                              q.cout - o0, yg + o0 * out_plane, out_plane);
+      } else {
+        for (int64_t h = 0; h < q.HO; ++h)
+          for (int64_t w0 = 0; w0 < q.WO; w0 += NR)
+            for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
+              forward_tile(src + h * q.Wp + w0, q.off.data(), q.K, wg + o0, q.ldw,
+                           bg ? bg + o0 : nullptr, relu, q.cout - o0, std::min(NR, q.WO - w0),
+                           yg + o0 * out_plane + h * q.WO + w0, out_plane);
+      }
     }
   }
 }
 
-// out[r*ldo + t] = sum over images and p < P of dy[r][p] * x[off[t] + p], r < kMR, t < QB.
-template <class T, int QB>
+// The sum of an AVX-512 register's lanes by halves: a few vector adds in registers (a lane loop
+// over 16 lanes went through memory, and its stalls made the weight gradient slower than AVX2).
+template <class T>
+LUCID_ALWAYS_INLINE T lane_sum_wide(typename Simd<T, kWide>::V v) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+  typedef T Half __attribute__((vector_size(kWide / 2)));
+  typedef T Quarter __attribute__((vector_size(kWide / 4)));
+  Half h;
+  Quarter q;
+  if constexpr (sizeof(T) == 4) {
+    h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+        __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+    return (q[0] + q[2]) + (q[1] + q[3]);
+  } else {
+    h = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+    q = __builtin_shufflevector(h, h, 0, 1) + __builtin_shufflevector(h, h, 2, 3);
+    return q[0] + q[1];
+  }
+#else  // GCC before 12 has no __builtin_shufflevector: lane by lane, unrolled
+  T sum = 0;
+#pragma GCC unroll 16
+  for (int l = 0; l < Simd<T, kWide>::L; ++l) sum += v[l];
+  return sum;
+#endif
+}
+
+// Bytes: the register width (32 or 64); P is a multiple of its lanes.
+template <class T, int QB, int Bytes>
 LUCID_ALWAYS_INLINE void grad_tile(const T* dy, int64_t ldd, int64_t dy_image, const T* x,
                                    int64_t x_image, const int64_t* off, int64_t images, int64_t P,
                                    T* out, int64_t ldo) {
-  using V = typename Simd<T>::V;
-  constexpr int L = Simd<T>::L;
+  using V = typename Simd<T, Bytes>::V;
+  constexpr int L = Simd<T, Bytes>::L;
   V acc[kMR][QB];
   for (int r = 0; r < kMR; ++r)
     for (int t = 0; t < QB; ++t) acc[r][t] = V{};
@@ -207,29 +304,41 @@ LUCID_ALWAYS_INLINE void grad_tile(const T* dy, int64_t ldd, int64_t dy_image, c
     const T* s = x + n * x_image;
     for (int64_t p = 0; p < P; p += L) {
       V b[QB];
-      for (int t = 0; t < QB; ++t) b[t] = load(s + off[t] + p);
+      for (int t = 0; t < QB; ++t) b[t] = load<T, Bytes>(s + off[t] + p);
       for (int r = 0; r < kMR; ++r) {
-        const V dr = load(d + r * ldd + p);
+        V dr = load<T, Bytes>(d + r * ldd + p);
+#if defined(__x86_64__)
+        // One load of dy per row into a register: GCC otherwise folds it into each of the QB
+        // FMAs, and the wide kernel became bound by its loads.
+        if constexpr (Bytes == kWide) asm("" : "+v"(dr));
+#endif
         for (int t = 0; t < QB; ++t) acc[r][t] += dr * b[t];
       }
     }
   }
   for (int r = 0; r < kMR; ++r)
     for (int t = 0; t < QB; ++t) {
-      T sum = 0;
-      for (int l = 0; l < L; ++l) sum += acc[r][t][l];
-      out[r * ldo + t] = sum;
+      if constexpr (Bytes == kWide) {
+        out[r * ldo + t] = lane_sum_wide<T>(acc[r][t]);
+      } else {
+        T sum = 0;
+        for (int l = 0; l < L; ++l) sum += acc[r][t][l];
+        out[r * ldo + t] = sum;
+      }
     }
 }
 
 // The weight gradient of images [n0, n0 + images) (at most kGradChunk) into part [G*ldw][K];
 // false when x holds an inf or NaN (0 * inf in a dropped column would poison the sum).
-template <class T>
+template <class T, int Bytes>
 LUCID_ALWAYS_INLINE bool grad_chunk(const Plan& q, const T* x, const T* dy, int64_t n0,
                                     int64_t images, T* part) {
   const int64_t dy_image = q.G * q.ldw * q.P;
   T* xpads = thread_buffer<T>(0, q.image * kGradChunk);
-  T* grid = thread_buffer<T>(1, dy_image * kGradChunk);
+  // The grid's rows start on 64-byte lines (P is a multiple of 2 registers): the wide kernel's
+  // loads of dy then never straddle two lines.
+  T* grid = thread_buffer<T>(1, dy_image * kGradChunk + 64 / sizeof(T));
+  grid += (64 - reinterpret_cast<uintptr_t>(grid) % 64) % 64 / sizeof(T);
   bool finite = true;
   for (int64_t i = 0; i < images; ++i) {
     const int64_t n = n0 + i;
@@ -246,17 +355,25 @@ LUCID_ALWAYS_INLINE bool grad_chunk(const Plan& q, const T* x, const T* dy, int6
       }
   }
   if (!finite) return false;
-  const int64_t P = round_up(q.HO * q.Wp, Simd<T>::L);
+  const int64_t P = round_up(q.HO * q.Wp, Simd<T, Bytes>::L);
   for (int64_t gr = 0; gr < q.G; ++gr)
     for (int64_t o0 = 0; o0 < q.ldw; o0 += kMR) {
       const T* d = grid + (gr * q.ldw + o0) * q.P;
       const T* s = xpads + gr * q.cin * q.plane;
       T* out = part + (gr * q.ldw + o0) * q.K;
       int64_t k = 0;
+      // AVX-512 has the registers for two kernel rows of taps at once (24 accumulators): dy's
+      // rows are loaded once per six taps instead of three.
+      constexpr int kWideQB = Bytes == kWide ? 2 * kQB : kQB;
+      for (; k + kWideQB <= q.K; k += kWideQB)
+        grad_tile<T, kWideQB, Bytes>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P,
+                                     out + k, q.K);
       for (; k + kQB <= q.K; k += kQB)
-        grad_tile<T, kQB>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P, out + k, q.K);
+        grad_tile<T, kQB, Bytes>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P,
+                                 out + k, q.K);
       for (; k < q.K; ++k)
-        grad_tile<T, 1>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P, out + k, q.K);
+        grad_tile<T, 1, Bytes>(d, q.P, dy_image, s, q.image, q.off.data() + k, images, P,
+                               out + k, q.K);
     }
   return true;
 }
@@ -408,12 +525,12 @@ LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, b
   template <class T>                                                                            \
   attr void forward_##suffix(const Plan& q, const T* x, const T* wp, const T* bias, bool relu,  \
                              T* y, int64_t n0, int64_t n1) {                                    \
-    forward_images(q, x, wp, bias, relu, y, n0, n1);                                            \
+    forward_images<T, false>(q, x, wp, bias, relu, y, n0, n1);                                  \
   }                                                                                             \
   template <class T>                                                                            \
   attr bool grad_##suffix(const Plan& q, const T* x, const T* dy, int64_t n0, int64_t images,   \
                           T* part) {                                                            \
-    return grad_chunk(q, x, dy, n0, images, part);                                              \
+    return grad_chunk<T, 32>(q, x, dy, n0, images, part);                                       \
   }                                                                                             \
   template <class T>                                                                            \
   attr void wino_input_##suffix(const Wino& q, const T* x, T* V, int64_t j0, int64_t j1) {      \
@@ -462,6 +579,40 @@ void wino_output_avx2(const Wino& q, const T* M, const T* bias, bool relu, T* y,
 }
 #endif
 
+// The AVX-512 kernels: the shifted-view forward (which also serves the data gradient) and the
+// weight gradient. The Winograd transforms stay on AVX2: they vectorize over a plane's tile
+// columns (2 to 4 in workload G), and their GEMMs are the sgemm's own AVX-512 tile.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LUCID_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma")))
+#else
+#define LUCID_AVX512
+#endif
+template <class T>
+LUCID_AVX512 void forward_avx512(const Plan& q, const T* x, const T* wp, const T* bias,
+                                 bool relu, T* y, int64_t n0, int64_t n1) {
+  forward_images<T, true>(q, x, wp, bias, relu, y, n0, n1);
+}
+template <class T>
+LUCID_AVX512 bool grad_avx512(const Plan& q, const T* x, const T* dy, int64_t n0,
+                              int64_t images, T* part) {
+  return grad_chunk<T, kWide>(q, x, dy, n0, images, part);
+}
+
+// Which kernels run: 2 the AVX-512 ones where Lucid's sgemm runs its AVX-512 tile (the CPU has
+// AVX-512 F/VL/DQ and set_sgemm_isa / LUCID_SGEMM_ISA=avx2 does not force AVX2, so one switch
+// forces both), 1 AVX2 + FMA, 0 the baseline ISA.
+enum class Isa { base = 0, avx2 = 1, avx512 = 2 };
+Isa conv_isa() {
+  if (!has_avx2()) return Isa::base;
+  return sgemm_isa() == 2 ? Isa::avx512 : Isa::avx2;
+}
+
+// The lanes of one register of the kernels `isa` picks: the plan's padding follows them.
+template <class T>
+int lanes(Isa isa) {
+  return isa == Isa::avx512 ? Simd<T, kWide>::L : Simd<T>::L;
+}
+
 bool fits(const Plan& q, size_t elem) {
   return q.ldw * q.K * static_cast<int64_t>(elem) <= kMaxWeightBytes &&
          q.image * static_cast<int64_t>(elem) <= kMaxImageBytes && q.K > 0 && q.HO > 0 &&
@@ -469,20 +620,13 @@ bool fits(const Plan& q, size_t elem) {
 }
 
 template <class T>
-void run_forward(const Plan& q, const T* x, const T* wp, const T* bias, bool relu, T* y) {
-  const bool avx2 = has_avx2();
+void run_forward(Isa isa, const Plan& q, const T* x, const T* wp, const T* bias, bool relu,
+                 T* y) {
   parallel_for(q.N, 1, [&](int64_t n0, int64_t n1) {
-    if (avx2) forward_avx2(q, x, wp, bias, relu, y, n0, n1);
+    if (isa == Isa::avx512) forward_avx512(q, x, wp, bias, relu, y, n0, n1);
+    else if (isa == Isa::avx2) forward_avx2(q, x, wp, bias, relu, y, n0, n1);
     else forward_base(q, x, wp, bias, relu, y, n0, n1);
   });
-}
-
-// The calling thread's scratch of the Winograd and im2col forward paths: one buffer for both,
-// kept across calls (no page faults per call), as large as the largest call needed.
-float* forward_scratch(size_t n) {
-  thread_local std::vector<float> work;
-  if (work.size() < n) work.resize(n);
-  return work.data();
 }
 
 // Winograd is worth its transforms once the GEMMs are large: at least this many channels on
@@ -508,7 +652,7 @@ bool winograd_forward(const ConvShape& s, const float* x, const float* w, const 
   Wino q{s.N, s.C, s.H, s.W, s.O, s.HO, s.WO, s.pt, s.pl, (s.HO + 1) / 2, (s.WO + 1) / 2, 0};
   q.P = q.N * q.TH * q.TW;
   const size_t u_size = 16 * q.O * q.C, v_size = 16 * q.C * q.P, m_size = 16 * q.O * q.P;
-  T* U = forward_scratch(u_size + v_size + m_size);
+  T* U = conv_scratch(u_size + v_size + m_size);
   T *V = U + u_size, *M = V + v_size;
   const bool avx2 = has_avx2();
   parallel_for(q.O, std::max<int64_t>(1, 4096 / q.C), [&](int64_t o0, int64_t o1) {
@@ -534,67 +678,6 @@ bool winograd_forward(const ConvShape& s, const float* x, const float* w, const 
   return true;
 }
 
-// ---- im2col over the batch -----------------------------------------------------------------
-// The shapes left (strided, 1x1 projections, the 7x7 stem, 3x3 ones on planes too small for
-// Winograd): one im2col matrix [C*KH*KW][N*HO*WO] for the whole batch, its rows filled in
-// parallel; one GEMM; the [O][N*HO*WO] product scattered into NCHW through the bias and ReLU,
-// (image, channel) planes in parallel. linalg.cpp's fallback does the same on one thread, with
-// the bias in a pass of its own.
-constexpr int64_t kMaxColumnElements = int64_t(1) << 26;  // 256 MB of float32 scratch
-
-// im2col rows [k0, k1) (k = (c*KH + i)*KW + j) for all images.
-void im2col_rows(const ConvShape& s, const float* x, float* col, int64_t k0, int64_t k1) {
-  const int64_t HW = s.HO * s.WO, cols = s.N * HW, image = s.C * s.H * s.W;
-  for (int64_t k = k0; k < k1; ++k) {
-    const int64_t c = k / (s.KH * s.KW), i = k / s.KW % s.KH, j = k % s.KW;
-    const int64_t rshift = i * s.dh - s.pt, cshift = j * s.dw - s.pl;
-    float* row = col + k * cols;
-    for (int64_t n = 0; n < s.N; ++n) {
-      const float* plane = x + n * image + c * s.H * s.W;
-      float* dst = row + n * HW;
-      for (int64_t oh = 0; oh < s.HO; ++oh, dst += s.WO) {
-        const int64_t h = oh * s.sh + rshift;
-        if (h < 0 || h >= s.H) {
-          std::fill_n(dst, s.WO, 0.0f);
-          continue;
-        }
-        const float* src = plane + h * s.W + cshift;
-        for (int64_t ow = 0; ow < s.WO; ++ow) {
-          const int64_t wc = ow * s.sw + cshift;
-          dst[ow] = wc >= 0 && wc < s.W ? src[ow * s.sw] : 0.0f;
-        }
-      }
-    }
-  }
-}
-
-bool im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                    bool relu, float* y) {
-  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
-  if (!sgemm_supported() || s.G != 1 || K == 0 || cols == 0 || s.O == 0 ||
-      (K + s.O) * cols > kMaxColumnElements)
-    return false;
-  float* col = forward_scratch((K + s.O) * cols);
-  float* product = col + K * cols;
-  parallel_for(K, std::max<int64_t>(1, 8192 / cols),
-               [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
-  // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
-  sgemm(false, false, s.O, cols, K, 1.0f, w, K, col, cols, 0.0f, product, cols);
-  parallel_for(s.N * s.O, std::max<int64_t>(1, 8192 / HW), [&](int64_t j0, int64_t j1) {
-    for (int64_t job = j0; job < j1; ++job) {
-      const int64_t n = job / s.O, o = job % s.O;
-      const float* src = product + o * cols + n * HW;
-      float* dst = y + job * HW;
-      const float b = bias ? bias[o] : 0.0f;
-      for (int64_t p = 0; p < HW; ++p) {
-        const float v = src[p] + b;
-        dst[p] = relu && v <= 0 ? 0.0f : v;  // as lucid::relu: NaN stays NaN, -0 becomes +0
-      }
-    }
-  });
-  return true;
-}
-
 // The plan of the forward convolution over `s` (the weight gradient walks the same windows):
 // the bottom and right padding are what the stride-1 output extent needs.
 Plan forward_plan(const ConvShape& s, int64_t lanes) {
@@ -606,30 +689,26 @@ Plan forward_plan(const ConvShape& s, int64_t lanes) {
   return q;
 }
 
+// The shifted-view kernel, for stride-1 convolutions whose weights and image fit in L2.
 template <class T>
-bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
-  Plan q = forward_plan(s, Simd<T>::L);
-  // The shifted-view kernel where its weights and image fit in L2: it runs near the machine's
-  // FMA rate there, and Winograd's transform passes cost about what its GEMMs save (measured on
-  // workload G's 64-channel 16x16 stage). Beyond it, Winograd, then im2col over the batch.
-  if (s.sh != 1 || s.sw != 1 || !fits(q, sizeof(T))) {
-    if constexpr (std::is_same_v<T, float>)
-      return winograd_forward(s, x, w, bias, relu, y) || im2col_forward(s, x, w, bias, relu, y);
-    return false;
-  }
+bool direct_forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
+  if (s.sh != 1 || s.sw != 1) return false;
+  const Isa isa = conv_isa();
+  Plan q = forward_plan(s, lanes<T>(isa));
+  if (!fits(q, sizeof(T))) return false;
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));  // [G][K][ldw]: a tap's weights side by side
   for (int64_t gr = 0; gr < q.G; ++gr)
     for (int64_t o = 0; o < q.cout; ++o)
       for (int64_t k = 0; k < q.K; ++k)
         wp[(gr * q.K + k) * q.ldw + o] = w[(gr * q.cout + o) * q.K + k];
-  run_forward(q, x, wp.data(), bias, relu, y);
+  run_forward(isa, q, x, wp.data(), bias, relu, y);
   return true;
 }
 
 // dx is the stride-1 convolution of dy, padded by the kernel's extent less the forward padding,
 // with each group's weights transposed (in <-> out channels) and flipped in both axes.
 template <class T>
-bool data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
+bool direct_data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
   if (s.sh != 1 || s.sw != 1) return false;
   const int64_t cg = s.C / s.G, og = s.O / s.G;
   const int64_t pb = s.HO + s.dh * (s.KH - 1) - s.H - s.pt;
@@ -638,7 +717,8 @@ bool data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
          s.dh * (s.KH - 1) - s.pt, s.dh * (s.KH - 1) - pb, s.dw * (s.KW - 1) - s.pl,
          s.dw * (s.KW - 1) - pr, s.H, s.W};
   if (q.pt < 0 || q.pb < 0 || q.pl < 0 || q.pr < 0) return false;  // a padding wider than the kernel
-  q.derive(Simd<T>::L);
+  const Isa isa = conv_isa();
+  q.derive(lanes<T>(isa));
   if (!fits(q, sizeof(T))) return false;
   std::vector<T> wp(q.G * q.K * q.ldw, T(0));
   for (int64_t gr = 0; gr < s.G; ++gr)
@@ -652,24 +732,26 @@ bool data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
           }
   // A padded zero of dy times an infinite weight would be NaN where the reference has none.
   if (!all_finite(w, s.O * cg * s.KH * s.KW)) return false;
-  run_forward(q, dy, wp.data(), static_cast<const T*>(nullptr), false, dx);
+  run_forward(isa, q, dy, wp.data(), static_cast<const T*>(nullptr), false, dx);
   return true;
 }
 
 template <class T>
-bool weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
+bool direct_weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
   if (s.sh != 1 || s.sw != 1) return false;
-  Plan q = forward_plan(s, Simd<T>::L);
+  const Isa isa = conv_isa();
+  Plan q = forward_plan(s, lanes<T>(isa));
   if (!fits(q, sizeof(T)) || s.N == 0) return false;
   const int64_t chunks = (s.N + kGradChunk - 1) / kGradChunk, rows = q.G * q.ldw;
   std::vector<T> parts(chunks * rows * q.K);
   std::vector<char> ok(chunks, 1);
-  const bool avx2 = has_avx2();
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n0 = c * kGradChunk, images = std::min(kGradChunk, s.N - n0);
       T* part = parts.data() + c * rows * q.K;
-      ok[c] = avx2 ? grad_avx2(q, x, dy, n0, images, part) : grad_base(q, x, dy, n0, images, part);
+      ok[c] = isa == Isa::avx512 ? grad_avx512(q, x, dy, n0, images, part)
+              : isa == Isa::avx2 ? grad_avx2(q, x, dy, n0, images, part)
+                                 : grad_base(q, x, dy, n0, images, part);
     }
   });
   if (std::find(ok.begin(), ok.end(), 0) != ok.end()) return false;
@@ -683,6 +765,127 @@ bool weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
       }
     }
   return true;
+}
+
+// ---- strided convolutions over the input's phases -------------------------------------------
+// A stride-(sh, sw) convolution reads padded row sh*ho + i; with i = sh*a + p that is row ho + a
+// of phase p (padded rows p, p + sh, ...). So it is the stride-1 convolution of the sh*sw phases
+// of the padded image (C*sh*sw channels, no padding) with kernel taps a < ceil(KH / sh), the taps
+// past the kernel zero. Workload G's stem (3 -> 64 channels, 7x7 stride 2 on 64x64) runs on the
+// shifted-view kernels this way, images across the pool, with 1.3x the multiply-adds (the zero
+// taps) but no 10 MB im2col matrix: at two threads that matrix made the stem slower than at one.
+// Only where the zero taps cost little (first layers with few channels and large planes).
+constexpr int64_t kMinPhasePixels = 256;
+
+ConvShape phase_shape(const ConvShape& s) {
+  ConvShape q = s;
+  q.C = s.C * s.sh * s.sw;
+  q.KH = (s.KH + s.sh - 1) / s.sh;
+  q.KW = (s.KW + s.sw - 1) / s.sw;
+  q.H = s.HO + q.KH - 1;
+  q.W = s.WO + q.KW - 1;
+  q.sh = q.sw = 1;
+  q.pt = q.pl = 0;
+  return q;
+}
+
+bool phases_apply(const ConvShape& s) {
+  const ConvShape q = phase_shape(s);
+  return (s.sh > 1 || s.sw > 1) && s.dh == 1 && s.dw == 1 && s.G == 1 && s.N > 0 &&
+         s.HO * s.WO >= kMinPhasePixels && 2 * q.C * q.KH * q.KW <= 3 * s.C * s.KH * s.KW;
+}
+
+// The phases of x [N][C][H][W] as [N][C*sh*sw][HO + KH' - 1][WO + KW' - 1], in the calling
+// thread's scratch; channel c's phase (p, r) is channel (c*sh + p)*sw + r.
+float* make_phases(const ConvShape& s, const ConvShape& q, const float* x) {
+  float* ph = conv_scratch(q.N * q.C * q.H * q.W);
+  parallel_for(q.N * q.C, std::max<int64_t>(1, 4096 / (q.H * q.W)), [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t n = job / q.C, cp = job % q.C, c = cp / (s.sh * s.sw);
+      const int64_t p = cp / s.sw % s.sh, r = cp % s.sw;
+      const float* plane = x + (n * s.C + c) * s.H * s.W;
+      float* out = ph + job * q.H * q.W;
+      for (int64_t m = 0; m < q.H; ++m) {
+        const int64_t h = s.sh * m + p - s.pt;
+        for (int64_t l = 0; l < q.W; ++l) {
+          const int64_t wc = s.sw * l + r - s.pl;
+          const bool inside = h >= 0 && h < s.H && wc >= 0 && wc < s.W;
+          out[m * q.W + l] = inside ? plane[h * s.W + wc] : 0.0f;
+        }
+      }
+    }
+  });
+  return ph;
+}
+
+// The index in w of phase tap (o, channel cp, a, b), or -1 for a zero tap.
+int64_t phase_tap(const ConvShape& s, int64_t o, int64_t cp, int64_t a, int64_t b) {
+  const int64_t c = cp / (s.sh * s.sw), i = a * s.sh + cp / s.sw % s.sh, j = b * s.sw + cp % s.sw;
+  return i < s.KH && j < s.KW ? ((o * s.C + c) * s.KH + i) * s.KW + j : -1;
+}
+
+bool phase_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                   bool relu, float* y) {
+  // A zero tap times an inf or NaN (or a tap times a phase's zero fill) would be NaN where the
+  // reference has none: such calls take im2col.
+  if (!phases_apply(s) || !all_finite(x, s.N * s.C * s.H * s.W) ||
+      !all_finite(w, s.O * s.C * s.KH * s.KW))
+    return false;
+  const ConvShape q = phase_shape(s);
+  std::vector<float> wq(q.O * q.C * q.KH * q.KW);
+  for (int64_t o = 0; o < q.O; ++o)
+    for (int64_t cp = 0; cp < q.C; ++cp)
+      for (int64_t a = 0; a < q.KH; ++a)
+        for (int64_t b = 0; b < q.KW; ++b) {
+          const int64_t t = phase_tap(s, o, cp, a, b);
+          wq[((o * q.C + cp) * q.KH + a) * q.KW + b] = t < 0 ? 0.0f : w[t];
+        }
+  return direct_forward(q, make_phases(s, q, x), wq.data(), bias, relu, y);
+}
+
+bool phase_weights_grad(const ConvShape& s, const float* x, const float* dy, float* dw) {
+  if (!phases_apply(s)) return false;
+  const ConvShape q = phase_shape(s);
+  std::vector<float> dwq(q.O * q.C * q.KH * q.KW);
+  if (!direct_weights_grad(q, make_phases(s, q, x), dy, dwq.data())) return false;
+  for (int64_t o = 0; o < q.O; ++o)
+    for (int64_t cp = 0; cp < q.C; ++cp)
+      for (int64_t a = 0; a < q.KH; ++a)
+        for (int64_t b = 0; b < q.KW; ++b) {
+          const int64_t t = phase_tap(s, o, cp, a, b);
+          if (t >= 0) dw[t] = dwq[((o * q.C + cp) * q.KH + a) * q.KW + b];
+        }
+  return true;
+}
+
+// The shifted-view kernel where its weights and image fit in L2: it runs near the machine's FMA
+// rate there, and Winograd's transform passes cost about what its GEMMs save (measured on
+// workload G's 64-channel 16x16 stage). Beyond it, float32 strided first layers over their
+// phases, Winograd, then im2col over the batch.
+template <class T>
+bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
+  if (direct_forward(s, x, w, bias, relu, y)) return true;
+  if constexpr (std::is_same_v<T, float>)
+    return phase_forward(s, x, w, bias, relu, y) || winograd_forward(s, x, w, bias, relu, y) ||
+           conv_im2col_forward(s, x, w, bias, relu, y);
+  return false;
+}
+
+// float32 shapes the direct kernels leave (strides, weights too large for them, non-finite
+// values) take the batched im2col GEMM; float64 ones return to linalg.cpp's fallback.
+template <class T>
+bool data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
+  if (direct_data_grad(s, dy, w, dx)) return true;
+  if constexpr (std::is_same_v<T, float>) return conv_im2col_data_grad(s, dy, w, dx);
+  return false;
+}
+
+template <class T>
+bool weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
+  if (direct_weights_grad(s, x, dy, dw)) return true;
+  if constexpr (std::is_same_v<T, float>)
+    return phase_weights_grad(s, x, dy, dw) || conv_im2col_weights_grad(s, x, dy, dw);
+  return false;
 }
 
 }  // namespace

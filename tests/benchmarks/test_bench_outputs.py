@@ -55,6 +55,7 @@ def lucid_only_run(monkeypatch, tmp_path):
     return reference
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_per_process_run_writes_nothing_unless_asked_and_no_ratio_without_peers(
     lucid_only_run, capsys
 ):

@@ -83,6 +83,7 @@ def test_bad_arguments_are_refused():
         BP.parse_args(["--cases", "numpy"])
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_a_child_process_times_its_case_and_records_blas_and_threads():
     args = BP.parse_args(["--rounds", "2", "--min-round-s", "0.001", "--threads", "1"])
     result = BP.spawn("infer:E:lucid compiled:sgd", args)
@@ -94,12 +95,14 @@ def test_a_child_process_times_its_case_and_records_blas_and_threads():
     assert result["blas"]["source"] in ("threadpoolctl", "numpy/scipy-openblas32 config")
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_a_child_reports_a_case_it_cannot_build():
     args = BP.parse_args(["--rounds", "1", "--min-round-s", "0.001"])
     result = BP.spawn("infer:E:no such case:sgd", args)
     assert "error" in result
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_lucid_cases_run_under_the_lucid_interpreter_and_peers_under_this_one(tmp_path):
     marker = tmp_path / "ran"
     wrapper = tmp_path / "python"

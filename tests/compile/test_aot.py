@@ -125,6 +125,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_round_trip_in_a_fresh_process_is_bit_identical(tmp_path):
     plan = []
     expected = {}

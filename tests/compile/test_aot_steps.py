@@ -157,13 +157,13 @@ def _assert_same(got, want):
         assert got[k].tobytes() == w.tobytes(), k
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 @pytest.mark.parametrize(
     ("kind", "opt_kind", "with_scheduler"),
     [
-        pytest.param("fused_step", "sgd", False, marks=pytest.mark.slow),  # adam covers it
+        ("fused_step", "sgd", False),
         ("fused_step", "adam", True),
-        # A second fresh process: under slow (in-process tests load make_step's files too).
-        pytest.param("make_step", None, False, marks=pytest.mark.slow),
+        ("make_step", None, False),
     ],
 )
 def test_a_resumed_step_continues_bit_identically_in_a_fresh_process(

@@ -204,6 +204,7 @@ _WARM_PROCESS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_a_warm_hit_and_load_compiled_skip_the_compiler_modules(cache_dir, tmp_path):
     """A process served by the disk cache or by load_compiled never loads the lowering passes,
     the CPU program model or its fusion pass (each costs the first call import time)."""

@@ -70,6 +70,7 @@ def test_writable_debug_dir_gets_the_trace(monkeypatch, tmp_path):
     assert list((tmp_path / "traces").glob("lucid-trace-*.json"))
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_bad_thread_count_does_not_break_import():
     code = "import lucid, lucid.backends.cpu; print('ok')"
     out = subprocess.run(

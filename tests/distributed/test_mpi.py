@@ -85,6 +85,7 @@ def test_every_check(n):
     )
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_two_processes_eager_and_compiled_data_parallel():
     """One 2-process job: the collectives, eager DDP, the sampler; fused_step(...,
     process_group=...) on 2 shards == 1 process on the whole batch == eager DDP, and

@@ -106,9 +106,8 @@ def numpy_alone() -> dict:
     return _probe("numpy-only")
 
 
-@pytest.mark.parametrize(
-    "order", ["numpy-first", pytest.param("lucid-first", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
+@pytest.mark.parametrize("order", ["numpy-first", "lucid-first"])
 def test_settings_hold_in_either_import_order(order, numpy_alone):
     result = _probe(order, LUCID_NUM_THREADS="1")
     # Lucid's own BLAS: LUCID_NUM_THREADS.

@@ -83,6 +83,7 @@ def test_capacity_zero_disables_caching(fresh_cache):
         _native.cache_set_capacity(-1)
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 @pytest.mark.parametrize(("env", "expected"), [(None, 32), ("5", 5)])
 def test_capacity_comes_from_the_environment(env, expected):
     environ = {k: v for k, v in os.environ.items() if k != "LUCID_COMPILE_MAX_CACHE"}

@@ -217,6 +217,7 @@ INTERRUPT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_long_run_on_the_main_thread_is_interrupted_by_ctrl_c_with_feeds_intact():
     # 4,000 GEMMs of 512x512 take seconds to minutes; SIGINT after 0.5 s must stop the run.
     proc = subprocess.run(

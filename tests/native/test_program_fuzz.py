@@ -43,6 +43,7 @@ def fuzz(seeds_file, seed, cases, per_batch):
     return totals
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_mutated_programs_never_crash_hang_or_disagree_with_the_reference(seeds_file):
     totals = fuzz(seeds_file, seed=0, cases=300, per_batch=300)
     # The mutations reach every stage: refused programs, runs, and run-time index errors.
@@ -57,6 +58,7 @@ def test_many_more_mutated_programs_never_crash_hang_or_disagree(seeds_file, see
     assert totals.get("ran", 0) > 1000
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_the_fuzzer_reports_a_hang(seeds_file):
     # A child that cannot finish in time is reported as a hang (with its case once one started).
     report = run_batch_in_subprocess(seeds_file, 0, 0, 10**9, timeout=1.5)

@@ -115,6 +115,7 @@ def _gemm_executable():
     return CPUBackend(cache=False).compile(p)
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the load is read from /proc/stat")
 def test_a_competing_busy_process_is_noticed_and_results_do_not_change(policy):
     set_num_threads(2)

@@ -216,7 +216,8 @@ CRASH_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # more under slow
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
+@pytest.mark.parametrize("seed", [0, 1])
 def test_randomly_corrupted_programs_never_crash_the_process(seed):
     proc = subprocess.run(
         [sys.executable, "-c", CRASH_SCRIPT, str(seed)],
@@ -229,6 +230,7 @@ def test_randomly_corrupted_programs_never_crash_the_process(seed):
     assert outcomes["ValueError"] > 100
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_malformed_programs_in_a_subprocess_leave_it_alive():
     script = textwrap.dedent(
         """

@@ -71,7 +71,7 @@ def test_fractional_max_pool_values_and_indices(shape, kernel, out):
     assert indices.dtype == lucid.int64
 
 
-@pytest.mark.parametrize("shape,kernel,out", CASES[:3:2])
+@pytest.mark.parametrize("shape,kernel,out", CASES[::3])  # 2-D and the smallest 3-D case
 def test_fractional_max_pool_gradient_and_compiled(shape, kernel, out):
     rng = np.random.default_rng(1)
     dims = len(shape) - 2

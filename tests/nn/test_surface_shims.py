@@ -49,6 +49,7 @@ def test_data_parallel_is_a_pass_through_keeping_torch_state_dict_names():
     assert lucid.equal(nn.parallel.data_parallel(inner, x), inner(x))
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_cudnn_flags_reachable_as_in_torch_without_loading_the_compiler():
     code = (
         "import sys, lucid\n"

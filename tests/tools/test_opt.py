@@ -68,8 +68,8 @@ def model_mlir(tmp_path_factory):
     return path
 
 
-def test_pipeline_with_print_ir_after_all_shows_each_pass(model_mlir):
-    r = _run([str(model_mlir), "--pass-pipeline=canonicalize,cse,dce", "--print-ir-after-all"])
+def test_pipeline_with_print_ir_after_all_shows_each_pass(run, model_mlir):
+    r = run([str(model_mlir), "--pass-pipeline=canonicalize,cse,dce", "--print-ir-after-all"])
     assert r.returncode == 0, r.stderr
     headers = [line for line in r.stderr.splitlines() if "IR Dump" in line]
     assert headers == [
@@ -200,6 +200,7 @@ def test_third_party_pass_from_an_entry_point_runs_in_lucid_opt(model_mlir, tmp_
     assert "lucid.exp" not in r.stdout and "lucid.add" in r.stdout
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_lucid_dialect_and_passes_in_stock_xdsl_opt(model_mlir, tmp_path):
     xdsl_opt = Path(sys.executable).with_name("xdsl-opt")
     if not xdsl_opt.exists():

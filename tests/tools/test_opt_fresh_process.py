@@ -42,6 +42,7 @@ def _registered() -> list[str]:
     return out.stdout.split()
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_list_passes_loads_every_pass():
     out = _opt("--list-passes")
     assert out.returncode == 0, out.stderr

@@ -3,9 +3,12 @@
 import subprocess
 import sys
 
+import pytest
+
 import lucid
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_lucid_opt_parses_a_prim_module(tmp_path):
     cm = lucid.compile(lambda x: (x * 2.0).exp())
     with lucid.no_grad():

@@ -383,12 +383,14 @@ def _subprocess(tool: str, *args, stdin: bytes | None = None) -> subprocess.Comp
     )
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_subprocess_lucid_opt_binary_stdin():
     r = _subprocess("lucid.tools.opt", "-", stdin=b"\x00\xff\x10garbage")
     assert r.returncode == 1 and r.stdout == b""
     assert r.stderr == b"lucid-opt: error: <stdin>:1:2: not UTF-8 text (byte 0xff)\n"
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_subprocess_inspect_trace_deep_json(tmp_path):
     path = _trace_file(tmp_path, '{"format": ' + "[" * 50_000 + "]" * 50_000 + "}")
     r = _subprocess("lucid.tools.inspect_trace", path, "--mlir")

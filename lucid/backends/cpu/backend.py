@@ -80,25 +80,15 @@ class CPUBackend(Backend):
         ``inplace_updates``, ``update:<role>`` results are written into their feeds by the
         runtime."""
         from lucid.backends.cpu.emit import EmitError, emit_program
-        from lucid.backends.cpu.program import Instr, Program
-        from lucid.ir.prim import Aval
         from lucid.ir.prim.expand import expand_composites
 
         _split.ms = {}
         with _step("emit"):
             expand_composites(module, keep=self.supported_ops())
             try:
-                desc = emit_program(module, inplace_updates=inplace_updates).desc
+                program = emit_program(module, inplace_updates=inplace_updates).program
             except EmitError as e:
                 raise Unsupported(str(e)) from e
-            program = Program()
-            program.slots = [Aval(tuple(shape), dt) for shape, dt in desc["slots"]]
-            program.instrs = [
-                Instr(op, tuple(i), tuple(o), dict(a)) for op, i, o, a in desc["instrs"]
-            ]
-            program.feeds = list(desc["feeds"])
-            program.results = list(desc["results"])
-            program.inplace = dict(desc.get("inplace", {}))
         return self._fused(program)
 
     def _fused(self, program: Program) -> Program:
@@ -133,7 +123,7 @@ class CPUBackend(Backend):
         else:
             program = self.program(module, inplace_updates=inplace_updates)
         with _step("native-compile"):
-            return _native.compile(program.describe(), self.cache)
+            return _native.compile(program.describe(copy=False), self.cache)
 
     def bound_call(
         self, executable: Any, positions: Sequence[int], tensors: Sequence[Any], *, single: bool

@@ -106,7 +106,7 @@ def compile_program(program: NativeProgram, *, cache: bool = True, fuse: bool = 
     ``fuse=False``) into a ``lucid._native`` executable; ``ValueError`` names anything
     malformed."""
     fused = fuse_elementwise(fuse_kernels(program.program)) if fuse else program.program
-    return _native.compile(fused.describe(), cache)
+    return _native.compile(fused.describe(copy=False), cache)
 
 
 def run_program(executable: Any, feeds: Mapping[str, Any] | list, program: NativeProgram) -> list:

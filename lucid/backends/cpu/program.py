@@ -79,11 +79,18 @@ class Program:
         self.feeds: list[int] = []
         self.results: list[int] = []
         self.inplace: dict[int, int] = {}
+        # One Aval per distinct (shape, dtype): a program has few, and one object per slot
+        # spread the slots over memory (the backend's walks read one per instruction).
+        self._avals: dict[tuple[tuple[int, ...], str], Aval] = {}
 
     def new_slot(self, shape: Sequence[int], dtype: str) -> int:
         if dtype not in NUMPY_DTYPES:
             raise PrimError(f"unknown dtype {dtype!r}; expected one of {prim_ops.DTYPES}")
-        self.slots.append(Aval(tuple(int(d) for d in shape), dtype))
+        key = (tuple(map(int, shape)), dtype)
+        aval = self._avals.get(key)
+        if aval is None:
+            aval = self._avals[key] = Aval(*key)
+        self.slots.append(aval)
         return len(self.slots) - 1
 
     def feed(self, shape: Sequence[int], dtype: str = "f32") -> int:
@@ -163,11 +170,14 @@ class Program:
         return self.slots[slot]
 
     # -- the description passed to C++ --------------------------------------------------------
-    def describe(self) -> dict[str, Any]:
-        """The compact description ``lucid._native.compile`` takes."""
+    def describe(self, *, copy: bool = True) -> dict[str, Any]:
+        """The compact description ``lucid._native.compile`` takes. ``copy=False`` shares the
+        instructions' slot tuples and attribute dicts instead of copying them into new lists
+        and dicts: for a caller that only reads it (the backend's native compile)."""
+        describe = _describe_instr if copy else _describe_instr_shared
         return {
             "slots": [(a.shape, a.dtype) for a in self.slots],
-            "instrs": [_describe_instr(i) for i in self.instrs],
+            "instrs": [describe(i) for i in self.instrs],
             "feeds": list(self.feeds),
             "results": list(self.results),
             "inplace": dict(self.inplace),
@@ -243,6 +253,16 @@ class Program:
 def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, Any]]:
     if ins.op != FUSED:
         return (ins.op, list(ins.inputs), list(ins.outputs), dict(ins.attrs))
+    return (FUSED, list(ins.inputs), list(ins.outputs), _fused_attrs(ins))
+
+
+def _describe_instr_shared(ins: Instr) -> tuple[str, tuple[int, ...], tuple[int, ...], dict]:
+    attrs = ins.attrs if ins.op != FUSED else _fused_attrs(ins)
+    return (ins.op, ins.inputs, ins.outputs, attrs)
+
+
+def _fused_attrs(ins: Instr) -> dict[str, Any]:
+    """A fused instruction's nodes as the native runtime's ``sub_*`` attributes."""
     attrs = {
         "sub_ops": [n.op for n in ins.nodes],
         "sub_args": [a for n in ins.nodes for a in n.args],
@@ -251,7 +271,7 @@ def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, An
     }
     if ins.out_nodes is not None:
         attrs["sub_outputs"] = list(ins.out_nodes)
-    return (FUSED, list(ins.inputs), list(ins.outputs), attrs)
+    return attrs
 
 
 __all__ = ["COMPUTE_DTYPES", "FUSED", "HALF_STORAGE", "FusedNode", "Instr", "Program"]

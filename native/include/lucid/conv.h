@@ -5,7 +5,11 @@
 // enough 2x2 output tiles, run as Winograd F(2x2, 3x3): 16 GEMMs over the batch's tiles;
 // other float32 forward convolutions without groups (strided, 1x1, large weights) as one
 // im2col GEMM over the batch with parallel copies and the epilogue in the scatter to NCHW.
-// The callers (linalg.cpp) fall back to im2col + BLAS when these return false.
+// The shifted-view kernels run on AVX-512 registers where Lucid's sgemm runs its AVX-512 tile
+// (set_sgemm_isa / LUCID_SGEMM_ISA=avx2 forces both back to AVX2). float32 backward passes
+// without groups that the direct kernels leave run as one sgemm over the batch's im2col matrix,
+// with the copies on the worker pool. The callers (linalg.cpp) fall back to im2col + BLAS when
+// these return false (float64 beyond the direct kernels, groups, very large shapes).
 #pragma once
 
 #include <cstdint>

@@ -342,3 +342,31 @@ def test_backend_reports_every_prim_and_composite_op_as_supported():
 
     every = frozenset(prim_ops.PRIM_OPS) | frozenset(prim_ops.COMPOSITE_OPS)
     assert CPUBackend().supported_ops() == every
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(3, 40))
+def test_random_graphs_of_shared_values_fuse_to_the_same_values(seed, size):
+    # Values read several times, results among them and reductions in between: the second sweep
+    # merges several producers into one consumer (its nodes numbered once, at the end).
+    rng = np.random.default_rng(seed)
+    p = Program()
+    full = [p.feed((3, 4)), p.feed((3, 4))]
+    row = p.feed((4,))
+    for _ in range(size):
+        pick = full[int(rng.integers(len(full)))]
+        kind = int(rng.integers(6))
+        if kind < 2:
+            full.append(p.op(CHAIN_UNARY[int(rng.integers(len(CHAIN_UNARY)))], pick))
+        elif kind < 5:
+            other = row if kind == 4 else full[int(rng.integers(len(full)))]
+            full.append(p.op(CHAIN_BINARY[int(rng.integers(len(CHAIN_BINARY)))], pick, other))
+        else:
+            full.append(p.op("add", pick, p.op("reduce_sum", pick, axes=[1], keepdims=True)))
+    chosen = rng.choice(len(full) - 2, size=min(3, len(full) - 2), replace=False) + 2
+    p.result(full[-1], *(full[int(i)] for i in chosen))
+    feeds = [rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (3, 4), (4,))]
+    fused = fuse_elementwise(p)
+    assert len(fused.instrs) <= len(p.instrs)
+    for got, want in zip(fused.interpret(feeds), p.interpret(feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -36,6 +36,7 @@ def test_the_device_module_collects_here_with_a_half_test_per_op_and_type():
     assert any("copy_free" in i and "bf16" in i for i in ids)
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_a_crashing_test_is_reported(tmp_path):
     crash = tmp_path / "test_crash.py"
     crash.write_text("import os\n\ndef test_abort():\n    os.abort()\n")

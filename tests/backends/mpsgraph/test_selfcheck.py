@@ -35,6 +35,7 @@ def test_a_case_compares_with_the_reference_and_prim(name):
     assert row["reference"].startswith("agrees") and row["prim"].startswith("agrees"), row
 
 
+@pytest.mark.slow  # starts Python processes: CI runs it after the main suite
 def test_an_aborting_case_is_reported_and_the_run_goes_on(monkeypatch, capsys):
     monkeypatch.setenv("LUCID_SELFCHECK_ABORT", "one_hot")
     status = selfcheck.main(["--backend", "mpsgraph-reference", "--json", "--case", "one_hot"])

@@ -90,8 +90,8 @@ def fuse_kernels(program: Program) -> Program:
     for rewrite in REWRITES:
         rewrite(graph)
     # Constants the rewrites stopped reading (a folded scale, a zero addend) go.
-    for k, ins in enumerate(instrs):
-        if ins is not None and ins.op == "constant" and not graph.uses[ins.outputs[0]]:
+    for k, ins in graph.each("constant"):
+        if not graph.uses[ins.outputs[0]]:
             graph.set(k, None)
     out.instrs = [ins for ins in instrs if ins is not None]
     return out

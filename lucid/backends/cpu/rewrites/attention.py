@@ -61,9 +61,7 @@ def _merged_output(g: Graph, out: int) -> tuple[int, int, list[int]] | None:
     if t is None or tuple(t[1].attrs["perm"]) != (0, 2, 1, 3):
         return None
     readers = g.readers(t[1].outputs[0])
-    if t[1].outputs[0] in g.program.results or not all(
-        g.instrs[j].op == "reshape" for j in readers
-    ):
+    if t[1].outputs[0] in g.results or not all(g.instrs[j].op == "reshape" for j in readers):
         return None
     b, heads, length, dim = g.aval(out).shape
     new = g.program.new_slot((b, length, heads * dim), g.aval(out).dtype)
@@ -106,8 +104,8 @@ def fold_head_views(g: Graph) -> None:
     read straight from the projection, and per-head results written straight in [B, L, H*D]
     order: the slices and transposes around them (copies of the whole activation each) are
     gone."""
-    for k, ins in enumerate(g.instrs):
-        if ins is None or g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
+    for k, ins in g.each("attention", "attention_grad", "matmul", "gemm"):
+        if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
             continue
         if ins.op == "attention" and len(ins.outputs) == 1:
             _with_head_views(g, k, ins, ("q_view", "k_view", "v_view"), "out_view")
@@ -148,11 +146,9 @@ def fold_padded_sums(g: Graph) -> None:
     """A sum of zero-padded pieces that tile one axis, plus zeros, becomes their concatenation:
     the gradient of a fused QKV projection was three pads of [.., 3E] and an add of four arrays
     (one of them a zero constant), where one concat reads each piece once."""
-    program, instrs = g.program, g.instrs
-    for k in reversed(range(len(instrs))):
-        ins = instrs[k]
-        if ins is None or ins.op != "add":
-            continue
+    for k, ins in g.each("add", reverse=True):
+        if any(g.op_of(s) not in ("add", "pad", "constant") for s in ins.inputs):
+            continue  # a leaf that is neither a pad nor a zero: most adds
         shape = g.aval(ins.outputs[0]).shape
         found = _padded_sum(g, k, shape)
         if found is None:
@@ -167,7 +163,7 @@ def fold_padded_sums(g: Graph) -> None:
         sources = tuple(p.inputs[0] for _, p in pieces)
         g.set(k, Instr("concat", sources, ins.outputs, {"axis": axis}))
         for s in zeros:  # a zero constant read by nothing else now
-            if g.uses[s] == 0 and s not in program.results and s in g.producer:
+            if g.uses[s] == 0 and s not in g.results and s in g.producer:
                 g.set(g.producer[s], None)
 
 
@@ -255,9 +251,8 @@ def fold_attention(g: Graph) -> None:
     becomes one ``attention(q, k, v)`` (masked scores stay unfused). Weights read elsewhere too
     (the training forward's, which the gradient reads; ``need_weights``) become its second
     output, when nothing reads them before the product."""
-    instrs = g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op not in ("matmul", "gemm") or len(ins.inputs) != 2:
+    for k, ins in g.each("matmul", "gemm"):
+        if len(ins.inputs) != 2:
             continue
         pv = gemm_of(ins)
         if pv.attrs["transpose_a"] or pv.attrs["transpose_b"] or pv.attrs["alpha"] != 1.0:
@@ -298,13 +293,14 @@ def fold_attention_weights(g: Graph) -> None:
     output (the kernel has them in cache): the training forward computes them once."""
     instrs = g.instrs
     forward: dict[tuple, int] = {}
-    for k, ins in enumerate(instrs):
-        if ins is not None and ins.op == "attention" and len(ins.outputs) == 1:
+    for k, ins in g.each("attention"):
+        if len(ins.outputs) == 1:
             forward[_scores_key(ins.inputs, ins.attrs.get("q_view"), ins.attrs.get("k_view"))] = k
     if not forward:
         return
-    for j, ins in enumerate(instrs):
-        if ins is None or _last_axis_softmax(g, ins.outputs[0]) is None:
+    # An instruction whose value is a softmax's is that softmax.
+    for j, ins in g.each("softmax"):
+        if _last_axis_softmax(g, ins.outputs[0]) is None:
             continue
         qk = _plain_gemm(g, ins.inputs[0], ta=False, tb=True)
         if qk is None:
@@ -349,9 +345,8 @@ def fold_attention_grad(g: Graph) -> None:
     into [B, L, H*D] order, are concatenated as the fused QKV projection's gradient writes
     them into that concatenation's columns (``grad_cols``): the transposes and the concat
     go."""
-    instrs = g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "concat" or len(ins.inputs) != 3:
+    for k, ins in g.each("concat"):
+        if len(ins.inputs) != 3:
             continue
         out = g.aval(ins.outputs[0])
         if len(out.shape) != 3 or ins.attrs["axis"] % 3 != 2 or out.dtype not in FLOAT_DTYPES:

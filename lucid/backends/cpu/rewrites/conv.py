@@ -27,10 +27,8 @@ def _bias_of(program: Program, slot: int, out_shape: tuple) -> bool:
 def fold_conv_bias_relu(g: Graph) -> None:
     """``relu(add(conv2d(x, w), bias))`` (the relu optional) becomes one ``conv2d_bias``
     (edits go through ``g``)."""
-    program, instrs = g.program, g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "conv2d":
-            continue
+    program = g.program
+    for k, ins in g.each("conv2d"):
         (y,) = ins.outputs
         ya = g.aval(y)
         found = g.only_reader(y, "add")
@@ -59,10 +57,7 @@ def _zero_scalar(g: Graph, slot: int) -> bool:
 
 def fold_max_pool_relu_grad(g: Graph) -> None:
     """``select(gt(x, 0), max_pool2d_grad(dy, x), 0)`` becomes ``max_pool2d_relu_grad(dy, x)``."""
-    instrs = g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "select":
-            continue
+    for k, ins in g.each("select"):
         mask, grad, zero = ins.inputs
         gt = g.made_by(mask, "gt")
         pool = g.made_by(grad, "max_pool2d_grad")

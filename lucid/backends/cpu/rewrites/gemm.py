@@ -16,12 +16,13 @@ from lucid.backends.cpu.rewrites.match import (
 )
 from lucid.ir.prim import Aval
 
+PRODUCTS = ("matmul", "gemm")
+
 
 def fold_gemm_scale(g: Graph) -> None:
-    instrs = g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "mul":
-            continue
+    for k, ins in g.each("mul"):
+        if g.op_of(ins.inputs[0]) != "matmul" and g.op_of(ins.inputs[1]) != "matmul":
+            continue  # most muls: neither operand is a product
         for i in (0, 1):
             product, scale = ins.inputs[i], ins.inputs[1 - i]
             mm = float_matmul(g, product)
@@ -51,10 +52,9 @@ def _fold_add_into_gemm(
     """Each ``add`` of a float matmul's (or single-use gemm's) product and an operand that
     ``takes(g, gemm, operand, out_aval)`` accepts becomes that gemm with the operand as its
     accumulator, at the add's position (every operand is defined by then)."""
-    instrs = g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "add":
-            continue
+    for k, ins in g.each("add"):
+        if g.op_of(ins.inputs[0]) not in PRODUCTS and g.op_of(ins.inputs[1]) not in PRODUCTS:
+            continue  # most adds: neither operand is a product
         out = g.aval(ins.outputs[0])
         for i in (0, 1):
             product, operand = ins.inputs[i], ins.inputs[1 - i]
@@ -96,9 +96,8 @@ def fold_gemm_activation(g: Graph) -> None:
     product that nothing else reads becomes that gemm with ``activation``: the kernel applies
     it to each output tile while the tile is in registers, after bias and addend, instead of a
     pass of its own over the output. At the activation's position, as the other gemm folds."""
-    instrs = g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op not in GEMM_ACTIVATIONS or len(ins.inputs) != 1:
+    for k, ins in g.each(*GEMM_ACTIVATIONS):
+        if len(ins.inputs) != 1:
             continue
         product = ins.inputs[0]
         found = float_matmul(g, product) or single_use(g, product, "gemm")
@@ -118,8 +117,8 @@ def mark_shared_operands(g: Graph) -> None:
     and the others read the packed copy (an LSTM's recurrent weight, read once per time step).
     Head views (``b_view``) and products of other dtypes are left alone."""
     groups: dict[tuple[int, bool], list[int]] = {}
-    for k, ins in enumerate(g.instrs):
-        if ins is None or ins.op not in ("matmul", "gemm") or "b_view" in ins.attrs:
+    for k, ins in g.each("matmul", "gemm"):
+        if "b_view" in ins.attrs:
             continue
         if g.aval(ins.outputs[0]).dtype not in ("f32", "f16", "bf16"):
             continue

@@ -39,8 +39,8 @@ def fold_half_activation(g: Graph) -> None:
     """``cast_h(act(cast_f32(cast_h(product))))`` (``h`` f16 or bf16, ``act`` relu or gelu, each
     value read once) becomes ``gemm{activation, round_product = h, dtype = h}``. ReLU commutes
     with the rounding (it keeps a value or makes it +0), so it needs no ``round_product``."""
-    for k, ins in enumerate(g.instrs):
-        if ins is None or ins.op != "cast" or ins.attrs["dtype"] not in HALF_STORAGE:
+    for k, ins in g.each("cast"):
+        if ins.attrs["dtype"] not in HALF_STORAGE:
             continue
         half = ins.attrs["dtype"]
         act = single_use(g, ins.inputs[0], "relu") or single_use(g, ins.inputs[0], "gelu")
@@ -63,8 +63,8 @@ def fold_half_activation(g: Graph) -> None:
 def fold_half_output(g: Graph) -> None:
     """``cast_h(product)`` of a float32 product nothing else reads becomes ``gemm{dtype = h}``:
     the kernel rounds each output tile while it is in cache, and no float32 output is stored."""
-    for k, ins in enumerate(g.instrs):
-        if ins is None or ins.op != "cast" or ins.attrs["dtype"] not in HALF_STORAGE:
+    for k, ins in g.each("cast"):
+        if ins.attrs["dtype"] not in HALF_STORAGE:
             continue
         found = _f32_product(g, ins.inputs[0])
         if found is None:
@@ -81,8 +81,8 @@ def fold_half_operands(g: Graph) -> None:
     read as the half values: the kernel widens them while packing, so no float32 copy of a half
     weight or activation is written. A cast other instructions still read stays."""
     casts: set[int] = set()
-    for k, ins in enumerate(g.instrs):
-        if ins is None or ins.op not in ("matmul", "gemm") or not ins.inputs:
+    for k, ins in g.each("matmul", "gemm"):
+        if not ins.inputs:
             continue
         if ins.op == "matmul" and g.aval(ins.outputs[0]).dtype != "f32":
             continue

@@ -4,8 +4,9 @@ rewrite families share."""
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from math import prod
 
 import numpy as np
@@ -18,29 +19,46 @@ STAGE = "fuse-kernels"  # the visit counters' name for this step
 
 
 class Graph:
-    """Producers, use counts and readers of the instruction list, built once and kept current
-    by ``set``, through which every rewrite edits the list: a fold costs the instructions it
-    looks at, not a rebuild of the whole program per rewrite (which made fusion quadratic)."""
+    """Producers, use counts, readers and positions by opcode of the instruction list, built
+    once and kept current by ``set``, through which every rewrite edits the list: a fold costs
+    the instructions it looks at, not a rebuild of the whole program per rewrite (which made
+    fusion quadratic), and a rewrite walks only the instructions of its opcodes (``each``), not
+    the whole program."""
 
     def __init__(self, program: Program, instrs: list[Instr | None]) -> None:
         self.program = program
         self.instrs = instrs
-        self.producer: dict[int, int] = {}
+        # A set: ``used_only_by`` asks once per candidate, and a step's results (every updated
+        # parameter and optimizer state) are thousands.
+        self.results = frozenset(program.results)
         self.uses: Counter[int] = Counter(program.results)
-        self._readers: dict[int, dict[int, None]] = {}
-        # Slots whose last reader went away since the last ``erase_unread``.
-        self.unread: set[int] = set()
+        self.uses.update(s for ins in instrs if ins is not None for s in ins.inputs)
+        self.producer: dict[int, int] = {}
+        self._by_op: dict[str, dict[int, None]] = {}
         for k, ins in enumerate(instrs):
             if ins is not None:
-                self._link(k, ins)
+                for s in ins.outputs:
+                    self.producer[s] = k
+                self._by_op.setdefault(ins.op, {})[k] = None
+        # Built when first asked (``readers``), then kept current: most programs have no
+        # instruction whose rewrite asks, and it was the largest table.
+        self._readers: _Readers | None = None
+        self._walks: list[_Walk] = []
+        # Slots whose last reader went away since the last ``erase_unread``.
+        self.unread: set[int] = set()
         visits.count(STAGE, len(instrs))
 
     def _link(self, k: int, ins: Instr) -> None:
         for s in ins.outputs:
             self.producer[s] = k
+        uses = self.uses
         for s in ins.inputs:
-            self.uses[s] += 1
-            self._readers.setdefault(s, {})[k] = None
+            uses[s] = uses.get(s, 0) + 1
+        if self._readers is not None:
+            self._readers.add(k, ins)
+        self._by_op.setdefault(ins.op, {})[k] = None
+        for walk in self._walks:
+            walk.placed(k, ins.op)
 
     def _unlink(self, k: int, ins: Instr) -> None:
         for s in ins.outputs:
@@ -48,9 +66,11 @@ class Graph:
                 del self.producer[s]
         for s in ins.inputs:
             self.uses[s] -= 1
-            self._readers[s].pop(k, None)
             if not self.uses[s]:
                 self.unread.add(s)
+        if self._readers is not None:
+            self._readers.remove(k, ins)
+        del self._by_op[ins.op][k]
 
     def set(self, k: int, ins: Instr | None) -> None:
         """Put ``ins`` (None: nothing) at position ``k``, updating producers, uses, readers."""
@@ -62,9 +82,33 @@ class Graph:
         if ins is not None:
             self._link(k, ins)
 
+    def each(self, *ops: str, reverse: bool = False) -> Iterator[tuple[int, Instr]]:
+        """(position, instruction) of every instruction whose opcode is one of ``ops``, in
+        program order (``reverse``: backwards), met as a walk over the whole list would meet
+        them while the caller edits it: an instruction ``set`` ahead of the walk is met, one
+        removed or replaced before the walk gets there is not. Costs the instructions of those
+        opcodes, not the program's."""
+        positions = sorted((k for op in ops for k in self._by_op.get(op, ())), reverse=reverse)
+        visits.count(STAGE, len(positions))
+        walk = _Walk(frozenset(ops), reverse)
+        self._walks.append(walk)
+        try:
+            for k in walk.merged(positions):
+                ins = self.instrs[k]
+                if ins is not None and ins.op in walk.ops:
+                    yield k, ins
+        finally:
+            self._walks.remove(walk)
+
     def readers(self, slot: int) -> list[int]:
         """Positions of the instructions reading ``slot``, in program order."""
-        return sorted(self._readers.get(slot, ()))
+        if self._readers is None:
+            self._readers = _Readers()
+            visits.count(STAGE, len(self.instrs))
+            for k, ins in enumerate(self.instrs):
+                if ins is not None:
+                    self._readers.add(k, ins)
+        return self._readers.of(slot)
 
     def erase_unread(self, erasable: Callable[[int, Instr], bool]) -> None:
         """Drop the instructions ``erasable`` accepts whose values nothing reads any more, among
@@ -90,6 +134,13 @@ class Graph:
         ins = self.instrs[readers[0]]
         return (readers[0], ins) if ins is not None and ins.op == op else None
 
+    def op_of(self, slot: int) -> str | None:
+        """The opcode of the instruction computing ``slot`` (None for a feed): a cheap first
+        test before a rewrite's full match."""
+        k = self.producer.get(slot)
+        ins = self.instrs[k] if k is not None else None
+        return ins.op if ins is not None else None
+
     def made_by(self, slot: int, op: str) -> tuple[int, Instr] | None:
         """(index, instruction) when ``slot`` is the output of an ``op`` instruction."""
         k = self.producer.get(slot)
@@ -97,10 +148,78 @@ class Graph:
         return (k, ins) if ins is not None and ins.op == op else None
 
     def used_only_by(self, slot: int, count: int) -> bool:
-        return self.uses[slot] == count and slot not in self.program.results
+        return self.uses[slot] == count and slot not in self.results
 
     def aval(self, slot: int):
         return self.program.slots[slot]
+
+
+class _Readers:
+    """The positions reading each slot: its one reader, or a dict of its readers when several
+    (most values are read once, and a dict per value was most of this table's memory)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self) -> None:
+        self.table: dict[int, int | dict[int, None]] = {}
+
+    def add(self, k: int, ins: Instr) -> None:
+        table = self.table
+        for s in ins.inputs:
+            r = table.get(s)
+            if r is None:
+                table[s] = k
+            elif type(r) is int:
+                if r != k:
+                    table[s] = {r: None, k: None}
+            else:
+                r[k] = None
+
+    def remove(self, k: int, ins: Instr) -> None:
+        table = self.table
+        for s in ins.inputs:
+            r = table.get(s)
+            if type(r) is int:
+                if r == k:
+                    del table[s]
+            elif r is not None:
+                r.pop(k, None)
+
+    def of(self, slot: int) -> list[int]:
+        r = self.table.get(slot)
+        return [] if r is None else [r] if type(r) is int else sorted(r)
+
+
+class _Walk:
+    """One ``Graph.each`` in progress: where it is, and the positions of its opcodes that edits
+    placed ahead of it since it began (a heap; keys negated when walking backwards)."""
+
+    def __init__(self, ops: frozenset[str], reverse: bool) -> None:
+        self.ops = ops
+        self.sign = -1 if reverse else 1
+        self.at: int | None = None
+        self.ahead: list[int] = []
+
+    def placed(self, k: int, op: str) -> None:
+        if op in self.ops and (self.at is None or self.sign * k > self.sign * self.at):
+            visits.count(STAGE)
+            heapq.heappush(self.ahead, self.sign * k)
+
+    def merged(self, positions: list[int]) -> Iterator[int]:
+        """``positions`` (in walk order) merged with those placed ahead meanwhile, each once."""
+        sign, ahead = self.sign, self.ahead
+        i, n = 0, len(positions)
+        while True:
+            if ahead and (i == n or ahead[0] <= sign * positions[i]):
+                k = sign * heapq.heappop(ahead)
+            elif i < n:
+                k = positions[i]
+                i += 1
+            else:
+                return
+            if k != self.at:
+                self.at = k
+                yield k
 
 
 def float_matmul(g: Graph, slot: int) -> tuple[int, Instr] | None:

@@ -12,8 +12,8 @@ def layer_norm_grad_column_sums(g: Graph) -> None:
     """A ``layer_norm_grad(dy, x, gamma) -> (dx, dgamma, dbeta)`` whose ``dx``'s column sums
     the program takes (the bias gradient of the layer before) writes them as a fourth output,
     in the same pass over the rows."""
-    for k, ins in enumerate(g.instrs):
-        if ins is None or ins.op != "layer_norm_grad" or len(ins.outputs) != 3:
+    for k, ins in g.each("layer_norm_grad"):
+        if len(ins.outputs) != 3:
             continue
         dx = ins.outputs[0]
         if column_sum(g, dx, k) is not None:
@@ -25,9 +25,8 @@ def gelu_grad_column_sums(g: Graph) -> None:
     """A ``gelu_grad`` (a composite prim op, emitted whole by lowering) whose result's column
     sums the program takes (the bias gradient of the layer that produced ``x``) writes them as
     its second output, in the same pass over the rows."""
-    instrs = g.instrs
-    for k, ins in enumerate(instrs):
-        if ins is None or ins.op != "gelu_grad" or len(ins.outputs) != 1:
+    for k, ins in g.each("gelu_grad"):
+        if len(ins.outputs) != 1:
             continue
         (dx,) = ins.outputs
         if column_sum(g, dx, k) is not None:

@@ -1,0 +1,27 @@
+// float32 convolutions without groups as one sgemm over the batch's im2col matrix
+// (conv_im2col.cpp): the paths conv.cpp takes for the shapes its direct kernels and Winograd
+// leave (strides, 1x1 projections, weights past L2), with the im2col rows, gathers, col2im planes
+// and the bias + ReLU epilogue on the worker pool. Each returns false where it does not apply
+// (groups, no AVX2 + FMA for the sgemm, a matrix past 256 MB); the caller then falls back.
+#pragma once
+
+#include <cstddef>
+
+#include "lucid/conv.h"
+
+namespace lucid {
+
+// y = conv(x, w) (+ bias[o]) (then relu when `relu`); bias may be null.
+bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                         bool relu, float* y);
+// dw = the gradient of conv(x, w) with respect to w, given x and dy.
+bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* dy, float* dw);
+// dx = the gradient of conv(x, w) with respect to x, given dy.
+bool conv_im2col_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx);
+
+// The calling thread's scratch of the convolution paths that need a large one (the im2col
+// matrices, Winograd's transformed tiles, a strided layer's phases): one buffer for all, kept
+// across calls (no page faults per call), as large as the largest call needed.
+float* conv_scratch(size_t n);
+
+}  // namespace lucid
