@@ -30,6 +30,7 @@ from lucid.compile.errors import FeedMismatch, Unsupported, check_value_sizes
 from lucid.compile.options import GRAPH_PIPELINE, backend_of, env_flag
 from lucid.ir import feed_roles as _feed_roles
 from lucid.ir import forward_func, import_trace, print_ir, result_roles
+from lucid.ir._gc import collect_young, paused_gc
 from lucid.passes import Instrumentation, PassFailure, PassManager
 
 __all__ = [
@@ -171,7 +172,12 @@ class CompileSession:
         """End of the compile: the milliseconds since the session began. With
         ``LUCID_COMPILE_VERBOSE`` one line on the ``lucid.compile`` logger (what, ops, time per
         stage, backend); with ``LUCID_COMPILE_DEBUG`` the trace JSON is written
-        (``LUCID_COMPILE_DEBUG_DIR``)."""
+        (``LUCID_COMPILE_DEBUG_DIR``). A compile run under ``paused_gc`` (the whole of it,
+        tracing included) collects what it allocated here, in one scan of the young
+        generations (``collect_young``, see ``lucid.ir._gc``), timed as the stage ``gc``."""
+        t0 = time.perf_counter()
+        if collect_young():
+            self.record("gc", (time.perf_counter() - t0) * 1e3)
         compile_ms = (time.perf_counter() - self.t0) * 1e3
         if env_flag("LUCID_COMPILE_VERBOSE"):
             if n_ops is None:
@@ -207,7 +213,8 @@ def compile_module(
     stage). With ``inplace`` the ``update:`` results are written into their feeds by the run.
     Without ``session`` no debugging switch applies (a session: see ``CompileSession``)."""
     session = session or CompileSession(env=False)
-    executable = session.compile_module(module, backend, inplace=inplace)
+    with paused_gc():  # the whole compile: see lucid.ir._gc
+        executable = session.compile_module(module, backend, inplace=inplace)
     return executable, dict(session.passes_ms)
 
 
@@ -259,6 +266,7 @@ def _graph_module(
     return module, session, dict(session.passes_ms)
 
 
+@paused_gc()  # the whole compile (see lucid.ir._gc)
 def compile_trace(
     trace: Any,
     *,
@@ -341,6 +349,7 @@ def _from_disk(
     return graph
 
 
+@paused_gc()  # the whole compile (see lucid.ir._gc)
 def compile_symbolic_trace(
     trace: Any,
     batch: int,

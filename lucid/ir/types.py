@@ -122,6 +122,23 @@ def dtype_of_type(t: x.Attribute) -> _dtype.dtype:
 
 # --- attributes
 
+# Attributes are immutable values, so equal ones are shared instead of built again for every op:
+# building an xDSL attribute verifies it (several microseconds), and an unrolled or deep model
+# repeats the same few hundred shapes, dims and indices thousands of times.
+_ATTR_CACHE_LIMIT = 1024
+_ATTR_CACHE: BoundedCache[x.Attribute] = BoundedCache(_ATTR_CACHE_LIMIT)
+_UNIT = x.UnitAttr()
+
+
+def int_attr(v: int) -> x.IntegerAttr:
+    """The (shared) ``i64`` attribute of the Python int ``v``."""
+    return _ATTR_CACHE.get(("int", v), lambda: x.IntegerAttr(v, x.i64))
+
+
+def ints_attr(values: tuple[int, ...]) -> x.DenseArrayBase:
+    """The (shared) ``array<i64: ...>`` attribute of a tuple of Python ints."""
+    return _ATTR_CACHE.get(("ints", values), lambda: x.DenseArrayBase.from_list(x.i64, values))
+
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -135,7 +152,7 @@ def attr_to_ir(v: Any) -> x.Attribute | None:
     if isinstance(v, bool):
         return x.BoolAttr.from_bool(v)
     if _is_int(v):
-        return x.IntegerAttr(v, x.i64)
+        return int_attr(v)
     if isinstance(v, float):
         return x.FloatAttr(v, x.f64)
     if isinstance(v, str):
@@ -144,10 +161,10 @@ def attr_to_ir(v: Any) -> x.Attribute | None:
         return _DTYPE_TO_IR[v]
     if isinstance(v, (tuple, list)):
         if all(_is_int(e) for e in v):
-            return x.DenseArrayBase.from_list(x.i64, list(v))
+            return ints_attr(tuple(v))
         # Float tuples stay an ArrayAttr of f64 attributes: xDSL 0.75 prints some values of an
         # array<f64: ...> (e.g. 1000001.0) in a hex form its own parser rejects.
-        return x.ArrayAttr([x.UnitAttr() if e is None else attr_to_ir(e) for e in v])
+        return x.ArrayAttr([_UNIT if e is None else attr_to_ir(e) for e in v])
     if isinstance(v, np.generic) and v.dtype.kind in "biuf":
         return attr_to_ir(v.item())  # a numpy scalar attribute is its Python value
     raise TypeError(f"attribute value {v!r} of type {type(v).__name__} has no IR form")

@@ -29,7 +29,7 @@ from lucid._tensor import Tensor
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp, constant_value, make_constant
-from lucid.ir.types import dtype_of_type, shape_of_type
+from lucid.ir.types import dtype_of_type, ints_attr, shape_of_type
 from lucid.ops._registry import RANDOM
 from lucid.passes._blocks import blocks_of, erase_dead
 
@@ -172,7 +172,7 @@ def _permute(op: LucidOp, rewriter: _Rewriter) -> bool:
     if composed == tuple(range(len(composed))):
         return _forward(op, rewriter, inner.operands[0])
     props = dict(op.properties)
-    props["dims"] = x.DenseArrayBase.from_list(x.i64, list(composed))
+    props["dims"] = ints_attr(composed)
     new = type(op).create(
         operands=[inner.operands[0]], result_types=[op.results[0].type], properties=props
     )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp, operand_aval
-from lucid.ir.types import aval_of_type, tensor_type
+from lucid.ir.types import aval_of_type, ints_attr, tensor_type
 
 STAGE = "shape-specialize"  # the visit counters' name for this pass
 
@@ -59,8 +59,8 @@ def _specialized_attr(a: x.Attribute, size: int) -> x.Attribute:
         for e in elems
     ):
         return a
-    dims = [size if isinstance(e, x.UnitAttr) else int(e.value.data) for e in elems]
-    return x.DenseArrayBase.from_list(x.i64, dims)  # as attr_to_ir writes a tuple of ints
+    dims = tuple(size if isinstance(e, x.UnitAttr) else int(e.value.data) for e in elems)
+    return ints_attr(dims)  # as attr_to_ir writes a tuple of ints
 
 
 def _matches(declared: x.Attribute, inferred: x.Attribute) -> bool:

@@ -52,3 +52,24 @@ def test_bounded_cache_evicts_the_least_recently_used():
     cache.get("c", lambda: 3)
     assert len(cache) == 2
     assert cache.get("a", lambda: -1) == 1 and cache.get("b", lambda: -2) == -2
+
+
+def test_equal_attributes_are_shared_and_read_back_unchanged():
+    for value in [3, -(2**63), 2**63 - 1, (1, 2, 3), (), (0,), (-1, 2**40)]:
+        a = types.attr_to_ir(value)
+        assert types.attr_to_ir(value) is a and types.attr_from_ir(a) == value
+    # prim's int kinds share the lucid dialect's attributes; a bool stays a bool.
+    assert prim.attr_to_prim("ints", [4, 5]) is types.attr_to_ir((4, 5))
+    assert prim.attr_to_prim("int", 7) is types.attr_to_ir(7)
+    assert prim.attr_from_prim("ints", prim.attr_to_prim("ints", (4, 5))) == (4, 5)
+    assert types.attr_from_ir(types.attr_to_ir(True)) is True
+    assert types.attr_from_ir(types.attr_to_ir(1)) == 1 and types.attr_to_ir(1) is not (
+        types.attr_to_ir(True)
+    )
+    assert types.attr_from_ir(types.attr_to_ir((None, 1.5))) == (None, 1.5)
+
+
+def test_the_attribute_cache_is_bounded():
+    for i in range(3 * types._ATTR_CACHE_LIMIT):
+        types.attr_to_ir((i, i + 1))
+    assert len(types._ATTR_CACHE) <= types._ATTR_CACHE_LIMIT

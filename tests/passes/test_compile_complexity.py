@@ -5,6 +5,8 @@ its use-def graph per candidate) grows its visits with the square of the size an
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -90,6 +92,37 @@ def test_visits_per_instruction_stay_bounded_as_the_program_grows(build, size, s
     grown = {s: big[s] / small[s] for s in small if small[s]}
     superlinear = {s: round(r, 1) for s, r in grown.items() if r > GROWTH * SLACK}
     assert not superlinear, f"visits grew faster than the program ({GROWTH}x): {superlinear}"
+
+
+def _collections(build, size: int) -> list[int]:
+    """The generation of every collection the cyclic collector ran during the first call."""
+    run, _ = build(size)
+    seen: list[int] = []
+
+    def note(phase, info):
+        if phase == "start":
+            seen.append(info["generation"])
+
+    was = gc.isenabled()
+    gc.enable()
+    gc.callbacks.append(note)
+    try:
+        run()
+    finally:
+        gc.callbacks.remove(note)
+        (gc.enable if was else gc.disable)()
+    return seen
+
+
+@pytest.mark.parametrize(("build", "size"), [(_chain, 25), (_transformer, 1)], ids=["chain", "tf"])
+def test_collections_per_compile_stay_bounded_as_the_program_grows(build, size):
+    # A whole compile is one collector pause ended by one young collection (lucid.ir._gc).
+    # Left on, the collector ran once per ~700 allocations, and fully (over the whole heap)
+    # whenever the heap grew by a quarter: its work grew faster than the program.
+    small = _collections(build, size)
+    big = _collections(build, GROWTH * size)
+    assert 2 not in big, f"a full collection during the first call: {big}"
+    assert len(big) <= max(len(small), 2), f"collections grew with the program: {small} -> {big}"
 
 
 def test_the_check_catches_a_stage_that_rescans_per_rewrite():

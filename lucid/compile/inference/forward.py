@@ -80,6 +80,8 @@ def compile_forward(
         returns_tensor=isinstance(out, Tensor),
     )
     compile_ms = session.finish(repr(key), trace=trace, backend=options.backend)
+    if "gc" in session.passes_ms:  # the collection that ends the compile (see finish)
+        graph.passes_ms["gc"] = session.passes_ms["gc"]
     entry = ForwardEntry(
         graph,
         bind,

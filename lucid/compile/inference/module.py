@@ -50,6 +50,7 @@ from lucid.compile.signature import (
     cache_key,
 )
 from lucid.compile.training import make_step
+from lucid.ir._gc import paused_gc
 from lucid.nn.modules.module import Module
 from lucid.trace._tracing import GraphBreak
 
@@ -357,6 +358,7 @@ class CompiledModule(ModuleFacade):
         logger.warning("lucid.compile: running %r eagerly: %s", key, reason)
         return out
 
+    @paused_gc()  # the whole compile, tracing included (see lucid.ir._gc)
     def _compile(self, key: CacheKey, args: tuple, kwargs: dict) -> ForwardEntry | GradEntry:
         # Every pipeline of this compile gets the debugging switches (see CompileSession).
         session = CompileSession(self._options.switches)

@@ -28,6 +28,7 @@ from lucid.compile.session import CompileSession
 from lucid.compile.training.builder import (
     TrainingModule,
 )
+from lucid.ir._gc import paused_gc
 from lucid.passes import PassFailure
 from lucid.trace._tracing import GraphBreak
 
@@ -70,6 +71,7 @@ class _Compiled:
     passes_ms: dict[str, float]
 
 
+@paused_gc()  # the whole compile, tracing included (see lucid.ir._gc)
 def _compile_step(
     what: str,
     switches: dict[str, Any],

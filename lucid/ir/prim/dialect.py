@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from lucid.ir import _xdsl as x
 from lucid.ir import prim as P
-from lucid.ir.types import BoundedCache
+from lucid.ir.types import BoundedCache, int_attr, ints_attr
 
 __all__ = [
     "PrimIROp",
@@ -70,13 +70,13 @@ def aval_of_type(t: x.Attribute) -> P.Aval:
 
 def attr_to_prim(kind: str, value: Any) -> x.Attribute:
     if kind == "int":
-        return x.IntegerAttr(int(value), x.i64)
+        return int_attr(int(value))
     if kind == "bool":
         return x.BoolAttr.from_bool(bool(value))
     if kind == "float":
         return x.FloatAttr(float(value), x.f64)
     if kind == "ints":
-        return x.DenseArrayBase.from_list(x.i64, [int(v) for v in value])
+        return ints_attr(tuple(int(v) for v in value))
     if kind == "floats":
         # An ArrayAttr of f64 attributes: xDSL 0.75 prints some array<f64> values (and dense<>
         # f64 values) in a hex form its own parser misreads.

@@ -1,0 +1,95 @@
+"""A whole compile, tracing included, runs with the cyclic collector paused and ends with one
+collection of the young generations, timed as the stage ``gc`` (``lucid.ir._gc``): no
+automatic collection falls in the middle of a compile, where a full one would cost time growing
+with the whole heap."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import lucid
+import lucid.nn as nn
+
+
+@pytest.fixture(autouse=True)
+def _restore_gc(monkeypatch):
+    monkeypatch.delenv("LUCID_COMPILE_DISK_CACHE", raising=False)  # a hit compiles nothing
+    was = gc.isenabled()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+class _Probe(nn.Module):
+    """A small MLP whose forward notes whether the collector is on while it is traced."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.seen: list[bool] = []
+
+    def forward(self, x):
+        self.seen.append(gc.isenabled())
+        return self.fc2(self.fc1(x).tanh())
+
+
+def _x():
+    return lucid.tensor(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+
+
+def _infer(model):
+    cm = lucid.compile(model, backend="cpu")
+    with lucid.no_grad():
+        cm(_x())
+    return cm
+
+
+def _grad_call(model):
+    cm = lucid.compile(model, backend="cpu")
+    cm(_x()).sum().backward()
+    return cm
+
+
+def _fused(model):
+    opt = lucid.optim.Adam(model.parameters(), lr=1e-3)
+    step = lucid.compile.fused_step(model, lambda y: (y * y).mean(), opt, backend="cpu")
+    step(_x())
+    return step
+
+
+@pytest.mark.parametrize("compile_and_call", [_infer, _grad_call, _fused])
+def test_a_compile_traces_with_the_collector_paused_and_collects_once_at_its_end(
+    compile_and_call,
+):
+    gc.enable()
+    collections: list[tuple[int, bool]] = []
+
+    def note(phase, info):
+        if phase == "start":
+            collections.append((info["generation"], gc.isenabled()))
+
+    model = _Probe()
+    gc.callbacks.append(note)
+    try:
+        compiled = compile_and_call(model)
+    finally:
+        gc.callbacks.remove(note)
+    assert gc.isenabled()
+    assert model.seen == [False]  # traced once, inside the pause
+    # A collection while paused is the compile's own: one, of the young generations only.
+    assert [generation for generation, enabled in collections if not enabled] == [1]
+    assert compiled.timing()[0]["passes_ms"]["gc"] >= 0
+
+
+def test_a_collector_the_user_turned_off_is_never_run_by_a_compile():
+    gc.disable()
+    collections: list[int] = []
+    gc.callbacks.append(lambda phase, info: collections.append(info["generation"]))
+    try:
+        compiled = _fused(_Probe())
+    finally:
+        gc.callbacks.pop()
+    assert collections == [] and not gc.isenabled()
+    assert "gc" not in compiled.timing()[0]["passes_ms"]
