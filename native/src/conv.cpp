@@ -582,18 +582,13 @@ void wino_output_avx2(const Wino& q, const T* M, const T* bias, bool relu, T* y,
 // The AVX-512 kernels: the shifted-view forward (which also serves the data gradient) and the
 // weight gradient. The Winograd transforms stay on AVX2: they vectorize over a plane's tile
 // columns (2 to 4 in workload G), and their GEMMs are the sgemm's own AVX-512 tile.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define LUCID_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma")))
-#else
-#define LUCID_AVX512
-#endif
 template <class T>
-LUCID_AVX512 void forward_avx512(const Plan& q, const T* x, const T* wp, const T* bias,
+LUCID_TARGET_AVX512 void forward_avx512(const Plan& q, const T* x, const T* wp, const T* bias,
                                  bool relu, T* y, int64_t n0, int64_t n1) {
   forward_images<T, true>(q, x, wp, bias, relu, y, n0, n1);
 }
 template <class T>
-LUCID_AVX512 bool grad_avx512(const Plan& q, const T* x, const T* dy, int64_t n0,
+LUCID_TARGET_AVX512 bool grad_avx512(const Plan& q, const T* x, const T* dy, int64_t n0,
                               int64_t images, T* part) {
   return grad_chunk<T, kWide>(q, x, dy, n0, images, part);
 }

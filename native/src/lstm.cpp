@@ -194,8 +194,6 @@ void for_rows(int64_t N, int64_t H, const std::function<void(int64_t, int64_t)>&
 
 #if defined(__x86_64__) && defined(__GNUC__)
 
-#define LUCID_LSTM_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma")))
-
 // Hidden units per block of the packed weight, and its columns per contraction step.
 constexpr int64_t kUnits = 16, kBlockCols = 4 * kUnits;
 // Batch rows per register tile: 6 rows x 4 gates in 24 accumulators.
@@ -248,7 +246,7 @@ void pack_gate_blocks(const float* w, int64_t H, float* dst) {
 
 // exp on 16 lanes: fast_expf's Cephes polynomial (clamped; NaN passes through the clamp's
 // max/min as fast_expf's select does not, so it is put back at the end).
-LUCID_LSTM_AVX512 inline __m512 exp16(__m512 x) {
+LUCID_TARGET_AVX512 inline __m512 exp16(__m512 x) {
   const __m512 hi = _mm512_set1_ps(88.72283905206835f), lo = _mm512_set1_ps(-86.6f);
   const __m512 c = _mm512_max_ps(lo, _mm512_min_ps(hi, x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
@@ -271,13 +269,13 @@ LUCID_LSTM_AVX512 inline __m512 exp16(__m512 x) {
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
-LUCID_LSTM_AVX512 inline __m512 sigmoid16(__m512 x) {
+LUCID_TARGET_AVX512 inline __m512 sigmoid16(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);
   return _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
 }
 
 // fast_tanhf on 16 lanes: (1 - e) / (1 + e) with e = exp(-2|x|), the odd series below 1/4.
-LUCID_LSTM_AVX512 inline __m512 tanh16(__m512 x) {
+LUCID_TARGET_AVX512 inline __m512 tanh16(__m512 x) {
   const __m512 ax = _mm512_abs_ps(x);
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 e = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), ax));
@@ -315,7 +313,7 @@ constexpr int64_t kStepsPerPass = 96;
 // the gate sums in registers, resumed from and parked in `partial` (R x 64, in L1) between
 // passes; after the last pass the cell on them (units past H masked off).
 template <int R>
-LUCID_LSTM_AVX512 void step_tile(const StepIO& s, const float* __restrict wb, int64_t n0,
+LUCID_TARGET_AVX512 void step_tile(const StepIO& s, const float* __restrict wb, int64_t n0,
                                  int64_t u, int64_t k0, int64_t k1, float* __restrict partial) {
   const int64_t H = s.H, j0 = u * kUnits;
   const bool first = k0 == 0, last = k1 == H;
@@ -389,7 +387,7 @@ LUCID_LSTM_AVX512 void step_tile(const StepIO& s, const float* __restrict wb, in
 
 // Blocks [u0, u1) of one step over all N rows, kTileRows at a time (the last tile narrower),
 // kStepsPerPass contraction steps per pass over the rows.
-LUCID_LSTM_AVX512 void step_blocks(const StepIO& s, const float* packed, int64_t N, int64_t u0,
+LUCID_TARGET_AVX512 void step_blocks(const StepIO& s, const float* packed, int64_t N, int64_t u0,
                                    int64_t u1) {
   using TileFn = void (*)(const StepIO&, const float*, int64_t, int64_t, int64_t, int64_t, float*);
   static constexpr TileFn tiles[kTileRows + 1] = {nullptr,       &step_tile<1>, &step_tile<2>,
@@ -412,10 +410,7 @@ LUCID_LSTM_AVX512 void step_blocks(const StepIO& s, const float* packed, int64_t
 }
 
 bool fused_forward_here() {
-  static const bool cpu = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-  return cpu && sgemm_isa() == 2;  // LUCID_SGEMM_ISA=avx2 (set_sgemm_isa) forces the AVX2 path
+  return sgemm_isa() == 2;  // LUCID_SGEMM_ISA=avx2 (set_sgemm_isa) forces the AVX2 path
 }
 
 // The float32 forward on the fused AVX-512 step (fused_forward_here).

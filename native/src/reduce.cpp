@@ -240,8 +240,7 @@ void softmax_row_baseline(bool log, const T* xs, T* ys, int64_t n) {
 // The float32 row on 16 (AVX-512) or 8 (AVX2) lanes: one fused pass for the exponentials where
 // the row went through a subtraction pass and an exp pass before (workload F's attention
 // softmax, [4, 8, 128, 128], ran at ~6 cycles per element).
-__attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma"))) void softmax_row_avx512(
-    bool log, const float* xs, float* ys, int64_t n) {
+LUCID_TARGET_AVX512 void softmax_row_avx512(bool log, const float* xs, float* ys, int64_t n) {
   softmax_row_body(log, xs, ys, n);
 }
 __attribute__((target("avx2,fma"))) void softmax_row_avx2(bool log, const float* xs, float* ys,
@@ -256,13 +255,8 @@ using SoftmaxRowF32 = void (*)(bool, const float*, float*, int64_t);
 // AVX2 copy, as it does the GEMM's tile.
 SoftmaxRowF32 softmax_row_f32() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f") &&
-                             __builtin_cpu_supports("avx512vl") &&
-                             __builtin_cpu_supports("avx512dq") &&
-                             __builtin_cpu_supports("avx512bw");
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx512 && sgemm_isa() == 2) return &softmax_row_avx512;
-  if (avx2) return &softmax_row_avx2;
+  if (sgemm_isa() == 2) return &softmax_row_avx512;
+  if (sgemm_supported()) return &softmax_row_avx2;
 #endif
   return &softmax_row_baseline<float>;
 }

@@ -345,10 +345,8 @@ LUCID_AVX2 bool kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, i
 // The AVX-512 kernel: an MR x (16 * NV) tile in MR * NV zmm accumulators, on the same
 // operands as kernel_6x16 (B packed 16 * NV per step). Each accumulator lane runs the same FMA
 // chain over k as kernel_6x16's, so both kernels give the same bits.
-#define LUCID_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c")))
-
 template <int MR, int NV>
-LUCID_AVX512 bool kernel_avx512(int64_t kc, const float* __restrict a, int64_t rs, int64_t cs,
+LUCID_TARGET_AVX512 bool kernel_avx512(int64_t kc, const float* __restrict a, int64_t rs, int64_t cs,
                                 const float* __restrict b, float* c, int64_t ldc, bool full,
                                 const TileStore& e, float* scratch) {
   constexpr int NR = 16 * NV;

@@ -74,9 +74,7 @@ def _as_fused(program: Program, ins: Instr) -> Instr:
     """An elementwise instruction in `fused` form (inputs without repeats)."""
     if ins.op == FUSED:
         return ins
-    position: dict[int, int] = {}  # the inputs without repeats
-    for s in ins.inputs:
-        position.setdefault(s, len(position))
+    position = _first_positions(ins.inputs)  # the inputs without repeats
     node = FusedNode(
         ins.op,
         tuple([position[s] for s in ins.inputs]),
@@ -87,11 +85,12 @@ def _as_fused(program: Program, ins: Instr) -> Instr:
 
 
 def _first_positions(slots: tuple[int, ...] | list[int]) -> dict[int, int]:
-    """Each slot's first position in ``slots`` (in order of first appearance): what
-    ``list.index`` answers, in O(1) per lookup (a merged instruction has dozens of inputs)."""
+    """Each distinct slot of ``slots`` and its position among them, in order of first
+    appearance: for a list without repeats what ``list.index`` answers, in O(1) per lookup (a
+    merged instruction has dozens of inputs)."""
     position: dict[int, int] = {}
-    for i, s in enumerate(slots):
-        position.setdefault(s, i)
+    for s in slots:
+        position.setdefault(s, len(position))
     return position
 
 

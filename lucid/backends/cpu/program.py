@@ -233,16 +233,15 @@ class Program:
                 continue
             if ins.op in CPU_ONLY_REFERENCES:
                 out = CPU_ONLY_REFERENCES[ins.op](args, ins.attrs)
-                if isinstance(out, tuple):  # a multi-output kernel
-                    for o, value in zip(ins.outputs, out, strict=False):
-                        env[o] = np.array(value, order="C")
-                    continue
+                # A multi-output kernel may compute more values than the instruction keeps.
+                outs, strict = (out, False) if isinstance(out, tuple) else ((out,), True)
             else:
-                outs = prim_ops.evaluate(ins.op, args, ins.attrs)
-                for o, value in zip(ins.outputs, outs, strict=True):  # composites: several
-                    env[o] = np.array(value, order="C")
-                continue
-            env[ins.outputs[0]] = np.array(out, order="C")
+                outs, strict = (
+                    prim_ops.evaluate(ins.op, args, ins.attrs),
+                    True,
+                )  # composites: several
+            for o, value in zip(ins.outputs, outs, strict=strict):
+                env[o] = np.array(value, order="C")
         results = [env[s].copy() for s in self.results]
         for r, f in self.inplace.items():
             np.copyto(feeds[f], results[r])

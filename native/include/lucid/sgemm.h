@@ -38,6 +38,15 @@ int sgemm_isa();
 // LUCID_SGEMM_ISA=auto|avx2|avx512 at start.
 void set_sgemm_isa(int isa);
 
+// The target of a kernel that runs only where sgemm_isa() == 2: the features that check makes
+// sure of. Every AVX-512 kernel (GEMM tile, convolutions, LSTM step, softmax rows) dispatches on
+// sgemm_isa(), so LUCID_SGEMM_ISA=avx2 / set_sgemm_isa(1) forces all of them to AVX2 at once.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LUCID_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c")))
+#else
+#define LUCID_TARGET_AVX512
+#endif
+
 // Whether gemm() runs this f32 product on Lucid's kernel: the measured shape rule (linalg.cpp's
 // caller passes the shape), overridden by set_sgemm_mode.
 bool sgemm_chosen(bool ta, bool tb, int64_t M, int64_t N, int64_t K);

@@ -10,6 +10,7 @@ import numpy as np
 from lucid.backends.cpu.program import Instr
 from lucid.backends.cpu.rewrites.match import (
     FLOAT_DTYPES,
+    PRODUCTS,
     STAGE,
     Graph,
     gemm_of,
@@ -104,7 +105,7 @@ def fold_head_views(g: Graph) -> None:
     read straight from the projection, and per-head results written straight in [B, L, H*D]
     order: the slices and transposes around them (copies of the whole activation each) are
     gone."""
-    for k, ins in g.each("attention", "attention_grad", "matmul", "gemm"):
+    for k, ins in g.each("attention", "attention_grad", *PRODUCTS):
         if g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
             continue
         if ins.op == "attention" and len(ins.outputs) == 1:
@@ -112,7 +113,7 @@ def fold_head_views(g: Graph) -> None:
         elif ins.op == "attention_grad" and len(ins.outputs) == 3:
             views = ("d_out_view", "q_view", "k_view", "v_view", None)
             _with_head_views(g, k, ins, views, None)
-        elif ins.op in ("matmul", "gemm") and len(ins.inputs) == 2:
+        elif ins.op in PRODUCTS and len(ins.inputs) == 2:
             _with_head_views(g, k, gemm_of(ins), ("a_view", "b_view"), "c_view")
 
 
@@ -251,7 +252,7 @@ def fold_attention(g: Graph) -> None:
     becomes one ``attention(q, k, v)`` (masked scores stay unfused). Weights read elsewhere too
     (the training forward's, which the gradient reads; ``need_weights``) become its second
     output, when nothing reads them before the product."""
-    for k, ins in g.each("matmul", "gemm"):
+    for k, ins in g.each(*PRODUCTS):
         if len(ins.inputs) != 2:
             continue
         pv = gemm_of(ins)

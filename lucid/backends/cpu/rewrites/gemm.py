@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from lucid.backends.cpu.program import Instr
 from lucid.backends.cpu.rewrites.match import (
+    PRODUCTS,
     Graph,
     constant_scalar,
     float_matmul,
@@ -15,8 +16,6 @@ from lucid.backends.cpu.rewrites.match import (
     single_use,
 )
 from lucid.ir.prim import Aval
-
-PRODUCTS = ("matmul", "gemm")
 
 
 def fold_gemm_scale(g: Graph) -> None:
@@ -117,7 +116,7 @@ def mark_shared_operands(g: Graph) -> None:
     and the others read the packed copy (an LSTM's recurrent weight, read once per time step).
     Head views (``b_view``) and products of other dtypes are left alone."""
     groups: dict[tuple[int, bool], list[int]] = {}
-    for k, ins in g.each("matmul", "gemm"):
+    for k, ins in g.each(*PRODUCTS):
         if "b_view" in ins.attrs:
             continue
         if g.aval(ins.outputs[0]).dtype not in ("f32", "f16", "bf16"):

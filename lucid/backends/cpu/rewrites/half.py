@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from lucid.backends.cpu.program import HALF_STORAGE, Instr
 from lucid.backends.cpu.rewrites.gemm import GEMM_ACTIVATIONS
-from lucid.backends.cpu.rewrites.match import Graph, gemm_of, single_use
+from lucid.backends.cpu.rewrites.match import PRODUCTS, Graph, gemm_of, single_use
 
 
 def _half_cast(g: Graph, slot: int, to: str) -> tuple[int, Instr] | None:
@@ -81,7 +81,7 @@ def fold_half_operands(g: Graph) -> None:
     read as the half values: the kernel widens them while packing, so no float32 copy of a half
     weight or activation is written. A cast other instructions still read stays."""
     casts: set[int] = set()
-    for k, ins in g.each("matmul", "gemm"):
+    for k, ins in g.each(*PRODUCTS):
         if not ins.inputs:
             continue
         if ins.op == "matmul" and g.aval(ins.outputs[0]).dtype != "f32":

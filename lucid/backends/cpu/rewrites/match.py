@@ -16,6 +16,7 @@ from lucid.ir import visits
 
 FLOAT_DTYPES = ("f32", "f64")
 STAGE = "fuse-kernels"  # the visit counters' name for this step
+PRODUCTS = ("matmul", "gemm")  # the opcodes a gemm fold starts from
 
 
 class Graph:
