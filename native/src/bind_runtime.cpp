@@ -61,24 +61,38 @@ AttrValue parse_attr(const std::string& name, const py::handle& v) {
   bad("attribute '" + name + "' has unsupported type " + std::string(py::str(py::type::of(v))));
 }
 
-std::vector<int64_t> parse_ints(const py::handle& v, const std::string& what) {
-  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad(what + " must be a list of ints");
+// What a value of the description is, for an error message: "<kind> <index><part>" ("slot 3
+// shape", "instruction 7 inputs") or just "<part>" ("feeds"). Spelled out only when something
+// is wrong: building the string for every slot and instruction of a valid description (thousands
+// of them) cost more than the parse itself.
+struct Where {
+  const char* kind;  // nullptr: no kind and index
+  size_t index;
+  const char* part;  // "" for none
+  std::string str() const {
+    if (kind == nullptr) return part;
+    return std::string(kind) + " " + std::to_string(index) + part;
+  }
+};
+
+std::vector<int64_t> parse_ints(const py::handle& v, const Where& what) {
+  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad(what.str() + " must be a list of ints");
   std::vector<int64_t> out;
   for (py::handle e : py::reinterpret_borrow<py::sequence>(v)) {
-    if (!py::isinstance<py::int_>(e) || py::isinstance<py::bool_>(e)) bad(what + " must hold ints");
+    if (!py::isinstance<py::int_>(e) || py::isinstance<py::bool_>(e)) bad(what.str() + " must hold ints");
     try {
       out.push_back(e.cast<int64_t>());
     } catch (const py::cast_error&) {
-      bad(what + ": " + std::string(py::repr(e)) + " does not fit in 64 bits");
+      bad(what.str() + ": " + std::string(py::repr(e)) + " does not fit in 64 bits");
     }
   }
   return out;
 }
 
-std::vector<int> parse_slots(const py::handle& v, const std::string& what) {
+std::vector<int> parse_slots(const py::handle& v, const Where& what) {
   std::vector<int> out;
   for (int64_t s : parse_ints(v, what)) {
-    if (s < INT32_MIN || s > INT32_MAX) bad(what + ": slot " + std::to_string(s) + " out of range");
+    if (s < INT32_MIN || s > INT32_MAX) bad(what.str() + ": slot " + std::to_string(s) + " out of range");
     out.push_back(static_cast<int>(s));
   }
   return out;
@@ -99,45 +113,45 @@ Program parse_program(const py::dict& desc) {
     if (!desc.contains(key)) bad(std::string("program description lacks '") + key + "'");
   size_t i = 0;
   for (py::handle s : sequence_at(desc, "slots")) {
-    std::string where = "slot " + std::to_string(i++);
-    if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) bad(where + " must be (shape, dtype)");
+    const Where where{"slot", i++, ""};
+    if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) bad(where.str() + " must be (shape, dtype)");
     py::sequence pair = py::reinterpret_borrow<py::sequence>(s);
     Slot slot;
-    slot.shape = parse_ints(pair[0], where + " shape");
+    slot.shape = parse_ints(pair[0], Where{"slot", where.index, " shape"});
     if (!py::isinstance<py::str>(pair[1]) || !parse_dtype(pair[1].cast<std::string>(), &slot.dtype))
-      bad(where + ": unknown dtype " + std::string(py::repr(pair[1])) + " (expected f32, f64, i32, i64, bool)");
+      bad(where.str() + ": unknown dtype " + std::string(py::repr(pair[1])) + " (expected f32, f64, i32, i64, bool)");
     p.slots.push_back(slot);
   }
   i = 0;
   for (py::handle t : sequence_at(desc, "instrs")) {
-    std::string where = "instruction " + std::to_string(i++);
-    if (!py::isinstance<py::sequence>(t) || py::len(t) != 4) bad(where + " must be (opcode, inputs, outputs, attrs)");
+    const Where where{"instruction", i++, ""};
+    if (!py::isinstance<py::sequence>(t) || py::len(t) != 4) bad(where.str() + " must be (opcode, inputs, outputs, attrs)");
     py::sequence parts = py::reinterpret_borrow<py::sequence>(t);
     Instr in;
-    if (!py::isinstance<py::str>(parts[0])) bad(where + ": opcode must be a string");
+    if (!py::isinstance<py::str>(parts[0])) bad(where.str() + ": opcode must be a string");
     std::string name = parts[0].cast<std::string>();
-    if (!parse_op(name, &in.op)) bad(where + ": unknown opcode '" + name + "'");
-    in.in = parse_slots(parts[1], where + " inputs");
-    in.out = parse_slots(parts[2], where + " outputs");
-    if (!py::isinstance<py::dict>(parts[3])) bad(where + ": attrs must be a dict");
+    if (!parse_op(name, &in.op)) bad(where.str() + ": unknown opcode '" + name + "'");
+    in.in = parse_slots(parts[1], Where{"instruction", where.index, " inputs"});
+    in.out = parse_slots(parts[2], Where{"instruction", where.index, " outputs"});
+    if (!py::isinstance<py::dict>(parts[3])) bad(where.str() + ": attrs must be a dict");
     for (auto kv : parts[3].cast<py::dict>()) {
-      if (!py::isinstance<py::str>(kv.first)) bad(where + ": attribute names must be strings");
+      if (!py::isinstance<py::str>(kv.first)) bad(where.str() + ": attribute names must be strings");
       std::string an = kv.first.cast<std::string>();
       try {
         in.attrs[an] = parse_attr(an, kv.second);
       } catch (const py::value_error& e) {
-        bad(where + " (" + name + "): " + e.what());
+        bad(where.str() + " (" + name + "): " + e.what());
       }
     }
     p.instrs.push_back(std::move(in));
   }
-  p.feeds = parse_slots(desc["feeds"], "feeds");
-  p.results = parse_slots(desc["results"], "results");
+  p.feeds = parse_slots(desc["feeds"], Where{nullptr, 0, "feeds"});
+  p.results = parse_slots(desc["results"], Where{nullptr, 0, "results"});
   if (desc.contains("inplace")) {
     py::object inplace = desc["inplace"];
     if (!py::isinstance<py::dict>(inplace)) bad("inplace must be a dict {result index: feed index}");
     for (auto kv : inplace.cast<py::dict>()) {
-      std::vector<int> pair = parse_slots(py::make_tuple(kv.first, kv.second), "inplace entry");
+      std::vector<int> pair = parse_slots(py::make_tuple(kv.first, kv.second), Where{nullptr, 0, "inplace entry"});
       p.inplace.push_back({pair[0], pair[1]});
     }
   }

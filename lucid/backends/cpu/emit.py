@@ -74,12 +74,18 @@ def emit_program(
         except (PrimError, ValueError) as e:
             raise EmitError(f"argument of type {a.type}: {e}") from None
     returned = False
+    n_ops = 0
+    append = program.append
+    is_prim: dict[type, bool] = {}  # per op class: an ABC isinstance check per op cost more
     for op in block.ops:
-        visits.count("emit")
-        if isinstance(op, PrimIROp):
+        n_ops += 1
+        prim = is_prim.get(type(op))
+        if prim is None:
+            prim = is_prim[type(op)] = isinstance(op, PrimIROp)
+        if prim:
             try:
-                outs = program.op_results(
-                    op.PRIM.name, *(slot_of[v] for v in op.operands), **op.given_attrs()
+                outs = append(
+                    op.PRIM.name, tuple([slot_of[v] for v in op.operands]), op.given_attrs()
                 )
             except PrimError as e:
                 raise EmitError(f"{op.name}: {e}") from None
@@ -89,6 +95,7 @@ def emit_program(
             returned = True
         else:
             raise EmitError(f"op {op.name} is not in the prim dialect; run lower-to-prim first")
+    visits.count("emit", n_ops)
     if not returned:
         raise EmitError(f"@{func_name} has no func.return")
     f_roles, r_roles = feed_roles(fn), result_roles(fn)

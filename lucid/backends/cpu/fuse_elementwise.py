@@ -17,6 +17,7 @@ gradient, the moments and the parameter once and writes all three (7 array passe
 from __future__ import annotations
 
 from collections import Counter
+from itertools import chain
 
 from lucid.backends.cpu.program import FUSED, FusedNode, Instr, Program
 from lucid.ir import visits
@@ -29,7 +30,7 @@ def fuse_elementwise(program: Program, max_nodes: int = 64) -> Program:
     """A new program with elementwise chains fused; the input program is left unchanged."""
     instrs, slots = program.instrs, program.slots
     visits.count(STAGE, 2 * len(instrs))  # the grouping and rebuilding sweeps
-    uses = Counter(s for ins in instrs for s in ins.inputs)
+    uses = Counter(chain.from_iterable([ins.inputs for ins in instrs]))  # counted in C
     uses.update(program.results)
     # Only elementwise producers can join a group.
     producer = {ins.outputs[0]: k for k, ins in enumerate(instrs) if ins.op in ELEMENTWISE_OPS}

@@ -106,13 +106,33 @@ class Program:
 
     def op_results(self, name: str, *inputs: int, **attrs: Any) -> tuple[int, ...]:
         """Append prim op ``name`` (composites with several results too); its output slots."""
+        return self.append(name, inputs, attrs)
+
+    def append(self, name: str, inputs: Sequence[int], attrs: dict[str, Any]) -> tuple[int, ...]:
+        """``op_results`` with the operands and attributes as they are held (no packing into
+        ``*args`` and ``**kwargs`` per instruction: the emitter's path)."""
         op = prim_ops.lookup(name)
         full = prim_ops.check_attrs(op, attrs)
-        problem = half_operand_problem(name, [self._aval(s).dtype for s in inputs])
-        if problem:
-            raise PrimError(problem)
-        outs = prim_ops.infer(name, [self._aval(s) for s in inputs], full)
-        slots = tuple(self.new_slot(out.shape, out.dtype) for out in outs)
+        avals = [self._aval(s) for s in inputs]
+        if any(a.dtype in HALF_STORAGE for a in avals):
+            problem = half_operand_problem(name, [a.dtype for a in avals])
+            if problem:
+                raise PrimError(problem)
+        # The rule itself on the attributes just checked (``prim_ops.infer`` would check them
+        # again: the emitter's largest cost per instruction); ``infer`` only for its arity error.
+        if (len(avals) != len(op.operands)) if not op.variadic else not avals:
+            prim_ops.infer(name, avals, full)
+        outs = op.infer(avals, full)
+        known = self._avals
+        made: list[int] = []
+        for out in outs:
+            aval = known.get((out.shape, out.dtype)) if type(out.shape) is tuple else None
+            if aval is None:  # a new (shape, dtype): checked and normalized by new_slot
+                made.append(self.new_slot(out.shape, out.dtype))
+            else:
+                self.slots.append(aval)
+                made.append(len(self.slots) - 1)
+        slots = tuple(made)
         self.instrs.append(Instr(name, tuple(inputs), slots, full))
         return slots
 

@@ -57,8 +57,13 @@ def _backend_visits(name: str, size: int, train: bool):
 
 @pytest.mark.parametrize(
     ("name", "size", "train"),
-    [("lstm", 3, True), ("lstm", 3, False), ("resnet", 1, True)],
-    ids=["lstm-train", "lstm-infer", "resnet-train"],
+    [
+        ("lstm", 3, True),
+        ("lstm", 3, False),
+        ("resnet", 1, True),
+        pytest.param("transformer", 2, True, marks=pytest.mark.slow),
+    ],
+    ids=["lstm-train", "lstm-infer", "resnet-train", "transformer-train"],
 )
 def test_backend_visits_per_instruction_stay_bounded_as_the_program_grows(name, size, train):
     small = _backend_visits(name, size, train)
@@ -125,3 +130,18 @@ def test_each_counts_the_instructions_of_its_opcodes_not_the_program():
     with visits.counting() as counts:
         assert [k for k, _ in graph.each("mul")] == [500]
     assert counts["fuse-kernels"] == 1
+
+
+def test_only_reader_asks_the_use_count_before_building_the_readers():
+    # Slot 0 is read by every instruction: the use count says "not one reader" at once, with no
+    # readers table built (a walk of the program) nor a sorted list of its 1000 readers.
+    instrs: list[Instr | None] = [Instr("exp", (0,), (k + 1,), {}) for k in range(1000)]
+    graph = Graph(Program(), instrs)
+    with visits.counting() as counts:
+        assert graph.only_reader(0, "exp") is None
+        assert graph.only_reader(1000, "exp") is None  # read by nothing
+    assert counts["fuse-kernels"] == 0
+    instrs.append(Instr("tanh", (1000,), (1001,), {}))
+    graph = Graph(Program(), instrs)
+    assert graph.only_reader(1000, "tanh") == (1000, instrs[1000])
+    assert graph.only_reader(1000, "exp") is None

@@ -327,6 +327,53 @@ def test_builder_rejects_bad_programs_early_with_the_op_name():
     with pytest.raises(PrimError, match="dtype bool but exp gives f32"):
         p.fused([x], [FusedNode("exp", (0,), "bool")])
 
+    # The arity and half-operand errors are the prim table's, word for word.
+    with pytest.raises(PrimError, match=r"prim.exp: takes 1 operand\(s\), got 2"):
+        p.op("exp", x, x)
+    h = p.feed((2, 3), "f16")
+    with pytest.raises(PrimError, match="exp does not take f16 operands"):
+        p.op("exp", h)
+
+
+def test_instructions_share_one_aval_per_shape_and_dtype_and_match_the_rule():
+    p = Program()
+    x = p.feed((2, 3))
+    a, b = p.op("exp", x), p.op("tanh", x)
+    s = p.op("reduce_sum", a, axes=(1,))
+    c = p.op("cast", s, dtype="f64")
+    assert p.slots[a] is p.slots[b] is p.slots[x]
+    assert (p.slots[s].shape, p.slots[s].dtype) == ((2,), "f32")
+    assert (p.slots[c].shape, p.slots[c].dtype) == ((2,), "f64")
+    assert p.instrs[-2].attrs == {"axes": (1,), "keepdims": False}
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("instrs", 1, 1), [0, "a"], "instruction 1 inputs must hold ints"),
+        (("instrs", 0, 2), 5, "instruction 0 outputs must be a list of ints"),
+        (("instrs", 1, 1), [2**40], "instruction 1 inputs: slot 1099511627776 out of range"),
+        (("slots", 2, 0), [2, "x"], "slot 2 shape must hold ints"),
+        (("feeds",), ["a"], "feeds must hold ints"),
+        (("results",), [2**70], "results: 1180591620717411303424 does not fit in 64 bits"),
+    ],
+)
+def test_malformed_descriptions_name_the_place(path, value, message):
+    # The native parser spells a place out only when something there is wrong.
+    p = Program()
+    x = p.feed((2,))
+    p.result(p.op("tanh", p.op("exp", x)))
+    desc = p.describe()
+    desc["instrs"] = [list(i) for i in desc["instrs"]]
+    desc["slots"] = [list(s) for s in desc["slots"]]
+    target = desc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ValueError) as info:
+        _native.validate(desc)
+    assert message in str(info.value)
+
 
 def test_dump_is_readable():
     p = Program()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable, Iterator
+from itertools import chain
 from math import prod
 
 import numpy as np
@@ -33,7 +34,7 @@ class Graph:
         # parameter and optimizer state) are thousands.
         self.results = frozenset(program.results)
         self.uses: Counter[int] = Counter(program.results)
-        self.uses.update(s for ins in instrs if ins is not None for s in ins.inputs)
+        self.uses.update(chain.from_iterable([ins.inputs for ins in instrs if ins is not None]))
         self.producer: dict[int, int] = {}
         self._by_op: dict[str, dict[int, None]] = {}
         for k, ins in enumerate(instrs):
@@ -129,9 +130,11 @@ class Graph:
     def only_reader(self, slot: int, op: str) -> tuple[int, Instr] | None:
         """(index, instruction) of the one ``op`` instruction reading ``slot``, when nothing else
         reads it (and it is not a result)."""
-        readers = self.readers(slot)
-        if len(readers) != 1 or not self.used_only_by(slot, 1):
+        # One use (and not a result) is one reader: the use count answers first, without the
+        # readers table (built on a first ask) or the sorted list of a value read many times.
+        if not self.used_only_by(slot, 1):
             return None
+        readers = self.readers(slot)
         ins = self.instrs[readers[0]]
         return (readers[0], ins) if ins is not None and ins.op == op else None
 
