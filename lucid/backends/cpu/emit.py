@@ -11,7 +11,6 @@ that feed in place. ``compile_program`` fuses it as the CPU backend does and com
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from lucid._native_loader import _native
@@ -37,13 +36,21 @@ class EmitError(ValueError):
     """The module cannot become a native program (an op that is not ``prim``, a bad type)."""
 
 
-@dataclass
 class NativeProgram:
     """A native program and the roles of its feeds and results."""
 
-    program: Program
-    feed_roles: list[str]
-    result_roles: list[str]
+    __slots__ = ("program", "feed_roles", "result_roles")
+
+    def __init__(self, program: Program, feed_roles: list[str], result_roles: list[str]) -> None:
+        self.program = program
+        self.feed_roles = feed_roles
+        self.result_roles = result_roles
+
+    def __repr__(self) -> str:
+        return (
+            f"NativeProgram(program={self.program!r}, feed_roles={self.feed_roles!r}, "
+            f"result_roles={self.result_roles!r})"
+        )
 
     @property
     def desc(self) -> dict[str, Any]:
@@ -66,11 +73,13 @@ def emit_program(
     fn = forward_func(module, func_name)
     block = fn.body.blocks.first
     program = Program()
-    slot_of: dict[x.SSAValue, int] = {}
+    # By the value's id (its hash, computed in C: SSAValue's own __hash__ is a Python call per
+    # operand); the module keeps every value alive while this runs.
+    slot_of: dict[int, int] = {}
     for a in block.args:
         try:
             aval = aval_of_type(a.type)
-            slot_of[a] = program.feed(aval.shape, aval.dtype)
+            slot_of[id(a)] = program.feed(aval.shape, aval.dtype)
         except (PrimError, ValueError) as e:
             raise EmitError(f"argument of type {a.type}: {e}") from None
     returned = False
@@ -85,13 +94,13 @@ def emit_program(
         if prim:
             try:
                 outs = append(
-                    op.PRIM.name, tuple([slot_of[v] for v in op.operands]), op.given_attrs()
+                    op.PRIM.name, tuple([slot_of[id(v)] for v in op.operands]), op.given_attrs()
                 )
             except PrimError as e:
                 raise EmitError(f"{op.name}: {e}") from None
-            slot_of.update(zip(op.results, outs, strict=True))
+            slot_of.update(zip(map(id, op.results), outs, strict=True))
         elif isinstance(op, x.func.ReturnOp):
-            program.result(*(slot_of[v] for v in op.operands))
+            program.result(*(slot_of[id(v)] for v in op.operands))
             returned = True
         else:
             raise EmitError(f"op {op.name} is not in the prim dialect; run lower-to-prim first")

@@ -13,7 +13,7 @@ what native results are tested against.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError
 from typing import Any
 
 import numpy as np
@@ -25,27 +25,101 @@ from lucid.ir.prim import NUMPY_DTYPES, Aval, PrimError
 FUSED = "fused"
 
 
-@dataclass(frozen=True, slots=True)
+# FusedNode and Instr are written out rather than made by ``dataclasses``: generating a
+# dataclass's methods compiles their source when the module is imported, and this module is
+# imported by the first compile of a process (about a millisecond of it, a fifth of the backend's
+# own work on a small model).
 class FusedNode:
-    """One sub-op of a fused instruction; args index the instruction's inputs, then its nodes."""
+    """One sub-op of a fused instruction; args index the instruction's inputs, then its nodes.
+    Immutable; equal when its fields are."""
 
+    __slots__ = ("op", "args", "dtype", "attrs")
     op: str
     args: tuple[int, ...]
     dtype: str
-    attrs: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any]
+
+    def __init__(
+        self, op: str, args: tuple[int, ...], dtype: str, attrs: dict[str, Any] | None = None
+    ) -> None:
+        _set_field(self, "op", op)
+        _set_field(self, "args", args)
+        _set_field(self, "dtype", dtype)
+        _set_field(self, "attrs", {} if attrs is None else attrs)
+
+    def _fields(self) -> tuple:
+        return (self.op, self.args, self.dtype, self.attrs)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"FusedNode(op={self.op!r}, args={self.args!r}, dtype={self.dtype!r}, "
+            f"attrs={self.attrs!r})"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple:
+        return (FusedNode, self._fields())
 
 
-@dataclass(slots=True)
+_set_field = object.__setattr__
+
+
 class Instr:
     """One instruction: an opcode, input and output slots, attributes (defaults filled in)."""
 
+    __slots__ = ("op", "inputs", "outputs", "attrs", "nodes", "out_nodes")
     op: str
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     attrs: dict[str, Any]
-    nodes: tuple[FusedNode, ...] = ()  # only for `fused`
+    nodes: tuple[FusedNode, ...]  # only for `fused`
     # Only for `fused`: the node each output takes (None: one output, the last node).
-    out_nodes: tuple[int, ...] | None = None
+    out_nodes: tuple[int, ...] | None
+
+    def __init__(
+        self,
+        op: str,
+        inputs: tuple[int, ...],
+        outputs: tuple[int, ...],
+        attrs: dict[str, Any],
+        nodes: tuple[FusedNode, ...] = (),
+        out_nodes: tuple[int, ...] | None = None,
+    ) -> None:
+        self.op = op
+        self.inputs = inputs
+        self.outputs = outputs
+        self.attrs = attrs
+        self.nodes = nodes
+        self.out_nodes = out_nodes
+
+    def _fields(self) -> tuple:
+        return (self.op, self.inputs, self.outputs, self.attrs, self.nodes, self.out_nodes)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq
+
+    def __repr__(self) -> str:
+        return (
+            f"Instr(op={self.op!r}, inputs={self.inputs!r}, outputs={self.outputs!r}, "
+            f"attrs={self.attrs!r}, nodes={self.nodes!r}, out_nodes={self.out_nodes!r})"
+        )
 
     def output_nodes(self) -> tuple[int, ...]:
         return self.out_nodes if self.out_nodes is not None else (len(self.nodes) - 1,)
