@@ -18,6 +18,13 @@
 // grad_cols, into one [B, L, W] slot at the columns the fused QKV projection's gradient has them,
 // which replaces that gradient's concat.
 //
+// With `causal` (PyTorch's is_causal: query i attends to keys j <= i, top-left aligned when
+// Lq != Lk) the forward computes each group of query rows' scores only up to its last row's
+// last key, sets the scores past each row's own diagonal to -inf before the softmax (their
+// weights are exact zeros) and contracts P V over those keys only: about half the products and
+// exponentials of the unmasked kernel at Lq == Lk. The weights it writes out are zero past the
+// diagonal, which is all attention_grad needs of the mask.
+//
 // Each (batch, head) is computed by one thread in a fixed order, so the results do not depend
 // on the thread count.
 #include <algorithm>
@@ -94,6 +101,7 @@ Operand operand(const Program& p, int slot, const std::vector<int64_t>* view, co
 
 struct AttentionPlan {
   bool grad = false;
+  bool causal = false;  // query i attends to keys j <= i
   DType dtype = DType::F32;
   double alpha = 1.0;
   Operand q, k, v, d_out;  // d_out: the output's gradient (attention_grad only)
@@ -103,6 +111,20 @@ struct AttentionPlan {
 
 void check_blas(int64_t d, const char* what) {
   if (d > kMaxBlasDim) fail(std::string(what) + " " + std::to_string(d) + " exceeds 2^31-1");
+}
+
+// The keys query rows before `row_end` see: all of them, or with the causal mask those up to
+// the last row's diagonal.
+int64_t keys_seen(const AttentionPlan& a, int64_t row_end) {
+  return a.causal ? std::min(a.k.L, row_end) : a.k.L;
+}
+
+// Scores past each row's diagonal to -inf (rows ld apart, the first being query row0), over the
+// first n columns: their softmax weights are then exact zeros.
+template <class T>
+void mask_past_diagonal(T* s, int64_t rows, int64_t n, int64_t ld, int64_t row0) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = row0 + r + 1; j < n; ++j) s[r * ld + j] = -std::numeric_limits<T>::infinity();
 }
 
 // attention(q, k, v); attention_grad(d_out, q, k, v, probs).
@@ -118,6 +140,7 @@ AttentionPlan plan(const Program& p, const Instr& in) {
   if (!is_float(d)) fail(std::string("operand dtype ") + dtype_name(d) + " not supported; needs a float dtype");
   a.dtype = d;
   a.alpha = attr_float(in, "alpha");
+  a.causal = in.attrs.count("causal") != 0 && attr_bool(in, "causal");
   const size_t first = a.grad ? 1 : 0;
   a.q = operand(p, in.in[first], optional_ints(in, "q_view"), "q");
   a.k = operand(p, in.in[first + 1], optional_ints(in, "k_view"), "k");
@@ -235,9 +258,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
 // Row softmax in place, as the softmax kernel computes it (max, exp of the difference, sum in
 // double, multiply by the reciprocal); a NaN anywhere in the row makes the row NaN.
 template <class T>
-void softmax_rows(T* s, int64_t rows, int64_t n) {
+void softmax_rows(T* s, int64_t rows, int64_t n, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
-    T* row = s + r * n;
+    T* row = s + r * ld;
     T m = -std::numeric_limits<T>::infinity();
     bool nan = false;
     for (int64_t j = 0; j < n; ++j) {
@@ -535,19 +558,24 @@ LUCID_AVX2 void forward_rows_avx2(const AttentionPlan& a, const float* q, const 
   for (int64_t i0 = 0; i0 < rows; i0 += kTileRows) {
     const int64_t m = std::min<int64_t>(kTileRows, rows - i0);
     const int64_t row = r0 + i0;
+    const int64_t n = keys_seen(a, row + m);  // the keys these rows see
     float inv_sum[kTileRows];
-    product(m, Lk, D, q + a.q.at(b, h) + row * a.q.ld, a.q.ld, 1, kt, ldk, alpha, nullptr, false,
+    product(m, n, D, q + a.q.at(b, h) + row * a.q.ld, a.q.ld, 1, kt, ldk, alpha, nullptr, false,
             s, lds);
-    softmax_exp_rows(s, m, Lk, lds, inv_sum);
+    if (a.causal) mask_past_diagonal(s, m, n, lds, row);
+    softmax_exp_rows(s, m, n, lds, inv_sum);
     float* o = out + a.out.at(b, h) + row * a.out.ld;
     if (probs == nullptr) {
-      product(m, Dv, Lk, s, lds, 1, vb, ldv, 1.0f, inv_sum, false, o, a.out.ld);
+      product(m, Dv, n, s, lds, 1, vb, ldv, 1.0f, inv_sum, false, o, a.out.ld);
       continue;
     }
     // P V from the weights as written out, so the output is the product of the saved P.
     float* p = probs + row * Lk;
-    for (int64_t i = 0; i < m; ++i) scale_row(s + i * lds, Lk, inv_sum[i], p + i * Lk);
-    product(m, Dv, Lk, p, Lk, 1, vb, ldv, 1.0f, nullptr, false, o, a.out.ld);
+    for (int64_t i = 0; i < m; ++i) {
+      scale_row(s + i * lds, n, inv_sum[i], p + i * Lk);
+      std::fill(p + i * Lk + n, p + (i + 1) * Lk, 0.0f);
+    }
+    product(m, Dv, n, p, Lk, 1, vb, ldv, 1.0f, nullptr, false, o, a.out.ld);
   }
 }
 
@@ -614,6 +642,92 @@ LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const GradSlots<float
     product(Lk, D, rows, dp, 1, lds, Q + r0 * ldq, ldq, alpha, nullptr, more, dK, a.dk.ld);
   }
 }
+
+// attention_grad with the causal mask for (batch, head) bh: backward_head_avx2's steps, each
+// product over the scores on or below the diagonal only (P and so dS are zero above it). Query
+// rows go in groups of kTileRows with their keys up to the group's last row; the products over
+// query rows (dV, dK) take each group of kTileRows keys from the first row that sees them.
+LUCID_AVX2 void backward_head_causal_avx2(const AttentionPlan& a, const GradSlots<float>& s,
+                                          int64_t bh) {
+  const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
+  const int64_t b = bh / a.q.H, h = bh % a.q.H;
+  float* dQ = s.dq + a.dq.at(b, h);
+  float* dK = s.dk + a.dk.at(b, h);
+  float* dV = s.dv + a.dv.at(b, h);
+  if (Lq == 0 || Lk == 0) {
+    zero_rows(dK, Lq == 0 ? Lk : 0, D, a.dk.ld);
+    zero_rows(dV, Lq == 0 ? Lk : 0, Dv, a.dv.ld);
+    zero_rows(dQ, Lk == 0 ? Lq : 0, D, a.dq.ld);
+    return;
+  }
+  const float alpha = static_cast<float>(a.alpha);
+  const float* P = s.probs + bh * Lq * Lk;
+  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(Lk), 1)), 0);
+  const int64_t ldvt = pack_transposed(s.v + a.v.at(b, h), Lk, Dv, a.v.ld, vt);
+  int64_t ldk, ldq, ldo;
+  const float* K = whole_vectors(s.k + a.k.at(b, h), Lk, D, a.k.ld, 1, &ldk);
+  const float* Q = whole_vectors(s.q + a.q.at(b, h), Lq, D, a.q.ld, 2, &ldq);
+  const float* dO = whole_vectors(s.d_out + a.d_out.at(b, h), Lq, Dv, a.d_out.ld, 3, &ldo);
+  const int64_t block = rows_per_block(Lq, Lk), lds = round8(Lk);
+  float* dp = scratch<float>(static_cast<size_t>(block * lds), 4);
+  for (int64_t r0 = 0; r0 < Lq; r0 += block) {
+    const int64_t rows = std::min(block, Lq - r0);
+    const bool more = r0 > 0;  // dK and dV sum over the query blocks
+    const float* p = P + r0 * Lk;
+    // dP = dO Vᵀ, then dS = P (dP - rowsum(dP P)) in place, zero past each row's diagonal.
+    for (int64_t c0 = 0; c0 < rows; c0 += kTileRows) {
+      const int64_t m = std::min<int64_t>(kTileRows, rows - c0);
+      const int64_t n = keys_seen(a, r0 + c0 + m);
+      product(m, n, Dv, dO + (r0 + c0) * ldo, ldo, 1, vt, ldvt, 1.0f, nullptr, false,
+              dp + c0 * lds, lds);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = keys_seen(a, r0 + r + 1);
+      const float* pr = p + r * Lk;
+      float* dr = dp + r * lds;
+      const int64_t full = n / 8 * 8;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = 0; j < full; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(dr + j), acc);
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc);
+      float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                  ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+      for (int64_t j = full; j < n; ++j) dot += pr[j] * dr[j];
+      const __m256 d = _mm256_set1_ps(dot);
+      for (int64_t j = 0; j < full; j += 8)
+        _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
+                                               _mm256_sub_ps(_mm256_loadu_ps(dr + j), d)));
+      for (int64_t j = full; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+      std::fill(dr + n, dr + Lk, 0.0f);
+    }
+    // dQ = alpha dS K over each row group's keys.
+    for (int64_t c0 = 0; c0 < rows; c0 += kTileRows) {
+      const int64_t m = std::min<int64_t>(kTileRows, rows - c0);
+      product(m, D, keys_seen(a, r0 + c0 + m), dp + c0 * lds, lds, 1, K, ldk, alpha, nullptr,
+              false, dQ + (r0 + c0) * a.dq.ld, a.dq.ld);
+    }
+    // dV (+)= Pᵀ dO and dK (+)= alpha dSᵀ Q, each key group from the first row that sees it.
+    for (int64_t j0 = 0; j0 < Lk; j0 += kTileRows) {
+      const int64_t m = std::min<int64_t>(kTileRows, Lk - j0);
+      const int64_t first = std::max<int64_t>(0, j0 - r0);
+      float* dv = dV + j0 * a.dv.ld;
+      float* dk = dK + j0 * a.dk.ld;
+      if (first >= rows) {  // no row of this block sees these keys
+        if (!more) {
+          zero_rows(dv, m, Dv, a.dv.ld);
+          zero_rows(dk, m, D, a.dk.ld);
+        }
+        continue;
+      }
+      const int64_t n = rows - first;
+      product(m, Dv, n, p + first * Lk + j0, 1, Lk, dO + (r0 + first) * ldo, ldo, 1.0f, nullptr,
+              more, dv, a.dv.ld);
+      product(m, D, n, dp + first * lds + j0, 1, lds, Q + (r0 + first) * ldq, ldq, alpha,
+              nullptr, more, dk, a.dk.ld);
+    }
+  }
+}
 #endif
 
 template <class T>
@@ -652,10 +766,14 @@ void run_forward(const AttentionPlan& a, void* const* slots) {
     // The scores, then the weights: straight in the weights' output when there is one.
     T* s = probs != nullptr ? probs + (bh * Lq + r0) * Lk
                             : scratch<T>(static_cast<size_t>(rows * Lk), 0);
-    gemm<T>(false, true, rows, Lk, D, alpha, q + a.q.at(b, h) + r0 * a.q.ld, a.q.ld,
+    const int64_t n = keys_seen(a, r0 + rows);  // the keys this block's rows see
+    gemm<T>(false, true, rows, n, D, alpha, q + a.q.at(b, h) + r0 * a.q.ld, a.q.ld,
             k + a.k.at(b, h), a.k.ld, T(0), s, Lk);
-    softmax_rows(s, rows, Lk);
-    gemm<T>(false, false, rows, Dv, Lk, T(1), s, Lk, v + a.v.at(b, h), a.v.ld, T(0),
+    if (a.causal) mask_past_diagonal(s, rows, n, Lk, r0);
+    softmax_rows(s, rows, n, Lk);
+    if (probs != nullptr)
+      for (int64_t r = 0; r < rows; ++r) std::fill(s + r * Lk + n, s + (r + 1) * Lk, T(0));
+    gemm<T>(false, false, rows, Dv, n, T(1), s, Lk, v + a.v.at(b, h), a.v.ld, T(0),
             out + a.out.at(b, h) + r0 * a.out.ld, a.out.ld);
   });
 }
@@ -685,7 +803,10 @@ void run_backward(const AttentionPlan& a, void* const* slots) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<T, float>) {
     if (use_avx2()) {
-      for_tasks(a.q.B * a.q.H, macs, 0.0, [&](int64_t bh) { backward_head_avx2(a, s, bh); });
+      for_tasks(a.q.B * a.q.H, macs, 0.0, [&](int64_t bh) {
+        if (a.causal) backward_head_causal_avx2(a, s, bh);
+        else backward_head_avx2(a, s, bh);
+      });
       return;
     }
   }
@@ -754,7 +875,11 @@ int64_t attention_work(const Program& p, const Instr& in) {
     int64_t r;
     return __builtin_mul_overflow(x, y, &r) ? INT64_MAX : r;
   };
-  const int64_t scores = sat_mul(sat_mul(a.q.B, a.q.H), sat_mul(a.q.L, a.k.L));
+  // With the causal mask, the scores on or below the diagonal: sum over rows of min(Lk, i + 1).
+  const int64_t seen = std::min(a.q.L, a.k.L);
+  const int64_t per_head =
+      a.causal ? sat_mul(seen, seen + 1) / 2 + sat_mul(a.q.L - seen, a.k.L) : sat_mul(a.q.L, a.k.L);
+  const int64_t scores = sat_mul(sat_mul(a.q.B, a.q.H), per_head);
   // Multiply-adds of the products, plus the softmax's exp per score.
   const int64_t per_score = a.grad ? 2 * a.q.D + 2 * a.v.D + 4 : a.q.D + a.v.D + 4;
   const int64_t work = sat_mul(scores, per_score);
