@@ -415,6 +415,44 @@ def test_encoder_layer_programs_fold_attention():
         np.testing.assert_allclose(grads[name], want, rtol=2e-3, atol=2e-6 * np.abs(want).max())
 
 
+def test_causal_encoder_layer_programs_run_the_causal_kernels():
+    # Workload F's block at a small size (is_causal, no mask tensor): the forward is one causal
+    # attention kernel, and the training step takes the gradient's weights from it.
+    lucid.manual_seed(1)
+
+    def layer_of():
+        return nn.TransformerEncoderLayer(
+            16, 2, 32, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+
+    class Causal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer_of()
+
+        def forward(self, x):
+            return self.layer(x, is_causal=True)
+
+    model, ref = Causal(), Causal()
+    ref.load_state_dict(model.state_dict())
+    rng = np.random.default_rng(1)
+    x = lucid.tensor(rng.standard_normal((3, 9, 16)).astype(np.float32))
+    t = lucid.tensor(rng.standard_normal((3, 9, 16)).astype(np.float32))
+    model.eval()
+    cm = lucid.compile(model)
+    with lucid.no_grad():
+        np.testing.assert_allclose(cm(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+        ops = {r["op"] for r in cm.profile(x, repeats=1)}
+    assert "attention" in ops and not {"softmax", "select"} & ops
+    model.train()
+    _loss(ref(x), t).backward()
+    grads, ops = _step_gradients(model, x, t)
+    assert {"attention", "attention_grad"} <= ops and not {"softmax", "select", "le"} & ops
+    for name, p in ref.named_parameters():
+        want = p.grad.numpy()
+        np.testing.assert_allclose(grads[name], want, rtol=2e-3, atol=2e-6 * np.abs(want).max())
+
+
 # -- the attention_grad instruction itself: thread counts, query blocks, bad attributes -------
 
 

@@ -330,6 +330,7 @@ def fold_attention_weights(g: Graph) -> None:
             forward[(*key, bool(ins.attrs.get("causal", False)))] = k
     if not forward:
         return
+    masked = False
     # An instruction whose value is a softmax's is that softmax.
     for j, ins in g.each("softmax"):
         if _last_axis_softmax(g, ins.outputs[0]) is None:
@@ -353,8 +354,9 @@ def fold_attention_weights(g: Graph) -> None:
             g.set(i, None)
         g.set(k, Instr("attention", att.inputs, (*att.outputs, probs), att.attrs))
         del forward[(*key, causal is not None)]
-    # The causal masks' comparisons and ranges nothing reads any more go.
-    g.erase_unread(lambda _, ins: ins.op in ("le", "constant"))
+        masked = masked or bool(masking)
+    if masked:  # the causal masks' comparisons and ranges nothing reads any more go
+        g.erase_unread(lambda _, ins: ins.op in ("le", "constant"))
 
 
 def _scores_key(inputs: tuple[int, ...], q_view, k_view) -> tuple:
