@@ -199,3 +199,41 @@ def test_the_mpsgraph_reference_builder_equals_numpy(shape, seed):
     assert compiled
     want, _ = causal_reference(q, k, v, 1.0 / np.sqrt(shape[4]))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _CausalBlock(lucid.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = lucid.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        out, _ = self.attn(x, x, x, need_weights=False, is_causal=True)
+        return out
+
+
+@pytest.mark.parametrize("saved_format", ["current", "lucid-cpu-program/1"])
+def test_saved_causal_programs_load_and_older_formats_are_rebuilt(
+    tmp_path, monkeypatch, saved_format
+):
+    # The CPU program format names the attention instruction's encoding: a program saved by a
+    # Lucid whose attention had no ``causal`` is not imported, it is rebuilt from the saved IR.
+    from lucid.backends.cpu import CPUBackend
+    from lucid.compile import load_compiled, save_compiled
+
+    current = CPUBackend.program_format
+    if saved_format != "current":
+        monkeypatch.setattr(CPUBackend, "program_format", saved_format)
+    lucid.manual_seed(0)
+    model = _CausalBlock().eval()
+    x = lucid.tensor(np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32))
+    cm = lucid.compile(model, backend="cpu")
+    with lucid.no_grad():
+        want = model(x).numpy()
+        cm(x)
+    path = tmp_path / "causal.lucid"
+    assert save_compiled(cm, path)
+    monkeypatch.setattr(CPUBackend, "program_format", current)
+    loaded = load_compiled(path)
+    np.testing.assert_allclose(loaded(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    source = loaded.timing()[0]["source"]
+    assert source == ("program" if saved_format == "current" else "ir")
