@@ -1,6 +1,7 @@
 """Attention: per-head operands read in place from the projection (head views), sums of zero
 pads as one ``concat``, ``attention(q, k, v)`` for the softmax of scaled scores times V written
-out by hand, the weights the gradient reads taken from the forward kernel, and the results of
+out by hand, the weights the gradient reads taken from the forward kernel (a causal attention's
+too: their recomputation masks the scores with ``composite.causal_keep``), and the results of
 ``attention_grad`` (a composite prim op) written into the fused QKV projection's gradient."""
 
 from __future__ import annotations
