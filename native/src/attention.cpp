@@ -25,7 +25,8 @@
 // last key, sets the scores past each row's own diagonal to -inf before the softmax (their
 // weights are exact zeros) and contracts P V over those keys only: about half the products and
 // exponentials of the unmasked kernel at Lq == Lk. The weights it writes out are zero past the
-// diagonal, which is all attention_grad needs of the mask.
+// diagonal, which is all attention_grad needs of the mask; its `causal` lets it skip the products
+// over those zeros too (per group of rows in the register tiles, per query block with BLAS).
 //
 // Each (batch, head) is computed by one thread in a fixed order, so the results do not depend
 // on the thread count.
@@ -924,17 +925,24 @@ void run_backward(const AttentionPlan& a, void* const* slots) {
       T* dp = scratch<T>(static_cast<size_t>(std::max<int64_t>(rows * Lk, 1)), 0);
       const T* Qb = Q + r0 * a.q.ld;
       const T* dOb = dO + r0 * a.d_out.ld;
-      gemm<T>(false, true, rows, Lk, Dv, T(1), dOb, a.d_out.ld, V, a.v.ld, T(0), dp, Lk);
-      gemm<T>(true, false, Lk, Dv, rows, T(1), p, Lk, dOb, a.d_out.ld, beta, dV, a.dv.ld);
+      // With the causal mask the block's rows see keys [0, n) only: the weights past them are
+      // zero, and so are dV's and dK's rows there until a later block's rows see them.
+      const int64_t n = keys_seen(a, r0 + rows);
+      if (r0 == 0 && n < Lk) {
+        zero_rows(dV + n * a.dv.ld, Lk - n, Dv, a.dv.ld);
+        zero_rows(dK + n * a.dk.ld, Lk - n, D, a.dk.ld);
+      }
+      gemm<T>(false, true, rows, n, Dv, T(1), dOb, a.d_out.ld, V, a.v.ld, T(0), dp, Lk);
+      gemm<T>(true, false, n, Dv, rows, T(1), p, Lk, dOb, a.d_out.ld, beta, dV, a.dv.ld);
       for (int64_t r = 0; r < rows; ++r) {
         const T* pr = p + r * Lk;
         T* dr = dp + r * Lk;
-        const T dot = dot_run(pr, dr, Lk);
-        for (int64_t j = 0; j < Lk; ++j) dr[j] = pr[j] * (dr[j] - dot);
+        const T dot = dot_run(pr, dr, n);
+        for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
       }
-      gemm<T>(false, false, rows, D, Lk, alpha, dp, Lk, K, a.k.ld, T(0), dQ + r0 * a.dq.ld,
+      gemm<T>(false, false, rows, D, n, alpha, dp, Lk, K, a.k.ld, T(0), dQ + r0 * a.dq.ld,
               a.dq.ld);
-      gemm<T>(true, false, Lk, D, rows, alpha, dp, Lk, Qb, a.q.ld, beta, dK, a.dk.ld);
+      gemm<T>(true, false, n, D, rows, alpha, dp, Lk, Qb, a.q.ld, beta, dK, a.dk.ld);
     }
   });
 }
