@@ -7,7 +7,9 @@
 // tensor in turn (three instructions, the scores written to memory and read back twice). In
 // float32 on a CPU with AVX2 + FMA the products are register-tiled loops written here (below; the
 // forward takes each group of six query rows through scores, softmax and P V while they are in
-// L1); in float64 and without AVX2 they are BLAS calls.
+// L1), as 6 x 64 AVX-512 tiles where sgemm_isa() is 2 (same bits as the AVX2 6 x 16 ones; the
+// causal forward of workload F's layer measured 0.85 -> 0.53 ms); in float64 and without AVX2
+// they are BLAS calls.
 //
 // The backward, attention_grad(dO, Q, K, V, P) -> (dQ, dK, dV) (the composite prim op of that
 // name), reads the weights P the training forward saved (its softmax) rather than recomputing
@@ -17,6 +19,14 @@
 // rows are in cache, and the products for dV, dQ and dK, written as three dense results or, with
 // grad_cols, into one [B, L, W] slot at the columns the fused QKV projection's gradient has them,
 // which replaces that gradient's concat.
+//
+// With `causal` (PyTorch's is_causal: query i attends to keys j <= i, top-left aligned when
+// Lq != Lk) the forward computes each group of query rows' scores only up to its last row's
+// last key, sets the scores past each row's own diagonal to -inf before the softmax (their
+// weights are exact zeros) and contracts P V over those keys only: about half the products and
+// exponentials of the unmasked kernel at Lq == Lk. The weights it writes out are zero past the
+// diagonal, which is all attention_grad needs of the mask; its `causal` lets it skip the products
+// over those zeros too (per group of rows in the register tiles, per query block with BLAS).
 //
 // Each (batch, head) is computed by one thread in a fixed order, so the results do not depend
 // on the thread count.
@@ -32,6 +42,7 @@
 #include "lucid/gelu_avx2.h"  // exp_nonpositive8
 #include "lucid/kernels.h"
 #include "lucid/parallel.h"
+#include "lucid/sgemm.h"  // sgemm_isa, LUCID_TARGET_AVX512
 
 namespace lucid {
 
@@ -94,6 +105,7 @@ Operand operand(const Program& p, int slot, const std::vector<int64_t>* view, co
 
 struct AttentionPlan {
   bool grad = false;
+  bool causal = false;  // query i attends to keys j <= i
   DType dtype = DType::F32;
   double alpha = 1.0;
   Operand q, k, v, d_out;  // d_out: the output's gradient (attention_grad only)
@@ -103,6 +115,20 @@ struct AttentionPlan {
 
 void check_blas(int64_t d, const char* what) {
   if (d > kMaxBlasDim) fail(std::string(what) + " " + std::to_string(d) + " exceeds 2^31-1");
+}
+
+// The keys query rows before `row_end` see: all of them, or with the causal mask those up to
+// the last row's diagonal.
+int64_t keys_seen(const AttentionPlan& a, int64_t row_end) {
+  return a.causal ? std::min(a.k.L, row_end) : a.k.L;
+}
+
+// Scores past each row's diagonal to -inf (rows ld apart, the first being query row0), over the
+// first n columns: their softmax weights are then exact zeros.
+template <class T>
+void mask_past_diagonal(T* s, int64_t rows, int64_t n, int64_t ld, int64_t row0) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = row0 + r + 1; j < n; ++j) s[r * ld + j] = -std::numeric_limits<T>::infinity();
 }
 
 // attention(q, k, v); attention_grad(d_out, q, k, v, probs).
@@ -118,6 +144,7 @@ AttentionPlan plan(const Program& p, const Instr& in) {
   if (!is_float(d)) fail(std::string("operand dtype ") + dtype_name(d) + " not supported; needs a float dtype");
   a.dtype = d;
   a.alpha = attr_float(in, "alpha");
+  a.causal = in.attrs.count("causal") != 0 && attr_bool(in, "causal");
   const size_t first = a.grad ? 1 : 0;
   a.q = operand(p, in.in[first], optional_ints(in, "q_view"), "q");
   a.k = operand(p, in.in[first + 1], optional_ints(in, "k_view"), "k");
@@ -235,9 +262,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
 // Row softmax in place, as the softmax kernel computes it (max, exp of the difference, sum in
 // double, multiply by the reciprocal); a NaN anywhere in the row makes the row NaN.
 template <class T>
-void softmax_rows(T* s, int64_t rows, int64_t n) {
+void softmax_rows(T* s, int64_t rows, int64_t n, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
-    T* row = s + r * n;
+    T* row = s + r * ld;
     T m = -std::numeric_limits<T>::infinity();
     bool nan = false;
     for (int64_t j = 0; j < n; ++j) {
@@ -370,12 +397,100 @@ TileFn pick_tile(int mr, int nv) {
   }
 }
 
+// The AVX-512 form of tile() where sgemm_isa() == 2: MR x 16 NV tiles (up to 6 x 64, as
+// sgemm's), the last vector's columns under `last` (loads, stores and the accumulated C read
+// only those), so B is read only up to column N. Each element's sum is the same FMAs in the same
+// order as tile()'s: both paths give the same bits.
+template <int MR, int NV>
+LUCID_TARGET_AVX512 void tile512(int64_t K, const float* A, int64_t a_row, int64_t a_col,
+                                 const float* B, int64_t ldb, float alpha, const float* row_scale,
+                                 bool accumulate, float* C, int64_t ldc, __mmask16 last) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      b[v] = _mm512_maskz_loadu_ps(v == NV - 1 ? last : __mmask16(0xFFFF), B + k * ldb + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(A[i * a_row + k * a_col]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m512 scale = _mm512_set1_ps(row_scale != nullptr ? alpha * row_scale[i] : alpha);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xFFFF);
+      float* c = C + i * ldc + 16 * v;
+      __m512 r = _mm512_mul_ps(acc[i][v], scale);
+      if (accumulate) r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), r);
+      _mm512_mask_storeu_ps(c, m, r);
+    }
+  }
+}
+
+using Tile512Fn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float,
+                           const float*, bool, float*, int64_t, __mmask16);
+
+template <int MR>
+Tile512Fn tile512_for(int nv) {
+  switch (nv) {
+    case 1: return &tile512<MR, 1>;
+    case 2: return &tile512<MR, 2>;
+    case 3: return &tile512<MR, 3>;
+    default: return &tile512<MR, 4>;
+  }
+}
+
+Tile512Fn pick_tile512(int mr, int nv) {
+  switch (mr) {
+    case 1: return tile512_for<1>(nv);
+    case 2: return tile512_for<2>(nv);
+    case 3: return tile512_for<3>(nv);
+    case 4: return tile512_for<4>(nv);
+    case 5: return tile512_for<5>(nv);
+    default: return tile512_for<6>(nv);
+  }
+}
+
+LUCID_TARGET_AVX512 void product512(int64_t M, int64_t N, int64_t K, const float* A,
+                                    int64_t a_row, int64_t a_col, const float* B, int64_t ldb,
+                                    float alpha, const float* row_scale, bool accumulate,
+                                    float* C, int64_t ldc) {
+  constexpr int64_t kCols = 64;
+  for (int64_t i0 = 0; i0 < M; i0 += kTileRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - i0));
+    const float* a = A + i0 * a_row;
+    const float* scale = row_scale != nullptr ? row_scale + i0 : nullptr;
+    float* c = C + i0 * ldc;
+    for (int64_t j0 = 0; j0 < N; j0 += kCols) {
+      const int64_t cols = std::min(kCols, N - j0);
+      const int nv = static_cast<int>((cols + 15) / 16);
+      const int rest = static_cast<int>(cols - 16 * (nv - 1));
+      const __mmask16 last = rest == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rest) - 1);
+      pick_tile512(mr, nv)(K, a, a_row, a_col, B + j0, ldb, alpha, scale, accumulate, c + j0, ldc,
+                           last);
+    }
+  }
+}
+
 // C[M x N] (=, or +=) diag(alpha * row_scale) A[M x K] B[K x N] (row_scale may be null), A read
 // through (a_row, a_col) strides, B in rows of ldb that can be read up to round8(N) columns (the
 // pad columns only reach columns that are not stored).
 LUCID_AVX2 void product(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row,
                         int64_t a_col, const float* B, int64_t ldb, float alpha,
                         const float* row_scale, bool accumulate, float* C, int64_t ldc) {
+  if (sgemm_isa() == 2) {
+    product512(M, N, K, A, a_row, a_col, B, ldb, alpha, row_scale, accumulate, C, ldc);
+    return;
+  }
   for (int64_t i0 = 0; i0 < M; i0 += kTileRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - i0));
     const float* a = A + i0 * a_row;
@@ -535,19 +650,24 @@ LUCID_AVX2 void forward_rows_avx2(const AttentionPlan& a, const float* q, const 
   for (int64_t i0 = 0; i0 < rows; i0 += kTileRows) {
     const int64_t m = std::min<int64_t>(kTileRows, rows - i0);
     const int64_t row = r0 + i0;
+    const int64_t n = keys_seen(a, row + m);  // the keys these rows see
     float inv_sum[kTileRows];
-    product(m, Lk, D, q + a.q.at(b, h) + row * a.q.ld, a.q.ld, 1, kt, ldk, alpha, nullptr, false,
+    product(m, n, D, q + a.q.at(b, h) + row * a.q.ld, a.q.ld, 1, kt, ldk, alpha, nullptr, false,
             s, lds);
-    softmax_exp_rows(s, m, Lk, lds, inv_sum);
+    if (a.causal) mask_past_diagonal(s, m, n, lds, row);
+    softmax_exp_rows(s, m, n, lds, inv_sum);
     float* o = out + a.out.at(b, h) + row * a.out.ld;
     if (probs == nullptr) {
-      product(m, Dv, Lk, s, lds, 1, vb, ldv, 1.0f, inv_sum, false, o, a.out.ld);
+      product(m, Dv, n, s, lds, 1, vb, ldv, 1.0f, inv_sum, false, o, a.out.ld);
       continue;
     }
     // P V from the weights as written out, so the output is the product of the saved P.
     float* p = probs + row * Lk;
-    for (int64_t i = 0; i < m; ++i) scale_row(s + i * lds, Lk, inv_sum[i], p + i * Lk);
-    product(m, Dv, Lk, p, Lk, 1, vb, ldv, 1.0f, nullptr, false, o, a.out.ld);
+    for (int64_t i = 0; i < m; ++i) {
+      scale_row(s + i * lds, n, inv_sum[i], p + i * Lk);
+      std::fill(p + i * Lk + n, p + (i + 1) * Lk, 0.0f);
+    }
+    product(m, Dv, n, p, Lk, 1, vb, ldv, 1.0f, nullptr, false, o, a.out.ld);
   }
 }
 
@@ -614,6 +734,92 @@ LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const GradSlots<float
     product(Lk, D, rows, dp, 1, lds, Q + r0 * ldq, ldq, alpha, nullptr, more, dK, a.dk.ld);
   }
 }
+
+// attention_grad with the causal mask for (batch, head) bh: backward_head_avx2's steps, each
+// product over the scores on or below the diagonal only (P and so dS are zero above it). Query
+// rows go in groups of kTileRows with their keys up to the group's last row; the products over
+// query rows (dV, dK) take each group of kTileRows keys from the first row that sees them.
+LUCID_AVX2 void backward_head_causal_avx2(const AttentionPlan& a, const GradSlots<float>& s,
+                                          int64_t bh) {
+  const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
+  const int64_t b = bh / a.q.H, h = bh % a.q.H;
+  float* dQ = s.dq + a.dq.at(b, h);
+  float* dK = s.dk + a.dk.at(b, h);
+  float* dV = s.dv + a.dv.at(b, h);
+  if (Lq == 0 || Lk == 0) {
+    zero_rows(dK, Lq == 0 ? Lk : 0, D, a.dk.ld);
+    zero_rows(dV, Lq == 0 ? Lk : 0, Dv, a.dv.ld);
+    zero_rows(dQ, Lk == 0 ? Lq : 0, D, a.dq.ld);
+    return;
+  }
+  const float alpha = static_cast<float>(a.alpha);
+  const float* P = s.probs + bh * Lq * Lk;
+  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(Lk), 1)), 0);
+  const int64_t ldvt = pack_transposed(s.v + a.v.at(b, h), Lk, Dv, a.v.ld, vt);
+  int64_t ldk, ldq, ldo;
+  const float* K = whole_vectors(s.k + a.k.at(b, h), Lk, D, a.k.ld, 1, &ldk);
+  const float* Q = whole_vectors(s.q + a.q.at(b, h), Lq, D, a.q.ld, 2, &ldq);
+  const float* dO = whole_vectors(s.d_out + a.d_out.at(b, h), Lq, Dv, a.d_out.ld, 3, &ldo);
+  const int64_t block = rows_per_block(Lq, Lk), lds = round8(Lk);
+  float* dp = scratch<float>(static_cast<size_t>(block * lds), 4);
+  for (int64_t r0 = 0; r0 < Lq; r0 += block) {
+    const int64_t rows = std::min(block, Lq - r0);
+    const bool more = r0 > 0;  // dK and dV sum over the query blocks
+    const float* p = P + r0 * Lk;
+    // dP = dO Vᵀ, then dS = P (dP - rowsum(dP P)) in place, zero past each row's diagonal.
+    for (int64_t c0 = 0; c0 < rows; c0 += kTileRows) {
+      const int64_t m = std::min<int64_t>(kTileRows, rows - c0);
+      const int64_t n = keys_seen(a, r0 + c0 + m);
+      product(m, n, Dv, dO + (r0 + c0) * ldo, ldo, 1, vt, ldvt, 1.0f, nullptr, false,
+              dp + c0 * lds, lds);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = keys_seen(a, r0 + r + 1);
+      const float* pr = p + r * Lk;
+      float* dr = dp + r * lds;
+      const int64_t full = n / 8 * 8;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = 0; j < full; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(dr + j), acc);
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc);
+      float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                  ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+      for (int64_t j = full; j < n; ++j) dot += pr[j] * dr[j];
+      const __m256 d = _mm256_set1_ps(dot);
+      for (int64_t j = 0; j < full; j += 8)
+        _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
+                                               _mm256_sub_ps(_mm256_loadu_ps(dr + j), d)));
+      for (int64_t j = full; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+      std::fill(dr + n, dr + Lk, 0.0f);
+    }
+    // dQ = alpha dS K over each row group's keys.
+    for (int64_t c0 = 0; c0 < rows; c0 += kTileRows) {
+      const int64_t m = std::min<int64_t>(kTileRows, rows - c0);
+      product(m, D, keys_seen(a, r0 + c0 + m), dp + c0 * lds, lds, 1, K, ldk, alpha, nullptr,
+              false, dQ + (r0 + c0) * a.dq.ld, a.dq.ld);
+    }
+    // dV (+)= Pᵀ dO and dK (+)= alpha dSᵀ Q, each key group from the first row that sees it.
+    for (int64_t j0 = 0; j0 < Lk; j0 += kTileRows) {
+      const int64_t m = std::min<int64_t>(kTileRows, Lk - j0);
+      const int64_t first = std::max<int64_t>(0, j0 - r0);
+      float* dv = dV + j0 * a.dv.ld;
+      float* dk = dK + j0 * a.dk.ld;
+      if (first >= rows) {  // no row of this block sees these keys
+        if (!more) {
+          zero_rows(dv, m, Dv, a.dv.ld);
+          zero_rows(dk, m, D, a.dk.ld);
+        }
+        continue;
+      }
+      const int64_t n = rows - first;
+      product(m, Dv, n, p + first * Lk + j0, 1, Lk, dO + (r0 + first) * ldo, ldo, 1.0f, nullptr,
+              more, dv, a.dv.ld);
+      product(m, D, n, dp + first * lds + j0, 1, lds, Q + (r0 + first) * ldq, ldq, alpha,
+              nullptr, more, dk, a.dk.ld);
+    }
+  }
+}
 #endif
 
 template <class T>
@@ -652,10 +858,14 @@ void run_forward(const AttentionPlan& a, void* const* slots) {
     // The scores, then the weights: straight in the weights' output when there is one.
     T* s = probs != nullptr ? probs + (bh * Lq + r0) * Lk
                             : scratch<T>(static_cast<size_t>(rows * Lk), 0);
-    gemm<T>(false, true, rows, Lk, D, alpha, q + a.q.at(b, h) + r0 * a.q.ld, a.q.ld,
+    const int64_t n = keys_seen(a, r0 + rows);  // the keys this block's rows see
+    gemm<T>(false, true, rows, n, D, alpha, q + a.q.at(b, h) + r0 * a.q.ld, a.q.ld,
             k + a.k.at(b, h), a.k.ld, T(0), s, Lk);
-    softmax_rows(s, rows, Lk);
-    gemm<T>(false, false, rows, Dv, Lk, T(1), s, Lk, v + a.v.at(b, h), a.v.ld, T(0),
+    if (a.causal) mask_past_diagonal(s, rows, n, Lk, r0);
+    softmax_rows(s, rows, n, Lk);
+    if (probs != nullptr)
+      for (int64_t r = 0; r < rows; ++r) std::fill(s + r * Lk + n, s + (r + 1) * Lk, T(0));
+    gemm<T>(false, false, rows, Dv, n, T(1), s, Lk, v + a.v.at(b, h), a.v.ld, T(0),
             out + a.out.at(b, h) + r0 * a.out.ld, a.out.ld);
   });
 }
@@ -685,7 +895,10 @@ void run_backward(const AttentionPlan& a, void* const* slots) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<T, float>) {
     if (use_avx2()) {
-      for_tasks(a.q.B * a.q.H, macs, 0.0, [&](int64_t bh) { backward_head_avx2(a, s, bh); });
+      for_tasks(a.q.B * a.q.H, macs, 0.0, [&](int64_t bh) {
+        if (a.causal) backward_head_causal_avx2(a, s, bh);
+        else backward_head_avx2(a, s, bh);
+      });
       return;
     }
   }
@@ -712,17 +925,24 @@ void run_backward(const AttentionPlan& a, void* const* slots) {
       T* dp = scratch<T>(static_cast<size_t>(std::max<int64_t>(rows * Lk, 1)), 0);
       const T* Qb = Q + r0 * a.q.ld;
       const T* dOb = dO + r0 * a.d_out.ld;
-      gemm<T>(false, true, rows, Lk, Dv, T(1), dOb, a.d_out.ld, V, a.v.ld, T(0), dp, Lk);
-      gemm<T>(true, false, Lk, Dv, rows, T(1), p, Lk, dOb, a.d_out.ld, beta, dV, a.dv.ld);
+      // With the causal mask the block's rows see keys [0, n) only: the weights past them are
+      // zero, and so are dV's and dK's rows there until a later block's rows see them.
+      const int64_t n = keys_seen(a, r0 + rows);
+      if (r0 == 0 && n < Lk) {
+        zero_rows(dV + n * a.dv.ld, Lk - n, Dv, a.dv.ld);
+        zero_rows(dK + n * a.dk.ld, Lk - n, D, a.dk.ld);
+      }
+      gemm<T>(false, true, rows, n, Dv, T(1), dOb, a.d_out.ld, V, a.v.ld, T(0), dp, Lk);
+      gemm<T>(true, false, n, Dv, rows, T(1), p, Lk, dOb, a.d_out.ld, beta, dV, a.dv.ld);
       for (int64_t r = 0; r < rows; ++r) {
         const T* pr = p + r * Lk;
         T* dr = dp + r * Lk;
-        const T dot = dot_run(pr, dr, Lk);
-        for (int64_t j = 0; j < Lk; ++j) dr[j] = pr[j] * (dr[j] - dot);
+        const T dot = dot_run(pr, dr, n);
+        for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
       }
-      gemm<T>(false, false, rows, D, Lk, alpha, dp, Lk, K, a.k.ld, T(0), dQ + r0 * a.dq.ld,
+      gemm<T>(false, false, rows, D, n, alpha, dp, Lk, K, a.k.ld, T(0), dQ + r0 * a.dq.ld,
               a.dq.ld);
-      gemm<T>(true, false, Lk, D, rows, alpha, dp, Lk, Qb, a.q.ld, beta, dK, a.dk.ld);
+      gemm<T>(true, false, n, D, rows, alpha, dp, Lk, Qb, a.q.ld, beta, dK, a.dk.ld);
     }
   });
 }
@@ -754,7 +974,11 @@ int64_t attention_work(const Program& p, const Instr& in) {
     int64_t r;
     return __builtin_mul_overflow(x, y, &r) ? INT64_MAX : r;
   };
-  const int64_t scores = sat_mul(sat_mul(a.q.B, a.q.H), sat_mul(a.q.L, a.k.L));
+  // With the causal mask, the scores on or below the diagonal: sum over rows of min(Lk, i + 1).
+  const int64_t seen = std::min(a.q.L, a.k.L);
+  const int64_t per_head =
+      a.causal ? sat_mul(seen, seen + 1) / 2 + sat_mul(a.q.L - seen, a.k.L) : sat_mul(a.q.L, a.k.L);
+  const int64_t scores = sat_mul(sat_mul(a.q.B, a.q.H), per_head);
   // Multiply-adds of the products, plus the softmax's exp per score.
   const int64_t per_score = a.grad ? 2 * a.q.D + 2 * a.v.D + 4 : a.q.D + a.v.D + 4;
   const int64_t work = sat_mul(scores, per_score);

@@ -145,7 +145,8 @@ class CPUBackend(Backend):
         except ValueError:  # a program with in-place results, a Tensor it cannot build
             return None
 
-    program_format = "lucid-cpu-program/1"
+    # /2: attention and attention_grad carry ``causal``, which a /1 reader would ignore.
+    program_format = "lucid-cpu-program/2"
 
     def export_program(self, module: Any, *, inplace_updates: bool = True) -> str:
         """The program description ``lucid._native.compile`` takes, as JSON (``inplace_updates``

@@ -78,7 +78,11 @@ def _attention_reference(args: list[np.ndarray], attrs: dict) -> tuple[np.ndarra
         _heads(x, attrs.get(n)) for x, n in zip(args, ("q_view", "k_view", "v_view"), strict=True)
     )
     alpha = q.dtype.type(attrs["alpha"])
-    probs = _softmax_rows(np.matmul(q, np.swapaxes(k, -1, -2)) * alpha)
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * alpha
+    if attrs.get("causal"):  # query i sees keys j <= i (top-left aligned)
+        keep = np.tril(np.ones(scores.shape[-2:], dtype=bool))
+        scores = np.where(keep, scores, q.dtype.type(-np.inf))
+    probs = _softmax_rows(scores)
     out = probs @ v
     if "out_view" in attrs:  # [B, H, L, Dv] -> [B, L, H*Dv]
         out = out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)

@@ -210,13 +210,45 @@ _register_composite(
     {"epsilon": Attr("float")},
 )
 
-# --- scaled dot-product attention over [B, H, L, D] heads: softmax(alpha * Q Kᵀ) V
+# --- scaled dot-product attention over [B, H, L, D] heads: softmax(alpha * Q Kᵀ) V, with
+# ``causal`` the scores of keys after the query (j > i, top-left aligned as PyTorch's is_causal)
+# at -inf first
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """The shape of a decomposition's operand: a numpy array or lowering's value (``.shape``),
+    or an IR value (its tensor type's shape)."""
+    return tuple(value.shape if hasattr(value, "shape") else value.type.get_shape())
 
 
 def attention_scores(emit: Emit, const: Const, q: Any, k: Any, alpha: float) -> Any:
     """``alpha * Q Kᵀ``: the scores, where lowering adds a mask before the softmax (a case the
     composite does not take)."""
     return emit("mul", emit("matmul", q, k, transpose_b=True), const(alpha, q))
+
+
+def _positions(n: int) -> tuple[float, ...]:
+    return tuple(float(i) for i in range(n))
+
+
+def causal_keep(emit: Emit, queries: int, keys: int) -> Any:
+    """The [Lq, Lk] bool mask of the scores a causal query keeps: key j <= query i, from two
+    broadcasting ranges (Lq + Lk constant entries, not Lq * Lk)."""
+    rows = emit("constant", shape=(queries, 1), dtype="i64", value=_positions(queries))
+    cols = emit("constant", shape=(1, keys), dtype="i64", value=_positions(keys))
+    return emit("le", cols, rows)
+
+
+def attention_weights(
+    emit: Emit, const: Const, q: Any, k: Any, alpha: float, causal: bool = False
+) -> Any:
+    """``softmax(alpha * Q Kᵀ)`` over the keys, the causal mask applied first when asked: the
+    weights P that the gradient reads."""
+    scores = attention_scores(emit, const, q, k, alpha)
+    if causal:
+        keep = causal_keep(emit, _shape(q)[-2], _shape(k)[-2])
+        scores = emit("select", keep, scores, const(-math.inf, q))
+    return emit("softmax", scores, axis=-1)
 
 
 def attention_output(emit: Emit, scores: Any, v: Any) -> Any:
@@ -226,7 +258,8 @@ def attention_output(emit: Emit, scores: Any, v: Any) -> Any:
 
 def _attention(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
     q, k, v = operands
-    return [attention_output(emit, attention_scores(emit, const, q, k, attrs["alpha"]), v)]
+    probs = attention_weights(emit, const, q, k, attrs["alpha"], attrs["causal"])
+    return [emit("matmul", probs, v)]
 
 
 def _attention_rule(avals: list[Aval], attrs: dict) -> list[Aval]:
@@ -253,12 +286,14 @@ _register_composite(
     _attention_rule,
     _attention,
     "attention.cpp",
-    {"alpha": Attr("float")},
+    {"alpha": Attr("float"), "causal": Attr("bool", False)},
 )
 
 
 # --- attention's gradient given its weights P = softmax(scores) (the mask, if any, is in P):
-# dV = Pᵀ dO, dS = P (dO Vᵀ - rowsum(dO Vᵀ P)), dQ = alpha dS K, dK = alpha dSᵀ Q
+# dV = Pᵀ dO, dS = P (dO Vᵀ - rowsum(dO Vᵀ P)), dQ = alpha dS K, dK = alpha dSᵀ Q. ``causal``
+# states that P is zero above the diagonal (a kernel may skip those products); the decomposition
+# needs no mask of its own, P's zeros make dS zero there.
 
 
 def _attention_grad(emit: Emit, const: Const, operands: Sequence[Any], attrs: dict) -> list:
@@ -293,7 +328,7 @@ _register_composite(
     _attention_grad_rule,
     _attention_grad,
     "attention.cpp",
-    {"alpha": Attr("float")},
+    {"alpha": Attr("float"), "causal": Attr("bool", False)},
 )
 
 
@@ -304,4 +339,6 @@ __all__ = [
     "CompositeOp",
     "attention_output",
     "attention_scores",
+    "attention_weights",
+    "causal_keep",
 ]

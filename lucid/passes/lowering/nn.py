@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from lucid import _dtype
-from lucid.ir.prim.composite import attention_output, attention_scores
+from lucid.ir.prim.composite import attention_output, attention_scores, attention_weights
 from lucid.ops._registry import normalize_dim
 from lucid.ops.pool import _adaptive_matrix, _avg_divisor, _geometry
 from lucid.passes.lowering._core import (
@@ -660,13 +660,17 @@ def _masked_scores(b: Builder, q: PV, k: PV, mask, is_causal, scale: float) -> P
     return s
 
 
+def _fused_attention_case(q: PV, attn_mask) -> bool:
+    """Whether attention is the composite op: no mask tensor (causal or not) and [B, H, L, D]
+    heads (its rule refuses other shapes, which ``_composite`` then decomposes)."""
+    return is_scalar(attn_mask) and q.ndim == 4
+
+
 @rule("scaled_dot_product_attention")
 def _sdpa(b: Builder, q, k, v, attn_mask, is_causal, scale):
     scale = _attention_scale(q, scale)
-    if is_scalar(attn_mask) and not is_causal and q.ndim == 4:
-        # Unmasked [B, H, L, D] heads: the composite op (its rule refuses other shapes, which
-        # are then decomposed by _composite).
-        out = _composite(b, "attention", q, k, v, alpha=scale)
+    if _fused_attention_case(q, attn_mask):
+        out = _composite(b, "attention", q, k, v, alpha=scale, causal=bool(is_causal))
     else:
         out = attention_output(_emit(b), _masked_scores(b, q, k, attn_mask, is_causal, scale), v)
     return b.reshape(out, b.outs[0].shape)
@@ -677,6 +681,12 @@ def _sdpa_backward(b: Builder, grad, q, k, v, attn_mask, is_causal, scale):
     scale = _attention_scale(q, scale)
     # The weights are recomputed (a backend may take them from the forward's kernel instead);
     # given them, the gradient is the composite op, masked or not.
-    p = b.op("softmax", _masked_scores(b, q, k, attn_mask, is_causal, scale), axis=-1)
-    grads = _composite_results(b, "attention_grad", grad, q, k, v, p, alpha=scale)
+    attrs: dict[str, Any] = {"alpha": scale}
+    if _fused_attention_case(q, attn_mask):
+        causal = bool(is_causal)
+        p = attention_weights(_emit(b), _const(b), q, k, scale, causal)
+        attrs["causal"] = causal
+    else:
+        p = b.op("softmax", _masked_scores(b, q, k, attn_mask, is_causal, scale), axis=-1)
+    grads = _composite_results(b, "attention_grad", grad, q, k, v, p, **attrs)
     return tuple(b.broadcast_to(t, o.shape) for t, o in zip(grads, b.outs, strict=True))

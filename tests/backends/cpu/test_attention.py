@@ -356,7 +356,8 @@ def test_float64_step_gradients_match_eager_and_finite_differences(
 
 @pytest.mark.parametrize("mask", ["additive", "causal", "is_causal"])
 def test_masked_attention_gradient_folds_and_matches_eager(mask):
-    # The forward's masked scores stay unfused; the gradient reads only P, so it folds.
+    # A mask tensor's scores stay unfused; the gradient reads only P, so it folds. is_causal
+    # alone is the attention composite's causal form, forward and gradient.
     rng = np.random.default_rng(2)
     x = lucid.tensor(rng.standard_normal((2, 5, 6)))
     t = lucid.tensor(rng.standard_normal((2, 5, 6)))
@@ -381,7 +382,11 @@ def test_masked_attention_gradient_folds_and_matches_eager(mask):
     ref.load_state_dict(model.state_dict())
     _loss(ref(x), t).backward()
     grads, ops = _step_gradients(model, x, t)
-    assert "attention_grad" in ops and "softmax" in ops
+    assert "attention_grad" in ops
+    if mask == "is_causal":  # the causal composite: its weights come from the forward kernel
+        assert "attention" in ops and "softmax" not in ops
+    else:
+        assert "softmax" in ops
     for name, p in ref.named_parameters():
         np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-9, atol=1e-12)
 
@@ -405,6 +410,44 @@ def test_encoder_layer_programs_fold_attention():
     grads, ops = _step_gradients(layer, x, t)
     # The training forward too: the weights the gradient reads are attention's second output.
     assert {"attention", "attention_grad"} <= ops and "softmax" not in ops
+    for name, p in ref.named_parameters():
+        want = p.grad.numpy()
+        np.testing.assert_allclose(grads[name], want, rtol=2e-3, atol=2e-6 * np.abs(want).max())
+
+
+def test_causal_encoder_layer_programs_run_the_causal_kernels():
+    # Workload F's block at a small size (is_causal, no mask tensor): the forward is one causal
+    # attention kernel, and the training step takes the gradient's weights from it.
+    lucid.manual_seed(1)
+
+    def layer_of():
+        return nn.TransformerEncoderLayer(
+            16, 2, 32, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+
+    class Causal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer_of()
+
+        def forward(self, x):
+            return self.layer(x, is_causal=True)
+
+    model, ref = Causal(), Causal()
+    ref.load_state_dict(model.state_dict())
+    rng = np.random.default_rng(1)
+    x = lucid.tensor(rng.standard_normal((3, 9, 16)).astype(np.float32))
+    t = lucid.tensor(rng.standard_normal((3, 9, 16)).astype(np.float32))
+    model.eval()
+    cm = lucid.compile(model)
+    with lucid.no_grad():
+        np.testing.assert_allclose(cm(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+        ops = {r["op"] for r in cm.profile(x, repeats=1)}
+    assert "attention" in ops and not {"softmax", "select"} & ops
+    model.train()
+    _loss(ref(x), t).backward()
+    grads, ops = _step_gradients(model, x, t)
+    assert {"attention", "attention_grad"} <= ops and not {"softmax", "select", "le"} & ops
     for name, p in ref.named_parameters():
         want = p.grad.numpy()
         np.testing.assert_allclose(grads[name], want, rtol=2e-3, atol=2e-6 * np.abs(want).max())

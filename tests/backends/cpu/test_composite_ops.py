@@ -231,11 +231,14 @@ def _sdpa_and_grad(mask_kind: str | None, scale: float | None):
 
 def test_lowering_emits_unmasked_attention_whole_and_decomposes_masked_attention():
     q, k, v, _, extra = _attention_arrays((2, 3, 5, 4), 6, "float32", 0, "additive")
-    plain = _prim_names(_lowered(lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v))
-    assert "prim.attention" in plain and "prim.softmax" not in plain
+    for fn in (
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c),
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
+    ):
+        plain = _prim_names(_lowered(fn, q, k, v))
+        assert "prim.attention" in plain and "prim.softmax" not in plain
     for fn, arrays in (
         (lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), (q, k, v, extra)),
-        (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v)),
         # Heads of rank 3: the composite's rule refuses them, the same decomposition is used.
         (lambda a, b, c: F.scaled_dot_product_attention(a, b, c), (q[0], k[0], v[0])),
     ):
@@ -255,14 +258,12 @@ def test_lowering_emits_unmasked_attention_whole_and_decomposes_masked_attention
 def test_compiled_and_interpreted_attention_equal_eager_forward_and_backward(
     shape, lk, dtype, mask, scale, seed
 ):
-    if mask == "causal":
-        lk = shape[2]  # every query attends to one key at least
     q, k, v, d_out, extra = _attention_arrays(shape, lk, dtype, seed, mask)
     arrays = [q, k, v, d_out] + ([] if extra is None else [extra])
     fn = _sdpa_and_grad(mask, scale)
     eager = [t.numpy() for t in fn(*map(lucid.tensor, arrays))]
     module = _lowered(fn, *arrays)
-    assert ("prim.attention" in _prim_names(module)) == (mask is None)
+    assert ("prim.attention" in _prim_names(module)) == (mask in (None, "causal"))
     tol = 1e-4 if dtype == "float32" else 1e-10
     for got in (
         [t.numpy() for t in lucid.compile(fn)(*map(lucid.tensor, arrays))],
@@ -273,8 +274,9 @@ def test_compiled_and_interpreted_attention_equal_eager_forward_and_backward(
             np.testing.assert_allclose(g, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
-def test_the_attention_kernel_equals_the_composite_decomposition(dtype):
+def test_the_attention_kernel_equals_the_composite_decomposition(dtype, causal):
     from lucid.backends.cpu import Program
     from lucid.backends.cpu.testing import assert_match, decomposed, random_array
 
@@ -282,7 +284,7 @@ def test_the_attention_kernel_equals_the_composite_decomposition(dtype):
     arrays = [random_array(rng, s, dtype) for s in ((2, 3, 7, 4), (2, 3, 5, 4), (2, 3, 5, 6))]
     program = Program()
     slots = [program.feed(a.shape, dtype) for a in arrays]
-    program.result(program.op("attention", *slots, alpha=0.25))
+    program.result(program.op("attention", *slots, alpha=0.25, causal=causal))
     (native,) = CPUBackend(cache=False).compile(program).run(arrays)
     assert_match(native, decomposed(program, arrays)[0], scale=10.0)
     assert_match(native, program.interpret(arrays)[0], scale=10.0)  # the kernel's own reference

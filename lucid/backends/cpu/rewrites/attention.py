@@ -1,6 +1,7 @@
 """Attention: per-head operands read in place from the projection (head views), sums of zero
 pads as one ``concat``, ``attention(q, k, v)`` for the softmax of scaled scores times V written
-out by hand, the weights the gradient reads taken from the forward kernel, and the results of
+out by hand, the weights the gradient reads taken from the forward kernel (a causal attention's
+too: their recomputation masks the scores with ``composite.causal_keep``), and the results of
 ``attention_grad`` (a composite prim op) written into the fused QKV projection's gradient."""
 
 from __future__ import annotations
@@ -288,36 +289,75 @@ def fold_attention(g: Graph) -> None:
         g.set(k, Instr("attention", (q[0], kk[0], v[0]), outputs, attrs))
 
 
+def _range_constant(g: Graph, slot: int, shape: tuple) -> bool:
+    """Whether ``slot`` is the constant 0, 1, .. n - 1 of ``shape`` (one axis of size n)."""
+    found = g.made_by(slot, "constant")
+    if found is None or g.aval(slot).shape != shape:
+        return False
+    return tuple(found[1].attrs["value"]) == tuple(float(i) for i in range(max(shape)))
+
+
+def _causal_scores(g: Graph, slot: int) -> tuple[list[int], int] | None:
+    """(select index, scores) when ``slot`` is ``select(le(cols, rows), scores, -inf)`` with
+    ``rows`` and ``cols`` the [Lq, 1] and [1, Lk] position ranges (``composite.causal_keep``):
+    the scores a causal attention's weights are the softmax of."""
+    sel = g.made_by(slot, "select")
+    if sel is None or not g.used_only_by(slot, 1):
+        return None
+    cond, scores, fill = sel[1].inputs
+    fill_const = g.made_by(fill, "constant")
+    if fill_const is None or tuple(fill_const[1].attrs["value"]) != (-np.inf,):
+        return None
+    le = g.made_by(cond, "le")
+    shape = g.aval(scores).shape
+    if le is None or len(shape) != 4:
+        return None
+    cols, rows = le[1].inputs
+    if not (_range_constant(g, cols, (1, shape[3])) and _range_constant(g, rows, (shape[2], 1))):
+        return None
+    return [sel[0]], scores
+
+
 def fold_attention_weights(g: Graph) -> None:
     """The weights ``softmax(gemm{alpha}(q, k, transpose_b))`` that attention's gradient
     recomputes from the operands of an ``attention`` before it become that attention's second
-    output (the kernel has them in cache): the training forward computes them once."""
+    output (the kernel has them in cache): the training forward computes them once. A causal
+    attention's weights are recomputed with their scores masked (``_causal_scores``)."""
     instrs = g.instrs
     forward: dict[tuple, int] = {}
     for k, ins in g.each("attention"):
         if len(ins.outputs) == 1:
-            forward[_scores_key(ins.inputs, ins.attrs.get("q_view"), ins.attrs.get("k_view"))] = k
+            key = _scores_key(ins.inputs, ins.attrs.get("q_view"), ins.attrs.get("k_view"))
+            forward[(*key, bool(ins.attrs.get("causal", False)))] = k
     if not forward:
         return
+    masked = False
     # An instruction whose value is a softmax's is that softmax.
     for j, ins in g.each("softmax"):
         if _last_axis_softmax(g, ins.outputs[0]) is None:
             continue
-        qk = _plain_gemm(g, ins.inputs[0], ta=False, tb=True)
+        scores, masking = ins.inputs[0], []
+        causal = _causal_scores(g, scores)
+        if causal is not None:
+            masking, scores = causal
+        qk = _plain_gemm(g, scores, ta=False, tb=True)
         if qk is None:
             continue
         key = _scores_key(qk[1].inputs, qk[1].attrs.get("a_view"), qk[1].attrs.get("b_view"))
-        k = forward.get(key)
+        k = forward.get((*key, causal is not None))
         probs = ins.outputs[0]
         if k is None or min(g.readers(probs), default=k + 1) < k:
             continue
         att = instrs[k]
         if not is_close(qk[1].attrs["alpha"], att.attrs["alpha"]):
             continue
-        g.set(qk[0], None)
-        g.set(j, None)
+        for i in (qk[0], *masking, j):
+            g.set(i, None)
         g.set(k, Instr("attention", att.inputs, (*att.outputs, probs), att.attrs))
-        del forward[key]
+        del forward[(*key, causal is not None)]
+        masked = masked or bool(masking)
+    if masked:  # the causal masks' comparisons and ranges nothing reads any more go
+        g.erase_unread(lambda _, ins: ins.op in ("le", "constant"))
 
 
 def _scores_key(inputs: tuple[int, ...], q_view, k_view) -> tuple:
