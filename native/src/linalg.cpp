@@ -626,59 +626,185 @@ void max_pool_unpadded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64
   }
 }
 
-// max_pool2d with padding or dilation (a ResNet stem's 3x3/2 pool with padding 1). Windows inside
-// the plane are separable: each input row's maximum over every interior window's columns is taken
-// once (shared by the output rows that read the row), then an interior output row is the running
-// maximum of its window's rows, a contiguous loop the compiler vectorizes. Rows first, in row
-// order, each row left to right, is max_tap's row-major scan regrouped: max_nan keeps the first of
-// equal values and the last NaN, so the result is max_tap's bit for bit (signed zeros and NaN
-// payloads included). Border windows keep max_tap's bounds-checked loop.
+// Max pooling with padding or dilation (a ResNet stem's 3x3/2 pool with padding 1), and the
+// gradient of any max pool but the 2x2/2 one. Each plane is first copied into a scratch plane
+// whose border holds the padding as -inf, so no loop checks bounds. A window's maximum is then
+// separable: every padded row's maximum over each output column's taps (and which tap won) is
+// taken once, and an output row is the running maximum of its window's rows, both contiguous
+// loops of selects that the compiler vectorizes. Rows first, in row order, each row left to
+// right, is max_tap's row-major scan regrouped: max_nan keeps the first of equal values and the
+// last NaN, so values and winners are max_tap's bit for bit (signed zeros and NaN payloads
+// included; a padded tap wins only as the first tap of an all -inf window, as in max_tap).
+//
+// The gradient adds each output's gradient at its winner's place in a padded scratch plane,
+// in output order from +0 (the order and the float additions of the scalar kernel); winners in
+// the padding fall into the border and are dropped when the plane's inside is copied out. With
+// `Relu` (max_pool2d_relu_grad) a winner <= 0 or NaN sends its gradient to a sink element
+// after the plane instead: the padding is -inf, so `best > 0` is ReLU's mask and bounds at once.
+struct PaddedPool {
+  int64_t Hp, Wp;  // the padded plane: every tap of every window
+};
+
+inline PaddedPool padded_pool(const PoolGeom& g) {
+  return {(g.HO - 1) * g.sh + (g.KH - 1) * g.dh + 1, (g.WO - 1) * g.sw + (g.KW - 1) * g.dw + 1};
+}
+
 template <class T>
-void max_pool_bordered(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
-  const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
-  // Output rows [oh0, oh1) (columns [ow0, ow1)) have windows inside the plane.
-  auto inside = [](int64_t pad, int64_t stride, int64_t extent, int64_t size, int64_t outs) {
-    const int64_t lo = std::min(outs, (pad + stride - 1) / stride);
-    const int64_t room = size + pad - extent;
-    const int64_t hi = room < 0 ? lo : std::min(outs, room / stride + 1);
-    return std::pair<int64_t, int64_t>{lo, std::max(lo, hi)};
-  };
-  const auto [oh0, oh1] = inside(g.pt, g.sh, (g.KH - 1) * g.dh + 1, g.H, g.HO);
-  const auto [ow0, ow1] = inside(g.pl, g.sw, (g.KW - 1) * g.dw + 1, g.W, g.WO);
-  const int64_t cols = ow1 - ow0;
-  const bool interior = cols > 0 && oh1 > oh0;
-  std::vector<T> row_max(interior ? g.H * cols : 0);
-  for (int64_t nc = nc0; nc < nc1; ++nc) {
-    const T* xp = x + nc * plane;
-    T* yp = out + nc * oplane;
-    if (interior)
-      for (int64_t ih = 0; ih < g.H; ++ih) {
-        const T* r = xp + ih * g.W + (ow0 * g.sw - g.pl);
-        T* h = row_max.data() + ih * cols;
-        for (int64_t c = 0; c < cols; ++c) {
-          const T* w = r + c * g.sw;
-          T best = w[0];
-          for (int64_t j = 1; j < g.KW; ++j) best = max_nan(best, w[j * g.dw]);
-          h[c] = best;
-        }
-      }
-    for (int64_t oh = 0; oh < g.HO; ++oh) {
-      T* y = yp + oh * g.WO;
-      if (!interior || oh < oh0 || oh >= oh1) {
-        for (int64_t ow = 0; ow < g.WO; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
-        continue;
-      }
-      for (int64_t ow = 0; ow < ow0; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
-      for (int64_t ow = ow1; ow < g.WO; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
-      const int64_t ih0 = oh * g.sh - g.pt;
-      T* yi = y + ow0;
-      std::copy_n(row_max.data() + ih0 * cols, cols, yi);
-      for (int64_t i = 1; i < g.KH; ++i) {
-        const T* h = row_max.data() + (ih0 + i * g.dh) * cols;
-        for (int64_t c = 0; c < cols; ++c) yi[c] = max_nan(yi[c], h[c]);
+[[gnu::always_inline]] inline void pad_plane(const PoolGeom& g, const PaddedPool& pp,
+                                             const T* xp, T* padded) {
+  const T lowest = -std::numeric_limits<T>::infinity();
+  const int64_t left = std::min(g.pl, pp.Wp);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    T* row = padded + r * pp.Wp;
+    const int64_t ih = r - g.pt;
+    if (ih < 0 || ih >= g.H) {
+      std::fill_n(row, pp.Wp, lowest);
+      continue;
+    }
+    std::fill_n(row, left, lowest);
+    std::copy_n(xp + ih * g.W, cols, row + left);
+    std::fill(row + left + cols, row + pp.Wp, lowest);
+  }
+}
+
+// Per padded row and output column: the maximum of the window's taps in the row and which tap
+// (0..KW-1) won.
+template <class T, class I>
+[[gnu::always_inline]] inline void row_max_taps(const PoolGeom& g, const PaddedPool& pp,
+                                                const T* padded, T* row_best, I* row_tap) {
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    const T* p = padded + r * pp.Wp;
+    T* best = row_best + r * g.WO;
+    I* tap = row_tap + r * g.WO;
+    for (int64_t ow = 0; ow < g.WO; ++ow) {
+      best[ow] = p[ow * g.sw];
+      tap[ow] = 0;
+    }
+    for (int64_t j = 1; j < g.KW; ++j) {
+      const T* q = p + j * g.dw;
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        const T v = q[ow * g.sw];
+        const bool take = v > best[ow] || v != v;
+        best[ow] = take ? v : best[ow];
+        tap[ow] = take ? I(j) : tap[ow];
       }
     }
   }
+}
+
+template <class T>
+[[gnu::always_inline]] inline void max_pool_padded_body(const PoolGeom& g, const T* x, T* out,
+                                                        int64_t nc0, int64_t nc1) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  const PaddedPool pp = padded_pool(g);
+  std::vector<T> padded(pp.Hp * pp.Wp), row_best(pp.Hp * g.WO);
+  std::vector<I> row_tap(pp.Hp * g.WO);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      T* y = out + nc * g.HO * g.WO + oh * g.WO;
+      const T* first = row_best.data() + oh * g.sh * g.WO;
+      std::copy_n(first, g.WO, y);
+      for (int64_t i = 1; i < g.KH; ++i) {
+        const T* h = first + i * g.dh * g.WO;
+        for (int64_t ow = 0; ow < g.WO; ++ow) y[ow] = max_nan(y[ow], h[ow]);
+      }
+    }
+  }
+}
+
+template <bool Relu, class T>
+[[gnu::always_inline]] inline void max_pool_grad_padded_body(const PoolGeom& g, const T* dy,
+                                                             const T* x, T* out, int64_t nc0,
+                                                             int64_t nc1) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  const PaddedPool pp = padded_pool(g);
+  const int64_t padded_size = pp.Hp * pp.Wp;
+  // The gradient's padded plane has one more element: the sink of ReLU-masked winners.
+  std::vector<T> padded(padded_size), row_best(pp.Hp * g.WO), best(g.WO), grad(padded_size + 1);
+  std::vector<I> row_tap(pp.Hp * g.WO), win_row(g.WO), win_tap(g.WO), place(g.WO);
+  const I sink = static_cast<I>(padded_size);
+  const int64_t rows = std::clamp<int64_t>(pp.Hp - g.pt, 0, g.H);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    std::fill(grad.begin(), grad.end(), T(0));
+    const T* dyp = dy + nc * g.HO * g.WO;
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      const T* first = row_best.data() + oh * g.sh * g.WO;
+      const I* first_tap = row_tap.data() + oh * g.sh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        best[ow] = first[ow];
+        win_row[ow] = 0;
+        win_tap[ow] = first_tap[ow];
+      }
+      for (int64_t i = 1; i < g.KH; ++i) {
+        const T* h = first + i * g.dh * g.WO;
+        const I* t = first_tap + i * g.dh * g.WO;
+        for (int64_t ow = 0; ow < g.WO; ++ow) {
+          const T v = h[ow];
+          const bool take = v > best[ow] || v != v;
+          best[ow] = take ? v : best[ow];
+          win_row[ow] = take ? I(i) : win_row[ow];
+          win_tap[ow] = take ? t[ow] : win_tap[ow];
+        }
+      }
+      const I row0 = static_cast<I>(oh * g.sh * pp.Wp);
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        const I at = row0 + win_row[ow] * I(g.dh * pp.Wp) + I(ow * g.sw) + win_tap[ow] * I(g.dw);
+        if constexpr (Relu) place[ow] = best[ow] > T(0) ? at : sink;
+        else place[ow] = at;
+      }
+      // The scatter: sequential, as windows that share a winner add to the same element.
+      const T* gy = dyp + oh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ++ow) grad[place[ow]] += gy[ow];
+    }
+    T* o = out + nc * g.H * g.W;
+    for (int64_t ih = 0; ih < g.H; ++ih) {
+      T* orow = o + ih * g.W;
+      if (ih >= rows) {
+        std::fill_n(orow, g.W, T(0));
+        continue;
+      }
+      std::copy_n(grad.data() + (ih + g.pt) * pp.Wp + g.pl, cols, orow);
+      std::fill(orow + cols, orow + g.W, T(0));
+    }
+  }
+}
+
+template <class T>
+void max_pool_padded_base(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
+  max_pool_padded_body(g, x, out, nc0, nc1);
+}
+template <class T>
+LUCID_TARGET_AVX512 void max_pool_padded_avx512(const PoolGeom& g, const T* x, T* out,
+                                                int64_t nc0, int64_t nc1) {
+  max_pool_padded_body(g, x, out, nc0, nc1);
+}
+template <bool Relu, class T>
+void max_pool_grad_padded_base(const PoolGeom& g, const T* dy, const T* x, T* out, int64_t nc0,
+                               int64_t nc1) {
+  max_pool_grad_padded_body<Relu>(g, dy, x, out, nc0, nc1);
+}
+template <bool Relu, class T>
+LUCID_TARGET_AVX512 void max_pool_grad_padded_avx512(const PoolGeom& g, const T* dy, const T* x,
+                                                     T* out, int64_t nc0, int64_t nc1) {
+  max_pool_grad_padded_body<Relu>(g, dy, x, out, nc0, nc1);
+}
+
+template <class T>
+void max_pool_padded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
+  if (sgemm_isa() == 2) max_pool_padded_avx512(g, x, out, nc0, nc1);
+  else max_pool_padded_base(g, x, out, nc0, nc1);
+}
+template <bool Relu, class T>
+void max_pool_grad_padded(const PoolGeom& g, const T* dy, const T* x, T* out, int64_t nc0,
+                          int64_t nc1) {
+  if (sgemm_isa() == 2) max_pool_grad_padded_avx512<Relu>(g, dy, x, out, nc0, nc1);
+  else max_pool_grad_padded_base<Relu>(g, dy, x, out, nc0, nc1);
 }
 
 // c ? x : y through bit masks: GCC turns a float ?: into a branch here, and on real data the
@@ -755,9 +881,18 @@ void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out, bool relu = 
                  [&](int64_t nc0, int64_t nc1) { max_pool_unpadded(g, a, out, nc0, nc1); });
     return;
   }
-  if (op == Op::max_pool2d) {
+  const PaddedPool pp = padded_pool(g);
+  const bool small_planes = pp.Hp * pp.Wp < std::numeric_limits<int32_t>::max();
+  if (op == Op::max_pool2d && small_planes) {
     parallel_for(g.NC, planes_per_part(g),
-                 [&](int64_t nc0, int64_t nc1) { max_pool_bordered(g, a, out, nc0, nc1); });
+                 [&](int64_t nc0, int64_t nc1) { max_pool_padded(g, a, out, nc0, nc1); });
+    return;
+  }
+  if (op == Op::max_pool2d_grad && small_planes) {
+    parallel_for(g.NC, planes_per_part(g), [&](int64_t nc0, int64_t nc1) {
+      if (relu) max_pool_grad_padded<true>(g, a, b, out, nc0, nc1);
+      else max_pool_grad_padded<false>(g, a, b, out, nc0, nc1);
+    });
     return;
   }
   if (op == Op::max_pool2d_grad || op == Op::avg_pool2d_grad)
