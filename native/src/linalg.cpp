@@ -8,6 +8,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "lucid/blas.h"
 #include "lucid/conv.h"
 #include "lucid/gelu.h"
@@ -669,28 +673,38 @@ template <class T>
 }
 
 // Per padded row and output column: the maximum of the window's taps in the row and which tap
-// (0..KW-1) won.
-template <class T, class I>
-[[gnu::always_inline]] inline void row_max_taps(const PoolGeom& g, const PaddedPool& pp,
-                                                const T* padded, T* row_best, I* row_tap) {
+// (0..KW-1) won. `SW`: the column stride when known at compile time (0: g.sw), so a stride of 2
+// becomes a pair of vector loads and a permute instead of a gather.
+template <int SW, class T, class I>
+[[gnu::always_inline]] inline void row_max_taps_at(const PoolGeom& g, const PaddedPool& pp,
+                                                   const T* padded, T* row_best, I* row_tap) {
+  const int64_t sw = SW ? SW : g.sw;
   for (int64_t r = 0; r < pp.Hp; ++r) {
     const T* p = padded + r * pp.Wp;
     T* best = row_best + r * g.WO;
     I* tap = row_tap + r * g.WO;
     for (int64_t ow = 0; ow < g.WO; ++ow) {
-      best[ow] = p[ow * g.sw];
+      best[ow] = p[ow * sw];
       tap[ow] = 0;
     }
     for (int64_t j = 1; j < g.KW; ++j) {
       const T* q = p + j * g.dw;
       for (int64_t ow = 0; ow < g.WO; ++ow) {
-        const T v = q[ow * g.sw];
+        const T v = q[ow * sw];
         const bool take = v > best[ow] || v != v;
         best[ow] = take ? v : best[ow];
         tap[ow] = take ? I(j) : tap[ow];
       }
     }
   }
+}
+
+template <class T, class I>
+[[gnu::always_inline]] inline void row_max_taps(const PoolGeom& g, const PaddedPool& pp,
+                                                const T* padded, T* row_best, I* row_tap) {
+  if (g.sw == 1) row_max_taps_at<1>(g, pp, padded, row_best, row_tap);
+  else if (g.sw == 2) row_max_taps_at<2>(g, pp, padded, row_best, row_tap);
+  else row_max_taps_at<0>(g, pp, padded, row_best, row_tap);
 }
 
 template <class T>
@@ -775,6 +789,151 @@ template <bool Relu, class T>
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// The float32 AVX-512 passes: 16 output columns per register, the last ones under a mask, the
+// winner picked with mask moves (GCC turned the scalar loops' selects into branches and left
+// rows of 16 columns to them).
+namespace pool512 {
+
+LUCID_TARGET_AVX512 inline __mmask16 tail(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+
+// Taps p[ow * sw] for the 16 columns from ow0 (`lanes` of them); the loads never go past the
+// last tap of the row's last window.
+LUCID_TARGET_AVX512 inline __m512 taps(const float* p, int64_t sw, int64_t lanes, __mmask16 m,
+                                       __m512i gather_index) {
+  if (sw == 1) return _mm512_maskz_loadu_ps(m, p);
+  if (sw == 2) {
+    const int64_t span = 2 * lanes - 1;  // elements from p[0] to the last tap
+    const __m512 lo = _mm512_maskz_loadu_ps(tail(span), p);
+    const __m512 hi = _mm512_maskz_loadu_ps(span > 16 ? tail(span - 16) : 0, p + 16);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    return _mm512_permutex2var_ps(lo, even, hi);
+  }
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, gather_index, p, 4);
+}
+
+// max_tap's step: v takes over where it is greater or NaN.
+LUCID_TARGET_AVX512 inline __mmask16 takes(__m512 v, __m512 best) {
+  return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+}
+
+LUCID_TARGET_AVX512 void row_max_taps(const PoolGeom& g, const PaddedPool& pp,
+                                      const float* padded, float* row_best, int32_t* row_tap) {
+  const __m512i gather_index =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(g.sw)));
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    const float* p = padded + r * pp.Wp;
+    for (int64_t ow = 0; ow < g.WO; ow += 16) {
+      const int64_t lanes = std::min<int64_t>(16, g.WO - ow);
+      const __mmask16 m = tail(lanes);
+      const float* q = p + ow * g.sw;
+      __m512 best = taps(q, g.sw, lanes, m, gather_index);
+      __m512i tap = _mm512_setzero_si512();
+      for (int64_t j = 1; j < g.KW; ++j) {
+        const __m512 v = taps(q + j * g.dw, g.sw, lanes, m, gather_index);
+        const __mmask16 t = takes(v, best);
+        best = _mm512_mask_mov_ps(best, t, v);
+        tap = _mm512_mask_mov_epi32(tap, t, _mm512_set1_epi32(static_cast<int32_t>(j)));
+      }
+      _mm512_mask_storeu_ps(row_best + r * g.WO + ow, m, best);
+      _mm512_mask_storeu_epi32(row_tap + r * g.WO + ow, m, tap);
+    }
+  }
+}
+
+LUCID_TARGET_AVX512 void max_pool(const PoolGeom& g, const float* x, float* out, int64_t nc0,
+                                  int64_t nc1) {
+  const PaddedPool pp = padded_pool(g);
+  std::vector<float> padded(pp.Hp * pp.Wp), row_best(pp.Hp * g.WO);
+  std::vector<int32_t> row_tap(pp.Hp * g.WO);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      float* y = out + nc * g.HO * g.WO + oh * g.WO;
+      const float* first = row_best.data() + oh * g.sh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ow += 16) {
+        const __mmask16 m = tail(g.WO - ow);
+        __m512 best = _mm512_maskz_loadu_ps(m, first + ow);
+        for (int64_t i = 1; i < g.KH; ++i) {
+          const __m512 v = _mm512_maskz_loadu_ps(m, first + i * g.dh * g.WO + ow);
+          best = _mm512_mask_mov_ps(best, takes(v, best), v);
+        }
+        _mm512_mask_storeu_ps(y + ow, m, best);
+      }
+    }
+  }
+}
+
+template <bool Relu>
+LUCID_TARGET_AVX512 void max_pool_grad(const PoolGeom& g, const float* dy, const float* x,
+                                       float* out, int64_t nc0, int64_t nc1) {
+  const PaddedPool pp = padded_pool(g);
+  const int64_t padded_size = pp.Hp * pp.Wp;
+  std::vector<float> padded(padded_size), row_best(pp.Hp * g.WO), grad(padded_size + 1);
+  std::vector<int32_t> row_tap(pp.Hp * g.WO), place(g.WO);
+  const __m512i sink = _mm512_set1_epi32(static_cast<int32_t>(padded_size));
+  const __m512i row_step = _mm512_set1_epi32(static_cast<int32_t>(g.dh * pp.Wp));
+  const __m512i tap_step = _mm512_set1_epi32(static_cast<int32_t>(g.dw));
+  const __m512i lane_col = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int32_t>(g.sw)));
+  const int64_t rows = std::clamp<int64_t>(pp.Hp - g.pt, 0, g.H);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    const float* dyp = dy + nc * g.HO * g.WO;
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      const float* first = row_best.data() + oh * g.sh * g.WO;
+      const int32_t* first_tap = row_tap.data() + oh * g.sh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ow += 16) {
+        const __mmask16 m = tail(g.WO - ow);
+        __m512 best = _mm512_maskz_loadu_ps(m, first + ow);
+        __m512i win_row = _mm512_setzero_si512();
+        __m512i win_tap = _mm512_maskz_loadu_epi32(m, first_tap + ow);
+        for (int64_t i = 1; i < g.KH; ++i) {
+          const __m512 v = _mm512_maskz_loadu_ps(m, first + i * g.dh * g.WO + ow);
+          const __mmask16 t = takes(v, best);
+          best = _mm512_mask_mov_ps(best, t, v);
+          win_row = _mm512_mask_mov_epi32(win_row, t, _mm512_set1_epi32(static_cast<int32_t>(i)));
+          win_tap = _mm512_mask_mov_epi32(win_tap, t,
+                                          _mm512_maskz_loadu_epi32(m, first_tap + i * g.dh * g.WO + ow));
+        }
+        const int32_t origin = static_cast<int32_t>(oh * g.sh * pp.Wp + ow * g.sw);
+        __m512i at = _mm512_add_epi32(_mm512_set1_epi32(origin), lane_col);
+        at = _mm512_add_epi32(at, _mm512_mullo_epi32(win_row, row_step));
+        at = _mm512_add_epi32(at, _mm512_mullo_epi32(win_tap, tap_step));
+        if constexpr (Relu)
+          at = _mm512_mask_mov_epi32(sink, _mm512_cmp_ps_mask(best, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                     at);
+        _mm512_mask_storeu_epi32(place.data() + ow, m, at);
+      }
+      // The scatter: sequential, as windows that share a winner add to the same element.
+      const float* gy = dyp + oh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ++ow) grad[place[ow]] += gy[ow];
+    }
+    float* o = out + nc * g.H * g.W;
+    for (int64_t ih = 0; ih < g.H; ++ih) {
+      float* orow = o + ih * g.W;
+      if (ih >= rows) {
+        std::fill_n(orow, g.W, 0.0f);
+        continue;
+      }
+      std::copy_n(grad.data() + (ih + g.pt) * pp.Wp + g.pl, cols, orow);
+      std::fill(orow + cols, orow + g.W, 0.0f);
+    }
+  }
+}
+
+}  // namespace pool512
+#endif
+
 template <class T>
 void max_pool_padded_base(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
   max_pool_padded_body(g, x, out, nc0, nc1);
@@ -797,12 +956,20 @@ LUCID_TARGET_AVX512 void max_pool_grad_padded_avx512(const PoolGeom& g, const T*
 
 template <class T>
 void max_pool_padded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, float>)
+    if (sgemm_isa() == 2) return pool512::max_pool(g, x, out, nc0, nc1);
+#endif
   if (sgemm_isa() == 2) max_pool_padded_avx512(g, x, out, nc0, nc1);
   else max_pool_padded_base(g, x, out, nc0, nc1);
 }
 template <bool Relu, class T>
 void max_pool_grad_padded(const PoolGeom& g, const T* dy, const T* x, T* out, int64_t nc0,
                           int64_t nc1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, float>)
+    if (sgemm_isa() == 2) return pool512::max_pool_grad<Relu>(g, dy, x, out, nc0, nc1);
+#endif
   if (sgemm_isa() == 2) max_pool_grad_padded_avx512<Relu>(g, dy, x, out, nc0, nc1);
   else max_pool_grad_padded_base<Relu>(g, dy, x, out, nc0, nc1);
 }

@@ -28,8 +28,8 @@ def pools(draw):
     dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     pt, pb = draw(st.integers(0, kh // 2)), draw(st.integers(0, kh // 2))
     pl, pr = draw(st.integers(0, kw // 2)), draw(st.integers(0, kw // 2))
-    h = draw(st.integers(max(1, (kh - 1) * dh + 1 - pt - pb), 13))
-    w = draw(st.integers(max(1, (kw - 1) * dw + 1 - pl - pr), 13))
+    h = draw(st.integers(max(1, (kh - 1) * dh + 1 - pt - pb), 9))
+    w = draw(st.integers(max(1, (kw - 1) * dw + 1 - pl - pr), 37))  # past 16 output columns
     n, c = draw(st.integers(1, 2)), draw(st.integers(1, 3))
     attrs = {
         "kernel": (kh, kw),
