@@ -23,6 +23,11 @@ constexpr int64_t kBlock = 1024;
 // by memory bandwidth, and a second thread there only slows the GEMMs around it (measured on
 // workload A's SGD step: 0.73 -> 1.05 ms).
 constexpr int64_t kParallelMinElements = 1 << 16;
+// A memory-bound chain this large is split too: one core streams well below the memory
+// bandwidth (workload G's momentum update of its 2.36M-element convolution weights, ~47 MB of
+// traffic, ran at ~12 GB/s on one thread), and at this size a worker's wake-up is noise. Workload
+// A's largest update (200k elements) stays on one thread.
+constexpr int64_t kParallelMemoryBoundMinElements = 1 << 18;
 constexpr int kMaxDims = 16;
 
 template <class T>
@@ -456,7 +461,7 @@ struct ElementwisePlan {
       if (clear) direct_mask |= uint64_t(1) << j;
     }
     const int64_t blocks = (total + kBlock - 1) / kBlock;
-    if (total < kParallelMinElements || !compute_bound)
+    if (total < (compute_bound ? kParallelMinElements : kParallelMemoryBoundMinElements))
       return run_blocks(slots, direct_mask, 0, blocks);
     parallel_for(blocks, kParallelMinElements / kBlock / 2,
                  [&](int64_t b0, int64_t b1) { run_blocks(slots, direct_mask, b0, b1); });
