@@ -113,6 +113,35 @@ void run_mixed_matmul(const MatmulPlan& p, void* const* slots) {
   }
 }
 
+// A batch of matrices with a few multiply-adds each (an adaptive average pool of 2x2 planes as
+// [1, 2] @ [2, 2] products over 16 x 512 planes in workload G): one BLAS call per entry cost
+// ~0.1 us of call overhead for ~4 multiply-adds, 1 ms in all; plain loops instead, split over
+// entries. Each output is sum_k a[m, k] * b[k, n] in k order, times alpha, plus C (beta = 1: a
+// bias or addend written there first).
+constexpr int64_t kTinyGemmMacs = 64;
+
+template <class T>
+void tiny_gemm_batch(const MatmulPlan& p, const T* A, const T* B, T beta, T* C, T alpha) {
+  const int64_t macs = p.M * p.N * std::max<int64_t>(p.K, 1);
+  parallel_for(p.batch, std::max<int64_t>(1, (int64_t{1} << 15) / macs),
+               [&](int64_t i0, int64_t i1) {
+                 for (int64_t i = i0; i < i1; ++i) {
+                   const T* a = A + p.a_off[i];
+                   const T* b = B + p.b_off[i];
+                   T* c = C + p.c_off[i];
+                   for (int64_t m = 0; m < p.M; ++m)
+                     for (int64_t n = 0; n < p.N; ++n) {
+                       T acc = T(0);
+                       for (int64_t k = 0; k < p.K; ++k)
+                         acc += (p.ta ? a[k * p.lda + m] : a[m * p.lda + k]) *
+                                (p.tb ? b[n * p.ldb + k] : b[k * p.ldb + n]);
+                       T& out = c[m * p.ldc + n];
+                       out = beta == T(0) ? alpha * acc : alpha * acc + out;
+                     }
+                 }
+               });
+}
+
 template <class T>
 void run_matmul(const MatmulPlan& p, void* const* slots) {
   const T* A = static_cast<const T*>(slots[p.a]);
@@ -156,7 +185,11 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(C + r * p.N, bias, sizeof(T) * p.N);
     beta = T(1);
   }
-  if (p.fold_batch_into_m) {
+  const bool tiny = std::is_floating_point_v<T> && !p.fold_batch_into_m && p.batch >= 2 &&
+                    p.M * p.N * p.K <= kTinyGemmMacs;
+  if (tiny) {
+    if constexpr (std::is_floating_point_v<T>) tiny_gemm_batch(p, A, B, beta, C, alpha);
+  } else if (p.fold_batch_into_m) {
     gemm<T>(false, p.tb, p.M * p.batch, p.N, p.K, A, p.K, B, ldb, beta, C, p.N, alpha);
   } else {
     bool done = false;
