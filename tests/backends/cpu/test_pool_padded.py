@@ -12,9 +12,7 @@ from lucid.backends.cpu import CPUBackend, Program
 from lucid.backends.cpu.rewrites import fuse_kernels
 from lucid.backends.cpu.testing import run_both
 
-_SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _out_size(size, k, s, p0, p1, d):
