@@ -122,7 +122,7 @@ constexpr int64_t kTinyGemmMacs = 64;
 
 template <class T>
 void tiny_gemm_batch(const MatmulPlan& p, const T* A, const T* B, T beta, T* C, T alpha) {
-  const int64_t macs = p.M * p.N * std::max<int64_t>(p.K, 1);
+  const int64_t macs = std::max<int64_t>(1, p.M * p.N * std::max<int64_t>(p.K, 1));
   parallel_for(p.batch, std::max<int64_t>(1, (int64_t{1} << 15) / macs),
                [&](int64_t i0, int64_t i1) {
                  for (int64_t i = i0; i < i1; ++i) {
@@ -1082,7 +1082,8 @@ void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out, bool relu = 
     return;
   }
   const PaddedPool pp = padded_pool(g);
-  const bool small_planes = pp.Hp * pp.Wp < std::numeric_limits<int32_t>::max();
+  const bool small_planes = g.HO > 0 && g.WO > 0 &&
+                            pp.Hp * pp.Wp < std::numeric_limits<int32_t>::max();
   if (op == Op::max_pool2d && small_planes) {
     parallel_for(g.NC, planes_per_part(g),
                  [&](int64_t nc0, int64_t nc1) { max_pool_padded(g, a, out, nc0, nc1); });

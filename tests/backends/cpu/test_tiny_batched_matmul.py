@@ -63,3 +63,14 @@ def test_tiny_batched_matmul_over_many_planes_is_split_with_the_same_bits():
         np.testing.assert_array_equal(one, two)
     np.testing.assert_allclose(outs[0][0], _matmul(row, x, False, False), rtol=1e-6)
     np.testing.assert_allclose(outs[0][1], _matmul(x, row, True, True), rtol=1e-6)
+
+
+@pytest.mark.parametrize("m, n, k", [(2, 3, 0), (0, 3, 2), (2, 0, 2)])
+def test_tiny_batched_matmul_with_an_empty_dimension(m, n, k):
+    a = np.ones((4, m, k), np.float32)
+    b = np.ones((4, k, n), np.float32)
+    p = Program()
+    sa, sb = p.feed(a.shape, "f32"), p.feed(b.shape, "f32")
+    p.result(p.op("matmul", sa, sb))
+    got = CPUBackend(cache=False).compile(p).run([a, b])[0]
+    np.testing.assert_array_equal(got, np.zeros((4, m, n), np.float32))
