@@ -853,6 +853,37 @@ LUCID_TARGET_AVX512 inline __mmask16 takes(__m512 v, __m512 best) {
   return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
 }
 
+// Copies and fills of a plane's short rows (32 floats in G) in registers: as library calls
+// (memmove per row, two per row and plane) they cost more than the pooling around them.
+LUCID_TARGET_AVX512 inline void copy_row(const float* src, int64_t n, float* dst) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 m = tail(n - c);
+    _mm512_mask_storeu_ps(dst + c, m, _mm512_maskz_loadu_ps(m, src + c));
+  }
+}
+LUCID_TARGET_AVX512 inline void fill_row(float v, int64_t n, float* dst) {
+  const __m512 value = _mm512_set1_ps(v);
+  for (int64_t c = 0; c < n; c += 16) _mm512_mask_storeu_ps(dst + c, tail(n - c), value);
+}
+
+LUCID_TARGET_AVX512 void pad_plane(const PoolGeom& g, const PaddedPool& pp, const float* xp,
+                                   float* padded) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  const int64_t left = std::min(g.pl, pp.Wp);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    float* row = padded + r * pp.Wp;
+    const int64_t ih = r - g.pt;
+    if (ih < 0 || ih >= g.H) {
+      fill_row(lowest, pp.Wp, row);
+      continue;
+    }
+    fill_row(lowest, left, row);
+    copy_row(xp + ih * g.W, cols, row + left);
+    fill_row(lowest, pp.Wp - left - cols, row + left + cols);
+  }
+}
+
 LUCID_TARGET_AVX512 void row_max_taps(const PoolGeom& g, const PaddedPool& pp,
                                       const float* padded, float* row_best, int32_t* row_tap) {
   const __m512i gather_index =
@@ -920,7 +951,7 @@ LUCID_TARGET_AVX512 void max_pool_grad(const PoolGeom& g, const float* dy, const
   for (int64_t nc = nc0; nc < nc1; ++nc) {
     pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
     row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
-    std::fill(grad.begin(), grad.end(), 0.0f);
+    fill_row(0.0f, padded_size + 1, grad.data());
     const float* dyp = dy + nc * g.HO * g.WO;
     for (int64_t oh = 0; oh < g.HO; ++oh) {
       const float* first = row_best.data() + oh * g.sh * g.WO;
@@ -955,11 +986,11 @@ LUCID_TARGET_AVX512 void max_pool_grad(const PoolGeom& g, const float* dy, const
     for (int64_t ih = 0; ih < g.H; ++ih) {
       float* orow = o + ih * g.W;
       if (ih >= rows) {
-        std::fill_n(orow, g.W, 0.0f);
+        fill_row(0.0f, g.W, orow);
         continue;
       }
-      std::copy_n(grad.data() + (ih + g.pt) * pp.Wp + g.pl, cols, orow);
-      std::fill(orow + cols, orow + g.W, 0.0f);
+      copy_row(grad.data() + (ih + g.pt) * pp.Wp + g.pl, cols, orow);
+      fill_row(0.0f, g.W - cols, orow + cols);
     }
   }
 }
