@@ -12,6 +12,7 @@
 #include "lucid/kernels.h"
 #include "lucid/optim.h"
 #include "lucid/parallel.h"
+#include "lucid/sgemm.h"
 
 namespace lucid {
 
@@ -23,6 +24,11 @@ constexpr int64_t kBlock = 1024;
 // by memory bandwidth, and a second thread there only slows the GEMMs around it (measured on
 // workload A's SGD step: 0.73 -> 1.05 ms).
 constexpr int64_t kParallelMinElements = 1 << 16;
+// A memory-bound chain this large is split too: one core streams well below the memory
+// bandwidth (workload G's momentum update of its 2.36M-element convolution weights, ~47 MB of
+// traffic, ran at ~12 GB/s on one thread), and at this size a worker's wake-up is noise. Workload
+// A's largest update (200k elements) stays on one thread.
+constexpr int64_t kParallelMemoryBoundMinElements = 1 << 18;
 constexpr int kMaxDims = 16;
 
 template <class T>
@@ -284,12 +290,44 @@ void select_bytes(const uint8_t* c, const void* a, const void* b, void* out, int
 }
 
 template <class T>
-void normalize(const void* const* a, T eps, void* out, int64_t n) {
+[[gnu::always_inline]] inline void normalize_body(const void* const* a, T eps, void* out,
+                                                  int64_t n) {
   const T *x = static_cast<const T*>(a[0]), *m = static_cast<const T*>(a[1]),
           *v = static_cast<const T*>(a[2]), *g = static_cast<const T*>(a[3]),
           *b = static_cast<const T*>(a[4]);
   T* o = static_cast<T*>(out);
+#pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) o[i] = (x[i] - m[i]) / std::sqrt(v[i] + eps) * g[i] + b[i];
+}
+
+template <class T>
+void normalize_baseline(const void* const* a, T eps, void* out, int64_t n) {
+  normalize_body(a, eps, out, n);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// BatchNorm's forward: a square root and a division per element, which the baseline build does
+// four floats at a time. The AVX2 and AVX-512 copies compile the same source (no FMA
+// contraction; square root and division are correctly rounded), so they give the same bits.
+template <class T>
+__attribute__((target("avx2,fma"))) void normalize_avx2(const void* const* a, T eps, void* out,
+                                                        int64_t n) {
+  normalize_body(a, eps, out, n);
+}
+template <class T>
+LUCID_TARGET_AVX512 void normalize_avx512(const void* const* a, T eps, void* out, int64_t n) {
+  normalize_body(a, eps, out, n);
+}
+#endif
+
+template <class T>
+void normalize(const void* const* a, T eps, void* out, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (sgemm_isa() == 2) return normalize_avx512(a, eps, out, n);
+  if (avx2) return normalize_avx2(a, eps, out, n);
+#endif
+  normalize_baseline(a, eps, out, n);
 }
 
 // arg_scalar[j]: argument j is a 0-d input (its block holds copies of one value).
@@ -456,7 +494,7 @@ struct ElementwisePlan {
       if (clear) direct_mask |= uint64_t(1) << j;
     }
     const int64_t blocks = (total + kBlock - 1) / kBlock;
-    if (total < kParallelMinElements || !compute_bound)
+    if (total < (compute_bound ? kParallelMinElements : kParallelMemoryBoundMinElements))
       return run_blocks(slots, direct_mask, 0, blocks);
     parallel_for(blocks, kParallelMinElements / kBlock / 2,
                  [&](int64_t b0, int64_t b1) { run_blocks(slots, direct_mask, b0, b1); });

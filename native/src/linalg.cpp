@@ -8,6 +8,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "lucid/blas.h"
 #include "lucid/conv.h"
 #include "lucid/gelu.h"
@@ -109,6 +113,35 @@ void run_mixed_matmul(const MatmulPlan& p, void* const* slots) {
   }
 }
 
+// A batch of matrices with a few multiply-adds each (an adaptive average pool of 2x2 planes as
+// [1, 2] @ [2, 2] products over 16 x 512 planes in workload G): one BLAS call per entry cost
+// ~0.1 us of call overhead for ~4 multiply-adds, 1 ms in all; plain loops instead, split over
+// entries. Each output is sum_k a[m, k] * b[k, n] in k order, times alpha, plus C (beta = 1: a
+// bias or addend written there first).
+constexpr int64_t kTinyGemmMacs = 64;
+
+template <class T>
+void tiny_gemm_batch(const MatmulPlan& p, const T* A, const T* B, T beta, T* C, T alpha) {
+  const int64_t macs = std::max<int64_t>(1, p.M * p.N * std::max<int64_t>(p.K, 1));
+  parallel_for(p.batch, std::max<int64_t>(1, (int64_t{1} << 15) / macs),
+               [&](int64_t i0, int64_t i1) {
+                 for (int64_t i = i0; i < i1; ++i) {
+                   const T* a = A + p.a_off[i];
+                   const T* b = B + p.b_off[i];
+                   T* c = C + p.c_off[i];
+                   for (int64_t m = 0; m < p.M; ++m)
+                     for (int64_t n = 0; n < p.N; ++n) {
+                       T acc = T(0);
+                       for (int64_t k = 0; k < p.K; ++k)
+                         acc += (p.ta ? a[k * p.lda + m] : a[m * p.lda + k]) *
+                                (p.tb ? b[n * p.ldb + k] : b[k * p.ldb + n]);
+                       T& out = c[m * p.ldc + n];
+                       out = beta == T(0) ? alpha * acc : alpha * acc + out;
+                     }
+                 }
+               });
+}
+
 template <class T>
 void run_matmul(const MatmulPlan& p, void* const* slots) {
   const T* A = static_cast<const T*>(slots[p.a]);
@@ -152,7 +185,11 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(C + r * p.N, bias, sizeof(T) * p.N);
     beta = T(1);
   }
-  if (p.fold_batch_into_m) {
+  const bool tiny = std::is_floating_point_v<T> && !p.fold_batch_into_m && p.batch >= 2 &&
+                    p.M * p.N * p.K <= kTinyGemmMacs;
+  if (tiny) {
+    if constexpr (std::is_floating_point_v<T>) tiny_gemm_batch(p, A, B, beta, C, alpha);
+  } else if (p.fold_batch_into_m) {
     gemm<T>(false, p.tb, p.M * p.batch, p.N, p.K, A, p.K, B, ldb, beta, C, p.N, alpha);
   } else {
     bool done = false;
@@ -626,59 +663,402 @@ void max_pool_unpadded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64
   }
 }
 
-// max_pool2d with padding or dilation (a ResNet stem's 3x3/2 pool with padding 1). Windows inside
-// the plane are separable: each input row's maximum over every interior window's columns is taken
-// once (shared by the output rows that read the row), then an interior output row is the running
-// maximum of its window's rows, a contiguous loop the compiler vectorizes. Rows first, in row
-// order, each row left to right, is max_tap's row-major scan regrouped: max_nan keeps the first of
-// equal values and the last NaN, so the result is max_tap's bit for bit (signed zeros and NaN
-// payloads included). Border windows keep max_tap's bounds-checked loop.
+// Max pooling with padding or dilation (a ResNet stem's 3x3/2 pool with padding 1), and the
+// gradient of any max pool but the 2x2/2 one. Each plane is first copied into a scratch plane
+// whose border holds the padding as -inf, so no loop checks bounds. A window's maximum is then
+// separable: every padded row's maximum over each output column's taps (and which tap won) is
+// taken once, and an output row is the running maximum of its window's rows, both contiguous
+// loops of selects that the compiler vectorizes. Rows first, in row order, each row left to
+// right, is max_tap's row-major scan regrouped: max_nan keeps the first of equal values and the
+// last NaN, so values and winners are max_tap's bit for bit (signed zeros and NaN payloads
+// included; a padded tap wins only as the first tap of an all -inf window, as in max_tap).
+//
+// The gradient adds each output's gradient at its winner's place in a padded scratch plane,
+// in output order from +0 (the order and the float additions of the scalar kernel); winners in
+// the padding fall into the border and are dropped when the plane's inside is copied out. With
+// `Relu` (max_pool2d_relu_grad) a winner <= 0 or NaN sends its gradient to a sink element
+// after the plane instead: the padding is -inf, so `best > 0` is ReLU's mask and bounds at once.
+struct PaddedPool {
+  int64_t Hp, Wp;  // the padded plane: every tap of every window
+};
+
+inline PaddedPool padded_pool(const PoolGeom& g) {
+  return {(g.HO - 1) * g.sh + (g.KH - 1) * g.dh + 1, (g.WO - 1) * g.sw + (g.KW - 1) * g.dw + 1};
+}
+
 template <class T>
-void max_pool_bordered(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
-  const int64_t plane = g.H * g.W, oplane = g.HO * g.WO;
-  // Output rows [oh0, oh1) (columns [ow0, ow1)) have windows inside the plane.
-  auto inside = [](int64_t pad, int64_t stride, int64_t extent, int64_t size, int64_t outs) {
-    const int64_t lo = std::min(outs, (pad + stride - 1) / stride);
-    const int64_t room = size + pad - extent;
-    const int64_t hi = room < 0 ? lo : std::min(outs, room / stride + 1);
-    return std::pair<int64_t, int64_t>{lo, std::max(lo, hi)};
-  };
-  const auto [oh0, oh1] = inside(g.pt, g.sh, (g.KH - 1) * g.dh + 1, g.H, g.HO);
-  const auto [ow0, ow1] = inside(g.pl, g.sw, (g.KW - 1) * g.dw + 1, g.W, g.WO);
-  const int64_t cols = ow1 - ow0;
-  const bool interior = cols > 0 && oh1 > oh0;
-  std::vector<T> row_max(interior ? g.H * cols : 0);
-  for (int64_t nc = nc0; nc < nc1; ++nc) {
-    const T* xp = x + nc * plane;
-    T* yp = out + nc * oplane;
-    if (interior)
-      for (int64_t ih = 0; ih < g.H; ++ih) {
-        const T* r = xp + ih * g.W + (ow0 * g.sw - g.pl);
-        T* h = row_max.data() + ih * cols;
-        for (int64_t c = 0; c < cols; ++c) {
-          const T* w = r + c * g.sw;
-          T best = w[0];
-          for (int64_t j = 1; j < g.KW; ++j) best = max_nan(best, w[j * g.dw]);
-          h[c] = best;
-        }
-      }
-    for (int64_t oh = 0; oh < g.HO; ++oh) {
-      T* y = yp + oh * g.WO;
-      if (!interior || oh < oh0 || oh >= oh1) {
-        for (int64_t ow = 0; ow < g.WO; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
-        continue;
-      }
-      for (int64_t ow = 0; ow < ow0; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
-      for (int64_t ow = ow1; ow < g.WO; ++ow) max_tap(g, xp, oh, ow, &y[ow]);
-      const int64_t ih0 = oh * g.sh - g.pt;
-      T* yi = y + ow0;
-      std::copy_n(row_max.data() + ih0 * cols, cols, yi);
-      for (int64_t i = 1; i < g.KH; ++i) {
-        const T* h = row_max.data() + (ih0 + i * g.dh) * cols;
-        for (int64_t c = 0; c < cols; ++c) yi[c] = max_nan(yi[c], h[c]);
+[[gnu::always_inline]] inline void pad_plane(const PoolGeom& g, const PaddedPool& pp,
+                                             const T* xp, T* padded) {
+  const T lowest = -std::numeric_limits<T>::infinity();
+  const int64_t left = std::min(g.pl, pp.Wp);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    T* row = padded + r * pp.Wp;
+    const int64_t ih = r - g.pt;
+    if (ih < 0 || ih >= g.H) {
+      std::fill_n(row, pp.Wp, lowest);
+      continue;
+    }
+    std::fill_n(row, left, lowest);
+    std::copy_n(xp + ih * g.W, cols, row + left);
+    std::fill(row + left + cols, row + pp.Wp, lowest);
+  }
+}
+
+// Per padded row and output column: the maximum of the window's taps in the row and which tap
+// (0..KW-1) won. `SW`: the column stride when known at compile time (0: g.sw), so a stride of 2
+// becomes a pair of vector loads and a permute instead of a gather.
+template <int SW, class T, class I>
+[[gnu::always_inline]] inline void row_max_taps_at(const PoolGeom& g, const PaddedPool& pp,
+                                                   const T* padded, T* row_best, I* row_tap) {
+  const int64_t sw = SW ? SW : g.sw;
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    const T* p = padded + r * pp.Wp;
+    T* best = row_best + r * g.WO;
+    I* tap = row_tap + r * g.WO;
+    for (int64_t ow = 0; ow < g.WO; ++ow) {
+      best[ow] = p[ow * sw];
+      tap[ow] = 0;
+    }
+    for (int64_t j = 1; j < g.KW; ++j) {
+      const T* q = p + j * g.dw;
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        const T v = q[ow * sw];
+        const bool take = v > best[ow] || v != v;
+        best[ow] = take ? v : best[ow];
+        tap[ow] = take ? I(j) : tap[ow];
       }
     }
   }
+}
+
+template <class T, class I>
+[[gnu::always_inline]] inline void row_max_taps(const PoolGeom& g, const PaddedPool& pp,
+                                                const T* padded, T* row_best, I* row_tap) {
+  if (g.sw == 1) row_max_taps_at<1>(g, pp, padded, row_best, row_tap);
+  else if (g.sw == 2) row_max_taps_at<2>(g, pp, padded, row_best, row_tap);
+  else row_max_taps_at<0>(g, pp, padded, row_best, row_tap);
+}
+
+template <class T>
+[[gnu::always_inline]] inline void max_pool_padded_body(const PoolGeom& g, const T* x, T* out,
+                                                        int64_t nc0, int64_t nc1) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  const PaddedPool pp = padded_pool(g);
+  std::vector<T> padded(pp.Hp * pp.Wp), row_best(pp.Hp * g.WO);
+  std::vector<I> row_tap(pp.Hp * g.WO);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      T* y = out + nc * g.HO * g.WO + oh * g.WO;
+      const T* first = row_best.data() + oh * g.sh * g.WO;
+      std::copy_n(first, g.WO, y);
+      for (int64_t i = 1; i < g.KH; ++i) {
+        const T* h = first + i * g.dh * g.WO;
+        for (int64_t ow = 0; ow < g.WO; ++ow) y[ow] = max_nan(y[ow], h[ow]);
+      }
+    }
+  }
+}
+
+template <bool Relu, class T>
+[[gnu::always_inline]] inline void max_pool_grad_padded_body(const PoolGeom& g, const T* dy,
+                                                             const T* x, T* out, int64_t nc0,
+                                                             int64_t nc1) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  const PaddedPool pp = padded_pool(g);
+  const int64_t padded_size = pp.Hp * pp.Wp;
+  // The gradient's padded plane has one more element: the sink of ReLU-masked winners.
+  std::vector<T> padded(padded_size), row_best(pp.Hp * g.WO), best(g.WO), grad(padded_size + 1);
+  std::vector<I> row_tap(pp.Hp * g.WO), win_row(g.WO), win_tap(g.WO), place(g.WO);
+  const I sink = static_cast<I>(padded_size);
+  const int64_t rows = std::clamp<int64_t>(pp.Hp - g.pt, 0, g.H);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    std::fill(grad.begin(), grad.end(), T(0));
+    const T* dyp = dy + nc * g.HO * g.WO;
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      const T* first = row_best.data() + oh * g.sh * g.WO;
+      const I* first_tap = row_tap.data() + oh * g.sh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        best[ow] = first[ow];
+        win_row[ow] = 0;
+        win_tap[ow] = first_tap[ow];
+      }
+      for (int64_t i = 1; i < g.KH; ++i) {
+        const T* h = first + i * g.dh * g.WO;
+        const I* t = first_tap + i * g.dh * g.WO;
+        for (int64_t ow = 0; ow < g.WO; ++ow) {
+          const T v = h[ow];
+          const bool take = v > best[ow] || v != v;
+          best[ow] = take ? v : best[ow];
+          win_row[ow] = take ? I(i) : win_row[ow];
+          win_tap[ow] = take ? t[ow] : win_tap[ow];
+        }
+      }
+      const I row0 = static_cast<I>(oh * g.sh * pp.Wp);
+      for (int64_t ow = 0; ow < g.WO; ++ow) {
+        const I at = row0 + win_row[ow] * I(g.dh * pp.Wp) + I(ow * g.sw) + win_tap[ow] * I(g.dw);
+        if constexpr (Relu) place[ow] = best[ow] > T(0) ? at : sink;
+        else place[ow] = at;
+      }
+      // The scatter: sequential, as windows that share a winner add to the same element.
+      const T* gy = dyp + oh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ++ow) grad[place[ow]] += gy[ow];
+    }
+    T* o = out + nc * g.H * g.W;
+    for (int64_t ih = 0; ih < g.H; ++ih) {
+      T* orow = o + ih * g.W;
+      if (ih >= rows) {
+        std::fill_n(orow, g.W, T(0));
+        continue;
+      }
+      std::copy_n(grad.data() + (ih + g.pt) * pp.Wp + g.pl, cols, orow);
+      std::fill(orow + cols, orow + g.W, T(0));
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The float32 AVX-512 passes: 16 output columns per register, the last ones under a mask, the
+// winner picked with mask moves (GCC turned the scalar loops' selects into branches and left
+// rows of 16 columns to them).
+namespace pool512 {
+
+LUCID_TARGET_AVX512 inline __mmask16 tail(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+
+// Taps p[ow * sw] for the 16 columns from ow0 (`lanes` of them); the loads never go past the
+// last tap of the row's last window.
+LUCID_TARGET_AVX512 inline __m512 taps(const float* p, int64_t sw, int64_t lanes, __mmask16 m,
+                                       __m512i gather_index) {
+  if (sw == 1) return _mm512_maskz_loadu_ps(m, p);
+  if (sw == 2) {
+    const int64_t span = 2 * lanes - 1;  // elements from p[0] to the last tap
+    const __m512 lo = _mm512_maskz_loadu_ps(tail(span), p);
+    const __m512 hi = _mm512_maskz_loadu_ps(span > 16 ? tail(span - 16) : 0, p + 16);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    return _mm512_permutex2var_ps(lo, even, hi);
+  }
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, gather_index, p, 4);
+}
+
+// max_tap's step: v takes over where it is greater or NaN.
+LUCID_TARGET_AVX512 inline __mmask16 takes(__m512 v, __m512 best) {
+  return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+}
+
+// Copies and fills of a plane's short rows (32 floats in G) in registers: as library calls
+// (memmove per row, two per row and plane) they cost more than the pooling around them.
+LUCID_TARGET_AVX512 inline void copy_row(const float* src, int64_t n, float* dst) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 m = tail(n - c);
+    _mm512_mask_storeu_ps(dst + c, m, _mm512_maskz_loadu_ps(m, src + c));
+  }
+}
+LUCID_TARGET_AVX512 inline void fill_row(float v, int64_t n, float* dst) {
+  const __m512 value = _mm512_set1_ps(v);
+  for (int64_t c = 0; c < n; c += 16) _mm512_mask_storeu_ps(dst + c, tail(n - c), value);
+}
+
+LUCID_TARGET_AVX512 void pad_plane(const PoolGeom& g, const PaddedPool& pp, const float* xp,
+                                   float* padded) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  const int64_t left = std::min(g.pl, pp.Wp);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    float* row = padded + r * pp.Wp;
+    const int64_t ih = r - g.pt;
+    if (ih < 0 || ih >= g.H) {
+      fill_row(lowest, pp.Wp, row);
+      continue;
+    }
+    fill_row(lowest, left, row);
+    copy_row(xp + ih * g.W, cols, row + left);
+    fill_row(lowest, pp.Wp - left - cols, row + left + cols);
+  }
+}
+
+LUCID_TARGET_AVX512 void row_max_taps(const PoolGeom& g, const PaddedPool& pp,
+                                      const float* padded, float* row_best, int32_t* row_tap) {
+  const __m512i gather_index =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(g.sw)));
+  for (int64_t r = 0; r < pp.Hp; ++r) {
+    const float* p = padded + r * pp.Wp;
+    for (int64_t ow = 0; ow < g.WO; ow += 16) {
+      const int64_t lanes = std::min<int64_t>(16, g.WO - ow);
+      const __mmask16 m = tail(lanes);
+      const float* q = p + ow * g.sw;
+      __m512 best = taps(q, g.sw, lanes, m, gather_index);
+      __m512i tap = _mm512_setzero_si512();
+      for (int64_t j = 1; j < g.KW; ++j) {
+        const __m512 v = taps(q + j * g.dw, g.sw, lanes, m, gather_index);
+        const __mmask16 t = takes(v, best);
+        best = _mm512_mask_mov_ps(best, t, v);
+        tap = _mm512_mask_mov_epi32(tap, t, _mm512_set1_epi32(static_cast<int32_t>(j)));
+      }
+      _mm512_mask_storeu_ps(row_best + r * g.WO + ow, m, best);
+      _mm512_mask_storeu_epi32(row_tap + r * g.WO + ow, m, tap);
+    }
+  }
+}
+
+LUCID_TARGET_AVX512 void max_pool(const PoolGeom& g, const float* x, float* out, int64_t nc0,
+                                  int64_t nc1) {
+  const PaddedPool pp = padded_pool(g);
+  std::vector<float> padded(pp.Hp * pp.Wp), row_best(pp.Hp * g.WO);
+  std::vector<int32_t> row_tap(pp.Hp * g.WO);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      float* y = out + nc * g.HO * g.WO + oh * g.WO;
+      const float* first = row_best.data() + oh * g.sh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ow += 16) {
+        const __mmask16 m = tail(g.WO - ow);
+        __m512 best = _mm512_maskz_loadu_ps(m, first + ow);
+        for (int64_t i = 1; i < g.KH; ++i) {
+          const __m512 v = _mm512_maskz_loadu_ps(m, first + i * g.dh * g.WO + ow);
+          best = _mm512_mask_mov_ps(best, takes(v, best), v);
+        }
+        _mm512_mask_storeu_ps(y + ow, m, best);
+      }
+    }
+  }
+}
+
+template <bool Relu>
+LUCID_TARGET_AVX512 void max_pool_grad(const PoolGeom& g, const float* dy, const float* x,
+                                       float* out, int64_t nc0, int64_t nc1) {
+  const PaddedPool pp = padded_pool(g);
+  const int64_t padded_size = pp.Hp * pp.Wp;
+  std::vector<float> padded(padded_size), row_best(pp.Hp * g.WO), grad(padded_size + 1);
+  std::vector<int32_t> row_tap(pp.Hp * g.WO), place(g.WO);
+  const __m512i sink = _mm512_set1_epi32(static_cast<int32_t>(padded_size));
+  const __m512i row_step = _mm512_set1_epi32(static_cast<int32_t>(g.dh * pp.Wp));
+  const __m512i tap_step = _mm512_set1_epi32(static_cast<int32_t>(g.dw));
+  const __m512i lane_col = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int32_t>(g.sw)));
+  const int64_t rows = std::clamp<int64_t>(pp.Hp - g.pt, 0, g.H);
+  const int64_t cols = std::clamp<int64_t>(pp.Wp - g.pl, 0, g.W);
+  for (int64_t nc = nc0; nc < nc1; ++nc) {
+    pad_plane(g, pp, x + nc * g.H * g.W, padded.data());
+    row_max_taps(g, pp, padded.data(), row_best.data(), row_tap.data());
+    fill_row(0.0f, padded_size + 1, grad.data());
+    const float* dyp = dy + nc * g.HO * g.WO;
+    for (int64_t oh = 0; oh < g.HO; ++oh) {
+      const float* first = row_best.data() + oh * g.sh * g.WO;
+      const int32_t* first_tap = row_tap.data() + oh * g.sh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ow += 16) {
+        const __mmask16 m = tail(g.WO - ow);
+        __m512 best = _mm512_maskz_loadu_ps(m, first + ow);
+        __m512i win_row = _mm512_setzero_si512();
+        __m512i win_tap = _mm512_maskz_loadu_epi32(m, first_tap + ow);
+        for (int64_t i = 1; i < g.KH; ++i) {
+          const __m512 v = _mm512_maskz_loadu_ps(m, first + i * g.dh * g.WO + ow);
+          const __mmask16 t = takes(v, best);
+          best = _mm512_mask_mov_ps(best, t, v);
+          win_row = _mm512_mask_mov_epi32(win_row, t, _mm512_set1_epi32(static_cast<int32_t>(i)));
+          win_tap = _mm512_mask_mov_epi32(win_tap, t,
+                                          _mm512_maskz_loadu_epi32(m, first_tap + i * g.dh * g.WO + ow));
+        }
+        const int32_t origin = static_cast<int32_t>(oh * g.sh * pp.Wp + ow * g.sw);
+        __m512i at = _mm512_add_epi32(_mm512_set1_epi32(origin), lane_col);
+        at = _mm512_add_epi32(at, _mm512_mullo_epi32(win_row, row_step));
+        at = _mm512_add_epi32(at, _mm512_mullo_epi32(win_tap, tap_step));
+        if constexpr (Relu)
+          at = _mm512_mask_mov_epi32(sink, _mm512_cmp_ps_mask(best, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                     at);
+        _mm512_mask_storeu_epi32(place.data() + ow, m, at);
+      }
+      // The scatter: sequential, as windows that share a winner add to the same element.
+      const float* gy = dyp + oh * g.WO;
+      for (int64_t ow = 0; ow < g.WO; ++ow) grad[place[ow]] += gy[ow];
+    }
+    float* o = out + nc * g.H * g.W;
+    for (int64_t ih = 0; ih < g.H; ++ih) {
+      float* orow = o + ih * g.W;
+      if (ih >= rows) {
+        fill_row(0.0f, g.W, orow);
+        continue;
+      }
+      copy_row(grad.data() + (ih + g.pt) * pp.Wp + g.pl, cols, orow);
+      fill_row(0.0f, g.W - cols, orow + cols);
+    }
+  }
+}
+
+}  // namespace pool512
+#endif
+
+template <class T>
+void max_pool_padded_base(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
+  max_pool_padded_body(g, x, out, nc0, nc1);
+}
+template <class T>
+LUCID_TARGET_AVX512 void max_pool_padded_avx512(const PoolGeom& g, const T* x, T* out,
+                                                int64_t nc0, int64_t nc1) {
+  max_pool_padded_body(g, x, out, nc0, nc1);
+}
+template <bool Relu, class T>
+void max_pool_grad_padded_base(const PoolGeom& g, const T* dy, const T* x, T* out, int64_t nc0,
+                               int64_t nc1) {
+  max_pool_grad_padded_body<Relu>(g, dy, x, out, nc0, nc1);
+}
+template <bool Relu, class T>
+LUCID_TARGET_AVX512 void max_pool_grad_padded_avx512(const PoolGeom& g, const T* dy, const T* x,
+                                                     T* out, int64_t nc0, int64_t nc1) {
+  max_pool_grad_padded_body<Relu>(g, dy, x, out, nc0, nc1);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// Where there is no AVX-512: the same source vectorized for AVX2 (the package's baseline ISA has
+// half the width and no blend).
+template <class T>
+__attribute__((target("avx2,fma"))) void max_pool_padded_avx2(const PoolGeom& g, const T* x,
+                                                              T* out, int64_t nc0, int64_t nc1) {
+  max_pool_padded_body(g, x, out, nc0, nc1);
+}
+template <bool Relu, class T>
+__attribute__((target("avx2,fma"))) void max_pool_grad_padded_avx2(const PoolGeom& g,
+                                                                   const T* dy, const T* x,
+                                                                   T* out, int64_t nc0,
+                                                                   int64_t nc1) {
+  max_pool_grad_padded_body<Relu>(g, dy, x, out, nc0, nc1);
+}
+inline bool pool_has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+template <class T>
+void max_pool_padded(const PoolGeom& g, const T* x, T* out, int64_t nc0, int64_t nc1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, float>)
+    if (sgemm_isa() == 2) return pool512::max_pool(g, x, out, nc0, nc1);
+  if (sgemm_isa() == 2) return max_pool_padded_avx512(g, x, out, nc0, nc1);
+  if (pool_has_avx2()) return max_pool_padded_avx2(g, x, out, nc0, nc1);
+#endif
+  max_pool_padded_base(g, x, out, nc0, nc1);
+}
+template <bool Relu, class T>
+void max_pool_grad_padded(const PoolGeom& g, const T* dy, const T* x, T* out, int64_t nc0,
+                          int64_t nc1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, float>)
+    if (sgemm_isa() == 2) return pool512::max_pool_grad<Relu>(g, dy, x, out, nc0, nc1);
+  if (sgemm_isa() == 2) return max_pool_grad_padded_avx512<Relu>(g, dy, x, out, nc0, nc1);
+  if (pool_has_avx2()) return max_pool_grad_padded_avx2<Relu>(g, dy, x, out, nc0, nc1);
+#endif
+  max_pool_grad_padded_base<Relu>(g, dy, x, out, nc0, nc1);
 }
 
 // c ? x : y through bit masks: GCC turns a float ?: into a branch here, and on real data the
@@ -755,9 +1135,19 @@ void pool(Op op, const PoolGeom& g, const T* a, const T* b, T* out, bool relu = 
                  [&](int64_t nc0, int64_t nc1) { max_pool_unpadded(g, a, out, nc0, nc1); });
     return;
   }
-  if (op == Op::max_pool2d) {
+  const PaddedPool pp = padded_pool(g);
+  const bool small_planes = g.HO > 0 && g.WO > 0 &&
+                            pp.Hp * pp.Wp < std::numeric_limits<int32_t>::max();
+  if (op == Op::max_pool2d && small_planes) {
     parallel_for(g.NC, planes_per_part(g),
-                 [&](int64_t nc0, int64_t nc1) { max_pool_bordered(g, a, out, nc0, nc1); });
+                 [&](int64_t nc0, int64_t nc1) { max_pool_padded(g, a, out, nc0, nc1); });
+    return;
+  }
+  if (op == Op::max_pool2d_grad && small_planes) {
+    parallel_for(g.NC, planes_per_part(g), [&](int64_t nc0, int64_t nc1) {
+      if (relu) max_pool_grad_padded<true>(g, a, b, out, nc0, nc1);
+      else max_pool_grad_padded<false>(g, a, b, out, nc0, nc1);
+    });
     return;
   }
   if (op == Op::max_pool2d_grad || op == Op::avg_pool2d_grad)

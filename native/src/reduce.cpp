@@ -84,6 +84,69 @@ void walk(const ReducePlan& r, Fn&& fn) {
   }
 }
 
+// Sums (and sums of squared deviations) of plans whose innermost group is reduced: the input is
+// [R0 reduced, K kept, R1 reduced] (R0 = 1 without a leading reduced group), BatchNorm's
+// statistics and gradients over (N, H, W). Each output adds its runs in memory order, as walk()
+// does, and each run is sum_run's: the same bits as the walk at any thread count and ISA (no
+// FMA contraction in this file). Split across the worker pool over outputs, compiled for AVX-512
+// where the sgemm runs it (the baseline build converts two floats to double per instruction).
+struct ChannelPlan {
+  int64_t R0 = 1, K = 1, R1 = 1;
+};
+
+bool channel_plan(const ReducePlan& r, ChannelPlan* c) {
+  const auto& d = r.dims;
+  if (d.size() == 2 && r.out_strides[0] != 0 && r.out_strides[1] == 0) {
+    *c = {1, d[0], d[1]};
+    return true;
+  }
+  if (d.size() == 3 && r.out_strides[0] == 0 && r.out_strides[1] != 0 && r.out_strides[2] == 0) {
+    *c = {d[0], d[1], d[2]};
+    return true;
+  }
+  return false;
+}
+
+// acc[k] for k in [k0, k1): the sum of output k's runs (`mean` null) or of their squared
+// deviations from mean[k].
+template <class T>
+[[gnu::always_inline]] inline void channel_sums_body(const ChannelPlan& c, const T* x,
+                                                     const double* mean, double* acc, int64_t k0,
+                                                     int64_t k1) {
+  for (int64_t k = k0; k < k1; ++k) {
+    double a = 0;
+    for (int64_t r0 = 0; r0 < c.R0; ++r0) {
+      const T* run = x + (r0 * c.K + k) * c.R1;
+      a += mean ? sq_dev_run(run, c.R1, mean[k]) : sum_run(run, c.R1);
+    }
+    acc[k] = a;
+  }
+}
+
+template <class T>
+void channel_sums_baseline(const ChannelPlan& c, const T* x, const double* mean, double* acc,
+                           int64_t k0, int64_t k1) {
+  channel_sums_body(c, x, mean, acc, k0, k1);
+}
+
+template <class T>
+LUCID_TARGET_AVX512 void channel_sums_avx512(const ChannelPlan& c, const T* x,
+                                             const double* mean, double* acc, int64_t k0,
+                                             int64_t k1) {
+  channel_sums_body(c, x, mean, acc, k0, k1);
+}
+
+template <class T>
+void channel_sums(const ChannelPlan& c, const T* x, const double* mean, double* acc) {
+  const int64_t per_output = std::max<int64_t>(1, c.R0 * c.R1);
+  const bool wide = sgemm_isa() == 2;
+  parallel_for(c.K, std::max<int64_t>(1, (int64_t{1} << 16) / per_output),
+               [&](int64_t k0, int64_t k1) {
+                 if (wide) channel_sums_avx512(c, x, mean, acc, k0, k1);
+                 else channel_sums_baseline(c, x, mean, acc, k0, k1);
+               });
+}
+
 template <class T>
 void run_reduce(const ReducePlan& r, void* const* slots) {
   const T* x = static_cast<const T*>(slots[r.in]);
@@ -93,8 +156,12 @@ void run_reduce(const ReducePlan& r, void* const* slots) {
   std::vector<Acc> acc(r.out_total);
   switch (r.op) {
     case Op::reduce_sum: case Op::reduce_mean: case Op::variance: {
-      std::fill(acc.begin(), acc.end(), Acc(0));
-      walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
+      ChannelPlan cp;
+      const bool channels = std::is_floating_point_v<T> && channel_plan(r, &cp);
+      if constexpr (std::is_floating_point_v<T>)
+        if (channels) channel_sums(cp, x, nullptr, acc.data());
+      if (!channels) std::fill(acc.begin(), acc.end(), Acc(0));
+      if (!channels) walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
         if (step == 0) {
           Acc s = 0;
           if constexpr (std::is_integral_v<Acc>) {
@@ -123,7 +190,8 @@ void run_reduce(const ReducePlan& r, void* const* slots) {
           return;
         }
         std::vector<double> sq(r.out_total, 0.0);
-        walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
+        if (channels) channel_sums(cp, x, acc.data(), sq.data());
+        else walk(r, [&](int64_t o, int64_t i, int64_t n, int64_t step) {
           if (step == 0) {
             sq[o] += sq_dev_run(x + i, n, acc[o]);
             return;
