@@ -25,49 +25,11 @@ namespace {
 
 constexpr int64_t kMaxColumnElements = int64_t(1) << 26;  // 256 MB of float32 scratch
 
-// The output columns [lo, hi) of a kernel column shifted by `cshift` that read inside the image
-// row (ow * sw + cshift in [0, W)); the others read the zero padding.
-void inside_columns(const ConvShape& s, int64_t cshift, int64_t& lo, int64_t& hi) {
-  lo = std::min(s.WO, cshift >= 0 ? 0 : (-cshift + s.sw - 1) / s.sw);
-  hi = s.W - cshift <= 0 ? 0 : std::min(s.WO, (s.W - cshift + s.sw - 1) / s.sw);
-  hi = std::max(lo, hi);
-}
-
-// im2col rows [k0, k1) (k = (c*KH + i)*KW + j) for all images.
-void im2col_rows(const ConvShape& s, const float* x, float* col, int64_t k0, int64_t k1) {
-  const int64_t HW = s.HO * s.WO, cols = s.N * HW, image = s.C * s.H * s.W;
-  for (int64_t k = k0; k < k1; ++k) {
-    const int64_t c = k / (s.KH * s.KW), i = k / s.KW % s.KH, j = k % s.KW;
-    const int64_t rshift = i * s.dh - s.pt, cshift = j * s.dw - s.pl;
-    int64_t lo, hi;
-    inside_columns(s, cshift, lo, hi);
-    float* row = col + k * cols;
-    for (int64_t n = 0; n < s.N; ++n) {
-      const float* plane = x + n * image + c * s.H * s.W;
-      float* dst = row + n * HW;
-      for (int64_t oh = 0; oh < s.HO; ++oh, dst += s.WO) {
-        const int64_t h = oh * s.sh + rshift;
-        if (h < 0 || h >= s.H) {
-          std::fill_n(dst, s.WO, 0.0f);
-          continue;
-        }
-        const float* src = plane + h * s.W + cshift;
-        std::fill_n(dst, lo, 0.0f);
-        if (s.sw == 1) std::memcpy(dst + lo, src + lo, sizeof(float) * (hi - lo));
-        else
-          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * s.sw];
-        std::fill_n(dst + hi, s.WO - hi, 0.0f);
-      }
-    }
-  }
-}
-
 bool im2col_fits(const ConvShape& s) {
   const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
   return sgemm_supported() && s.G == 1 && K > 0 && cols > 0 && s.O > 0 && s.H * s.W > 0 &&
          (K + s.O) * cols <= kMaxColumnElements;
 }
-
 
 // dy [N][O][HO*WO] as [O][N*HO*WO]: the images side by side in each channel's row.
 void gather_channels(const ConvShape& s, const float* dy, float* out) {
@@ -77,6 +39,76 @@ void gather_channels(const ConvShape& s, const float* dy, float* out) {
       for (int64_t n = 0; n < s.N; ++n)
         std::memcpy(out + o * cols + n * HW, dy + (n * s.O + o) * HW, sizeof(float) * HW);
   });
+}
+
+// The batch zero-padded so that every tap of every output pixel reads inside it: element
+// (column, tap) of the im2col matrix is padded[col_at[column] + tap_at[tap]], with column
+// (n, oh, ow) at n*image + oh*sh*Wp + ow*sw and tap (c, i, j) at c*plane + i*dh*Wp + j*dw.
+// The implicit GEMMs gather their packed operand through these two tables: no im2col matrix
+// (on workload G's 2x2 and 4x4 planes its rows were runs of 2-4 values, each a memcpy and two
+// fills, and writing it cost about as much as the GEMM).
+struct Gather {
+  int64_t Hp, Wp, plane, image;
+  std::vector<int64_t> col_at, tap_at;
+};
+
+Gather gather_plan(const ConvShape& s) {
+  Gather g;
+  g.Hp = std::max(s.pt + s.H, (s.HO - 1) * s.sh + (s.KH - 1) * s.dh + 1);
+  g.Wp = std::max(s.pl + s.W, (s.WO - 1) * s.sw + (s.KW - 1) * s.dw + 1);
+  g.plane = g.Hp * g.Wp;
+  g.image = s.C * g.plane;
+  g.col_at.resize(s.N * s.HO * s.WO);
+  for (int64_t n = 0, col = 0; n < s.N; ++n)
+    for (int64_t oh = 0; oh < s.HO; ++oh)
+      for (int64_t ow = 0; ow < s.WO; ++ow) g.col_at[col++] = n * g.image + oh * s.sh * g.Wp + ow * s.sw;
+  g.tap_at.resize(s.C * s.KH * s.KW);
+  for (int64_t c = 0, k = 0; c < s.C; ++c)
+    for (int64_t i = 0; i < s.KH; ++i)
+      for (int64_t j = 0; j < s.KW; ++j) g.tap_at[k++] = c * g.plane + i * s.dh * g.Wp + j * s.dw;
+  return g;
+}
+
+// Planes [N*C] of x [N][C][H][W] into `padded` [N][C][Hp][Wp], zero around them.
+void pad_batch(const ConvShape& s, const Gather& g, const float* x, float* padded) {
+  const int64_t HpWp = g.plane;
+  parallel_for(s.N * s.C, std::max<int64_t>(1, 16384 / HpWp), [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      float* out = padded + job * HpWp;
+      const float* in = x + job * s.H * s.W;
+      std::fill_n(out, HpWp, 0.0f);
+      for (int64_t h = 0; h < s.H; ++h)
+        std::memcpy(out + (h + s.pt) * g.Wp + s.pl, in + h * s.W, sizeof(float) * s.W);
+    }
+  });
+}
+
+// op(B) [rows][cols] packed in `layout` for sgemm_prepacked, element (r, c) at
+// src[row_at[r] + col_at[c]]: contraction blocks x column slivers across the pool.
+void pack_gathered(const float* src, const int64_t* row_at, int64_t rows, const int64_t* col_at,
+                   int64_t cols, const PackedBLayout& layout, float* packed) {
+  const int64_t nr = layout.nr, kc = layout.kc;
+  const int64_t blocks = (rows + kc - 1) / kc, slivers = layout.npad / nr;
+  const int64_t per_job = kc * nr;
+  parallel_for(blocks * slivers, std::max<int64_t>(1, 16384 / per_job), [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t q = job / slivers, sl = job % slivers;
+      const int64_t r0 = q * kc, kq = std::min(kc, rows - r0);
+      const int64_t c0 = sl * nr, width = std::min(nr, cols - c0);
+      const int64_t* at = col_at + c0;
+      float* dst = packed + r0 * layout.npad + sl * kq * nr;
+      for (int64_t r = 0; r < kq; ++r, dst += nr) {
+        const float* base = src + row_at[r0 + r];
+        for (int64_t c = 0; c < width; ++c) dst[c] = base[at[c]];
+        for (int64_t c = width; c < nr; ++c) dst[c] = 0.0f;
+      }
+    }
+  });
+}
+
+// p rounded up to a 64-byte boundary (the GEMM kernels load packed B with aligned loads).
+float* aligned64(float* p) {
+  return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64 / sizeof(float);
 }
 
 }  // namespace
@@ -89,14 +121,17 @@ float* conv_scratch(size_t n) {
 
 bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
                     bool relu, float* y) {
-  if (!im2col_fits(s)) return false;
+  if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
   const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
-  float* col = conv_scratch((K + s.O) * cols);
-  float* product = col + K * cols;
-  parallel_for(K, std::max<int64_t>(1, 8192 / cols),
-               [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
+  const Gather g = gather_plan(s);
+  const PackedBLayout layout = sgemm_packed_b_layout(cols, K);
+  float* padded = conv_scratch(s.N * g.image + K * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + s.N * g.image);
+  float* product = packed + K * layout.npad;
+  pad_batch(s, g, x, padded);
+  pack_gathered(padded, g.tap_at.data(), K, g.col_at.data(), cols, layout, packed);
   // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
-  sgemm(false, false, s.O, cols, K, 1.0f, w, K, col, cols, 0.0f, product, cols);
+  sgemm_prepacked(false, s.O, cols, K, 1.0f, w, K, packed, 0.0f, product, cols);
   parallel_for(s.N * s.O, std::max<int64_t>(1, 8192 / HW), [&](int64_t j0, int64_t j1) {
     for (int64_t job = j0; job < j1; ++job) {
       const int64_t n = job / s.O, o = job % s.O;
@@ -112,51 +147,52 @@ bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, con
   return true;
 }
 
-// dw [O][K] = dy [O][N*HW] @ im2col(x) [K][N*HW]^T.
+// dw [O][K] = dy [O][N*HW] @ im2col(x) [K][N*HW]^T, the transposed im2col matrix gathered
+// straight into the GEMM's packed operand.
 bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* dy, float* dw) {
-  if (!im2col_fits(s)) return false;
+  if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
   const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
-  float* col = conv_scratch((K + s.O) * cols);
-  float* dy_all = col + K * cols;
-  parallel_for(K, std::max<int64_t>(1, 8192 / cols),
-               [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
+  const Gather g = gather_plan(s);
+  const PackedBLayout layout = sgemm_packed_b_layout(K, cols);
+  float* padded = conv_scratch(s.N * g.image + cols * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + s.N * g.image);
+  float* dy_all = packed + cols * layout.npad;
+  pad_batch(s, g, x, padded);
+  pack_gathered(padded, g.col_at.data(), cols, g.tap_at.data(), K, layout, packed);
   gather_channels(s, dy, dy_all);
-  sgemm(false, true, s.O, K, cols, 1.0f, dy_all, cols, col, cols, 0.0f, dw, K);
+  sgemm_prepacked(false, s.O, K, cols, 1.0f, dy_all, cols, packed, 0.0f, dw, K);
   return true;
 }
 
-// dx = col2im(w [O][K]^T @ dy [O][N*HW]): channels across the pool, each channel's tap rows
-// read front to back (the planes of all images take each row's sums in tap order).
+// dx = col2im(w [O][K]^T @ dy [O][N*HW]): the columns' sums added into a zero-padded batch
+// through the gather tables (channels across the pool, each channel's taps in order), then the
+// padding cropped away.
 bool conv_im2col_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
-  if (!im2col_fits(s)) return false;
-  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW, plane = s.H * s.W;
-  float* col = conv_scratch((K + s.O) * cols);
+  if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
+  const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO, taps = s.KH * s.KW;
+  const Gather g = gather_plan(s);
+  float* col = conv_scratch(K * cols + s.O * cols + s.N * g.image);
   float* dy_all = col + K * cols;
+  float* padded = dy_all + s.O * cols;
   gather_channels(s, dy, dy_all);
   sgemm(true, false, K, cols, s.O, 1.0f, w, K, dy_all, cols, 0.0f, col, cols);
-  parallel_for(s.C, std::max<int64_t>(1, 8192 / (s.N * plane)), [&](int64_t c0, int64_t c1) {
+  const int64_t per_channel = s.N * g.plane;
+  parallel_for(s.C, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, per_channel)),
+               [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      for (int64_t n = 0; n < s.N; ++n) std::fill_n(dx + (n * s.C + c) * plane, plane, 0.0f);
-      for (int64_t i = 0; i < s.KH; ++i)
-        for (int64_t j = 0; j < s.KW; ++j) {
-          const int64_t cshift = j * s.dw - s.pl;
-          int64_t lo, hi;
-          inside_columns(s, cshift, lo, hi);
-          for (int64_t n = 0; n < s.N; ++n) {
-            const float* row = col + ((c * s.KH + i) * s.KW + j) * cols + n * HW;
-            float* out = dx + (n * s.C + c) * plane;
-            for (int64_t oh = 0; oh < s.HO; ++oh) {
-              const int64_t h = oh * s.sh + i * s.dh - s.pt;
-              if (h < 0 || h >= s.H) continue;
-              float* dst = out + h * s.W + cshift;
-              const float* src = row + oh * s.WO;
-              if (s.sw == 1)
-                for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += src[ow];
-              else
-                for (int64_t ow = lo; ow < hi; ++ow) dst[ow * s.sw] += src[ow];
-            }
-          }
-        }
+      for (int64_t n = 0; n < s.N; ++n) std::fill_n(padded + n * g.image + c * g.plane, g.plane, 0.0f);
+      for (int64_t t = 0; t < taps; ++t) {
+        const int64_t k = c * taps + t;
+        const float* row = col + k * cols;
+        float* base = padded + g.tap_at[k];
+        const int64_t* at = g.col_at.data();
+        for (int64_t j = 0; j < cols; ++j) base[at[j]] += row[j];
+      }
+      for (int64_t n = 0; n < s.N; ++n) {
+        const float* src = padded + n * g.image + c * g.plane + s.pt * g.Wp + s.pl;
+        float* out = dx + (n * s.C + c) * s.H * s.W;
+        for (int64_t h = 0; h < s.H; ++h) std::memcpy(out + h * s.W, src + h * g.Wp, sizeof(float) * s.W);
+      }
     }
   });
   return true;
