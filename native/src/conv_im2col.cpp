@@ -25,6 +25,14 @@ namespace {
 
 constexpr int64_t kMaxColumnElements = int64_t(1) << 26;  // 256 MB of float32 scratch
 
+// The output columns [lo, hi) of a kernel column shifted by `cshift` that read inside the image
+// row (ow * sw + cshift in [0, W)); the others read the zero padding.
+void inside_columns(const ConvShape& s, int64_t cshift, int64_t& lo, int64_t& hi) {
+  lo = std::min(s.WO, cshift >= 0 ? 0 : (-cshift + s.sw - 1) / s.sw);
+  hi = s.W - cshift <= 0 ? 0 : std::min(s.WO, (s.W - cshift + s.sw - 1) / s.sw);
+  hi = std::max(lo, hi);
+}
+
 bool im2col_fits(const ConvShape& s) {
   const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
   return sgemm_supported() && s.G == 1 && K > 0 && cols > 0 && s.O > 0 && s.H * s.W > 0 &&
@@ -67,6 +75,11 @@ Gather gather_plan(const ConvShape& s) {
     for (int64_t i = 0; i < s.KH; ++i)
       for (int64_t j = 0; j < s.KW; ++j) g.tap_at[k++] = c * g.plane + i * s.dh * g.Wp + j * s.dw;
   return g;
+}
+
+// True when no tap reads outside x: the gathers then read x itself (1x1 strided projections).
+bool unpadded(const ConvShape& s, const Gather& g) {
+  return s.pt == 0 && s.pl == 0 && g.Hp == s.H && g.Wp == s.W;
 }
 
 // Planes [N*C] of x [N][C][H][W] into `padded` [N][C][Hp][Wp], zero around them.
@@ -125,11 +138,12 @@ bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, con
   const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
   const Gather g = gather_plan(s);
   const PackedBLayout layout = sgemm_packed_b_layout(cols, K);
-  float* padded = conv_scratch(s.N * g.image + K * layout.npad + s.O * cols + 16);
-  float* packed = aligned64(padded + s.N * g.image);
+  const bool in_place = unpadded(s, g);
+  float* padded = conv_scratch((in_place ? 0 : s.N * g.image) + K * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + (in_place ? 0 : s.N * g.image));
   float* product = packed + K * layout.npad;
-  pad_batch(s, g, x, padded);
-  pack_gathered(padded, g.tap_at.data(), K, g.col_at.data(), cols, layout, packed);
+  if (!in_place) pad_batch(s, g, x, padded);
+  pack_gathered(in_place ? x : padded, g.tap_at.data(), K, g.col_at.data(), cols, layout, packed);
   // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
   sgemm_prepacked(false, s.O, cols, K, 1.0f, w, K, packed, 0.0f, product, cols);
   parallel_for(s.N * s.O, std::max<int64_t>(1, 8192 / HW), [&](int64_t j0, int64_t j1) {
@@ -154,45 +168,49 @@ bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* d
   const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
   const Gather g = gather_plan(s);
   const PackedBLayout layout = sgemm_packed_b_layout(K, cols);
-  float* padded = conv_scratch(s.N * g.image + cols * layout.npad + s.O * cols + 16);
-  float* packed = aligned64(padded + s.N * g.image);
+  const bool in_place = unpadded(s, g);
+  float* padded = conv_scratch((in_place ? 0 : s.N * g.image) + cols * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + (in_place ? 0 : s.N * g.image));
   float* dy_all = packed + cols * layout.npad;
-  pad_batch(s, g, x, padded);
-  pack_gathered(padded, g.col_at.data(), cols, g.tap_at.data(), K, layout, packed);
+  if (!in_place) pad_batch(s, g, x, padded);
+  pack_gathered(in_place ? x : padded, g.col_at.data(), cols, g.tap_at.data(), K, layout, packed);
   gather_channels(s, dy, dy_all);
   sgemm_prepacked(false, s.O, K, cols, 1.0f, dy_all, cols, packed, 0.0f, dw, K);
   return true;
 }
 
-// dx = col2im(w [O][K]^T @ dy [O][N*HW]): the columns' sums added into a zero-padded batch
-// through the gather tables (channels across the pool, each channel's taps in order), then the
-// padding cropped away.
+// dx = col2im(w [O][K]^T @ dy [O][N*HW]): channels across the pool, each channel's tap rows
+// read front to back (the planes of all images take each row's sums in tap order).
 bool conv_im2col_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
-  if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
-  const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO, taps = s.KH * s.KW;
-  const Gather g = gather_plan(s);
-  float* col = conv_scratch(K * cols + s.O * cols + s.N * g.image);
+  if (!im2col_fits(s)) return false;
+  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW, plane = s.H * s.W;
+  float* col = conv_scratch((K + s.O) * cols);
   float* dy_all = col + K * cols;
-  float* padded = dy_all + s.O * cols;
   gather_channels(s, dy, dy_all);
   sgemm(true, false, K, cols, s.O, 1.0f, w, K, dy_all, cols, 0.0f, col, cols);
-  const int64_t per_channel = s.N * g.plane;
-  parallel_for(s.C, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, per_channel)),
-               [&](int64_t c0, int64_t c1) {
+  parallel_for(s.C, std::max<int64_t>(1, 8192 / (s.N * plane)), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      for (int64_t n = 0; n < s.N; ++n) std::fill_n(padded + n * g.image + c * g.plane, g.plane, 0.0f);
-      for (int64_t t = 0; t < taps; ++t) {
-        const int64_t k = c * taps + t;
-        const float* row = col + k * cols;
-        float* base = padded + g.tap_at[k];
-        const int64_t* at = g.col_at.data();
-        for (int64_t j = 0; j < cols; ++j) base[at[j]] += row[j];
-      }
-      for (int64_t n = 0; n < s.N; ++n) {
-        const float* src = padded + n * g.image + c * g.plane + s.pt * g.Wp + s.pl;
-        float* out = dx + (n * s.C + c) * s.H * s.W;
-        for (int64_t h = 0; h < s.H; ++h) std::memcpy(out + h * s.W, src + h * g.Wp, sizeof(float) * s.W);
-      }
+      for (int64_t n = 0; n < s.N; ++n) std::fill_n(dx + (n * s.C + c) * plane, plane, 0.0f);
+      for (int64_t i = 0; i < s.KH; ++i)
+        for (int64_t j = 0; j < s.KW; ++j) {
+          const int64_t cshift = j * s.dw - s.pl;
+          int64_t lo, hi;
+          inside_columns(s, cshift, lo, hi);
+          for (int64_t n = 0; n < s.N; ++n) {
+            const float* row = col + ((c * s.KH + i) * s.KW + j) * cols + n * HW;
+            float* out = dx + (n * s.C + c) * plane;
+            for (int64_t oh = 0; oh < s.HO; ++oh) {
+              const int64_t h = oh * s.sh + i * s.dh - s.pt;
+              if (h < 0 || h >= s.H) continue;
+              float* dst = out + h * s.W + cshift;
+              const float* src = row + oh * s.WO;
+              if (s.sw == 1)
+                for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += src[ow];
+              else
+                for (int64_t ow = lo; ow < hi; ++ow) dst[ow * s.sw] += src[ow];
+            }
+          }
+        }
     }
   });
   return true;
