@@ -1,14 +1,19 @@
-// float32 convolutions without groups as one sgemm over the batch's im2col matrix (see
-// conv_im2col.h): the shapes conv.cpp's direct kernels, phases and Winograd leave (strided 3x3
-// and 1x1 projections, 3x3 ones on planes too small for Winograd, non-finite inputs). One
-// im2col matrix [C*KH*KW][N*HO*WO] for the whole batch, its rows filled in parallel; one GEMM;
-// the forward's [O][N*HO*WO] product scattered into NCHW through the bias and ReLU, the data
-// gradient's columns summed back into planes (col2im) channel by channel in parallel.
-// linalg.cpp's fallback computes the same GEMMs with every copy on one thread (the stem's weight
-// gradient spent most of its time there) and the bias in a pass of its own.
+// float32 convolutions without groups as one sgemm over the batch (see conv_im2col.h): the
+// shapes conv.cpp's direct kernels and phases leave (strided 3x3 and 1x1 projections, weights
+// past L2 on small planes, non-finite inputs), Winograd's shapes on larger planes excepted.
+// Forward and weight gradient are implicit GEMMs: the batch is copied once into zero-padded
+// planes (or read as it is when no tap reads outside it), and the GEMM's packed operand (the
+// im2col matrix for the forward, its transpose for the weight gradient) is gathered from it
+// through two offset tables, blocks of it in parallel, into sgemm_prepacked's layout: no im2col
+// matrix is written and read back. The forward's [O][N*HO*WO] product is scattered into NCHW
+// through the bias and ReLU. The data gradient is one GEMM into an im2col-shaped matrix whose
+// columns are summed back into planes (col2im) channel by channel in parallel.
+// linalg.cpp's fallback computes the same GEMMs with every copy on one thread and the bias in a
+// pass of its own.
 //
 // Lucid's sgemm splits each product over blocks of rows or columns, never the contraction, and
-// every copy or col2im plane is one thread's, so the results do not depend on the thread count.
+// every copy, packed block or col2im plane is one thread's, so the results do not depend on the
+// thread count (nor on the tile: the packed operand holds the values sgemm would have packed).
 #include "lucid/conv_im2col.h"
 
 #include <algorithm>
