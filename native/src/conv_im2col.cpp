@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "lucid/parallel.h"
@@ -59,7 +60,7 @@ void gather_channels(const ConvShape& s, const float* dy, float* out) {
 // (n, oh, ow) at n*image + oh*sh*Wp + ow*sw and tap (c, i, j) at c*plane + i*dh*Wp + j*dw.
 // The implicit GEMMs gather their packed operand through these two tables: no im2col matrix
 // (on workload G's 2x2 and 4x4 planes its rows were runs of 2-4 values, each a memcpy and two
-// fills, and writing it cost about as much as the GEMM).
+// fills, and writing it took two thirds of the GEMM's time).
 struct Gather {
   int64_t Hp, Wp, plane, image;
   std::vector<int64_t> col_at, tap_at;
@@ -74,7 +75,8 @@ Gather gather_plan(const ConvShape& s) {
   g.col_at.resize(s.N * s.HO * s.WO);
   for (int64_t n = 0, col = 0; n < s.N; ++n)
     for (int64_t oh = 0; oh < s.HO; ++oh)
-      for (int64_t ow = 0; ow < s.WO; ++ow) g.col_at[col++] = n * g.image + oh * s.sh * g.Wp + ow * s.sw;
+      for (int64_t ow = 0; ow < s.WO; ++ow)
+        g.col_at[col++] = n * g.image + oh * s.sh * g.Wp + ow * s.sw;
   g.tap_at.resize(s.C * s.KH * s.KW);
   for (int64_t c = 0, k = 0; c < s.C; ++c)
     for (int64_t i = 0; i < s.KH; ++i)
@@ -108,7 +110,8 @@ void pack_gathered(const float* src, const int64_t* row_at, int64_t rows, const 
   const int64_t nr = layout.nr, kc = layout.kc;
   const int64_t blocks = (rows + kc - 1) / kc, slivers = layout.npad / nr;
   const int64_t per_job = kc * nr;
-  parallel_for(blocks * slivers, std::max<int64_t>(1, 16384 / per_job), [&](int64_t j0, int64_t j1) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / per_job);
+  parallel_for(blocks * slivers, grain, [&](int64_t j0, int64_t j1) {
     for (int64_t job = j0; job < j1; ++job) {
       const int64_t q = job / slivers, sl = job % slivers;
       const int64_t r0 = q * kc, kq = std::min(kc, rows - r0);
@@ -122,6 +125,74 @@ void pack_gathered(const float* src, const int64_t* row_at, int64_t rows, const 
       }
     }
   });
+}
+
+// The data gradient of batches of at most this many output pixels in all (workload G's 4x4 and
+// 2x2 stages: 256 and 64) computes the transposed product, below (not for 1x1 kernels: G's
+// 1x1 projection onto 4x4 took 1.7x the wide path's time that way).
+constexpr int64_t kMaxNarrowColumns = 256;
+
+// For each pixel q of an input plane, the (output pixel of the image, tap) pairs whose products
+// land on it, in tap order: pairs[start[q] .. start[q + 1]).
+struct Landing {
+  std::vector<int64_t> start;
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+};
+
+Landing landing_plan(const ConvShape& s) {
+  Landing l;
+  l.start.reserve(s.H * s.W + 1);
+  for (int64_t h = 0; h < s.H; ++h)
+    for (int64_t x = 0; x < s.W; ++x) {
+      l.start.push_back(static_cast<int64_t>(l.pairs.size()));
+      for (int64_t i = 0; i < s.KH; ++i)
+        for (int64_t j = 0; j < s.KW; ++j) {
+          const int64_t ph = h + s.pt - i * s.dh, pw = x + s.pl - j * s.dw;
+          if (ph < 0 || pw < 0 || ph % s.sh != 0 || pw % s.sw != 0) continue;
+          const int64_t oh = ph / s.sh, ow = pw / s.sw;
+          if (oh < s.HO && ow < s.WO) l.pairs.emplace_back(oh * s.WO + ow, i * s.KW + j);
+        }
+    }
+  l.start.push_back(static_cast<int64_t>(l.pairs.size()));
+  return l;
+}
+
+// The data gradient of a narrow batch as col^T [N*HW][K] = dy^T [N*HW][O] @ w [O][K]: w is
+// packed by rows as it is stored (the transposed product packed each 6-tap sliver of w's columns
+// for a single 64-column tile, and spent about a third of its time doing so on G's 2x2 planes),
+// and each pixel of dx sums the products landing on it in registers, in tap order (a scatter of
+// the 2-4 value runs stalled on its own stores). Each element of col^T is the same FMA chain
+// over the output channels as col's, so the bits are the wide path's.
+bool narrow_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
+  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW, plane = s.H * s.W;
+  const int64_t taps = s.KH * s.KW;
+  float* product = conv_scratch((K + s.O) * cols);
+  float* dy_t = product + K * cols;
+  parallel_for(s.N, 1, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t o = 0; o < s.O; ++o) {
+        const float* src = dy + (n * s.O + o) * HW;
+        float* dst = dy_t + n * HW * s.O + o;
+        for (int64_t p = 0; p < HW; ++p) dst[p * s.O] = src[p];
+      }
+  });
+  sgemm(false, false, cols, K, s.O, 1.0f, dy_t, s.O, w, K, 0.0f, product, K);
+  const Landing l = landing_plan(s);
+  parallel_for(s.N * s.C, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, plane * taps)),
+               [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t n = job / s.C, c = job % s.C;
+      const float* base = product + n * HW * K + c * taps;
+      float* out = dx + job * plane;
+      for (int64_t q = 0; q < plane; ++q) {
+        float sum = 0.0f;
+        for (int64_t e = l.start[q]; e < l.start[q + 1]; ++e)
+          sum += base[l.pairs[e].first * K + l.pairs[e].second];
+        out[q] = sum;
+      }
+    }
+  });
+  return true;
 }
 
 // p rounded up to a 64-byte boundary (the GEMM kernels load packed B with aligned loads).
@@ -144,8 +215,9 @@ bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, con
   const Gather g = gather_plan(s);
   const PackedBLayout layout = sgemm_packed_b_layout(cols, K);
   const bool in_place = unpadded(s, g);
-  float* padded = conv_scratch((in_place ? 0 : s.N * g.image) + K * layout.npad + s.O * cols + 16);
-  float* packed = aligned64(padded + (in_place ? 0 : s.N * g.image));
+  const int64_t pad_size = in_place ? 0 : s.N * g.image;
+  float* padded = conv_scratch(pad_size + K * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + pad_size);
   float* product = packed + K * layout.npad;
   if (!in_place) pad_batch(s, g, x, padded);
   pack_gathered(in_place ? x : padded, g.tap_at.data(), K, g.col_at.data(), cols, layout, packed);
@@ -174,8 +246,9 @@ bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* d
   const Gather g = gather_plan(s);
   const PackedBLayout layout = sgemm_packed_b_layout(K, cols);
   const bool in_place = unpadded(s, g);
-  float* padded = conv_scratch((in_place ? 0 : s.N * g.image) + cols * layout.npad + s.O * cols + 16);
-  float* packed = aligned64(padded + (in_place ? 0 : s.N * g.image));
+  const int64_t pad_size = in_place ? 0 : s.N * g.image;
+  float* padded = conv_scratch(pad_size + cols * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + pad_size);
   float* dy_all = packed + cols * layout.npad;
   if (!in_place) pad_batch(s, g, x, padded);
   pack_gathered(in_place ? x : padded, g.col_at.data(), cols, g.tap_at.data(), K, layout, packed);
@@ -188,6 +261,8 @@ bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* d
 // read front to back (the planes of all images take each row's sums in tap order).
 bool conv_im2col_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
   if (!im2col_fits(s)) return false;
+  if (s.N * s.HO * s.WO <= kMaxNarrowColumns && s.KH * s.KW > 1)
+    return narrow_data_grad(s, dy, w, dx);
   const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW, plane = s.H * s.W;
   float* col = conv_scratch((K + s.O) * cols);
   float* dy_all = col + K * cols;
