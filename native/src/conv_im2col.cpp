@@ -104,11 +104,23 @@ void pad_batch(const ConvShape& s, const Gather& g, const float* x, float* padde
 }
 
 // op(B) [rows][cols] packed in `layout` for sgemm_prepacked, element (r, c) at
-// src[row_at[r] + col_at[c]]: contraction blocks x column slivers across the pool.
+// src[row_at[r] + col_at[c]]: contraction blocks x column slivers across the pool. Groups of
+// kRun columns whose sources are consecutive (runs along an output row of a stride-1 forward
+// convolution) are copied as one vector: gathered one value at a time, packing G's 8x8 stage
+// took three quarters of its GEMM's time.
+constexpr int64_t kRun = 8;
+
 void pack_gathered(const float* src, const int64_t* row_at, int64_t rows, const int64_t* col_at,
                    int64_t cols, const PackedBLayout& layout, float* packed) {
   const int64_t nr = layout.nr, kc = layout.kc;
   const int64_t blocks = (rows + kc - 1) / kc, slivers = layout.npad / nr;
+  std::vector<char> run(layout.npad / kRun, 0);
+  for (int64_t g = 0; g < cols / kRun; ++g) {
+    const int64_t* at = col_at + g * kRun;
+    bool consecutive = true;
+    for (int64_t l = 1; l < kRun; ++l) consecutive = consecutive && at[l] == at[0] + l;
+    run[g] = consecutive;
+  }
   const int64_t per_job = kc * nr;
   const int64_t grain = std::max<int64_t>(1, 16384 / per_job);
   parallel_for(blocks * slivers, grain, [&](int64_t j0, int64_t j1) {
@@ -117,11 +129,20 @@ void pack_gathered(const float* src, const int64_t* row_at, int64_t rows, const 
       const int64_t r0 = q * kc, kq = std::min(kc, rows - r0);
       const int64_t c0 = sl * nr, width = std::min(nr, cols - c0);
       const int64_t* at = col_at + c0;
+      const char* runs = run.data() + c0 / kRun;
       float* dst = packed + r0 * layout.npad + sl * kq * nr;
       for (int64_t r = 0; r < kq; ++r, dst += nr) {
         const float* base = src + row_at[r0 + r];
-        for (int64_t c = 0; c < width; ++c) dst[c] = base[at[c]];
-        for (int64_t c = width; c < nr; ++c) dst[c] = 0.0f;
+        for (int64_t c = 0; c < nr; c += kRun) {
+          if (runs[c / kRun]) {
+            std::memcpy(dst + c, base + at[c], sizeof(float) * kRun);
+            continue;
+          }
+          const int64_t end = std::min(c + kRun, width);
+          int64_t l = c;
+          for (; l < end; ++l) dst[l] = base[at[l]];
+          for (; l < c + kRun; ++l) dst[l] = 0.0f;
+        }
       }
     }
   });
