@@ -853,16 +853,23 @@ bool phase_weights_grad(const ConvShape& s, const float* x, const float* dy, flo
   return true;
 }
 
+// Output planes of at most this many pixels skip Winograd for the implicit GEMM: on workload G's
+// 8x8 and 4x4 stages (128 and 256 channels) the implicit GEMM took 0.4-0.8x Winograd's time
+// (its transforms and sixteen small GEMMs cost more than the multiply-adds they save).
+constexpr int64_t kMaxImplicitPlane = 64;
+
 // The shifted-view kernel where its weights and image fit in L2: it runs near the machine's FMA
 // rate there, and Winograd's transform passes cost about what its GEMMs save (measured on
-// workload G's 64-channel 16x16 stage). Beyond it, float32 strided first layers over their
-// phases, Winograd, then im2col over the batch.
+// workload G's 64-channel 16x16 stage; the implicit GEMM took 2x its time there). Beyond it,
+// float32 strided first layers over their phases, small planes as an implicit GEMM, Winograd,
+// then the implicit GEMM for the rest.
 template <class T>
 bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
   if (direct_forward(s, x, w, bias, relu, y)) return true;
   if constexpr (std::is_same_v<T, float>)
-    return phase_forward(s, x, w, bias, relu, y) || winograd_forward(s, x, w, bias, relu, y) ||
-           conv_im2col_forward(s, x, w, bias, relu, y);
+    return phase_forward(s, x, w, bias, relu, y) ||
+           (s.HO * s.WO <= kMaxImplicitPlane && conv_im2col_forward(s, x, w, bias, relu, y)) ||
+           winograd_forward(s, x, w, bias, relu, y) || conv_im2col_forward(s, x, w, bias, relu, y);
   return false;
 }
 

@@ -1,19 +1,25 @@
-// float32 convolutions without groups as one sgemm over the batch's im2col matrix (see
-// conv_im2col.h): the shapes conv.cpp's direct kernels, phases and Winograd leave (strided 3x3
-// and 1x1 projections, 3x3 ones on planes too small for Winograd, non-finite inputs). One
-// im2col matrix [C*KH*KW][N*HO*WO] for the whole batch, its rows filled in parallel; one GEMM;
-// the forward's [O][N*HO*WO] product scattered into NCHW through the bias and ReLU, the data
-// gradient's columns summed back into planes (col2im) channel by channel in parallel.
-// linalg.cpp's fallback computes the same GEMMs with every copy on one thread (the stem's weight
-// gradient spent most of its time there) and the bias in a pass of its own.
+// float32 convolutions without groups as one sgemm over the batch (see conv_im2col.h): the
+// shapes conv.cpp's direct kernels and phases leave (strided 3x3 and 1x1 projections, weights
+// past L2 on small planes, non-finite inputs), Winograd's shapes on larger planes excepted.
+// Forward and weight gradient are implicit GEMMs: the batch is copied once into zero-padded
+// planes (or read as it is when no tap reads outside it), and the GEMM's packed operand (the
+// im2col matrix for the forward, its transpose for the weight gradient) is gathered from it
+// through two offset tables, blocks of it in parallel, into sgemm_prepacked's layout: no im2col
+// matrix is written and read back. The forward's [O][N*HO*WO] product is scattered into NCHW
+// through the bias and ReLU. The data gradient is one GEMM into an im2col-shaped matrix whose
+// columns are summed back into planes (col2im) channel by channel in parallel.
+// linalg.cpp's fallback computes the same GEMMs with every copy on one thread and the bias in a
+// pass of its own.
 //
 // Lucid's sgemm splits each product over blocks of rows or columns, never the contraction, and
-// every copy or col2im plane is one thread's, so the results do not depend on the thread count.
+// every copy, packed block or col2im plane is one thread's, so the results do not depend on the
+// thread count (nor on the tile: the packed operand holds the values sgemm would have packed).
 #include "lucid/conv_im2col.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "lucid/parallel.h"
@@ -33,41 +39,11 @@ void inside_columns(const ConvShape& s, int64_t cshift, int64_t& lo, int64_t& hi
   hi = std::max(lo, hi);
 }
 
-// im2col rows [k0, k1) (k = (c*KH + i)*KW + j) for all images.
-void im2col_rows(const ConvShape& s, const float* x, float* col, int64_t k0, int64_t k1) {
-  const int64_t HW = s.HO * s.WO, cols = s.N * HW, image = s.C * s.H * s.W;
-  for (int64_t k = k0; k < k1; ++k) {
-    const int64_t c = k / (s.KH * s.KW), i = k / s.KW % s.KH, j = k % s.KW;
-    const int64_t rshift = i * s.dh - s.pt, cshift = j * s.dw - s.pl;
-    int64_t lo, hi;
-    inside_columns(s, cshift, lo, hi);
-    float* row = col + k * cols;
-    for (int64_t n = 0; n < s.N; ++n) {
-      const float* plane = x + n * image + c * s.H * s.W;
-      float* dst = row + n * HW;
-      for (int64_t oh = 0; oh < s.HO; ++oh, dst += s.WO) {
-        const int64_t h = oh * s.sh + rshift;
-        if (h < 0 || h >= s.H) {
-          std::fill_n(dst, s.WO, 0.0f);
-          continue;
-        }
-        const float* src = plane + h * s.W + cshift;
-        std::fill_n(dst, lo, 0.0f);
-        if (s.sw == 1) std::memcpy(dst + lo, src + lo, sizeof(float) * (hi - lo));
-        else
-          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * s.sw];
-        std::fill_n(dst + hi, s.WO - hi, 0.0f);
-      }
-    }
-  }
-}
-
 bool im2col_fits(const ConvShape& s) {
   const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
   return sgemm_supported() && s.G == 1 && K > 0 && cols > 0 && s.O > 0 && s.H * s.W > 0 &&
          (K + s.O) * cols <= kMaxColumnElements;
 }
-
 
 // dy [N][O][HO*WO] as [O][N*HO*WO]: the images side by side in each channel's row.
 void gather_channels(const ConvShape& s, const float* dy, float* out) {
@@ -77,6 +53,172 @@ void gather_channels(const ConvShape& s, const float* dy, float* out) {
       for (int64_t n = 0; n < s.N; ++n)
         std::memcpy(out + o * cols + n * HW, dy + (n * s.O + o) * HW, sizeof(float) * HW);
   });
+}
+
+// The batch zero-padded so that every tap of every output pixel reads inside it: element
+// (column, tap) of the im2col matrix is padded[col_at[column] + tap_at[tap]], with column
+// (n, oh, ow) at n*image + oh*sh*Wp + ow*sw and tap (c, i, j) at c*plane + i*dh*Wp + j*dw.
+// The implicit GEMMs gather their packed operand through these two tables: no im2col matrix
+// (on workload G's 2x2 and 4x4 planes its rows were runs of 2-4 values, each a memcpy and two
+// fills, and writing it took two thirds of the GEMM's time).
+struct Gather {
+  int64_t Hp, Wp, plane, image;
+  std::vector<int64_t> col_at, tap_at;
+};
+
+Gather gather_plan(const ConvShape& s) {
+  Gather g;
+  g.Hp = std::max(s.pt + s.H, (s.HO - 1) * s.sh + (s.KH - 1) * s.dh + 1);
+  g.Wp = std::max(s.pl + s.W, (s.WO - 1) * s.sw + (s.KW - 1) * s.dw + 1);
+  g.plane = g.Hp * g.Wp;
+  g.image = s.C * g.plane;
+  g.col_at.resize(s.N * s.HO * s.WO);
+  for (int64_t n = 0, col = 0; n < s.N; ++n)
+    for (int64_t oh = 0; oh < s.HO; ++oh)
+      for (int64_t ow = 0; ow < s.WO; ++ow)
+        g.col_at[col++] = n * g.image + oh * s.sh * g.Wp + ow * s.sw;
+  g.tap_at.resize(s.C * s.KH * s.KW);
+  for (int64_t c = 0, k = 0; c < s.C; ++c)
+    for (int64_t i = 0; i < s.KH; ++i)
+      for (int64_t j = 0; j < s.KW; ++j) g.tap_at[k++] = c * g.plane + i * s.dh * g.Wp + j * s.dw;
+  return g;
+}
+
+// True when no tap reads outside x: the gathers then read x itself (1x1 strided projections).
+bool unpadded(const ConvShape& s, const Gather& g) {
+  return s.pt == 0 && s.pl == 0 && g.Hp == s.H && g.Wp == s.W;
+}
+
+// Planes [N*C] of x [N][C][H][W] into `padded` [N][C][Hp][Wp], zero around them.
+void pad_batch(const ConvShape& s, const Gather& g, const float* x, float* padded) {
+  const int64_t HpWp = g.plane;
+  parallel_for(s.N * s.C, std::max<int64_t>(1, 16384 / HpWp), [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      float* out = padded + job * HpWp;
+      const float* in = x + job * s.H * s.W;
+      std::fill_n(out, HpWp, 0.0f);
+      for (int64_t h = 0; h < s.H; ++h)
+        std::memcpy(out + (h + s.pt) * g.Wp + s.pl, in + h * s.W, sizeof(float) * s.W);
+    }
+  });
+}
+
+// op(B) [rows][cols] packed in `layout` for sgemm_prepacked, element (r, c) at
+// src[row_at[r] + col_at[c]]: contraction blocks x column slivers across the pool. Groups of
+// kRun columns whose sources are consecutive (runs along an output row of a stride-1 forward
+// convolution) are copied as one vector: gathered one value at a time, packing G's 8x8 stage
+// took three quarters of its GEMM's time.
+constexpr int64_t kRun = 8;
+
+void pack_gathered(const float* src, const int64_t* row_at, int64_t rows, const int64_t* col_at,
+                   int64_t cols, const PackedBLayout& layout, float* packed) {
+  const int64_t nr = layout.nr, kc = layout.kc;
+  const int64_t blocks = (rows + kc - 1) / kc, slivers = layout.npad / nr;
+  std::vector<char> run(layout.npad / kRun, 0);
+  for (int64_t g = 0; g < cols / kRun; ++g) {
+    const int64_t* at = col_at + g * kRun;
+    bool consecutive = true;
+    for (int64_t l = 1; l < kRun; ++l) consecutive = consecutive && at[l] == at[0] + l;
+    run[g] = consecutive;
+  }
+  const int64_t per_job = kc * nr;
+  const int64_t grain = std::max<int64_t>(1, 16384 / per_job);
+  parallel_for(blocks * slivers, grain, [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t q = job / slivers, sl = job % slivers;
+      const int64_t r0 = q * kc, kq = std::min(kc, rows - r0);
+      const int64_t c0 = sl * nr, width = std::min(nr, cols - c0);
+      const int64_t* at = col_at + c0;
+      const char* runs = run.data() + c0 / kRun;
+      float* dst = packed + r0 * layout.npad + sl * kq * nr;
+      for (int64_t r = 0; r < kq; ++r, dst += nr) {
+        const float* base = src + row_at[r0 + r];
+        for (int64_t c = 0; c < nr; c += kRun) {
+          if (runs[c / kRun]) {
+            std::memcpy(dst + c, base + at[c], sizeof(float) * kRun);
+            continue;
+          }
+          const int64_t end = std::min(c + kRun, width);
+          int64_t l = c;
+          for (; l < end; ++l) dst[l] = base[at[l]];
+          for (; l < c + kRun; ++l) dst[l] = 0.0f;
+        }
+      }
+    }
+  });
+}
+
+// The data gradient of batches of at most this many output pixels in all (workload G's 4x4 and
+// 2x2 stages: 256 and 64) computes the transposed product, below (not for 1x1 kernels: G's
+// 1x1 projection onto 4x4 took 1.7x the wide path's time that way).
+constexpr int64_t kMaxNarrowColumns = 256;
+
+// For each pixel q of an input plane, the (output pixel of the image, tap) pairs whose products
+// land on it, in tap order: pairs[start[q] .. start[q + 1]).
+struct Landing {
+  std::vector<int64_t> start;
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+};
+
+Landing landing_plan(const ConvShape& s) {
+  Landing l;
+  l.start.reserve(s.H * s.W + 1);
+  for (int64_t h = 0; h < s.H; ++h)
+    for (int64_t x = 0; x < s.W; ++x) {
+      l.start.push_back(static_cast<int64_t>(l.pairs.size()));
+      for (int64_t i = 0; i < s.KH; ++i)
+        for (int64_t j = 0; j < s.KW; ++j) {
+          const int64_t ph = h + s.pt - i * s.dh, pw = x + s.pl - j * s.dw;
+          if (ph < 0 || pw < 0 || ph % s.sh != 0 || pw % s.sw != 0) continue;
+          const int64_t oh = ph / s.sh, ow = pw / s.sw;
+          if (oh < s.HO && ow < s.WO) l.pairs.emplace_back(oh * s.WO + ow, i * s.KW + j);
+        }
+    }
+  l.start.push_back(static_cast<int64_t>(l.pairs.size()));
+  return l;
+}
+
+// The data gradient of a narrow batch as col^T [N*HW][K] = dy^T [N*HW][O] @ w [O][K]: w is
+// packed by rows as it is stored (the transposed product packed each 6-tap sliver of w's columns
+// for a single 64-column tile, and spent about a third of its time doing so on G's 2x2 planes),
+// and each pixel of dx sums the products landing on it in registers, in tap order (a scatter of
+// the 2-4 value runs stalled on its own stores). Each element of col^T is the same FMA chain
+// over the output channels as col's, so the bits are the wide path's.
+bool narrow_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
+  const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW, plane = s.H * s.W;
+  const int64_t taps = s.KH * s.KW;
+  float* product = conv_scratch((K + s.O) * cols);
+  float* dy_t = product + K * cols;
+  parallel_for(s.N, 1, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t o = 0; o < s.O; ++o) {
+        const float* src = dy + (n * s.O + o) * HW;
+        float* dst = dy_t + n * HW * s.O + o;
+        for (int64_t p = 0; p < HW; ++p) dst[p * s.O] = src[p];
+      }
+  });
+  sgemm(false, false, cols, K, s.O, 1.0f, dy_t, s.O, w, K, 0.0f, product, K);
+  const Landing l = landing_plan(s);
+  parallel_for(s.N * s.C, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, plane * taps)),
+               [&](int64_t j0, int64_t j1) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t n = job / s.C, c = job % s.C;
+      const float* base = product + n * HW * K + c * taps;
+      float* out = dx + job * plane;
+      for (int64_t q = 0; q < plane; ++q) {
+        float sum = 0.0f;
+        for (int64_t e = l.start[q]; e < l.start[q + 1]; ++e)
+          sum += base[l.pairs[e].first * K + l.pairs[e].second];
+        out[q] = sum;
+      }
+    }
+  });
+  return true;
+}
+
+// p rounded up to a 64-byte boundary (the GEMM kernels load packed B with aligned loads).
+float* aligned64(float* p) {
+  return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64 / sizeof(float);
 }
 
 }  // namespace
@@ -89,14 +231,19 @@ float* conv_scratch(size_t n) {
 
 bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
                     bool relu, float* y) {
-  if (!im2col_fits(s)) return false;
+  if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
   const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
-  float* col = conv_scratch((K + s.O) * cols);
-  float* product = col + K * cols;
-  parallel_for(K, std::max<int64_t>(1, 8192 / cols),
-               [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
+  const Gather g = gather_plan(s);
+  const PackedBLayout layout = sgemm_packed_b_layout(cols, K);
+  const bool in_place = unpadded(s, g);
+  const int64_t pad_size = in_place ? 0 : s.N * g.image;
+  float* padded = conv_scratch(pad_size + K * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + pad_size);
+  float* product = packed + K * layout.npad;
+  if (!in_place) pad_batch(s, g, x, padded);
+  pack_gathered(in_place ? x : padded, g.tap_at.data(), K, g.col_at.data(), cols, layout, packed);
   // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
-  sgemm(false, false, s.O, cols, K, 1.0f, w, K, col, cols, 0.0f, product, cols);
+  sgemm_prepacked(false, s.O, cols, K, 1.0f, w, K, packed, 0.0f, product, cols);
   parallel_for(s.N * s.O, std::max<int64_t>(1, 8192 / HW), [&](int64_t j0, int64_t j1) {
     for (int64_t job = j0; job < j1; ++job) {
       const int64_t n = job / s.O, o = job % s.O;
@@ -112,16 +259,22 @@ bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, con
   return true;
 }
 
-// dw [O][K] = dy [O][N*HW] @ im2col(x) [K][N*HW]^T.
+// dw [O][K] = dy [O][N*HW] @ im2col(x) [K][N*HW]^T, the transposed im2col matrix gathered
+// straight into the GEMM's packed operand.
 bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* dy, float* dw) {
-  if (!im2col_fits(s)) return false;
+  if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
   const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
-  float* col = conv_scratch((K + s.O) * cols);
-  float* dy_all = col + K * cols;
-  parallel_for(K, std::max<int64_t>(1, 8192 / cols),
-               [&](int64_t k0, int64_t k1) { im2col_rows(s, x, col, k0, k1); });
+  const Gather g = gather_plan(s);
+  const PackedBLayout layout = sgemm_packed_b_layout(K, cols);
+  const bool in_place = unpadded(s, g);
+  const int64_t pad_size = in_place ? 0 : s.N * g.image;
+  float* padded = conv_scratch(pad_size + cols * layout.npad + s.O * cols + 16);
+  float* packed = aligned64(padded + pad_size);
+  float* dy_all = packed + cols * layout.npad;
+  if (!in_place) pad_batch(s, g, x, padded);
+  pack_gathered(in_place ? x : padded, g.col_at.data(), cols, g.tap_at.data(), K, layout, packed);
   gather_channels(s, dy, dy_all);
-  sgemm(false, true, s.O, K, cols, 1.0f, dy_all, cols, col, cols, 0.0f, dw, K);
+  sgemm_prepacked(false, s.O, K, cols, 1.0f, dy_all, cols, packed, 0.0f, dw, K);
   return true;
 }
 
@@ -129,6 +282,8 @@ bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* d
 // read front to back (the planes of all images take each row's sums in tap order).
 bool conv_im2col_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
   if (!im2col_fits(s)) return false;
+  if (s.N * s.HO * s.WO <= kMaxNarrowColumns && s.KH * s.KW > 1)
+    return narrow_data_grad(s, dy, w, dx);
   const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW, plane = s.H * s.W;
   float* col = conv_scratch((K + s.O) * cols);
   float* dy_all = col + K * cols;

@@ -935,17 +935,35 @@ void run_problem_on(const Problem& given) {
 // The AVX-512 tile where it runs, unless the product is so narrow that padding its columns to
 // 64 costs more than the wider tile gains (about 2x per column: N <= 32 stays on the 6x16 one).
 // Either tile gives the same bits, so the choice is free per call.
+bool wide_tile(int64_t N) {
+  const auto padded = [&](int64_t nr) { return (N + nr - 1) / nr * nr; };
+  const bool forced = g_isa.load(std::memory_order_relaxed) == 2;
+  return sgemm_isa() == 2 && (forced || padded(Avx512Tile::NR) < 2 * padded(Avx2Tile::NR));
+}
+
 template <GemmType TA, GemmType TB>
 void run_problem(const Problem& p) {
-  const int isa = sgemm_isa();
-  const auto padded = [&](int64_t nr) { return (p.N + nr - 1) / nr * nr; };
-  const bool forced = g_isa.load(std::memory_order_relaxed) == 2;
-  if (isa == 2 && (forced || padded(Avx512Tile::NR) < 2 * padded(Avx2Tile::NR)))
-    run_problem_on<TA, TB, Avx512Tile>(p);
+  if (wide_tile(p.N)) run_problem_on<TA, TB, Avx512Tile>(p);
   else run_problem_on<TA, TB, Avx2Tile>(p);
 }
 
 }  // namespace
+
+PackedBLayout sgemm_packed_b_layout(int64_t N, int64_t K) {
+  const int64_t nr = wide_tile(N) ? Avx512Tile::NR : Avx2Tile::NR;
+  return {nr, block_kc(K), (N + nr - 1) / nr * nr};
+}
+
+void sgemm_prepacked(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                     int64_t lda, const float* packed_b, float beta, float* C, int64_t ldc,
+                     const GemmEpilogue& epilogue) {
+  if (M <= 0 || N <= 0 || K <= 0) return;
+  Problem p{ta, false, M, N, K, alpha, A, lda, nullptr, 0, beta, C, ldc, epilogue};
+  p.packed_b = packed_b;
+  constexpr GemmType f32 = GemmType::f32;
+  if (wide_tile(N)) run_problem_on<f32, f32, Avx512Tile>(p);
+  else run_problem_on<f32, f32, Avx2Tile>(p);
+}
 
 void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {
   if (act == GemmActivation::none) return;
@@ -970,6 +988,11 @@ void gemm_mixed(const MixedGemm& g) {
 bool sgemm_chosen(bool, bool, int64_t, int64_t, int64_t) { return false; }
 void sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
            int64_t, float, float*, int64_t, const GemmEpilogue&, const void*) {
+  throw std::logic_error("Lucid's sgemm needs x86-64 with AVX2 and FMA");
+}
+PackedBLayout sgemm_packed_b_layout(int64_t, int64_t) { return {0, 0, 0}; }
+void sgemm_prepacked(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                     float, float*, int64_t, const GemmEpilogue&) {
   throw std::logic_error("Lucid's sgemm needs x86-64 with AVX2 and FMA");
 }
 void sgemm_activation(GemmActivation act, int64_t M, int64_t N, float* C, int64_t ldc) {

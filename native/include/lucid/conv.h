@@ -2,13 +2,15 @@
 // plane, and the convolution is a GEMM whose right operand rows are shifted views of that plane,
 // computed by small register-tiled kernels while the image stays in cache, images split across
 // the worker pool. float32 3x3 stride-1 convolutions whose weights are too large for that, with
-// enough 2x2 output tiles, run as Winograd F(2x2, 3x3): 16 GEMMs over the batch's tiles;
-// other float32 forward convolutions without groups (strided, 1x1, large weights) as one
-// im2col GEMM over the batch with parallel copies and the epilogue in the scatter to NCHW.
+// output planes of more than 64 pixels and enough 2x2 output tiles, run as Winograd F(2x2, 3x3):
+// 16 GEMMs over the batch's tiles; other float32 forward convolutions without groups (strided,
+// 1x1, large weights on small planes) as one implicit GEMM over the batch (conv_im2col.h) with
+// parallel copies and the epilogue in the scatter to NCHW.
 // The shifted-view kernels run on AVX-512 registers where Lucid's sgemm runs its AVX-512 tile
 // (set_sgemm_isa / LUCID_SGEMM_ISA=avx2 forces both back to AVX2). float32 backward passes
-// without groups that the direct kernels leave run as one sgemm over the batch's im2col matrix,
-// with the copies on the worker pool. The callers (linalg.cpp) fall back to im2col + BLAS when
+// without groups that the direct kernels leave run as one sgemm over the batch (the weight
+// gradient's an implicit GEMM, the data gradient's into an im2col-shaped matrix), with the
+// copies on the worker pool. The callers (linalg.cpp) fall back to im2col + BLAS when
 // these return false (float64 beyond the direct kernels, groups, very large shapes).
 #pragma once
 

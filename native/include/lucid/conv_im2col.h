@@ -1,8 +1,10 @@
-// float32 convolutions without groups as one sgemm over the batch's im2col matrix
-// (conv_im2col.cpp): the paths conv.cpp takes for the shapes its direct kernels and Winograd
-// leave (strides, 1x1 projections, weights past L2), with the im2col rows, gathers, col2im planes
-// and the bias + ReLU epilogue on the worker pool. Each returns false where it does not apply
-// (groups, no AVX2 + FMA for the sgemm, a matrix past 256 MB); the caller then falls back.
+// float32 convolutions without groups as one sgemm over the batch (conv_im2col.cpp): the paths
+// conv.cpp takes for the shapes its direct kernels leave (strides, 1x1 projections, weights past
+// L2). Forward and weight gradient gather the GEMM's packed operand straight from a zero-padded
+// copy of the batch (no im2col matrix); the data gradient writes an im2col-shaped product and
+// sums it back into planes. Copies, gathers, col2im planes and the bias + ReLU epilogue run on
+// the worker pool. Each returns false where it does not apply (groups, no AVX2 + FMA for the
+// sgemm, a matrix past 256 MB, negative padding); the caller then falls back.
 #pragma once
 
 #include <cstddef>

@@ -63,6 +63,19 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const GemmEpilogue& epilogue = {}, const void* shared_b = nullptr);
 
+// A whole op(B) [K, N] packed by the caller (conv.cpp's implicit GEMMs gather it straight from
+// a padded image instead of writing an im2col matrix first), in the layout sgemm_prepacked
+// reads for this N and K: contraction block q covers steps [q*kc, min(K, (q+1)*kc)); its kc'
+// steps of column sliver s (nr columns, zero past N) start at q*kc*npad + s*kc'*nr, step k's nr
+// values side by side. The product then gives the same bits as sgemm over the same op(B).
+struct PackedBLayout {
+  int64_t nr, kc, npad;
+};
+PackedBLayout sgemm_packed_b_layout(int64_t N, int64_t K);
+void sgemm_prepacked(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                     int64_t lda, const float* packed_b, float beta, float* C, int64_t ldc,
+                     const GemmEpilogue& epilogue = {});
+
 // Packed B reused across the GEMMs of one program run. While a GemmRunScope lives on a thread
 // (Executable::run holds one), a GEMM given a non-null `shared_b` key keeps the packed form of
 // its whole B (a thread-local copy, tagged with the run, B's address and layout) and a later

@@ -1,7 +1,8 @@
 """The forward convolution's paths by shape (native/src/conv.cpp): stride-1 convolutions whose
-weights fit in L2 keep the shifted-view kernel; larger float32 3x3 ones with enough output tiles
-run as Winograd F(2x2, 3x3) GEMMs over the batch's tiles; the rest without groups (strides,
-1x1 projections, large kernels, tiny planes) as one im2col GEMM over the batch. Each must match
+weights fit in L2 keep the shifted-view kernel; larger float32 3x3 ones on planes of more than 64
+pixels with enough output tiles run as Winograd F(2x2, 3x3) GEMMs over the batch's tiles; the
+rest without groups (strides, 1x1 projections, large kernels, planes of at most 64 pixels such as
+workload G's 8x8 to 2x2 stages) as one implicit GEMM over the batch. Each must match
 the float64 reference interpreter within float32 tolerance, give the same bits at any thread
 count, and keep infinities and NaNs where the reference has them."""
 
@@ -65,8 +66,8 @@ def normal(rng, shape):
 @pytest.mark.parametrize(
     "n, c, o, h, w, padding",
     [
-        (16, 128, 128, 8, 8, (1, 1, 1, 1)),  # workload G's second stage
-        (4, 256, 256, 4, 4, (1, 1, 1, 1)),  # its third stage (fewer images: 64 tiles exactly)
+        (16, 128, 128, 8, 8, (1, 1, 1, 1)),  # workload G's second stage (implicit GEMM now)
+        (4, 256, 256, 4, 4, (1, 1, 1, 1)),  # its third stage (implicit GEMM now)
         (6, 128, 136, 7, 9, (1, 1, 1, 1)),  # odd output sizes: the last tile row and column drop
         (5, 130, 128, 9, 6, (0, 2, 1, 0)),  # one-sided padding
         (3, 128, 128, 12, 11, (0, 0, 0, 0)),  # no padding
@@ -85,8 +86,8 @@ def test_winograd_shapes_match_reference_with_and_without_epilogue(n, c, o, h, w
 @pytest.mark.parametrize(
     "n, c, o, side",
     [
-        (16, 512, 512, 2),  # G's last stage: 16 tiles, below the Winograd threshold (im2col)
-        (1, 128, 128, 8),  # 16 tiles (im2col)
+        (16, 512, 512, 2),  # G's last stage: 16 tiles, below the Winograd threshold
+        (1, 128, 128, 8),  # 16 tiles
         (16, 64, 64, 16),  # G's first stage: the weights fit the shifted-view kernel
         (16, 16, 32, 14),  # workload C's second layer (shifted views)
     ],
@@ -120,9 +121,10 @@ def test_large_channel_convolutions_off_the_winograd_path_match(kernel, attrs):
 @pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
 def test_winograd_shape_with_non_finite_values_matches_reference(where, value):
     """The transforms would spread an inf or NaN over a whole tile: such calls take the direct
-    sum, so every output the reference keeps finite stays finite and equal."""
+    sum, so every output the reference keeps finite stays finite and equal. (10x10 planes: 8x8
+    ones now take the implicit GEMM before Winograd.)"""
     rng = np.random.default_rng(11)
-    x, wt = normal(rng, (4, 128, 8, 8)), normal(rng, (128, 128, 3, 3))
+    x, wt = normal(rng, (3, 128, 10, 10)), normal(rng, (128, 128, 3, 3))
     if where == "input":
         x[1, 3, 2, 5] = value
     else:
