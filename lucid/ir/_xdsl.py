@@ -42,6 +42,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.ir.core import SSAValues as _SSAValues
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
@@ -86,6 +87,68 @@ if _MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
     )
 
 ui8 = IntegerType(8, Signedness.UNSIGNED)
+
+
+# Reference cycles of the IR. An operation and its results point at each other (``op.results``,
+# ``result.op``); so do an operation and the ``Use`` records of its operands, the doubly linked
+# lists of operations, blocks and uses, and every parent pointer. Whatever a compile drops
+# (erased operations, a finished module) can then only be freed by the cyclic collector: tens of
+# thousands of objects per compile, and the collection that ends the compile (``lucid.ir._gc``)
+# spent most of its time on them. Breaking the links lets reference counting free them at once.
+
+
+def release(op: Operation) -> None:
+    """Break every reference cycle within ``op`` and the IR nested in it, once nothing needs
+    it (a finished module, an erased operation): reference counting then frees it all as soon
+    as the last outside reference goes. One visit per operation, block and use. ``op`` is left
+    empty (no results, operands, regions or links): release only what no one will read."""
+    stack = [op]
+    while stack:
+        op = stack.pop()
+        for use in op._operand_uses:  # unlink from the value's use list (all released too)
+            use._prev_use = use._next_use = None
+        for use in op._successor_uses:
+            use._prev_use = use._next_use = None
+        op._operand_uses = op._successor_uses = op._successors = ()
+        op._operands = _SSAValues()
+        for result in op.results:
+            result.first_use = None
+        op.results = _SSAValues()
+        op.parent = op._next_op = op._prev_op = None
+        for region in op.regions:
+            block = region._first_block
+            region._first_block = region._last_block = region.parent = None
+            while block is not None:
+                for arg in block._args:
+                    arg.first_use = None
+                block._args = ()
+                block.first_use = None
+                nested = block._first_op
+                while nested is not None:
+                    stack.append(nested)
+                    nested = nested._next_op
+                following = block._next_block
+                block._first_op = block._last_op = block.parent = None
+                block._prev_block = block._next_block = None
+                block = following
+        op.regions = ()
+
+
+_xdsl_operation_erase = Operation.erase
+
+
+def _erase_releasing(self: Operation, safe_erase: bool = True, drop_references: bool = True):
+    """``Operation.erase``, then ``release`` when it dropped the references: an erased operation
+    is freed when its last outside reference goes, not by the next cyclic collection. Every
+    erasure (``Block.erase_op``, the rewriters) goes through ``Operation.erase``."""
+    _xdsl_operation_erase(self, safe_erase=safe_erase, drop_references=drop_references)
+    if drop_references:
+        # Its results are erased: unused, or their uses now read an ErasedSSAValue, which keeps
+        # the result (and through ``result.op`` the operation) for diagnostics.
+        release(self)
+
+
+Operation.erase = _erase_releasing
 
 
 def erase_block_args(block: Block, args) -> None:
@@ -176,6 +239,7 @@ __all__ = [
     "opt_prop_def",
     "parse_pipeline",
     "region_dce",
+    "release",
     "traits_def",
     "ui8",
     "var_operand_def",
