@@ -9,20 +9,18 @@ import importlib
 import sys
 import types
 
+from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
 from lucid.compile.errors import CompileError
 from lucid.compile.inference import CompiledModule, compile
 from lucid.compile.signature import CacheKey
 from lucid.trace import GraphBreak, Trace, Tracer, _tracing, trace
 
 # Imported on first use: ``lucid.compile(model)``'s first call imports this package, so what it
-# does not need (saving and loading, the training entry points, diagnose) stays out of it.
+# does not need (saving and loading, the training entry points) stays out of it.
 _LAZY = {
     "LoadedModule": "lucid.compile.aot",
     "load_compiled": "lucid.compile.aot",
     "save_compiled": "lucid.compile.aot",
-    "DiagnosisReport": "lucid.compile.diagnose",
-    "OpInfo": "lucid.compile.diagnose",
-    "diagnose": "lucid.compile.diagnose",
     "compile_optimizer": "lucid.compile.training",
     "compiled_step": "lucid.compile.training",
     "fused_step": "lucid.compile.training",
