@@ -4,6 +4,7 @@ An xDSL upgrade should touch only this file. Names are re-exported as they are, 
 documentation applies to them.
 """
 
+import importlib as _importlib
 import re as _re
 
 from xdsl.context import Context
@@ -53,7 +54,7 @@ from xdsl.irdl import (
     var_result_def,
 )
 from xdsl.parser import Parser
-from xdsl.passes import ModulePass, PassPipeline
+from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -64,9 +65,6 @@ from xdsl.pattern_rewriter import (
 from xdsl.printer import Printer
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.traits import ConstantLike, Pure
-from xdsl.transforms.common_subexpression_elimination import cse
-from xdsl.transforms.dead_code_elimination import region_dce
-from xdsl.universe import Universe
 from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import (
     ArgSpecParseError,
@@ -87,6 +85,24 @@ if _MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
     )
 
 ui8 = IntegerType(8, Signedness.UNSIGNED)
+
+# Names the compile path does not use, imported on first use: their modules add to the import
+# that a process's first ``lucid.compile`` call pays.
+_LAZY = {
+    "PassPipeline": ("xdsl.passes", "PassPipeline"),
+    "Universe": ("xdsl.universe", "Universe"),
+    "cse": ("xdsl.transforms.common_subexpression_elimination", "cse"),
+    "region_dce": ("xdsl.transforms.dead_code_elimination", "region_dce"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = getattr(_importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
 
 
 # Reference cycles of the IR. An operation and its results point at each other (``op.results``,
@@ -205,7 +221,6 @@ __all__ = [
     "ParseError",
     "ParsePropInAttrDict",
     "Parser",
-    "PassPipeline",
     "PatternRewriteWalker",
     "PatternRewriter",
     "Printer",
@@ -219,11 +234,9 @@ __all__ = [
     "StringAttr",
     "TensorType",
     "UnitAttr",
-    "Universe",
     "VerifyException",
     "bf16",
     "builtin",
-    "cse",
     "erase_block_args",
     "f16",
     "f32",
@@ -238,10 +251,10 @@ __all__ = [
     "op_type_rewrite_pattern",
     "opt_prop_def",
     "parse_pipeline",
-    "region_dce",
     "release",
     "traits_def",
     "ui8",
     "var_operand_def",
     "var_result_def",
 ]
+__all__ += sorted(_LAZY)  # reached through __getattr__
