@@ -5,21 +5,27 @@
 (``_tracing``, ``trace``) are the unstable low-level surface the rest is built on.
 """
 
+import importlib
 import sys
 import types
 
-from lucid.compile.aot import LoadedModule, load_compiled, save_compiled
 from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
 from lucid.compile.errors import CompileError
 from lucid.compile.inference import CompiledModule, compile
 from lucid.compile.signature import CacheKey
-from lucid.compile.training import (
-    compile_optimizer,
-    compiled_step,
-    fused_step,
-    make_step,
-)
 from lucid.trace import GraphBreak, Trace, Tracer, _tracing, trace
+
+# Imported on first use: ``lucid.compile(model)``'s first call imports this package, so what it
+# does not need (saving and loading, the training entry points) stays out of it.
+_LAZY = {
+    "LoadedModule": "lucid.compile.aot",
+    "load_compiled": "lucid.compile.aot",
+    "save_compiled": "lucid.compile.aot",
+    "compile_optimizer": "lucid.compile.training",
+    "compiled_step": "lucid.compile.training",
+    "fused_step": "lucid.compile.training",
+    "make_step": "lucid.compile.training",
+}
 
 __all__ = [
     "CacheKey",
@@ -49,6 +55,17 @@ class _CallableModule(types.ModuleType):
 
     def __call__(self, target=None, **kwargs):
         return compile(target, **kwargs)
+
+    def __getattr__(self, name: str):
+        home = _LAZY.get(name)
+        if home is None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        setattr(self, name, value)
+        return value
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *_LAZY})
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -30,7 +30,7 @@ from lucid.compile.errors import FeedMismatch, Unsupported, check_value_sizes
 from lucid.compile.options import GRAPH_PIPELINE, backend_of, env_flag
 from lucid.ir import feed_roles as _feed_roles
 from lucid.ir import forward_func, import_trace, print_ir, result_roles
-from lucid.ir._gc import collect_young, paused_gc
+from lucid.ir._gc import collect_young, paused_gc, release_ir
 from lucid.passes import Instrumentation, PassFailure, PassManager
 
 __all__ = [
@@ -296,6 +296,9 @@ def compile_trace(
     if cached is not None and roles == _trace_roles(trace):
         with session.timed("disk-cache-store"):
             _disk_cache.store(cached, roles[0], roles[1], target.export_program(module))
+    # Nothing reads the module any more (the executable is the backend's own program): freed
+    # now by reference counting, not by the collection that ends the compile (see release_ir).
+    release_ir(module)
     return CompiledGraph(executable, roles[0], roles[1], dict(session.passes_ms))
 
 

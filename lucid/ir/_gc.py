@@ -15,6 +15,12 @@ again, and stages outside a pause (tracing, import, binding) pay full collection
 heap grew by a quarter: collections whose cost grows with the whole heap, not with the compile.
 Collecting after each pipeline instead would promote the ops of the ``lucid`` module to the old
 generation before lowering erases them all: only a full collection would then free them.
+
+What a compile drops is made acyclic first, so reference counting frees it at once and that last
+collection has little to free: an erased operation is released by ``Operation.erase`` itself
+(see ``lucid.ir._xdsl.release``), a module nothing reads any more by ``release_ir``. Without
+that, every erased ``lucid`` op and the whole lowered module (operations, results, uses: tens of
+objects per op) waited for the collection, which spent most of its time freeing them.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["collect_young", "paused_gc"]
+from lucid.ir import _xdsl as x
+
+__all__ = ["collect_young", "paused_gc", "release_ir"]
 
 _lock = threading.Lock()
 _depth = 0  # stages inside paused_gc, on any thread
@@ -48,6 +56,13 @@ def paused_gc() -> Iterator[None]:
             _depth -= 1
             if _depth == 0 and _was_enabled:
                 gc.enable()
+
+
+def release_ir(module: x.Operation) -> None:
+    """Break the reference cycles of ``module`` (an operation and all the IR nested in it), which
+    nothing may read afterwards: it is freed when its last reference goes (one visit per
+    operation, block and use; see ``lucid.ir._xdsl.release``)."""
+    x.release(module)
 
 
 def collect_young() -> bool:

@@ -4,6 +4,7 @@ An xDSL upgrade should touch only this file. Names are re-exported as they are, 
 documentation applies to them.
 """
 
+import importlib as _importlib
 import re as _re
 
 from xdsl.context import Context
@@ -42,6 +43,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.ir.core import SSAValues as _SSAValues
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
@@ -52,7 +54,7 @@ from xdsl.irdl import (
     var_result_def,
 )
 from xdsl.parser import Parser
-from xdsl.passes import ModulePass, PassPipeline
+from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -63,9 +65,6 @@ from xdsl.pattern_rewriter import (
 from xdsl.printer import Printer
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.traits import ConstantLike, Pure
-from xdsl.transforms.common_subexpression_elimination import cse
-from xdsl.transforms.dead_code_elimination import region_dce
-from xdsl.universe import Universe
 from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import (
     ArgSpecParseError,
@@ -86,6 +85,86 @@ if _MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
     )
 
 ui8 = IntegerType(8, Signedness.UNSIGNED)
+
+# Names the compile path does not use, imported on first use: their modules add to the import
+# that a process's first ``lucid.compile`` call pays.
+_LAZY = {
+    "PassPipeline": ("xdsl.passes", "PassPipeline"),
+    "Universe": ("xdsl.universe", "Universe"),
+    "cse": ("xdsl.transforms.common_subexpression_elimination", "cse"),
+    "region_dce": ("xdsl.transforms.dead_code_elimination", "region_dce"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = getattr(_importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+# Reference cycles of the IR. An operation and its results point at each other (``op.results``,
+# ``result.op``); so do an operation and the ``Use`` records of its operands, the doubly linked
+# lists of operations, blocks and uses, and every parent pointer. Whatever a compile drops
+# (erased operations, a finished module) can then only be freed by the cyclic collector: tens of
+# thousands of objects per compile, and the collection that ends the compile (``lucid.ir._gc``)
+# spent most of its time on them. Breaking the links lets reference counting free them at once.
+
+
+def release(op: Operation) -> None:
+    """Break every reference cycle within ``op`` and the IR nested in it, once nothing needs
+    it (a finished module, an erased operation): reference counting then frees it all as soon
+    as the last outside reference goes. One visit per operation, block and use. ``op`` is left
+    empty (no results, operands, regions or links): release only what no one will read."""
+    stack = [op]
+    while stack:
+        op = stack.pop()
+        for use in op._operand_uses:  # unlink from the value's use list (all released too)
+            use._prev_use = use._next_use = None
+        for use in op._successor_uses:
+            use._prev_use = use._next_use = None
+        op._operand_uses = op._successor_uses = op._successors = ()
+        op._operands = _SSAValues()
+        for result in op.results:
+            result.first_use = None
+        op.results = _SSAValues()
+        op.parent = op._next_op = op._prev_op = None
+        for region in op.regions:
+            block = region._first_block
+            region._first_block = region._last_block = region.parent = None
+            while block is not None:
+                for arg in block._args:
+                    arg.first_use = None
+                block._args = ()
+                block.first_use = None
+                nested = block._first_op
+                while nested is not None:
+                    stack.append(nested)
+                    nested = nested._next_op
+                following = block._next_block
+                block._first_op = block._last_op = block.parent = None
+                block._prev_block = block._next_block = None
+                block = following
+        op.regions = ()
+
+
+_xdsl_operation_erase = Operation.erase
+
+
+def _erase_releasing(self: Operation, safe_erase: bool = True, drop_references: bool = True):
+    """``Operation.erase``, then ``release`` when it dropped the references: an erased operation
+    is freed when its last outside reference goes, not by the next cyclic collection. Every
+    erasure (``Block.erase_op``, the rewriters) goes through ``Operation.erase``."""
+    _xdsl_operation_erase(self, safe_erase=safe_erase, drop_references=drop_references)
+    if drop_references:
+        # Its results are erased: unused, or their uses now read an ErasedSSAValue, which keeps
+        # the result (and through ``result.op`` the operation) for diagnostics.
+        release(self)
+
+
+Operation.erase = _erase_releasing
 
 
 def erase_block_args(block: Block, args) -> None:
@@ -142,7 +221,6 @@ __all__ = [
     "ParseError",
     "ParsePropInAttrDict",
     "Parser",
-    "PassPipeline",
     "PatternRewriteWalker",
     "PatternRewriter",
     "Printer",
@@ -156,11 +234,9 @@ __all__ = [
     "StringAttr",
     "TensorType",
     "UnitAttr",
-    "Universe",
     "VerifyException",
     "bf16",
     "builtin",
-    "cse",
     "erase_block_args",
     "f16",
     "f32",
@@ -175,9 +251,10 @@ __all__ = [
     "op_type_rewrite_pattern",
     "opt_prop_def",
     "parse_pipeline",
-    "region_dce",
+    "release",
     "traits_def",
     "ui8",
     "var_operand_def",
     "var_result_def",
 ]
+__all__ += sorted(_LAZY)  # reached through __getattr__

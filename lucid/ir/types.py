@@ -7,6 +7,7 @@ Every conversion here is lossless and has an inverse: ``attr_to_ir``/``attr_from
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
@@ -128,6 +129,7 @@ def dtype_of_type(t: x.Attribute) -> _dtype.dtype:
 _ATTR_CACHE_LIMIT = 1024
 _ATTR_CACHE: BoundedCache[x.Attribute] = BoundedCache(_ATTR_CACHE_LIMIT)
 _UNIT = x.UnitAttr()
+_TRUE, _FALSE = x.BoolAttr.from_bool(True), x.BoolAttr.from_bool(False)
 
 
 def int_attr(v: int) -> x.IntegerAttr:
@@ -150,11 +152,12 @@ def attr_to_ir(v: Any) -> x.Attribute | None:
     if v is None:
         return None
     if isinstance(v, bool):
-        return x.BoolAttr.from_bool(v)
+        return _TRUE if v else _FALSE
     if _is_int(v):
         return int_attr(v)
     if isinstance(v, float):
-        return x.FloatAttr(v, x.f64)
+        # Keyed by the bits: 0.0 and -0.0 (equal floats) are different attributes.
+        return _ATTR_CACHE.get(("float", struct.pack("<d", v)), lambda: x.FloatAttr(v, x.f64))
     if isinstance(v, str):
         return x.StringAttr(v)
     if isinstance(v, _dtype.dtype):
@@ -170,8 +173,20 @@ def attr_to_ir(v: Any) -> x.Attribute | None:
     raise TypeError(f"attribute value {v!r} of type {type(v).__name__} has no IR form")
 
 
+# Array attributes read back often (every lowered op reads its shapes and axes) and are shared
+# objects (``ints_attr``): their values are memoized by identity, as ``aval_of_type`` does.
+_ARRAY_VALUES: BoundedCache[tuple[x.Attribute, tuple]] = BoundedCache(_ATTR_CACHE_LIMIT)
+
+
 def attr_from_ir(a: x.Attribute) -> Any:
     """The inverse of ``attr_to_ir``."""
+    if isinstance(a, (x.DenseArrayBase, x.ArrayAttr)):
+        held, value = _ARRAY_VALUES.get(id(a), lambda: (a, _attr_from_ir(a)))
+        return value if held is a else _attr_from_ir(a)
+    return _attr_from_ir(a)
+
+
+def _attr_from_ir(a: x.Attribute) -> Any:
     if isinstance(a, x.IntegerAttr):
         if a.type == x.i1:
             return bool(a.value.data)

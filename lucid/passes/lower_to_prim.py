@@ -21,7 +21,7 @@ from lucid import _dtype
 from lucid.ir import _xdsl as x
 from lucid.ir import visits
 from lucid.ir.dialect import ConstantOp, LucidOp, constant_value
-from lucid.ir.types import dtype_of_type, shape_of_type
+from lucid.ir.types import aval_of_type
 from lucid.ops._registry import AVal
 from lucid.passes.lowering import RULES, UNSUPPORTED
 from lucid.passes.lowering._core import (
@@ -56,14 +56,13 @@ def lowering_status(op_name: str) -> str:
 
 
 def _static_aval(t: x.Attribute, what: str) -> AVal:
-    shape = shape_of_type(t)
-    if any(d is None for d in shape):
+    aval = aval_of_type(t)  # memoized per type object: most values share a few types
+    if None in aval.shape:
         raise LoweringUnsupported(
             f"{what} has a symbolic dimension ({t}); specialize shapes before lowering"
         )
-    dt = dtype_of_type(t)
-    lower_dtype(dt)
-    return AVal(shape, dt)
+    lower_dtype(aval.dtype)
+    return aval
 
 
 def _lower_func(fn: x.func.FuncOp) -> None:

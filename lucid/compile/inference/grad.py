@@ -33,6 +33,7 @@ from lucid.compile.inference.tracing import trace_call
 from lucid.compile.options import GRAPH_PIPELINE, backend_of
 from lucid.compile.session import CompiledGraph, CompileSession
 from lucid.compile.signature import _SYMBOLIC_SAFE_OPS, _has_tensor, _NotSymbolic
+from lucid.ir._gc import release_ir
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
 from lucid.passes import PassFailure, parse_pipeline_spec
 from lucid.passes.partition import split_module
@@ -158,6 +159,7 @@ def _compile_split(
     # The ``partition`` pass, in a pipeline of its own (visible with print-ir-after-all).
     session.run_passes("partition", module, pipeline="partition")
     fwd_mod, bwd_mod = split_module(module)
+    release_ir(module)  # split into copies: freed now, not by the compile's end collection
     fwd_fn, bwd_fn = forward_func(fwd_mod), forward_func(bwd_mod)
     backend = backend_of(options.backend)
     fwd_exe = session.compile_module(

@@ -49,7 +49,6 @@ from lucid.compile.signature import (
     _Unhashable,
     cache_key,
 )
-from lucid.compile.training import make_step
 from lucid.ir._gc import paused_gc
 from lucid.nn.modules.module import Module
 from lucid.trace._tracing import GraphBreak
@@ -492,6 +491,8 @@ class CompiledModule(ModuleFacade):
         fn = steps.get(loss_fn)
         if fn is None:
             # The wrapper's options and parity checking apply to its training steps too.
+            from lucid.compile.training import make_step  # imported by its first use
+
             fn = make_step(
                 self._model,
                 loss_fn,

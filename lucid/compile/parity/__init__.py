@@ -5,14 +5,29 @@ compared; on a mismatch the culprit (a pass, a lowering rule, the backend) is bi
 compiled call, ``step`` that of a training step.
 """
 
-from lucid.compile.parity.call import bisect
+import importlib
+
 from lucid.compile.parity.compare import Culprit, check_mode, compare, tolerance
-from lucid.compile.parity.step import (
-    bisect_step,
-    compare_roles,
-    eager_gradients,
-    eager_optimizer_step,
-)
+
+# The bisections load on a mismatch only (they import the interpreters): a compile with
+# ``check=`` off, the usual case, needs ``compare``'s option checks alone.
+_LAZY = {
+    "bisect": "lucid.compile.parity.call",
+    "bisect_step": "lucid.compile.parity.step",
+    "compare_roles": "lucid.compile.parity.step",
+    "eager_gradients": "lucid.compile.parity.step",
+    "eager_optimizer_step": "lucid.compile.parity.step",
+}
+
+
+def __getattr__(name: str):
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Culprit",

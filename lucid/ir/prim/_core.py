@@ -167,12 +167,17 @@ def _coerce_attr(op: str, name: str, kind: str, value: Any) -> Any:
 def infer(name: str, avals: Sequence[Aval], attrs: dict[str, Any]) -> list[Aval]:
     """Output avals of prim op ``name``; raises PrimError naming the problem."""
     op = lookup(name)
+    return infer_checked(op, avals, check_attrs(op, attrs))
+
+
+def infer_checked(op: PrimOp, avals: Sequence[Aval], full: dict[str, Any]) -> list[Aval]:
+    """``infer`` for attributes ``check_attrs`` already returned (``full``): not checked again."""
     if op.variadic:
         if len(avals) < 1:
-            raise _fail(name, "needs at least one operand")
+            raise _fail(op.name, "needs at least one operand")
     elif len(avals) != len(op.operands):
-        raise _fail(name, f"takes {len(op.operands)} operand(s), got {len(avals)}")
-    return op.infer(list(avals), check_attrs(op, attrs))
+        raise _fail(op.name, f"takes {len(op.operands)} operand(s), got {len(avals)}")
+    return op.infer(list(avals), full)
 
 
 def evaluate(name: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

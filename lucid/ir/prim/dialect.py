@@ -52,8 +52,18 @@ def prim_type(shape: Sequence[int], dtype: str) -> x.TensorType:
     return _TYPE_CACHE.get((shape, dtype), lambda: x.TensorType(_DTYPE_TO_ELEM[dtype], list(shape)))
 
 
+_AVAL_CACHE: BoundedCache[tuple[x.Attribute, P.Aval]] = BoundedCache(2 * _TYPE_CACHE_LIMIT)
+
+
 def aval_of_type(t: x.Attribute) -> P.Aval:
-    """The prim ``Aval`` of a tensor type; symbolic dims and non-prim element types raise."""
+    """The prim ``Aval`` of a tensor type; symbolic dims and non-prim element types raise.
+    Cached by object identity, as ``lucid.ir.types.aval_of_type`` (lowering asks for the
+    operands' avals of every op it creates, and ``prim_type`` shares the type objects)."""
+    held, av = _AVAL_CACHE.get(id(t), lambda: (t, _aval_of_type(t)))
+    return av if held is t else _aval_of_type(t)
+
+
+def _aval_of_type(t: x.Attribute) -> P.Aval:
     if not isinstance(t, x.TensorType):
         raise P.PrimError(f"expected a tensor type, got {t}")
     dtype = _ELEM_TO_DTYPE.get(t.element_type)
@@ -72,9 +82,9 @@ def attr_to_prim(kind: str, value: Any) -> x.Attribute:
     if kind == "int":
         return int_attr(int(value))
     if kind == "bool":
-        return x.BoolAttr.from_bool(bool(value))
+        return _TRUE if value else _FALSE
     if kind == "float":
-        return x.FloatAttr(float(value), x.f64)
+        return _float_attr(float(value))
     if kind == "ints":
         return ints_attr(tuple(int(v) for v in value))
     if kind == "floats":
@@ -89,6 +99,7 @@ def attr_to_prim(kind: str, value: Any) -> x.Attribute:
 
 
 _FLOAT_ATTRS: dict[bytes, x.FloatAttr] = {}
+_TRUE, _FALSE = x.BoolAttr.from_bool(True), x.BoolAttr.from_bool(False)  # shared, as the others
 
 
 def _float_attr(v: float) -> x.FloatAttr:
@@ -202,7 +213,7 @@ def create_prim(name: str, operands: Sequence[x.SSAValue], attrs: dict[str, Any]
     op = P.lookup(name)
     avals = [aval_of_type(v.type) for v in operands]
     full = P.check_attrs(op, attrs)
-    outs = P.infer(name, avals, full)
+    outs = P.infer_checked(op, avals, full)
     props = {}
     for k, v in full.items():
         spec = op.attrs[k]
