@@ -806,6 +806,9 @@ def main(argv=None) -> int:
             with open(partial, "a") as f:
                 f.write(json.dumps(case) + "\n")
 
+        import bench_per_process as BP
+
+        BP.compile_lucid_bytecode(interpreter("lucid", args))
         results = run_plan(args, on_case=keep)
     exponents = all_exponents(results)
     targets = check_targets(results, exponents)
