@@ -682,56 +682,80 @@ const float* whole_vectors(const float* src, int64_t rows, int64_t cols, int64_t
   return packed;
 }
 
+// dS = P (dP - rowsum(dP P)) over a row's first n scores, in place of dP.
+LUCID_AVX2 inline void softmax_grad_row(const float* pr, float* dr, int64_t n) {
+  const int64_t full = n / 8 * 8;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t j = 0; j < full; j += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(dr + j), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+              ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (int64_t j = full; j < n; ++j) dot += pr[j] * dr[j];
+  const __m256 d = _mm256_set1_ps(dot);
+  for (int64_t j = 0; j < full; j += 8)
+    _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
+                                           _mm256_sub_ps(_mm256_loadu_ps(dr + j), d)));
+  for (int64_t j = full; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+}
+
+// One (batch, head)'s operands of attention_grad on the register tiles: Vᵀ packed, K, Q and dO
+// with whole vectors, the gradients' blocks and the dP scratch.
+struct HeadGrad {
+  float *dQ, *dK, *dV, *dp;
+  const float *P, *vt, *K, *Q, *dO;
+  int64_t ldvt, ldk, ldq, ldo, block, lds;
+  float alpha;
+};
+
+// Fills h for (batch, head) bh; false (the gradients zeroed) when there are no queries or keys.
+LUCID_AVX2 bool head_grad(const AttentionPlan& a, const GradSlots<float>& s, int64_t bh,
+                          HeadGrad* h) {
+  const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
+  const int64_t b = bh / a.q.H, hd = bh % a.q.H;
+  h->dQ = s.dq + a.dq.at(b, hd);
+  h->dK = s.dk + a.dk.at(b, hd);
+  h->dV = s.dv + a.dv.at(b, hd);
+  if (Lq == 0 || Lk == 0) {
+    zero_rows(h->dK, Lq == 0 ? Lk : 0, D, a.dk.ld);
+    zero_rows(h->dV, Lq == 0 ? Lk : 0, Dv, a.dv.ld);
+    zero_rows(h->dQ, Lk == 0 ? Lq : 0, D, a.dq.ld);
+    return false;
+  }
+  h->alpha = static_cast<float>(a.alpha);
+  h->P = s.probs + bh * Lq * Lk;
+  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(Lk), 1)), 0);
+  h->ldvt = pack_transposed(s.v + a.v.at(b, hd), Lk, Dv, a.v.ld, vt);
+  h->vt = vt;
+  h->K = whole_vectors(s.k + a.k.at(b, hd), Lk, D, a.k.ld, 1, &h->ldk);
+  h->Q = whole_vectors(s.q + a.q.at(b, hd), Lq, D, a.q.ld, 2, &h->ldq);
+  h->dO = whole_vectors(s.d_out + a.d_out.at(b, hd), Lq, Dv, a.d_out.ld, 3, &h->ldo);
+  h->block = rows_per_block(Lq, Lk);
+  h->lds = round8(Lk);
+  h->dp = scratch<float>(static_cast<size_t>(h->block * h->lds), 4);
+  return true;
+}
+
 // attention_grad for (batch, head) bh: the BLAS path's steps (run_backward) with the products as
 // register tiles; Pᵀ and dSᵀ are read in place through the tiles' strided broadcasts.
 LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const GradSlots<float>& s, int64_t bh) {
+  HeadGrad h;
+  if (!head_grad(a, s, bh, &h)) return;
   const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
-  const int64_t b = bh / a.q.H, h = bh % a.q.H;
-  float* dQ = s.dq + a.dq.at(b, h);
-  float* dK = s.dk + a.dk.at(b, h);
-  float* dV = s.dv + a.dv.at(b, h);
-  if (Lq == 0 || Lk == 0) {
-    zero_rows(dK, Lq == 0 ? Lk : 0, D, a.dk.ld);
-    zero_rows(dV, Lq == 0 ? Lk : 0, Dv, a.dv.ld);
-    zero_rows(dQ, Lk == 0 ? Lq : 0, D, a.dq.ld);
-    return;
-  }
-  const float alpha = static_cast<float>(a.alpha);
-  const float* P = s.probs + bh * Lq * Lk;
-  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(Lk), 1)), 0);
-  const int64_t ldvt = pack_transposed(s.v + a.v.at(b, h), Lk, Dv, a.v.ld, vt);
-  int64_t ldk, ldq, ldo;
-  const float* K = whole_vectors(s.k + a.k.at(b, h), Lk, D, a.k.ld, 1, &ldk);
-  const float* Q = whole_vectors(s.q + a.q.at(b, h), Lq, D, a.q.ld, 2, &ldq);
-  const float* dO = whole_vectors(s.d_out + a.d_out.at(b, h), Lq, Dv, a.d_out.ld, 3, &ldo);
-  const int64_t block = rows_per_block(Lq, Lk), lds = round8(Lk);
-  float* dp = scratch<float>(static_cast<size_t>(block * lds), 4);
-  const int64_t full = Lk / 8 * 8;
-  for (int64_t r0 = 0; r0 < Lq; r0 += block) {
-    const int64_t rows = std::min(block, Lq - r0);
+  for (int64_t r0 = 0; r0 < Lq; r0 += h.block) {
+    const int64_t rows = std::min(h.block, Lq - r0);
     const bool more = r0 > 0;  // dK and dV sum over the query blocks
-    const float* p = P + r0 * Lk;
-    product(rows, Lk, Dv, dO + r0 * ldo, ldo, 1, vt, ldvt, 1.0f, nullptr, false, dp, lds);
-    product(Lk, Dv, rows, p, 1, Lk, dO + r0 * ldo, ldo, 1.0f, nullptr, more, dV, a.dv.ld);
-    for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - rowsum(dP P)), in place of dP
-      const float* pr = p + r * Lk;
-      float* dr = dp + r * lds;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t j = 0; j < full; j += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(dr + j), acc);
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, acc);
-      float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                  ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-      for (int64_t j = full; j < Lk; ++j) dot += pr[j] * dr[j];
-      const __m256 d = _mm256_set1_ps(dot);
-      for (int64_t j = 0; j < full; j += 8)
-        _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
-                                               _mm256_sub_ps(_mm256_loadu_ps(dr + j), d)));
-      for (int64_t j = full; j < Lk; ++j) dr[j] = pr[j] * (dr[j] - dot);
-    }
-    product(rows, D, Lk, dp, lds, 1, K, ldk, alpha, nullptr, false, dQ + r0 * a.dq.ld, a.dq.ld);
-    product(Lk, D, rows, dp, 1, lds, Q + r0 * ldq, ldq, alpha, nullptr, more, dK, a.dk.ld);
+    const float* p = h.P + r0 * Lk;
+    product(rows, Lk, Dv, h.dO + r0 * h.ldo, h.ldo, 1, h.vt, h.ldvt, 1.0f, nullptr, false, h.dp,
+            h.lds);
+    product(Lk, Dv, rows, p, 1, Lk, h.dO + r0 * h.ldo, h.ldo, 1.0f, nullptr, more, h.dV,
+            a.dv.ld);
+    for (int64_t r = 0; r < rows; ++r) softmax_grad_row(p + r * Lk, h.dp + r * h.lds, Lk);
+    product(rows, D, Lk, h.dp, h.lds, 1, h.K, h.ldk, h.alpha, nullptr, false,
+            h.dQ + r0 * a.dq.ld, a.dq.ld);
+    product(Lk, D, rows, h.dp, 1, h.lds, h.Q + r0 * h.ldq, h.ldq, h.alpha, nullptr, more, h.dK,
+            a.dk.ld);
   }
 }
 
@@ -741,56 +765,28 @@ LUCID_AVX2 void backward_head_avx2(const AttentionPlan& a, const GradSlots<float
 // query rows (dV, dK) take each group of kTileRows keys from the first row that sees them.
 LUCID_AVX2 void backward_head_causal_avx2(const AttentionPlan& a, const GradSlots<float>& s,
                                           int64_t bh) {
+  HeadGrad h;
+  if (!head_grad(a, s, bh, &h)) return;
   const int64_t Lq = a.q.L, Lk = a.k.L, D = a.q.D, Dv = a.v.D;
-  const int64_t b = bh / a.q.H, h = bh % a.q.H;
-  float* dQ = s.dq + a.dq.at(b, h);
-  float* dK = s.dk + a.dk.at(b, h);
-  float* dV = s.dv + a.dv.at(b, h);
-  if (Lq == 0 || Lk == 0) {
-    zero_rows(dK, Lq == 0 ? Lk : 0, D, a.dk.ld);
-    zero_rows(dV, Lq == 0 ? Lk : 0, Dv, a.dv.ld);
-    zero_rows(dQ, Lk == 0 ? Lq : 0, D, a.dq.ld);
-    return;
-  }
-  const float alpha = static_cast<float>(a.alpha);
-  const float* P = s.probs + bh * Lq * Lk;
-  float* vt = scratch<float>(static_cast<size_t>(std::max<int64_t>(Dv * round8(Lk), 1)), 0);
-  const int64_t ldvt = pack_transposed(s.v + a.v.at(b, h), Lk, Dv, a.v.ld, vt);
-  int64_t ldk, ldq, ldo;
-  const float* K = whole_vectors(s.k + a.k.at(b, h), Lk, D, a.k.ld, 1, &ldk);
-  const float* Q = whole_vectors(s.q + a.q.at(b, h), Lq, D, a.q.ld, 2, &ldq);
-  const float* dO = whole_vectors(s.d_out + a.d_out.at(b, h), Lq, Dv, a.d_out.ld, 3, &ldo);
-  const int64_t block = rows_per_block(Lq, Lk), lds = round8(Lk);
-  float* dp = scratch<float>(static_cast<size_t>(block * lds), 4);
+  const int64_t block = h.block, lds = h.lds, ldo = h.ldo, ldq = h.ldq, ldk = h.ldk;
+  const float alpha = h.alpha;
+  const float *K = h.K, *Q = h.Q, *dO = h.dO;
+  float *dQ = h.dQ, *dK = h.dK, *dV = h.dV, *dp = h.dp;
   for (int64_t r0 = 0; r0 < Lq; r0 += block) {
     const int64_t rows = std::min(block, Lq - r0);
     const bool more = r0 > 0;  // dK and dV sum over the query blocks
-    const float* p = P + r0 * Lk;
+    const float* p = h.P + r0 * Lk;
     // dP = dO Vᵀ, then dS = P (dP - rowsum(dP P)) in place, zero past each row's diagonal.
     for (int64_t c0 = 0; c0 < rows; c0 += kTileRows) {
       const int64_t m = std::min<int64_t>(kTileRows, rows - c0);
       const int64_t n = keys_seen(a, r0 + c0 + m);
-      product(m, n, Dv, dO + (r0 + c0) * ldo, ldo, 1, vt, ldvt, 1.0f, nullptr, false,
+      product(m, n, Dv, dO + (r0 + c0) * ldo, ldo, 1, h.vt, h.ldvt, 1.0f, nullptr, false,
               dp + c0 * lds, lds);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = keys_seen(a, r0 + r + 1);
-      const float* pr = p + r * Lk;
       float* dr = dp + r * lds;
-      const int64_t full = n / 8 * 8;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t j = 0; j < full; j += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(dr + j), acc);
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, acc);
-      float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                  ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-      for (int64_t j = full; j < n; ++j) dot += pr[j] * dr[j];
-      const __m256 d = _mm256_set1_ps(dot);
-      for (int64_t j = 0; j < full; j += 8)
-        _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
-                                               _mm256_sub_ps(_mm256_loadu_ps(dr + j), d)));
-      for (int64_t j = full; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+      softmax_grad_row(p + r * Lk, dr, n);
       std::fill(dr + n, dr + Lk, 0.0f);
     }
     // dQ = alpha dS K over each row group's keys.
