@@ -229,19 +229,34 @@ float* conv_scratch(size_t n) {
   return work.data();
 }
 
+// The batch padded once (or read in place when no tap reaches outside it) and gathered into
+// the sgemm's packed operand: taps x pixels (the forward's B) or pixels x taps (the weight
+// gradient's), in this thread's scratch with `extra` floats free after it. Returns the operand.
+float* gathered_operand(const ConvShape& s, const Gather& g, const float* x, bool taps_major,
+                        int64_t extra) {
+  const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
+  const int64_t rows = taps_major ? K : cols, n = taps_major ? cols : K;
+  const PackedBLayout layout = sgemm_packed_b_layout(n, rows);
+  const bool in_place = unpadded(s, g);
+  const int64_t pad_size = in_place ? 0 : s.N * g.image;
+  float* padded = conv_scratch(pad_size + rows * layout.npad + extra + 16);
+  float* packed = aligned64(padded + pad_size);
+  if (!in_place) pad_batch(s, g, x, padded);
+  const float* src = in_place ? x : padded;
+  if (taps_major)
+    pack_gathered(src, g.tap_at.data(), K, g.col_at.data(), cols, layout, packed);
+  else
+    pack_gathered(src, g.col_at.data(), cols, g.tap_at.data(), K, layout, packed);
+  return packed;
+}
+
 bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
                     bool relu, float* y) {
   if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
   const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
   const Gather g = gather_plan(s);
-  const PackedBLayout layout = sgemm_packed_b_layout(cols, K);
-  const bool in_place = unpadded(s, g);
-  const int64_t pad_size = in_place ? 0 : s.N * g.image;
-  float* padded = conv_scratch(pad_size + K * layout.npad + s.O * cols + 16);
-  float* packed = aligned64(padded + pad_size);
-  float* product = packed + K * layout.npad;
-  if (!in_place) pad_batch(s, g, x, padded);
-  pack_gathered(in_place ? x : padded, g.tap_at.data(), K, g.col_at.data(), cols, layout, packed);
+  float* packed = gathered_operand(s, g, x, /*taps_major=*/true, s.O * cols);
+  float* product = packed + K * sgemm_packed_b_layout(cols, K).npad;
   // Lucid's sgemm: blocks of rows or columns per thread, so the same sums at any thread count.
   sgemm_prepacked(false, s.O, cols, K, 1.0f, w, K, packed, 0.0f, product, cols);
   parallel_for(s.N * s.O, std::max<int64_t>(1, 8192 / HW), [&](int64_t j0, int64_t j1) {
@@ -265,14 +280,8 @@ bool conv_im2col_weights_grad(const ConvShape& s, const float* x, const float* d
   if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
   const int64_t K = s.C * s.KH * s.KW, cols = s.N * s.HO * s.WO;
   const Gather g = gather_plan(s);
-  const PackedBLayout layout = sgemm_packed_b_layout(K, cols);
-  const bool in_place = unpadded(s, g);
-  const int64_t pad_size = in_place ? 0 : s.N * g.image;
-  float* padded = conv_scratch(pad_size + cols * layout.npad + s.O * cols + 16);
-  float* packed = aligned64(padded + pad_size);
-  float* dy_all = packed + cols * layout.npad;
-  if (!in_place) pad_batch(s, g, x, padded);
-  pack_gathered(in_place ? x : padded, g.col_at.data(), cols, g.tap_at.data(), K, layout, packed);
+  float* packed = gathered_operand(s, g, x, /*taps_major=*/false, s.O * cols);
+  float* dy_all = packed + cols * sgemm_packed_b_layout(K, cols).npad;
   gather_channels(s, dy, dy_all);
   sgemm_prepacked(false, s.O, K, cols, 1.0f, dy_all, cols, packed, 0.0f, dw, K);
   return true;
