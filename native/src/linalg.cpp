@@ -117,7 +117,9 @@ void run_mixed_matmul(const MatmulPlan& p, void* const* slots) {
 // [1, 2] @ [2, 2] products over 16 x 512 planes in workload G): one BLAS call per entry cost
 // ~0.1 us of call overhead for ~4 multiply-adds, 1 ms in all; plain loops instead, split over
 // entries. Each output is sum_k a[m, k] * b[k, n] in k order, times alpha, plus C (beta = 1: a
-// bias or addend written there first).
+// bias or addend written there first). The sum is fused multiply-adds, as in BLAS and Lucid's
+// sgemm: a product that overflows only when rounded alone (1e30 * 1e30 in float32) then keeps
+// the first infinity's sign instead of meeting an infinity of the other sign (NaN).
 constexpr int64_t kTinyGemmMacs = 64;
 
 template <class T>
@@ -133,8 +135,8 @@ void tiny_gemm_batch(const MatmulPlan& p, const T* A, const T* B, T beta, T* C, 
                      for (int64_t n = 0; n < p.N; ++n) {
                        T acc = T(0);
                        for (int64_t k = 0; k < p.K; ++k)
-                         acc += (p.ta ? a[k * p.lda + m] : a[m * p.lda + k]) *
-                                (p.tb ? b[n * p.ldb + k] : b[k * p.ldb + n]);
+                         acc = std::fma(p.ta ? a[k * p.lda + m] : a[m * p.lda + k],
+                                        p.tb ? b[n * p.ldb + k] : b[k * p.ldb + n], acc);
                        T& out = c[m * p.ldc + n];
                        out = beta == T(0) ? alpha * acc : alpha * acc + out;
                      }
