@@ -74,3 +74,19 @@ def test_tiny_batched_matmul_with_an_empty_dimension(m, n, k):
     p.result(p.op("matmul", sa, sb))
     got = CPUBackend(cache=False).compile(p).run([a, b])[0]
     np.testing.assert_array_equal(got, np.zeros((4, m, n), np.float32))
+
+
+def test_tiny_batched_matmul_overflowing_products_keep_the_sign():
+    # Each product overflows float32 when rounded alone (about 1e60); a fused multiply-add keeps
+    # the first infinity, as BLAS does, where separate rounding meets -inf + inf = NaN. The
+    # float64 sum is -1e60: float32's -inf.
+    a = np.array([[[-2e30, 1e30]], [[-2e30, 1e30]]], np.float32)  # [2, 1, 2]
+    b = np.full((2, 2, 1), 1e30, np.float32)
+    p = Program()
+    slots = [p.feed(a.shape, "f32"), p.feed(b.shape, "f32")]
+    p.result(p.op("matmul", *slots, transpose_a=False, transpose_b=False))
+    got = CPUBackend(cache=False).compile(p).run([a, b])[0]
+    with np.errstate(over="ignore"):
+        want = _matmul(a, b, False, False).astype(np.float32)
+    assert np.isneginf(want).all()
+    np.testing.assert_array_equal(got, want)
