@@ -19,7 +19,7 @@ from typing import TextIO
 from lucid.ir import _xdsl as x
 from lucid.ir._gc import paused_gc
 from lucid.ir.text import make_context, print_ir
-from lucid.passes.registry import available_passes
+from lucid.passes.registry import available_passes, pass_loader
 
 __all__ = [
     "Instrumentation",
@@ -56,15 +56,15 @@ def parse_pipeline_spec(spec: str) -> tuple[x.ModulePass, ...]:
         arg_specs = list(x.parse_pipeline(spec))
     except (x.ArgSpecParseError, ValueError) as e:  # the message has a caret under the error
         raise PipelineError(f"bad pass pipeline {spec!r}:\n{e}") from None
-    passes = available_passes()
     out = []
     for s in arg_specs:
-        if s.name not in passes:
+        loader = pass_loader(s.name)
+        if loader is None:
             raise PipelineError(
                 f"unknown pass {s.name!r} in pipeline {spec!r}; available passes: "
-                f"{', '.join(sorted(passes))}"
+                f"{', '.join(sorted(available_passes()))}"
             )
-        cls = passes[s.name]()
+        cls = loader()
         try:
             out.append(cls.from_spec(s))
         except Exception as e:

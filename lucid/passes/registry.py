@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 
 from lucid.ir import _xdsl as x
 
-__all__ = ["ENTRY_POINT_GROUP", "available_passes", "get_pass", "register_pass"]
+__all__ = ["ENTRY_POINT_GROUP", "available_passes", "get_pass", "pass_loader", "register_pass"]
 
 ENTRY_POINT_GROUP = "lucid.passes"
 
@@ -80,6 +80,17 @@ def _load_entry_points() -> None:
             return cls
 
         _PASSES[ep.name] = load
+
+
+def pass_loader(name: str) -> Callable[[], type[x.ModulePass]] | None:
+    """The loader of pass ``name`` (None if unknown). The installed packages' entry points are
+    read only for a name that is not built in or registered (those win over entry points
+    anyway): reading them scans every installed distribution, on a process's first compile."""
+    loader = _PASSES.get(name)
+    if loader is None and not _entry_points_loaded:
+        _load_entry_points()
+        loader = _PASSES.get(name)
+    return loader
 
 
 def available_passes() -> dict[str, Callable[[], type[x.ModulePass]]]:

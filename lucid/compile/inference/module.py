@@ -38,7 +38,6 @@ from lucid.compile.inference.forward import (
     _trace_of,
     compile_forward,
 )
-from lucid.compile.inference.grad import compile_grad_call
 from lucid.compile.options import Options, check_settings, env_flag, parse_options, resolve_backend
 from lucid.compile.session import CompileSession, discard_from_disk
 from lucid.compile.signature import (
@@ -363,6 +362,9 @@ class CompiledModule(ModuleFacade):
         session = CompileSession(self._options.switches)
         if key[3]:  # grad mode
             # Outputs carry a grad_fn running a compiled backward (lucid.compile.inference.grad).
+            # Imported here: inference (no_grad, eval) never needs it, nor the VJP and
+            # partitioning passes it brings (see tests/compile/test_first_compile_imports.py).
+            from lucid.compile.inference.grad import compile_grad_call
 
             entry = compile_grad_call(
                 self._model,
