@@ -169,7 +169,7 @@ constexpr int64_t kMinMacsPerPart = int64_t(1) << 18;
 constexpr int64_t kRowChunk = 96;
 constexpr int64_t kColChunk = 64;
 // Wide products get wider column chunks: each chunk reads all of A again (in place, from L2 or
-// L3), and four 64-column slivers per chunk reuse each block of A rows from L2 four times
+// L3), and a 256-column chunk reuses each block of A rows from L2 across four 64-column slivers
 // (workload F's 512x8192 head, 512x2048, 512x1536) while still leaving six or more chunks.
 constexpr int64_t kWideColChunk = 256, kWideColMinN = 1536;
 
@@ -511,9 +511,9 @@ template <int W, GemmType T = GemmType::f32>
 LUCID_GEMM_ISA void pack_rows(const Elem<T>* src, int64_t ld, int64_t rows, int64_t kc,
                               float* dst) {
   constexpr int kGroups = (W + 7) / 8;
-  // W rows read side by side are more streams than the hardware prefetcher follows: a weight
-  // packed straight from DRAM (workload F's 8192-row head, 16 MB) stalled on every line. Each
-  // row's line kPackAhead floats ahead is asked for once per line.
+  // W rows read side by side are more streams than the hardware prefetcher follows, and a
+  // weight packed straight from DRAM (workload F's 8192-row head, 16 MB) waits on its lines:
+  // each row's line kPackAhead elements ahead is asked for once per line.
   constexpr int64_t kPackAhead = 64, kLine = 64 / sizeof(Elem<T>);
   int64_t k = 0;
   for (; k + 8 <= kc; k += 8) {
