@@ -168,6 +168,10 @@ constexpr int64_t kMinMacsPerPart = int64_t(1) << 18;
 // The units handed to threads: blocks of output rows (M >= N) or columns.
 constexpr int64_t kRowChunk = 96;
 constexpr int64_t kColChunk = 64;
+// Wide products get wider column chunks: each chunk reads all of A again (in place, from L2 or
+// L3), and a 256-column chunk reuses each block of A rows from L2 across four 64-column slivers
+// (workload F's 512x8192 head, 512x2048, 512x1536) while still leaving six or more chunks.
+constexpr int64_t kWideColChunk = 256, kWideColMinN = 1536;
 
 // A grow-only 64-byte-aligned buffer per thread for the packed panels.
 class Scratch {
@@ -507,8 +511,16 @@ template <int W, GemmType T = GemmType::f32>
 LUCID_GEMM_ISA void pack_rows(const Elem<T>* src, int64_t ld, int64_t rows, int64_t kc,
                               float* dst) {
   constexpr int kGroups = (W + 7) / 8;
+  // W rows read side by side are more streams than the hardware prefetcher follows, and a
+  // weight packed straight from DRAM (workload F's 8192-row head, 16 MB) waits on its lines:
+  // each row's line kPackAhead elements ahead is asked for once per line.
+  constexpr int64_t kPackAhead = 64, kLine = 64 / sizeof(Elem<T>);
   int64_t k = 0;
   for (; k + 8 <= kc; k += 8) {
+    if (k % kLine == 0) {
+      for (int64_t i = 0; i < rows; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(src + i * ld + k + kPackAhead), _MM_HINT_T0);
+    }
     for (int g = 8 * (kGroups - 1); g >= 0; g -= 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i)
@@ -902,7 +914,8 @@ void run_problem_on(const Problem& given) {
   const int64_t dim = by_rows ? M : N, unit = by_rows ? Tile::MR : Tile::NR;
   // About kRowChunk / kColChunk each, evened out (M = 128 is two chunks of 66 and 62 rows, not
   // 96 and 32), in whole slivers.
-  const int64_t even = (dim + (by_rows ? kRowChunk : kColChunk) - 1) / (by_rows ? kRowChunk : kColChunk);
+  const int64_t target = by_rows ? kRowChunk : N >= kWideColMinN ? kWideColChunk : kColChunk;
+  const int64_t even = (dim + target - 1) / target;
   const int64_t chunk = ((dim + even - 1) / even + unit - 1) / unit * unit;
   const int64_t chunks = (dim + chunk - 1) / chunk;
   const double macs = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
