@@ -186,6 +186,45 @@ def erase_block_args(block: Block, args) -> None:
         arg.erase()
 
 
+def print_operands_attrs_type(op: Operation, printer: Printer) -> None:
+    """Print ``op``'s custom form: ``%a, %b {attrs} : (types) -> (types)``, the text of the
+    assembly format ``$args attr-dict `:` functional-type($args, $res)`` with the properties in
+    the attribute dictionary. Written by hand because every generated op class would otherwise
+    parse its own copy of that format when it is defined (about a millisecond per op kind on a
+    process's first compile)."""
+    if op.operands:
+        printer.print_string(" ")
+        printer.print_list(op.operands, printer.print_operand)
+    attrs = {**op.properties, **op.attributes}
+    if attrs:
+        printer.print_string(" ")
+        printer.print_attr_dict(attrs)
+    printer.print_string(" : ")
+    printer.print_function_type(op.operand_types, op.result_types)
+
+
+def parse_operands_attrs_type(cls: type[Operation], parser: Parser, properties) -> Operation:
+    """Parse the form ``print_operands_attrs_type`` prints into a ``cls``; the names in
+    ``properties`` become properties, other attributes stay attributes."""
+    pos = parser.pos
+    unresolved = (
+        parser.parse_optional_undelimited_comma_separated_list(
+            parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
+        )
+        or []
+    )
+    attrs = parser.parse_optional_attr_dict()
+    parser.parse_punctuation(":")
+    ftype = parser.parse_function_type()
+    operands = parser.resolve_operands(unresolved, ftype.inputs.data, pos)
+    return cls.create(
+        operands=operands,
+        result_types=list(ftype.outputs.data),
+        properties={k: v for k, v in attrs.items() if k in properties},
+        attributes={k: v for k, v in attrs.items() if k not in properties},
+    )
+
+
 __all__ = [
     "DYNAMIC_INDEX",
     "UNKNOWN_LOC",
@@ -238,6 +277,8 @@ __all__ = [
     "bf16",
     "builtin",
     "erase_block_args",
+    "parse_operands_attrs_type",
+    "print_operands_attrs_type",
     "f16",
     "f32",
     "f64",

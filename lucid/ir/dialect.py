@@ -59,39 +59,12 @@ class LucidOp(x.IRDLOperation):
         n_fixed = self.N_FIXED
         return [*values[:n_fixed], list(values[n_fixed:])]
 
-    # The custom form is written by hand rather than as an IRDL assembly format: every generated
-    # class would otherwise parse its own copy of the same format string when it is defined.
     def print(self, printer: x.Printer) -> None:
-        if self.operands:
-            printer.print_string(" ")
-            printer.print_list(self.operands, printer.print_operand)
-        attrs = {**self.properties, **self.attributes}
-        if attrs:
-            printer.print_string(" ")
-            printer.print_attr_dict(attrs)
-        printer.print_string(" : ")
-        printer.print_function_type(self.operand_types, self.result_types)
+        x.print_operands_attrs_type(self, printer)
 
     @classmethod
     def parse(cls, parser: x.Parser) -> LucidOp:
-        pos = parser.pos
-        unresolved = (
-            parser.parse_optional_undelimited_comma_separated_list(
-                parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
-            )
-            or []
-        )
-        attrs = parser.parse_optional_attr_dict()
-        parser.parse_punctuation(":")
-        ftype = parser.parse_function_type()
-        operands = parser.resolve_operands(unresolved, ftype.inputs.data, pos)
-        known = cls.OPDEF.attrs
-        return cls.create(
-            operands=operands,
-            result_types=list(ftype.outputs.data),
-            properties={k: v for k, v in attrs.items() if k in known},
-            attributes={k: v for k, v in attrs.items() if k not in known},
-        )
+        return x.parse_operands_attrs_type(cls, parser, cls.OPDEF.attrs)
 
     def _verify_lucid(self) -> None:
         """The whole verifier of a generated op (it replaces IRDL's generic one, whose checks

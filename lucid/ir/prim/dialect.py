@@ -147,41 +147,12 @@ class PrimIROp(x.IRDLOperation):
         """Every attribute of the op (defaults filled in), checked by the table."""
         return P.check_attrs(self.PRIM, self.given_attrs())
 
-    # The custom form is written by hand rather than as an IRDL assembly format (the same text as
-    # ``$args attr-dict `:` functional-type($args, $res)`` with the properties in the attribute
-    # dictionary): every generated class would otherwise parse its own copy of the format when
-    # it is defined, a millisecond per op kind on a process's first compile.
     def print(self, printer: x.Printer) -> None:
-        if self.operands:
-            printer.print_string(" ")
-            printer.print_list(self.operands, printer.print_operand)
-        attrs = {**self.properties, **self.attributes}
-        if attrs:
-            printer.print_string(" ")
-            printer.print_attr_dict(attrs)
-        printer.print_string(" : ")
-        printer.print_function_type(self.operand_types, self.result_types)
+        x.print_operands_attrs_type(self, printer)
 
     @classmethod
     def parse(cls, parser: x.Parser) -> PrimIROp:
-        pos = parser.pos
-        unresolved = (
-            parser.parse_optional_undelimited_comma_separated_list(
-                parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
-            )
-            or []
-        )
-        attrs = parser.parse_optional_attr_dict()
-        parser.parse_punctuation(":")
-        ftype = parser.parse_function_type()
-        operands = parser.resolve_operands(unresolved, ftype.inputs.data, pos)
-        known = cls.PRIM.attrs
-        return cls.create(
-            operands=operands,
-            result_types=list(ftype.outputs.data),
-            properties={k: v for k, v in attrs.items() if k in known},
-            attributes={k: v for k, v in attrs.items() if k not in known},
-        )
+        return x.parse_operands_attrs_type(cls, parser, cls.PRIM.attrs)
 
     def verify_(self) -> None:
         op = self.PRIM
