@@ -5,10 +5,10 @@
 (``_tracing``, ``trace``) are the unstable low-level surface the rest is built on.
 """
 
-import importlib
 import sys
 import types
 
+from lucid._lazy import lazy_attributes
 from lucid.compile.diagnose import DiagnosisReport, OpInfo, diagnose
 from lucid.compile.errors import CompileError
 from lucid.compile.inference import CompiledModule, compile
@@ -26,6 +26,7 @@ _LAZY = {
     "fused_step": "lucid.compile.training",
     "make_step": "lucid.compile.training",
 }
+_lazy_attribute = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "CacheKey",
@@ -57,12 +58,7 @@ class _CallableModule(types.ModuleType):
         return compile(target, **kwargs)
 
     def __getattr__(self, name: str):
-        home = _LAZY.get(name)
-        if home is None:
-            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
-        setattr(self, name, value)
-        return value
+        return _lazy_attribute(name)
 
     def __dir__(self):
         return sorted({*super().__dir__(), *_LAZY})

@@ -4,7 +4,6 @@ An xDSL upgrade should touch only this file. Names are re-exported as they are, 
 documentation applies to them.
 """
 
-import importlib as _importlib
 import re as _re
 
 from xdsl.context import Context
@@ -75,6 +74,8 @@ from xdsl.utils.exceptions import (
 from xdsl.utils.lexer import Input, Span
 from xdsl.utils.mlir_lexer import MLIRLexer as _MLIRLexer
 
+from lucid._lazy import lazy_attributes
+
 # xDSL 0.75's string-literal pattern nests a quantifier inside a quantifier, so a string left
 # unterminated on its line backtracks exponentially (each character doubles the time: 22 take
 # 2 s, 30 about ten minutes): one stray quote hung lucid-opt. The same language, in linear time.
@@ -89,20 +90,12 @@ ui8 = IntegerType(8, Signedness.UNSIGNED)
 # Names the compile path does not use, imported on first use: their modules add to the import
 # that a process's first ``lucid.compile`` call pays.
 _LAZY = {
-    "PassPipeline": ("xdsl.passes", "PassPipeline"),
-    "Universe": ("xdsl.universe", "Universe"),
-    "cse": ("xdsl.transforms.common_subexpression_elimination", "cse"),
-    "region_dce": ("xdsl.transforms.dead_code_elimination", "region_dce"),
+    "PassPipeline": "xdsl.passes",
+    "Universe": "xdsl.universe",
+    "cse": "xdsl.transforms.common_subexpression_elimination",
+    "region_dce": "xdsl.transforms.dead_code_elimination",
 }
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    value = getattr(_importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 # Reference cycles of the IR. An operation and its results point at each other (``op.results``,

@@ -87,8 +87,8 @@ def pass_loader(name: str) -> Callable[[], type[x.ModulePass]] | None:
     read only for a name that is not built in or registered (those win over entry points
     anyway): reading them scans every installed distribution, on a process's first compile."""
     loader = _PASSES.get(name)
-    if loader is None and not _entry_points_loaded:
-        _load_entry_points()
+    if loader is None:
+        _load_entry_points()  # once per process
         loader = _PASSES.get(name)
     return loader
 

@@ -1,8 +1,7 @@
 """The CPU backend: program model, fuse-kernels (``rewrites``), fuse-elementwise, and the native
 runtime behind it."""
 
-from typing import Any
-
+from lucid._lazy import lazy_attributes
 from lucid.backends.cpu.backend import (
     CPUBackend,
     cache_clear,
@@ -20,14 +19,7 @@ _LAZY = {
     "FusedNode": "lucid.backends.cpu.program",
     "Program": "lucid.backends.cpu.program",
 }
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

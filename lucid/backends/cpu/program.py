@@ -192,11 +192,9 @@ class Program:
             problem = half_operand_problem(name, [a.dtype for a in avals])
             if problem:
                 raise PrimError(problem)
-        # The rule itself on the attributes just checked (``prim_ops.infer`` would check them
-        # again: the emitter's largest cost per instruction); ``infer`` only for its arity error.
-        if (len(avals) != len(op.operands)) if not op.variadic else not avals:
-            prim_ops.infer(name, avals, full)
-        outs = op.infer(avals, full)
+        # The attributes just checked are not checked again (the emitter's largest cost per
+        # instruction): ``infer_checked``, not ``infer``.
+        outs = prim_ops.infer_checked(op, avals, full)
         known = self._avals
         made: list[int] = []
         for out in outs:

@@ -5,8 +5,7 @@ compared; on a mismatch the culprit (a pass, a lowering rule, the backend) is bi
 compiled call, ``step`` that of a training step.
 """
 
-import importlib
-
+from lucid._lazy import lazy_attributes
 from lucid.compile.parity.compare import Culprit, check_mode, compare, tolerance
 
 # The bisections load on a mismatch only (they import the interpreters): a compile with
@@ -18,15 +17,7 @@ _LAZY = {
     "eager_gradients": "lucid.compile.parity.step",
     "eager_optimizer_step": "lucid.compile.parity.step",
 }
-
-
-def __getattr__(name: str):
-    home = _LAZY.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
