@@ -30,7 +30,7 @@ from lucid.compile.errors import FeedMismatch, Unsupported, check_value_sizes
 from lucid.compile.options import GRAPH_PIPELINE, backend_of, env_flag
 from lucid.ir import feed_roles as _feed_roles
 from lucid.ir import forward_func, import_trace, print_ir, result_roles
-from lucid.ir._gc import collect_young, paused_gc, release_ir
+from lucid.ir._gc import paused_gc, promote_young, release_ir
 from lucid.passes import Instrumentation, PassFailure, PassManager
 
 __all__ = [
@@ -173,10 +173,11 @@ class CompileSession:
         ``LUCID_COMPILE_VERBOSE`` one line on the ``lucid.compile`` logger (what, ops, time per
         stage, backend); with ``LUCID_COMPILE_DEBUG`` the trace JSON is written
         (``LUCID_COMPILE_DEBUG_DIR``). A compile run under ``paused_gc`` (the whole of it,
-        tracing included) collects what it allocated here, in one scan of the young
-        generations (``collect_young``, see ``lucid.ir._gc``), timed as the stage ``gc``."""
+        tracing included) moves what it allocated and keeps to the oldest generation here,
+        without scanning it (``promote_young``, see ``lucid.ir._gc``), timed as the stage
+        ``gc``."""
         t0 = time.perf_counter()
-        if collect_young():
+        if promote_young():
             self.record("gc", (time.perf_counter() - t0) * 1e3)
         compile_ms = (time.perf_counter() - self.t0) * 1e3
         if env_flag("LUCID_COMPILE_VERBOSE"):

@@ -1,6 +1,6 @@
 """``paused_gc``: the cyclic collector is off while compile stages run, and its state is
-restored afterwards (on only if it was on), across nesting and threads; ``collect_young``
-collects at the end of the outermost block only."""
+restored afterwards (on only if it was on), across nesting and threads; ``promote_young``
+moves the young generations to the oldest, unscanned, at the end of the outermost block only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from lucid.ir import _xdsl as x
-from lucid.ir._gc import collect_young, paused_gc
+from lucid.ir._gc import paused_gc, promote_young
 from lucid.passes import PassManager
 
 
@@ -21,6 +21,15 @@ def _restore_gc():
     was = gc.isenabled()
     yield
     (gc.enable if was else gc.disable)()
+
+
+@pytest.fixture
+def unfrozen():
+    """No frozen objects during the test (tests/conftest.py freezes what collection loaded, and
+    ``promote_young`` treats frozen objects as the user's); frozen again after it."""
+    gc.unfreeze()
+    yield
+    gc.freeze()
 
 
 def test_off_inside_nested_blocks_and_back_on_after():
@@ -101,22 +110,47 @@ def _young_collections(fn) -> list[int]:
     return seen
 
 
-def test_collect_young_frees_the_cycles_of_the_outermost_block_only():
+def _generation_of(obj) -> int | None:
+    for generation in range(3):
+        if any(o is obj for o in gc.get_objects(generation)):
+            return generation
+    return None
+
+
+def test_promote_young_moves_the_outermost_blocks_objects_to_the_oldest_generation_unscanned(
+    unfrozen,
+):
     gc.enable()
     with paused_gc():
-        cycle = weakref.ref(_Cycle())  # garbage only a collection frees
+        kept = _Cycle()
+        assert _generation_of(kept) == 0
         with paused_gc():
-            assert _young_collections(collect_young) == []  # nested: not yet
-            assert cycle() is not None
-        assert _young_collections(collect_young) == [1]
-        assert cycle() is None
+            assert _young_collections(promote_young) == []  # nested: not yet
+            assert _generation_of(kept) == 0
+        assert _young_collections(promote_young) == []  # no collection: nothing is scanned
+        assert _generation_of(kept) == 2
+        assert gc.get_freeze_count() == 0
     assert gc.isenabled()
 
 
-def test_collect_young_does_nothing_outside_a_block_or_with_the_collector_off():
+def test_promote_young_keeps_the_users_frozen_objects_frozen_and_collects_instead(unfrozen):
     gc.enable()
-    assert _young_collections(collect_young) == []
+    gc.freeze()  # the user's own (a pre-fork server's, say)
+    frozen = gc.get_freeze_count()
+    with paused_gc():
+        cycle = weakref.ref(_Cycle())  # garbage only a collection frees
+        assert _young_collections(promote_young) == [1]
+        assert cycle() is None
+    assert gc.get_freeze_count() == frozen
+
+
+def test_promote_young_does_nothing_outside_a_block_or_with_the_collector_off(unfrozen):
+    gc.enable()
+    kept = _Cycle()
+    assert _young_collections(promote_young) == []
+    assert _generation_of(kept) == 0
     gc.disable()
     with paused_gc():
-        assert _young_collections(collect_young) == []
+        assert _young_collections(promote_young) == []
+        assert _generation_of(kept) == 0
     assert not gc.isenabled()
