@@ -444,6 +444,11 @@ def _lucid_case(model_name: str, mode: str, n: int, x_np) -> dict:
             compiled = lucid.compile.fused_step(model, lambda out: (out * out).mean(), opt)
             compiled(x)
     first, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    extra = {}
+    if mode == "train":
+        from lucid.compile.training.entries import _fuse_updates
+
+        extra["fused_updates"] = _fuse_updates(model.parameters())
     peak = BW.high_water_mb() - base
     rows = compiled.timing()
     passes = dict(rows[0]["passes_ms"]) if rows else {}
@@ -467,6 +472,7 @@ def _lucid_case(model_name: str, mode: str, n: int, x_np) -> dict:
         "n_ops": n_ops,
         "compile_ms": rows[0]["compile_ms"] if rows else None,
         "version": getattr(lucid, "__version__", None),
+        **extra,
     }
 
 
@@ -657,12 +663,29 @@ def _case(model: str, mode: str, n: int, framework: str, **fields) -> dict:
 
 
 def all_exponents(results: list[dict]) -> dict[str, dict]:
-    """``series_exponents`` of every Lucid series, keyed "model mode"."""
+    """``series_exponents`` of every Lucid series, keyed "model mode", over its comparable
+    points (``comparable_points``)."""
     series: dict[str, list[dict]] = {}
     for r in results:
         if r["framework"] == "lucid" and "stages_ms" in r:
             series.setdefault(f"{r['model']} {r['mode']}", []).append(r)
-    return {k: series_exponents(sorted(v, key=lambda r: r["size"])) for k, v in series.items()}
+    return {
+        k: series_exponents(comparable_points(sorted(v, key=lambda r: r["size"]))[0])
+        for k, v in series.items()
+    }
+
+
+def comparable_points(points: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The points of a series (sorted by size) that compile the same kind of program as its
+    largest, and the others. ``fused_step`` concatenates the parameters into one update chain
+    up to a parameter count (``fused_updates``, recorded per training case): the sizes below
+    that limit build a different training program (one update chain instead of one per
+    parameter), so a series that crosses it would fit two programs' costs as one growth."""
+    if not points or "fused_updates" not in points[-1]:
+        return points, []
+    regime = points[-1]["fused_updates"]
+    kept = [p for p in points if p.get("fused_updates", regime) == regime]
+    return kept, [p for p in points if p.get("fused_updates", regime) != regime]
 
 
 def cell(result: dict | None) -> str:
@@ -701,6 +724,20 @@ def print_tables(results: list[dict], exponents: dict, frameworks: list[str]) ->
         if what:
             print(f"note: {r['model']} {r['mode']} {r['size']} {r['framework']}: {what}")
     print("\nLucid's growth exponents per stage (log-log fit against forward ops; * = judged)")
+    for model, mode in sorted(
+        {(r["model"], r["mode"]) for r in results if r["framework"] == "lucid"}
+    ):
+        series = [
+            r for r in results if (r["model"], r["mode"], r["framework"]) == (model, mode, "lucid")
+        ]
+        _, left_out = comparable_points(sorted(series, key=lambda r: r["size"]))
+        if left_out:
+            sizes = ", ".join(str(r["size"]) for r in left_out)
+            print(
+                f"  ({model} {mode}: {SIZE_NAMES[model]} {sizes} left out of the fits: its "
+                "parameters fit fused_step's one concatenated update chain, a different "
+                "program from the larger sizes' per-parameter updates)"
+            )
     for series, stages in exponents.items():
         ordered = sorted(stages.items(), key=lambda kv: -(kv[1].get("max_ms") or 0.0))
         parts = []

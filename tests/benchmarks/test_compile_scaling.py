@@ -64,6 +64,23 @@ def test_a_stage_missing_at_one_size_counts_as_zero_there_and_is_left_out_of_the
     assert e["b"]["exponent"] is None and not e["b"]["judged"]  # one point only
 
 
+def test_a_training_series_fits_only_the_sizes_compiled_like_its_largest():
+    # Below fused_step's update-fusion limit the step is another program (one concatenated
+    # update chain): fitted with the larger sizes it would bend the slope.
+    fused = dict(model="transformer", mode="train", framework="lucid", fused_updates=True)
+    unfused = dict(fused, fused_updates=False)
+    results = [
+        dict(point(24, {"a": 0.2}), size=1, **fused),
+        dict(point(48, {"a": 50.0}), size=2, **unfused),
+        dict(point(96, {"a": 100.0}), size=4, **unfused),
+    ]
+    kept, left_out = CS.comparable_points(results)
+    assert [p["size"] for p in kept] == [2, 4] and [p["size"] for p in left_out] == [1]
+    assert CS.all_exponents(results)["transformer train"]["a"]["exponent"] == pytest.approx(1.0)
+    old = [{k: v for k, v in p.items() if k != "fused_updates"} for p in results]
+    assert CS.comparable_points(old) == (old, [])  # cases measured before the flag: all fitted
+
+
 def case(model, mode, size, fw, first_s=None, **extra):
     out = {"model": model, "mode": mode, "size": size, "framework": fw, **extra}
     if first_s is not None:
