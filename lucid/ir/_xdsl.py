@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib as _importlib
 import re as _re
-import sys as _sys
 from typing import TYPE_CHECKING
 
 from xdsl.context import Context
@@ -91,8 +90,18 @@ from xdsl.utils.exceptions import (
     VerifyException,
 )
 from xdsl.utils.lexer import Input, Span
+from xdsl.utils.mlir_lexer import MLIRLexer as _MLIRLexer
 
 from lucid._lazy import lazy_attributes
+
+# xDSL 0.75's string-literal pattern nests a quantifier inside a quantifier, so a string left
+# unterminated on its line backtracks exponentially (each character doubles the time: 22 take
+# 2 s, 30 about ten minutes): one stray quote hung lucid-opt. The same language, in linear time.
+_SLOW_STRING_LITERAL = r'"(?:[^"\\\n\v\f]+|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
+if _MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
+    _MLIRLexer._unescaped_characters_regex = _re.compile(
+        r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
+    )
 
 if TYPE_CHECKING:
     from xdsl.parser import Parser
@@ -101,7 +110,7 @@ if TYPE_CHECKING:
 ui8 = IntegerType(8, Signedness.UNSIGNED)
 
 # Names the compile path does not use, imported on first use: their modules add to the import
-# that a process's first ``lucid.compile`` call pays (the parser and the printer alone ~10 ms).
+# that a process's first ``lucid.compile`` call pays (parser, printer, pattern rewriter: ~10 ms).
 _LAZY = {
     "Parser": "xdsl.parser",
     "Printer": "xdsl.printer",
@@ -125,30 +134,7 @@ def __getattr__(name: str):
         module = _importlib.import_module("lucid.ir.func")
         globals()["func"] = module
         return module
-    value = _lazy_getattr(name)
-    if name == "Parser":
-        _linear_string_literals()
-    return value
-
-
-# xDSL 0.75's string-literal pattern nests a quantifier inside a quantifier, so a string left
-# unterminated on its line backtracks exponentially (each character doubles the time: 22 take
-# 2 s, 30 about ten minutes): one stray quote hung lucid-opt. The same language, in linear time.
-# Applied when the parser is first reached through this module.
-_SLOW_STRING_LITERAL = r'"(?:[^"\\\n\v\f]+|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
-
-
-def _linear_string_literals() -> None:
-    from xdsl.utils.mlir_lexer import MLIRLexer
-
-    if MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
-        MLIRLexer._unescaped_characters_regex = _re.compile(
-            r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
-        )
-
-
-if "xdsl.utils.mlir_lexer" in _sys.modules:  # already loaded by someone: fix it now
-    _linear_string_literals()
+    return _lazy_getattr(name)
 
 
 # Reference cycles of the IR. An operation and its results point at each other (``op.results``,
