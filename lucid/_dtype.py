@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import builtins
+import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 
@@ -14,11 +14,21 @@ class dtype:  # noqa: N801  (PyTorch spells dtypes in lower case)
 
     __slots__ = ("name", "numpy", "category", "itemsize")
 
-    def __init__(self, name: str, np_dtype: Any, category: int):
+    def __init__(self, name: str, np_dtype: Any, category: int, itemsize: int | None = None):
         self.name = name
-        self.numpy = np.dtype(np_dtype)
         self.category = category  # 0 bool, 1 integer, 2 floating
-        self.itemsize = self.numpy.itemsize
+        if np_dtype is None:  # resolved on first read of ``numpy`` (``__getattr__``)
+            self.itemsize = itemsize
+        else:
+            self.numpy = np.dtype(np_dtype)
+            self.itemsize = self.numpy.itemsize
+
+    def __getattr__(self, attr: str) -> Any:
+        # Reached only for an unset slot: bfloat16's ``numpy`` before its first use. Once set,
+        # the slot is read directly, so the hot paths pay nothing for the laziness.
+        if attr == "numpy" and self is bfloat16:
+            return _load_bfloat16()
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
 
     @property
     def is_floating_point(self) -> bool:
@@ -41,17 +51,72 @@ float16 = dtype("float16", np.float16, 2)
 float32 = dtype("float32", np.float32, 2)
 float64 = dtype("float64", np.float64, 2)
 # numpy has no bfloat16 of its own: ml_dtypes provides the numpy dtype (round to nearest even).
-bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, 2)
+# ml_dtypes is imported when that dtype is first needed (``_load_bfloat16``): its start-up
+# registers hundreds of ufunc loops (0.5-0.8 s with numpy 2.4), which ``import lucid`` should
+# not pay for a float32 model.
+bfloat16 = dtype("bfloat16", None, 2, itemsize=2)
 
 half, float, double, long, int, short = float16, float32, float64, int64, int32, int16  # noqa: A001
 
 ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, float32, float64, bfloat16)
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NAME.update({"bool_": bool_, "half": half, "float": float32, "double": double, "long": long})
-_BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}
+
+
+def _load_bfloat16() -> np.dtype:
+    """bfloat16's numpy dtype, importing ml_dtypes the first time; it then joins ``_BY_NUMPY``
+    and ``HALF_NUMPY``."""
+    import ml_dtypes
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16)
+    _BY_NUMPY.setdefault(np_dtype, bfloat16)
+    HALF_NUMPY.add(np_dtype)
+    bfloat16.numpy = np_dtype
+    return np_dtype
+
+
+class BFloat16Table(dict):
+    """A dict that gets bfloat16's entry when that entry is first looked up, so that building it
+    does not import ml_dtypes: with ``name``, ``name`` -> bfloat16's numpy dtype; with
+    ``value``, bfloat16's numpy dtype -> ``value``. Looking up anything else never imports it
+    (a numpy dtype named bfloat16 exists only once ml_dtypes is imported)."""
+
+    def __init__(self, entries: Any = (), *, name: str | None = None, value: Any = None):
+        super().__init__(entries)
+        self._name = name
+        self._value = value
+
+    def _bfloat16_entry(self, key: Any) -> tuple[Any, Any] | None:
+        if self._name is not None:
+            if isinstance(key, str) and key == self._name:
+                return key, bfloat16.numpy
+        elif (
+            getattr(key, "name", None) == "bfloat16"
+            and "ml_dtypes" in sys.modules
+            and key == bfloat16.numpy
+        ):
+            return key, self._value
+        return None
+
+    def __missing__(self, key: Any) -> Any:
+        entry = self._bfloat16_entry(key)
+        if entry is None:
+            raise KeyError(key)
+        self[entry[0]] = entry[1]
+        return entry[1]
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self._bfloat16_entry(key) is not None
+
+
+_BY_NUMPY = BFloat16Table(((d.numpy, d) for d in ALL_DTYPES if d is not bfloat16), value=bfloat16)
 # The 16-bit floating formats: stored in 16 bits, computed in float32 and rounded once per op.
 HALF_DTYPES = (float16, bfloat16)
-HALF_NUMPY = frozenset(d.numpy for d in HALF_DTYPES)
+# Their numpy dtypes: a set that bfloat16's joins when resolved. A bfloat16 array reaches the
+# kernels only through a Lucid tensor, whose creation or ``dtype`` already resolved it.
+HALF_NUMPY = {float16.numpy}
+if "ml_dtypes" in sys.modules:  # already paid for: resolve now
+    _load_bfloat16()
 
 default_float = float32
 default_int = int64
@@ -174,7 +239,12 @@ class finfo:  # noqa: N801  (torch.finfo)
         dt = default_float if type is None else canonical(type)
         if not dt.is_floating_point:
             raise TypeError(f"finfo: {dt} is not a floating-point dtype (use numpy's iinfo)")
-        info = ml_dtypes.finfo(dt.numpy)
+        if dt is bfloat16:
+            import ml_dtypes  # numpy's finfo does not know bfloat16
+
+            info = ml_dtypes.finfo(dt.numpy)
+        else:
+            info = np.finfo(dt.numpy)
         self.dtype = dt.name
         self.bits = builtins.int(info.bits)
         self.eps = builtins.float(info.eps)

@@ -66,19 +66,26 @@ MAX_HEADER_BYTES = 100_000_000
 PICKLE_MAGIC = b"LUCIDPKL"  # the limit safetensors' own reader applies
 
 # safetensors dtype name -> numpy dtype (little-endian), for the dtypes Lucid has.
-_TO_NUMPY = {
-    "BOOL": np.dtype("?"),
-    "U8": np.dtype("u1"),
-    "I8": np.dtype("i1"),
-    "I16": np.dtype("<i2"),
-    "I32": np.dtype("<i4"),
-    "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"),
-    "BF16": _dtype.bfloat16.numpy,  # ml_dtypes' bfloat16 (native byte order: little on every host)
-    "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"),
-}
-_FROM_NUMPY = {v.newbyteorder("="): k for k, v in _TO_NUMPY.items()}
+# BF16 is ml_dtypes' bfloat16 (native byte order: little on every host), looked up on first use
+# so that importing lucid, or saving and loading other dtypes, does not import ml_dtypes.
+_TO_NUMPY = _dtype.BFloat16Table(
+    {
+        "BOOL": np.dtype("?"),
+        "U8": np.dtype("u1"),
+        "I8": np.dtype("i1"),
+        "I16": np.dtype("<i2"),
+        "I32": np.dtype("<i4"),
+        "I64": np.dtype("<i8"),
+        "F16": np.dtype("<f2"),
+        "F32": np.dtype("<f4"),
+        "F64": np.dtype("<f8"),
+    },
+    name="BF16",
+)
+_FROM_NUMPY = _dtype.BFloat16Table(
+    {v.newbyteorder("="): k for k, v in _TO_NUMPY.items()}, value="BF16"
+)
+_STORABLE = "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
 # Read but not written: widened exactly to a dtype Lucid has.
 _WIDENED = {"U16": (np.dtype("<u2"), 2), "U32": (np.dtype("<u4"), 4)}
 _KNOWN_UNSUPPORTED = {"U64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"}
@@ -187,7 +194,7 @@ class _Encoder:
         if arr.dtype.newbyteorder("=") not in _FROM_NUMPY:
             raise TypeError(
                 f"lucid.save: {_where(path)} has dtype {arr.dtype}, which Lucid cannot store; "
-                f"storable: {', '.join(str(d) for d in _FROM_NUMPY)}"
+                f"storable: {_STORABLE}"
             )
         return arr
 

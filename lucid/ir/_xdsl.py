@@ -1,13 +1,23 @@
 """The one place Lucid imports xDSL (pinned to 0.75.0): everything else imports from here.
 
 An xDSL upgrade should touch only this file. Names are re-exported as they are, so xDSL's own
-documentation applies to them.
+documentation applies to them. One exception: ``func`` is Lucid's copy of xDSL's ``func`` dialect
+(``lucid.ir.func``, same ops and text), because importing xDSL's costs the first compile ~30 ms.
+
+The compile path (trace, import, passes, lowering, backend) builds, verifies and rewrites IR but
+never prints, parses or pattern-rewrites it: the parser, the printer, the pattern rewriter and
+xDSL's passes are imported on the first use of their names (``_LAZY``), so a process's first
+``lucid.compile`` does not pay for them.
 """
 
+from __future__ import annotations
+
+import importlib as _importlib
 import re as _re
+from typing import TYPE_CHECKING
 
 from xdsl.context import Context
-from xdsl.dialects import builtin, func
+from xdsl.dialects import builtin
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     UNKNOWN_LOC,
@@ -19,16 +29,20 @@ from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     DictionaryAttr,
     FileLineColLoc,
+    FlatSymbolRefAttrConstr,
     Float16Type,
     Float32Type,
     Float64Type,
     FloatAttr,
+    FunctionType,
     IntAttr,
     IntegerAttr,
     IntegerType,
     ModuleOp,
     Signedness,
     StringAttr,
+    SymbolNameConstraint,
+    SymbolRefAttr,
     TensorType,
     UnitAttr,
     bf16,
@@ -48,22 +62,26 @@ from xdsl.irdl import (
     ParsePropInAttrDict,
     irdl_op_definition,
     opt_prop_def,
+    prop_def,
+    region_def,
     traits_def,
     var_operand_def,
     var_result_def,
 )
-from xdsl.parser import Parser
 from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
-    PatternRewriter,
-    PatternRewriteWalker,
-    RewritePattern,
-    op_type_rewrite_pattern,
-)
-from xdsl.printer import Printer
 from xdsl.rewriter import InsertPoint, Rewriter
-from xdsl.traits import ConstantLike, Pure
+from xdsl.traits import (
+    CallableOpInterface,
+    ConstantLike,
+    HasParent,
+    IsolatedFromAbove,
+    IsTerminator,
+    Pure,
+    ReturnLike,
+    SymbolOpInterface,
+    SymbolTable,
+    SymbolUserOpInterface,
+)
 from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import (
     ArgSpecParseError,
@@ -85,17 +103,38 @@ if _MLIRLexer._unescaped_characters_regex.pattern == _SLOW_STRING_LITERAL:
         r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
     )
 
+if TYPE_CHECKING:
+    from xdsl.parser import Parser
+    from xdsl.printer import Printer
+
 ui8 = IntegerType(8, Signedness.UNSIGNED)
 
 # Names the compile path does not use, imported on first use: their modules add to the import
-# that a process's first ``lucid.compile`` call pays.
+# that a process's first ``lucid.compile`` call pays (parser, printer, pattern rewriter: ~10 ms).
 _LAZY = {
+    "Parser": "xdsl.parser",
+    "Printer": "xdsl.printer",
+    "GreedyRewritePatternApplier": "xdsl.pattern_rewriter",
+    "PatternRewriter": "xdsl.pattern_rewriter",
+    "PatternRewriteWalker": "xdsl.pattern_rewriter",
+    "RewritePattern": "xdsl.pattern_rewriter",
+    "op_type_rewrite_pattern": "xdsl.pattern_rewriter",
+    "parse_func_op_like": "xdsl.dialects.utils",
+    "print_func_op_like": "xdsl.dialects.utils",
     "PassPipeline": "xdsl.passes",
     "Universe": "xdsl.universe",
     "cse": "xdsl.transforms.common_subexpression_elimination",
     "region_dce": "xdsl.transforms.dead_code_elimination",
 }
-__getattr__ = lazy_attributes(__name__, _LAZY)
+_lazy_getattr = lazy_attributes(__name__, _LAZY)
+
+
+def __getattr__(name: str):
+    if name == "func":  # Lucid's func dialect, which imports this module
+        module = _importlib.import_module("lucid.ir.func")
+        globals()["func"] = module
+        return module
+    return _lazy_getattr(name)
 
 
 # Reference cycles of the IR. An operation and its results point at each other (``op.results``,
@@ -219,8 +258,6 @@ def parse_operands_attrs_type(cls: type[Operation], parser: Parser, properties) 
 
 
 __all__ = [
-    "DYNAMIC_INDEX",
-    "UNKNOWN_LOC",
     "ArgSpecParseError",
     "ArrayAttr",
     "Attribute",
@@ -228,67 +265,75 @@ __all__ = [
     "Block",
     "BoolAttr",
     "BytesAttr",
+    "CallableOpInterface",
     "ConstantLike",
     "Context",
+    "DYNAMIC_INDEX",
     "DenseArrayBase",
     "DenseIntOrFPElementsAttr",
     "DiagnosticException",
+    "Dialect",
     "DictionaryAttr",
     "FileLineColLoc",
-    "Dialect",
+    "FlatSymbolRefAttrConstr",
     "Float16Type",
     "Float32Type",
     "Float64Type",
     "FloatAttr",
-    "GreedyRewritePatternApplier",
+    "FunctionType",
+    "HasParent",
     "IRDLOperation",
+    "Input",
     "InsertPoint",
     "IntAttr",
     "IntegerAttr",
     "IntegerType",
+    "IsTerminator",
+    "IsolatedFromAbove",
     "ModuleOp",
     "ModulePass",
     "Operation",
-    "Input",
     "ParseError",
     "ParsePropInAttrDict",
-    "Parser",
-    "PatternRewriteWalker",
-    "PatternRewriter",
-    "Printer",
     "Pure",
     "Region",
-    "RewritePattern",
+    "ReturnLike",
     "Rewriter",
     "SSAValue",
     "Signedness",
     "Span",
     "StringAttr",
+    "SymbolNameConstraint",
+    "SymbolOpInterface",
+    "SymbolRefAttr",
+    "SymbolTable",
+    "SymbolUserOpInterface",
     "TensorType",
+    "UNKNOWN_LOC",
     "UnitAttr",
     "VerifyException",
     "bf16",
     "builtin",
     "erase_block_args",
-    "parse_operands_attrs_type",
-    "print_operands_attrs_type",
     "f16",
     "f32",
     "f64",
-    "func",
     "i1",
-    "i8",
     "i16",
     "i32",
     "i64",
+    "i8",
     "irdl_op_definition",
-    "op_type_rewrite_pattern",
     "opt_prop_def",
+    "parse_operands_attrs_type",
     "parse_pipeline",
+    "print_operands_attrs_type",
+    "prop_def",
+    "region_def",
     "release",
     "traits_def",
     "ui8",
     "var_operand_def",
     "var_result_def",
 ]
-__all__ += sorted(_LAZY)  # reached through __getattr__
+__all__ += sorted([*_LAZY, "func"])  # reached through __getattr__

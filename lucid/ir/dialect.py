@@ -149,7 +149,28 @@ class ConstantOp(x.IRDLOperation):
     value = x.opt_prop_def(x.Attribute)
     res = x.var_result_def(x.TensorType)
     traits = x.traits_def(x.Pure(), x.ConstantLike())
-    assembly_format = "$value attr-dict `->` type($res)"
+
+    # The text of the assembly format "$value attr-dict `->` type($res)", written by hand: an
+    # assembly format imports xDSL's format parser, its parser and its printer when the class is
+    # defined, on every process's first compile.
+    def print(self, printer: x.Printer) -> None:
+        value = self.properties.get("value")
+        if value is not None:
+            printer.print_string(" ")
+            printer.print_attribute(value)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" -> ")
+        printer.print_list(self.result_types, printer.print_attribute)
+
+    @classmethod
+    def parse(cls, parser: x.Parser) -> ConstantOp:
+        value = parser.parse_attribute()
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation("->")
+        types = parser.parse_optional_undelimited_comma_separated_list(
+            parser.parse_optional_type, parser.parse_type
+        )
+        return cls.create(result_types=types or [], properties={"value": value}, attributes=attrs)
 
     def scalar(self) -> bool | int | float | None:
         v = self.properties.get("value")

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from lucid._dtype import BFloat16Table
 from lucid.ir.prim._half import HALF, HALF_NUMPY, to_half, widen_half
 
 DTYPES = ("f32", "f64", "f16", "bf16", "i32", "i64", "bool")
@@ -15,15 +16,18 @@ FLOAT = frozenset({"f32", "f64"}) | HALF
 INT = frozenset({"i32", "i64"})
 NUMERIC = FLOAT | INT
 ANY = frozenset(DTYPES)
-NUMPY_DTYPES = {
-    "f32": np.dtype(np.float32),
-    "f64": np.dtype(np.float64),
-    **HALF_NUMPY,
-    "i32": np.dtype(np.int32),
-    "i64": np.dtype(np.int64),
-    "bool": np.dtype(np.bool_),
-}
-_FROM_NUMPY = {v: k for k, v in NUMPY_DTYPES.items()}
+NUMPY_DTYPES = BFloat16Table(  # bf16's (ml_dtypes') is looked up on first use
+    {
+        "f32": np.dtype(np.float32),
+        "f64": np.dtype(np.float64),
+        **HALF_NUMPY,
+        "i32": np.dtype(np.int32),
+        "i64": np.dtype(np.int64),
+        "bool": np.dtype(np.bool_),
+    },
+    name="bf16",
+)
+_FROM_NUMPY = BFloat16Table({v: k for k, v in NUMPY_DTYPES.items()}, value="bf16")
 
 
 def dtype_of(array: np.ndarray) -> str:

@@ -16,11 +16,15 @@ canonical quiet NaN; to ``bf16`` ml_dtypes always gives the canonical quiet NaN.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from lucid._dtype import BFloat16Table
+
 HALF = frozenset({"f16", "bf16"})
-HALF_NUMPY = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
+# bf16's numpy dtype is ml_dtypes', looked up on first use: importing ml_dtypes is slow, and only
+# programs with bf16 values need it.
+HALF_NUMPY = BFloat16Table({"f16": np.dtype(np.float16)}, name="bf16")
+_F16 = HALF_NUMPY["f16"]
 
 # (exponent bits, fraction bits) of each format
 _FORMATS = {"f16": (5, 10), "bf16": (8, 7), "f32": (8, 23), "f64": (11, 52)}
@@ -30,7 +34,8 @@ _ONE = np.uint64(1)
 
 def is_half(array: np.ndarray) -> bool:
     """Whether ``array`` holds f16 or bf16 values."""
-    return array.dtype in (HALF_NUMPY["f16"], HALF_NUMPY["bf16"])
+    dt = array.dtype
+    return dt == _F16 or (dt.name == "bfloat16" and dt == HALF_NUMPY["bf16"])
 
 
 def widen_half(array: np.ndarray) -> np.ndarray:
