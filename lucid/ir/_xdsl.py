@@ -1,8 +1,8 @@
 """The one place Lucid imports xDSL (pinned to 0.75.0): everything else imports from here.
 
 An xDSL upgrade should touch only this file. Names are re-exported as they are, so xDSL's own
-documentation applies to them. One exception: ``func`` is Lucid's copy of xDSL's ``func`` dialect
-(``lucid.ir.func``, same ops and text), because importing xDSL's costs the first compile ~30 ms.
+documentation applies to them. One exception: ``func`` is Lucid's own ``func`` dialect
+(``lucid.ir.func``: MLIR's ops and text), because importing xDSL's costs the first compile ~30 ms.
 
 The compile path (trace, import, passes, lowering, backend) builds, verifies and rewrites IR but
 never prints, parses or pattern-rewrites it: the parser, the printer, the pattern rewriter and

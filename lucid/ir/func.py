@@ -1,12 +1,12 @@
-"""The ``func`` dialect (``func.func``, ``func.return``, ``func.call``), Lucid's own copy of
-xDSL 0.75's ``xdsl.dialects.func``: same op names, properties, traits, verifiers, Python
-interface and text, so saved and printed IR is unchanged and parses either way.
+"""The ``func`` dialect of Lucid's IR: ``func.func``, ``func.return`` and ``func.call``, with
+MLIR's op names, properties and text, so saved and printed IR reads the same as with xDSL's own
+``func`` dialect and parses with either.
 
-Why a copy: importing xDSL's module costs a process's first ``lucid.compile`` about 30 ms, for
-its custom forms (``xdsl.dialects.utils`` pulls in the parser, the declarative assembly format and
-the pattern rewriter), which compiling never uses. Here the custom forms are written by hand, and
-``func.func``'s reuses xDSL's printer and parser helpers, imported on first print or parse.
-It is reached as ``lucid.ir._xdsl.func`` (``x.func.FuncOp``), where xDSL's module used to be.
+Defined here instead of imported from ``xdsl.dialects.func``: that module brings xDSL's parser,
+declarative assembly format and pattern rewriter along (about 30 ms of a process's first
+compile) for textual forms a compile never prints. The ops' text is written out here;
+``func.func``'s signature goes through xDSL's function printing and parsing helpers, loaded on
+first print or parse. The adapter exposes this module as ``lucid.ir._xdsl.func``.
 """
 
 from __future__ import annotations
@@ -17,59 +17,31 @@ from lucid.ir import _xdsl as x
 
 __all__ = ["CallOp", "Func", "FuncOp", "ReturnOp"]
 
-_FUNC_RESERVED = ("sym_name", "function_type", "sym_visibility")
+# Properties printed in a function's signature, never in its ``attributes {...}`` dictionary.
+_SIGNATURE_PROPERTIES = ("sym_name", "function_type", "sym_visibility")
 
 
-class FuncOpCallableInterface(x.CallableOpInterface):
-    @classmethod
-    def get_callable_region(cls, op: x.Operation) -> x.Region:
-        assert isinstance(op, FuncOp)
-        return op.body
-
-    @classmethod
-    def get_argument_types(cls, op: x.Operation) -> tuple[x.Attribute, ...]:
-        assert isinstance(op, FuncOp)
-        return op.function_type.inputs.data
-
-    @classmethod
-    def get_result_types(cls, op: x.Operation) -> tuple[x.Attribute, ...]:
-        assert isinstance(op, FuncOp)
-        return op.function_type.outputs.data
+def _function_type(
+    signature: x.FunctionType | tuple[Sequence[x.Attribute], Sequence[x.Attribute]],
+) -> x.FunctionType:
+    if isinstance(signature, x.FunctionType):
+        return signature
+    inputs, outputs = signature
+    return x.FunctionType.from_lists(list(inputs), list(outputs))
 
 
-class CallOpSymbolUserOpInterface(x.SymbolUserOpInterface):
-    def verify(self, op: x.Operation) -> None:
-        assert isinstance(op, CallOp)
-        found_callee = x.SymbolTable.lookup_symbol(op, op.callee)
-        if not found_callee:
-            raise x.VerifyException(f"'{op.callee}' could not be found in symbol table")
-        if not isinstance(found_callee, FuncOp):
-            raise x.VerifyException(f"'{op.callee}' does not reference a valid function")
-        if len(found_callee.function_type.inputs) != len(op.arguments):
-            raise x.VerifyException("incorrect number of operands for callee")
-        if len(found_callee.function_type.outputs) != len(op.result_types):
-            raise x.VerifyException("incorrect number of results for callee")
-        operand_types = (arg.type for arg in op.arguments)
-        for idx, (found, given) in enumerate(
-            zip(found_callee.function_type.inputs, operand_types, strict=False)
-        ):
-            if found != given:
-                raise x.VerifyException(
-                    f"operand type mismatch: expected operand type {found}, "
-                    f"but provided {given} for operand number {idx}"
-                )
-        for idx, (found, given) in enumerate(
-            zip(found_callee.function_type.outputs, op.result_types, strict=False)
-        ):
-            if found != given:
-                raise x.VerifyException(
-                    f"result type mismatch: expected result type {found}, but "
-                    f"provided {given} for result number {idx}"
-                )
+def _mismatch(what: str, expected: Sequence[x.Attribute], given: Sequence[x.Attribute]) -> str:
+    show = ", ".join
+    return f"{what}: expected ({show(map(str, expected))}), got ({show(map(str, given))})"
 
 
 @x.irdl_op_definition
 class FuncOp(x.IRDLOperation):
+    """A function: one region whose entry block's arguments are the inputs, ended by
+    ``func.return``; an empty region declares an external function. For example, the identity
+    on a tensor type ``t``: ``fn = FuncOp("f", ([t], [t]))`` then
+    ``fn.body.block.add_op(ReturnOp(fn.args[0]))``."""
+
     name = "func.func"
 
     body = x.region_def()
@@ -79,66 +51,78 @@ class FuncOp(x.IRDLOperation):
     arg_attrs = x.opt_prop_def(x.ArrayAttr[x.DictionaryAttr])
     res_attrs = x.opt_prop_def(x.ArrayAttr[x.DictionaryAttr])
 
-    traits = x.traits_def(x.IsolatedFromAbove(), x.SymbolOpInterface(), FuncOpCallableInterface())
+    traits = x.traits_def(x.IsolatedFromAbove(), x.SymbolOpInterface())
 
     def __init__(
         self,
         name: str,
         function_type: x.FunctionType | tuple[Sequence[x.Attribute], Sequence[x.Attribute]],
-        region: x.Region | type[x.Region.DEFAULT] = x.Region.DEFAULT,
+        region: x.Region | None = None,
         visibility: x.StringAttr | str | None = None,
         *,
         arg_attrs: x.ArrayAttr | None = None,
         res_attrs: x.ArrayAttr | None = None,
     ):
-        if isinstance(visibility, str):
-            visibility = x.StringAttr(visibility)
-        if isinstance(function_type, tuple):
-            inputs, outputs = function_type
-            function_type = x.FunctionType.from_lists(inputs, outputs)
-        if not isinstance(region, x.Region):
-            region = x.Region(x.Block(arg_types=function_type.inputs))
+        signature = _function_type(function_type)
+        if region is None:  # a definition: an entry block taking the inputs
+            region = x.Region(x.Block(arg_types=signature.inputs))
         properties = {
             "sym_name": x.StringAttr(name),
-            "function_type": function_type,
-            "sym_visibility": visibility,
+            "function_type": signature,
+            "sym_visibility": x.StringAttr(visibility)
+            if isinstance(visibility, str)
+            else visibility,
             "arg_attrs": arg_attrs,
             "res_attrs": res_attrs,
         }
         super().__init__(properties=properties, regions=[region])
 
+    @staticmethod
+    def external(
+        name: str, input_types: Sequence[x.Attribute], return_types: Sequence[x.Attribute]
+    ) -> FuncOp:
+        """A private declaration of a function defined elsewhere (no body)."""
+        return FuncOp(name, (input_types, return_types), x.Region(), "private")
+
+    @property
+    def is_declaration(self) -> bool:
+        return not self.body.blocks
+
+    @property
+    def args(self) -> tuple[x.BlockArgument, ...]:
+        """The entry block's arguments (the function's inputs)."""
+        if self.is_declaration:
+            raise ValueError(f"@{self.sym_name.data} is a declaration: it has no arguments")
+        return self.body.blocks.first.args
+
+    def get_return_op(self) -> ReturnOp | None:
+        """The ``func.return`` ending the last block, if any."""
+        last = self.body.blocks.last
+        op = last.last_op if last is not None else None
+        return op if isinstance(op, ReturnOp) else None
+
+    def update_function_type(self) -> None:
+        """Make ``function_type`` match the body again, after a pass changed the entry block's
+        arguments or the returned values."""
+        ret = self.get_return_op()
+        outputs = ret.operand_types if ret is not None else self.function_type.outputs.data
+        self.properties["function_type"] = x.FunctionType.from_lists(
+            [a.type for a in self.args], list(outputs)
+        )
+
     def verify_(self) -> None:
-        if len(self.body.blocks) == 0:  # an external function
+        if self.is_declaration:
             return
-        entry_block = self.body.blocks.first
-        assert entry_block is not None
-        if self.function_type.inputs.data != tuple(entry_block.arg_types):
+        inputs = self.function_type.inputs.data
+        arg_types = tuple(self.body.blocks.first.arg_types)
+        if inputs != arg_types:
             raise x.VerifyException(
-                "Expected entry block arguments to have the same types as the function input types"
+                _mismatch(f"@{self.sym_name.data}: entry block arguments", inputs, arg_types)
             )
 
-    @classmethod
-    def parse(cls, parser: x.Parser) -> FuncOp:
-        visibility = parser.parse_optional_visibility_keyword()
-        name, input_types, return_types, region, extra_attrs, arg_attrs, res_attrs = (
-            x.parse_func_op_like(parser, reserved_attr_names=_FUNC_RESERVED)
-        )
-        func = FuncOp(
-            name=name,
-            function_type=(input_types, return_types),
-            region=region,
-            visibility=visibility,
-            arg_attrs=arg_attrs,
-            res_attrs=res_attrs,
-        )
-        if extra_attrs is not None:
-            func.attributes |= extra_attrs.data
-        return func
-
     def print(self, printer: x.Printer) -> None:
-        if self.sym_visibility:
-            printer.print_string(" ")
-            printer.print_string(self.sym_visibility.data)
+        if self.sym_visibility is not None:
+            printer.print_string(" " + self.sym_visibility.data)
         x.print_func_op_like(
             printer,
             self.sym_name,
@@ -147,96 +131,88 @@ class FuncOp(x.IRDLOperation):
             self.attributes,
             arg_attrs=self.arg_attrs,
             res_attrs=self.res_attrs,
-            reserved_attr_names=(*_FUNC_RESERVED, "arg_attrs"),
+            reserved_attr_names=(*_SIGNATURE_PROPERTIES, "arg_attrs"),
         )
 
-    @staticmethod
-    def external(
-        name: str, input_types: Sequence[x.Attribute], return_types: Sequence[x.Attribute]
-    ) -> FuncOp:
-        return FuncOp(
-            name=name,
-            function_type=(input_types, return_types),
-            region=x.Region(),
-            visibility="private",
+    @classmethod
+    def parse(cls, parser: x.Parser) -> FuncOp:
+        visibility = parser.parse_optional_visibility_keyword()
+        name, inputs, outputs, region, extra, arg_attrs, res_attrs = x.parse_func_op_like(
+            parser, reserved_attr_names=_SIGNATURE_PROPERTIES
         )
-
-    @staticmethod
-    def from_region(
-        name: str,
-        input_types: Sequence[x.Attribute],
-        return_types: Sequence[x.Attribute],
-        region: x.Region | type[x.Region.DEFAULT] = x.Region.DEFAULT,
-        visibility: x.StringAttr | str | None = None,
-    ) -> FuncOp:
-        return FuncOp(
-            name=name,
-            function_type=(input_types, return_types),
-            region=region,
-            visibility=visibility,
+        fn = cls(
+            name,
+            (inputs, outputs),
+            region,
+            visibility,
+            arg_attrs=arg_attrs,
+            res_attrs=res_attrs,
         )
+        if extra is not None:
+            fn.attributes.update(extra.data)
+        return fn
 
-    def replace_argument_type(self, arg, new_type: x.Attribute, rewriter) -> None:
-        """Give argument ``arg`` (an index or the BlockArgument) the type ``new_type``, and
-        update ``function_type``."""
-        if isinstance(arg, int):
-            block = self.body.blocks.first
-            assert block is not None
-            try:
-                arg = block.args[arg]
-            except IndexError:
-                raise IndexError(f"Block {block} does not have argument #{arg}") from None
-        if arg not in self.args:
-            raise ValueError(f"Arg {arg} does not belong to this function")
-        rewriter.replace_value_with_new_type(arg, new_type)
-        self.update_function_type()
 
-    def update_function_type(self) -> None:
-        """Set ``function_type`` from the block arguments' types and the return's operands."""
-        assert not self.is_declaration, (
-            "update_function_type does not work with function declarations!"
+def _print_operands_and_types(printer: x.Printer, operands: Sequence[x.SSAValue]) -> None:
+    """`` %a, %b : t1, t2`` (nothing without operands)."""
+    if operands:
+        printer.print_string(" ")
+        printer.print_list(operands, printer.print_operand)
+        printer.print_string(" : ")
+        printer.print_list([v.type for v in operands], printer.print_attribute)
+
+
+@x.irdl_op_definition
+class ReturnOp(x.IRDLOperation):
+    """Ends a function, returning its operands: ``func.return {attrs} %a, %b : t1, t2``."""
+
+    name = "func.return"
+    arguments = x.var_operand_def()
+
+    traits = x.traits_def(x.HasParent(FuncOp), x.IsTerminator(), x.ReturnLike())
+
+    def __init__(self, *values: x.SSAValue | x.Operation):
+        super().__init__(operands=[values])
+
+    def verify_(self) -> None:
+        fn = self.parent_op()
+        if not isinstance(fn, FuncOp):
+            return  # HasParent reports it
+        expected, given = fn.function_type.outputs.data, self.arguments.types
+        if expected != given:
+            raise x.VerifyException(
+                _mismatch(f"func.return of @{fn.sym_name.data}: result types", expected, given)
+            )
+
+    def print(self, printer: x.Printer) -> None:
+        printer.print_op_attributes(self.attributes)
+        _print_operands_and_types(printer, self.arguments)
+
+    @classmethod
+    def parse(cls, parser: x.Parser) -> ReturnOp:
+        attributes = parser.parse_optional_attr_dict()
+        at = parser.pos
+        names = parser.parse_optional_undelimited_comma_separated_list(
+            parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
         )
-        return_op = self.get_return_op()
-        return_type = self.function_type.outputs.data
-        if return_op is not None:
-            return_type = return_op.operand_types
-        self.properties["function_type"] = x.FunctionType.from_lists(
-            [arg.type for arg in self.args], return_type
-        )
-
-    def get_return_op(self) -> ReturnOp | None:
-        """The ``func.return`` ending the body, or None."""
-        if self.is_declaration:
-            return None
-        if (last_block := self.body.blocks.last) is None:
-            return None
-        ret_op = last_block.last_op
-        if not isinstance(ret_op, ReturnOp):
-            return None
-        return ret_op
-
-    @property
-    def args(self) -> tuple:
-        """The entry block's arguments."""
-        assert not self.is_declaration, "Function declarations don't have BlockArguments!"
-        block = self.body.blocks.first
-        assert block is not None
-        return block.args
-
-    @property
-    def is_declaration(self) -> bool:
-        """Whether this is an external declaration (an empty body)."""
-        return not self.body.blocks
+        operands = []
+        if names is not None:
+            parser.parse_punctuation(":")
+            types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+            operands = parser.resolve_operands(names, types, at)
+        return cls.create(operands=operands, attributes=attributes)
 
 
 @x.irdl_op_definition
 class CallOp(x.IRDLOperation):
+    """A call of a function of the module:
+    ``func.call @callee(%a, %b) {attrs} : (t1, t2) -> (r1)``. Lucid's own graphs never call
+    (each is one function); hand-written IR may."""
+
     name = "func.call"
     arguments = x.var_operand_def()
     callee = x.prop_def(x.FlatSymbolRefAttrConstr)
     res = x.var_result_def()
-
-    traits = x.traits_def(CallOpSymbolUserOpInterface())
 
     def __init__(
         self,
@@ -250,8 +226,18 @@ class CallOp(x.IRDLOperation):
             properties={"callee": x.SymbolRefAttr.get(callee)},
         )
 
-    # The text of xDSL's assembly format
-    # "$callee `(` $arguments `)` attr-dict `:` functional-type($arguments, $res)".
+    def verify_(self) -> None:
+        name = self.callee.string_value()
+        target = x.SymbolTable.lookup_symbol(self, self.callee)
+        if not isinstance(target, FuncOp):
+            raise x.VerifyException(f"func.call: @{name} is not a function of the module")
+        for what, expected, given in (
+            ("operand types", target.function_type.inputs.data, self.arguments.types),
+            ("result types", target.function_type.outputs.data, tuple(self.result_types)),
+        ):
+            if expected != given:
+                raise x.VerifyException(_mismatch(f"func.call @{name}: {what}", expected, given))
+
     def print(self, printer: x.Printer) -> None:
         printer.print_string(" ")
         printer.print_attribute(self.callee)
@@ -265,66 +251,19 @@ class CallOp(x.IRDLOperation):
     @classmethod
     def parse(cls, parser: x.Parser) -> CallOp:
         callee = parser.parse_attribute()
-        pos = parser.pos
-        unresolved = parser.parse_comma_separated_list(
+        at = parser.pos
+        names = parser.parse_comma_separated_list(
             parser.Delimiter.PAREN, parser.parse_unresolved_operand
         )
-        attrs = parser.parse_optional_attr_dict()
+        attributes = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
-        ftype = parser.parse_function_type()
-        operands = parser.resolve_operands(unresolved, ftype.inputs.data, pos)
+        signature = parser.parse_function_type()
         return cls.create(
-            operands=operands,
-            result_types=list(ftype.outputs.data),
+            operands=parser.resolve_operands(names, signature.inputs.data, at),
+            result_types=list(signature.outputs.data),
             properties={"callee": callee},
-            attributes=attrs,
+            attributes=attributes,
         )
-
-
-@x.irdl_op_definition
-class ReturnOp(x.IRDLOperation):
-    name = "func.return"
-    arguments = x.var_operand_def()
-
-    traits = x.traits_def(x.HasParent(FuncOp), x.IsTerminator(), x.ReturnLike())
-
-    def __init__(self, *return_vals: x.SSAValue | x.Operation):
-        super().__init__(operands=[return_vals])
-
-    def verify_(self) -> None:
-        func_op = self.parent_op()
-        assert isinstance(func_op, FuncOp)
-        function_return_types = func_op.function_type.outputs.data
-        return_types = self.arguments.types
-        if function_return_types != return_types:
-            raise x.VerifyException(
-                "Expected arguments to have the same types as the function output "
-                f"types: expected {func_op.function_type.outputs}, "
-                f"got {x.ArrayAttr(return_types)}"
-            )
-
-    # The text of xDSL's assembly format "attr-dict ($arguments^ `:` type($arguments))?".
-    def print(self, printer: x.Printer) -> None:
-        printer.print_op_attributes(self.attributes)
-        if self.arguments:
-            printer.print_string(" ")
-            printer.print_list(self.arguments, printer.print_operand)
-            printer.print_string(" : ")
-            printer.print_list(self.arguments.types, printer.print_attribute)
-
-    @classmethod
-    def parse(cls, parser: x.Parser) -> ReturnOp:
-        attrs = parser.parse_optional_attr_dict()
-        operands = []
-        pos = parser.pos
-        unresolved = parser.parse_optional_undelimited_comma_separated_list(
-            parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
-        )
-        if unresolved is not None:
-            parser.parse_punctuation(":")
-            types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
-            operands = parser.resolve_operands(unresolved, types, pos)
-        return cls.create(operands=operands, attributes=attrs)
 
 
 Func = x.Dialect("func", [FuncOp, CallOp, ReturnOp], [])
