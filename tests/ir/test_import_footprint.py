@@ -114,6 +114,9 @@ with lucid.no_grad():
     assert np.allclose(lucid.compile(model)(x).numpy(), model(x).numpy(), atol=1e-5)
 step = lucid.compile.fused_step(model, F.cross_entropy, lucid.optim.SGD(model.parameters(), 0.1))
 step(x, lucid.tensor([0, 1, 0]))
+y = lucid.tensor(np.array([np.nan, np.inf, 1.0], np.float32)).half()
+got = lucid.compile(lambda v: lucid.nan_to_num(v))(y).float().numpy()
+assert got.tolist() == [0.0, 65504.0, 1.0], got  # float16's largest finite value
 """
     )
     assert "lucid.compile.training" in loaded  # the script did compile a step

@@ -8,6 +8,8 @@ pass then casts the result to the registry's result dtype. Ops that compute in f
 
 from __future__ import annotations
 
+import numpy as np
+
 from lucid import _dtype
 from lucid._dtype import result_type
 from lucid.passes.lowering._core import (
@@ -249,9 +251,13 @@ def _detach(b: Builder, v):
 def _nan_to_num(b: Builder, v, nan, posinf, neginf):
     if not v.dtype.is_floating_point:
         return v
-    import ml_dtypes  # its finfo covers bfloat16 as well as numpy's float types
+    stored = numpy_dtype(b.stored_outs[0].dtype)  # float16's max, not float32's
+    if stored.kind == "f":
+        info = np.finfo(stored)
+    else:  # bfloat16: numpy's finfo does not know it (ml_dtypes is slow to import: only here)
+        import ml_dtypes
 
-    info = ml_dtypes.finfo(numpy_dtype(b.stored_outs[0].dtype))  # float16's max, not float32's
+        info = ml_dtypes.finfo(stored)
     hi = float(info.max) if posinf is None else posinf
     lo = float(info.min) if neginf is None else neginf
     dt = v.dtype
