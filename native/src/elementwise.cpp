@@ -30,6 +30,9 @@ constexpr int64_t kParallelMinElements = 1 << 16;
 // A's largest update (200k elements) stays on one thread.
 constexpr int64_t kParallelMemoryBoundMinElements = 1 << 18;
 constexpr int kMaxDims = 16;
+// Inputs of one instruction whose broadcast views may be expanded per period (more stay with
+// load_block).
+constexpr size_t kMaxInputs = 32;
 
 template <class T>
 using U = std::make_unsigned_t<T>;
@@ -417,7 +420,27 @@ struct InputView {
   bool scalar;  // one element: filled once
   std::vector<int64_t> strides;
   int64_t extent = 0;  // elements in the input's buffer
+  // Elements of one period when the leading collapsed dims are broadcast (stride 0) and the rest
+  // is small: element i of the broadcast view is element i % period of the first period, which
+  // run() expands once (0: read through load_block per block).
+  int64_t period = 0;
 };
+
+// A BatchNorm operand [1, C, 1, 1] over [N, C, H, W] collapses to strides [0, 1, 0]: load_block
+// would fill one run of H*W copies at a time (runs of 4 or 16 elements on a ResNet's late
+// stages, ~10 cycles each), so such views are expanded once per run when one period (C*H*W
+// elements) is at most this large, and blocks then read the expansion in place.
+constexpr int64_t kMaxBroadcastPeriod = 1 << 14;
+
+int64_t broadcast_period(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                         int64_t total) {
+  size_t lead = 0;
+  while (lead < dims.size() && strides[lead] == 0) ++lead;
+  if (lead == 0 || lead == dims.size()) return 0;
+  int64_t period = 1;
+  for (size_t d = lead; d < dims.size(); ++d) period *= dims[d];
+  return period <= kMaxBroadcastPeriod && 2 * period <= total ? period : 0;
+}
 
 void fill_elements(uint8_t* dst, const uint8_t* src, int64_t count, size_t esize) {
   switch (esize) {
@@ -476,6 +499,7 @@ struct ElementwisePlan {
   int n_regions = 0;
   size_t region_esize = 1;
   bool compute_bound = false;  // has a division, root or transcendental
+  size_t period_bytes = 0;  // the periodic views' expansions, each rounded up to 8 bytes
 
   void run(void* const* slots) const {
     if (total == 0) return;
@@ -493,15 +517,50 @@ struct ElementwisePlan {
       }
       if (clear) direct_mask |= uint64_t(1) << j;
     }
+    // Periodic broadcast views, expanded before any output is written (an output may be an
+    // in-place feed); the calling thread's buffer outlives the parallel_for below.
+    thread_local std::vector<uint64_t> period_store;
+    const uint8_t* periods[kMaxInputs] = {};
+    if (period_bytes > 0) {
+      if (period_store.size() < period_bytes / 8 + inputs.size())
+        period_store.resize(period_bytes / 8 + inputs.size());
+      uint8_t* at = reinterpret_cast<uint8_t*>(period_store.data());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const InputView& v = inputs[i];
+        if (v.period == 0) continue;
+        load_block(v, dims, static_cast<const uint8_t*>(slots[v.slot]), 0, v.period, at);
+        periods[i] = at;
+        at += (v.period * v.esize + 7) / 8 * 8;
+      }
+    }
     const int64_t blocks = (total + kBlock - 1) / kBlock;
     if (total < (compute_bound ? kParallelMinElements : kParallelMemoryBoundMinElements))
-      return run_blocks(slots, direct_mask, 0, blocks);
-    parallel_for(blocks, kParallelMinElements / kBlock / 2,
-                 [&](int64_t b0, int64_t b1) { run_blocks(slots, direct_mask, b0, b1); });
+      return run_blocks(slots, periods, direct_mask, 0, blocks);
+    parallel_for(blocks, kParallelMinElements / kBlock / 2, [&](int64_t b0, int64_t b1) {
+      run_blocks(slots, periods, direct_mask, b0, b1);
+    });
+  }
+
+  // Elements [start, start + n) of a periodic broadcast view: in place in the expansion when
+  // they do not wrap around the period, else copied into `dst` piece by piece.
+  static const void* periodic_block(const InputView& v, const uint8_t* period, int64_t start,
+                                    int64_t n, uint8_t* dst) {
+    int64_t off = start % v.period;
+    if (off + n <= v.period) return period + off * v.esize;
+    uint8_t* at = dst;
+    while (n > 0) {
+      const int64_t run = std::min(n, v.period - off);
+      std::memcpy(at, period + off * v.esize, static_cast<size_t>(run) * v.esize);
+      at += run * v.esize;
+      n -= run;
+      off = 0;
+    }
+    return dst;
   }
 
   // Blocks [b0, b1) of the output; scratch is per thread, so parts run concurrently.
-  void run_blocks(void* const* slots, uint64_t direct_mask, int64_t b0, int64_t b1) const {
+  void run_blocks(void* const* slots, const uint8_t* const* periods, uint64_t direct_mask,
+                  int64_t b0, int64_t b1) const {
     const size_t n_in = inputs.size(), n_val = n_in + nodes.size();
     const size_t region_bytes = static_cast<size_t>(kBlock) * region_esize;
     thread_local std::vector<uint64_t> scratch;
@@ -532,6 +591,7 @@ struct ElementwisePlan {
         const InputView& v = inputs[i];
         const uint8_t* base = static_cast<const uint8_t*>(slots[v.slot]);
         if (v.direct) ptr[i] = base + start * v.esize;
+        else if (v.period > 0) ptr[i] = periodic_block(v, periods[i], start, n, area(i));
         else if (!v.scalar) { load_block(v, dims, base, start, n, area(i)); ptr[i] = area(i); }
       }
       for (size_t k = 0; k < nodes.size(); ++k) {
@@ -645,6 +705,10 @@ Step make_elementwise_step(const Program& p, const Instr& in) {
     InputView v{in.in[i], dtype_size(s.dtype), s.size() == out.size(), s.size() == 1, cst[i],
                 s.size()};
     if (v.direct && v.scalar) v.scalar = false;
+    if (!v.direct && !v.scalar && in.in.size() <= kMaxInputs) {
+      v.period = broadcast_period(dims, v.strides, plan->total);
+      plan->period_bytes += (v.period * v.esize + 7) / 8 * 8;
+    }
     plan->inputs.push_back(v);
   }
   const size_t n_in = in.in.size();
