@@ -429,6 +429,18 @@ void run_cumsum(bool exclusive, bool reverse, const AxisGeom& g, const T* x, T* 
 
 }  // namespace
 
+bool reduce_channel_view(const Program& p, const Instr& in, int64_t* R0, int64_t* K,
+                         int64_t* R1) {
+  if (in.op != Op::reduce_sum && in.op != Op::reduce_mean) return false;
+  if (p.slots[in.in[0]].dtype != DType::F32 || p.slots[in.out[0]].dtype != DType::F32) return false;
+  ChannelPlan c;
+  if (!channel_plan(*plan_reduce(p, in), &c)) return false;
+  *R0 = c.R0;
+  *K = c.K;
+  *R1 = c.R1;
+  return true;
+}
+
 Step make_reduce_step(const Program& p, const Instr& in) {
   const Slot& x = p.slots[in.in[0]];
   int a = in.in[0], o = in.out[0];
