@@ -565,6 +565,10 @@ void init_runtime(py::module_& m) {
       .def_property_readonly("direct_inplace_results",
                              [](const PyExecutable& e) { return e.ex->direct_inplace_results(); },
                              "In-place results written straight into their feed (no copy).")
+      .def_property_readonly("fused_reductions",
+                             [](const PyExecutable& e) { return e.ex->fused_reductions(); },
+                             "Instruction indices of per-channel sums computed by the elementwise "
+                             "instruction before them (its summed output is never written).")
       .def_property_readonly("num_feeds", [](const PyExecutable& e) { return e.feed_dtypes.size(); })
       .def_property_readonly("num_results", [](const PyExecutable& e) { return e.result_dtypes.size(); })
       .def("dump", [](const PyExecutable& e) { return dump(e.ex->program()); },
@@ -624,6 +628,9 @@ void init_runtime(py::module_& m) {
         if (n < 0) bad("cache capacity must be >= 0");
         cache_set_capacity(static_cast<size_t>(n));
       }, py::arg("capacity"), "Change the LRU cap (evicts down to it).");
+  m.def("set_fused_reductions", &set_fused_reductions, py::arg("on"),
+        "Let executables compiled from now on sum an elementwise output read only by the next "
+        "instruction's per-channel sum as it is computed (on unless LUCID_FUSED_REDUCTIONS=0).");
   m.def("set_arena_budget", [](py::ssize_t n) {
         if (n < 0) bad("arena budget must be >= 0 bytes");
         set_arena_budget(static_cast<size_t>(n));

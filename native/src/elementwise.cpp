@@ -1,6 +1,8 @@
 // The elementwise evaluator: one pass over blocks of output elements evaluates an expression tree
 // (a single op, or a `fused` chain) over broadcasting inputs, so intermediates stay in cache.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +14,7 @@
 #include "lucid/kernels.h"
 #include "lucid/optim.h"
 #include "lucid/parallel.h"
+#include "lucid/row_sums.h"
 #include "lucid/sgemm.h"
 
 namespace lucid {
@@ -30,6 +33,9 @@ constexpr int64_t kParallelMinElements = 1 << 16;
 // A's largest update (200k elements) stays on one thread.
 constexpr int64_t kParallelMemoryBoundMinElements = 1 << 18;
 constexpr int kMaxDims = 16;
+// Inputs of one instruction whose broadcast views may be expanded per period (more stay with
+// load_block).
+constexpr size_t kMaxInputs = 32;
 
 template <class T>
 using U = std::make_unsigned_t<T>;
@@ -417,7 +423,27 @@ struct InputView {
   bool scalar;  // one element: filled once
   std::vector<int64_t> strides;
   int64_t extent = 0;  // elements in the input's buffer
+  // Elements of one period when the leading collapsed dims are broadcast (stride 0) and the rest
+  // is small: element i of the broadcast view is element i % period of the first period, which
+  // run() expands once (0: read through load_block per block).
+  int64_t period = 0;
 };
+
+// A BatchNorm operand [1, C, 1, 1] over [N, C, H, W] collapses to strides [0, 1, 0]: load_block
+// would fill one run of H*W copies at a time (runs of 4 or 16 elements on a ResNet's late
+// stages, ~10 cycles each), so such views are expanded once per run when one period (C*H*W
+// elements) is at most this large, and blocks then read the expansion in place.
+constexpr int64_t kMaxBroadcastPeriod = 1 << 14;
+
+int64_t broadcast_period(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                         int64_t total) {
+  size_t lead = 0;
+  while (lead < dims.size() && strides[lead] == 0) ++lead;
+  if (lead == 0 || lead == dims.size()) return 0;
+  int64_t period = 1;
+  for (size_t d = lead; d < dims.size(); ++d) period *= dims[d];
+  return period <= kMaxBroadcastPeriod && 2 * period <= total ? period : 0;
+}
 
 void fill_elements(uint8_t* dst, const uint8_t* src, int64_t count, size_t esize) {
   switch (esize) {
@@ -456,6 +482,43 @@ void load_block(const InputView& v, const std::vector<int64_t>& dims, const uint
   }
 }
 
+// Runs longer than this are not summed on the fly (their buffer would leave L2); shorter runs
+// than kMinReducedRun neither: summing 2 x 2 or 4 x 4 planes block by block cost more than the
+// pass it saves (the channel sums walk them faster on their own).
+constexpr int64_t kMaxReducedRun = 1 << 16;
+constexpr int64_t kMinReducedRun = 64;
+
+// out[r] = sum_run of run r of `runs` runs of `len` floats; the AVX-512 copy compiles the same
+// source (no FMA contraction), so both give the same bits.
+// Short runs (BatchNorm over 1 x 1 to 4 x 4 planes) get a compile-time length, so sum_run's
+// tail loop unrolls and the runs' additions overlap.
+template <int64_t kLen>
+[[gnu::always_inline]] inline void sum_runs_of(const float* x, int64_t runs, int64_t len,
+                                               double* out) {
+  const int64_t n = kLen > 0 ? kLen : len;
+  for (int64_t r = 0; r < runs; ++r) out[r] = sum_run(x + r * n, n);
+}
+[[gnu::always_inline]] inline void sum_runs_body(const float* x, int64_t runs, int64_t len,
+                                                 double* out) {
+  switch (len) {
+    case 1: return sum_runs_of<1>(x, runs, len, out);
+    case 2: return sum_runs_of<2>(x, runs, len, out);
+    case 4: return sum_runs_of<4>(x, runs, len, out);
+    case 16: return sum_runs_of<16>(x, runs, len, out);
+    default: return sum_runs_of<0>(x, runs, len, out);
+  }
+}
+void sum_runs_baseline(const float* x, int64_t runs, int64_t len, double* out) {
+  sum_runs_body(x, runs, len, out);
+}
+LUCID_TARGET_AVX512 void sum_runs_avx512(const float* x, int64_t runs, int64_t len, double* out) {
+  sum_runs_body(x, runs, len, out);
+}
+void sum_runs(bool wide, const float* x, int64_t runs, int64_t len, double* out) {
+  if (wide) sum_runs_avx512(x, runs, len, out);
+  else sum_runs_baseline(x, runs, len, out);
+}
+
 struct ElementwisePlan {
   std::vector<int64_t> dims;  // collapsed output dims
   int64_t total = 0;
@@ -476,10 +539,84 @@ struct ElementwisePlan {
   int n_regions = 0;
   size_t region_esize = 1;
   bool compute_bound = false;  // has a division, root or transcendental
+  size_t period_bytes = 0;  // the periodic views' expansions, each rounded up to 8 bytes
 
   void run(void* const* slots) const {
     if (total == 0) return;
-    // Which outputs go straight into their slot (decided per run: buffers differ per run).
+    const uint64_t direct_mask = direct_outputs(slots);
+    // Periodic broadcast views, expanded before any output is written (an output may be an
+    // in-place feed); the calling thread's buffer outlives the parallel_for below.
+    thread_local std::vector<uint64_t> period_store;
+    const uint8_t* periods[kMaxInputs] = {};
+    expand_periods(slots, period_store, periods);
+    const int64_t blocks = (total + kBlock - 1) / kBlock;
+    if (total < (compute_bound ? kParallelMinElements : kParallelMemoryBoundMinElements))
+      return run_blocks(slots, periods, direct_mask, 0, blocks);
+    parallel_for(blocks, kParallelMinElements / kBlock / 2, [&](int64_t b0, int64_t b1) {
+      run_blocks(slots, periods, direct_mask, b0, b1);
+    });
+  }
+
+  // run() with output `reduced` (viewed as [R0, K, R1]) summed over R0 and R1 into y[K] (its
+  // mean with `mean`) instead of being written. Each run of R1 elements is evaluated whole into
+  // scratch and summed by sum_run, and each channel adds its runs' sums in r0 order afterwards:
+  // the bits of the elementwise step followed by reduce.cpp's channel sums, at any split.
+  void run_reduced(void* const* slots, int reduced, int64_t R0, int64_t K, int64_t R1, bool mean,
+                   float* y) const {
+    const uint64_t direct_mask = direct_outputs(slots) & ~(uint64_t(1) << reduced);
+    thread_local std::vector<uint64_t> period_store;
+    const uint8_t* periods[kMaxInputs] = {};
+    expand_periods(slots, period_store, periods);
+    std::vector<double> run_sums(R0 * K);
+    double* sums = run_sums.data();
+    const bool wide = sgemm_isa() == 2;
+    const int64_t grain = std::max<int64_t>(1, kParallelMinElements / 2 / std::min(R1, kBlock));
+    if (R1 <= kBlock) {
+      // Blocks of whole runs.
+      const int64_t per_block = kBlock / R1 * R1, blocks = (total + per_block - 1) / per_block;
+      auto range = [&](int64_t b, int64_t* start, int64_t* n) {
+        *start = b * per_block;
+        *n = std::min(per_block, total - *start);
+      };
+      auto sink = [&](int64_t start, int64_t n, const void* values) {
+        sum_runs(wide, static_cast<const float*>(values), n / R1, R1, sums + start / R1);
+      };
+      auto part = [&](int64_t b0, int64_t b1) {
+        run_ranges(slots, periods, direct_mask, b0, b1, range, reduced, sink);
+      };
+      if (total < kParallelMinElements) part(0, blocks);
+      else parallel_for(blocks, std::max<int64_t>(1, grain * R1 / per_block), part);
+    } else {
+      // Runs longer than a block: each run's blocks in order on one thread, into a run buffer.
+      const int64_t per_run = (R1 + kBlock - 1) / kBlock;
+      auto range = [&](int64_t b, int64_t* start, int64_t* n) {
+        const int64_t run = b / per_run, piece = b % per_run;
+        *start = run * R1 + piece * kBlock;
+        *n = std::min(kBlock, R1 - piece * kBlock);
+      };
+      parallel_for(R0 * K, std::max<int64_t>(1, kParallelMinElements / R1), [&](int64_t r0, int64_t r1) {
+        thread_local std::vector<float> run_buffer;
+        if (static_cast<int64_t>(run_buffer.size()) < R1) run_buffer.resize(R1);
+        float* buf = run_buffer.data();
+        auto sink = [&](int64_t start, int64_t n, const void* values) {
+          const int64_t run = start / R1, at = start - run * R1;
+          std::memcpy(buf + at, values, static_cast<size_t>(n) * sizeof(float));
+          if (at + n == R1) sum_runs(wide, buf, 1, R1, sums + run);
+        };
+        run_ranges(slots, periods, direct_mask, r0 * per_run, r1 * per_run, range, reduced, sink);
+      });
+    }
+    const double count = static_cast<double>(R0 * R1);
+    for (int64_t k = 0; k < K; ++k) {
+      double a = 0;
+      for (int64_t r = 0; r < R0; ++r) a += sums[r * K + k];
+      if (mean) a /= count;
+      y[k] = static_cast<float>(a);
+    }
+  }
+
+  // Which outputs go straight into their slot (decided per run: buffers differ per run).
+  uint64_t direct_outputs(void* const* slots) const {
     uint64_t direct_mask = 0;
     for (size_t j = 0; j < out_slots.size(); ++j) {
       const uint8_t* o = static_cast<const uint8_t*>(slots[out_slots[j]]);
@@ -493,15 +630,59 @@ struct ElementwisePlan {
       }
       if (clear) direct_mask |= uint64_t(1) << j;
     }
-    const int64_t blocks = (total + kBlock - 1) / kBlock;
-    if (total < (compute_bound ? kParallelMinElements : kParallelMemoryBoundMinElements))
-      return run_blocks(slots, direct_mask, 0, blocks);
-    parallel_for(blocks, kParallelMinElements / kBlock / 2,
-                 [&](int64_t b0, int64_t b1) { run_blocks(slots, direct_mask, b0, b1); });
+    return direct_mask;
+  }
+
+  // Elements [start, start + n) of a periodic broadcast view: in place in the expansion when
+  // they do not wrap around the period, else copied into `dst` piece by piece.
+  static const void* periodic_block(const InputView& v, const uint8_t* period, int64_t start,
+                                    int64_t n, uint8_t* dst) {
+    int64_t off = start % v.period;
+    if (off + n <= v.period) return period + off * v.esize;
+    uint8_t* at = dst;
+    while (n > 0) {
+      const int64_t run = std::min(n, v.period - off);
+      std::memcpy(at, period + off * v.esize, static_cast<size_t>(run) * v.esize);
+      at += run * v.esize;
+      n -= run;
+      off = 0;
+    }
+    return dst;
   }
 
   // Blocks [b0, b1) of the output; scratch is per thread, so parts run concurrently.
-  void run_blocks(void* const* slots, uint64_t direct_mask, int64_t b0, int64_t b1) const {
+  void run_blocks(void* const* slots, const uint8_t* const* periods, uint64_t direct_mask,
+                  int64_t b0, int64_t b1) const {
+    run_ranges(
+        slots, periods, direct_mask, b0, b1,
+        [&](int64_t b, int64_t* start, int64_t* n) {
+          *start = b * kBlock;
+          *n = std::min(kBlock, total - *start);
+        },
+        -1, [](int64_t, int64_t, const void*) {});
+  }
+
+  // Periodic views expanded for one run (see run()); `store` keeps them.
+  void expand_periods(void* const* slots, std::vector<uint64_t>& store,
+                      const uint8_t** periods) const {
+    if (period_bytes == 0) return;
+    if (store.size() < period_bytes / 8 + inputs.size()) store.resize(period_bytes / 8 + inputs.size());
+    uint8_t* at = reinterpret_cast<uint8_t*>(store.data());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const InputView& v = inputs[i];
+      if (v.period == 0) continue;
+      load_block(v, dims, static_cast<const uint8_t*>(slots[v.slot]), 0, v.period, at);
+      periods[i] = at;
+      at += (v.period * v.esize + 7) / 8 * 8;
+    }
+  }
+
+  // Blocks [b0, b1), block b being elements [start, start + n) (n <= kBlock) as range(b)
+  // says; output `reduced` (-1: none) is computed into scratch and handed to sink(start, n,
+  // values) instead of being written.
+  template <class Range, class Sink>
+  void run_ranges(void* const* slots, const uint8_t* const* periods, uint64_t direct_mask,
+                  int64_t b0, int64_t b1, Range&& range, int reduced, Sink&& sink) const {
     const size_t n_in = inputs.size(), n_val = n_in + nodes.size();
     const size_t region_bytes = static_cast<size_t>(kBlock) * region_esize;
     thread_local std::vector<uint64_t> scratch;
@@ -526,12 +707,15 @@ struct ElementwisePlan {
                       std::min(total, kBlock), inputs[i].esize);
         ptr[i] = area(i);
       }
-    for (int64_t start = b0 * kBlock; start < std::min(total, b1 * kBlock); start += kBlock) {
-      const int64_t n = std::min(kBlock, total - start);
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t start, n;
+      range(b, &start, &n);
+      if (n <= 0) continue;
       for (size_t i = 0; i < n_in; ++i) {
         const InputView& v = inputs[i];
         const uint8_t* base = static_cast<const uint8_t*>(slots[v.slot]);
         if (v.direct) ptr[i] = base + start * v.esize;
+        else if (v.period > 0) ptr[i] = periodic_block(v, periods[i], start, n, area(i));
         else if (!v.scalar) { load_block(v, dims, base, start, n, area(i)); ptr[i] = area(i); }
       }
       for (size_t k = 0; k < nodes.size(); ++k) {
@@ -547,8 +731,9 @@ struct ElementwisePlan {
         eval_node(node, arg_dtypes, args, arg_scalar, dst, n);
         ptr[n_in + k] = dst;
       }
+      if (reduced >= 0) sink(start, n, ptr[n_in + out_nodes[reduced]]);
       for (size_t j = 0; j < out_slots.size(); ++j) {
-        if (direct_mask >> j & 1) continue;
+        if (direct_mask >> j & 1 || static_cast<int>(j) == reduced) continue;
         const size_t es = dtype_size(nodes[out_nodes[j]].dtype);
         std::memcpy(static_cast<uint8_t*>(slots[out_slots[j]]) + start * es,
                     area(n_in + out_nodes[j]), static_cast<size_t>(n) * es);
@@ -595,9 +780,7 @@ struct ElementwisePlan {
   }
 };
 
-}  // namespace
-
-Step make_elementwise_step(const Program& p, const Instr& in) {
+std::shared_ptr<ElementwisePlan> plan_elementwise(const Program& p, const Instr& in) {
   auto plan = std::make_shared<ElementwisePlan>();
   const Slot& out = p.slots[in.out[0]];
   plan->nodes = decode_expr(p, in);
@@ -645,6 +828,10 @@ Step make_elementwise_step(const Program& p, const Instr& in) {
     InputView v{in.in[i], dtype_size(s.dtype), s.size() == out.size(), s.size() == 1, cst[i],
                 s.size()};
     if (v.direct && v.scalar) v.scalar = false;
+    if (!v.direct && !v.scalar && in.in.size() <= kMaxInputs) {
+      v.period = broadcast_period(dims, v.strides, plan->total);
+      plan->period_bytes += (v.period * v.esize + 7) / 8 * 8;
+    }
     plan->inputs.push_back(v);
   }
   const size_t n_in = in.in.size();
@@ -654,9 +841,64 @@ Step make_elementwise_step(const Program& p, const Instr& in) {
       for (int a : plan->nodes[k].args)
         if (static_cast<size_t>(a) < n_in) plan->read_after[j].push_back(a);
   plan->assign_regions();
+  return plan;
+}
+
+// Ops whose float32 result is one correctly rounded value per element, whatever the block
+// boundaries (no approximated transcendental whose vector body and tail could differ).
+bool exactly_rounded(Op op) {
+  switch (op) {
+    case Op::add: case Op::sub: case Op::mul: case Op::div: case Op::neg: case Op::abs:
+    case Op::square: case Op::relu: case Op::sqrt: case Op::maximum: case Op::minimum:
+    case Op::select: case Op::eq: case Op::ne: case Op::lt: case Op::le: case Op::gt:
+    case Op::ge: case Op::normalize:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+Step make_elementwise_step(const Program& p, const Instr& in) {
+  std::shared_ptr<ElementwisePlan> plan = plan_elementwise(p, in);
   Step generic = [plan](void* const* slots) { plan->run(slots); };
   if (Step update = make_update_step(p, in, plan->nodes, plan->out_nodes, generic)) return update;
   return generic;
+}
+
+namespace {
+std::atomic<bool>& fused_reductions_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("LUCID_FUSED_REDUCTIONS");
+    return !(env && std::strcmp(env, "0") == 0);
+  }()};
+  return on;
+}
+}  // namespace
+
+bool fused_reductions_enabled() { return fused_reductions_flag().load(); }
+void set_fused_reductions(bool on) { fused_reductions_flag().store(on); }
+
+Step make_elementwise_reduce_step(const Program& p, const Instr& ew, int out_index,
+                                  const Instr& red) {
+  int64_t R0, K, R1;
+  if (out_index < 0 || out_index >= 64 || static_cast<size_t>(out_index) >= ew.out.size() ||
+      red.in[0] != ew.out[out_index] || !reduce_channel_view(p, red, &R0, &K, &R1) ||
+      R1 < kMinReducedRun || R1 > kMaxReducedRun || R0 * K * R1 == 0)
+    return {};
+  std::shared_ptr<ElementwisePlan> plan = plan_elementwise(p, ew);
+  if (plan->total != R0 * K * R1 || plan->nodes[plan->out_nodes[out_index]].dtype != DType::F32)
+    return {};
+  for (const ExprNode& n : plan->nodes)
+    if (!exactly_rounded(n.op)) return {};
+  Step generic = [plan](void* const* slots) { plan->run(slots); };
+  if (make_update_step(p, ew, plan->nodes, plan->out_nodes, generic)) return {};
+  const bool mean = red.op == Op::reduce_mean;
+  const int y = red.out[0];
+  return [plan, out_index, R0, K, R1, mean, y](void* const* slots) {
+    plan->run_reduced(slots, out_index, R0, K, R1, mean, static_cast<float*>(slots[y]));
+  };
 }
 
 }  // namespace lucid

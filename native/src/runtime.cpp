@@ -466,11 +466,37 @@ Executable::Executable(Program program) : program_(std::move(program)) {
   std::vector<bool> writes_feed(n, false);
   for (int j : inplace_direct_) writes_feed[p.results[j]] = true;
   abandonable_steps_ = SIZE_MAX;
+  // An elementwise output whose only reader is the next instruction, a per-channel sum, is
+  // summed as it is computed (make_elementwise_reduce_step) and never written; the sum's own
+  // step is then empty.
+  std::vector<int> readers(n, 0);
+  for (const Instr& in : p.instrs)
+    for (int s : in.in) ++readers[s];
+  for (int s : p.results) ++readers[s];
+  bool summed_by_previous = false;
   for (int k = 0; k < forever; ++k)
     if (p.instrs[k].op != Op::constant && !is_view[k]) {
       for (int o : p.instrs[k].out)
         if (writes_feed[o]) abandonable_steps_ = std::min(abandonable_steps_, steps_.size());
-      steps_.push_back(make_step(p, p.instrs[k]));
+      Step step;
+      const Instr& in = p.instrs[k];
+      if (summed_by_previous) {
+        step = [](void* const*) {};
+        summed_by_previous = false;
+      } else if ((is_elementwise(in.op) || in.op == Op::fused) && k + 1 < forever &&
+                 !is_view[k + 1] && fused_reductions_enabled()) {
+        const Instr& next = p.instrs[k + 1];
+        for (size_t j = 0; j < in.out.size() && !step; ++j) {
+          const int s = in.out[j];
+          if (next.in.size() == 1 && next.in[0] == s && readers[s] == 1 &&
+              loc_[s] == Loc::Arena && view_of_[s] == s)
+            step = make_elementwise_reduce_step(p, in, static_cast<int>(j), next);
+        }
+        summed_by_previous = static_cast<bool>(step);
+        if (summed_by_previous) fused_reductions_.push_back(k + 1);
+      }
+      if (!step) step = make_step(p, in);
+      steps_.push_back(std::move(step));
       step_instr_.push_back(k);
       step_work_.push_back(instr_work(p, p.instrs[k]));
       work_ += step_work_.back();

@@ -18,6 +18,21 @@ Step make_attention_step(const Program& p, const Instr& in);    // attention.cpp
 Step make_row_kernel_step(const Program& p, const Instr& in);   // norm_gelu.cpp: gelu, layer norm grad
 Step make_lstm_step(const Program& p, const Instr& in);         // lstm.cpp: LSTM recurrence
 
+// reduce.cpp: whether `in` (a reduction) sums a float32 input viewed as [R0, K, R1] over R0 and
+// R1 into K outputs (BatchNorm's statistics over N, H, W), and that view.
+bool reduce_channel_view(const Program& p, const Instr& in, int64_t* R0, int64_t* K,
+                         int64_t* R1);
+// elementwise.cpp: one step for an elementwise instruction `ew` and the channel reduction `red`
+// that is the only reader of ew's output `out_index`: that output's values are summed per run
+// as they are computed instead of being written (the same bits as the two steps); an empty Step
+// when the pair does not qualify.
+// Whether the runtime pairs them (LUCID_FUSED_REDUCTIONS=0 at start or the setter turns it off
+// for executables compiled afterwards).
+bool fused_reductions_enabled();
+void set_fused_reductions(bool on);
+Step make_elementwise_reduce_step(const Program& p, const Instr& ew, int out_index,
+                                  const Instr& red);
+
 // float32 loops of common elementwise ops (SIMD-dispatched); false when `op` is not one of them.
 // Unary ops read `a`; binary ops `a`, `b`; select reads `a` where `mask` is set, else `b`.
 bool f32_elementwise(Op op, const float* a, const float* b, const uint8_t* mask, float* out,

@@ -63,6 +63,8 @@ class Executable {
   int inplace_feed(int result) const { return inplace_feed_[result]; }
   // In-place results computed straight into their feed's buffer (no copy after the run).
   const std::vector<int>& direct_inplace_results() const { return inplace_direct_; }
+  // Instruction indices of the per-channel sums computed by the elementwise step before them.
+  const std::vector<int>& fused_reductions() const { return fused_reductions_; }
 
   struct Arena;  // one run's scratch memory (runtime.cpp)
 
@@ -93,6 +95,7 @@ class Executable {
   std::vector<std::pair<int, int>> copies_;  // (result index, source slot) copied after the run
   std::vector<std::pair<int, int>> direct_;  // (slot, result index) computed in the output array
   std::vector<int> inplace_direct_;          // in-place results among direct_ (result indices)
+  std::vector<int> fused_reductions_;        // see fused_reductions()
   std::vector<double> consts_;               // 8-byte aligned storage of constant slots
   size_t arena_bytes_ = 0, unplanned_bytes_ = 0;
   mutable std::vector<Arena*> pool_;  // idle arenas; guarded by the process-wide idle-arena lock
