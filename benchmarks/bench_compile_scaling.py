@@ -608,36 +608,61 @@ def spawn(case: tuple, args) -> dict:
 
 
 def run_plan(args, spawn_case=spawn, on_case=None) -> list[dict]:
-    """Every planned case, in ``schedule`` order; a failed or over-budget case ends its series
-    (its larger sizes are recorded as skipped). Missing frameworks are recorded as missing.
-    ``on_case(result)`` is called after each case that ran."""
+    """Every planned case, in ``schedule`` order, ``args.repeats`` times: as that many passes
+    over the whole plan, the order reversed every other pass, so a machine whose speed drifts
+    over minutes shifts every size alike instead of bending the growth fits (back-to-back
+    repeats in increasing sizes put every series' largest sizes last). A case is the median of
+    its runs (``median_run``). A failed or over-budget run ends its series: its larger sizes are
+    not run again and are recorded as skipped. Missing frameworks are recorded as missing.
+    ``on_case(run)`` is called after each run (the case's fields and ``pass``)."""
     rows = planned_rows(args.models, args.modes, args.size_plan)
     present = [fw for fw in args.frameworks if installed(fw, args)]
+    peer_plan = getattr(args, "peer_plan", {})
+    order = [
+        c
+        for c in schedule(rows, present)
+        if c[3] == "lucid" or c[2] in peer_plan.get((c[0], c[1]), (c[2],))
+    ]
+    runs: dict[tuple, list[dict]] = {}
+    failed_at: dict[tuple, int] = {}  # series -> the smallest size that failed
+    for p in range(max(1, getattr(args, "repeats", 1))):
+        for model, mode, n, fw in order if p % 2 == 0 else order[::-1]:
+            series = (model, mode, fw)
+            if n >= failed_at.get(series, n + 1):
+                continue  # the series ended at or below this size
+            run = spawn_case((model, mode, n, fw), args)
+            runs.setdefault((model, mode, n, fw), []).append(run)
+            if on_case is not None:
+                on_case(_case(model, mode, n, fw, **run, **{"pass": p}))
+            shown = f"{run['first_call_s']:.2f} s" if "first_call_s" in run else run["error"]
+            print(f"{model} {mode} {SIZE_NAMES[model]} {n} {fw}: {shown}", file=sys.stderr)
+            if "error" in run:
+                failed_at[series] = min(n, failed_at.get(series, n))
+    return assemble(rows, args.frameworks, present, runs)
+
+
+def assemble(rows: list[tuple], frameworks: list[str], present: list[str], runs: dict) -> list:
+    """The cases of a plan from its runs (``runs[model, mode, size, framework]``: a list): per
+    series in increasing size, each case's ``median_run``; after a failed case, the larger sizes
+    are skipped; a framework not ``present`` is missing."""
     results: list[dict] = []
+    ended: dict[tuple, str] = {}
     for model, mode, n in rows:
-        for fw in args.frameworks:
+        for fw in frameworks:
             if fw not in present:
                 results.append(_case(model, mode, n, fw, missing=True))
-    ended: dict[tuple, str] = {}
-    peer_plan = getattr(args, "peer_plan", {})
-    for model, mode, n, fw in schedule(rows, present):
-        series = (model, mode, fw)
-        if fw != "lucid" and n not in peer_plan.get((model, mode), (n,)):
-            continue  # not asked for at this size
-        if series in ended:
-            results.append(_case(model, mode, n, fw, skipped=ended[series]))
-            continue
-        runs = [spawn_case((model, mode, n, fw), args)]
-        while "error" not in runs[-1] and len(runs) < getattr(args, "repeats", 1):
-            runs.append(spawn_case((model, mode, n, fw), args))
-        result = median_run(runs)
-        results.append(_case(model, mode, n, fw, **result))
-        if on_case is not None:
-            on_case(results[-1])
-        shown = f"{result['first_call_s']:.2f} s" if "first_call_s" in result else result["error"]
-        print(f"{model} {mode} {SIZE_NAMES[model]} {n} {fw}: {shown}", file=sys.stderr)
-        if "error" in result:
-            ended[series] = f"after {SIZE_NAMES[model]} {n}: {result['error']}"
+                continue
+            series = (model, mode, fw)
+            if series in ended:
+                results.append(_case(model, mode, n, fw, skipped=ended[series]))
+                continue
+            case_runs = runs.get((model, mode, n, fw))
+            if not case_runs:
+                continue  # not planned (a peer's size it does not run at)
+            result = median_run(case_runs)
+            results.append(_case(model, mode, n, fw, **result))
+            if "error" in result:
+                ended[series] = f"after {SIZE_NAMES[model]} {n}: {result['error']}"
     return results
 
 
@@ -837,7 +862,7 @@ def main(argv=None) -> int:
         partial += ".partial.jsonl"
         os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
         open(partial, "w").close()
-        print(f"each case is appended to {partial} as it ends", file=sys.stderr)
+        print(f"each run is appended to {partial} as it ends", file=sys.stderr)
 
         def keep(case: dict) -> None:
             with open(partial, "a") as f:
@@ -896,9 +921,19 @@ def load_cases(path: str) -> list[dict]:
     """The cases of a JSON this script wrote (its ``results``) or of a ``.partial.jsonl``."""
     with open(path) as f:
         text = f.read()
-    if path.endswith(".jsonl"):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    return json.loads(text)["results"]
+    if not path.endswith(".jsonl"):
+        return json.loads(text)["results"]
+    # A partial file holds runs (one line each): the cases are their medians.
+    runs: dict[tuple, list[dict]] = {}
+    for line in text.splitlines():
+        if line.strip():
+            run = json.loads(line)
+            key = (run.pop("model"), run.pop("mode"), run.pop("size"), run.pop("framework"))
+            run.pop("pass", None)
+            runs.setdefault(key, []).append(run)
+    rows = sorted({k[:3] for k in runs}, key=_row_order)
+    frameworks = [fw for fw in FRAMEWORKS if any(k[3] == fw for k in runs)]
+    return assemble(rows, frameworks, frameworks, runs)
 
 
 def _load() -> float | None:

@@ -340,3 +340,32 @@ def test_repeats_take_each_stages_median_and_stop_at_a_failure(monkeypatch):
     assert got[2]["error"] == "exit 1: boom"
     with pytest.raises(SystemExit):
         CS.parse_args(["--repeats", "0"])
+
+
+def test_repeats_are_passes_over_the_plan_in_alternating_order(monkeypatch, tmp_path):
+    # A machine whose speed drifts over minutes must not bend the fits: with back-to-back
+    # repeats in increasing sizes, every series' largest sizes would all run last.
+    monkeypatch.setattr(CS, "installed", lambda fw, args: fw == "lucid")
+    seen: list[int] = []
+
+    def fake_spawn(c, args):
+        seen.append(c[2])
+        return {"first_call_s": 0.1 * c[2], "n_ops": c[2], "stages_ms": {"cse": float(len(seen))}}
+
+    args = SimpleNamespace(
+        models=["chain"],
+        modes=["infer"],
+        frameworks=["lucid"],
+        size_plan={("chain", "infer"): (1, 2, 4)},
+        repeats=3,
+    )
+    partial = tmp_path / "runs.partial.jsonl"
+
+    def keep(run):
+        with open(partial, "a") as f:
+            f.write(json.dumps(run) + "\n")
+
+    got = CS.run_plan(args, spawn_case=fake_spawn, on_case=keep)
+    assert seen == [1, 2, 4, 4, 2, 1, 1, 2, 4]
+    assert [r["stages_ms"]["cse"] for r in got] == [6.0, 5.0, 4.0]  # medians of each case's runs
+    assert CS.load_cases(str(partial)) == got  # a partial file's runs give the same cases
