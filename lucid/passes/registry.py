@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from importlib.metadata import entry_points
 
 from lucid.ir import _xdsl as x
 
@@ -66,6 +65,10 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
+    # Imported here: importlib.metadata costs a process's first compile ~8 ms, and a compile
+    # of built-in passes never scans the entry points.
+    from importlib.metadata import entry_points
+
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in _PASSES:
             continue  # a built-in or explicitly registered pass wins

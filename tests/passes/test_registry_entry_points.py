@@ -1,6 +1,8 @@
 """The pass registry reads the installed packages' entry points only for a pass name it does not
 know: a pipeline of built-in passes (every compile's) never scans the installed distributions."""
 
+import importlib.metadata
+
 import pytest
 
 from lucid.passes import registry
@@ -15,7 +17,7 @@ def scans(monkeypatch):
         calls.append(group)
         return []
 
-    monkeypatch.setattr(registry, "entry_points", fake_entry_points)
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
     return calls
 
