@@ -69,6 +69,8 @@ def _weights(q, k, mask, is_causal, scale):
     if is_causal:
         length, size = s.shape[-2:]
         s = np.where(np.tril(np.ones((length, size), dtype=bool)), s, -np.inf)
+    if s.shape[-1] == 0:  # no keys: no weights, and the output is zeros (PyTorch's answer)
+        return s, scale
     with np.errstate(invalid="ignore"):
         e = np.exp(s - np.max(s, axis=-1, keepdims=True))
         return e / np.sum(e, axis=-1, keepdims=True), scale

@@ -174,3 +174,20 @@ def test_one_hot_values_and_inferred_class_count():
         F.one_hot(x, num_classes=2)
     with pytest.raises(IndexError, match="class value -1 is out of bounds for 3 classes"):
         F.one_hot(lucid.tensor(np.array([-1, 0])), 3)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_no_keys_attend_to_nothing_and_give_zeros(is_causal):
+    # softmax over an empty key axis weighs nothing: PyTorch returns zeros, gradients empty/zero
+    q = lucid.randn(2, 3, 4, requires_grad=True)
+    k = lucid.randn(2, 0, 4, requires_grad=True)
+    v = lucid.randn(2, 0, 5, requires_grad=True)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    assert out.shape == (2, 3, 5) and not out.detach().numpy().any()
+    out.sum().backward()
+    assert q.grad.shape == (2, 3, 4) and not q.grad.numpy().any()
+    assert k.grad.shape == (2, 0, 4) and v.grad.shape == (2, 0, 5)
+    compiled = lucid.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c))
+    with lucid.no_grad():
+        got = compiled(q.detach(), k.detach(), v.detach())
+    assert got.shape == (2, 3, 5) and not got.numpy().any()
