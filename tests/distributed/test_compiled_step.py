@@ -13,7 +13,7 @@ import pytest
 import lucid
 from lucid import nn, optim
 from lucid.compile.training import build_training_module
-from lucid.ir import interpret
+from lucid.ir import interpret, print_ir
 from lucid.nn.parallel import DistributedDataParallel as DDP
 from lucid.testing import assert_close
 
@@ -165,3 +165,25 @@ def test_a_parameter_the_loss_does_not_reach_is_not_updated_from_a_stale_grad():
     group.run(lambda _rank: step(x, y))
     assert_close(model.unused.weight.numpy(), before, rtol=0, atol=0)
     assert model.unused.weight.grad is None and model.used.weight.grad is not None
+
+
+def test_the_step_shows_its_two_executables_timing_modules_and_profile():
+    group = ThreadGroup(1)
+    model = _mlp(4)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    step = lucid.compile.fused_step(model, _mse, opt, process_group=group, bucket_cap_mb=0.0005)
+    with pytest.raises(KeyError, match="call it once"):
+        step.module()
+    x, y = _data(5)
+    group.run(lambda _rank: step(x, y))
+    rows = step.timing()
+    assert [r["part"] for r in rows] == ["gradients", "update"]
+    assert all(r["compile_ms"] > 0 and r["n_runs"] == 1 for r in rows)
+    gradients, update = step.module(), step.module(part="update")
+    assert "bucket:0" in print_ir(gradients) and "bucket:0" not in print_ir(update)
+    before = [p.numpy().copy() for p in model.parameters()]
+    profile = step.profile(x, y, repeats=2)
+    assert profile and {"index", "op", "ms", "instr"} <= set(profile[0])
+    assert all((p.numpy() == b).all() for p, b in zip(model.parameters(), before, strict=True))
+    with pytest.raises(ValueError, match="unknown part 'loss'"):
+        step.module(part="loss")

@@ -132,6 +132,35 @@ class DistributedFusedStep:
         """The gradient executable's cache (one entry per input signature)."""
         return self._gradients.cache_info()
 
+    def _part(self, part: str) -> Any:
+        if part == "gradients":
+            return self._gradients
+        if part == "update":
+            return self._update
+        raise ValueError(f"unknown part {part!r}; expected 'gradients' or 'update'")
+
+    def timing(self) -> list[dict[str, Any]]:
+        """``fused_step``'s ``timing()`` rows for the step's two executables, each with ``part``:
+        ``"gradients"`` (forward and backward up to the gradient buckets, one row per input
+        signature) then ``"update"`` (the optimizer step on the all-reduced gradients)."""
+        return [
+            {**row, "part": part}
+            for part in ("gradients", "update")
+            for row in self._part(part).timing()
+        ]
+
+    def module(self, key: Any = -1, *, part: str = "gradients") -> Any:
+        """The compiled ``prim`` module of ``part`` (``"gradients"`` or ``"update"``; ``key`` as
+        for ``fused_step``'s ``module``); print it with ``lucid.ir.print_ir``. Raises
+        ``KeyError`` before the first call. (No ``ir(stage=...)``: rebuilt from the trace, the
+        gradient program would keep the collectives its compiled form is cut at.)"""
+        return self._part(part).module(key)
+
+    def profile(self, *inputs: Any, repeats: int = 100) -> list[dict[str, Any]]:
+        """Where the gradient executable's time goes for ``inputs`` (as ``fused_step``'s
+        ``profile``: parameters and state untouched, no all-reduce, no update)."""
+        return self._gradients.profile(*inputs, repeats=repeats)
+
     @_one_call_at_a_time
     def __call__(self, x: Any, *extra: Any) -> Tensor:
         group = self.process_group
