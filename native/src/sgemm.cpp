@@ -161,7 +161,10 @@ constexpr int64_t kMR = 6, kNR = 16;
 // Block sizes (measured on a 2-core Zen 1 EPYC: kc 256, 384 and 512 and A packed or read in
 // place were within noise of each other; docs/backend-cpu.md). kc is the same for both tiles
 // (from K alone): each element then sums the same products in the same order on either path.
-constexpr int64_t kMaxKC = 256;  // contraction block: a 16-column sliver of B is kc * 64 bytes
+// On the 2-core Zen 5 at two threads, kc 512 ran workload F's K = 512 products 3-9% faster
+// than 256 (one pass over C instead of two; F's 512x512 @ 512x8192 head writes a 16 MB C) and
+// its K = 2048 one 0-5% faster. A 6x64 sliver is then 128 KB (in L2), a 6x16 one 32 KB.
+constexpr int64_t kMaxKC = 512;  // contraction block: a 16-column sliver of B is kc * 64 bytes
 // Waking a worker costs a few microseconds: a product is split only with at least this many
 // multiply-adds per thread.
 constexpr int64_t kMinMacsPerPart = int64_t(1) << 18;
@@ -507,24 +510,41 @@ LUCID_AVX2 inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3
 // or 32. The 8x8 transposes write 8 floats per step; when W is not a multiple of 8 the last
 // group's extra lanes land where the next step's first group goes, which is written after them
 // (groups run last to first; dst has slack for the final step's).
+//
+// One group of 8 rows is read over all kc steps before the next: rows ld apart fall in few L1
+// sets (ld = 2 KB: 2 of 64, ld = 8 KB: 1), and 64 rows read side by side (workload F's
+// weights) evicted each other's lines between the two steps that read each one, so the pack ran
+// at 7-13 GB/s from L3 or DRAM. Each row's line kPackAhead elements ahead is asked for once
+// per line (8 rows side by side are few enough streams for the hardware prefetcher, not enough
+// to keep DRAM busy); past the end of its rows, the next group's (or those of `next`: next_rows
+// rows, ld apart, the sliver packed after this one) first lines are asked for instead.
 template <int W, GemmType T = GemmType::f32>
 LUCID_GEMM_ISA void pack_rows(const Elem<T>* src, int64_t ld, int64_t rows, int64_t kc,
-                              float* dst) {
+                              float* dst, const Elem<T>* next = nullptr, int64_t next_rows = 0) {
   constexpr int kGroups = (W + 7) / 8;
-  // W rows read side by side are more streams than the hardware prefetcher follows, and a
-  // weight packed straight from DRAM (workload F's 8192-row head, 16 MB) waits on its lines:
-  // each row's line kPackAhead elements ahead is asked for once per line.
   constexpr int64_t kPackAhead = 64, kLine = 64 / sizeof(Elem<T>);
-  int64_t k = 0;
-  for (; k + 8 <= kc; k += 8) {
-    if (k % kLine == 0) {
-      for (int64_t i = 0; i < rows; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(src + i * ld + k + kPackAhead), _MM_HINT_T0);
-    }
-    for (int g = 8 * (kGroups - 1); g >= 0; g -= 8) {
+  const auto in_group = [](int64_t n, int64_t g) { return std::clamp<int64_t>(n - g, 0, 8); };
+  for (int g = 8 * (kGroups - 1); g >= 0; g -= 8) {
+    const int64_t here = in_group(rows, g);
+    const Elem<T>* after = nullptr;
+    int64_t after_rows = 0;
+    if (g > 0) after = src + (g - 8) * ld, after_rows = in_group(rows, g - 8);
+    else if (next != nullptr)
+      after = next + 8 * (kGroups - 1) * ld, after_rows = in_group(next_rows, 8 * (kGroups - 1));
+    for (int64_t k = 0; k + 8 <= kc; k += 8) {
+      if (k % kLine == 0) {
+        const int64_t ahead = k + kPackAhead;
+        if (ahead < kc) {
+          for (int64_t i = 0; i < here; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(src + (g + i) * ld + ahead), _MM_HINT_T0);
+        } else if (ahead - kc < kc) {
+          for (int64_t i = 0; i < after_rows; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(after + i * ld + ahead - kc), _MM_HINT_T0);
+        }
+      }
       __m256 r[8];
       for (int i = 0; i < 8; ++i)
-        r[i] = g + i < rows ? load8_wide<T>(src + (g + i) * ld + k) : _mm256_setzero_ps();
+        r[i] = i < here ? load8_wide<T>(src + (g + i) * ld + k) : _mm256_setzero_ps();
       transpose8(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
       if (W % 16 == 0) {
         for (int t = 0; t < 8; ++t) _mm256_store_ps(dst + (k + t) * W + g, r[t]);
@@ -533,7 +553,7 @@ LUCID_GEMM_ISA void pack_rows(const Elem<T>* src, int64_t ld, int64_t rows, int6
       }
     }
   }
-  for (; k < kc; ++k)
+  for (int64_t k = kc - kc % 8; k < kc; ++k)
     for (int r = 0; r < W; ++r) dst[k * W + r] = r < rows ? load1_wide<T>(src + r * ld + k) : 0.0f;
 }
 
@@ -627,8 +647,18 @@ LUCID_GEMM_ISA void pack_b_slivers(const Problem& p, float* dst, int64_t s0, int
     for (int64_t s = s0; s < s1; ++s) {
       const int64_t j = s * Tile::NR, cols = std::min(Tile::NR, p.N - j);
       float* d = dst + pc * npad + s * kc * Tile::NR;
-      if (p.tb) pack_rows<Tile::NR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, d);
-      else pack_cols<Tile::NR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, d);
+      if (p.tb) {
+        // The sliver packed next: the following one of this block, else the first of the next
+        // block (whose first kc steps are what pack_rows asks for ahead).
+        const int64_t next_s = s + 1 < s1 ? s + 1 : s0, next_pc = s + 1 < s1 ? pc : pc + kc;
+        const bool has_next = next_pc < p.K;
+        const int64_t next_j = next_s * Tile::NR;
+        pack_rows<Tile::NR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, d,
+                                has_next ? B + next_j * p.ldb + next_pc : nullptr,
+                                has_next ? std::min(Tile::NR, p.N - next_j) : 0);
+      } else {
+        pack_cols<Tile::NR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, d);
+      }
     }
   }
 }
@@ -667,8 +697,14 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
         for (int64_t jr = 0; jr < nc; jr += Tile::NR) {
           const int64_t cols = std::min(Tile::NR, nc - jr), j = jc + jr;
           float* dst = bp + jr * kc;
-          if (p.tb) pack_rows<Tile::NR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, dst);
-          else pack_cols<Tile::NR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+          if (p.tb) {
+            const int64_t next_j = j + Tile::NR;  // the panel's next sliver
+            pack_rows<Tile::NR, TB>(B + j * p.ldb + pc, p.ldb, cols, kc, dst,
+                                    B + next_j * p.ldb + pc,
+                                    jr + Tile::NR < nc ? std::min(Tile::NR, n1 - next_j) : 0);
+          } else {
+            pack_cols<Tile::NR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, dst);
+          }
         }
       }
       const bool first = pc == 0, last = pc + kc == p.K;
