@@ -3,6 +3,7 @@ import os
 import sys
 import threading
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Cache compiled bytecode (Python's default), in this process and the ones the tests start, even
@@ -65,3 +66,25 @@ def _start_background_work(session) -> None:
 
     if jobs:
         threading.Thread(target=run_jobs, name="tests-background-work", daemon=True).start()
+
+
+@pytest.fixture
+def fixed_threads():
+    """Thread counts a test sets hold (and split paths run) while other processes keep the
+    machine busy: the adaptive policy is off for the test. After it, the count, the policy, the
+    GEMM tile (``set_sgemm_isa``) and fused reductions come back to what the run uses."""
+    from lucid import _native
+    from lucid.backends.cpu import (
+        get_num_threads,
+        set_adaptive_threads,
+        set_num_threads,
+        thread_stats,
+    )
+
+    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
+    set_adaptive_threads(False)
+    yield
+    set_adaptive_threads(adaptive)
+    set_num_threads(threads)
+    _native.set_sgemm_isa("auto")
+    _native.set_fused_reductions(os.environ.get("LUCID_FUSED_REDUCTIONS", "1") != "0")

@@ -14,10 +14,7 @@ from hypothesis import strategies as st
 from lucid.backends.cpu import (
     CPUBackend,
     Program,
-    get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
 from lucid.backends.cpu.program import Instr
 
@@ -25,13 +22,7 @@ NUMPY = {"f32": np.float32, "f64": np.float64}
 TOL = {"f32": (2e-5, 2e-6), "f64": (1e-12, 1e-13)}
 
 
-@pytest.fixture(autouse=True)
-def fixed_threads():
-    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
-    set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 def reference(q, k, v, alpha, d_out=None):

@@ -12,21 +12,8 @@ import pytest
 from lucid.backends.cpu import (
     CPUBackend,
     Program,
-    get_num_threads,
-    set_adaptive_threads,
     set_num_threads,
-    thread_stats,
 )
-
-
-@pytest.fixture
-def fixed_threads():
-    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
-    set_num_threads(threads)
-
 
 pytestmark = pytest.mark.usefixtures("fixed_threads")
 

@@ -13,18 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lucid import _native
-from lucid.backends.cpu import get_num_threads, set_adaptive_threads, set_num_threads, thread_stats
+from lucid.backends.cpu import set_num_threads
 
-
-@pytest.fixture(autouse=True)
-def fixed_threads():
-    """The thread counts the test sets hold (the adaptive policy off); all restored after."""
-    adaptive, threads = thread_stats()["adaptive"], get_num_threads()
-    set_adaptive_threads(False)
-    yield
-    set_adaptive_threads(adaptive)
-    set_num_threads(threads)
-    _native.set_sgemm_isa("auto")
+pytestmark = pytest.mark.usefixtures("fixed_threads")
 
 
 def _product(m, n, k, tb, isa, threads, seed):

@@ -90,7 +90,8 @@ def test_dense_attention_folds_and_matches_unfused(b, h, lq, lk, d, dv, dtype, s
     p = _attention_program(b, h, lq, lk, d, dv, dtype, scale, axis)
     ops = [i.op for i in fuse_kernels(p).instrs]
     assert "attention" in ops and "softmax" not in ops and "matmul" not in ops
-    _check(p, _feeds(p, seed, scale=2.0), dtype)
+    # Inputs scaled by 2: rounding error grows with |V| and the scores, so does the tolerance.
+    _check(p, _feeds(p, seed, scale=2.0), dtype, scale=2.0)
 
 
 def test_many_query_blocks_and_wide_scores_match():
