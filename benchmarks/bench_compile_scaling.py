@@ -889,12 +889,14 @@ def main(argv=None) -> int:
             ["python benchmarks/bench_compile_scaling.py", *(argv or sys.argv[1:])]
         ),
     }
+    if args.report:
+        # The run's own facts (when, how long, how loaded, its command), not this report's.
+        meta.update(run_facts(args.report))
+        meta["reported_from"] = args.report
     print(
         f"\n{meta['minutes']:.1f} min; load average {meta['load_average'][0]} -> "
-        f"{meta['load_average'][1]} on {os.cpu_count()} cores"
+        f"{meta['load_average'][1]} on {meta['machine']['cpus']} cores"
     )
-    if args.report:
-        meta["reported_from"] = args.report
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
@@ -934,6 +936,20 @@ def load_cases(path: str) -> list[dict]:
     rows = sorted({k[:3] for k in runs}, key=_row_order)
     frameworks = [fw for fw in FRAMEWORKS if any(k[3] == fw for k in runs)]
     return assemble(rows, frameworks, frameworks, runs)
+
+
+# What a saved JSON says about the run that measured it, kept when ``--report`` rewrites it.
+RUN_FACTS = ("started_utc", "minutes", "load_average", "machine", "threads", "budget_s", "command")
+
+
+def run_facts(path: str) -> dict:
+    """The facts of the run a JSON this script wrote was measured in (empty for a partial file,
+    which holds only cases)."""
+    if path.endswith(".jsonl"):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    return {k: saved[k] for k in RUN_FACTS if k in saved}
 
 
 def _load() -> float | None:

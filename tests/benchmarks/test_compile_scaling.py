@@ -299,6 +299,28 @@ def test_report_reads_back_the_cases_a_stopped_run_appended(tmp_path, capsys):
     assert "| chain | infer | pairs 400 | 801 |" in capsys.readouterr().out
 
 
+def test_report_of_a_saved_run_keeps_when_and_how_it_was_measured(tmp_path, capsys):
+    partial = tmp_path / "run.json.partial.jsonl"
+    cases = [
+        case("chain", "infer", n, "lucid", 0.001 * n, n_ops=2 * n + 1, peak_mb=0.01 * n)
+        for n in (100, 200)
+    ]
+    partial.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    assert CS.main(["--report", str(partial), "--json", str(first)]) == 0
+    run = json.loads(first.read_text())
+    run.update(started_utc="2026-01-02 03:04:05", minutes=7.5, load_average=[0.25, 1.5])
+    run["command"] = "python benchmarks/bench_compile_scaling.py --repeats 3"
+    first.write_text(json.dumps(run))
+    capsys.readouterr()
+    assert CS.main(["--report", str(first), "--json", str(second)]) == 0
+    saved = json.loads(second.read_text())
+    for key in ("started_utc", "minutes", "load_average", "command"):
+        assert saved[key] == run[key], key
+    assert saved["reported_from"] == str(first) and saved["results"] == cases
+    assert "7.5 min; load average 0.25 -> 1.5" in capsys.readouterr().out
+
+
 def test_each_resnet_series_stays_on_one_side_of_the_update_fusion_limit():
     # fused_step fuses the optimizer updates only up to a parameter count: a series crossing
     # it would fit one growth exponent over two different training programs.
