@@ -26,7 +26,7 @@ def _compile_every_time(monkeypatch):
     monkeypatch.delenv("LUCID_COMPILE_DISK_CACHE", raising=False)
 
 
-def _chain(pairs: int):
+def _chain(pairs: int, backend: str = "cpu"):
     """``lucid.compile`` inference of ``pairs`` (x * c, tanh) pairs."""
     x = lucid.tensor(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
 
@@ -35,24 +35,33 @@ def _chain(pairs: int):
             x = (x * 0.999).tanh()
         return x
 
-    cf = lucid.compile(f, backend="cpu")
+    cf = lucid.compile(f, backend=backend)
     return lambda: cf(x), lambda: f(x)
 
 
-def _adam_step(model: nn.Module, x):
+def _adam_step(model: nn.Module, x, backend: str = "cpu"):
     opt = lucid.optim.Adam(model.parameters(), lr=1e-3)
-    step = lucid.compile.fused_step(model, lambda y: (y * y).mean(), opt, backend="cpu")
+    step = lucid.compile.fused_step(model, lambda y: (y * y).mean(), opt, backend=backend)
     return lambda: step(x), None
 
 
-def _transformer(depth: int):
+def _transformer(depth: int, backend: str = "cpu"):
     """``fused_step`` (Adam) of a pre-LN transformer stack, d = 16, 2 heads, GELU."""
     lucid.manual_seed(0)
     layer = nn.TransformerEncoderLayer(
         16, 2, 32, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
     )
     x = lucid.tensor(np.random.default_rng(0).standard_normal((2, 4, 16)).astype(np.float32))
-    return _adam_step(nn.TransformerEncoder(layer, depth), x)
+    return _adam_step(nn.TransformerEncoder(layer, depth), x, backend)
+
+
+# The MPSGraph emission (legalize, emit, bind), recorded and run by its numpy reference builder.
+def _chain_mpsgraph(pairs: int):
+    return _chain(pairs, "mpsgraph-reference")
+
+
+def _transformer_mpsgraph(depth: int):
+    return _transformer(depth, "mpsgraph-reference")
 
 
 def _mlp(layers: int):
@@ -79,6 +88,8 @@ CASES = [
         {"vjp", "ghost-grads", "lower-to-prim", "emit", "fuse-kernels", "fuse-elementwise"},
     ),
     (_mlp, 4, {"vjp", "optimizer-fusion", "lower-to-prim", "fuse-kernels", "fuse-elementwise"}),
+    (_chain_mpsgraph, 25, {"prim-simplify", "mpsgraph-legalize", "mpsgraph-emit"}),
+    (_transformer_mpsgraph, 1, {"vjp", "lower-to-prim", "mpsgraph-legalize", "mpsgraph-emit"}),
 ]
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from lucid.backends.base import Backend
 from lucid.backends.mpsgraph import program as A
 from lucid.backends.mpsgraph.emit import HANDLED_OPS, EmitError, emit_module
+from lucid.backends.mpsgraph.emit import STAGE as EMIT_STAGE
 from lucid.backends.mpsgraph.legalize import MPSGraphUnsupported, legalize, legalize_refusal
 from lucid.backends.mpsgraph.native import (
     MPSGraphUnavailable,
@@ -29,6 +30,7 @@ from lucid.backends.mpsgraph.native import (
 from lucid.backends.mpsgraph.reference import ReferenceBuilder, run_program
 from lucid.backends.mpsgraph.selectors import EMISSIONS
 from lucid.backends.mpsgraph.symbolic import SymbolicUnsafe, symbolic_dims
+from lucid.ir import visits
 from lucid.ir.prim._shape import index_error_message
 
 __all__ = [
@@ -85,6 +87,7 @@ def bind(builder: A.RecordingBuilder, emitted: Any) -> tuple[dict, Boundary]:
         if position[t] == len(targets):
             targets.append(t)
         slots.append(("target", position[t]))
+    visits.count(EMIT_STAGE, len(builder.calls))
     read = set()
     for c in builder.calls:
         for a in c["args"]:

@@ -21,6 +21,7 @@ import numpy as np
 from lucid.backends.mpsgraph import program as A
 from lucid.backends.mpsgraph.selectors import HALF_DTYPES, MPS_DTYPES
 from lucid.ir import prim as P
+from lucid.ir import visits
 from lucid.ir.prim._random import PHILOX_M, PHILOX_W
 
 __all__ = ["HANDLED_OPS", "Builder", "EmitError", "Emitted", "Val", "emit_module", "emit_op"]
@@ -29,6 +30,9 @@ __all__ = ["HANDLED_OPS", "Builder", "EmitError", "Emitted", "Val", "emit_module
 # The float types (prim's FLOAT, which names float64 too, and the half types), for the rules that
 # depend on NaN.
 _FLOATS = P.FLOAT | HALF_DTYPES
+
+
+STAGE = "mpsgraph-emit"  # the visit counters' name for emitting and binding the program
 
 
 class EmitError(ValueError):
@@ -1373,6 +1377,7 @@ def emit_module(
     messages: dict[int, tuple[int, str]] = {}
     returned: list[Val] | None = None
     for op in block.ops:
+        visits.count(STAGE)
         if isinstance(op, PrimIROp):
             syms = [frozenset(sym_of.get(r, frozenset())) for r in op.results]
             try:

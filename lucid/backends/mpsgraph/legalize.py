@@ -31,6 +31,7 @@ Runs on a ``prim`` module (after ``lower-to-prim``), before the emitter:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,7 @@ import numpy as np
 from lucid.backends.mpsgraph.selectors import MPS_DTYPES, dtype_introduced, macos_key
 from lucid.ir import _xdsl as x
 from lucid.ir import prim as P
+from lucid.ir import visits
 from lucid.ir.prim.dialect import PrimIROp, create_prim, prim_attrs
 from lucid.ir.prim.expand import expand_composites
 from lucid.passes._blocks import blocks_of
@@ -46,6 +48,7 @@ from lucid.passes.registry import register_pass
 __all__ = ["MPSGraphLegalize", "MPSGraphUnsupported", "legalize", "legalize_refusal"]
 
 _INT32_MAX = 2**31 - 1
+STAGE = "mpsgraph-legalize"  # the visit counters' name for this step
 
 
 class MPSGraphUnsupported(ValueError):
@@ -121,7 +124,10 @@ def legalize_refusal(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -
             if problem:
                 return f"argument {i} has {problem}"
         for op in block.ops:
-            for v in (*op.operands, *op.results):
+            visits.count(STAGE)
+            # Every operand is an earlier op's result or a block argument: checking those checks
+            # each value once (the op named is the one that makes the value).
+            for v in op.results:
                 problem = _type_problem(v.type, macos)
                 if problem:
                     return f"{op.name} has {problem}"
@@ -132,7 +138,9 @@ def legalize_refusal(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -
 
 
 def _split_matmul_accumulate(block: x.Block) -> None:
-    for op in list(block.ops):
+    ops = list(block.ops)
+    visits.count(STAGE, len(ops))
+    for op in ops:
         if not isinstance(op, PrimIROp) or op.name != "prim.matmul_accumulate":
             continue
         a, b, c, alpha = op.operands
@@ -223,15 +231,37 @@ def _narrowing_half(op: x.Operation, narrowed: dict) -> str | None:
     return half
 
 
+def _stays_narrow(op: x.Operation, half: str, ops: dict, narrowed: dict) -> bool:
+    """Whether candidate ``op`` still runs in ``half``: its operands still allow it and each of
+    its float32 results is read only by candidates or by casts back to ``half``."""
+    visits.count(STAGE)
+    if _narrowing_half(op, narrowed) != half:
+        return False
+    back_type = x.f16 if half == "f16" else x.bf16
+    for r in op.results:
+        if _element(r) != x.f32:
+            continue
+        for use in r.uses:
+            user = use.operation
+            back = _prim_name(user) == "cast" and _element(user.results[0]) == back_type
+            if not back and user not in ops:
+                return False
+    return True
+
+
 def narrow_half(block: x.Block) -> int:
     """Run on half values the regions of ``NARROWABLE`` ops that lower-to-prim wrapped in casts
     to float32 and back, when every float32 value of the region is read only by ops of the
     region or by casts back to its half type; returns how many ops were narrowed."""
     # Candidates in order (an operand's producer comes first), then drop those whose float32
-    # results escape the region, until nothing changes.
+    # results escape the region. A drop can only change the verdict of its neighbours (the
+    # candidates producing its operands, whose values now reach a non-member, and those reading
+    # its results, whose operands are no longer narrowed): they are queued again, so each op is
+    # rechecked once per dropped neighbour instead of once per round over every candidate.
     narrowed: dict[x.SSAValue, str] = {}
     ops: dict[x.Operation, str] = {}
     for op in block.ops:
+        visits.count(STAGE)
         if _prim_name(op) in NARROWABLE:
             half = _narrowing_half(op, narrowed)
             if half is not None:
@@ -239,28 +269,27 @@ def narrow_half(block: x.Block) -> int:
                 for r in op.results:
                     if _element(r) == x.f32:
                         narrowed[r] = half
-    changed = True
-    while changed:
-        changed = False
-        for op, half in list(ops.items()):
-            ok = _narrowing_half(op, narrowed) == half
-            for r in op.results:
-                if not ok or _element(r) != x.f32:
-                    continue
-                for use in r.uses:
-                    user = use.operation
-                    back = _prim_name(user) == "cast" and _element(user.results[0]) == (
-                        x.f16 if half == "f16" else x.bf16
-                    )
-                    if not back and user not in ops:
-                        ok = False
-            if not ok:
-                del ops[op]
-                for r in op.results:
-                    narrowed.pop(r, None)
-                changed = True
+    pending = deque(ops)
+    queued = set(ops)
+    while pending:
+        op = pending.popleft()
+        queued.discard(op)
+        half = ops.get(op)
+        if half is None or _stays_narrow(op, half, ops, narrowed):
+            continue
+        del ops[op]
+        for r in op.results:
+            narrowed.pop(r, None)
+        neighbours = [v.owner for v in op.operands if isinstance(v.owner, x.Operation)]
+        neighbours += [use.operation for r in op.results for use in r.uses]
+        for n in neighbours:
+            if n in ops and n not in queued:
+                pending.append(n)
+                queued.add(n)
     replacement: dict[x.SSAValue, x.SSAValue] = {}
-    for op in list(block.ops):
+    walked = list(block.ops)
+    visits.count(STAGE, 2 * len(walked))  # the rewrite and the erasing sweeps
+    for op in walked:
         half = ops.get(op)
         if half is None:
             continue

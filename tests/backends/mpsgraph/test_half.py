@@ -431,6 +431,43 @@ def test_narrowing_keeps_float32_where_a_region_needs_it():
     assert ("prim.softmax", "tensor<2x4xf32>") in names
 
 
+def _negation_region(n: int, read_back: bool):
+    """A half value widened to float32, ``n`` negations in float32, and the last one either cast
+    back to half (the region narrows) or read by softmax in float32 (nothing narrows: the
+    escape is found at the end and reaches the first op through every other)."""
+    block = xd.Block(arg_types=[prim_type((2, 3), "f16")])
+
+    def add(name, operands, attrs=None):
+        block.add_op(create_prim(name, operands, attrs or {}))
+        return block.last_op.results[0]
+
+    v = add("cast", [block.args[0]], {"dtype": "f32"})
+    for _ in range(n):
+        v = add("neg", [v])
+    v = add("softmax", [v], {"axis": -1}) if not read_back else v
+    block.add_op(xd.func.ReturnOp(add("cast", [v], {"dtype": "f16"})))
+    return block
+
+
+@pytest.mark.parametrize("read_back", [True, False])
+def test_narrowing_a_long_region_visits_each_op_a_bounded_number_of_times(read_back):
+    from lucid.backends.mpsgraph.legalize import STAGE
+    from lucid.ir import visits
+
+    counted = []
+    for n in (40, 320):
+        block = _negation_region(n, read_back)
+        with visits.counting() as counts:
+            narrowed = narrow_half(block)
+        assert narrowed == (n if read_back else 0)
+        kinds = {str(op.results[0].type) for op in block.ops if op.name == "prim.neg"}
+        assert kinds == {"tensor<2x3xf16>" if read_back else "tensor<2x3xf32>"}
+        counted.append(counts[STAGE])
+    # Each drop requeues only its neighbours: 8x the ops, about 8x the visits (a fixed point
+    # recomputed over every candidate per round would take n rounds: 64x).
+    assert counted[1] <= 8 * 1.25 * counted[0]
+
+
 # --- every registry op in float16 through lower-to-prim and the MPSGraph emission, vs eager -----
 # (each op's first sample in the default run, the others under slow)
 from hypothesis import HealthCheck  # noqa: E402
