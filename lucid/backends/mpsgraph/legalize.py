@@ -325,15 +325,30 @@ def narrow_half(block: x.Block) -> int:
     return len(ops)
 
 
+# Set on a module once ``legalize`` rewrote it: the backend's compile legalizes what it is given
+# (tests and tools hand it prim modules), and a compile's module has been through the
+# ``mpsgraph-legalize`` pass already: the rewrites are not repeated (a tenth of a large module's
+# compile), only the refusals of the running macOS's releases are checked.
+_LEGALIZED = "_lucid_mpsgraph_legalized"
+
+
 def legalize(module: x.ModuleOp, macos: tuple[int, ...] | None = None) -> None:
-    """Rewrite ``module`` in place for MPSGraph; raise MPSGraphUnsupported if it cannot run."""
-    expand_composites(module)  # MPSGraph has no kernel of a composite prim op
+    """Rewrite ``module`` in place for MPSGraph; raise MPSGraphUnsupported if it cannot run.
+    A module legalized before is only checked again, when ``macos`` names a release."""
+    done = getattr(module, _LEGALIZED, False)
+    if done and macos is None:
+        return
+    if not done:
+        expand_composites(module)  # MPSGraph has no kernel of a composite prim op
     reason = legalize_refusal(module, macos)
     if reason is not None:
         raise MPSGraphUnsupported(reason)
+    if done:
+        return
     for block in blocks_of(module):
         _split_matmul_accumulate(block)
         narrow_half(block)
+    setattr(module, _LEGALIZED, True)
 
 
 @register_pass

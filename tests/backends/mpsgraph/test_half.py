@@ -314,6 +314,23 @@ def test_bfloat16_is_refused_before_macos_14_with_the_version_and_half_matmul_is
     assert {p["dtype"] for p in program["placeholders"]} == {MPS_DTYPES[dt][0]}
 
 
+def test_a_legalized_module_is_not_rewritten_again_but_still_checked_for_the_running_macos():
+    from lucid.backends.mpsgraph.legalize import STAGE, legalize
+    from lucid.ir import visits
+
+    module = _half_matmul_module("bf16")
+    with visits.counting() as first:
+        legalize(module)  # the mpsgraph-legalize pass: no release known
+    text = str(module)
+    with visits.counting() as again:
+        legalize(module)
+    assert first[STAGE] > 0 and again[STAGE] == 0 and str(module) == text
+    with pytest.raises(MPSGraphUnsupported, match="BFloat16 needs macOS 14.0"):
+        legalize(module, (13, 6))  # the backend's compile on an older Mac
+    executable = MPSGraphBackendAt((14, 0)).compile(module)
+    assert str(module) == text and executable.program["calls"]
+
+
 class MPSGraphBackendAt(MPSGraphReferenceBackend):
     """The reference backend legalizing for a given macOS (what the native one does on a Mac)."""
 
