@@ -3,7 +3,7 @@
     python benchmarks/bench_compile_scaling.py [--models transformer,chain,lstm,resnet]
         [--modes infer,train] [--frameworks lucid,jax,torch.compile] [--quick]
         [--sizes transformer=1,2,4 --sizes chain:train=250,500] [--peer-sizes chain=250]
-        [--budget-s 600] [--threads 2] [--repeats 1]
+        [--budget-s 600] [--threads 2] [--repeats 1] [--lucid-backend cpu]
         [--json PATH] [--chart PATH] [--write]
 
 Every (model, mode, size, framework) case runs in a fresh process that imports only its
@@ -18,7 +18,9 @@ backend's own split of ``backend-compile`` (emitting, kernel fusion, elementwise
 native build: measured by wrapping those functions in the child, ``backend:*``), the rest of the
 first call (tracing, binding and the run: ``rest``), the number of ops in the forward trace (the
 program size) and the peak-RSS growth of the first call (``VmHWM``). The peers report their
-first call and peak-RSS growth.
+first call and peak-RSS growth. ``--lucid-backend mpsgraph-reference`` compiles Lucid's cases for
+MPSGraph instead (legalization, emission and binding, recorded by the numpy reference builder,
+which also runs the first call: its ``rest`` is numpy's, not a Mac's).
 
 A row is one (model, mode, size); its cases run back to back, their order rotated from row to
 row, so a slow spell of the shared machine hits a row's frameworks alike. A case that fails or
@@ -292,6 +294,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
+        "--lucid-backend",
+        default="cpu",
+        help="the backend Lucid's cases compile for (cpu, or mpsgraph-reference: the MPSGraph "
+        "emission recorded and run by its numpy reference builder)",
+    )
+    ap.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -423,7 +431,7 @@ def backend_split():
             setattr(module, attr, original)
 
 
-def _lucid_case(model_name: str, mode: str, n: int, x_np) -> dict:
+def _lucid_case(model_name: str, mode: str, n: int, x_np, backend: str = "cpu") -> dict:
     import bench_workloads as BW
     import scaling_models as SM
 
@@ -436,12 +444,14 @@ def _lucid_case(model_name: str, mode: str, n: int, x_np) -> dict:
     with backend_split() as timer:
         if mode == "infer":
             model.eval()
-            compiled = lucid.compile(model)
+            compiled = lucid.compile(model, backend=backend)
             with lucid.no_grad():
                 compiled(x)
         else:
             opt = lucid.optim.Adam(model.parameters(), lr=1e-3)
-            compiled = lucid.compile.fused_step(model, lambda out: (out * out).mean(), opt)
+            compiled = lucid.compile.fused_step(
+                model, lambda out: (out * out).mean(), opt, backend=backend
+            )
             compiled(x)
     first, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     extra = {}
@@ -451,7 +461,9 @@ def _lucid_case(model_name: str, mode: str, n: int, x_np) -> dict:
         extra["fused_updates"] = _fuse_updates(model.parameters())
     peak = BW.high_water_mb() - base
     rows = compiled.timing()
-    passes = dict(rows[0]["passes_ms"]) if rows else {}
+    if not rows:  # nothing compiled: the first call ran eagerly, there is nothing to time
+        raise RuntimeError(f"the {backend} compile fell back to eager")
+    passes = dict(rows[0]["passes_ms"])
     stages = dict(passes)
     split = dict(timer.ms)
     if "backend-compile" in stages and split:
@@ -532,7 +544,7 @@ def _jax_case(model_name: str, mode: str, n: int, x_np) -> dict:
     }
 
 
-def run_child(spec: str, threads: int) -> dict:
+def run_child(spec: str, threads: int, backend: str = "cpu") -> dict:
     """Build and first-call one case in this (fresh) process."""
     model_name, mode, size, framework = spec.split(":")
     n = int(size)
@@ -544,7 +556,7 @@ def run_child(spec: str, threads: int) -> dict:
     def first_call(model: str, size: int) -> dict:
         x_np = SM.input_array(model, size)
         if framework == "lucid":
-            return _lucid_case(model, mode, size, x_np)
+            return _lucid_case(model, mode, size, x_np, backend)
         if framework == "torch.compile":
             return _torch_case(model, mode, size, x_np, threads)
         return _jax_case(model, mode, size, x_np)
@@ -584,6 +596,8 @@ def spawn(case: tuple, args) -> dict:
         f"{model}:{mode}:{size}:{framework}",
         "--threads",
         str(args.threads),
+        "--lucid-backend",
+        args.lucid_backend,
     ]
     env = dict(os.environ, **thread_env(args.threads))
     env.pop("LUCID_COMPILE_DISK_CACHE", None)  # every compile measured from scratch
@@ -845,7 +859,7 @@ def chart(results: list[dict], path: str) -> bool:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(run_child(args.child, args.threads)))
+        print(json.dumps(run_child(args.child, args.threads, args.lucid_backend)))
         return 0
     started = time.time()
     load_before = _load()
@@ -882,6 +896,7 @@ def main(argv=None) -> int:
         "load_average": [load_before, _load()],
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "threads": args.threads,
+        "lucid_backend": args.lucid_backend,
         "budget_s": args.budget_s,
         "sizes": sizes_of(results),
         "frameworks": args.frameworks,
@@ -939,7 +954,16 @@ def load_cases(path: str) -> list[dict]:
 
 
 # What a saved JSON says about the run that measured it, kept when ``--report`` rewrites it.
-RUN_FACTS = ("started_utc", "minutes", "load_average", "machine", "threads", "budget_s", "command")
+RUN_FACTS = (
+    "started_utc",
+    "minutes",
+    "load_average",
+    "machine",
+    "threads",
+    "lucid_backend",
+    "budget_s",
+    "command",
+)
 
 
 def run_facts(path: str) -> dict:

@@ -273,6 +273,24 @@ def test_smoke_run_on_tiny_sizes_without_peers(tmp_path):
     assert "| chain | infer | pairs 4 |" in done.stdout
 
 
+def test_lucid_cases_compile_for_the_backend_named(tmp_path):
+    """``--lucid-backend mpsgraph-reference``: the MPSGraph emission's stages are timed (and a
+    case that fell back to eager would be an error, not a row)."""
+    out = tmp_path / "scaling.json"
+    cmd = [sys.executable, os.path.join(BENCH, "bench_compile_scaling.py"), "--frameworks"]
+    cmd += ["lucid", "--models", "chain", "--modes", "infer", "--sizes", "chain=4,8"]
+    cmd += ["--lucid-backend", "mpsgraph-reference", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads(out.read_text())
+    assert saved["lucid_backend"] == "mpsgraph-reference"
+    assert len(saved["results"]) == 2
+    for r in saved["results"]:
+        assert "error" not in r, r
+        assert {"mpsgraph-legalize", "backend-compile"} <= set(r["stages_ms"])
+        assert not any(s.startswith("backend:") for s in r["stages_ms"])  # the CPU split
+
+
 def test_report_reads_back_the_cases_a_stopped_run_appended(tmp_path, capsys):
     partial = tmp_path / "run.json.partial.jsonl"
     cases = [
