@@ -24,6 +24,8 @@ CHECK_INFERENCE = False
 def apply(op: str | OpDef, *operands: Any, **attrs: Any) -> Any:
     opdef = op if isinstance(op, OpDef) else REGISTRY[op]
     attrs = opdef.bind_attrs(attrs)
+    if opdef.resolve_attrs is not None:
+        attrs = opdef.resolve_attrs(operands, attrs)
     autocast = state.autocast
     if autocast is not None:
         # lucid.autocast: the op's row of the policy table may cast floating operands first;

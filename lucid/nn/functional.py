@@ -10,7 +10,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lucid import _dtype
 from lucid._dispatch import apply
 from lucid._tensor import Tensor
 from lucid.ops import activation as _act
@@ -798,8 +797,6 @@ def rms_norm(
     eps: float | None = None,
 ) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the trailing dims (eps None: machine epsilon)."""
-    if eps is None and input.dtype in _dtype.HALF_DTYPES:
-        eps = _dtype.finfo(input.dtype).eps  # the kernel computes in float32: name half's eps
     return apply(
         "rms_norm",
         input,

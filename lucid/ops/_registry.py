@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lucid._dtype import dtype, result_type
+from lucid._dtype import HALF_DTYPES, dtype, finfo, result_type
 
 # --- properties, as set memberships (tinygrad's GroupOp style)
 ELEMENTWISE = "elementwise"  # output[i] depends on input[i] only (after broadcasting)
@@ -84,6 +84,11 @@ class OpDef:
     # gradient: e.g. read only for its shape). Any other None for such an operand makes
     # backward() raise, naming the op and the operand.
     no_grad_operands: dict[str, str] = field(default_factory=dict)
+    # ``resolve_attrs(operands, attrs) -> attrs``: fills attributes whose default depends on the
+    # operands' dtypes (a half format's limits or epsilon) before the op runs or is traced. Half
+    # kernels compute in float32, so a default resolved inside the kernel would be float32's,
+    # while the compiled program (and PyTorch) use the half format's.
+    resolve_attrs: Callable[[tuple, dict[str, Any]], dict[str, Any]] | None = None
 
     def operand_name(self, i: int) -> str:
         """The name of the ``i``-th flattened operand (a variadic operand's elements share it)."""
@@ -110,6 +115,21 @@ class OpDef:
             if v is REQUIRED:
                 raise TypeError(f"{self.name}() missing required attribute {k!r}")
         return full
+
+
+def half_format_defaults(**fields: str) -> Callable[[tuple, dict[str, Any]], dict[str, Any]]:
+    """A ``resolve_attrs`` that fills each attribute left None with the ``finfo`` field it names
+    of the first operand's dtype, when that is a half format: ``half_format_defaults(eps="eps")``.
+    """
+
+    def resolve(operands: tuple, attrs: dict[str, Any]) -> dict[str, Any]:
+        dt = getattr(operands[0], "dtype", None)
+        if dt not in HALF_DTYPES or all(attrs[k] is not None for k in fields):
+            return attrs
+        info = finfo(dt)
+        return {**attrs, **{k: getattr(info, f) for k, f in fields.items() if attrs[k] is None}}
+
+    return resolve
 
 
 REGISTRY: dict[str, OpDef] = {}

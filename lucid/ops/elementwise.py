@@ -25,6 +25,7 @@ from lucid.ops._registry import (
     OpDef,
     broadcast_shapes,
     elementwise_infer,
+    half_format_defaults,
     register,
     shape_of,
 )
@@ -332,6 +333,7 @@ _unary(
     _nan_to_num_vjp,
     attrs={"nan": 0.0, "posinf": None, "neginf": None},
     saves_outputs=False,
+    resolve_attrs=half_format_defaults(posinf="max", neginf="min"),
 )
 
 # --- clamp: the gradient passes where min <= x <= max (inclusive), as PyTorch.
@@ -589,12 +591,6 @@ def tan(x) -> Tensor:
 
 def nan_to_num(x, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None):
     """Replace NaN, +inf and -inf (default: 0 and the dtype's largest/smallest finite value)."""
-    if isinstance(x, Tensor) and x.dtype in _dtype.HALF_DTYPES:
-        # Half kernels compute in float32, whose limits would round back to inf: name the
-        # half format's own limits, as PyTorch does.
-        info = _dtype.finfo(x.dtype)
-        posinf = info.max if posinf is None else posinf
-        neginf = info.min if neginf is None else neginf
     return apply("nan_to_num", x, nan=nan, posinf=posinf, neginf=neginf)
 
 

@@ -12,7 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from lucid._dispatch import apply
-from lucid.ops._registry import SYMBOLIC_BATCH_SAFE, AVal, OpDef, register
+from lucid.ops._registry import (
+    SYMBOLIC_BATCH_SAFE,
+    AVal,
+    OpDef,
+    half_format_defaults,
+    register,
+)
 
 __all__: list[str] = []
 
@@ -296,6 +302,7 @@ register(
         attrs={"normalized_shape": None, "eps": None},
         props=frozenset({SYMBOLIC_BATCH_SAFE}),
         saves_outputs=False,
+        resolve_attrs=half_format_defaults(eps="eps"),
         doc="x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps None means the "
         "dtype's machine epsilon.",
     )

@@ -57,11 +57,7 @@ REFUSED_IN_HALF = {
 
 # Ops whose compiled half results differ from eager's, with the cause (strict xfails: a fix
 # makes them pass, and the test then fails until the entry goes).
-KNOWN_DIFFERENCES = {
-    "nan_to_num": "eager's kernel sees the float32 widening of a half tensor, so its default "
-    "posinf/neginf is float32's max, which rounds to inf; compiled code (and PyTorch) use the half "
-    "format's max",
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}
 
 # Ops with no sample in the lowering tests (their draws are not eager's numbers).
 EXTRA_SAMPLES = {
