@@ -57,10 +57,28 @@ def _lstm_direction(
 
 
 class _RNNBase(Module):
-    """What LSTM and GRU share: torch's parameter names per layer and direction, their init."""
+    """What LSTM, GRU and RNN share: torch's parameter names per layer and direction, their init."""
 
     #: Parameter name stems, in the order ``_weights`` returns them (absent ones as None).
     _weight_stems: tuple[str, ...] = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        if getattr(self, "proj_size", 0):  # LSTM's
+            s += f", proj_size={self.proj_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if getattr(self, "nonlinearity", "tanh") != "tanh":  # RNN's
+            s += f", nonlinearity={self.nonlinearity!r}"
+        if not self.bias:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s
 
     def _make_weights(self, gates: int, dt: Any, proj_size: int = 0) -> None:
         """torch's parameters per layer and direction: ``gates`` stacked gate blocks, and with
@@ -327,22 +345,6 @@ class LSTM(_RNNBase):
             output = output.transpose(0, 1)
         return output, (h_n_t, c_n_t)
 
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.proj_size:
-            s += f", proj_size={self.proj_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        if not self.bias:
-            s += ", bias=False"
-        if self.batch_first:
-            s += ", batch_first=True"
-        if self.dropout:
-            s += f", dropout={self.dropout}"
-        if self.bidirectional:
-            s += ", bidirectional=True"
-        return s
-
 
 def _gru_direction(
     steps: list[Tensor],
@@ -423,20 +425,6 @@ class GRU(_RNNBase):
     ) -> tuple[Tensor, Tensor]:
         return self._run_single_state(input, hx, "GRU", _gru_direction)
 
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        if not self.bias:
-            s += ", bias=False"
-        if self.batch_first:
-            s += ", batch_first=True"
-        if self.dropout:
-            s += f", dropout={self.dropout}"
-        if self.bidirectional:
-            s += ", bidirectional=True"
-        return s
-
 
 def _rnn_direction(
     steps: list[Tensor],
@@ -508,22 +496,6 @@ class RNN(_RNNBase):
             return _rnn_direction(steps, h, w_hh, b_hh, reverse, self._activation)
 
         return self._run_single_state(input, hx, "RNN", direction)
-
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        if self.nonlinearity != "tanh":
-            s += f", nonlinearity={self.nonlinearity!r}"
-        if not self.bias:
-            s += ", bias=False"
-        if self.batch_first:
-            s += ", batch_first=True"
-        if self.dropout:
-            s += f", dropout={self.dropout}"
-        if self.bidirectional:
-            s += ", bidirectional=True"
-        return s
 
 
 class _RNNCellBase(Module):
