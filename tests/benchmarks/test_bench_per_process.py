@@ -212,8 +212,8 @@ def test_the_sgemm_child_reports_a_rate_per_round(monkeypatch):
     assert BP.describe_sgemm(None) == "not measured"
 
 
-def ok_with(ms: float, first_s: float, peak_mb: float) -> dict:
-    return dict(ok(ms), first_call_s=first_s, peak_mb=peak_mb)
+def ok_with(ms: float, first_s: float, peak_mb: float, import_s: float | None = None) -> dict:
+    return dict(ok(ms), first_call_s=first_s, peak_mb=peak_mb, import_s=import_s)
 
 
 def test_large_rows_judge_first_call_against_jax_and_peak_memory_against_the_best_peer():
@@ -237,6 +237,32 @@ def test_small_rows_show_first_call_and_peak_without_judging_them():
     assert row["first_call_vs_jax"] == pytest.approx(2.0) and "first_call_holds" not in row
     assert BP.first_call_cell(row) == "2.00 / 1.00 (2.00x)"
     assert "peak_holds" not in row and row["peak_vs_best"] == pytest.approx(0.5)
+
+
+def test_the_first_call_cell_adds_the_comparison_with_each_frameworks_import():
+    runs = {
+        "lucid compiled": [ok_with(1.0, 0.2, 10.0, import_s=0.1)],
+        "jax": [ok_with(1.0, 0.3, 20.0, import_s=0.9)],
+    }
+    row = BP.summarize_row("infer", "H", "", runs, missing=[])
+    assert row["first_call_holds"] is False  # judged on the first call alone
+    assert row["ready_s"] == pytest.approx({"lucid compiled": 0.3, "jax": 1.2})
+    assert BP.first_call_cell(row) == "0.20 / 0.30 (0.67x, NO); with import 0.30 / 1.20 (0.25x)"
+
+
+def test_the_child_times_its_frameworks_import(monkeypatch):
+    import bench_workloads as BW
+
+    for module in BP.FRAMEWORK_MODULES.values():  # the child blocks the other frameworks
+        monkeypatch.setitem(sys.modules, module, sys.modules.get(module))
+    imported = []
+    monkeypatch.setattr(BP.importlib, "import_module", imported.append)
+    calls = []
+    monkeypatch.setattr(BW, "infer_cases", lambda *a, **k: {"jax": lambda: lambda: calls.append(1)})
+    args = BP.parse_args(["--rounds", "1", "--min-round-s", "0"])
+    result = BP.run_child("infer:A:jax:", args)
+    assert imported == ["jax", "jax.numpy"] and result["import_s"] >= 0
+    assert result["first_call_s"] >= 0 and calls
 
 
 def test_a_child_without_peak_memory_leaves_the_columns_empty():
