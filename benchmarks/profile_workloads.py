@@ -37,7 +37,11 @@ def parse():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
-    return ap.parse_args()
+    args = ap.parse_args()
+    bad = set(args.workloads) - set("ABCDEFGH")
+    if bad:
+        ap.error(f"unknown workloads {''.join(sorted(bad))!r}; name them as letters: FGH")
+    return args
 
 
 ARGS = parse() if __name__ == "__main__" else None
