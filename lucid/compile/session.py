@@ -24,14 +24,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# lucid.ir and lucid.passes load their contents on first use: a disk-cache hit compiles nothing
+# and loads no xDSL.
+from lucid import ir
+from lucid import passes as _passes
 from lucid.backends import Unsupported as BackendUnsupported
 from lucid.compile import _disk_cache
 from lucid.compile.errors import FeedMismatch, Unsupported, check_value_sizes
 from lucid.compile.options import GRAPH_PIPELINE, backend_of, env_flag
-from lucid.ir import feed_roles as _feed_roles
-from lucid.ir import forward_func, import_trace, print_ir, result_roles
 from lucid.ir._gc import paused_gc, promote_young, release_ir
-from lucid.passes import Instrumentation, PassFailure, PassManager
+from lucid.passes.instrumentation import Instrumentation
 
 __all__ = [
     "STAGES",
@@ -135,7 +137,7 @@ class CompileSession:
         """Run ``passes`` (a spec or pass instances) on ``module`` in place with the switches
         (``pipeline`` names the run in the IR tree); a ``PassFailure`` propagates."""
         inst = self.instrumentation(pipeline) if instrumented else Instrumentation()
-        report = PassManager(passes, inst).run(module)
+        report = _passes.PassManager(passes, inst).run(module)
         for name, ms in report.passes_ms().items():
             self.record(prefix + name, ms)
 
@@ -147,7 +149,7 @@ class CompileSession:
         passes = "lower-to-prim" + ("," + backend.pipeline if backend.pipeline else "")
         try:
             self.run_passes(passes, module, pipeline=pipeline, prefix=prefix)
-        except PassFailure as e:
+        except _passes.PassFailure as e:
             raise Unsupported(str(e.cause)) from e
 
     def compile_module(
@@ -202,8 +204,8 @@ def lower(module: Any, backend: Any, inst: Instrumentation | None = None) -> dic
     each pass. A pass that refuses the graph raises ``Unsupported`` with its reason."""
     pipeline = "lower-to-prim" + ("," + backend.pipeline if backend.pipeline else "")
     try:
-        return PassManager(pipeline, inst or Instrumentation()).run(module).passes_ms()
-    except PassFailure as e:
+        return _passes.PassManager(pipeline, inst or Instrumentation()).run(module).passes_ms()
+    except _passes.PassFailure as e:
         raise Unsupported(str(e.cause)) from e
 
 
@@ -261,7 +263,7 @@ def _graph_module(
     ``shape-specialize`` pass, first in the pipeline (so ``--print-ir-after-all`` shows it)."""
     session = session or CompileSession(switches)
     with session.timed(prefix + "import"):
-        module = import_trace(trace)
+        module = ir.import_trace(trace)
     passes = _graph_passes(pipeline) if batch is None else _specialized_passes(pipeline, batch)
     session.run_passes(passes, module, pipeline=label, prefix=prefix)
     return module, session, dict(session.passes_ms)
@@ -290,8 +292,8 @@ def compile_trace(
     if isinstance(cached, CompiledGraph):
         return cached
     module, _, _ = _graph_module(trace, pipeline, None, batch, session=session)
-    fn = forward_func(module)
-    roles = (_feed_roles(fn), result_roles(fn))
+    fn = ir.forward_func(module)
+    roles = (ir.feed_roles(fn), ir.result_roles(fn))
     executable = session.compile_module(module, target)
     # Only graphs whose roles are the trace's are stored: that is what a hit is checked against.
     if cached is not None and roles == _trace_roles(trace):
@@ -374,8 +376,8 @@ def compile_symbolic_trace(
     probe, _, _ = _graph_module(
         trace, pipeline, None, batch + 1, session=session, label="probe-graph", prefix="probe:"
     )
-    fn = forward_func(module)
-    roles = (_feed_roles(fn), result_roles(fn))
+    fn = ir.forward_func(module)
+    roles = (ir.feed_roles(fn), ir.result_roles(fn))
     session.lower(module, target)
     session.lower(probe, target, pipeline="probe-lowering", prefix="probe:")
     with session.timed("backend-compile"):
@@ -446,15 +448,15 @@ def ir_at(module: Any, start: str, stage: str, *, backend: str, pipeline: str | 
     if order.index(stage) < order.index(start):
         raise ValueError(f"stage {stage!r} comes before what is kept ({start!r})")
     if start == "imported" and stage != "imported":
-        PassManager(_graph_passes(pipeline)).run(module)
+        _passes.PassManager(_graph_passes(pipeline)).run(module)
     if stage in ("imported", "optimized"):
-        return print_ir(module)
+        return ir.print_ir(module)
     target = backend_of(backend)
     if start in ("imported", "optimized"):
         lower(module, target)
     elif start == "lowered" and target.pipeline:
-        PassManager(target.pipeline).run(module)
-    return print_ir(module) if stage == "prim" else target.stage_ir(module)
+        _passes.PassManager(target.pipeline).run(module)
+    return ir.print_ir(module) if stage == "prim" else target.stage_ir(module)
 
 
 def trace_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = None) -> str:
@@ -462,4 +464,4 @@ def trace_ir(trace: Any, stage: str, *, backend: str, pipeline: str | None = Non
     passes it was compiled with; None for the default)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
-    return ir_at(import_trace(trace), "imported", stage, backend=backend, pipeline=pipeline)
+    return ir_at(ir.import_trace(trace), "imported", stage, backend=backend, pipeline=pipeline)

@@ -36,8 +36,10 @@ import gc
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from lucid.ir import _xdsl as x
+if TYPE_CHECKING:
+    from lucid.ir import _xdsl as x
 
 __all__ = ["paused_gc", "promote_young", "release_ir"]
 
@@ -69,7 +71,9 @@ def release_ir(module: x.Operation) -> None:
     """Break the reference cycles of ``module`` (an operation and all the IR nested in it), which
     nothing may read afterwards: it is freed when its last reference goes (one visit per
     operation, block and use; see ``lucid.ir._xdsl.release``)."""
-    x.release(module)
+    from lucid.ir import _xdsl
+
+    _xdsl.release(module)
 
 
 def promote_young() -> bool:

@@ -14,11 +14,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
 
 from lucid.ir import _xdsl as x
 from lucid.ir._gc import paused_gc
 from lucid.ir.text import make_context, print_ir
+from lucid.passes.instrumentation import Instrumentation
 from lucid.passes.registry import available_passes, pass_loader
 
 __all__ = [
@@ -75,43 +75,6 @@ def parse_pipeline_spec(spec: str) -> tuple[x.ModulePass, ...]:
                 f"bad options for pass {s.name!r}: {e} (its options: {options or 'none'})"
             ) from None
     return tuple(out)
-
-
-def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-@dataclass
-class Instrumentation:
-    """What the pass manager reports while it runs (all off by default)."""
-
-    print_ir_before_all: bool = False
-    print_ir_after_all: bool = False
-    print_ir_after_change: bool = False
-    print_ir_after_failure: bool = False
-    print_ir_tree_dir: str | None = None
-    verify_each: bool = False
-    timing: bool = False
-    statistics: bool = False  # count ops before/after each pass (implied by timing)
-    generic: bool = False  # print the generic form
-    debuginfo: bool = False  # print each op's loc(...)
-    stream: TextIO | None = None  # default: sys.stderr
-
-    @classmethod
-    def from_env(cls) -> Instrumentation:
-        """Switches from ``LUCID_COMPILE_PRINT_IR_AFTER_ALL`` and friends (``..._BEFORE_ALL``,
-        ``..._AFTER_CHANGE``, ``..._AFTER_FAILURE``, ``LUCID_COMPILE_PRINT_IR_TREE_DIR``,
-        ``LUCID_COMPILE_VERIFY_EACH``, ``LUCID_COMPILE_PASS_TIMING``)."""
-        p = "LUCID_COMPILE_"
-        return cls(
-            print_ir_before_all=_truthy(p + "PRINT_IR_BEFORE_ALL"),
-            print_ir_after_all=_truthy(p + "PRINT_IR_AFTER_ALL"),
-            print_ir_after_change=_truthy(p + "PRINT_IR_AFTER_CHANGE"),
-            print_ir_after_failure=_truthy(p + "PRINT_IR_AFTER_FAILURE"),
-            print_ir_tree_dir=os.environ.get(p + "PRINT_IR_TREE_DIR") or None,
-            verify_each=_truthy(p + "VERIFY_EACH"),
-            timing=_truthy(p + "PASS_TIMING"),
-        )
 
 
 @dataclass

@@ -6,6 +6,7 @@ run by default."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -136,3 +137,41 @@ def test_bfloat16_tables_resolve_their_entry_on_lookup():
     by_numpy = BFloat16Table({np.dtype(np.float16): "f16"}, value="bf16")
     assert bf16 in by_numpy and by_numpy[bf16] == "bf16"
     assert np.dtype(np.int8) not in by_numpy and "bf16" not in by_numpy
+
+
+_WARM_SCRIPT = """
+import numpy as np, lucid, lucid.nn as nn
+lucid.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+x = lucid.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+compiled = lucid.compile(model)
+with lucid.no_grad():
+    got = compiled(x).numpy()
+    assert np.allclose(got, model(x).numpy(), atol=1e-6)
+print(sorted(compiled.timing()[0]["passes_ms"]))
+"""
+
+
+def test_a_disk_cache_hit_loads_no_xdsl(tmp_path):
+    # The first process compiles and stores; the second finds the entry and must not pay for
+    # importing the compiler (xDSL alone is ~80 ms, most of a warm first call).
+    env = dict(os.environ, LUCID_COMPILE_DISK_CACHE="1", LUCID_COMPILE_DISK_CACHE_DIR=str(tmp_path))
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _WARM_SCRIPT + _PRINT_LOADED],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+            env=env,
+        )
+        .stdout.strip()
+        .splitlines()
+        for _ in range(2)
+    ]
+    (cold_stages, cold_loaded), (warm_stages, warm_loaded) = [
+        (r[-2], json.loads(r[-1])) for r in runs
+    ]
+    assert "disk-cache-store" in cold_stages and "xdsl" in cold_loaded
+    assert "disk-cache-load" in warm_stages and "lower-to-prim" not in warm_stages
+    assert not [m for m in warm_loaded if m.split(".")[0] == "xdsl"]

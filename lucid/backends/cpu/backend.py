@@ -24,7 +24,6 @@ from lucid._native_loader import _native
 from lucid._threads import thread_env_error
 from lucid.backends.base import Backend, Unsupported
 from lucid.ir._gc import paused_gc
-from lucid.ir.prim import COMPOSITE_OPS, PRIM_OPS
 
 if TYPE_CHECKING:
     from lucid.backends.cpu.program import Program
@@ -73,6 +72,9 @@ class CPUBackend(Backend):
 
     def supported_ops(self) -> frozenset[str]:
         # The composite ops with a native kernel (gelu, gelu_grad) run it; others are expanded.
+        # (Imported here: a disk-cache hit loads a stored program without the prim dialect.)
+        from lucid.ir.prim import COMPOSITE_OPS, PRIM_OPS
+
         return (frozenset(PRIM_OPS) | frozenset(COMPOSITE_OPS)) & frozenset(_native.op_names())
 
     def program(self, module: Any, *, inplace_updates: bool = True) -> Program:
