@@ -175,3 +175,31 @@ def test_a_disk_cache_hit_loads_no_xdsl(tmp_path):
     assert "disk-cache-store" in cold_stages and "xdsl" in cold_loaded
     assert "disk-cache-load" in warm_stages and "lower-to-prim" not in warm_stages
     assert not [m for m in warm_loaded if m.split(".")[0] == "xdsl"]
+
+
+def test_serving_a_saved_compiled_module_loads_no_xdsl(tmp_path):
+    # Saved in this process; served by a fresh one, whose saved program runs as it is.
+    import lucid
+    import lucid.nn as nn
+
+    lucid.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    compiled = lucid.compile(model)
+    with lucid.no_grad():
+        want = compiled(lucid.tensor(x)).numpy()
+    path = tmp_path / "mlp.lucid"
+    lucid.compile.save_compiled(compiled, str(path))
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "want.npy", want)
+    loaded = _loaded_after(
+        f"""
+import numpy as np, lucid
+served = lucid.compile.load_compiled({str(path)!r})
+x = np.load({str(tmp_path / "x.npy")!r})
+got = served(lucid.tensor(x)).numpy()
+assert np.array_equal(got, np.load({str(tmp_path / "want.npy")!r})), got
+"""
+    )
+    assert "lucid.compile.aot.loaded" in loaded
+    assert not [m for m in loaded if m.split(".")[0] == "xdsl"]

@@ -7,17 +7,18 @@ compiled modules (``save_compiled``) and ``loaded`` reads them back (``load_comp
 (``LoadedStep``).
 """
 
-from lucid.compile.aot.file import FORMAT, FORMAT_VERSION, READABLE_VERSIONS
-from lucid.compile.aot.loaded import LoadedModule, load_compiled
-from lucid.compile.aot.loaded_step import LoadedStep
-from lucid.compile.aot.module import save_compiled
+from lucid._lazy import lazy_attributes
 
-__all__ = [
-    "FORMAT",
-    "FORMAT_VERSION",
-    "READABLE_VERSIONS",
-    "LoadedModule",
-    "LoadedStep",
-    "load_compiled",
-    "save_compiled",
-]
+# Imported on first use: serving a file (``load_compiled`` of a compiled module) needs neither
+# the training steps' modules nor, when its saved programs run here, the compiler and xDSL.
+_HOMES = {
+    "FORMAT": "lucid.compile.aot.file",
+    "FORMAT_VERSION": "lucid.compile.aot.file",
+    "READABLE_VERSIONS": "lucid.compile.aot.file",
+    "LoadedModule": "lucid.compile.aot.loaded",
+    "load_compiled": "lucid.compile.aot.loaded",
+    "LoadedStep": "lucid.compile.aot.loaded_step",
+    "save_compiled": "lucid.compile.aot.module",
+}
+__getattr__ = lazy_attributes(__name__, _HOMES)
+__all__ = sorted(_HOMES)

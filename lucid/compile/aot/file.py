@@ -30,6 +30,8 @@ FORMAT_VERSION = 2
 
 #: Versions this Lucid reads: 1 (compiled modules only) and 2 (adds ``kind``: training steps).
 READABLE_VERSIONS = (1, 2)
+# The training steps a file may hold (its ``kind``; a compiled module's file has none).
+STEP_KINDS = ("fused_step", "make_step")
 
 _SCALARS = (bool, int, float, str, type(None))
 

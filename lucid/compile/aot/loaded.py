@@ -12,13 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from lucid import _random
+# lucid.ir loads on first use: a file whose saved programs all run here loads no xDSL.
+from lucid import _random, ir
 from lucid._tensor import Tensor
 from lucid.compile import introspect
 from lucid.compile._pytree import _at, _tensor_paths
-from lucid.compile.aot import loaded_step
 from lucid.compile.aot.file import (
     _SCALARS,
+    STEP_KINDS,
     _bad,
     _lucid_version,
     _model_weights,
@@ -31,13 +32,11 @@ from lucid.compile.aot.module import (
     _decode_output,
     _match_text,
 )
-from lucid.compile.aot.step import KINDS
 from lucid.compile.cache import SignatureCache
 from lucid.compile.errors import Unsupported
 from lucid.compile.inference.module import CompiledModule
 from lucid.compile.options import backend_of, resolve_backend
 from lucid.compile.session import compile_module
-from lucid.ir import feed_roles, forward_func, parse_ir, result_roles
 
 logger = logging.getLogger("lucid.compile")
 
@@ -353,7 +352,7 @@ class LoadedModule:
             return text
         if stage not in ("prim", "final"):
             raise ValueError(f"load_compiled: stage must be optimized, prim or final: {stage!r}")
-        return introspect.ir_at(parse_ir(text), "optimized", stage, backend=self._backend)
+        return introspect.ir_at(ir.parse_ir(text), "optimized", stage, backend=self._backend)
 
 
 def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tuple[Any, str]:
@@ -373,11 +372,11 @@ def _build(record: dict, manifest: dict, parts: dict, backend_name: str) -> tupl
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             logger.info("load_compiled: rebuilding %s from its IR: %s", record["key"], e)
     try:
-        module = parse_ir(parts[record["ir"]])
+        module = ir.parse_ir(parts[record["ir"]])
     except Exception as e:  # the parser's own errors have no common base
         raise ValueError(f"load_compiled: the IR of {record['key']} does not parse: {e}") from e
-    fn = forward_func(module)
-    if feed_roles(fn) != record["feed_roles"] or result_roles(fn) != record["result_roles"]:
+    fn = ir.forward_func(module)
+    if ir.feed_roles(fn) != record["feed_roles"] or ir.result_roles(fn) != record["result_roles"]:
         raise ValueError(f"load_compiled: the IR of {record['key']} disagrees with the manifest")
     try:
         executable, _ = compile_module(module, backend)
@@ -400,8 +399,10 @@ def load_compiled(path: str | os.PathLike, *, model: Any = None, backend: str = 
     backend_name = resolve_backend(backend)
     kind = manifest.get("kind", "module")
     if kind != "module":
-        if kind not in KINDS:
+        if kind not in STEP_KINDS:
             raise _bad(path, f"it holds a {kind!r}, which this Lucid does not know")
+        from lucid.compile.aot import loaded_step  # a training step: the training builder
+
         return loaded_step.load_step(path, manifest, parts, arrays, backend_name, model)
     try:
         records = list(manifest["signatures"])

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from lucid import _dtype
+# lucid.ir loads on first use, the training steps' modules when a step is saved: reading
+# a compiled module's file back (``loaded``, which shares this module's helpers) needs neither.
+from lucid import _dtype, ir
 from lucid._tensor import Tensor
 from lucid.backends.base import Unsupported as BackendUnsupported
-from lucid.compile.aot import step as aot_step
 from lucid.compile.aot.file import (
     _SCALARS,
     FORMAT,
@@ -52,8 +53,6 @@ from lucid.compile.inference.module import CompiledModule
 from lucid.compile.options import backend_of
 from lucid.compile.session import _graph_module, lower
 from lucid.compile.signature import _has_tensor, _TreeSig
-from lucid.compile.training import FusedStep, TrainStep
-from lucid.ir import print_ir
 
 logger = logging.getLogger("lucid.compile")
 
@@ -175,7 +174,7 @@ def _signature_record(cm: Any, key: tuple, entry: Any, index: int, parts: dict) 
     record["output"] = _encode_output(out, leaves, passthrough)
     options = cm._options
     module, _, _ = _graph_module(entry.trace, options.pipeline, None)
-    ir_text = print_ir(module)
+    ir_text = ir.print_ir(module)
     backend = backend_of(options.backend)
     program = None
     try:
@@ -214,6 +213,8 @@ def save_compiled(
     ``load_compiled`` resumes the training exactly (``include_weights`` must stay True)."""
 
     path = os.fspath(path)
+    from lucid.compile.training import FusedStep, TrainStep
+
     if isinstance(cm, (FusedStep, TrainStep)):
         return _save_step(cm, path, include_weights, scheduler)
     if not isinstance(cm, CompiledModule):
@@ -275,6 +276,8 @@ def save_compiled(
 
 
 def _save_step(step: Any, path: str, include_weights: bool, scheduler: Any) -> bool:
+    from lucid.compile.aot import step as aot_step
+
     if not include_weights:
         raise ValueError(
             "save_compiled: a training step is saved with its weights and optimizer state "

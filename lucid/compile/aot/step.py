@@ -25,7 +25,7 @@ import numpy as np
 
 from lucid import _random
 from lucid._tensor import Tensor
-from lucid.compile.aot.file import _scalar
+from lucid.compile.aot.file import STEP_KINDS, _scalar
 from lucid.compile.options import backend_of
 from lucid.compile.training.fused import FusedStep
 from lucid.ir import print_ir
@@ -34,7 +34,7 @@ from lucid.optim.optimizer import required
 
 logger = logging.getLogger("lucid.compile")
 
-KINDS = ("fused_step", "make_step")
+KINDS = STEP_KINDS
 
 
 class NotSaveable(Exception):
