@@ -162,12 +162,11 @@ def _affine_chain(g: Graph, start: int, ya, values: _ChannelValues, scale, bias)
                 break
             scale = values.node("neg", scale)
             bias = None if bias is None else values.node("neg", bias)
-        elif ins.op == "add" and g.aval(others[0]) == ya:
+        elif (p := _channel_vector(g, others[0], ya)) is None:
+            if ins.op != "add" or g.aval(others[0]) != ya:
+                break
             residual = others[0]  # read where the conv writes each value
         else:
-            p = _channel_vector(g, others[0], ya)
-            if p is None:
-                break
             pv, first = ("in", p), ins.inputs[0] == cur
             if ins.op == "add":
                 bias = pv if bias is None else values.node("add", bias, pv)
