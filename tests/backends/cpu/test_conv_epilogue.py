@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lucid
+from lucid import _native
 from lucid.backends.cpu import CPUBackend, Program, set_num_threads
 from lucid.backends.cpu.program import FUSED
 from lucid.backends.cpu.rewrites import fuse_kernels
@@ -158,7 +159,9 @@ STRIDE_ONE = {"strides": (1, 1), "dilation": (1, 1), "padding": (1, 1, 1, 1), "g
     ],
 )
 @pytest.mark.parametrize("residual", [False, True])
-def test_each_convolution_path_applies_the_epilogue(x_shape, w_shape, attrs, dtype, residual):
+@pytest.mark.parametrize("isa", ["auto", "avx2"])  # the AVX-512 shifted-view tiles where present
+def test_each_convolution_path_applies_the_epilogue(x_shape, w_shape, attrs, dtype, residual, isa):
+    _native.set_sgemm_isa(isa)  # fixed_threads restores "auto"
     p = bn_program(x_shape, w_shape, attrs, dtype, residual=residual, relu=True)
     assert_folds(p, residual)
     rng = np.random.default_rng(sum(x_shape) + residual)
