@@ -5,6 +5,10 @@
   by ``relu``, becomes ``conv2d_bias(x, w, b){relu}``: the kernel adds the bias and clamps while
   each image's output is still in cache, instead of a separate pass over the whole activation
   (3.2 MB for workload C's first layer);
+- a ``conv2d`` (or a ``conv2d_bias`` without relu) read only by a per-channel affine chain (an
+  inference BatchNorm: ``(y - mean) * rstd * gamma + beta``), then optionally the add of a
+  residual of the output's shape and a ``relu``, becomes ``conv2d_bias(x, w, bias, scale[,
+  residual]){relu}`` (``fold_conv_affine``): one pass over the activation fewer per layer;
 - ``select(gt(x, 0), max_pool2d_grad(dy, x), 0)`` (ReLU's gradient applied to the gradient of a
   max pool over the ReLU's output) becomes ``max_pool2d_relu_grad(dy, x)``: the mask is applied
   where the pool gradient is written, one pass over the input-sized gradient instead of two.
@@ -87,9 +91,8 @@ class _ChannelValues:
     operands and scalars): a value is an input slot (``("in", slot)``) or a node's
     (``("node", index)``), and None stands for the identity (a scale of 1, a bias of 0)."""
 
-    def __init__(self, dtype: str, channels: int) -> None:
+    def __init__(self, dtype: str) -> None:
         self.dtype = dtype
-        self.channels = channels
         self.nodes: list[tuple[str, tuple[tuple[str, int], ...]]] = []
 
     def node(self, op: str, *args: tuple[str, int]) -> tuple[str, int]:
@@ -136,13 +139,13 @@ def _channel_vector(g: Graph, slot: int, ya) -> int | None:
     return source if g.aval(source).shape in want else None
 
 
-def _affine_chain(g: Graph, start: int, ya, values: _ChannelValues, scale, bias):
-    """The elementwise chain reading ``start`` (each value read only by the next) as
-    ``relu?(start * scale + bias + residual?)`` with ``scale``/``bias`` per-channel values built
-    in ``values``: (positions, scale, bias, residual, relu, output), or None when the chain's
-    first instruction is not such a step."""
+def _affine_chain(g: Graph, start: int, ya, values: _ChannelValues, bias):
+    """The elementwise chain reading ``start + bias`` (``start`` a convolution's output, each
+    value read only by the next) as ``relu?(start * scale + bias + residual?)`` with ``scale`` and
+    ``bias`` per-channel values built in ``values``: (positions, scale, bias, residual, relu,
+    output), or None when the chain's first instruction is not such a step."""
     positions: list[int] = []
-    residual, relu, cur = None, False, start
+    scale, residual, relu, cur = None, None, False, start
     while g.used_only_by(cur, 1):
         (k,) = g.readers(cur)
         ins = g.instrs[k]
@@ -213,7 +216,7 @@ def fold_conv_affine(g: Graph) -> None:
         ya = g.aval(y)
         if ya.dtype not in FLOAT_DTYPES or len(ya.shape) != 4:
             continue
-        values = _ChannelValues(ya.dtype, ya.shape[1])
+        values = _ChannelValues(ya.dtype)
         bias = None
         if ins.op == "conv2d_bias":
             if len(ins.inputs) != 3 or ins.attrs["relu"]:
@@ -222,7 +225,7 @@ def fold_conv_affine(g: Graph) -> None:
             if source is None:
                 continue
             bias = ("in", source)
-        chain = _affine_chain(g, y, ya, values, None, bias)
+        chain = _affine_chain(g, y, ya, values, bias)
         if chain is None:
             continue
         positions, scale, bias, residual, relu, out = chain
