@@ -24,13 +24,13 @@ CHECK_INFERENCE = False
 def apply(op: str | OpDef, *operands: Any, **attrs: Any) -> Any:
     opdef = op if isinstance(op, OpDef) else REGISTRY[op]
     attrs = opdef.bind_attrs(attrs)
-    if opdef.resolve_attrs is not None:
-        attrs = opdef.resolve_attrs(operands, attrs)
     autocast = state.autocast
     if autocast is not None:
         # lucid.autocast: the op's row of the policy table may cast floating operands first;
         # the casts are ordinary ``cast`` ops, so a tracer records them like any other op.
         operands = autocast.cast_operands(opdef, operands, attrs)
+    if opdef.resolve_attrs is not None:  # from the dtypes the op runs in (after autocast's casts)
+        attrs = opdef.resolve_attrs(operands, attrs)
     tracer = state.tracer
     if tracer is not None:
         return tracer.record(opdef, operands, attrs)

@@ -363,3 +363,14 @@ def test_a_signature_compiled_outside_autocast_is_not_reused_inside():
     assert cm(x).dtype is lucid.float32
     with lucid.autocast("cpu"):
         assert cm(x).dtype is model(x).dtype is lucid.bfloat16
+
+
+def test_dtype_dependent_defaults_follow_the_dtype_autocast_runs_the_op_in():
+    # rms_norm runs in float32 under MPS autocast: its default eps is float32's, not the half
+    # input's (as PyTorch, which reads it from the cast input).
+    h = (_x(2, 4, dtype=lucid.float16) * 0.0) + 0.03125
+    with lucid.autocast("mps"):
+        got = F.rms_norm(h, (4,))
+    assert got.dtype is lucid.float32
+    want = 0.03125 / np.sqrt(0.03125**2 + lucid.finfo(lucid.float32).eps)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
