@@ -196,10 +196,17 @@ void run_matmul(const MatmulPlan& p, void* const* slots) {
   } else {
     bool done = false;
     if constexpr (std::is_floating_point_v<T>) {
-      const BatchedGemm<T> g{p.ta, p.tb, p.batch, p.M,    p.N,          p.K,  alpha,
-                             A,    p.a_off.data(), lda, B, p.b_off.data(), ldb, beta,
-                             C,    p.c_off.data(), p.ldc};
-      done = gemm_batch_parallel(g);
+      // The pool's entries call the BLAS: only where the loop below would too (Lucid's sgemm
+      // sums a float32 entry in its own order), so results do not depend on the thread count.
+      bool blas_entries = true;
+      if constexpr (std::is_same_v<T, float>)
+        blas_entries = !sgemm_chosen(p.ta, p.tb, p.M, p.N, p.K);
+      if (blas_entries) {
+        const BatchedGemm<T> g{p.ta, p.tb, p.batch, p.M,    p.N,          p.K,  alpha,
+                               A,    p.a_off.data(), lda, B, p.b_off.data(), ldb, beta,
+                               C,    p.c_off.data(), p.ldc};
+        done = gemm_batch_parallel(g);
+      }
     }
     for (int64_t i = 0; i < p.batch && !done; ++i)
       gemm<T>(p.ta, p.tb, p.M, p.N, p.K, A + p.a_off[i], lda, B + p.b_off[i], ldb, beta,

@@ -146,3 +146,23 @@ def test_concurrent_runs_of_split_batches_are_independent(restore_threads):
         assert len(got[i]) == 5
         for out in got[i]:
             np.testing.assert_array_equal(out, expected[i])
+
+
+@pytest.mark.parametrize("mode", ["auto", "lucid"])
+def test_entries_lucids_sgemm_takes_are_not_sent_to_the_blas_by_the_split(restore_threads, mode):
+    # 64x64x64 is 2**18 multiply-adds: Lucid's sgemm takes it (auto mode's smallest product),
+    # while the batch split handles up to 2**18; 7x27x260 goes to Lucid's sgemm in "lucid"
+    # mode only. Sent to the BLAS by the split, an entry summed in another order than one
+    # thread's loop did (a half GEMM test found one bf16 result one unit apart at 2 threads).
+    from lucid import _native
+
+    before = _native.sgemm_mode()
+    _native.set_sgemm_mode(mode)
+    try:
+        rng = np.random.default_rng(5)
+        for m, n, k in ((64, 64, 64), (7, 27, 260)):
+            a = rng.standard_normal((4, m, k)).astype(np.float32)
+            b = rng.standard_normal((4, k, n)).astype(np.float32)
+            check_split("matmul", [a, b], {}, scale=float(k))
+    finally:
+        _native.set_sgemm_mode(before)
