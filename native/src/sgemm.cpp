@@ -177,16 +177,9 @@ constexpr int64_t kColChunk = 64;
 // L3), and a 256-column chunk reuses each block of A rows from L2 across four 64-column slivers
 // (workload F's 512x8192 head, 512x2048, 512x1536) while still leaving six or more chunks.
 constexpr int64_t kWideColChunk = 256, kWideColMinN = 1536;
-// Outputs of at least this many floats (8 MB) written by one contraction block are stored
-// non-temporally (compute_range).
-double stream_min_floats() {  // TEMPORARY experiment hook
-  static const double v = [] {
-    const char* e = std::getenv("LUCID_EXP_STREAM");
-    return e ? std::atof(e) : double(int64_t(1) << 21);
-  }();
-  return v;
-}
-#define kStreamMinFloats stream_min_floats()
+// Outputs of at least this many floats (8 MB, a quarter of the 32 MB L3) written by one
+// contraction block are stored non-temporally (compute_range).
+constexpr double kStreamMinFloats = double(int64_t(1) << 21);
 
 // A grow-only 64-byte-aligned buffer per thread for the packed panels.
 class Scratch {
@@ -699,16 +692,8 @@ LUCID_GEMM_ISA void store_half_tile(const float* src, int64_t lds, int64_t rows,
 }
 
 // kc for a contraction of K: the fewest blocks of at most kMaxKC, evened out (from K alone).
-int64_t experiment_max_kc() {  // TEMPORARY experiment hook
-  static const int64_t v = [] {
-    const char* e = std::getenv("LUCID_EXP_KC");
-    return e ? std::atoll(e) : kMaxKC;
-  }();
-  return v;
-}
 int64_t block_kc(int64_t K) {
-  const int64_t max_kc = experiment_max_kc();
-  const int64_t blocks = (K + max_kc - 1) / max_kc;
+  const int64_t blocks = (K + kMaxKC - 1) / kMaxKC;
   return (K + blocks - 1) / blocks;
 }
 
@@ -734,6 +719,73 @@ LUCID_GEMM_ISA void pack_b_slivers(const Problem& p, float* dst, int64_t s0, int
                                 has_next ? std::min(Tile::NR, p.N - next_j) : 0);
       } else {
         pack_cols<Tile::NR, TB>(B + pc * p.ldb + j, p.ldb, cols, kc, d);
+      }
+    }
+  }
+}
+
+// compute_range for a float32 output when all of op(B) is packed (p.packed_b) and K spans
+// several contraction blocks, A read in place: each output tile runs all its blocks back to
+// back (the same kernel calls and stores, in the same order, as block by block, so the same
+// bits) while its lines of C stay in L1, instead of every block passing over the whole range
+// of C. On workload F's 512 x 512 x 2048 product (four blocks) that was ~4% of its time.
+template <GemmType TA, class Tile>
+LUCID_GEMM_ISA void compute_range_deep(const Problem& p, int64_t m0, int64_t m1, int64_t n0,
+                                       int64_t n1, float* tile) {
+  const Elem<TA>* A = static_cast<const Elem<TA>*>(p.A);
+  const int64_t kcb = block_kc(p.K), blocks = (p.K + kcb - 1) / kcb;
+  const int64_t npad = (p.N + Tile::NR - 1) / Tile::NR * Tile::NR;
+  // A bottom sliver of fewer than MR rows, packed for every block (block q at q * kcb * MR).
+  float* ap = t_pack_a.get(blocks * kcb * Tile::MR);
+  struct Block {
+    int64_t pc, kc;
+    TileStore e;
+    FinishFn full, edge;
+  };
+  thread_local std::vector<Block> per;
+  per.clear();
+  const bool extras =
+      p.ep.bias != nullptr || p.ep.addend != nullptr || p.ep.act != GemmActivation::none;
+  for (int64_t q = 0; q < blocks; ++q) {
+    const int64_t pc = q * kcb, kc = std::min(kcb, p.K - pc);
+    const bool first = q == 0, last = q == blocks - 1;
+    const bool plain = !(first && p.beta != 0.0f) && !(last && extras);
+    const TileStore e{p.alpha,     p.beta,         first,    last, p.ep.bias,
+                      p.ep.addend, p.ep.ld_addend, p.ep.act, plain};
+    per.push_back({pc, kc, e, pick_finish<Tile::NR>(false, e), pick_finish<Tile::NR>(true, e)});
+  }
+  for (int64_t jc = n0; jc < n1; jc += Tile::NC) {
+    const int64_t nc = std::min(Tile::NC, n1 - jc);
+    for (int64_t ic = m0; ic < m1; ic += Tile::MC) {
+      const int64_t mc = std::min(Tile::MC, m1 - ic);
+      const int64_t bottom = mc - mc % Tile::MR;
+      if (bottom < mc) {
+        for (const Block& b : per)
+          pack_rows<Tile::MR, TA>(A + (ic + bottom) * p.lda + b.pc, p.lda, mc - bottom, b.kc,
+                                  ap + b.pc * Tile::MR);
+      }
+      for (int64_t jr = 0; jr < nc; jr += Tile::NR) {
+        const int64_t cols = std::min(Tile::NR, nc - jr), j = jc + jr;
+        for (int64_t ir = 0; ir < mc; ir += Tile::MR) {
+          const int64_t rows = std::min(Tile::MR, mc - ir), i = ic + ir;
+          float* c = static_cast<float*>(p.C) + i * p.ldc + j;
+          const bool full = rows == Tile::MR && cols == Tile::NR;
+          for (const Block& b : per) {
+            const float* a;
+            int64_t rs, cs;
+            if (rows < Tile::MR) a = ap + b.pc * Tile::MR, rs = 1, cs = Tile::MR;
+            else a = reinterpret_cast<const float*>(A) + i * p.lda + b.pc, rs = p.lda, cs = 1;
+            const float* panel = p.packed_b + b.pc * npad + (jc + jr) * b.kc;
+            if (!Tile::kernel(b.kc, a, rs, cs, panel, c, p.ldc, full, b.e, tile)) {
+              const float* bias = b.e.last && p.ep.bias != nullptr ? p.ep.bias + j : nullptr;
+              const float* addend = b.e.last && p.ep.addend != nullptr
+                                        ? p.ep.addend + i * p.ep.ld_addend + j
+                                        : nullptr;
+              (cols == Tile::NR ? b.full : b.edge)(tile, rows, cols, c, p.ldc, bias, addend,
+                                                   p.ep.ld_addend, b.e);
+            }
+          }
+        }
       }
     }
   }
@@ -767,6 +819,12 @@ LUCID_GEMM_ISA void compute_range(const Problem& p, int64_t m0, int64_t m1, int6
                         reinterpret_cast<uintptr_t>(p.C) % 64 == 0 && p.ldc % 16 == 0;
   alignas(64) float tile[Tile::MR * Tile::NR];
   alignas(32) float finished[half_out ? Tile::MR * Tile::NR : 1];
+  if constexpr (!half_out) {
+    if (p.packed_b != nullptr && kcb < p.K && !pack_a_whole) {
+      compute_range_deep<TA, Tile>(p, m0, m1, n0, n1, tile);
+      return;
+    }
+  }
   for (int64_t jc = n0; jc < n1; jc += Tile::NC) {
     const int64_t nc = std::min(Tile::NC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kcb) {

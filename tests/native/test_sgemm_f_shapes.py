@@ -155,3 +155,40 @@ def test_uneven_row_chunks_give_the_single_thread_bits(m, n, k, isa, seed):
         one = _lucid(a, w, b, r, "none", 1)
     np.testing.assert_array_equal(two.view(np.uint32), one.view(np.uint32))
     np.testing.assert_allclose(two, _reference(a, w, b, r, "none"), rtol=1e-4, atol=2e-5 * np.sqrt(k))
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    m=st.integers(290, 700),
+    n=st.sampled_from([16, 70, 200]),
+    k=st.sampled_from([600, 1100, 1537]),
+    alpha=st.sampled_from([1.0, 0.5]),
+    beta=st.sampled_from([0.0, 1.0, -0.5]),
+    act=st.sampled_from(["none", "relu", "gelu"]),
+    isa=st.sampled_from(["auto", "avx2"]),
+    seed=st.integers(0, 2**16),
+)
+def test_tiles_running_all_their_blocks_at_once_give_the_block_by_block_bits(
+    m, n, k, alpha, beta, act, isa, seed
+):
+    """Two threads split these by rows into more chunks than threads, so B is packed whole and
+    each tile runs all its contraction blocks back to back; one thread runs block by block
+    over the whole output. Same bits, with every epilogue term, a bottom sliver of fewer than 6
+    rows and a right edge narrower than the tile."""
+    a, w, b, r = _operands(m, n, k, True, True, seed)
+    c0 = np.random.default_rng(seed + 1).standard_normal((m, n), dtype=np.float32)
+    outs = []
+    with _isa(isa):
+        for threads in (2, 1):
+            set_num_threads(threads)
+            c = c0.copy()
+            _native.sgemm(a, w, c, transpose_b=True, alpha=alpha, beta=beta, bias=b, addend=r,
+                          activation=act, kernel="lucid")
+            outs.append(c)
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    want = alpha * (a.astype(np.float64) @ w.astype(np.float64).T) + beta * c0 + b + r
+    if act == "relu":
+        want = np.maximum(want, 0)
+    elif act == "gelu":
+        want = _gelu64(want)
+    np.testing.assert_allclose(outs[0], want, rtol=1e-4, atol=2e-5 * np.sqrt(k))
