@@ -154,7 +154,9 @@ def test_uneven_row_chunks_give_the_single_thread_bits(m, n, k, isa, seed):
         two = _lucid(a, w, b, r, "none", 2)
         one = _lucid(a, w, b, r, "none", 1)
     np.testing.assert_array_equal(two.view(np.uint32), one.view(np.uint32))
-    np.testing.assert_allclose(two, _reference(a, w, b, r, "none"), rtol=1e-4, atol=2e-5 * np.sqrt(k))
+    np.testing.assert_allclose(
+        two, _reference(a, w, b, r, "none"), rtol=1e-4, atol=2e-5 * np.sqrt(k)
+    )
 
 
 @settings(max_examples=10, deadline=None)
@@ -182,8 +184,18 @@ def test_tiles_running_all_their_blocks_at_once_give_the_block_by_block_bits(
         for threads in (2, 1):
             set_num_threads(threads)
             c = c0.copy()
-            _native.sgemm(a, w, c, transpose_b=True, alpha=alpha, beta=beta, bias=b, addend=r,
-                          activation=act, kernel="lucid")
+            _native.sgemm(
+                a,
+                w,
+                c,
+                transpose_b=True,
+                alpha=alpha,
+                beta=beta,
+                bias=b,
+                addend=r,
+                activation=act,
+                kernel="lucid",
+            )
             outs.append(c)
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
     want = alpha * (a.astype(np.float64) @ w.astype(np.float64).T) + beta * c0 + b + r
