@@ -146,8 +146,9 @@ def test_head_streamed_output_equals_an_ordinary_store():
     seed=st.integers(0, 2**16),
 )
 def test_uneven_row_chunks_give_the_single_thread_bits(m, n, k, isa, seed):
-    """Row splits (M >= N) whose chunks differ by a sliver: the same bits at one and two threads,
-    within float32 rounding of float64, with a residual addend and bias."""
+    """Two-thread splits whose chunks differ by a sliver (by rows when M > N, by columns when
+    M == N): the same bits as one thread, within float32 rounding of float64, with a residual
+    addend and bias."""
     m = max(m, n)
     a, w, b, r = _operands(m, n, k, True, True, seed)
     with _isa(isa):
@@ -170,13 +171,13 @@ def test_uneven_row_chunks_give_the_single_thread_bits(m, n, k, isa, seed):
     isa=st.sampled_from(["auto", "avx2"]),
     seed=st.integers(0, 2**16),
 )
-def test_tiles_running_all_their_blocks_at_once_give_the_block_by_block_bits(
+def test_row_splits_over_several_contraction_blocks_give_the_single_thread_bits(
     m, n, k, alpha, beta, act, isa, seed
 ):
-    """Two threads split these by rows into more chunks than threads, so B is packed whole and
-    each tile runs all its contraction blocks back to back; one thread runs block by block
-    over the whole output. Same bits, with every epilogue term, a bottom sliver of fewer than 6
-    rows and a right edge narrower than the tile."""
+    """Two threads split these by rows into more chunks than threads over a B packed whole, K
+    over several contraction blocks; one thread runs the whole output. Same bits, with every
+    epilogue term (beta included), a bottom sliver of fewer than 6 rows and a right edge
+    narrower than the tile."""
     a, w, b, r = _operands(m, n, k, True, True, seed)
     c0 = np.random.default_rng(seed + 1).standard_normal((m, n), dtype=np.float32)
     outs = []
