@@ -503,17 +503,18 @@ using FinishFn = void (*)(const float*, int64_t, int64_t, float*, int64_t, const
 
 template <int NR, bool kMasked, bool kBias, bool kAddend>
 FinishFn pick_act(GemmActivation act) {
+  using Act = GemmActivation;
   if constexpr (NR == 64) {
     switch (act) {
-      case GemmActivation::relu: return &finish_tile_avx512<kMasked, kBias, kAddend, GemmActivation::relu>;
-      case GemmActivation::gelu: return &finish_tile_avx512<kMasked, kBias, kAddend, GemmActivation::gelu>;
-      default: return &finish_tile_avx512<kMasked, kBias, kAddend, GemmActivation::none>;
+      case Act::relu: return &finish_tile_avx512<kMasked, kBias, kAddend, Act::relu>;
+      case Act::gelu: return &finish_tile_avx512<kMasked, kBias, kAddend, Act::gelu>;
+      default: return &finish_tile_avx512<kMasked, kBias, kAddend, Act::none>;
     }
   } else {
     switch (act) {
-      case GemmActivation::relu: return &finish_tile<NR, kMasked, kBias, kAddend, GemmActivation::relu>;
-      case GemmActivation::gelu: return &finish_tile<NR, kMasked, kBias, kAddend, GemmActivation::gelu>;
-      default: return &finish_tile<NR, kMasked, kBias, kAddend, GemmActivation::none>;
+      case Act::relu: return &finish_tile<NR, kMasked, kBias, kAddend, Act::relu>;
+      case Act::gelu: return &finish_tile<NR, kMasked, kBias, kAddend, Act::gelu>;
+      default: return &finish_tile<NR, kMasked, kBias, kAddend, Act::none>;
     }
   }
 }
@@ -1012,7 +1013,7 @@ void run_problem_on(const Problem& given) {
   Problem p = given;
   if (p.shared_b != nullptr && t_run != 0) p.packed_b = shared_packed_b<TB, Tile>(p);
   const int64_t M = p.M, N = p.N, K = p.K;
-  // Chunks of output rows (when M >= N: each packs all of B, about 1% of its work) or of
+  // Chunks of output rows (by_rows: each packs all of B, about 1% of its work) or of
   // output columns (each packs only its own columns of B; A is read in place), handed out
   // one at a time: a worker that wakes late finds the chunks already taken instead of holding
   // up the call with a fixed half.
