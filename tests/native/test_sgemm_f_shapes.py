@@ -7,8 +7,6 @@ uneven row chunks of a two-thread split give the single-thread bits."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 
 from lucid import _native
 from lucid.backends.cpu import set_num_threads
+from lucid.backends.cpu.testing import sgemm_isa as _isa
 
 pytestmark = [
     pytest.mark.usefixtures("fixed_threads"),
@@ -29,15 +28,6 @@ F_PRODUCTS = {
     "ffn_down_residual": (512, 512, 2048, True, True, "none"),
     "out_proj_residual": (512, 512, 512, True, True, "none"),
 }
-
-
-@contextlib.contextmanager
-def _isa(name: str):
-    _native.set_sgemm_isa(name)
-    try:
-        yield
-    finally:
-        _native.set_sgemm_isa("auto")
 
 
 def _operands(m, n, k, bias, addend, seed=0):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -85,3 +87,44 @@ def random_array(
     if dtype in HALF:
         return np.asarray(to_half(values, dtype))
     return np.asarray(values, FLOAT_NUMPY[dtype])
+
+
+@contextlib.contextmanager
+def sgemm_isa(name: str) -> Iterator[None]:
+    """Lucid's GEMM on the micro-kernel ``name`` ("auto", "avx2" or "avx512") inside the block
+    (back to "auto" after it)."""
+    from lucid import _native
+
+    _native.set_sgemm_isa(name)
+    try:
+        yield
+    finally:
+        _native.set_sgemm_isa("auto")
+
+
+def draw_conv_layer(
+    draw: Callable[[Any], Any], *, in_per_group: int = 3, out_per_group: int = 5, side: int = 9
+) -> tuple[tuple, tuple, dict[str, Any]]:
+    """(input shape, weight shape, attributes) of a random ``conv2d``: 1-2 groups, kernels of
+    1-3, strides 1-2, padding below the kernel, sides up to ``side``. ``draw`` is hypothesis':
+    wrap a call in ``st.composite``."""
+    from hypothesis import strategies as st
+
+    groups = draw(st.integers(1, 2))
+    cg, og = draw(st.integers(1, in_per_group)), draw(st.integers(1, out_per_group))
+    k = draw(st.integers(1, 3))
+    stride = draw(st.integers(1, 2))
+    pad = draw(st.integers(0, k - 1))
+    x = (
+        draw(st.integers(1, 4)),
+        cg * groups,
+        draw(st.integers(k, side)),
+        draw(st.integers(k, side)),
+    )
+    attrs = {
+        "strides": (stride, stride),
+        "dilation": (1, 1),
+        "padding": (pad, pad, pad, pad),
+        "groups": groups,
+    }
+    return x, (og * groups, cg, k, k), attrs

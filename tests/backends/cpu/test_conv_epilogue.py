@@ -16,6 +16,7 @@ from lucid import _native
 from lucid.backends.cpu import CPUBackend, Program, set_num_threads
 from lucid.backends.cpu.program import FUSED
 from lucid.backends.cpu.rewrites import fuse_kernels
+from lucid.backends.cpu.testing import draw_conv_layer
 
 pytestmark = pytest.mark.usefixtures("fixed_threads")
 
@@ -98,19 +99,7 @@ def check_native(p: Program, feeds, wide: Program | None = None, scale=1.0):
 
 @st.composite
 def conv_layers(draw):
-    groups = draw(st.integers(1, 2))
-    cg, og = draw(st.integers(1, 4)), draw(st.integers(1, 6))
-    k = draw(st.integers(1, 3))
-    stride = draw(st.integers(1, 2))
-    pad = draw(st.integers(0, k - 1))
-    x = (draw(st.integers(1, 4)), cg * groups, draw(st.integers(k, 10)), draw(st.integers(k, 10)))
-    attrs = {
-        "strides": (stride, stride),
-        "dilation": (1, 1),
-        "padding": (pad, pad, pad, pad),
-        "groups": groups,
-    }
-    return x, (og * groups, cg, k, k), attrs
+    return draw_conv_layer(draw, in_per_group=4, out_per_group=6, side=10)
 
 
 @settings(max_examples=40, deadline=None)

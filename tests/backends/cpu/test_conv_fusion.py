@@ -15,6 +15,7 @@ from lucid.backends.cpu import (
     set_num_threads,
 )
 from lucid.backends.cpu.rewrites import fuse_kernels
+from lucid.backends.cpu.testing import draw_conv_layer
 from lucid.testing import numerical_grads
 
 pytestmark = pytest.mark.usefixtures("fixed_threads")
@@ -48,20 +49,7 @@ def _check_native(p: Program, feeds, scale=1.0):
 
 @st.composite
 def conv_layers(draw):
-    groups = draw(st.integers(1, 2))
-    cg, og = draw(st.integers(1, 3)), draw(st.integers(1, 5))
-    k = draw(st.integers(1, 3))
-    stride = draw(st.integers(1, 2))
-    pad = draw(st.integers(0, k - 1))
-    size = draw(st.integers(k, 9))
-    x = (draw(st.integers(1, 4)), cg * groups, size, draw(st.integers(k, 9)))
-    attrs = {
-        "strides": (stride, stride),
-        "dilation": (1, 1),
-        "padding": (pad, pad, pad, pad),
-        "groups": groups,
-    }
-    return x, (og * groups, cg, k, k), attrs
+    return draw_conv_layer(draw)
 
 
 @settings(max_examples=30, deadline=None)

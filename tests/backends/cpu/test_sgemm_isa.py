@@ -6,7 +6,6 @@ block; half GEMMs; compiled programs with a shared packed weight; at one and two
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from lucid import _native
 from lucid.backends.cpu import CPUBackend, set_num_threads
+from lucid.backends.cpu.testing import sgemm_isa as _isa
 from lucid.ir.prim import HALF, NUMPY_DTYPES
 from tests.backends.cpu.test_gemm_shared_pack import _recurrent_program
 from tests.backends.cpu.test_half_gemm import _bits, _lucid_sgemm, _random, native_kernel
@@ -33,16 +33,6 @@ def _cpu_has_avx512() -> bool:
         return False
     flags = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")), "")
     return {"avx512f", "avx512vl", "avx512dq"} <= set(flags.split())
-
-
-@contextlib.contextmanager
-def _isa(name: str):
-    """Lucid's GEMM on the micro-kernel `name` ("auto", "avx2" or "avx512") inside the block."""
-    _native.set_sgemm_isa(name)
-    try:
-        yield
-    finally:
-        _native.set_sgemm_isa("auto")
 
 
 def _on_each_isa(call):
