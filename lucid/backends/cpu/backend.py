@@ -148,8 +148,7 @@ class CPUBackend(Backend):
             return None
 
     # /2: attention and attention_grad carry ``causal``, which a /1 reader would ignore.
-    # /3: conv2d_bias takes an optional scale and residual (x, w, bias[, scale[, residual]]).
-    program_format = "lucid-cpu-program/3"
+    program_format = "lucid-cpu-program/2"
 
     def export_program(self, module: Any, *, inplace_updates: bool = True) -> str:
         """The program description ``lucid._native.compile`` takes, as JSON (``inplace_updates``
