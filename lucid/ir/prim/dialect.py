@@ -12,7 +12,7 @@ tensor<4xf32>``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 from lucid.ir import _xdsl as x
@@ -209,6 +209,13 @@ def get_prim_class(name: str) -> type[PrimIROp]:
     if cls is None:
         cls = _CLASSES[name] = _make_class(P.lookup(name))
     return cls
+
+
+def made_prim_classes(names: Iterable[str]) -> set[type[PrimIROp]]:
+    """The op classes of those of ``names`` made so far: no op of a class not yet made exists,
+    so a walk looking for these ops can test ``type(op) in`` the set (an ABC ``isinstance``
+    per op costs more), or be skipped when it is empty."""
+    return {cls for name in names if (cls := _CLASSES.get(name)) is not None}
 
 
 def create_prim(name: str, operands: Sequence[x.SSAValue], attrs: dict[str, Any]) -> PrimIROp:

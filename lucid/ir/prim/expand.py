@@ -10,18 +10,17 @@ from typing import Any
 
 from lucid.ir import _xdsl as x
 from lucid.ir import prim as P
-from lucid.ir.prim.dialect import PrimIROp, aval_of_type, create_prim
+from lucid.ir.prim.dialect import PrimIROp, aval_of_type, create_prim, made_prim_classes
 
 
 def expand_composites(module: x.ModuleOp, keep: Iterable[str] = ()) -> int:
     """Replace each composite op of ``module`` not named in ``keep`` by its decomposition
     (composites inside a decomposition are expanded too); returns how many were expanded."""
     kept = frozenset(keep)
-    pending = [
-        op
-        for op in module.walk()
-        if isinstance(op, PrimIROp) and op.PRIM.name in P.COMPOSITE_OPS and op.PRIM.name not in kept
-    ]
+    expanded = made_prim_classes(name for name in P.COMPOSITE_OPS if name not in kept)
+    if not expanded:  # the backend runs every composite op the program can hold
+        return 0
+    pending = [op for op in module.walk() if type(op) in expanded]
     count = 0
     while pending:
         op = pending.pop()

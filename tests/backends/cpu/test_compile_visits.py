@@ -145,3 +145,40 @@ def test_only_reader_asks_the_use_count_before_building_the_readers():
     graph = Graph(Program(), instrs)
     assert graph.only_reader(1000, "tanh") == (1000, instrs[1000])
     assert graph.only_reader(1000, "exp") is None
+
+
+def test_a_program_without_attention_or_pads_is_walked_once_by_fuse_kernels(monkeypatch):
+    # A ResNet's training step has no attention, no pads and one product; its optimizer is
+    # thousands of muls and adds. fuse-kernels builds its tables (one walk), the gemm folds
+    # visit the muls and adds, and nothing else: no readers table (a second whole walk, which
+    # fold_attention built before matching the pattern) and no producer asked per operand.
+    import lucid.backends.cpu.rewrites as rewrites
+
+    sizes = []
+    original = rewrites.fuse_kernels
+
+    def recording(program):
+        sizes.append(len(program.instrs))
+        return original(program)
+
+    monkeypatch.setattr(rewrites, "fuse_kernels", recording)
+    model, x = _scaling_model("resnet", 4)
+    opt = lucid.optim.Adam(model.parameters(), lr=1e-3)
+    step = lucid.compile.fused_step(model, lambda y: (y * y).mean(), opt, backend="cpu")
+    with visits.counting() as counts:
+        step(x)
+    (n,) = sizes
+    assert counts["fuse-kernels"] <= 2 * n, (counts["fuse-kernels"], n)
+
+
+def test_fold_padded_sums_skips_a_program_with_fewer_than_two_pads():
+    from lucid.backends.cpu.rewrites.attention import fold_padded_sums
+    from lucid.ir.prim import Aval
+
+    program = Program()
+    program.slots = [Aval((4,), "f32") for _ in range(1001)]
+    instrs: list[Instr | None] = [Instr("add", (k, k), (k + 1,), {}) for k in range(1000)]
+    graph = Graph(program, instrs)
+    with visits.counting() as counts:
+        fold_padded_sums(graph)
+    assert counts["fuse-kernels"] == 0

@@ -148,6 +148,8 @@ def fold_padded_sums(g: Graph) -> None:
     """A sum of zero-padded pieces that tile one axis, plus zeros, becomes their concatenation:
     the gradient of a fused QKV projection was three pads of [.., 3E] and an add of four arrays
     (one of them a zero constant), where one concat reads each piece once."""
+    if g.count("pad") < 2:  # a sum of one pad tiles nothing
+        return
     for k, ins in g.each("add", reverse=True):
         if any(g.op_of(s) not in ("add", "pad", "constant") for s in ins.inputs):
             continue  # a leaf that is neither a pad nor a zero: most adds
@@ -262,11 +264,13 @@ def fold_attention(g: Graph) -> None:
         if "a_view" in pv.attrs or g.aval(ins.outputs[0]).dtype not in FLOAT_DTYPES:
             continue
         probs = pv.inputs[0]
-        keep_probs = not g.used_only_by(probs, 1)
-        if keep_probs and min(g.readers(probs), default=k) < k:
-            continue
+        # The pattern first: asking for readers builds the readers table (a walk over the
+        # whole program), which a program without attention never needs.
         found = _scores(g, probs)
         if found is None:
+            continue
+        keep_probs = not g.used_only_by(probs, 1)
+        if keep_probs and min(g.readers(probs), default=k) < k:
             continue
         j_sm, j_qk, qk = found
         q, kk = _attention_operand(g, qk, 0), _attention_operand(g, qk, 1)

@@ -19,8 +19,13 @@ from lucid.ir.prim import Aval
 
 
 def fold_gemm_scale(g: Graph) -> None:
+    # Looked up per mul: asking each mul's operands for their producers would visit an
+    # instruction per operand, and an optimizer's update is mostly muls.
+    products = g.outputs_of("matmul")
+    if not products:
+        return
     for k, ins in g.each("mul"):
-        if g.op_of(ins.inputs[0]) != "matmul" and g.op_of(ins.inputs[1]) != "matmul":
+        if ins.inputs[0] not in products and ins.inputs[1] not in products:
             continue  # most muls: neither operand is a product
         for i in (0, 1):
             product, scale = ins.inputs[i], ins.inputs[1 - i]
@@ -51,8 +56,11 @@ def _fold_add_into_gemm(
     """Each ``add`` of a float matmul's (or single-use gemm's) product and an operand that
     ``takes(g, gemm, operand, out_aval)`` accepts becomes that gemm with the operand as its
     accumulator, at the add's position (every operand is defined by then)."""
+    products = g.outputs_of(*PRODUCTS)
+    if not products:
+        return
     for k, ins in g.each("add"):
-        if g.op_of(ins.inputs[0]) not in PRODUCTS and g.op_of(ins.inputs[1]) not in PRODUCTS:
+        if ins.inputs[0] not in products and ins.inputs[1] not in products:
             continue  # most adds: neither operand is a product
         out = g.aval(ins.outputs[0])
         for i in (0, 1):
@@ -66,6 +74,7 @@ def _fold_add_into_gemm(
                 continue
             g.set(j, None)
             g.set(k, Instr("gemm", (*gemm.inputs, operand), ins.outputs, dict(gemm.attrs)))
+            products.add(ins.outputs[0])
             break
 
 

@@ -102,6 +102,16 @@ class Graph:
         finally:
             self._walks.remove(walk)
 
+    def count(self, *ops: str) -> int:
+        """How many instructions have one of ``ops`` as their opcode (no walk)."""
+        return sum(len(self._by_op.get(op, ())) for op in ops)
+
+    def outputs_of(self, *ops: str) -> set[int]:
+        """The first output slot of every instruction whose opcode is one of ``ops``: a cheap
+        first test (``slot in products``) that visits those instructions, not each candidate's
+        producer. A snapshot: a rewrite that makes such instructions adds their slots."""
+        return {ins.outputs[0] for _, ins in self.each(*ops)}
+
     def readers(self, slot: int) -> list[int]:
         """Positions of the instructions reading ``slot``, in program order."""
         if self._readers is None:
