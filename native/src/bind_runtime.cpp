@@ -105,36 +105,135 @@ py::sequence sequence_at(const py::dict& desc, const char* key) {
   return py::reinterpret_borrow<py::sequence>(v);
 }
 
+// The field names of the Python program model's objects (lucid/backends/cpu/program.py), as
+// interned strings made once: PyObject_GetAttrString makes a new string per call.
+struct FieldNames {
+  py::str op{"op"}, inputs{"inputs"}, outputs{"outputs"}, attrs{"attrs"}, nodes{"nodes"},
+      out_nodes{"out_nodes"}, args{"args"}, dtype{"dtype"}, shape{"shape"};
+};
+
+const FieldNames& field_names() {
+  static const FieldNames* names = new FieldNames();  // never freed: outlives the interpreter's exit
+  return *names;
+}
+
+// A field of one of those objects, read in place; `expected` says what the value should have
+// been when it has no such field.
+py::object field(const py::handle& obj, const py::str& name, const Where& where, const char* expected) {
+  PyObject* v = PyObject_GetAttr(obj.ptr(), name.ptr());
+  if (v == nullptr) {
+    PyErr_Clear();
+    bad(where.str() + " must be " + expected + " (it has no '" + name.cast<std::string>() + "')");
+  }
+  return py::reinterpret_steal<py::object>(v);
+}
+
+constexpr const char* kInstrExpected = "(opcode, inputs, outputs, attrs) or an Instr";
+constexpr const char* kNodeExpected = "a FusedNode";
+
+// A fused instruction's nodes (FusedNode: op, args, dtype, attrs) as the `sub_*` attributes a
+// description spells out (Program._fused_attrs), and `sub_outputs` from its out_nodes.
+void fused_node_attrs(const py::handle& ins, const Where& where, Attrs* attrs) {
+  AttrValue ops, args, dtypes, floats;
+  ops.kind = dtypes.kind = AttrValue::Strs;
+  args.kind = AttrValue::Ints;
+  floats.kind = AttrValue::Floats;
+  const FieldNames& f = field_names();
+  py::object nodes = field(ins, f.nodes, where, kInstrExpected);
+  if (!py::isinstance<py::sequence>(nodes)) bad(where.str() + ": nodes must be a sequence");
+  for (py::handle node : py::reinterpret_borrow<py::sequence>(nodes)) {
+    py::object op = field(node, f.op, where, kNodeExpected), dtype = field(node, f.dtype, where, kNodeExpected);
+    if (!py::isinstance<py::str>(op) || !py::isinstance<py::str>(dtype))
+      bad(where.str() + ": a node's op and dtype must be strings");
+    ops.strs.push_back(op.cast<std::string>());
+    dtypes.strs.push_back(dtype.cast<std::string>());
+    for (int64_t a : parse_ints(field(node, f.args, where, kNodeExpected), Where{"instruction", where.index, " node args"}))
+      args.ints.push_back(a);
+    py::object node_attrs = field(node, f.attrs, where, kNodeExpected);
+    if (!py::isinstance<py::dict>(node_attrs)) bad(where.str() + ": a node's attrs must be a dict");
+    py::dict d = py::reinterpret_borrow<py::dict>(node_attrs);
+    double eps = 0.0;
+    if (d.contains("epsilon")) {
+      py::handle e = d["epsilon"];
+      if (!py::isinstance<py::float_>(e) && !py::isinstance<py::int_>(e))
+        bad(where.str() + ": a node's epsilon must be a number");
+      eps = e.cast<double>();
+    }
+    floats.floats.push_back(eps);
+  }
+  if (ops.strs.empty()) ops.kind = dtypes.kind = args.kind = floats.kind = AttrValue::EmptyList;
+  else if (args.ints.empty()) args.kind = AttrValue::EmptyList;
+  (*attrs)["sub_ops"] = std::move(ops);
+  (*attrs)["sub_args"] = std::move(args);
+  (*attrs)["sub_dtypes"] = std::move(dtypes);
+  (*attrs)["sub_floats"] = std::move(floats);
+  py::object out_nodes = field(ins, f.out_nodes, where, kInstrExpected);
+  if (!out_nodes.is_none()) {
+    AttrValue outs;
+    outs.ints = parse_ints(out_nodes, Where{"instruction", where.index, " out_nodes"});
+    outs.kind = outs.ints.empty() ? AttrValue::EmptyList : AttrValue::Ints;
+    (*attrs)["sub_outputs"] = std::move(outs);
+  }
+}
+
 // desc: {"slots": [(shape, dtype)], "instrs": [(opcode, inputs, outputs, attrs)],
 //        "feeds": [slot], "results": [slot], "inplace": {result index: feed index}}
+// A slot may also be an object with `shape` and `dtype` (an Aval), and an instruction the
+// program model's Instr (`op`, `inputs`, `outputs`, `attrs`; a fused one's `nodes` and
+// `out_nodes`): the backend hands its program over as it is, with no description built
+// (one tuple per slot and instruction, and a fused instruction's node lists, all garbage once
+// parsed: on a large training step that walk and its freeing were a few percent of the backend).
 Program parse_program(const py::dict& desc) {
   Program p;
   for (const char* key : {"slots", "instrs", "feeds", "results"})
     if (!desc.contains(key)) bad(std::string("program description lacks '") + key + "'");
+  const FieldNames& names = field_names();
   size_t i = 0;
   for (py::handle s : sequence_at(desc, "slots")) {
     const Where where{"slot", i++, ""};
-    if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) bad(where.str() + " must be (shape, dtype)");
-    py::sequence pair = py::reinterpret_borrow<py::sequence>(s);
+    py::object shape, dtype;
+    if (py::isinstance<py::tuple>(s) || py::isinstance<py::list>(s)) {
+      if (py::len(s) != 2) bad(where.str() + " must be (shape, dtype)");
+      py::sequence pair = py::reinterpret_borrow<py::sequence>(s);
+      shape = pair[0];
+      dtype = pair[1];
+    } else {
+      shape = field(s, names.shape, where, "(shape, dtype) or an Aval");
+      dtype = field(s, names.dtype, where, "(shape, dtype) or an Aval");
+    }
     Slot slot;
-    slot.shape = parse_ints(pair[0], Where{"slot", where.index, " shape"});
-    if (!py::isinstance<py::str>(pair[1]) || !parse_dtype(pair[1].cast<std::string>(), &slot.dtype))
-      bad(where.str() + ": unknown dtype " + std::string(py::repr(pair[1])) + " (expected f32, f64, i32, i64, bool)");
+    slot.shape = parse_ints(shape, Where{"slot", where.index, " shape"});
+    if (!py::isinstance<py::str>(dtype) || !parse_dtype(dtype.cast<std::string>(), &slot.dtype))
+      bad(where.str() + ": unknown dtype " + std::string(py::repr(dtype)) + " (expected f32, f64, i32, i64, bool)");
     p.slots.push_back(slot);
   }
   i = 0;
   for (py::handle t : sequence_at(desc, "instrs")) {
     const Where where{"instruction", i++, ""};
-    if (!py::isinstance<py::sequence>(t) || py::len(t) != 4) bad(where.str() + " must be (opcode, inputs, outputs, attrs)");
-    py::sequence parts = py::reinterpret_borrow<py::sequence>(t);
+    py::object opcode, inputs, outputs, attrs;
+    bool model = false;  // the program model's Instr, not a 4-tuple
+    if (py::isinstance<py::tuple>(t) || py::isinstance<py::list>(t)) {
+      if (py::len(t) != 4) bad(where.str() + " must be (opcode, inputs, outputs, attrs)");
+      py::sequence parts = py::reinterpret_borrow<py::sequence>(t);
+      opcode = parts[0];
+      inputs = parts[1];
+      outputs = parts[2];
+      attrs = parts[3];
+    } else {
+      model = true;
+      opcode = field(t, names.op, where, kInstrExpected);
+      inputs = field(t, names.inputs, where, kInstrExpected);
+      outputs = field(t, names.outputs, where, kInstrExpected);
+      attrs = field(t, names.attrs, where, kInstrExpected);
+    }
     Instr in;
-    if (!py::isinstance<py::str>(parts[0])) bad(where.str() + ": opcode must be a string");
-    std::string name = parts[0].cast<std::string>();
+    if (!py::isinstance<py::str>(opcode)) bad(where.str() + ": opcode must be a string");
+    std::string name = opcode.cast<std::string>();
     if (!parse_op(name, &in.op)) bad(where.str() + ": unknown opcode '" + name + "'");
-    in.in = parse_slots(parts[1], Where{"instruction", where.index, " inputs"});
-    in.out = parse_slots(parts[2], Where{"instruction", where.index, " outputs"});
-    if (!py::isinstance<py::dict>(parts[3])) bad(where.str() + ": attrs must be a dict");
-    for (auto kv : parts[3].cast<py::dict>()) {
+    in.in = parse_slots(inputs, Where{"instruction", where.index, " inputs"});
+    in.out = parse_slots(outputs, Where{"instruction", where.index, " outputs"});
+    if (!py::isinstance<py::dict>(attrs)) bad(where.str() + ": attrs must be a dict");
+    for (auto kv : py::reinterpret_borrow<py::dict>(attrs)) {
       if (!py::isinstance<py::str>(kv.first)) bad(where.str() + ": attribute names must be strings");
       std::string an = kv.first.cast<std::string>();
       try {
@@ -143,6 +242,7 @@ Program parse_program(const py::dict& desc) {
         bad(where.str() + " (" + name + "): " + e.what());
       }
     }
+    if (model && name == "fused") fused_node_attrs(t, where, &in.attrs);
     p.instrs.push_back(std::move(in));
   }
   p.feeds = parse_slots(desc["feeds"], Where{nullptr, 0, "feeds"});

@@ -263,13 +263,22 @@ class Program:
 
     # -- the description passed to C++ --------------------------------------------------------
     def describe(self, *, copy: bool = True) -> dict[str, Any]:
-        """The compact description ``lucid._native.compile`` takes. ``copy=False`` shares the
-        instructions' slot tuples and attribute dicts instead of copying them into new lists
-        and dicts: for a caller that only reads it (the backend's native compile)."""
-        describe = _describe_instr if copy else _describe_instr_shared
+        """The compact description ``lucid._native.compile`` takes (plain lists, tuples and
+        dicts: what ``export_program`` writes as JSON). ``copy=False`` hands over the program's
+        own lists of Avals and Instrs, which the native compile reads in place: for a caller that
+        only reads it (the backend's native compile; building a description of a large program
+        was a walk over cold objects and as much garbage again)."""
+        if not copy:
+            return {
+                "slots": self.slots,
+                "instrs": self.instrs,
+                "feeds": self.feeds,
+                "results": self.results,
+                "inplace": self.inplace,
+            }
         return {
             "slots": [(a.shape, a.dtype) for a in self.slots],
-            "instrs": [describe(i) for i in self.instrs],
+            "instrs": [_describe_instr(i) for i in self.instrs],
             "feeds": list(self.feeds),
             "results": list(self.results),
             "inplace": dict(self.inplace),
@@ -345,11 +354,6 @@ def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, An
     if ins.op != FUSED:
         return (ins.op, list(ins.inputs), list(ins.outputs), dict(ins.attrs))
     return (FUSED, list(ins.inputs), list(ins.outputs), _fused_attrs(ins))
-
-
-def _describe_instr_shared(ins: Instr) -> tuple[str, tuple[int, ...], tuple[int, ...], dict]:
-    attrs = ins.attrs if ins.op != FUSED else _fused_attrs(ins)
-    return (ins.op, ins.inputs, ins.outputs, attrs)
 
 
 def _fused_attrs(ins: Instr) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The program builder, fuse-elementwise, buffer planning and result placement."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -417,3 +419,93 @@ def test_random_graphs_of_shared_values_fuse_to_the_same_values(seed, size):
     assert len(fused.instrs) <= len(p.instrs)
     for got, want in zip(fused.interpret(feeds), p.interpret(feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _compiled_programs(monkeypatch, build_and_run):
+    """The fused programs the CPU backend hands to the native compile while ``build_and_run``
+    runs."""
+    from lucid.backends.cpu import backend as cpu_backend
+
+    programs = []
+    original = cpu_backend.CPUBackend._fused
+
+    def recording(self, program):
+        fused = original(self, program)
+        programs.append(fused)
+        return fused
+
+    monkeypatch.setattr(cpu_backend.CPUBackend, "_fused", recording)
+    monkeypatch.delenv("LUCID_COMPILE_DISK_CACHE", raising=False)
+    build_and_run()
+    return programs
+
+
+def test_the_program_handed_over_in_place_parses_as_its_description(monkeypatch):
+    # describe(copy=False) hands the native compile the Avals and Instrs themselves; it must
+    # read them exactly as the plain description (what export_program writes): fused nodes
+    # with several outputs, layer norm epsilons, attention and gemm attributes.
+    import lucid
+    import lucid.nn as nn
+
+    def run():
+        lucid.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        opt = lucid.optim.Adam(layer.parameters(), lr=1e-3)
+        step = lucid.compile.fused_step(layer, lambda y: (y * y).mean(), opt, backend="cpu")
+        step(lucid.randn(2, 4, 16))
+
+    programs = _compiled_programs(monkeypatch, run)
+    assert programs
+    fused = [i for p in programs for i in p.instrs if i.op == FUSED]
+    assert any(i.out_nodes is not None for i in fused), "no multi-output fused instruction"
+    assert any("epsilon" in n.attrs for i in fused for n in i.nodes) or any(
+        "epsilon" in i.attrs for p in programs for i in p.instrs
+    )
+    for p in programs:
+        shared, plain = p.describe(copy=False), p.describe()
+        assert shared["instrs"] is p.instrs and shared["slots"] is p.slots
+        assert _native.dump_program(shared) == _native.dump_program(plain)
+        assert _native.structural_hash(shared) == _native.structural_hash(plain)
+
+
+@pytest.mark.parametrize(
+    ("break_it", "message"),
+    [
+        (lambda p: p.instrs.append(object()), "must be (opcode, inputs, outputs, attrs) or an"),
+        (lambda p: p.slots.__setitem__(0, 3), "slot 0 must be (shape, dtype) or an Aval"),
+        (
+            lambda p: p.instrs.__setitem__(
+                0, FusedInstrWith(FusedNode("exp", (0,), "f32"), dtype=5)
+            ),
+            "a node's op and dtype must be strings",
+        ),
+        (
+            lambda p: p.instrs.__setitem__(0, FusedInstrWith(object())),
+            "must be a FusedNode",
+        ),
+    ],
+    ids=["not an instruction", "not a slot", "node dtype", "not a node"],
+)
+def test_a_malformed_program_handed_over_in_place_raises_value_error(break_it, message):
+    p = Program()
+    x = p.feed((3,))
+    p.result(p.fused([x], [FusedNode("exp", (0,), "f32"), FusedNode("neg", (1,), "f32")]))
+    break_it(p)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _native.compile(p.describe(copy=False), False)
+
+
+class FusedInstrWith:
+    """A fused instruction whose one node is ``node`` (its dtype replaced when given)."""
+
+    def __init__(self, node, dtype=None):
+        self.op, self.inputs, self.outputs, self.attrs, self.out_nodes = (
+            "fused",
+            (0,),
+            (1,),
+            {},
+            None,
+        )
+        if dtype is not None:
+            node = type("Node", (), {"op": node.op, "args": node.args, "dtype": dtype, "attrs": {}})
+        self.nodes = (node,)
