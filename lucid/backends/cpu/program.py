@@ -76,6 +76,11 @@ class FusedNode:
 
 _set_field = object.__setattr__
 
+# The attributes of every instruction that has none: one dict, not one each (most of a training
+# step's instructions; each was an allocation, and a deallocation when the program is dropped).
+# Nothing edits an instruction's attributes in place: rewrites build new dicts.
+_NO_ATTRS: dict[str, Any] = {}
+
 
 class Instr:
     """One instruction: an opcode, input and output slots, attributes (defaults filled in)."""
@@ -205,7 +210,7 @@ class Program:
                 self.slots.append(aval)
                 made.append(len(self.slots) - 1)
         slots = tuple(made)
-        self.instrs.append(Instr(name, tuple(inputs), slots, full))
+        self.instrs.append(Instr(name, tuple(inputs), slots, full or _NO_ATTRS))
         return slots
 
     def fused(self, inputs: Sequence[int], nodes: Sequence[FusedNode]) -> int:

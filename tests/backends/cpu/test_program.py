@@ -509,3 +509,26 @@ class FusedInstrWith:
         if dtype is not None:
             node = type("Node", (), {"op": node.op, "args": node.args, "dtype": dtype, "attrs": {}})
         self.nodes = (node,)
+
+
+def test_instructions_without_attributes_share_one_dict_that_compiles_leave_empty(monkeypatch):
+    # Program.append gives every attribute-less instruction one shared dict; a rewrite that
+    # edited an instruction's attributes in place would change every other instruction's.
+    import lucid
+    import lucid.nn as nn
+    from lucid.backends.cpu import program as program_module
+
+    p = Program()
+    x = p.feed((3,))
+    p.result(p.op("tanh", p.op("exp", x)))
+    assert p.instrs[0].attrs is p.instrs[1].attrs is program_module._NO_ATTRS
+
+    def run():
+        lucid.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        opt = lucid.optim.Adam(layer.parameters(), lr=1e-3)
+        step = lucid.compile.fused_step(layer, lambda y: (y * y).mean(), opt, backend="cpu")
+        step(lucid.randn(2, 4, 16))
+
+    assert _compiled_programs(monkeypatch, run)
+    assert program_module._NO_ATTRS == {}
