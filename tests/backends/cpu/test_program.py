@@ -440,21 +440,24 @@ def _compiled_programs(monkeypatch, build_and_run):
     return programs
 
 
+def _transformer_training_step():
+    """Compile and run one fused training step of a small transformer layer (attention, layer
+    norms, GELU-free FFN, Adam's multi-output fused updates)."""
+    import lucid
+    import lucid.nn as nn
+
+    lucid.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    opt = lucid.optim.Adam(layer.parameters(), lr=1e-3)
+    step = lucid.compile.fused_step(layer, lambda y: (y * y).mean(), opt, backend="cpu")
+    step(lucid.randn(2, 4, 16))
+
+
 def test_the_program_handed_over_in_place_parses_as_its_description(monkeypatch):
     # describe(copy=False) hands the native compile the Avals and Instrs themselves; it must
     # read them exactly as the plain description (what export_program writes): fused nodes
     # with several outputs, layer norm epsilons, attention and gemm attributes.
-    import lucid
-    import lucid.nn as nn
-
-    def run():
-        lucid.manual_seed(0)
-        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-        opt = lucid.optim.Adam(layer.parameters(), lr=1e-3)
-        step = lucid.compile.fused_step(layer, lambda y: (y * y).mean(), opt, backend="cpu")
-        step(lucid.randn(2, 4, 16))
-
-    programs = _compiled_programs(monkeypatch, run)
+    programs = _compiled_programs(monkeypatch, _transformer_training_step)
     assert programs
     fused = [i for p in programs for i in p.instrs if i.op == FUSED]
     assert any(i.out_nodes is not None for i in fused), "no multi-output fused instruction"
@@ -514,8 +517,6 @@ class FusedInstrWith:
 def test_instructions_without_attributes_share_one_dict_that_compiles_leave_empty(monkeypatch):
     # Program.append gives every attribute-less instruction one shared dict; a rewrite that
     # edited an instruction's attributes in place would change every other instruction's.
-    import lucid
-    import lucid.nn as nn
     from lucid.backends.cpu import program as program_module
 
     p = Program()
@@ -523,12 +524,5 @@ def test_instructions_without_attributes_share_one_dict_that_compiles_leave_empt
     p.result(p.op("tanh", p.op("exp", x)))
     assert p.instrs[0].attrs is p.instrs[1].attrs is program_module._NO_ATTRS
 
-    def run():
-        lucid.manual_seed(0)
-        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-        opt = lucid.optim.Adam(layer.parameters(), lr=1e-3)
-        step = lucid.compile.fused_step(layer, lambda y: (y * y).mean(), opt, backend="cpu")
-        step(lucid.randn(2, 4, 16))
-
-    assert _compiled_programs(monkeypatch, run)
+    assert _compiled_programs(monkeypatch, _transformer_training_step)
     assert program_module._NO_ATTRS == {}
