@@ -76,12 +76,14 @@ def collect_seed_programs() -> list[dict[str, Any]]:
     import lucid.nn as nn
     import lucid.nn.functional as F
     from lucid import _native
+    from lucid.backends.cpu.program import plain_description
 
     seen: list[dict[str, Any]] = []
     real_compile = _native.compile
 
     def recording_compile(desc, *args, **kwargs):
-        seen.append(copy.deepcopy(desc))
+        # The backend hands over its program's own objects: kept as the plain description.
+        seen.append(copy.deepcopy(plain_description(desc)))
         return real_compile(desc, *args, **kwargs)
 
     _native.compile = recording_compile

@@ -355,6 +355,22 @@ class Program:
         return results
 
 
+def plain_description(desc: dict[str, Any]) -> dict[str, Any]:
+    """``desc`` in the plain form ``describe()`` gives (pairs and 4-tuples in new lists), also
+    when it holds the program's own Avals and Instrs (``describe(copy=False)``): for a caller
+    that keeps or edits what the native compile was handed (the program fuzzer's seeds)."""
+    return {
+        **desc,
+        "slots": [s if isinstance(s, tuple | list) else (s.shape, s.dtype) for s in desc["slots"]],
+        "instrs": [
+            i if isinstance(i, tuple | list) else _describe_instr(i) for i in desc["instrs"]
+        ],
+        "feeds": list(desc["feeds"]),
+        "results": list(desc["results"]),
+        "inplace": dict(desc.get("inplace", {})),
+    }
+
+
 def _describe_instr(ins: Instr) -> tuple[str, list[int], list[int], dict[str, Any]]:
     if ins.op != FUSED:
         return (ins.op, list(ins.inputs), list(ins.outputs), dict(ins.attrs))
@@ -374,4 +390,12 @@ def _fused_attrs(ins: Instr) -> dict[str, Any]:
     return attrs
 
 
-__all__ = ["COMPUTE_DTYPES", "FUSED", "HALF_STORAGE", "FusedNode", "Instr", "Program"]
+__all__ = [
+    "COMPUTE_DTYPES",
+    "FUSED",
+    "HALF_STORAGE",
+    "FusedNode",
+    "Instr",
+    "Program",
+    "plain_description",
+]
