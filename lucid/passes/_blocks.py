@@ -20,8 +20,16 @@ def blocks_of(module: x.ModuleOp) -> Iterator[x.Block]:
             yield from region.blocks
 
 
+# Per op class: an op's traits are its class's, and asking xDSL walks them (per op, in every
+# sweep of every pass that asks).
+_PURE_CLASSES: dict[type, bool] = {}
+
+
 def _is_pure(op: x.Operation) -> bool:
-    return not op.regions and op.has_trait(x.Pure)
+    pure = _PURE_CLASSES.get(type(op))
+    if pure is None:
+        pure = _PURE_CLASSES[type(op)] = op.has_trait(x.Pure)
+    return pure and not op.regions
 
 
 def erase_dead(block: x.Block, stage: str) -> None:
@@ -45,24 +53,43 @@ def erase_dead(block: x.Block, stage: str) -> None:
 def merge_common(block: x.Block, stage: str) -> None:
     """Replace each pure op by an earlier identical one (same name, operands, properties,
     attributes and result types; ``stage``: the pass, for the visit counters)."""
-    seen: dict[tuple, x.Operation] = {}
+    # Keyed by name and operands (values hash by identity); the properties, attributes and
+    # result types are compared only between ops that share those. Hashing them for every op
+    # (nested attribute dataclasses, none of which caches its hash) was most of the sweep.
+    # Ops without operands (constants) differ only in those, so they are keyed by all of it.
+    seen: dict[tuple, list[x.Operation]] = {}
     op = block.first_op
     while op is not None:
         visits.count(stage)
         nxt = op.next_op
         if op.results and _is_pure(op):
-            key = (
-                op.name,
-                tuple(op.operands),
-                tuple(op.properties.items()),
-                tuple(op.attributes.items()),
-                tuple(op.result_types),
-            )
-            first = seen.get(key)
-            if first is None:
-                seen[key] = op
+            operands = tuple(op.operands)
+            if operands:
+                key: tuple = (op.name, operands)
             else:
+                key = (op.name, *_details(op))
+            earlier = seen.get(key)
+            first = None
+            if earlier is None:
+                seen[key] = [op]
+            elif not operands:
+                first = earlier[0]
+            else:
+                details = _details(op)
+                first = next((e for e in earlier if _details(e) == details), None)
+                if first is None:
+                    earlier.append(op)
+            if first is not None:
                 for old, new in zip(op.results, first.results, strict=True):
                     old.replace_all_uses_with(new)
                 block.erase_op(op)
         op = nxt
+
+
+def _details(op: x.Operation) -> tuple:
+    """What besides its name and operands makes an op compute what another does."""
+    return (
+        tuple(op.properties.items()),
+        tuple(op.attributes.items()),
+        tuple(op.result_types),
+    )

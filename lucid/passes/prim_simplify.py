@@ -45,13 +45,16 @@ def _swapped_last_two(op: x.Operation) -> bool:
     return r >= 2 and perm == (*range(r - 2), r - 1, r - 2)
 
 
-def fold_transposes_into_matmul(block: x.Block) -> None:
-    """Rewrite ``matmul(transpose(a), b)`` to ``matmul{transpose_a = !flag}(a, b)`` (and for b)."""
+def fold_transposes_into_matmul(block: x.Block) -> int:
+    """Rewrite ``matmul(transpose(a), b)`` to ``matmul{transpose_a = !flag}(a, b)`` (and for b);
+    returns how many matmuls the block has."""
     ops = list(block.ops)
     visits.count(STAGE, len(ops))
+    matmuls = 0
     for op in ops:
-        if not isinstance(op, PrimIROp) or op.name != "prim.matmul":
+        if op.name != "prim.matmul" or not isinstance(op, PrimIROp):
             continue
+        matmuls += 1
         operands = list(op.operands)
         attrs = prim_attrs(op)
         changed = False
@@ -67,6 +70,7 @@ def fold_transposes_into_matmul(block: x.Block) -> None:
         block.insert_op_before(new, op)
         op.results[0].replace_all_uses_with(new.results[0])
         block.erase_op(op)
+    return matmuls
 
 
 def _only_use(value: x.SSAValue) -> x.Operation | None:
@@ -77,14 +81,17 @@ def _only_use(value: x.SSAValue) -> x.Operation | None:
 def _scaled_product(value: x.SSAValue) -> tuple[x.Operation, x.SSAValue] | None:
     """``(matmul, s)`` when ``value`` is ``s * matmul(a, b)`` with 0-d ``s``, both used once."""
     mul = value.owner
-    if not isinstance(mul, PrimIROp) or mul.name != "prim.mul" or _only_use(value) is None:
+    if getattr(mul, "name", None) != "prim.mul" or not isinstance(mul, PrimIROp):
         return None
     for i in (0, 1):
         product, scale = mul.operands[i], mul.operands[1 - i]
         mm = product.owner
+        # The opcodes before the uses: an optimizer's update adds many products of a scalar
+        # and a tensor, few of them a matmul's.
         if (
-            isinstance(mm, PrimIROp)
-            and mm.name == "prim.matmul"
+            getattr(mm, "name", None) == "prim.matmul"
+            and isinstance(mm, PrimIROp)
+            and _only_use(value) is not None
             and _only_use(product) is mul
             and scale.type.get_shape() == ()
             and product.type == mul.results[0].type
@@ -100,12 +107,17 @@ def fold_scaled_products_into_accumulate(block: x.Block) -> None:
     ops = list(block.ops)
     visits.count(STAGE, len(ops))
     for op in ops:
-        if not isinstance(op, PrimIROp) or op.name not in ("prim.add", "prim.sub"):
+        # The opcode first: comparing tensor types (or an ABC isinstance) per op costs more,
+        # and an optimizer's update is mostly adds and subs of other things than products.
+        name = op.name
+        if name != "prim.add" and name != "prim.sub" or not isinstance(op, PrimIROp):
             continue
-        out_type = op.results[0].type
-        for ci in (0, 1) if op.name == "prim.add" else (0,):
-            c, term = op.operands[ci], op.operands[1 - ci]
-            found = _scaled_product(term) if c.type == out_type else None
+        operands = tuple(op.operands)
+        for ci in (0, 1) if name == "prim.add" else (0,):
+            c, term = operands[ci], operands[1 - ci]
+            if getattr(term.owner, "name", None) != "prim.mul" or c.type != op.results[0].type:
+                continue
+            found = _scaled_product(term)
             if found is None:
                 continue
             mm, scale = found
@@ -217,7 +229,7 @@ class PrimSimplify(x.ModulePass):
 
     def apply(self, ctx: x.Context, op: x.ModuleOp) -> None:
         for block in blocks_of(op):
-            fold_transposes_into_matmul(block)
-            fold_scaled_products_into_accumulate(block)
+            if fold_transposes_into_matmul(block):  # no matmul, no scaled product of one
+                fold_scaled_products_into_accumulate(block)
             merge_common(block, self.name)
             erase_dead(block, self.name)

@@ -138,6 +138,29 @@ def test_cse_merges_identical_ops_but_not_different_attributes():
     assert _ops(text).count("lucid.sum") == 3  # sum(0) once, sum(1), and its sum(0)
 
 
+def test_cse_compares_attributes_among_ops_of_the_same_operands_and_keys_constants_by_value():
+    # cse keys ops by name and operands and compares the rest only among those: interleaved
+    # variants each merge with their own first, and constants (no operands) by their value.
+    v, m = "tensor<3xf32>", "tensor<2xf32>"
+    results = ", ".join([v] * 4 + [m] * 2)
+    text = f"""
+    func.func @forward(%a: tensor<3x3xf32>) -> ({results}) {{
+      %s0 = lucid.sum %a {{dim = array<i64: 0>, keepdim = false}} : (tensor<3x3xf32>) -> {v}
+      %s1 = lucid.sum %a {{dim = array<i64: 1>, keepdim = false}} : (tensor<3x3xf32>) -> {v}
+      %t0 = lucid.sum %a {{dim = array<i64: 0>, keepdim = false}} : (tensor<3x3xf32>) -> {v}
+      %t1 = lucid.sum %a {{dim = array<i64: 1>, keepdim = false}} : (tensor<3x3xf32>) -> {v}
+      %c = lucid.constant dense<[1.0, 2.0]> : {m} -> {m}
+      %d = lucid.constant dense<[1.0, 3.0]> : {m} -> {m}
+      %e = lucid.constant dense<[1.0, 2.0]> : {m} -> {m}
+      %ce = lucid.add %c, %e : ({m}, {m}) -> {m}
+      func.return %s0, %s1, %t0, %t1, %ce, %d : {results}
+    }}"""
+    out = _check_same_results(parse_ir(text), "cse")
+    assert _ops(out).count("lucid.sum") == 2
+    assert _ops(out).count("lucid.constant") == 2
+    assert "func.return %s0, %s1, %s0, %s1" in out.replace("\n", " ")
+
+
 def test_dce_removes_dead_chains_only():
     def f(a):
         dead = (a * 3).exp().sum()  # noqa: F841  (traced, then unused)
