@@ -148,13 +148,17 @@ LUCID_ALWAYS_INLINE void store_epilogue(T* o, typename Simd<T, Bytes>::V v, cons
     store<T, Bytes>(o, v);
     return;
   }
+  // A partial segment: the residual's n values gathered into a zeroed register, then the same
+  // vector steps as a full one (a per-lane branch on the signs cost C's small convolutions
+  // twice their time), and n values copied out.
   T tmp[L];
-  store<T, Bytes>(tmp, v);
-  for (int64_t l = 0; l < n; ++l) {
-    T x = tmp[l];
-    if (res) x += res[l];
-    o[l] = relu && x <= 0 ? T(0) : x;
+  if (res) {
+    for (int l = 0; l < L; ++l) tmp[l] = l < n ? res[l] : T(0);
+    v += load<T, Bytes>(tmp);
   }
+  if (relu) v = v <= 0 ? V{} : v;
+  store<T, Bytes>(tmp, v);
+  for (int64_t l = 0; l < n; ++l) o[l] = tmp[l];
 }
 
 // Output channels o0 .. o0+kMR of one output row segment (n_out <= 2 vectors of pixels):
