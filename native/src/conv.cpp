@@ -6,8 +6,8 @@
 // grid whose last Wp - WO columns of each row are computed and dropped, in the weight gradient)
 // that is a contiguous run. So the GEMM reads its right operand straight from the padded image
 // (16 KB for workload C's second conv) instead of an im2col matrix nine times the image's size,
-// writes each image's output in NCHW order through the epilogue (bias, ReLU) while it is still in
-// registers (no transpose of an [O, N*HW] result, no pass of its own), and images run on the
+// writes each image's output in NCHW order through the epilogue (scale, bias, residual, ReLU; see
+// ConvEpilogue) while it is still in registers (no transpose of an [O, N*HW] result, no pass of its own), and images run on the
 // worker pool. im2col + one BLAS GEMM for the batch spent half its time in the copies; the BLAS
 // GEMM itself had K = 9 or 144.
 //
@@ -118,12 +118,55 @@ LUCID_ALWAYS_INLINE bool all_finite(const T* x, int64_t n) {
   return bad == 0;
 }
 
+// The epilogue `e` moved on by `channels` output channels and `elements` output values.
+template <class T>
+LUCID_ALWAYS_INLINE ConvEpilogue<T> shifted(const ConvEpilogue<T>& e, int64_t channels,
+                                            int64_t elements) {
+  return {e.scale ? e.scale + channels : nullptr, e.bias ? e.bias + channels : nullptr,
+          e.residual ? e.residual + elements : nullptr, e.relu};
+}
+
+// v * scale[r] + bias[r] on a register of channel r's values (the residual and ReLU follow at the
+// store, where the number of real lanes is known).
+template <class V, class T>
+LUCID_ALWAYS_INLINE V scale_bias(V v, const ConvEpilogue<T>& e, int r) {
+  if (e.scale) v *= e.scale[r];
+  if (e.bias) v += e.bias[r];
+  return v;
+}
+
+// Stores n values of a register (all L lanes when n == L) at o, adding res's values first when
+// res is not null, then the ReLU: the residual is read only where the output is written.
+template <class T, int Bytes>
+LUCID_ALWAYS_INLINE void store_epilogue(T* o, typename Simd<T, Bytes>::V v, const T* res, bool relu,
+                                        int64_t n) {
+  using V = typename Simd<T, Bytes>::V;
+  constexpr int L = Simd<T, Bytes>::L;
+  if (n == L) {
+    if (res) v += load<T, Bytes>(res);
+    if (relu) v = v <= 0 ? V{} : v;  // as lucid::relu: v <= 0 ? +0 : v, so NaN stays NaN
+    store<T, Bytes>(o, v);
+    return;
+  }
+  // A partial segment: the residual's n values gathered into a zeroed register, then the same
+  // vector steps as a full one (a per-lane branch on the signs cost C's small convolutions
+  // twice their time), and n values copied out.
+  T tmp[L];
+  if (res) {
+    for (int l = 0; l < L; ++l) tmp[l] = l < n ? res[l] : T(0);
+    v += load<T, Bytes>(tmp);
+  }
+  if (relu) v = v <= 0 ? V{} : v;
+  store<T, Bytes>(tmp, v);
+  for (int64_t l = 0; l < n; ++l) o[l] = tmp[l];
+}
+
 // Output channels o0 .. o0+kMR of one output row segment (n_out <= 2 vectors of pixels):
 // out[r*ldo + l] = epilogue(sum_k w[k*ldw + r] * src[off[k] + l]) for the channels r < rows;
-// bias points at channel o0's.
+// the epilogue's per-channel values start at channel o0's and its residual at out's position.
 template <class T>
 LUCID_ALWAYS_INLINE void forward_tile(const T* src, const int64_t* off, int64_t K, const T* w,
-                                      int64_t ldw, const T* bias, bool relu, int64_t rows,
+                                      int64_t ldw, const ConvEpilogue<T>& ep, int64_t rows,
                                       int64_t n_out, T* out, int64_t ldo) {
   using V = typename Simd<T>::V;
   constexpr int L = Simd<T>::L;
@@ -139,25 +182,11 @@ LUCID_ALWAYS_INLINE void forward_tile(const T* src, const int64_t* off, int64_t 
     }
   }
   for (int r = 0; r < kMR && r < rows; ++r) {
-    V v0 = acc[r][0], v1 = acc[r][1];
-    if (bias) {
-      v0 += bias[r];
-      v1 += bias[r];
-    }
-    if (relu) {  // as lucid::relu: v <= 0 ? +0 : v, so NaN stays NaN and -0 becomes +0
-      v0 = v0 <= 0 ? V{} : v0;
-      v1 = v1 <= 0 ? V{} : v1;
-    }
+    const V v0 = scale_bias(acc[r][0], ep, r), v1 = scale_bias(acc[r][1], ep, r);
     T* o = out + r * ldo;
-    if (n_out == 2 * L) {
-      store(o, v0);
-      store(o + L, v1);
-    } else {
-      T tmp[2 * L];
-      store(tmp, v0);
-      store(tmp + L, v1);
-      for (int64_t l = 0; l < n_out; ++l) o[l] = tmp[l];
-    }
+    const T* res = ep.residual ? ep.residual + r * ldo : nullptr;
+    store_epilogue<T, 32>(o, v0, res, ep.relu, std::min<int64_t>(n_out, L));
+    if (n_out > L) store_epilogue<T, 32>(o + L, v1, res ? res + L : nullptr, ep.relu, n_out - L);
   }
 }
 
@@ -195,7 +224,7 @@ template <class T>
 LUCID_ALWAYS_INLINE void forward_tile_wide(const T* src, const int64_t* seg_src,
                                            const int64_t* seg_dst, const int* seg_count,
                                            const int64_t* off, int64_t K, const T* w, int64_t ldw,
-                                           const T* bias, bool relu, int64_t rows, T* out,
+                                           const ConvEpilogue<T>& ep, int64_t rows, T* out,
                                            int64_t ldo) {
   using V = typename Simd<T, kWide>::V;
   constexpr int L = Simd<T, kWide>::L;
@@ -212,17 +241,10 @@ LUCID_ALWAYS_INLINE void forward_tile_wide(const T* src, const int64_t* seg_src,
   }
   for (int r = 0; r < kMR && r < rows; ++r)
     for (int i = 0; i < kSegments; ++i) {
-      V v = acc[r][i];
-      if (bias) v += bias[r];
-      if (relu) v = v <= 0 ? V{} : v;  // as lucid::relu (see forward_tile)
-      T* o = out + r * ldo + seg_dst[i];
-      if (seg_count[i] == L) {
-        store<T, kWide>(o, v);
-      } else {
-        T tmp[L];
-        store<T, kWide>(tmp, v);
-        for (int l = 0; l < seg_count[i]; ++l) o[l] = tmp[l];
-      }
+      const V v = scale_bias(acc[r][i], ep, r);
+      const int64_t at = r * ldo + seg_dst[i];
+      store_epilogue<T, kWide>(out + at, v, ep.residual ? ep.residual + at : nullptr, ep.relu,
+                               seg_count[i]);
     }
 }
 
@@ -230,8 +252,8 @@ LUCID_ALWAYS_INLINE void forward_tile_wide(const T* src, const int64_t* seg_src,
 // are computed in segments of two AVX2 vectors of pixels (or, Wide, in tiles of kSegments
 // AVX-512 vectors) that leave registers through the epilogue straight into y.
 template <class T, bool Wide>
-LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, const T* bias,
-                                        bool relu, T* y, int64_t n0, int64_t n1) {
+LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp,
+                                        const ConvEpilogue<T>& ep, T* y, int64_t n0, int64_t n1) {
   constexpr int64_t NR = 2 * Simd<T>::L;
   const Segments seg(q, Simd<T, kWide>::L, Wide);
   const int64_t segments = static_cast<int64_t>(seg.src.size());
@@ -242,21 +264,24 @@ LUCID_ALWAYS_INLINE void forward_images(const Plan& q, const T* x, const T* wp, 
     for (int64_t gr = 0; gr < q.G; ++gr) {
       const T* src = xpad + gr * q.cin * q.plane;
       const T* wg = wp + gr * q.K * q.ldw;
-      const T* bg = bias ? bias + gr * q.cout : nullptr;
-      T* yg = y + (n * q.G + gr) * q.cout * out_plane;
+      const int64_t first = (n * q.G + gr) * q.cout;  // the group's first output plane
+      const ConvEpilogue<T> eg = shifted(ep, gr * q.cout, first * out_plane);
+      T* yg = y + first * out_plane;
       if constexpr (Wide) {
         for (int64_t i = 0; i < segments; i += kSegments)
           for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
             forward_tile_wide(src, seg.src.data() + i, seg.dst.data() + i, seg.count.data() + i,
-                              q.off.data(), q.K, wg + o0, q.ldw, bg ? bg + o0 : nullptr, relu,
+                              q.off.data(), q.K, wg + o0, q.ldw, shifted(eg, o0, o0 * out_plane),
                               q.cout - o0, yg + o0 * out_plane, out_plane);
       } else {
         for (int64_t h = 0; h < q.HO; ++h)
           for (int64_t w0 = 0; w0 < q.WO; w0 += NR)
-            for (int64_t o0 = 0; o0 < q.cout; o0 += kMR)
+            for (int64_t o0 = 0; o0 < q.cout; o0 += kMR) {
+              const int64_t at = o0 * out_plane + h * q.WO + w0;
               forward_tile(src + h * q.Wp + w0, q.off.data(), q.K, wg + o0, q.ldw,
-                           bg ? bg + o0 : nullptr, relu, q.cout - o0, std::min(NR, q.WO - w0),
-                           yg + o0 * out_plane + h * q.WO + w0, out_plane);
+                           shifted(eg, o0, at), q.cout - o0, std::min(NR, q.WO - w0), yg + at,
+                           out_plane);
+            }
       }
     }
   }
@@ -385,7 +410,7 @@ LUCID_ALWAYS_INLINE bool grad_chunk(const Plan& q, const T* x, const T* dy, int6
 // tiny planes (8x8, 4x4) still make GEMMs wide enough for the BLAS.
 //   V[xi][c][p] = (B^T d B)[xi] of input tile p (4x4, stride 2), channel c
 //   U[xi][o][c] = (G g G^T)[xi] of weight g[o, c]
-//   M[xi] = U[xi] @ V[xi]; output tile p of channel o = A^T M[.][o][p] A, then bias and ReLU.
+//   M[xi] = U[xi] @ V[xi]; output tile p of channel o = A^T M[.][o][p] A, then the epilogue.
 // B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
 // A^T = [1 1 1 0; 0 1 -1 -1]. The transforms mix a tile's values, so an inf or NaN would spread
 // to outputs the direct sum keeps finite: inputs and weights with one take another path.
@@ -480,16 +505,18 @@ LUCID_ALWAYS_INLINE void wino_weights(const Wino& q, const T* w, T* U, int64_t o
   }
 }
 
-// Output planes (image, channel) [j0, j1) from M [16][O][P], through the bias and ReLU epilogue.
+// Output planes (image, channel) [j0, j1) from M [16][O][P], through the epilogue (scale and
+// bias as each tile row is transformed, residual and ReLU as its rows are written).
 template <class T>
-LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, bool relu, T* y,
-                                     int64_t j0, int64_t j1) {
+LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const ConvEpilogue<T>& ep,
+                                     T* y, int64_t j0, int64_t j1) {
   const int64_t tiles = q.TH * q.TW, OP = q.O * q.P;
   T* out = thread_buffer<T>(2, 4 * q.TW);  // [a][b][tile] of one tile row
   for (int64_t job = j0; job < j1; ++job) {
     const int64_t n = job / q.O, o = job % q.O;
-    const T b = bias ? bias[o] : T(0);
+    const T a = ep.scale ? ep.scale[o] : T(1), b = ep.bias ? ep.bias[o] : T(0);
     T* plane = y + (n * q.O + o) * q.HO * q.WO;
+    const T* res_plane = ep.residual ? ep.residual + (n * q.O + o) * q.HO * q.WO : nullptr;
     for (int64_t ty = 0; ty < q.TH; ++ty) {
       const T* m = M + o * q.P + n * tiles + ty * q.TW;
       for (int64_t i = 0; i < q.TW; ++i) {
@@ -500,21 +527,25 @@ LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, b
           s[0][j] = m0 + m1 + m2;
           s[1][j] = m1 - m2 - m3;
         }
-        for (int a = 0; a < 2; ++a) {
-          T v0 = s[a][0] + s[a][1] + s[a][2] + b;
-          T v1 = s[a][1] - s[a][2] - s[a][3] + b;
-          if (relu) {  // as lucid::relu: v <= 0 ? +0 : v
-            v0 = v0 <= 0 ? T(0) : v0;
-            v1 = v1 <= 0 ? T(0) : v1;
+        for (int r = 0; r < 2; ++r) {
+          T v0 = s[r][0] + s[r][1] + s[r][2];
+          T v1 = s[r][1] - s[r][2] - s[r][3];
+          if (ep.scale) {
+            v0 *= a;
+            v1 *= a;
           }
-          out[(a * 2 + 0) * q.TW + i] = v0;
-          out[(a * 2 + 1) * q.TW + i] = v1;
+          out[(r * 2 + 0) * q.TW + i] = v0 + b;
+          out[(r * 2 + 1) * q.TW + i] = v1 + b;
         }
       }
-      for (int a = 0; a < 2 && 2 * ty + a < q.HO; ++a) {
-        T* row = plane + (2 * ty + a) * q.WO;
-        for (int64_t wcol = 0; wcol < q.WO; ++wcol)
-          row[wcol] = out[(a * 2 + (wcol & 1)) * q.TW + (wcol >> 1)];
+      for (int r = 0; r < 2 && 2 * ty + r < q.HO; ++r) {
+        T* row = plane + (2 * ty + r) * q.WO;
+        const T* res = res_plane ? res_plane + (2 * ty + r) * q.WO : nullptr;
+        for (int64_t wcol = 0; wcol < q.WO; ++wcol) {
+          T v = out[(r * 2 + (wcol & 1)) * q.TW + (wcol >> 1)];
+          if (res) v += res[wcol];
+          row[wcol] = ep.relu && v <= 0 ? T(0) : v;  // as lucid::relu: v <= 0 ? +0 : v
+        }
       }
     }
   }
@@ -523,9 +554,9 @@ LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, b
 // The kernels compiled for the baseline ISA and for AVX2 + FMA, picked at run time.
 #define LUCID_CONV_KERNELS(suffix, attr)                                                          \
   template <class T>                                                                            \
-  attr void forward_##suffix(const Plan& q, const T* x, const T* wp, const T* bias, bool relu,  \
+  attr void forward_##suffix(const Plan& q, const T* x, const T* wp, const ConvEpilogue<T>& ep, \
                              T* y, int64_t n0, int64_t n1) {                                    \
-    forward_images<T, false>(q, x, wp, bias, relu, y, n0, n1);                                  \
+    forward_images<T, false>(q, x, wp, ep, y, n0, n1);                                          \
   }                                                                                             \
   template <class T>                                                                            \
   attr bool grad_##suffix(const Plan& q, const T* x, const T* dy, int64_t n0, int64_t images,   \
@@ -541,9 +572,9 @@ LUCID_ALWAYS_INLINE void wino_output(const Wino& q, const T* M, const T* bias, b
     wino_weights(q, w, U, o0, o1);                                                              \
   }                                                                                             \
   template <class T>                                                                            \
-  attr void wino_output_##suffix(const Wino& q, const T* M, const T* bias, bool relu, T* y,     \
+  attr void wino_output_##suffix(const Wino& q, const T* M, const ConvEpilogue<T>& ep, T* y,   \
                                  int64_t j0, int64_t j1) {                                      \
-    wino_output(q, M, bias, relu, y, j0, j1);                                                   \
+    wino_output(q, M, ep, y, j0, j1);                                                           \
   }
 
 LUCID_CONV_KERNELS(base, )
@@ -556,9 +587,9 @@ bool has_avx2() {
 #else
 bool has_avx2() { return false; }
 template <class T>
-void forward_avx2(const Plan& q, const T* x, const T* wp, const T* bias, bool relu, T* y,
+void forward_avx2(const Plan& q, const T* x, const T* wp, const ConvEpilogue<T>& ep, T* y,
                   int64_t n0, int64_t n1) {
-  forward_base(q, x, wp, bias, relu, y, n0, n1);
+  forward_base(q, x, wp, ep, y, n0, n1);
 }
 template <class T>
 bool grad_avx2(const Plan& q, const T* x, const T* dy, int64_t n0, int64_t images, T* part) {
@@ -573,9 +604,9 @@ void wino_weights_avx2(const Wino& q, const T* w, T* U, int64_t o0, int64_t o1) 
   wino_weights_base(q, w, U, o0, o1);
 }
 template <class T>
-void wino_output_avx2(const Wino& q, const T* M, const T* bias, bool relu, T* y, int64_t j0,
+void wino_output_avx2(const Wino& q, const T* M, const ConvEpilogue<T>& ep, T* y, int64_t j0,
                       int64_t j1) {
-  wino_output_base(q, M, bias, relu, y, j0, j1);
+  wino_output_base(q, M, ep, y, j0, j1);
 }
 #endif
 
@@ -583,9 +614,9 @@ void wino_output_avx2(const Wino& q, const T* M, const T* bias, bool relu, T* y,
 // weight gradient. The Winograd transforms stay on AVX2: they vectorize over a plane's tile
 // columns (2 to 4 in workload G), and their GEMMs are the sgemm's own AVX-512 tile.
 template <class T>
-LUCID_TARGET_AVX512 void forward_avx512(const Plan& q, const T* x, const T* wp, const T* bias,
-                                 bool relu, T* y, int64_t n0, int64_t n1) {
-  forward_images<T, true>(q, x, wp, bias, relu, y, n0, n1);
+LUCID_TARGET_AVX512 void forward_avx512(const Plan& q, const T* x, const T* wp,
+                                        const ConvEpilogue<T>& ep, T* y, int64_t n0, int64_t n1) {
+  forward_images<T, true>(q, x, wp, ep, y, n0, n1);
 }
 template <class T>
 LUCID_TARGET_AVX512 bool grad_avx512(const Plan& q, const T* x, const T* dy, int64_t n0,
@@ -615,12 +646,12 @@ bool fits(const Plan& q, size_t elem) {
 }
 
 template <class T>
-void run_forward(Isa isa, const Plan& q, const T* x, const T* wp, const T* bias, bool relu,
+void run_forward(Isa isa, const Plan& q, const T* x, const T* wp, const ConvEpilogue<T>& ep,
                  T* y) {
   parallel_for(q.N, 1, [&](int64_t n0, int64_t n1) {
-    if (isa == Isa::avx512) forward_avx512(q, x, wp, bias, relu, y, n0, n1);
-    else if (isa == Isa::avx2) forward_avx2(q, x, wp, bias, relu, y, n0, n1);
-    else forward_base(q, x, wp, bias, relu, y, n0, n1);
+    if (isa == Isa::avx512) forward_avx512(q, x, wp, ep, y, n0, n1);
+    else if (isa == Isa::avx2) forward_avx2(q, x, wp, ep, y, n0, n1);
+    else forward_base(q, x, wp, ep, y, n0, n1);
   });
 }
 
@@ -639,8 +670,8 @@ bool winograd_applies(const ConvShape& s) {
 
 // float32 only: the float64 kernels serve the finite-difference checks, where the direct sum's
 // rounding is wanted.
-bool winograd_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                      bool relu, float* y) {
+bool winograd_forward(const ConvShape& s, const float* x, const float* w,
+                      const ConvEpilogue<float>& ep, float* y) {
   using T = float;
   if (!winograd_applies(s)) return false;
   if (!all_finite(x, s.N * s.C * s.H * s.W) || !all_finite(w, s.O * s.C * 9)) return false;
@@ -667,8 +698,8 @@ bool winograd_forward(const ConvShape& s, const float* x, const float* w, const 
           0.0f, M + xi * q.O * q.P, q.P);
   const int64_t out_plane = std::max<int64_t>(1, q.HO * q.WO);
   parallel_for(q.N * q.O, std::max<int64_t>(1, 4096 / out_plane), [&](int64_t j0, int64_t j1) {
-    if (avx2) wino_output_avx2(q, M, bias, relu, y, j0, j1);
-    else wino_output_base(q, M, bias, relu, y, j0, j1);
+    if (avx2) wino_output_avx2(q, M, ep, y, j0, j1);
+    else wino_output_base(q, M, ep, y, j0, j1);
   });
   return true;
 }
@@ -686,7 +717,8 @@ Plan forward_plan(const ConvShape& s, int64_t lanes) {
 
 // The shifted-view kernel, for stride-1 convolutions whose weights and image fit in L2.
 template <class T>
-bool direct_forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
+bool direct_forward(const ConvShape& s, const T* x, const T* w, const ConvEpilogue<T>& ep,
+                    T* y) {
   if (s.sh != 1 || s.sw != 1) return false;
   const Isa isa = conv_isa();
   Plan q = forward_plan(s, lanes<T>(isa));
@@ -696,7 +728,7 @@ bool direct_forward(const ConvShape& s, const T* x, const T* w, const T* bias, b
     for (int64_t o = 0; o < q.cout; ++o)
       for (int64_t k = 0; k < q.K; ++k)
         wp[(gr * q.K + k) * q.ldw + o] = w[(gr * q.cout + o) * q.K + k];
-  run_forward(isa, q, x, wp.data(), bias, relu, y);
+  run_forward(isa, q, x, wp.data(), ep, y);
   return true;
 }
 
@@ -727,7 +759,7 @@ bool direct_data_grad(const ConvShape& s, const T* dy, const T* w, T* dx) {
           }
   // A padded zero of dy times an infinite weight would be NaN where the reference has none.
   if (!all_finite(w, s.O * cg * s.KH * s.KW)) return false;
-  run_forward(isa, q, dy, wp.data(), static_cast<const T*>(nullptr), false, dx);
+  run_forward(isa, q, dy, wp.data(), ConvEpilogue<T>{}, dx);
   return true;
 }
 
@@ -819,8 +851,8 @@ int64_t phase_tap(const ConvShape& s, int64_t o, int64_t cp, int64_t a, int64_t 
   return i < s.KH && j < s.KW ? ((o * s.C + c) * s.KH + i) * s.KW + j : -1;
 }
 
-bool phase_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                   bool relu, float* y) {
+bool phase_forward(const ConvShape& s, const float* x, const float* w,
+                   const ConvEpilogue<float>& ep, float* y) {
   // A zero tap times an inf or NaN (or a tap times a phase's zero fill) would be NaN where the
   // reference has none: such calls take im2col.
   if (!phases_apply(s) || !all_finite(x, s.N * s.C * s.H * s.W) ||
@@ -835,7 +867,7 @@ bool phase_forward(const ConvShape& s, const float* x, const float* w, const flo
           const int64_t t = phase_tap(s, o, cp, a, b);
           wq[((o * q.C + cp) * q.KH + a) * q.KW + b] = t < 0 ? 0.0f : w[t];
         }
-  return direct_forward(q, make_phases(s, q, x), wq.data(), bias, relu, y);
+  return direct_forward(q, make_phases(s, q, x), wq.data(), ep, y);
 }
 
 bool phase_weights_grad(const ConvShape& s, const float* x, const float* dy, float* dw) {
@@ -864,12 +896,12 @@ constexpr int64_t kMaxImplicitPlane = 64;
 // float32 strided first layers over their phases, small planes as an implicit GEMM, Winograd,
 // then the implicit GEMM for the rest.
 template <class T>
-bool forward(const ConvShape& s, const T* x, const T* w, const T* bias, bool relu, T* y) {
-  if (direct_forward(s, x, w, bias, relu, y)) return true;
+bool forward(const ConvShape& s, const T* x, const T* w, const ConvEpilogue<T>& ep, T* y) {
+  if (direct_forward(s, x, w, ep, y)) return true;
   if constexpr (std::is_same_v<T, float>)
-    return phase_forward(s, x, w, bias, relu, y) ||
-           (s.HO * s.WO <= kMaxImplicitPlane && conv_im2col_forward(s, x, w, bias, relu, y)) ||
-           winograd_forward(s, x, w, bias, relu, y) || conv_im2col_forward(s, x, w, bias, relu, y);
+    return phase_forward(s, x, w, ep, y) ||
+           (s.HO * s.WO <= kMaxImplicitPlane && conv_im2col_forward(s, x, w, ep, y)) ||
+           winograd_forward(s, x, w, ep, y) || conv_im2col_forward(s, x, w, ep, y);
   return false;
 }
 
@@ -892,13 +924,13 @@ bool weights_grad(const ConvShape& s, const T* x, const T* dy, T* dw) {
 
 }  // namespace
 
-bool conv2d_direct_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                           bool relu, float* y) {
-  return forward(s, x, w, bias, relu, y);
+bool conv2d_direct_forward(const ConvShape& s, const float* x, const float* w,
+                           const ConvEpilogue<float>& ep, float* y) {
+  return forward(s, x, w, ep, y);
 }
 bool conv2d_direct_forward(const ConvShape& s, const double* x, const double* w,
-                           const double* bias, bool relu, double* y) {
-  return forward(s, x, w, bias, relu, y);
+                           const ConvEpilogue<double>& ep, double* y) {
+  return forward(s, x, w, ep, y);
 }
 bool conv2d_direct_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx) {
   return data_grad(s, dy, w, dx);

@@ -6,10 +6,10 @@
 // im2col matrix for the forward, its transpose for the weight gradient) is gathered from it
 // through two offset tables, blocks of it in parallel, into sgemm_prepacked's layout: no im2col
 // matrix is written and read back. The forward's [O][N*HO*WO] product is scattered into NCHW
-// through the bias and ReLU. The data gradient is one GEMM into an im2col-shaped matrix whose
-// columns are summed back into planes (col2im) channel by channel in parallel.
-// linalg.cpp's fallback computes the same GEMMs with every copy on one thread and the bias in a
-// pass of its own.
+// through the epilogue (scale, bias, residual, ReLU). The data gradient is one GEMM into an
+// im2col-shaped matrix whose columns are summed back into planes (col2im) channel by channel in
+// parallel. linalg.cpp's fallback computes the same GEMMs with every copy on one thread and the
+// epilogue in a pass of its own.
 //
 // Lucid's sgemm splits each product over blocks of rows or columns, never the contraction, and
 // every copy, packed block or col2im plane is one thread's, so the results do not depend on the
@@ -250,8 +250,8 @@ float* gathered_operand(const ConvShape& s, const Gather& g, const float* x, boo
   return packed;
 }
 
-bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                    bool relu, float* y) {
+bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w,
+                         const ConvEpilogue<float>& ep, float* y) {
   if (!im2col_fits(s) || s.pt < 0 || s.pl < 0) return false;
   const int64_t K = s.C * s.KH * s.KW, HW = s.HO * s.WO, cols = s.N * HW;
   const Gather g = gather_plan(s);
@@ -264,10 +264,12 @@ bool conv_im2col_forward(const ConvShape& s, const float* x, const float* w, con
       const int64_t n = job / s.O, o = job % s.O;
       const float* src = product + o * cols + n * HW;
       float* dst = y + job * HW;
-      const float b = bias ? bias[o] : 0.0f;
+      const float* res = ep.residual ? ep.residual + job * HW : nullptr;
+      const float a = ep.scale ? ep.scale[o] : 1.0f, b = ep.bias ? ep.bias[o] : 0.0f;
       for (int64_t p = 0; p < HW; ++p) {
-        const float v = src[p] + b;
-        dst[p] = relu && v <= 0 ? 0.0f : v;  // as lucid::relu: NaN stays NaN, -0 becomes +0
+        float v = ep.scale ? src[p] * a + b : src[p] + b;
+        if (res) v += res[p];
+        dst[p] = ep.relu && v <= 0 ? 0.0f : v;  // as lucid::relu: NaN stays NaN, -0 becomes +0
       }
     }
   });

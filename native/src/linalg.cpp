@@ -437,16 +437,19 @@ T* scratch(size_t n) {
   return reinterpret_cast<T*>(buf.data());
 }
 
-// conv2d_bias's epilogue after an im2col + BLAS convolution: y = relu?(y + bias[channel]).
+// conv2d_bias's epilogue after an im2col + BLAS convolution (see ConvEpilogue).
 template <class T>
-void add_bias_relu(const ConvGeom& g, const T* bias, bool relu, T* y) {
+void apply_epilogue(const ConvGeom& g, const ConvEpilogue<T>& ep, T* y) {
   for (int64_t n = 0; n < g.N; ++n)
     for (int64_t o = 0; o < g.O; ++o) {
-      T* p = y + (n * g.O + o) * g.howo();
-      const T b = bias[o];
+      const int64_t at = (n * g.O + o) * g.howo();
+      T* p = y + at;
+      const T* res = ep.residual ? ep.residual + at : nullptr;
+      const T a = ep.scale ? ep.scale[o] : T(1), b = ep.bias ? ep.bias[o] : T(0);
       for (int64_t i = 0; i < g.howo(); ++i) {
-        const T v = p[i] + b;
-        p[i] = relu ? lucid::relu(v) : v;
+        T v = ep.scale ? p[i] * a + b : p[i] + b;
+        if (res) v += res[i];
+        p[i] = ep.relu ? lucid::relu(v) : v;
       }
     }
 }
@@ -454,13 +457,13 @@ void add_bias_relu(const ConvGeom& g, const T* bias, bool relu, T* y) {
 template <class T>
 void conv_forward_im2col(const ConvGeom& g, const T* x, const T* w, T* y);
 
-// y = conv(x, w), plus bias[channel] and then ReLU for conv2d_bias (bias non-null).
+// y = epilogue(conv(x, w)) (conv2d_bias's scale, bias, residual and ReLU; none for conv2d).
 template <class T>
-void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y, const T* bias = nullptr,
-                  bool relu = false) {
-  if (conv2d_direct_forward(g.shape(), x, w, bias, relu, y)) return;
+void conv_forward(const ConvGeom& g, const T* x, const T* w, T* y,
+                  const ConvEpilogue<T>& ep = {}) {
+  if (conv2d_direct_forward(g.shape(), x, w, ep, y)) return;
   conv_forward_im2col(g, x, w, y);
-  if (bias) add_bias_relu(g, bias, relu, y);
+  if (ep.scale || ep.bias || ep.residual || ep.relu) apply_epilogue(g, ep, y);
 }
 
 template <class T>
@@ -544,8 +547,12 @@ void conv_weights_grad(const ConvGeom& g, const T* x, const T* dy, T* dw) {
 
 Step make_conv(const Program& p, const Instr& in) {
   int a = in.in[0], b = in.in[1], o = in.out[0];
-  const int bias = in.op == Op::conv2d_bias ? in.in[2] : -1;
-  const bool relu = in.op == Op::conv2d_bias && attr_bool(in, "relu");
+  // conv2d_bias(x, w, bias[, scale[, residual]]).
+  const bool fused = in.op == Op::conv2d_bias;
+  const int bias = fused ? in.in[2] : -1;
+  const int scale = fused && in.in.size() > 3 ? in.in[3] : -1;
+  const int residual = fused && in.in.size() > 4 ? in.in[4] : -1;
+  const bool relu = fused && attr_bool(in, "relu");
   DType d = p.slots[o].dtype;
   ConvGeom g;
   if (in.op == Op::conv2d || in.op == Op::conv2d_bias) g = conv_geom(in, p.slots[a].shape, p.slots[b].shape, p.slots[o].shape);
@@ -553,12 +560,21 @@ Step make_conv(const Program& p, const Instr& in) {
     g = conv_geom(in, p.slots[o].shape, p.slots[b].shape, p.slots[a].shape);
   else g = conv_geom(in, p.slots[a].shape, p.slots[o].shape, p.slots[b].shape);
   Op op = in.op;
+  auto epilogue = [=](void* const* s, auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    ConvEpilogue<T> ep;
+    ep.bias = static_cast<const T*>(s[bias]);
+    if (scale >= 0) ep.scale = static_cast<const T*>(s[scale]);
+    if (residual >= 0) ep.residual = static_cast<const T*>(s[residual]);
+    ep.relu = relu;
+    return ep;
+  };
   return [=](void* const* s) {
     if (d == DType::F32) {
       auto* x = static_cast<const float*>(s[a]);
       auto* y = static_cast<const float*>(s[b]);
       auto* out = static_cast<float*>(s[o]);
-      if (op == Op::conv2d_bias) conv_forward(g, x, y, out, static_cast<const float*>(s[bias]), relu);
+      if (op == Op::conv2d_bias) conv_forward(g, x, y, out, epilogue(s, static_cast<float*>(nullptr)));
       else if (op == Op::conv2d) conv_forward(g, x, y, out);
       else if (op == Op::conv2d_data_grad) conv_data_grad(g, x, y, out);
       else conv_weights_grad(g, x, y, out);
@@ -566,7 +582,7 @@ Step make_conv(const Program& p, const Instr& in) {
       auto* x = static_cast<const double*>(s[a]);
       auto* y = static_cast<const double*>(s[b]);
       auto* out = static_cast<double*>(s[o]);
-      if (op == Op::conv2d_bias) conv_forward(g, x, y, out, static_cast<const double*>(s[bias]), relu);
+      if (op == Op::conv2d_bias) conv_forward(g, x, y, out, epilogue(s, static_cast<double*>(nullptr)));
       else if (op == Op::conv2d) conv_forward(g, x, y, out);
       else if (op == Op::conv2d_data_grad) conv_data_grad(g, x, y, out);
       else conv_weights_grad(g, x, y, out);

@@ -396,7 +396,6 @@ size_t expected_operands(Op op) {
     case Op::conv2d_data_grad: case Op::conv2d_weights_grad: case Op::max_pool2d_grad:
     case Op::max_pool2d_relu_grad:
       return 2;
-    case Op::conv2d_bias: return 3;
     case Op::scatter_add: case Op::scatter_add_along_axis: return 3;
     case Op::matmul_accumulate: return 4;
     case Op::layer_norm: case Op::attention: return 3;
@@ -483,6 +482,10 @@ Slot infer(const Program& p, const Instr& in) {
     if (in.in.size() < 2 || in.in.size() > 4)
       fail("takes 2 to 4 operands (a, b, then an optional bias row and an optional addend of "
            "the output's shape), got " + std::to_string(in.in.size()));
+  } else if (op == Op::conv2d_bias) {
+    if (in.in.size() < 3 || in.in.size() > 5)
+      fail("takes 3 to 5 operands (x, w, a bias, then an optional scale and an optional residual "
+           "of the output's shape), got " + std::to_string(in.in.size()));
   } else if (in.in.size() != expected_operands(op)) {
     fail("takes " + std::to_string(expected_operands(op)) + " operand(s), got " +
          std::to_string(in.in.size()));
@@ -726,12 +729,17 @@ Slot infer(const Program& p, const Instr& in) {
       need_dtype(is_float(x.dtype), x, "a float dtype");
       attr_bool(in, "relu");
       Shape out = conv_shape(in, x.shape, c.arg(1).shape);
-      const Shape& b = c.arg(2).shape;
       const int64_t o = out[1];
-      if (b != Shape{o} && b != Shape{o, 1, 1} && b != Shape{1, o, 1, 1})
-        fail("bias needs one value per output channel ([" + std::to_string(o) + "], [" +
-             std::to_string(o) + ", 1, 1] or [1, " + std::to_string(o) + ", 1, 1]), got " +
-             shape_str(b));
+      for (size_t i = 2; i < std::min<size_t>(in.in.size(), 4); ++i) {
+        const Shape& b = c.arg(i).shape;
+        if (b != Shape{o} && b != Shape{o, 1, 1} && b != Shape{1, o, 1, 1})
+          fail(std::string(i == 2 ? "bias" : "scale") + " needs one value per output channel ([" +
+               std::to_string(o) + "], [" + std::to_string(o) + ", 1, 1] or [1, " +
+               std::to_string(o) + ", 1, 1]), got " + shape_str(b));
+      }
+      if (in.in.size() > 4 && c.arg(4).shape != out)
+        fail("residual needs the output's shape " + shape_str(out) + ", got " +
+             shape_str(c.arg(4).shape));
       return Slot{out, x.dtype};
     }
     case Op::conv2d_data_grad: {

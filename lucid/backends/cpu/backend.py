@@ -148,7 +148,8 @@ class CPUBackend(Backend):
             return None
 
     # /2: attention and attention_grad carry ``causal``, which a /1 reader would ignore.
-    program_format = "lucid-cpu-program/2"
+    # /3: conv2d_bias takes an optional scale and residual (x, w, bias[, scale[, residual]]).
+    program_format = "lucid-cpu-program/3"
 
     def export_program(self, module: Any, *, inplace_updates: bool = True) -> str:
         """The program description ``lucid._native.compile`` takes, as JSON (``inplace_updates``

@@ -144,10 +144,15 @@ def _layer_norm_grad_reference(args: list[np.ndarray], attrs: dict) -> tuple[np.
 
 
 def _conv2d_bias_reference(args: list[np.ndarray], attrs: dict) -> np.ndarray:
-    x, w, bias = args
+    # conv2d_bias(x, w, bias[, scale[, residual]]) = relu?(conv * scale + bias + residual).
+    x, w, bias, *rest = args
     conv_attrs = {k: v for k, v in attrs.items() if k != "relu"}
     (out,) = prim_ops.evaluate("conv2d", [x, w], conv_attrs)
+    if rest:
+        out = out * rest[0].reshape(1, -1, 1, 1)
     out = out + bias.reshape(1, -1, 1, 1)
+    if len(rest) > 1:
+        out = out + rest[1]
     return np.where(out < 0, out.dtype.type(0), out) if attrs["relu"] else out
 
 

@@ -24,11 +24,23 @@ struct ConvShape {
   int64_t N, C, H, W, O, KH, KW, HO, WO, G, sh, sw, dh, dw, pt, pl;
 };
 
-// y = conv(x, w) (+ bias[o]) (then relu when `relu`); bias may be null.
-bool conv2d_direct_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                           bool relu, float* y);
+// What a forward convolution applies to each output value v of channel o before storing it:
+// relu?(v * scale[o] + bias[o] + residual[i]), i the value's NCHW index in y. Null pointers are
+// left out (scale: 1, bias and residual: 0). conv2d_bias's operands: an inference BatchNorm
+// folded into its convolution is the scale and bias, the skip of a residual block the residual.
+template <class T>
+struct ConvEpilogue {
+  const T* scale = nullptr;
+  const T* bias = nullptr;
+  const T* residual = nullptr;  // [N, O, HO, WO], like y (never y itself)
+  bool relu = false;
+};
+
+// y = epilogue(conv(x, w)).
+bool conv2d_direct_forward(const ConvShape& s, const float* x, const float* w,
+                           const ConvEpilogue<float>& ep, float* y);
 bool conv2d_direct_forward(const ConvShape& s, const double* x, const double* w,
-                           const double* bias, bool relu, double* y);
+                           const ConvEpilogue<double>& ep, double* y);
 // dx = the gradient of conv(x, w) with respect to x, given dy.
 bool conv2d_direct_data_grad(const ConvShape& s, const float* dy, const float* w, float* dx);
 bool conv2d_direct_data_grad(const ConvShape& s, const double* dy, const double* w, double* dx);

@@ -47,8 +47,10 @@ using Attrs = std::map<std::string, AttrValue>;
 // matmul, plus an optional bias row) and `layer_norm` (over the last axis, one pass per row),
 // `attention` / `attention_grad` (softmax(alpha * Q Kᵀ) V per head, and its gradient; see
 // attention.cpp), which the CPU backend's kernel fusion (lucid/backends/cpu/kernel_fusion.py)
-// emits, and `conv2d_bias` (conv2d + a per-channel bias, then ReLU if `relu`) and `max_pool2d_relu_grad`
-// (max_pool2d_grad masked where the pooled input is not > 0) from conv_fusion.py.
+// emits, and `conv2d_bias` (x, w, bias[, scale[, residual]]: conv2d times an optional
+// per-channel scale, plus a per-channel bias and an optional residual of the output's shape, then
+// ReLU if `relu`) and `max_pool2d_relu_grad` (max_pool2d_grad masked where the pooled input is
+// not > 0) from conv_fusion.py.
 #define LUCID_UNARY_OPS(X)                                                                       \
   X(neg) X(abs) X(sign) X(square) X(relu) X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(rsqrt)       \
   X(reciprocal) X(sin) X(cos) X(tan) X(tanh) X(sigmoid) X(erf) X(floor) X(ceil) X(round)         \

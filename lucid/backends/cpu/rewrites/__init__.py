@@ -74,6 +74,7 @@ REWRITES = (
     half.fold_half_operands,  # after the output folds: the next layer reads their half values
     gemm.mark_shared_operands,  # after every fold that changes a product's operands
     conv.fold_conv_bias_relu,
+    conv.fold_conv_affine,  # after fold_conv_bias_relu: a folded bias is its chain's first step
     conv.fold_max_pool_relu_grad,
 )
 
