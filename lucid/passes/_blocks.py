@@ -54,31 +54,36 @@ def merge_common(block: x.Block, stage: str) -> None:
     """Replace each pure op by an earlier identical one (same name, operands, properties,
     attributes and result types; ``stage``: the pass, for the visit counters)."""
     # Keyed by name and operands (values hash by identity); the properties, attributes and
-    # result types are compared only between ops that share those. Hashing them for every op
-    # (nested attribute dataclasses, none of which caches its hash) was most of the sweep.
-    # Ops without operands (constants) differ only in those, so they are keyed by all of it.
-    seen: dict[tuple, list[x.Operation]] = {}
+    # result types are hashed only for ops that share those with an earlier op (then each of
+    # them is keyed by its details in a dict of its own: a value sliced at T offsets is T ops
+    # of one name and operand). Hashing them for every op (nested attribute dataclasses, none
+    # of which caches its hash) was most of the sweep. Ops without operands (constants)
+    # differ only in those, so they are keyed by all of it.
+    seen: dict[tuple, x.Operation | dict[tuple, x.Operation]] = {}
     op = block.first_op
     while op is not None:
         visits.count(stage)
         nxt = op.next_op
         if op.results and _is_pure(op):
             operands = tuple(op.operands)
-            if operands:
-                key: tuple = (op.name, operands)
-            else:
-                key = (op.name, *_details(op))
-            earlier = seen.get(key)
             first = None
-            if earlier is None:
-                seen[key] = [op]
-            elif not operands:
-                first = earlier[0]
-            else:
-                details = _details(op)
-                first = next((e for e in earlier if _details(e) == details), None)
+            if not operands:
+                key = (op.name, *_details(op))
+                first = seen.get(key)  # type: ignore[assignment]
                 if first is None:
-                    earlier.append(op)
+                    seen[key] = op
+            else:
+                key = (op.name, operands)
+                entry = seen.get(key)
+                if entry is None:
+                    seen[key] = op
+                else:
+                    if not isinstance(entry, dict):
+                        entry = seen[key] = {_details(entry): entry}
+                    details = _details(op)
+                    first = entry.get(details)
+                    if first is None:
+                        entry[details] = op
             if first is not None:
                 for old, new in zip(op.results, first.results, strict=True):
                     old.replace_all_uses_with(new)

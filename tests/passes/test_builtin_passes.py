@@ -161,6 +161,21 @@ def test_cse_compares_attributes_among_ops_of_the_same_operands_and_keys_constan
     assert "func.return %s0, %s1, %s0, %s1" in out.replace("\n", " ")
 
 
+def test_cse_hashes_the_details_of_ops_sharing_an_operand_once_each(monkeypatch):
+    # One value read at 200 offsets: 200 ops of one name and operand that differ only in their
+    # attributes. Each one's details are computed once (no comparison with every earlier one:
+    # that made cse quadratic in an unrolled LSTM's time steps).
+    from lucid.passes import _blocks
+
+    calls = []
+    details = _blocks._details
+    monkeypatch.setattr(_blocks, "_details", lambda op: calls.append(op) or details(op))
+    m = _module(lambda a: sum(a[i] for i in range(200)), (200, 3))
+    n = sum(1 for line in print_ir(m).splitlines() if " = lucid." in line)
+    _check_same_results(m, "cse")
+    assert 200 <= len(calls) <= n + 1, (len(calls), n)
+
+
 def test_dce_removes_dead_chains_only():
     def f(a):
         dead = (a * 3).exp().sum()  # noqa: F841  (traced, then unused)
