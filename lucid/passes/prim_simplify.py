@@ -108,17 +108,16 @@ def fold_scaled_products_into_accumulate(block: x.Block) -> None:
     visits.count(STAGE, len(ops))
     for op in ops:
         # The opcode first: comparing tensor types (or an ABC isinstance) per op costs more,
-        # and an optimizer's update is mostly adds and subs of other things than products.
+        # and an optimizer's update is mostly adds and subs of other things than products
+        # (which ``_scaled_product`` turns down by their opcodes, before the type test here).
         name = op.name
         if name != "prim.add" and name != "prim.sub" or not isinstance(op, PrimIROp):
             continue
         operands = tuple(op.operands)
         for ci in (0, 1) if name == "prim.add" else (0,):
             c, term = operands[ci], operands[1 - ci]
-            if getattr(term.owner, "name", None) != "prim.mul" or c.type != op.results[0].type:
-                continue
             found = _scaled_product(term)
-            if found is None:
+            if found is None or c.type != op.results[0].type:
                 continue
             mm, scale = found
             new_ops = []

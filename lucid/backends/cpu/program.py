@@ -273,21 +273,14 @@ class Program:
         own lists of Avals and Instrs, which the native compile reads in place: for a caller that
         only reads it (the backend's native compile; building a description of a large program
         was a walk over cold objects and as much garbage again)."""
-        if not copy:
-            return {
-                "slots": self.slots,
-                "instrs": self.instrs,
-                "feeds": self.feeds,
-                "results": self.results,
-                "inplace": self.inplace,
-            }
-        return {
-            "slots": [(a.shape, a.dtype) for a in self.slots],
-            "instrs": [_describe_instr(i) for i in self.instrs],
-            "feeds": list(self.feeds),
-            "results": list(self.results),
-            "inplace": dict(self.inplace),
+        shared = {
+            "slots": self.slots,
+            "instrs": self.instrs,
+            "feeds": self.feeds,
+            "results": self.results,
+            "inplace": self.inplace,
         }
+        return shared if not copy else plain_description(shared)
 
     def dump(self) -> str:
         """Readable text, one instruction a line."""
