@@ -98,6 +98,10 @@ def _tensors_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
     return out
 
 
+def _submodules_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
+    return [pair for m in modules for pair in m.named_modules()]
+
+
 def training_modes(modules: list[Module]) -> bool | tuple[bool, tuple[str, ...]]:
     """The training modes of ``modules`` and all their submodules, compactly: the first
     module's flag when every module agrees (False for none), else ``(that flag, sorted names of
@@ -127,12 +131,15 @@ class Bound:
     structure version they were read at. ``stale()`` is the per-call O(1) check. ``mode`` is
     ``training_modes(modules)`` as of ``mode_version`` (``modes()`` brings it up to date)."""
 
-    __slots__ = ("mode", "mode_version", "modules", "tensors", "version")
+    __slots__ = ("mode", "mode_version", "modules", "submodules", "tensors", "version")
 
     def __init__(self, modules: list[Module]):
         self.modules = modules
         self.version = STRUCTURE_VERSION[0]
         self.tensors = _tensors_of(modules)
+        # Submodules by identity too: one without parameters (an activation) swapped for
+        # another changes the graph as much as a replaced weight does.
+        self.submodules = _submodules_of(modules)
         self.mode_version = MODE_VERSION[0]
         self.mode = training_modes(modules)
 
@@ -151,12 +158,14 @@ class Bound:
         object (or names came or went). Either way the version is brought up to date."""
         self.version = STRUCTURE_VERSION[0]
         self.mode_version = -1  # submodules may have come or gone: re-read the modes too
-        now = _tensors_of(self.modules)
-        old = self.tensors
-        self.tensors = now
-        if len(now) != len(old):
-            return True
-        return any(a[0] != b[0] or a[1] is not b[1] for a, b in zip(now, old, strict=True))
+        now, subs = _tensors_of(self.modules), _submodules_of(self.modules)
+        pairs = [(now, self.tensors), (subs, self.submodules)]
+        self.tensors, self.submodules = now, subs
+        return any(
+            len(a) != len(b)
+            or any(x[0] != y[0] or x[1] is not y[1] for x, y in zip(a, b, strict=False))
+            for a, b in pairs
+        )
 
     def replaced(self, old_tensors: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """The (name, tensor) pairs of ``old_tensors`` no longer held by the modules."""

@@ -51,8 +51,11 @@ def _dim(d: Any) -> Any:
 
 
 def _sig_diffs(where: str, old: Any, new: Any) -> list[Difference]:
-    if old == new:
-        return []
+    try:
+        if old is new or bool(old == new):
+            return []
+    except (TypeError, ValueError, RuntimeError):  # a value whose == is elementwise (a tensor)
+        pass
     if _is_tensor_sig(old) and _is_tensor_sig(new):
         (oshape, odt, org), (nshape, ndt, nrg) = (
             (tuple(old) + (False,))[:3],

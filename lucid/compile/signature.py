@@ -187,18 +187,34 @@ def step_input_sig(inputs: tuple) -> tuple:
     """A training step's key of its inputs: ``(shape, numpy dtype)`` per tensor (a step's
     gradients are always taken), ``(type, value)`` per other input."""
     try:  # the hot path: every input a concrete tensor
-        return tuple([(a._data.shape, a._data.dtype) for a in inputs])
+        sig = tuple([(a._data.shape, a._data.dtype) for a in inputs])
     except AttributeError:
         return _input_sig_slow(inputs)
+    for i, a in enumerate(inputs):
+        if a._requires_grad:
+            _refuse_grad_input(i)
+    return sig
+
+
+def _refuse_grad_input(i: int) -> None:
+    from lucid.compile.errors import CompileError
+
+    raise CompileError(
+        f"a training step's input {i} requires grad (a parameter, or a tensor computed from "
+        "one): the compiled step feeds its inputs as constants, so no gradient would reach it "
+        "or what it was computed from. Pass it detached (x.detach()), or train eagerly"
+    )
 
 
 def _input_sig_slow(inputs: tuple) -> tuple:
     sig = []
-    for a in inputs:
+    for i, a in enumerate(inputs):
         if isinstance(a, Tensor):
             d = a._data
             if d is None:
                 raise TypeError("a training step cannot take a trace tensor as input")
+            if a._requires_grad:
+                _refuse_grad_input(i)
             sig.append((d.shape, d.dtype))
         else:
             try:
@@ -208,5 +224,23 @@ def _input_sig_slow(inputs: tuple) -> tuple:
                     f"a training step's non-tensor inputs must be hashable (they are baked into "
                     f"the compiled step), got {type(a).__name__}"
                 ) from None
+            if _holds_tensor(a):
+                # Hashable by the tensors' identities: baked in, every call would compile anew.
+                raise TypeError(
+                    f"a training step's inputs are tensors or hashable constants, not a "
+                    f"{type(a).__name__} holding tensors (they would be baked into the compiled "
+                    "step as constants, compiled anew each call): give the model one tensor "
+                    "(concatenate the parts and split them in forward), or train it eagerly"
+                )
             sig.append((type(a), a))
     return tuple(sig)
+
+
+def _holds_tensor(obj: Any) -> bool:
+    if isinstance(obj, Tensor):
+        return True
+    if isinstance(obj, (tuple, list, set, frozenset)):
+        return any(_holds_tensor(e) for e in obj)
+    if isinstance(obj, dict):
+        return any(_holds_tensor(v) for v in obj.values())
+    return False

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from lucid._state import state
 from lucid._tensor import Tensor
 
 
@@ -37,4 +38,6 @@ def alias_version(out: Tensor, x: Tensor) -> Tensor:
     a, b = out._data, x._data
     if a is not None and b is not None and a.base is not None and np.may_share_memory(a, b):
         out._version = x._version
+    elif a is None and state.tracer is not None:
+        state.tracer.record_view(out, x)
     return out

@@ -86,6 +86,17 @@ class Tracer:
         self._n_captures = 0
         self.finished = False
         self.parent: Tracer | None = None  # the trace this one is nested in, if any
+        # A trace begun with gradients on differentiates what it records; ops recorded inside a
+        # ``no_grad`` block then get a ``detach`` (eager gives their inputs no gradient).
+        self._grad_trace = state.grad_enabled
+        # Tensors that alias another's memory in eager (``record_view``): id(view) -> (view, its
+        # base, the ``index`` items when it is a slice, else the op that made it), id(base) ->
+        # its views, and the values of views their base has since overwritten (reading one is
+        # a graph break: eager would see the write, the trace would not).
+        self._views: dict[int, tuple[Tensor, Tensor, Any]] = {}
+        self._derived: dict[int, list[Tensor]] = {}
+        self._stale: set[int] = set()
+        self._writing_through: Tensor | None = None
 
     # --- feeds ----------------------------------------------------------------------------------
     def _new_value(self, shape: tuple, dt: _dtype.dtype) -> Value:
@@ -140,6 +151,11 @@ class Tracer:
             tv = x._trace
             if tv is not None:
                 if self._values.get(tv.id) is tv:
+                    if self._stale and tv.id in self._stale:
+                        self.graph_break(
+                            "a read of a view (a slice, transpose or reshape) whose tensor was "
+                            "since written in place"
+                        )
                     return tv
                 self._check_enclosing(tv)
             return self._capture(x)
@@ -207,6 +223,8 @@ class Tracer:
             filename, lineno = user_location()
             loc = (filename, lineno) if filename is not None else None
         self.trace.ops.append(TraceOp(opdef.name, inputs, outputs, dict(attrs), loc))
+        if needs_grad and self._grad_trace and not state.grad_enabled:
+            outputs = [self._detached(v, loc) for v in outputs]
         needs_grad = needs_grad and state.grad_enabled and GRAD_SINK not in opdef.props
         outs = []
         for v in outputs:
@@ -214,6 +232,60 @@ class Tracer:
             t._requires_grad = needs_grad and v.dtype.is_floating_point
             outs.append(t)
         return outs[0] if single else tuple(outs)
+
+    def _detached(self, v: Value, loc: Any) -> Value:
+        if not v.dtype.is_floating_point:
+            return v
+        d = self._new_value(v.shape, v.dtype)
+        self.trace.ops.append(TraceOp("detach", [v], [d], {}, loc))
+        return d
+
+    def record_view(self, view: Tensor, base: Tensor) -> None:
+        """``view`` aliases ``base``'s memory in eager (``lucid.ops._front.alias_version``): an
+        in-place write through one must be seen through the other. A write to a slice is
+        written back into its base (``index_put`` at the slice); a write to another view (a
+        transpose, a reshape) is a graph break; a view whose base is written is stale."""
+        tv = view._trace
+        if tv is None:
+            return
+        last = self.trace.ops[-1] if self.trace.ops else None
+        how: Any = "view"
+        if last is not None and last.outputs and last.outputs[0] is tv:
+            how = last.name
+            if last.name == "index" and not last.inputs[1]:  # basic indexing: a slice
+                how = ("index", last.attrs["index"])
+        self._views[id(view)] = (view, base, how)
+        self._derived.setdefault(id(base), []).append(view)
+
+    def _after_write(self, tensor: Tensor) -> None:
+        """``tensor`` was just written in place: its views are stale, and a view's write goes
+        on to its base."""
+        for view in self._derived.get(id(tensor), ()):
+            if view is not self._writing_through:
+                self._mark_stale(view)
+        entry = self._views.get(id(tensor))
+        if entry is None:
+            return
+        _, base, how = entry
+        if not isinstance(how, tuple):
+            self.graph_break(f"an in-place write to a view made by {how!r} (its base would change)")
+        from lucid._dispatch import apply
+
+        index = how[1]
+        previous, self._writing_through = self._writing_through, tensor
+        try:
+            base._apply_inplace(
+                lambda alias, v: apply("index_put", alias, v, [], index=index, accumulate=False),
+                tensor,
+            )
+        finally:
+            self._writing_through = previous
+
+    def _mark_stale(self, view: Tensor) -> None:
+        if view._trace is not None:
+            self._stale.add(view._trace.id)
+        for inner in self._derived.get(id(view), ()):
+            self._mark_stale(inner)
 
     def record_inplace(self, tensor: Tensor, out: Tensor) -> None:
         """``tensor`` was overwritten with ``out``: later reads see ``out``; a written feed
@@ -238,10 +310,12 @@ class Tracer:
                 self._tensor_roles[key] = role
                 self._captured[key] = (tensor, new)
                 self._updates[key] = "update:" + role
-            return
-        self._capture(tensor)
-        self._updates[key] = "update:" + self._tensor_roles[key]
-        self._captured[key] = (tensor, new)
+        else:
+            self._capture(tensor)
+            self._updates[key] = "update:" + self._tensor_roles[key]
+            self._captured[key] = (tensor, new)
+        if self._views or self._derived:
+            self._after_write(tensor)
 
     def next_rng(self) -> Tensor:
         """The RNG state for one random op (``lucid._random.next_rng`` asks here under a trace).

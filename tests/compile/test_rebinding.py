@@ -42,6 +42,31 @@ def test_replacing_a_submodule_recompiles():
         _close(out, model(x))
 
 
+@pytest.mark.parametrize("mode", ["infer", "fused_step"])
+def test_swapping_a_submodule_without_parameters_recompiles(mode):
+    # An activation has no tensors: only its identity says the graph changed.
+    model, twin = _mlp(), _mlp()
+    x, y = _x(), lucid.tensor(np.array([0, 1, 2, 3]))
+    if mode == "infer":
+        cm = lucid.compile(model)
+        with lucid.no_grad():
+            cm(x)
+            model[1], twin[1] = nn.Tanh(), nn.Tanh()
+            _close(cm(x), twin(x))
+        return
+    opt, opt_twin = optim.SGD(model.parameters(), lr=0.1), optim.SGD(twin.parameters(), lr=0.1)
+    step = fused_step(model, F.cross_entropy, opt)
+    for i in range(3):
+        if i == 1:
+            model[1], twin[1] = nn.Sigmoid(), nn.Sigmoid()
+        step(x, y)
+        opt_twin.zero_grad()
+        F.cross_entropy(twin(x), y).backward()
+        opt_twin.step()
+        for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+            _close(a, b)
+
+
 def test_replacing_a_parameter_by_a_same_shape_one():
     model = _mlp()
     cm = lucid.compile(model)

@@ -66,6 +66,20 @@ class _ScalarSource:
 
 
 @dataclass
+class OptimizerBindings:
+    """What a traced update assumes of the optimizer's state when it runs again: the state
+    tensors it reads and writes, and, per parameter group whose step scalars are one feed
+    shared by the group and read from the state (Adam's bias corrections), the parameters it
+    updates, whose state must still agree on those scalars. A user who replaces a state tensor
+    (``opt.state[p]["exp_avg"] = ...``), or parameters of one group whose step counts drift apart
+    (one frozen, then trained again), invalidate the compiled update (``_OptimizerView.stale``).
+    """
+
+    state: list[tuple[Tensor, str, Tensor]] = field(default_factory=list)  # (param, key, tensor)
+    shared_steps: list[tuple[int, list[Tensor]]] = field(default_factory=list)
+
+
+@dataclass
 class TrainingModule:
     """A traced training step and what is needed to run it.
 
@@ -97,6 +111,8 @@ class TrainingModule:
     scalar_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     # index in result_roles of the total gradient norm (``grad_clip`` with a max_norm)
     grad_norm_index: int | None = None
+    # the optimizer state the traced update binds (None: no optimizer, or a loaded step)
+    bindings: OptimizerBindings | None = None
 
     def scalar_array(self, role: str) -> np.ndarray:
         """A fresh 0-d array holding scalar feed ``role``'s current value, in its dtype."""
@@ -234,6 +250,7 @@ def build_training_module(
         scalars: dict[str, float] = {}
         scalar_dtypes: dict[str, np.dtype] = {}
         sources: list[_ScalarSource] = []
+        bindings = None
         grad_norm = None
         outputs = [loss]
         scaled_loss = None
@@ -241,7 +258,7 @@ def build_training_module(
             loss_scaling.name_feeds(tracer)
             scaled_loss = loss * loss_scaling.scale  # what backward differentiates
         if optimizer is not None:
-            sources, grad_norm = _trace_update(
+            sources, grad_norm, bindings = _trace_update(
                 tracer,
                 optimizer,
                 trained,
@@ -301,6 +318,7 @@ def build_training_module(
         optimizer=optimizer,
         params={f"param:{names[id(p)]}": p for p in trained},
         _scalar_sources=sources,
+        bindings=bindings,
         trace=trace,
         pipeline=",".join(str(p.spec()) for p in passes),
         passes_ms=report.passes_ms(),
@@ -376,11 +394,11 @@ def _trace_update(
     write_back_clipped: bool = False,
     loss_scaling: LossScaling | None = None,
     masters: dict[int, Tensor] | None = None,
-) -> tuple[list[_ScalarSource], Tensor | None]:
+) -> tuple[list[_ScalarSource], Tensor | None, OptimizerBindings]:
     """Record the optimizer's update of ``trained`` against ghost gradient feeds (clipped by
     ``grad_clip`` first, and with ``write_back_clipped`` the clipped gradients written back to
     their feeds, as eager clipping does to ``p.grad``); return the scalar sources and the total
-    gradient norm (or None).
+    gradient norm (or None), and what the update binds of the optimizer's state.
 
     A step scalar with the same value for every parameter of a group (the usual case: they
     share their options and step count) is one feed ``scalar:<group>:<key>``; otherwise each
@@ -415,6 +433,7 @@ def _trace_update(
     fed_tensors: dict[str, Tensor] = {}
     sources: list[_ScalarSource] = []
     sourced: set[tuple[int, str]] = set()
+    bindings = OptimizerBindings(shared_steps=_shared_steps(optimizer, items, group_index, static))
 
     def feeder(base: str, gi: int, param: Tensor, key: str, value: float):
         def feed_in(dt: Any) -> Tensor:
@@ -440,6 +459,7 @@ def _trace_update(
             for key, t in st.items():
                 if isinstance(t, Tensor):
                     tracer._names[id(t)] = f"state:{pname}.{key}"
+                    bindings.state.append((param, key, t))
             grad = tracer.input(
                 tuple(model_param.shape), model_param.dtype, role=f"{grad_role}{pname}"
             )
@@ -489,7 +509,34 @@ def _trace_update(
                 model_param.copy_(param)  # rounded to the parameter's dtype
         if loss_scaling is not None:
             loss_scaling.update_scale(finite)
-    return sources, grad_norm
+    return sources, grad_norm, bindings
+
+
+def _shared_steps(
+    optimizer: Any, items: list, group_index: dict[int, int], static: frozenset
+) -> list[tuple[int, list[Tensor]]]:
+    """(group, its updated parameters) of each group whose step scalars are read from the
+    state (``_step_scalars`` of an empty state raises) and agree over those parameters now, so
+    the trace feeds them once for the group."""
+    members: dict[int, list] = {}
+    for param, _, _, step_scalars in items:
+        members.setdefault(group_index[id(param)], []).append((param, step_scalars))
+    out = []
+    for gi, pairs in members.items():
+        if len(pairs) < 2:
+            continue
+        try:
+            optimizer._step_scalars(optimizer.param_groups[gi], {}, False)
+            continue  # the scalars do not read the state: they cannot drift apart
+        except KeyError:
+            pass
+        first = pairs[0][1]
+        if any(
+            float(s[k]) != float(first[k]) for _, s in pairs[1:] for k in first if k not in static
+        ):
+            continue  # fed per parameter already
+        out.append((gi, [p for p, _ in pairs]))
+    return out
 
 
 def build_optimizer_module(
@@ -524,7 +571,7 @@ def build_optimizer_module(
             tracer._names[id(p)] = f"param:{names[id(p)]}"
         if loss_scaling is not None:
             loss_scaling.name_feeds(tracer)
-        sources, grad_norm = _trace_update(
+        sources, grad_norm, bindings = _trace_update(
             tracer,
             optimizer,
             trained,
@@ -556,6 +603,7 @@ def build_optimizer_module(
         optimizer=optimizer,
         params={f"param:{names[id(p)]}": p for p in trained},
         _scalar_sources=sources,
+        bindings=bindings,
         grad_feeds={
             f"grad:param:{names[id(p)]}": p
             for p in trained

@@ -289,11 +289,24 @@ class _OptimizerView:
         self.find_reps()
 
     def find_reps(self) -> None:
+        """Each group's representative: its first parameter with state that is trained (a
+        frozen one's step count stops), else its first with state."""
         st = self.opt.state
-        self.reps = [next((p for p in g["params"] if p in st), None) for g in self.opt.param_groups]
+        reps: list[Tensor | None] = []
+        for g in self.opt.param_groups:
+            held = [p for p in g["params"] if st.get(p)]
+            trained = [p for p in held if p._requires_grad]
+            reps.append(trained[0] if trained else held[0] if held else None)
+        self.reps = reps
 
     def changed(self) -> bool:
-        return self.opt.state is not self.state_obj or self.opt.param_groups is not self.groups_obj
+        """``load_state_dict`` replaced the state or the groups, or a group was added."""
+        opt = self.opt
+        return (
+            opt.state is not self.state_obj
+            or opt.param_groups is not self.groups_obj
+            or len(opt.param_groups) != len(self.reps)
+        )
 
     def group_scalars(self) -> list[dict | None]:
         opt = self.opt
@@ -301,13 +314,45 @@ class _OptimizerView:
         out = []
         for group, rep in zip(opt.param_groups, self.reps, strict=False):
             if rep is not None and rep in st:
-                out.append(opt._step_scalars(group, st[rep], False))
-                continue
+                try:
+                    out.append(opt._step_scalars(group, st[rep], False))
+                    continue
+                except KeyError:  # its state was emptied (``opt.state[p] = {}``)
+                    pass
             try:  # stateless (plain SGD), or no step taken yet
                 out.append(opt._step_scalars(group, {}, False))
             except KeyError:
                 out.append(None)
         return out
+
+    def stale(self, entry: StepEntry) -> str | None:
+        """Why ``entry``'s compiled update no longer fits the optimizer's state (None: it
+        fits): a state tensor it binds was replaced or removed, or the parameters of a group
+        whose step scalars it feeds once no longer agree on them (``OptimizerBindings``). The
+        caller compiles the step again, which then binds the new tensors or feeds per
+        parameter."""
+        bindings = entry.tm.bindings if entry.tm is not None else None
+        if bindings is None:
+            return None
+        st = self.opt.state
+        for param, key, tensor in bindings.state:
+            held = st.get(param)
+            if held is None or held.get(key) is not tensor:
+                return f"the optimizer's state {key!r} of a parameter was replaced or removed"
+        for gi, params in bindings.shared_steps:
+            steps = [st[p]["step"]._data.item() for p in params]
+            if steps.count(steps[0]) == len(steps):
+                continue
+            # Different step counts; the scalars may still agree (Adagrad without lr_decay).
+            group = self.opt.param_groups[gi]
+            shared = {key for _, g, param, key in entry.scalar_plan if g == gi and param is None}
+            values = [self.opt._step_scalars(group, st[p], False) for p in params]
+            if any(v[k] != values[0][k] for v in values[1:] for k in shared):
+                return (
+                    f"the parameters of optimizer group {gi} no longer share their step count "
+                    "(some were not updated by every step)"
+                )
+        return None
 
     def statics(self, scalars: list[dict | None]) -> tuple:
         keys = self.static_keys
@@ -333,6 +378,16 @@ class _OptimizerView:
         last = entry.scalar_last
         if last is None:
             last = entry.scalar_last = [None] * len(entry.scalar_plan)
+        own_reps = entry.tm.bindings.shared_steps if entry.tm and entry.tm.bindings else ()
+        if own_reps:
+            # A group's scalars from a parameter this entry updates (``reps`` may name one it
+            # does not, whose step count lags).
+            scalars = list(scalars)
+            for gi, params in own_reps:
+                if params[0] is not self.reps[gi]:
+                    scalars[gi] = opt._step_scalars(
+                        opt.param_groups[gi], opt.state[params[0]], False
+                    )
         for i, (arr, gi, param, key) in enumerate(entry.scalar_plan):
             if param is None:
                 s = scalars[gi]

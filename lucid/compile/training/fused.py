@@ -227,6 +227,10 @@ class FusedStep(_StepIntrospection):
         opts = self._opts
         cache = self._cache
         entry = cache.get(key)
+        if entry is not None and (why := view.stale(entry)) is not None:
+            logger.info("fused_step: compiling the step again: %s", why)
+            cache.pop(key)
+            entry = None
         if entry is None:
             # An eager-only key (a failed parity check) has no entry: no lookup on a hit.
             if key in cache.eager_only:
