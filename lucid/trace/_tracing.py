@@ -27,6 +27,7 @@ from lucid.trace._trace import Const, Feed, Trace, TraceOp, Value
 __all__ = ["GraphBreak", "Tracer", "_tracing", "trace"]
 
 _LUCID_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 
 
 class GraphBreak(RuntimeError):
@@ -49,11 +50,17 @@ class GraphBreak(RuntimeError):
 
 
 def user_location() -> tuple[str | None, int | None]:
-    """The innermost frame of the call stack that is not inside the ``lucid`` package."""
+    """The innermost frame of the call stack that is neither inside the ``lucid`` package nor
+    in Python's standard library (``contextlib``'s wrapper of a ``no_grad`` block)."""
     frame = sys._getframe(1)
     while frame is not None:
         fn = frame.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_LUCID_DIR) and not fn.startswith("<frozen"):
+        path = os.path.abspath(fn)
+        if (
+            not path.startswith(_LUCID_DIR)
+            and not fn.startswith("<frozen")
+            and not (path.startswith(_STDLIB_DIR) and "-packages" not in path)
+        ):
             return fn, frame.f_lineno
         frame = frame.f_back
     return None, None

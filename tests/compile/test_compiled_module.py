@@ -380,3 +380,34 @@ def test_profile_of_arguments_that_run_eagerly_says_why():
 
     with pytest.raises(RuntimeError, match="run eagerly"):
         lucid.compile(breaks).profile(lucid.randn(3))
+
+
+def test_deepcopy_of_a_compiled_module_and_of_a_tree_holding_one():
+    import copy
+
+    lucid.manual_seed(0)
+    cm = lucid.compile(nn.Sequential(nn.Linear(4, 8), nn.GELU()), check_tolerance=(1e-4, 1e-5))
+    tree = nn.Sequential(cm, nn.Linear(8, 2))
+    x = lucid.randn(3, 4)
+    with lucid.no_grad():
+        cm(x)
+        twin_tree = copy.deepcopy(tree)  # an EMA copy of a model with a compiled block
+        twin = twin_tree[0]
+        assert isinstance(twin, type(cm)) and twin is not cm
+        assert twin._init_kwargs == cm._init_kwargs
+        # Its own parameters (a deep copy), its own cache: editing one leaves the other.
+        twin._orig_mod[0].weight.data = twin._orig_mod[0].weight * 0.0
+        np.testing.assert_allclose(twin_tree(x).numpy(), tree[1](twin._orig_mod(x)).numpy())
+        assert not np.allclose(tree(x).numpy(), twin_tree(x).numpy())
+        assert twin.cache_info()["entries"] == 1 and cm.cache_info()["entries"] == 1
+
+
+def test_a_graph_break_inside_lucid_points_at_the_users_line_not_the_standard_library():
+    # BatchNorm with momentum=None reads its batch count (an item()) inside a no_grad block,
+    # whose contextlib wrapper was named as the place.
+    m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, momentum=None))
+    cm = lucid.compile(m)
+    with lucid.no_grad():
+        cm(lucid.randn(5, 4))
+    (reason,) = cm.cache_info()["reasons"].values()
+    assert "contextlib" not in reason and os.path.basename(__file__) in reason

@@ -9,6 +9,7 @@ The cache itself (LRU, eager-only keys, recompile log) is a ``SignatureCache``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Callable
@@ -93,6 +94,16 @@ class CompiledModule(ModuleFacade):
         pipeline, switches = parse_options(options)
         # The module tables first (the training setter forwards nothing before _model is set).
         Module.__init__(self)
+        # What __deepcopy__ compiles a copy with.
+        self.__dict__["_init_kwargs"] = dict(
+            dynamic=dynamic,
+            backend=backend,
+            strict=strict,
+            options=options,
+            check=check,
+            check_tolerance=check_tolerance,
+            mode=mode,
+        )
         if isinstance(target, Module):
             # The wrapper takes the model's place in a module tree: it shares the model's
             # tables, so children, parameters, buffers and their dotted names are the model's.
@@ -130,6 +141,15 @@ class CompiledModule(ModuleFacade):
             if hasattr(target, attr):
                 self.__dict__[attr] = getattr(target, attr)
         self.__dict__["__wrapped__"] = target
+
+    def __deepcopy__(self, memo: dict) -> CompiledModule:
+        """A compiled wrapper of a deep copy of the model, with the same options (an EMA twin, a
+        copy of a module tree holding a compiled block): it compiles its own entries, as the
+        executables and locks bind the original's objects."""
+        model = copy.deepcopy(self.__dict__["_model"], memo)
+        twin = type(self)(model, **self.__dict__["_init_kwargs"])
+        memo[id(self)] = twin
+        return twin
 
     def _reset(self) -> None:
         d = self.__dict__
