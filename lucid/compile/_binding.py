@@ -98,6 +98,37 @@ def _tensors_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
     return out
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _attrs_of(modules: Iterable[Module]) -> list[tuple[Any, str, Any]]:
+    """Every submodule's plain attributes (numbers, strings, None, tuples of them: a dropout
+    rate, an eps, a user's temperature), which a trace bakes in, and its hooks."""
+    out: list[tuple[Any, str, Any]] = []
+    for owner in modules:
+        for _, m in owner.named_modules():
+            d = m.__dict__
+            for k, v in d.items():
+                t = type(v)
+                if k != "training" and (
+                    t in _PLAIN or (t is tuple and all(type(e) in _PLAIN for e in v))
+                ):
+                    out.append((m, k, v))
+            hooks = (
+                *d.get("_forward_pre_hooks", {}).values(),
+                *d.get("_forward_hooks", {}).values(),
+            )
+            out.append((m, "hooks", hooks))
+    return out
+
+
+def _same_attrs(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        x[0] is y[0] and x[1] == y[1] and (x[2] is y[2] or x[2] == y[2])
+        for x, y in zip(a, b, strict=True)
+    )
+
+
 def _submodules_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
     return [pair for m in modules for pair in m.named_modules()]
 
@@ -131,7 +162,7 @@ class Bound:
     structure version they were read at. ``stale()`` is the per-call O(1) check. ``mode`` is
     ``training_modes(modules)`` as of ``mode_version`` (``modes()`` brings it up to date)."""
 
-    __slots__ = ("mode", "mode_version", "modules", "submodules", "tensors", "version")
+    __slots__ = ("attrs", "mode", "mode_version", "modules", "submodules", "tensors", "version")
 
     def __init__(self, modules: list[Module]):
         self.modules = modules
@@ -140,6 +171,7 @@ class Bound:
         # Submodules by identity too: one without parameters (an activation) swapped for
         # another changes the graph as much as a replaced weight does.
         self.submodules = _submodules_of(modules)
+        self.attrs = _attrs_of(modules)
         self.mode_version = MODE_VERSION[0]
         self.mode = training_modes(modules)
 
@@ -161,11 +193,20 @@ class Bound:
         now, subs = _tensors_of(self.modules), _submodules_of(self.modules)
         pairs = [(now, self.tensors), (subs, self.submodules)]
         self.tensors, self.submodules = now, subs
-        return any(
+        moved = any(
             len(a) != len(b)
             or any(x[0] != y[0] or x[1] is not y[1] for x, y in zip(a, b, strict=False))
             for a, b in pairs
         )
+        attrs = _attrs_of(self.modules)
+        moved = moved or not _same_attrs(attrs, self.attrs)
+        self.attrs = attrs
+        return moved
+
+    def settle(self) -> None:
+        """After a compile: the attributes as its trace left them are the ones it baked in (a
+        forward that sets an attribute does not make the next call recompile)."""
+        self.attrs = _attrs_of(self.modules)
 
     def replaced(self, old_tensors: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """The (name, tensor) pairs of ``old_tensors`` no longer held by the modules."""

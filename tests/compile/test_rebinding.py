@@ -67,6 +67,67 @@ def test_swapping_a_submodule_without_parameters_recompiles(mode):
             _close(a, b)
 
 
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.temperature = 1.0
+        self.act = nn.LeakyReLU()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.act(self.fc(x))) / self.temperature
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["temperature", "negative_slope", "dropout_p", "hook_added", "hook_removed"],
+)
+def test_a_changed_plain_attribute_or_hook_recompiles(change):
+    # Baked into the trace: a recompile is the only way to follow it, as eager does.
+    lucid.manual_seed(0)
+    model = _Scaled()
+    model.eval()
+    handle = (
+        model.fc.register_forward_hook(lambda m, i, o: o * 2) if change == "hook_removed" else None
+    )
+    cm = lucid.compile(model)
+    x = _x()
+    with lucid.no_grad():
+        cm(x)
+        if change == "temperature":
+            model.temperature = 4.0
+        elif change == "negative_slope":
+            model.act.negative_slope = 0.5
+        elif change == "dropout_p":
+            model.train()
+            model.drop.p = 0.0
+        elif change == "hook_added":
+            model.fc.register_forward_hook(lambda m, i, o: o * 3)
+        else:
+            handle.remove()
+        _close(cm(x), model(x))
+
+
+def test_a_forward_that_sets_an_attribute_does_not_recompile_every_call():
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+            self.seen = 0
+
+        def forward(self, x):
+            self.seen = self.seen + 1  # runs when traced only, as torch.compile
+            return self.fc(x)
+
+    cm = lucid.compile(Counting())
+    with lucid.no_grad():
+        for _ in range(4):
+            cm(_x())
+    info = cm.cache_info()
+    assert info["entries"] == 1 and not info["recompiles"] and cm._model.seen == 1
+
+
 def test_replacing_a_parameter_by_a_same_shape_one():
     model = _mlp()
     cm = lucid.compile(model)

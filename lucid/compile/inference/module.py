@@ -328,6 +328,7 @@ class CompiledModule(ModuleFacade):
                     if self._options.strict:
                         raise
                     return self._fall_back(key, args, kwargs, e, unexpected=True)
+                self._bound.settle()
                 if self._mode == "auto" and self._check is None:
                     entry = AutoEntry(self, key, entry)
                 if self._check is not None:

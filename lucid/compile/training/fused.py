@@ -189,6 +189,7 @@ class FusedStep(_StepIntrospection):
             self._view.restore(snap)
             raise
         entry = _entry_of(compiled, inplace=not self.check_finite)
+        self._bound.settle()
         entry.created_state = snap  # undone if the entry's first run fails
         self._view.find_reps()
         key = self._key(inputs, self._view.group_scalars())

@@ -135,6 +135,7 @@ class TrainStep(_StepIntrospection):
                 f"{type(e).__name__}: {e}"
             ) from e
         entry = _entry_of(compiled, inplace=True)
+        self._bound.settle()
         self._cache.put(key, entry)
         return entry
 

@@ -184,8 +184,9 @@ class Module:
         setattr_(self, "_buffers", _Table())
         setattr_(self, "_non_persistent_buffers_set", set())
         setattr_(self, "_modules", _Table())
-        setattr_(self, "_forward_hooks", OrderedDict())
-        setattr_(self, "_forward_pre_hooks", OrderedDict())
+        # Tables too: adding or removing a hook changes what a compiled wrapper traced.
+        setattr_(self, "_forward_hooks", _Table())
+        setattr_(self, "_forward_pre_hooks", _Table())
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing "forward"')
@@ -308,6 +309,8 @@ class Module:
             return
         if name == "training":
             MODE_VERSION[0] += 1
+        else:  # a plain attribute (a dropout rate, an eps) a compiled wrapper may have baked in
+            STRUCTURE_VERSION[0] += 1
         object.__setattr__(self, name, value)
 
     @staticmethod
