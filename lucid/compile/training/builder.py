@@ -77,6 +77,24 @@ class OptimizerBindings:
 
     state: list[tuple[Tensor, str, Tensor]] = field(default_factory=list)  # (param, key, tensor)
     shared_steps: list[tuple[int, list[Tensor]]] = field(default_factory=list)
+    _checks: tuple | None = None
+
+    def checks(self) -> tuple[list, list]:
+        """The per-call checks, grouped once: (param, ((key, tensor), ...)) per parameter, and
+        (group, its parameters, their bound ``step`` tensors) per shared group."""
+        if self._checks is None:
+            per: dict[int, tuple[Tensor, list]] = {}
+            for p, k, t in self.state:
+                per.setdefault(id(p), (p, []))[1].append((k, t))
+            steps = {id(p): t for p, k, t in self.state if k == "step"}
+            self._checks = (
+                [(p, tuple(pairs)) for p, pairs in per.values()],
+                [
+                    (gi, params, [steps.get(id(p)) for p in params])
+                    for gi, params in self.shared_steps
+                ],
+            )
+        return self._checks
 
 
 @dataclass

@@ -335,12 +335,19 @@ class _OptimizerView:
         if bindings is None:
             return None
         st = self.opt.state
-        for param, key, tensor in bindings.state:
+        per_param, shared_steps = bindings.checks()
+        for param, pairs in per_param:
             held = st.get(param)
-            if held is None or held.get(key) is not tensor:
-                return f"the optimizer's state {key!r} of a parameter was replaced or removed"
-        for gi, params in bindings.shared_steps:
-            steps = [st[p]["step"]._data.item() for p in params]
+            if held is None:
+                return "the optimizer's state of a parameter was removed"
+            for key, tensor in pairs:
+                if held.get(key) is not tensor:
+                    return f"the optimizer's state {key!r} of a parameter was replaced or removed"
+        for gi, params, step_tensors in shared_steps:
+            if None in step_tensors:
+                steps = [st[p]["step"]._data.item() for p in params]
+            else:  # the bound tensors, checked above to be the optimizer's
+                steps = [t._data.item() for t in step_tensors]
             if steps.count(steps[0]) == len(steps):
                 continue
             # Different step counts; the scalars may still agree (Adagrad without lr_decay).
