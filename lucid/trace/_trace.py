@@ -73,6 +73,21 @@ class Trace:
     def __repr__(self) -> str:
         return f"<Trace: {len(self.feeds)} feeds, {len(self.ops)} ops, {len(self.outputs)} outputs>"
 
+    def feeds_reaching(self, values: list[Value]) -> set[str]:
+        """Roles of the feeds ``values`` depend on through differentiable ops: exactly the
+        tensors eager backward gives a gradient (the others keep ``grad=None``)."""
+        from lucid.ops._registry import GRAD_SINK, REGISTRY
+
+        needed = {v.id for v in values}
+        for op in reversed(self.ops):
+            if GRAD_SINK in REGISTRY[op.name].props or not any(v.id in needed for v in op.outputs):
+                continue
+            for inp in op.inputs:
+                for v in inp if isinstance(inp, list) else (inp,):
+                    if hasattr(v, "id"):
+                        needed.add(v.id)
+        return {f.role for f in self.feeds if f.value.id in needed}
+
     # --- JSON -----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {

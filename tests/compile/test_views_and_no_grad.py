@@ -1,5 +1,5 @@
-"""Compiled code sees in-place writes through views as eager does, and a ``no_grad`` block
-inside ``forward`` stops gradients as in eager.
+"""Compiled code sees in-place writes through views as eager does, a ``no_grad`` block inside
+``forward`` stops gradients as in eager, and an input no output depends on keeps ``grad`` None.
 
 Eager views share memory with their base (numpy), so a write through ``a[:, 1]`` changes ``a``.
 The tracer writes a slice's in-place update back into its base, marks the base's other views
@@ -150,3 +150,13 @@ def test_no_grad_inside_forward_stops_the_gradient_in_make_step_and_fused_step()
     lucid.compile.fused_step(m, F.cross_entropy, opt)(x, y)
     np.testing.assert_array_equal(m.a.weight.numpy(), before)  # not trained, as in eager
     assert not np.allclose(m.b.weight.numpy(), eager.b.weight.numpy())  # trained
+
+
+def test_an_input_no_output_depends_on_keeps_grad_none_as_in_eager():
+    def f(a, b):
+        return (a * 2.0).sum()
+
+    a, b = lucid.randn(3).requires_grad_(), lucid.randn(3).requires_grad_()
+    lucid.compile(f)(a, b).backward()
+    np.testing.assert_allclose(a.grad.numpy(), np.full(3, 2.0, np.float32))
+    assert b.grad is None  # was a zeros tensor

@@ -106,7 +106,13 @@ def compile_grad_call(
         session = session or CompileSession(getattr(options, "switches", None))
         with session.timed("import"):
             module = import_trace(trace)
-        wrt_roles = [r for r in feed_roles(forward_func(module)) if requires_grad(r)]
+        # An input (or parameter) no output depends on keeps grad None, as in eager.
+        reaching = trace.feeds_reaching(
+            [v for role, v in trace.outputs if role.startswith("output:")]
+        )
+        wrt_roles = [
+            r for r in feed_roles(forward_func(module)) if requires_grad(r) and r in reaching
+        ]
         if not wrt_roles:
             raise Unsupported("nothing the outputs depend on requires grad")
         # One graph pipeline: [shape-specialize,] vjp, then the graph passes.

@@ -42,7 +42,6 @@ from lucid.compile.diagnose import check_vjp_coverage
 from lucid.compile.training.update_terms import GradClip, LossScaling
 from lucid.ir import _xdsl as x
 from lucid.ir.importer import feed_roles, forward_func, import_trace, result_roles
-from lucid.ops._registry import GRAD_SINK, REGISTRY
 from lucid.passes import Instrumentation, PassFailure, PassManager, parse_pipeline_spec
 from lucid.passes.ghost_grads import GhostGrads
 from lucid.passes.grad_allreduce import GradAllReduce, cut_at_allreduce
@@ -261,7 +260,7 @@ def build_training_module(
         loss = loss_fn(model(args[0]), *args[1:])
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             raise ValueError("build_training_module: loss_fn must return a one-element tensor")
-        used = _feeds_the_loss_depends_on(tracer.trace, loss._trace)
+        used = tracer.trace.feeds_reaching([loss._trace])
         trained = [
             p for n, p in model.named_parameters() if p.requires_grad and f"param:{n}" in used
         ]
@@ -342,20 +341,6 @@ def build_training_module(
         passes_ms=report.passes_ms(),
         buckets=buckets,
     )
-
-
-def _feeds_the_loss_depends_on(trace: Any, loss_value: Any) -> set[str]:
-    """Roles of the feeds the loss depends on through differentiable ops: exactly the tensors
-    eager backward gives a gradient (others keep ``grad=None`` and the optimizer skips them)."""
-    needed = {loss_value.id}
-    for op in reversed(trace.ops):
-        if GRAD_SINK in REGISTRY[op.name].props or not any(v.id in needed for v in op.outputs):
-            continue
-        for inp in op.inputs:
-            for v in inp if isinstance(inp, list) else (inp,):
-                if hasattr(v, "id"):
-                    needed.add(v.id)
-    return {f.role for f in trace.feeds if f.value.id in needed}
 
 
 class _FedScalar:
