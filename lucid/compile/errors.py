@@ -31,6 +31,12 @@ class Unsupported(Exception):
     """The compiler cannot handle this graph; the caller falls back to eager with this reason."""
 
 
+class AliasedInputs(Exception):
+    """A call whose compiled entry writes an input in place got that input sharing memory with
+    another argument or a bound tensor (``cf(x, x)``): the trace took them as independent
+    values, eager sees the write through both. The call runs eagerly."""
+
+
 class FeedMismatch(ValueError):
     """A bound feed no longer has the shape/dtype the executable was compiled for."""
 

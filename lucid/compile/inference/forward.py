@@ -16,7 +16,7 @@ from lucid.compile import _pytree
 from lucid.compile._pytree import _at, _replace_tensors, _tensor_paths
 from lucid.compile.cache import LRU, TICK, max_entries
 from lucid.compile.entry import ForwardEntry
-from lucid.compile.errors import Unsupported
+from lucid.compile.errors import AliasedInputs, Unsupported
 from lucid.compile.inference.tracing import trace_call
 from lucid.compile.options import Options, backend_of
 from lucid.compile.session import CompileSession, compile_symbolic_trace, compile_trace
@@ -69,6 +69,11 @@ def compile_forward(
             session=session,
         )
     bind = _make_binder(graph.feed_roles, tensor_pos, captured)
+    written = [
+        r[len("update:input:") :] for r in graph.result_roles if r.startswith("update:input:")
+    ]
+    if written:
+        bind = _alias_checked(bind, written, tensor_pos, list(captured.values()))
     finish = _make_finisher(
         graph.result_roles,
         leaves,
@@ -104,6 +109,27 @@ def compile_forward(
             if direct is not None:
                 entry.serve_hits_with(direct, None if single else rebuild)
     return entry
+
+
+def _alias_checked(bind, written: list[str], tensor_pos: list[tuple], captured: list[Tensor]):
+    """``bind`` for an entry that writes inputs in place, refusing (``AliasedInputs``) a call
+    whose written input shares memory with another argument or a bound tensor."""
+
+    def bind_checked(args: tuple, kwargs: dict) -> list:
+        tensors = _input_tensors(args, kwargs)
+        for name in written:
+            w = _at(args, tensor_pos[int(name)]) if name.isdigit() else kwargs[name]
+            others = [t for t in tensors if t is not w] + captured
+            if sum(t is w for t in tensors) > 1 or any(
+                np.may_share_memory(w._data, t._data) for t in others
+            ):
+                raise AliasedInputs(
+                    f"input {name}, written in place by the model, shares memory with another "
+                    "argument or a parameter"
+                )
+        return bind(args, kwargs)
+
+    return bind_checked
 
 
 def _trace_of(entry: Any) -> Any:

@@ -29,7 +29,13 @@ from lucid.compile._binding import (
 )
 from lucid.compile.cache import LRU, TICK, SignatureCache
 from lucid.compile.entry import ForwardEntry, GradEntry
-from lucid.compile.errors import CompileError, FeedMismatch, Unsupported, out_of_memory
+from lucid.compile.errors import (
+    AliasedInputs,
+    CompileError,
+    FeedMismatch,
+    Unsupported,
+    out_of_memory,
+)
 from lucid.compile.inference import checked
 from lucid.compile.inference.checked import AutoEntry, CheckedEntry
 from lucid.compile.inference.facade import ModuleFacade
@@ -237,6 +243,8 @@ class CompiledModule(ModuleFacade):
             entry.last_used = next(TICK)
             try:
                 return entry.hit(args, kwargs)
+            except AliasedInputs as e:
+                return self._aliased(e, args, kwargs)
             except MemoryError as e:
                 raise out_of_memory(_trace_of(entry), e) from e
             except (TypeError, ValueError, FeedMismatch) as e:
@@ -249,6 +257,11 @@ class CompiledModule(ModuleFacade):
         if key in d["_eager_only"]:
             return self._model(*args, **kwargs)
         return self._miss(key, args, kwargs)
+
+    def _aliased(self, err: AliasedInputs, args: tuple, kwargs: dict) -> Any:
+        """This call's arguments alias what its entry writes in place: run it eagerly."""
+        logger.info("lucid.compile: running a call eagerly: %s", err)
+        return self._model(*args, **kwargs)
 
     def _rekey(self, key: tuple, entry: Any, args: tuple, kwargs: dict, err: Exception) -> tuple:
         """A parameter or buffer changed shape or dtype behind our back (the native run checks
@@ -342,6 +355,8 @@ class CompiledModule(ModuleFacade):
             return self._model(*args, **kwargs)
         try:
             return entry(args, kwargs)
+        except AliasedInputs as e:
+            return self._aliased(e, args, kwargs)
         except MemoryError as e:
             raise out_of_memory(_trace_of(entry), e) from e
         except (TypeError, ValueError, FeedMismatch):
