@@ -101,12 +101,14 @@ def _tensors_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _attrs_of(modules: Iterable[Module]) -> list[tuple[Any, str, Any]]:
-    """Every submodule's plain attributes (numbers, strings, None, tuples of them: a dropout
-    rate, an eps, a user's temperature), which a trace bakes in, and its hooks."""
-    out: list[tuple[Any, str, Any]] = []
+def _attrs_of(modules: Iterable[Module]) -> list[tuple[Any, Any, Any]]:
+    """Every submodule, by name and identity (one without tensors, an activation, swapped for
+    another changes the graph as much as a replaced weight), with its hooks and its plain
+    attributes (numbers, strings, None, tuples of them: a dropout rate, an eps, a user's
+    temperature), which a trace bakes in."""
+    out: list[tuple[Any, Any, Any]] = []
     for owner in modules:
-        for _, m in owner.named_modules():
+        for name, m in owner.named_modules():
             d = m.__dict__
             for k, v in d.items():
                 t = type(v)
@@ -118,7 +120,7 @@ def _attrs_of(modules: Iterable[Module]) -> list[tuple[Any, str, Any]]:
                 *d.get("_forward_pre_hooks", {}).values(),
                 *d.get("_forward_hooks", {}).values(),
             )
-            out.append((m, "hooks", hooks))
+            out.append((m, ("hooks", name), hooks))
     return out
 
 
@@ -127,10 +129,6 @@ def _same_attrs(a: list, b: list) -> bool:
         x[0] is y[0] and x[1] == y[1] and (x[2] is y[2] or x[2] == y[2])
         for x, y in zip(a, b, strict=True)
     )
-
-
-def _submodules_of(modules: Iterable[Module]) -> list[tuple[str, Any]]:
-    return [pair for m in modules for pair in m.named_modules()]
 
 
 def training_modes(modules: list[Module]) -> bool | tuple[bool, tuple[str, ...]]:
@@ -158,19 +156,17 @@ def mode_repr(mode: Any) -> str:
 
 
 class Bound:
-    """The parameters and buffers of the modules a wrapper binds, by identity, and the
-    structure version they were read at. ``stale()`` is the per-call O(1) check. ``mode`` is
-    ``training_modes(modules)`` as of ``mode_version`` (``modes()`` brings it up to date)."""
+    """The parameters and buffers of the modules a wrapper binds, by identity, their submodules,
+    hooks and plain attributes (``_attrs_of``), and the structure version they were read at.
+    ``stale()`` is the per-call O(1) check. ``mode`` is ``training_modes(modules)`` as of
+    ``mode_version`` (``modes()`` brings it up to date)."""
 
-    __slots__ = ("attrs", "mode", "mode_version", "modules", "submodules", "tensors", "version")
+    __slots__ = ("attrs", "mode", "mode_version", "modules", "tensors", "version")
 
     def __init__(self, modules: list[Module]):
         self.modules = modules
         self.version = STRUCTURE_VERSION[0]
         self.tensors = _tensors_of(modules)
-        # Submodules by identity too: one without parameters (an activation) swapped for
-        # another changes the graph as much as a replaced weight does.
-        self.submodules = _submodules_of(modules)
         self.attrs = _attrs_of(modules)
         self.mode_version = MODE_VERSION[0]
         self.mode = training_modes(modules)
@@ -187,20 +183,18 @@ class Bound:
 
     def changed(self) -> bool:
         """Re-read after the structure version moved: True if any bound name now holds another
-        object (or names came or went). Either way the version is brought up to date."""
+        object (or names came or went), or a plain attribute or hook changed. Either way the
+        version is brought up to date."""
         self.version = STRUCTURE_VERSION[0]
         self.mode_version = -1  # submodules may have come or gone: re-read the modes too
-        now, subs = _tensors_of(self.modules), _submodules_of(self.modules)
-        pairs = [(now, self.tensors), (subs, self.submodules)]
-        self.tensors, self.submodules = now, subs
-        moved = any(
-            len(a) != len(b)
-            or any(x[0] != y[0] or x[1] is not y[1] for x, y in zip(a, b, strict=False))
-            for a, b in pairs
-        )
+        now, old = _tensors_of(self.modules), self.tensors
         attrs = _attrs_of(self.modules)
-        moved = moved or not _same_attrs(attrs, self.attrs)
-        self.attrs = attrs
+        moved = (
+            len(now) != len(old)
+            or any(a[0] != b[0] or a[1] is not b[1] for a, b in zip(now, old, strict=True))
+            or not _same_attrs(attrs, self.attrs)
+        )
+        self.tensors, self.attrs = now, attrs
         return moved
 
     def settle(self) -> None:

@@ -321,7 +321,7 @@ class Tracer:
             self._capture(tensor)
             self._updates[key] = "update:" + self._tensor_roles[key]
             self._captured[key] = (tensor, new)
-        if self._views or self._derived:
+        if self._views:  # filled with _derived by record_view
             self._after_write(tensor)
 
     def next_rng(self) -> Tensor:

@@ -80,19 +80,19 @@ class OptimizerBindings:
 
     def checks(self) -> tuple[list, list]:
         """The per-call checks, grouped once: (param, ((key, tensor), ...)) per parameter, and
-        (group, its parameters, their bound ``step`` tensors) per shared group."""
+        (group, its parameters, their bound ``step`` tensors, or None when one has none) per
+        shared group."""
         if self._checks is None:
             per: dict[int, tuple[Tensor, list]] = {}
             for p, k, t in self.state:
                 per.setdefault(id(p), (p, []))[1].append((k, t))
             steps = {id(p): t for p, k, t in self.state if k == "step"}
-            self._checks = (
-                [(p, tuple(pairs)) for p, pairs in per.values()],
-                [
-                    (gi, params, [steps.get(id(p)) for p in params])
-                    for gi, params in self.shared_steps
-                ],
-            )
+            shared = []
+            for gi, params in self.shared_steps:
+                bound = [steps.get(id(p)) for p in params]
+                # ``is``: ``None in bound`` would compare tensors with ==.
+                shared.append((gi, params, None if any(t is None for t in bound) else bound))
+            self._checks = ([(p, tuple(pairs)) for p, pairs in per.values()], shared)
         return self._checks
 
 

@@ -344,7 +344,7 @@ class _OptimizerView:
                 if held.get(key) is not tensor:
                     return f"the optimizer's state {key!r} of a parameter was replaced or removed"
         for gi, params, step_tensors in shared_steps:
-            if None in step_tensors:
+            if step_tensors is None:
                 steps = [st[p]["step"]._data.item() for p in params]
             else:  # the bound tensors, checked above to be the optimizer's
                 steps = [t._data.item() for t in step_tensors]
